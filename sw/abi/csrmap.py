@@ -1,0 +1,55 @@
+"""Status layouts and the node's AXI-Lite register map, built from the ABI.
+
+Each engine exposes its counters as one ``data.StructLayout`` defined here; the HDL drives a
+signal of that layout, :func:`node_regmap` turns every field into a read-only register, and the
+PYNQ driver reads them by name. Counters are 32 bits and wrap (software takes differences).
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import unsigned
+from amaranth.lib import data, enum
+
+from .meta import META, Port
+from .regs import Access, Field, Register, RegisterMap
+
+__all__ = ["COUNTER_BITS", "DropCause", "counters", "PARSER_STATUS", "PACKETIZER_STATUS",
+           "node_regmap", "NODE_MAP_VERSION"]
+
+COUNTER_BITS = 32
+NODE_MAP_VERSION = 0x0100
+
+
+class DropCause(enum.Enum, shape=3):
+    """Why the parser dropped a packet whole."""
+    UNKNOWN_OP = 0   # op code not assigned in Op
+    BAD_DST = 1      # dst >= number of nodes
+    OVERSIZE = 2     # length > the parser's maximum payload
+    TRUNCATED = 3    # last arrived before length bytes
+    BAD_LENGTH = 4   # payload longer than length, or keep inconsistent with length
+
+
+def counters(*names: str) -> data.StructLayout:
+    return data.StructLayout({n: unsigned(COUNTER_BITS) for n in names})
+
+
+PARSER_STATUS = counters(
+    "rx_packets",
+    *(f"drop_{c.name.lower()}" for c in DropCause),
+    *(f"tx_{p.name.lower()}" for p in Port),
+)
+
+PACKETIZER_STATUS = counters("packets", "beats")
+
+
+def node_regmap() -> RegisterMap:
+    """The register map of one node's control/status block."""
+    node_bits = META["dst"].width
+    regs = RegisterMap("mcf_node", NODE_MAP_VERSION)
+    regs.add(Register("NODE", (
+        Field("local_id", node_bits, Access.RW, 0, "this node's id (Meta.src/dst space)"),
+        Field("num_nodes", node_bits + 1, Access.RW, 1, "nodes in the cluster; dst >= is dropped"),
+    ), "node identity"))
+    regs.add_status("pkt", PACKETIZER_STATUS, "packetizer")
+    regs.add_status("parser", PARSER_STATUS, "parser")
+    return regs

@@ -1,0 +1,114 @@
+"""Online-softmax state formats and the exp method shared by attention and the NIC reduction.
+
+Decode attention on each node yields, per head, a partial state ``(m, l, o)`` over its KV shard;
+the reduction engine merges states pairwise (paper §4 end, §5):
+
+    m = max(m1, m2);  l = l1·2^(m1−m) + l2·2^(m2−m);  o = o1·2^(m1−m) + o2·2^(m2−m)
+
+Scores live in the **log2 domain** (``t = q·k·scale·log2 e``) so every exponential is a power of
+two: ``2^−d`` for ``d ≥ 0`` splits into ``d = i + f/2^SCORE_FRAC`` and becomes
+``EXP_LUT[f] >> i`` — one 2^SCORE_FRAC-entry ROM and a barrel shifter, exact on its grid up to the
+ROM's rounding (≤ 2^−17 absolute).
+
+Formats (all lanes are 32-bit little-endian words in a payload):
+
+* ``m`` — :data:`STATE_M`, signed, SCORE_FRAC fraction bits; :data:`M_EMPTY` marks an empty shard.
+* ``l`` — :data:`STATE_L`, unsigned, EXP_FRAC fraction bits, saturating.
+* ``o`` — :data:`STATE_O`, signed 32-bit, saturating; its fraction bits are the attention
+  kernel's business (the merge scales ``o`` exactly like ``l`` and never looks at its units).
+
+Merge rounding: each scaled term is rounded half-up (``(x·f + 2^(EXP_FRAC−1)) >> EXP_FRAC``)
+before the two terms are added; the operand holding the maximum has ``f = 2^EXP_FRAC`` and passes
+unchanged. The merge is commutative but not associative, so reductions are defined in arrival
+order. Plain reductions (``ReduceOp.MAX``/``SUM``) act on signed 32-bit lanes; SUM wraps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .fixed import FixedFormat, round_shift, saturate, wrap
+
+__all__ = [
+    "SCORE_FRAC", "EXP_FRAC", "LANE_BITS", "SCORE", "STATE_M", "STATE_L", "STATE_O", "M_EMPTY",
+    "exp2_lut", "exp2_neg", "merge_state", "empty_state", "reduce_lanes",
+    "state_words", "pack_state", "unpack_state",
+]
+
+LANE_BITS = 32
+SCORE_FRAC = 8
+EXP_FRAC = 16
+
+SCORE = FixedFormat("score_log2", LANE_BITS, SCORE_FRAC, signed=True)
+STATE_M = SCORE
+STATE_L = FixedFormat("state_l", LANE_BITS, EXP_FRAC, signed=False)
+STATE_O = FixedFormat("state_o", LANE_BITS, EXP_FRAC, signed=True)
+M_EMPTY = STATE_M.min_int
+
+
+def exp2_lut() -> np.ndarray:
+    """``EXP_LUT[f] = round(2^EXP_FRAC · 2^(−f / 2^SCORE_FRAC))``, 2^SCORE_FRAC entries, ≤ 17 bits."""
+    f = np.arange(1 << SCORE_FRAC, dtype=np.float64)
+    return np.floor((1 << EXP_FRAC) * np.exp2(-f / (1 << SCORE_FRAC)) + 0.5).astype(np.int64)
+
+
+_LUT = exp2_lut()
+
+
+def exp2_neg(d) -> np.ndarray:
+    """``2^−d`` in UQ1.EXP_FRAC for ``d ≥ 0`` in score units (LUT + truncating shift)."""
+    d = np.asarray(d, dtype=np.int64)
+    if np.any(d < 0):
+        raise ValueError("exp2_neg takes non-negative differences")
+    i = d >> SCORE_FRAC
+    f = d & ((1 << SCORE_FRAC) - 1)
+    return np.where(i <= EXP_FRAC, _LUT[f] >> np.minimum(i, EXP_FRAC + 1), 0)
+
+
+def empty_state(head_dim: int):
+    return np.int64(M_EMPTY), np.int64(0), np.zeros(head_dim, dtype=np.int64)
+
+
+def merge_state(a, b):
+    """Merge two ``(m, l, o)`` states bit-exactly as the hardware does."""
+    ma, la, oa = a
+    mb, lb, ob = b
+    m = max(int(ma), int(mb))
+    fa = exp2_neg(m - int(ma))
+    fb = exp2_neg(m - int(mb))
+
+    def scale(x, f):
+        return round_shift(np.asarray(x, dtype=np.int64) * f, EXP_FRAC, "half_up")
+
+    l_out = saturate(scale(la, fa) + scale(lb, fb), STATE_L.width, signed=False)
+    o_out = saturate(scale(oa, fa) + scale(ob, fb), STATE_O.width, signed=True)
+    return np.int64(m), np.int64(l_out), o_out.astype(np.int64)
+
+
+def reduce_lanes(op: str, a, b):
+    """Element-wise MAX (signed) or SUM (wrapping) of 32-bit lanes."""
+    a = np.asarray(a, dtype=np.int64)
+    b = np.asarray(b, dtype=np.int64)
+    if op == "max":
+        return np.maximum(a, b)
+    if op == "sum":
+        return wrap(a + b, LANE_BITS, signed=True)
+    raise ValueError(f"unknown lane reduction {op!r}")
+
+
+def state_words(head_dim: int) -> int:
+    """32-bit words of one head's state in a payload: m, l, then o[0..head_dim)."""
+    return 2 + head_dim
+
+
+def pack_state(m, l_sum, o) -> bytes:
+    words = np.concatenate([[int(m)], [int(l_sum)], np.asarray(o, dtype=np.int64)])
+    return (words & 0xFFFFFFFF).astype("<u4").tobytes()
+
+
+def unpack_state(payload: bytes, head_dim: int):
+    w = np.frombuffer(payload, dtype="<u4").astype(np.int64)
+    if w.size != state_words(head_dim):
+        raise ValueError(f"state payload has {w.size} words, expected {state_words(head_dim)}")
+    signed = np.where(w >= 1 << 31, w - (1 << 32), w)
+    return np.int64(signed[0]), np.int64(w[1]), signed[2:]

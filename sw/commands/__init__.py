@@ -1,0 +1,1 @@
+"""Subcommands of the ``mcf`` command line; each module has ``register(subparsers)``."""

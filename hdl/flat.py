@@ -63,7 +63,7 @@ class FlatTop(Elaboratable):
             return
         for sub_name, sub_member in sig.members.items():
             self._flatten(getattr(value, sub_name), sub_member, [*path, sub_name],
-                          flipped=flipped != (member.flow == wiring.In))
+                          flipped=flipped)  # member.signature is already flipped for In
 
     def elaborate(self, platform):
         m = Module()

@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ("abi", "verilog")
+SUBCOMMANDS = ("abi", "verilog", "plan")
 
 
 class UsageError(Exception):

@@ -41,6 +41,27 @@ def test_flat_names():
         "s_axis_tvalid", "s_axis_tready", "s_axis_tdata", "s_axis_tkeep", "s_axis_tlast",
         "m_axis_tvalid", "m_axis_tready", "m_axis_tdata", "m_axis_tkeep", "m_axis_tlast",
         "level"]
+    from amaranth.back import rtlil
+    assert "s_axis_tdata" in rtlil.convert(top, name="loop", ports=top.ports)
+
+
+class Sub(wiring.Component):
+    """A subordinate with a nested, non-stream interface seen from the other side."""
+    bus: In(wiring.Signature({"req": Out(8), "ack": In(1)}))
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.comb += self.bus.ack.eq(self.bus.req.any())
+        return m
+
+
+def test_flat_nested_interface_directions():
+    from amaranth.back import verilog
+
+    top = FlatTop(Sub())
+    assert [s.name for s in top.ports] == ["bus_req", "bus_ack"]
+    text = verilog.convert(top, name="sub", ports=top.ports, emit_src=False)
+    assert "input [7:0] bus_req" in text and "output bus_ack" in text
 
 
 def test_build_is_cached_and_failures_propagate():

@@ -104,13 +104,14 @@ class Packetizer(wiring.Component):
         body = data.View(beat, payload_fifo.r_stream.payload)
         in_payload = Signal()   # header of the current packet sent, payload beats follow
         out = self.o_packet
+        keep_bits = len(out.payload.keep)
 
         with m.If(~in_payload):
             zero_length = head.length == 0
             m.d.comb += [
                 out.valid.eq(meta_fifo.r_stream.valid),
                 out.payload.data.eq(head.as_value()),
-                out.payload.keep.eq(Const(-1, len(out.payload.keep))),
+                out.payload.keep.eq(Const((1 << keep_bits) - 1, keep_bits)),
                 out.payload.last.eq(zero_length),
                 meta_fifo.r_stream.ready.eq(out.ready),
             ]

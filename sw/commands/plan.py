@@ -1,0 +1,113 @@
+"""``mcf plan``: a MARS prefill plan (paper §4) — replica factors, placement, memory per node,
+traffic and the chunk-level cost model — or one of the baselines, as a table or ``--json``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from ..cli import UsageError
+
+FLOAT_ARGS = ("kv_budget_mib", "buffer_mib", "alpha", "link_gbps", "link_latency_us", "mhz",
+              "compute_eff", "gamma")
+
+PROGRESS_MIN_CHUNKS = 64
+
+
+def _dims(text: str | None):
+    if text is None:
+        return None
+    try:
+        x, y = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise UsageError(f"--mesh-dims must look like 4x2, got {text!r}") from None
+    return x, y
+
+
+def run(args) -> int:
+    from ..mars import POLICIES, PlanError, get_model, make_cluster, plan
+    from ..mars.report import plan_dict, plan_table
+
+    try:
+        model = get_model(args.model, args.kv_dtype)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.policy not in POLICIES:
+        raise UsageError(f"unknown policy {args.policy!r} (one of {', '.join(POLICIES)})")
+    for name in FLOAT_ARGS:
+        if not math.isfinite(getattr(args, name)):
+            raise UsageError(f"--{name.replace('_', '-')} must be a finite number")
+    if args.nodes < 1:
+        raise UsageError(f"--nodes must be >= 1 (got {args.nodes})")
+    if args.seq_len < 1:
+        raise UsageError(f"--seq-len must be >= 1 (got {args.seq_len})")
+    if args.chunk is not None and (args.chunk < 1 or args.seq_len % args.chunk):
+        raise UsageError(f"--seq-len {args.seq_len} is not a multiple of --chunk {args.chunk}")
+    try:
+        cluster = make_cluster(
+            args.nodes, kv_budget_mib=args.kv_budget_mib, buffer_mib=args.buffer_mib,
+            topology=args.topology, link_gbps=args.link_gbps,
+            link_latency_us=args.link_latency_us, mesh_dims=_dims(args.mesh_dims),
+            dsps=args.dsps, clock_hz=args.mhz * 1e6, compute_eff=args.compute_eff,
+            gamma=args.gamma, scope=args.scope, max_payload=args.max_payload)
+        total = args.seq_len // args.chunk if args.chunk else 0
+        progress = None
+        if not args.json and (total == 0 or total >= PROGRESS_MIN_CHUNKS):
+            from tqdm import tqdm
+
+            def progress(done, n, state={}):  # noqa: B006 - one bar per run
+                if "bar" not in state and n >= PROGRESS_MIN_CHUNKS:
+                    state["bar"] = tqdm(total=n, desc="planning chunks", unit="chunk",
+                                        leave=False)
+                if "bar" in state:
+                    state["bar"].update(1)
+                    if done == n:
+                        state["bar"].close()
+        p = plan(model, cluster, args.seq_len, args.chunk, args.policy, args.alpha, progress)
+    except PlanError as exc:
+        raise UsageError(str(exc)) from None
+    if args.emit_metadata:
+        files = p.write_metadata(args.emit_metadata)
+        if not args.json:
+            print(f"wrote {len(files)} files to {args.emit_metadata}")
+    if args.json:
+        print(json.dumps(plan_dict(p, args.detail)))
+    else:
+        print(plan_table(p))
+    return 0
+
+
+def register(subs) -> None:
+    p = subs.add_parser("plan", help="MARS prefill plan: replica factors, memory, traffic, TTFT")
+    p.add_argument("--model", default="qwen2.5-1.5b", help="model preset (qwen2.5-1.5b, tiny)")
+    p.add_argument("--kv-dtype", default=None, help="KV element type: int4, int8 or fp16")
+    p.add_argument("--seq-len", type=int, required=True, help="prompt length S in tokens")
+    p.add_argument("--nodes", type=int, required=True, help="number of nodes N")
+    p.add_argument("--chunk", type=int, default=None,
+                   help="chunk size B in tokens (default: B* by eq 8)")
+    p.add_argument("--kv-budget-mib", type=float, default=64.0,
+                   help="per-node KV budget S_node in MiB")
+    p.add_argument("--buffer-mib", type=float, default=8.0,
+                   help="KV propagation buffer M_buf in MiB (eq 5)")
+    p.add_argument("--alpha", type=float, default=0.5, help="reuse aggressiveness (eq 15)")
+    p.add_argument("--policy", default="mars", help="mars, ring, zigzag, full or pd")
+    p.add_argument("--topology", default="kr260-ring",
+                   help="kr260-ring (default), kr260-switch, ring, mesh, torus or switch")
+    p.add_argument("--mesh-dims", default=None, help="XxY for mesh/torus (default: squarest)")
+    p.add_argument("--link-gbps", type=float, default=10.0,
+                   help="line rate of every link of a uniform topology")
+    p.add_argument("--link-latency-us", type=float, default=2.0, help="per-hop latency")
+    p.add_argument("--dsps", type=int, default=1248, help="DSP48E2 slices per node")
+    p.add_argument("--mhz", type=float, default=300.0, help="compute clock")
+    p.add_argument("--compute-eff", type=float, default=1.0, help="achieved / peak compute")
+    p.add_argument("--gamma", type=float, default=1.0, help="overlap safety factor (eq 8)")
+    p.add_argument("--scope", default="model",
+                   help="what T_comp (and TTFT) covers: model (default) or attention")
+    p.add_argument("--max-payload", type=int, default=None,
+                   help="largest packet payload in bytes (the NIC's; default: Meta.length max)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--detail", action="store_true",
+                   help="with --json: list every transfer (source, destinations, route id)")
+    p.add_argument("--emit-metadata", metavar="DIR", default=None,
+                   help="write the packed per-node metadata streams and routes.json to DIR")
+    p.set_defaults(handler=run)

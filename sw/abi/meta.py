@@ -20,7 +20,7 @@ from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
 __all__ = [
-    "Stage", "Op", "Collective", "ReduceOp", "Port",
+    "Stage", "Op", "InvalidateKind", "Collective", "ReduceOp", "Port",
     "MetaWidths", "meta_layout", "META", "Meta",
     "DISPATCH_RULES", "DispatchRule", "dispatch_port",
 ]
@@ -41,6 +41,13 @@ class Op(enum.Enum, shape=3):
     REDUCTION = 4       # element-wise reduction message (max / sum all-reduce)
     FETCH_REQUEST = 5   # ask the holder of kv_id to send it (MARS prefetch)
     CONTROL = 6         # runtime control (barrier, route-table update, status poll)
+
+
+class InvalidateKind(enum.IntEnum, shape=2):
+    """What an ``Op.INVALIDATE`` packet asks for; carried in ``Meta.seq`` (paper §4, progressive
+    replica convergence: valid → draining → invalid)."""
+    DRAIN = 0   # owner → holder: stop offering this copy to new work; in-flight readers finish
+    FREE = 1    # holder, local: release the buffer (the replica is invalid)
 
 
 class Collective(enum.Enum, shape=2):

@@ -3,7 +3,7 @@ all generated from :mod:`mcf.abi`."""
 
 from __future__ import annotations
 
-from ..abi import DISPATCH_RULES, META, Collective, Op, Port, ReduceOp, Stage
+from ..abi import DISPATCH_RULES, META, Collective, InvalidateKind, Op, Port, ReduceOp, Stage
 from ..abi.csrmap import DropCause, node_regmap
 from ..abi.doc import bit_diagram, enum_table, layout_markdown, regmap_text
 
@@ -23,7 +23,8 @@ def _rule_text(rule) -> str:
 
 def render(markdown: bool = False) -> str:
     parts = [layout_markdown(META, "Meta") if markdown else bit_diagram(META, "Meta")]
-    parts += [enum_table(e) for e in (Stage, Op, Collective, ReduceOp, Port, DropCause)]
+    parts += [enum_table(e) for e in (Stage, Op, InvalidateKind, Collective, ReduceOp, Port,
+                                      DropCause)]
     parts.append("Dispatch (first match wins)\n" + "\n".join(_rule_text(r) for r in DISPATCH_RULES))
     parts.append(regmap_text(node_regmap()))
     text = "\n\n".join(parts)

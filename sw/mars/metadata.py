@@ -32,22 +32,15 @@ Conventions (what the NIC and the node's KV directory rely on):
 
 from __future__ import annotations
 
-import enum
 from collections import defaultdict
 from dataclasses import dataclass
 
-from ..abi import META, Collective, Meta, Op, ReduceOp, Stage
+from ..abi import META, Collective, InvalidateKind, Meta, Op, ReduceOp, Stage
 from ..abi.softmax import LANE_BITS, state_words
 
 __all__ = ["InvalidateKind", "Record", "MetaEncoder", "pack_fast", "by_node", "PHASES"]
 
 PHASES = ("plan", "free", "store", "handoff")
-
-
-class InvalidateKind(enum.IntEnum):
-    """What an ``Op.INVALIDATE`` record asks for (carried in ``Meta.seq``)."""
-    DRAIN = 0
-    FREE = 1
 
 
 @dataclass(frozen=True)

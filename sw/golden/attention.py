@@ -1,0 +1,255 @@
+"""Bit-exact golden model of the attention engine (paper §3.1, §4 end, §5) and a float64 reference.
+
+The model mirrors the hardware's order of operations (``mcf.hdl.compute.attention``):
+
+* A **job** is one query token × one group of ``G = Hq/Hkv`` query heads sharing a KV head
+  (INT8 ``q[G, d]`` with scales ``sq[G, 2]`` = ``(m, e)`` of :class:`mcf.abi.quant.Scale`), over a
+  list of KV blocks (``KVBlock``: INT4 K/V rows with per-token scales and token positions).
+* Per block, the K rows are scored first (exact integer dot product, then
+  :func:`mcf.abi.kv.score`); keys with ``pos > q_pos`` are masked when ``causal``. Then the block
+  state is formed against the **block** maximum ``m_b``: ``p = exp2_neg(m_b − t)``,
+  ``w = v_weight(p, sv)``, ``l_b = Σ p``, ``o_b = Σ w·v`` (exact sums, saturated to 32 bits once).
+* **Single-pass mode** (decode partial states and prefill): the running state is
+  ``merge_state(running, block_state)`` — block by block, starting from the empty state. The single
+  pass is therefore *by construction* the in-order merge of per-block states, and a KV set split
+  into parts that are merged in this order gives the same bits.
+* **Max mode** (two-phase, phase 1): only the K rows are scored; the result is the maximum per head
+  (``M_EMPTY`` for an empty shard).
+* **Fixed-max mode** (two-phase, phase 2): every exponential is taken against the given global
+  maximum ``M`` (``p = exp2_neg(M − t)``), sums are exact integers wrapped to 32 bits, the state is
+  ``(M, l, o)``. Integer sums are associative and commutative, so summing the states of any split
+  of the KV set, in any order, gives identical bits — independent of the number of nodes.
+* **Normalise** (prefill output): ``o / l`` by :func:`mcf.abi.softmax.normalize`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mcf.abi.fixed import saturate, wrap
+from mcf.abi.kv import (
+    KV_SCALE,
+    dequantize,
+    dequantize_q,
+    q_multiplier,
+    score,
+    score_shift,
+    v_weight,
+)
+from mcf.abi.softmax import (
+    LANE_BITS,
+    M_EMPTY,
+    STATE_L,
+    STATE_O,
+    exp2_neg,
+    merge_state,
+    normalize,
+)
+
+__all__ = [
+    "KVBlock", "State", "job_scores", "block_state", "attend_single", "attend_max",
+    "attend_fixed", "attend", "normalize_state", "float_attention", "MODES",
+]
+
+MODES = ("single", "max", "fixed")
+
+
+@dataclass
+class KVBlock:
+    """One KV block of one KV head as the engine sees it (codes, not bytes)."""
+    k: np.ndarray    # [T, d] INT4 codes
+    sk: np.ndarray   # [T] KV_SCALE codes
+    v: np.ndarray    # [T, d] INT4 codes
+    sv: np.ndarray   # [T] KV_SCALE codes
+    pos: np.ndarray  # [T] token positions
+
+    def __len__(self) -> int:
+        return int(np.asarray(self.k).shape[0])
+
+    def slice(self, lo: int, hi: int) -> KVBlock:
+        return KVBlock(self.k[lo:hi], self.sk[lo:hi], self.v[lo:hi], self.sv[lo:hi],
+                       self.pos[lo:hi])
+
+    @staticmethod
+    def concat(blocks: list[KVBlock]) -> KVBlock:
+        return KVBlock(*(np.concatenate([getattr(b, f) for b in blocks])
+                         for f in ("k", "sk", "v", "sv", "pos")))
+
+
+@dataclass
+class State:
+    """Per-head states of one job: ``m[G]``, ``l[G]``, ``o[G, d]`` (int64 codes)."""
+    m: np.ndarray
+    l: np.ndarray  # noqa: E741 - the paper's name
+    o: np.ndarray
+
+    def head(self, h: int):
+        return np.int64(self.m[h]), np.int64(self.l[h]), self.o[h].astype(np.int64)
+
+    @staticmethod
+    def from_heads(heads) -> State:
+        return State(np.array([int(s[0]) for s in heads], dtype=np.int64),
+                     np.array([int(s[1]) for s in heads], dtype=np.int64),
+                     np.stack([np.asarray(s[2], dtype=np.int64) for s in heads]))
+
+    @staticmethod
+    def empty(heads: int, head_dim: int) -> State:
+        return State(np.full(heads, M_EMPTY, dtype=np.int64), np.zeros(heads, dtype=np.int64),
+                     np.zeros((heads, head_dim), dtype=np.int64))
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, State) and np.array_equal(self.m, other.m)
+                and np.array_equal(self.l, other.l) and np.array_equal(self.o, other.o))
+
+
+def job_scores(q, sq, blk: KVBlock, q_pos: int = 0, causal: bool = False):
+    """Scores ``t[G, T]`` and the key mask ``valid[T]`` of one block for one job."""
+    q = np.asarray(q, dtype=np.int64)
+    sq = np.asarray(sq, dtype=np.int64)
+    head_dim = q.shape[-1]
+    acc = q @ np.asarray(blk.k, dtype=np.int64).T                     # exact integer
+    t = score(acc, np.asarray(blk.sk)[None, :], q_multiplier(sq[:, 0], head_dim)[:, None],
+              score_shift(sq[:, 1])[:, None])
+    valid = np.ones(len(blk), dtype=bool)
+    if causal:
+        valid = np.asarray(blk.pos, dtype=np.int64) <= q_pos
+    return t, valid
+
+
+def _sums(p, blk: KVBlock):
+    """Exact ``Σ p`` and ``Σ w·v`` per head (int64)."""
+    w = v_weight(p, np.asarray(blk.sv)[None, :])                     # [G, T]
+    return p.sum(axis=1), w @ np.asarray(blk.v, dtype=np.int64)       # [G], [G, d]
+
+
+def block_state(t, valid, blk: KVBlock) -> State:
+    """A block's state against its own maximum, saturated once to the state formats."""
+    heads = t.shape[0]
+    if not valid.any():
+        return State.empty(heads, np.asarray(blk.v).shape[1])
+    m = np.where(valid[None, :], t, np.iinfo(np.int64).min).max(axis=1)
+    d = np.where(valid[None, :], m[:, None] - t, 0)
+    p = np.where(valid[None, :], exp2_neg(d), 0)
+    l_sum, o = _sums(p, blk)
+    return State(m.astype(np.int64), saturate(l_sum, STATE_L.width, signed=False),
+                 saturate(o, STATE_O.width, signed=True))
+
+
+def attend_single(q, sq, blocks: list[KVBlock], q_pos: int = 0, causal: bool = False) -> State:
+    """Single pass: ``running = merge_state(running, block_state)`` block by block."""
+    q = np.asarray(q)
+    heads, head_dim = q.shape
+    run = State.empty(heads, head_dim)
+    for blk in blocks:
+        t, valid = job_scores(q, sq, blk, q_pos, causal)
+        b = block_state(t, valid, blk)
+        run = State.from_heads([merge_state(run.head(h), b.head(h)) for h in range(heads)])
+    return run
+
+
+def attend_max(q, sq, blocks: list[KVBlock], q_pos: int = 0, causal: bool = False):
+    """Two-phase, phase 1: maximum score per head (``M_EMPTY`` if no unmasked key)."""
+    heads = np.asarray(q).shape[0]
+    m = np.full(heads, M_EMPTY, dtype=np.int64)
+    for blk in blocks:
+        t, valid = job_scores(q, sq, blk, q_pos, causal)
+        if valid.any():
+            m = np.maximum(m, np.where(valid[None, :], t, M_EMPTY).max(axis=1))
+    return m
+
+
+def attend_fixed(q, sq, blocks: list[KVBlock], m_fix, q_pos: int = 0, causal: bool = False):
+    """Two-phase, phase 2: exponentials against the given ``m_fix[G]``, exact wrapped sums.
+
+    Returns ``(State, violations)``; a key scoring above ``m_fix`` (bad input) is clamped to
+    ``p = 1`` and counted, as the hardware counts it."""
+    q = np.asarray(q)
+    heads, head_dim = q.shape
+    m_fix = np.asarray(m_fix, dtype=np.int64)
+    l_sum = np.zeros(heads, dtype=np.int64)
+    o = np.zeros((heads, head_dim), dtype=np.int64)
+    bad = 0
+    for blk in blocks:
+        t, valid = job_scores(q, sq, blk, q_pos, causal)
+        d = m_fix[:, None] - t
+        bad += int(((d < 0) & valid[None, :]).sum())
+        p = np.where(valid[None, :], exp2_neg(np.maximum(d, 0)), 0)
+        ls, os_ = _sums(p, blk)
+        l_sum += ls
+        o += os_
+    l_out = l_sum & ((1 << LANE_BITS) - 1)
+    return State(m_fix.copy(), l_out, wrap(o, LANE_BITS, signed=True)), bad
+
+
+def attend(mode: str, q, sq, blocks, q_pos=0, causal=False, m_fix=None):
+    """Dispatch by mode name (``single`` / ``max`` / ``fixed``)."""
+    if mode == "single":
+        return attend_single(q, sq, blocks, q_pos, causal)
+    if mode == "max":
+        return attend_max(q, sq, blocks, q_pos, causal)
+    if mode == "fixed":
+        return attend_fixed(q, sq, blocks, m_fix, q_pos, causal)[0]
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def normalize_state(st: State) -> np.ndarray:
+    """``o / l`` per head as NORM_OUT codes ``[G, d]``."""
+    return np.stack([normalize(st.l[h], st.o[h]) for h in range(len(st.m))])
+
+
+def float_attention(q, sq, blocks: list[KVBlock], q_pos: int = 0, causal: bool = False):
+    """float64 reference on the same quantised inputs: ``softmax(q·k/sqrt(d)) · v`` per head.
+    Returns ``(out[G, d], m_log2[G], l[G], o[G, d])`` with ``l``/``o`` relative to ``m_log2``
+    (the exact counterparts of the integer state, in real units)."""
+    qf = dequantize_q(q, sq)
+    heads, head_dim = qf.shape
+    kv = KVBlock.concat(blocks) if blocks else None
+    if kv is None or len(kv) == 0:
+        z = np.zeros((heads, head_dim))
+        return z, np.full(heads, -np.inf), np.zeros(heads), z
+    kf = dequantize(kv.k, kv.sk, KV_SCALE)
+    vf = dequantize(kv.v, kv.sv, KV_SCALE)
+    valid = np.asarray(kv.pos) <= q_pos if causal else np.ones(len(kv), dtype=bool)
+    t = (qf @ kf.T) / np.sqrt(head_dim) * np.log2(np.e)               # log2 domain
+    t = np.where(valid[None, :], t, -np.inf)
+    m = t.max(axis=1)
+    p = np.exp2(t - m[:, None])
+    l_sum = p.sum(axis=1)
+    o = p @ vf
+    return o / np.where(l_sum > 0, l_sum, 1)[:, None], m, l_sum, o
+
+
+
+# --- test-data generators (seeded by the caller; shared by the tests and the benches) -----------
+
+def random_blocks(rng: np.random.Generator, lens, head_dim: int, pos0: int = 0,
+                  k_sigma: float = 1.0, v_sigma: float = 1.0) -> list[KVBlock]:
+    """Blocks of the given lengths with consecutive positions from ``pos0``; float K/V drawn
+    N(0, σ²) per element (a few outlier channels in K), quantised with the ABI quantiser."""
+    from mcf.abi.kv import quantize_kv_float
+
+    out, pos = [], pos0
+    for n in lens:
+        kf = rng.normal(0.0, k_sigma, (n, head_dim))
+        kf[:, : max(1, head_dim // 32)] *= 4.0
+        vf = rng.normal(0.0, v_sigma, (n, head_dim))
+        k, sk = quantize_kv_float(kf)
+        v, sv = quantize_kv_float(vf)
+        out.append(KVBlock(k, sk, v, sv, np.arange(pos, pos + n, dtype=np.int64)))
+        pos += n
+    return out
+
+
+def random_query(rng: np.random.Generator, heads: int, head_dim: int, sigma: float = 1.0,
+                 peak: KVBlock | None = None, peak_row: int = 0, gain: float = 3.0):
+    """INT8 query ``[G, d]`` + scales ``[G, 2]`` (m, e). With ``peak``, each head is aligned to
+    that key row (scaled by ``gain``) so the score distribution is sharply peaked."""
+    from mcf.abi.kv import quantize_q
+
+    qf = rng.normal(0.0, sigma, (heads, head_dim))
+    if peak is not None:
+        kf = dequantize(peak.k[peak_row:peak_row + 1], peak.sk[peak_row:peak_row + 1], KV_SCALE)
+        qf = qf * 0.2 + gain * kf / np.linalg.norm(kf) * np.sqrt(head_dim)
+    return quantize_q(qf)

@@ -1,0 +1,390 @@
+"""DMA loader: AXI4 read and write paths driven by 2-D descriptors (paper §5, Fig. 2: the memory
+frontend streaming weights, activations and KV blocks from DDR; results and KV blocks back).
+
+Bursts are INCR, full beat size, at most :data:`MAX_BURST_BEATS` beats and never cross a 4 KiB
+boundary. Reads keep up to ``outstanding`` bursts in flight and only issue a burst when its beats
+fit in the receive FIFO (so ``rready`` never drops and the bus is never blocked by a slow
+consumer). Misaligned addresses and odd lengths are realigned on-chip: the read stream delivers
+each row's bytes from lane 0, the write path shifts them into place with ``wstrb``. Non-OKAY
+responses are counted and the last one latched in status; data still flows, nothing hangs.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .axi import (
+    ADDR_BITS,
+    BOUNDARY_BYTES,
+    LENGTH_BITS,
+    MAX_BURST_BEATS,
+    AXI4Signature,
+    AxiBurst,
+    AxiResp,
+    descriptor_layout,
+)
+
+__all__ = ["DmaReader", "DmaWriter", "DmaLoader", "read_beat_layout", "STATUS_BITS"]
+
+STATUS_BITS = 32
+AXCACHE = 0b0011     # normal non-cacheable bufferable (what Xilinx HP ports expect)
+
+
+def read_beat_layout(data_width: int) -> data.StructLayout:
+    return data.StructLayout({
+        "data": unsigned(data_width), "keep": unsigned(data_width // 8),
+        "last": unsigned(1), "err": unsigned(1)})
+
+
+class _Rows:
+    """Shared descriptor walker: rows → (aligned beat address, beats) bursts + row info."""
+
+    def __init__(self, m: Module, desc: stream.Interface, bb: int, addr_bits: int, rejects):
+        lb = (bb - 1).bit_length()
+        self.lb = lb
+        self.busy = Signal(name="rows_busy")
+        self.addr = Signal(addr_bits, name="row_addr")
+        self.length = Signal(LENGTH_BITS, name="row_len")
+        self.stride = Signal.like(desc.payload.stride, name="row_stride")
+        self.left = Signal.like(desc.payload.count, name="rows_left")
+        self.in_row = Signal(name="in_row")      # bursts of the current row being issued
+        self.baddr = Signal(addr_bits, name="burst_addr")
+        self.beats_left = Signal(LENGTH_BITS + 1, name="row_beats_left")
+        self.row_start = Signal(name="row_start")  # pulse-able: row info must be pushed
+        off = self.addr[:lb]
+        self.off = off
+        total = Signal(LENGTH_BITS + 1, name="row_beats")
+        m.d.comb += total.eq((off + self.length + (bb - 1)) >> lb)
+        self.total = total
+        to_4k = Signal(range(BOUNDARY_BYTES // bb + 1), name="beats_to_4k")
+        m.d.comb += to_4k.eq((BOUNDARY_BYTES - self.baddr[:12]) >> lb)
+        n = Signal(range(MAX_BURST_BEATS + 1), name="burst_beats")
+        lim = Signal.like(n)
+        m.d.comb += lim.eq(Mux(to_4k < MAX_BURST_BEATS, to_4k, MAX_BURST_BEATS))
+        m.d.comb += n.eq(Mux(self.beats_left < lim, self.beats_left, lim))
+        self.n = n
+        m.d.comb += desc.ready.eq(~self.busy)
+        with m.If(desc.valid & ~self.busy):
+            p = desc.payload
+            with m.If((p.length == 0) | (p.count == 0)):
+                m.d.sync += rejects.eq(rejects + 1)
+            with m.Else():
+                m.d.sync += [self.busy.eq(1), self.addr.eq(p.addr), self.length.eq(p.length),
+                             self.stride.eq(p.stride), self.left.eq(p.count),
+                             self.in_row.eq(0)]
+
+    def start_row(self, m):
+        """Call under the condition that the row's info was accepted."""
+        m.d.sync += [self.in_row.eq(1), self.baddr.eq(Cat(Const(0, (self.lb)),
+                                                          self.addr[self.lb:])),
+                     self.beats_left.eq(self.total)]
+
+    def issued(self, m):
+        """Call when a burst of ``n`` beats was issued."""
+        bb_shift = self.lb
+        m.d.sync += [self.baddr.eq(self.baddr + (self.n << bb_shift)),
+                     self.beats_left.eq(self.beats_left - self.n)]
+        with m.If(self.beats_left == self.n):
+            m.d.sync += [self.in_row.eq(0), self.left.eq(self.left - 1),
+                         self.addr.eq(self.addr + self.stride)]
+            with m.If(self.left == 1):
+                m.d.sync += self.busy.eq(0)
+
+
+class DmaReader(wiring.Component):
+    """AXI4 read path.
+
+    Members
+    -------
+    desc : In(stream.Signature(descriptor_layout))
+        2-D read descriptors; one is taken at a time (the next is accepted once the last
+        burst of the previous one has been issued).
+    o : Out(stream.Signature(read_beat_layout))
+        Row bytes from lane 0; a row's final beat has a partial ``keep`` when its length is
+        not a multiple of the beat; ``last`` on the final beat of a descriptor; ``err`` when a
+        contributing bus beat returned SLVERR/DECERR.
+    bus : Out(AXI4Signature) — only the AR/R members are driven (AW/W/B tied off).
+    rejects, errors, last_resp, beats : Out
+        Descriptors rejected (zero length/count), non-OKAY read beats, the last non-OKAY
+        response, bus beats received.
+
+    Latency: first AR two cycles after the descriptor; data leave the realigner one beat
+    after the second bus beat of a row (one bubble per row). Throughput one beat per cycle.
+    """
+
+    def __init__(self, data_width: int = 128, addr_width: int = ADDR_BITS,
+                 outstanding: int = 8, fifo_depth: int = 512):
+        if fifo_depth < MAX_BURST_BEATS:
+            raise ValueError("the receive FIFO must hold a maximum burst")
+        self.data_width, self.addr_width = data_width, addr_width
+        self.outstanding, self.fifo_depth = outstanding, fifo_depth
+        super().__init__({
+            "desc": In(stream.Signature(descriptor_layout(addr_width))),
+            "o": Out(stream.Signature(read_beat_layout(data_width))),
+            "bus": Out(AXI4Signature(addr_width, data_width)),
+            "rejects": Out(STATUS_BITS), "errors": Out(STATUS_BITS),
+            "last_resp": Out(AxiResp), "beats": Out(STATUS_BITS),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        DW = self.data_width
+        bb = DW // 8
+        lb = (bb - 1).bit_length()
+        bus = self.bus
+        rows = _Rows(m, self.desc, bb, self.addr_width, self.rejects)
+
+        m.submodules.raw = raw = fifo.SyncFIFOBuffered(width=DW + 1, depth=self.fifo_depth)
+        info_l = data.StructLayout({"off": unsigned(lb), "length": unsigned(LENGTH_BITS),
+                                    "last": unsigned(1)})
+        m.submodules.info = info = fifo.SyncFIFOBuffered(width=info_l.size, depth=4)
+
+        inflight = Signal(range(self.fifo_depth + MAX_BURST_BEATS + 1))
+        bursts = Signal(range(self.outstanding + 1))
+        recv = Signal()
+        recv_last = Signal()
+        m.d.comb += [recv.eq(bus.rvalid & bus.rready), recv_last.eq(recv & bus.rlast)]
+
+        # AR issue
+        m.d.comb += [bus.arsize.eq(lb), bus.arburst.eq(AxiBurst.INCR), bus.arcache.eq(AXCACHE),
+                     bus.arid.eq(0), bus.arprot.eq(0)]
+        with m.If(bus.arvalid & bus.arready):
+            m.d.sync += bus.arvalid.eq(0)
+        issue = Signal()
+        room = Signal()
+        m.d.comb += room.eq(inflight + raw.level + rows.n + 1 <= self.fifo_depth)
+        with m.If(rows.busy & ~rows.in_row):
+            m.d.comb += [info.w_en.eq(1), info.w_data.eq(Cat(rows.off, rows.length,
+                                                             rows.left == 1))]
+            with m.If(info.w_rdy):
+                rows.start_row(m)
+        with m.Elif(rows.busy & rows.in_row & (~bus.arvalid | bus.arready) & room &
+                    (bursts + bus.arvalid < self.outstanding)):
+            m.d.comb += issue.eq(1)
+            m.d.sync += [bus.arvalid.eq(1), bus.araddr.eq(rows.baddr),
+                         bus.arlen.eq(rows.n - 1)]
+            rows.issued(m)
+        ar_done = Signal()
+        m.d.comb += ar_done.eq(bus.arvalid & bus.arready)
+        m.d.sync += [inflight.eq(inflight + Mux(issue, rows.n, 0) - recv),
+                     bursts.eq(bursts + ar_done - recv_last)]
+
+        # R channel into the FIFO (space was reserved at issue)
+        m.d.comb += [bus.rready.eq(1), raw.w_en.eq(recv),
+                     raw.w_data.eq(Cat(bus.rdata, bus.rresp != AxiResp.OKAY))]
+        with m.If(recv):
+            m.d.sync += self.beats.eq(self.beats + 1)
+            with m.If(bus.rresp != AxiResp.OKAY):
+                m.d.sync += [self.errors.eq(self.errors + 1), self.last_resp.eq(bus.rresp)]
+
+        # realigner
+        cur = data.View(info_l, Signal(info_l.size))
+        active = Signal()
+        prev = Signal(DW)
+        prev_err = Signal()
+        have_prev = Signal()
+        raw_seen = Signal(LENGTH_BITS + 1)
+        out_sent = Signal(LENGTH_BITS + 1)
+        raw_cnt = Signal(LENGTH_BITS + 1)
+        out_cnt = Signal(LENGTH_BITS + 1)
+        m.d.comb += [raw_cnt.eq((cur.off + cur.length + (bb - 1)) >> lb),
+                     out_cnt.eq((cur.length + (bb - 1)) >> lb)]
+        can_out = Signal()
+        m.d.comb += can_out.eq(~self.o.valid | self.o.ready)
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        m.d.comb += info.r_en.eq(~active)
+        with m.If(~active & info.r_rdy):
+            m.d.sync += [cur.eq(info.r_data), active.eq(1), have_prev.eq(0), raw_seen.eq(0),
+                         out_sent.eq(0)]
+        rem = cur.length[:lb]
+        final_keep = Signal(bb)
+        m.d.comb += final_keep.eq(Mux(rem == 0, (1 << bb) - 1,
+                                      (Const(1, bb + 1) << rem) - 1))
+
+        def emit(nxt, nxt_err):
+            shifted = Cat(prev, nxt).bit_select(cur.off * 8, DW)
+            is_final = out_sent == out_cnt - 1
+            m.d.sync += [self.o.valid.eq(1), self.o.payload.data.eq(shifted),
+                         self.o.payload.keep.eq(Mux(is_final, final_keep, (1 << bb) - 1)),
+                         self.o.payload.last.eq(is_final & cur.last),
+                         self.o.payload.err.eq(prev_err | nxt_err),
+                         out_sent.eq(out_sent + 1)]
+            with m.If(is_final):
+                m.d.sync += active.eq(0)
+
+        with m.If(active & can_out):
+            with m.If(raw_seen < raw_cnt):
+                m.d.comb += raw.r_en.eq(1)
+                with m.If(raw.r_rdy):
+                    m.d.sync += [prev.eq(raw.r_data[:DW]), prev_err.eq(raw.r_data[DW]),
+                                 have_prev.eq(1), raw_seen.eq(raw_seen + 1)]
+                    with m.If(have_prev):
+                        emit(raw.r_data[:DW], raw.r_data[DW])
+            with m.Elif(out_sent < out_cnt):
+                emit(Const(0, DW), 0)
+        return m
+
+
+class DmaWriter(wiring.Component):
+    """AXI4 write path.
+
+    Members
+    -------
+    desc : In(stream.Signature(descriptor_layout))
+        2-D write descriptors.
+    i : In(stream.Signature(unsigned(data_width)))
+        Row bytes from lane 0, ``ceil(length / beat)`` beats per row (unused lanes of a
+        row's final beat are ignored).
+    bus : Out(AXI4Signature) — only AW/W/B are driven.
+    rejects, errors, last_resp, bursts_done, busy : Out
+        Rejected descriptors, non-OKAY write responses, the last one, completed bursts,
+        anything outstanding.
+
+    Latency: the first AW two cycles after the descriptor; W beats follow their AW.
+    """
+
+    def __init__(self, data_width: int = 128, addr_width: int = ADDR_BITS,
+                 outstanding: int = 8):
+        self.data_width, self.addr_width, self.outstanding = data_width, addr_width, outstanding
+        super().__init__({
+            "desc": In(stream.Signature(descriptor_layout(addr_width))),
+            "i": In(stream.Signature(unsigned(data_width))),
+            "bus": Out(AXI4Signature(addr_width, data_width)),
+            "rejects": Out(STATUS_BITS), "errors": Out(STATUS_BITS),
+            "last_resp": Out(AxiResp), "bursts_done": Out(STATUS_BITS), "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        DW = self.data_width
+        bb = DW // 8
+        lb = (bb - 1).bit_length()
+        bus = self.bus
+        rows = _Rows(m, self.desc, bb, self.addr_width, self.rejects)
+        info_l = data.StructLayout({"off": unsigned(lb), "length": unsigned(LENGTH_BITS)})
+        m.submodules.info = info = fifo.SyncFIFOBuffered(width=info_l.size, depth=4)
+        m.submodules.wlen = wlen = fifo.SyncFIFOBuffered(width=9, depth=self.outstanding)
+        bursts = Signal(range(self.outstanding + 1))
+
+        m.d.comb += [bus.awsize.eq(lb), bus.awburst.eq(AxiBurst.INCR),
+                     bus.awcache.eq(AXCACHE), bus.awid.eq(0), bus.awprot.eq(0)]
+        with m.If(bus.awvalid & bus.awready):
+            m.d.sync += bus.awvalid.eq(0)
+        with m.If(rows.busy & ~rows.in_row):
+            m.d.comb += [info.w_en.eq(1), info.w_data.eq(Cat(rows.off, rows.length))]
+            with m.If(info.w_rdy):
+                rows.start_row(m)
+        with m.Elif(rows.busy & rows.in_row & (~bus.awvalid | bus.awready) & wlen.w_rdy &
+                    (bursts < self.outstanding)):
+            m.d.sync += [bus.awvalid.eq(1), bus.awaddr.eq(rows.baddr),
+                         bus.awlen.eq(rows.n - 1)]
+            m.d.comb += [wlen.w_en.eq(1), wlen.w_data.eq(rows.n)]
+            rows.issued(m)
+        b_ok = Signal()
+        m.d.comb += [bus.bready.eq(1), b_ok.eq(bus.bvalid)]
+        m.d.sync += bursts.eq(bursts + wlen.w_en - b_ok)
+        with m.If(b_ok):
+            m.d.sync += self.bursts_done.eq(self.bursts_done + 1)
+            with m.If(bus.bresp != AxiResp.OKAY):
+                m.d.sync += [self.errors.eq(self.errors + 1), self.last_resp.eq(bus.bresp)]
+        m.d.comb += self.busy.eq(rows.busy | (bursts != 0) | info.r_rdy)
+
+        # realign input rows into place, with strobes
+        cur = data.View(info_l, Signal(info_l.size))
+        active = Signal()
+        prev = Signal(DW)
+        j = Signal(LENGTH_BITS + 1)
+        in_cnt = Signal(LENGTH_BITS + 1)
+        out_cnt = Signal(LENGTH_BITS + 1)
+        m.d.comb += [in_cnt.eq((cur.length + (bb - 1)) >> lb),
+                     out_cnt.eq((cur.off + cur.length + (bb - 1)) >> lb)]
+        m.d.comb += info.r_en.eq(~active)
+        with m.If(~active & info.r_rdy):
+            m.d.sync += [cur.eq(info.r_data), active.eq(1), j.eq(0), prev.eq(0)]
+        wbeat = Signal(range(MAX_BURST_BEATS + 1))
+        can = Signal()
+        m.d.comb += can.eq(~bus.wvalid | bus.wready)
+        with m.If(bus.wvalid & bus.wready):
+            m.d.sync += bus.wvalid.eq(0)
+        lanes = Signal(bb)
+        start = Signal(LENGTH_BITS + lb + 2)
+        end = Signal(LENGTH_BITS + lb + 2)
+        m.d.comb += [start.eq(j << lb), end.eq(cur.off + cur.length)]
+        for b in range(bb):
+            m.d.comb += lanes[b].eq((start + b >= cur.off) & (start + b < end))
+
+        back = Signal(lb + 1)
+        m.d.comb += back.eq(bb - cur.off)
+
+        def send(nxt):
+            m.d.sync += [bus.wvalid.eq(1),
+                         bus.wdata.eq(Cat(prev, nxt).bit_select(back * 8, DW)),
+                         bus.wstrb.eq(lanes), j.eq(j + 1), prev.eq(nxt)]
+            last_of_burst = wbeat == wlen.r_data - 1
+            m.d.sync += [bus.wlast.eq(last_of_burst), wbeat.eq(Mux(last_of_burst, 0,
+                                                                   wbeat + 1))]
+            m.d.comb += wlen.r_en.eq(last_of_burst)
+            with m.If(j == out_cnt - 1):
+                m.d.sync += active.eq(0)
+
+        m.d.comb += self.i.ready.eq(0)
+        with m.If(active & can & wlen.r_rdy):
+            with m.If(j < in_cnt):
+                m.d.comb += self.i.ready.eq(1)
+                with m.If(self.i.valid):
+                    send(self.i.payload)
+            with m.Else():
+                send(Const(0, DW))
+        return m
+
+
+class DmaLoader(wiring.Component):
+    """Read and write paths sharing one AXI4 master port ``m_axi`` (a ZU+ S_AXI_HP port).
+
+    Members: ``rd_desc``, ``rd`` (read beats), ``wr_desc``, ``wr`` (write data), ``m_axi``, and
+    the status of both paths (``rd_*``, ``wr_*``). Latencies as :class:`DmaReader` and
+    :class:`DmaWriter`.
+    """
+
+    def __init__(self, data_width: int = 128, addr_width: int = ADDR_BITS,
+                 outstanding: int = 8, fifo_depth: int = 512):
+        self.reader = DmaReader(data_width, addr_width, outstanding, fifo_depth)
+        self.writer = DmaWriter(data_width, addr_width, outstanding)
+        r, w = self.reader.signature.members, self.writer.signature.members
+        super().__init__({
+            "rd_desc": r["desc"], "rd": r["o"], "wr_desc": w["desc"], "wr": w["i"],
+            "m_axi": Out(AXI4Signature(addr_width, data_width)),
+            "rd_rejects": r["rejects"], "rd_errors": r["errors"], "rd_last_resp": r["last_resp"],
+            "rd_beats": r["beats"],
+            "wr_rejects": w["rejects"], "wr_errors": w["errors"], "wr_last_resp": w["last_resp"],
+            "wr_bursts_done": w["bursts_done"], "wr_busy": w["busy"],
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.reader = rd = self.reader
+        m.submodules.writer = wr = self.writer
+        wiring.connect(m, wiring.flipped(self.rd_desc), rd.desc)
+        wiring.connect(m, rd.o, wiring.flipped(self.rd))
+        wiring.connect(m, wiring.flipped(self.wr_desc), wr.desc)
+        wiring.connect(m, wiring.flipped(self.wr), wr.i)
+        for name in ("rejects", "errors", "last_resp", "beats"):
+            m.d.comb += getattr(self, f"rd_{name}").eq(getattr(rd, name))
+        for name in ("rejects", "errors", "last_resp", "bursts_done", "busy"):
+            m.d.comb += getattr(self, f"wr_{name}").eq(getattr(wr, name))
+        ar = ("araddr", "arlen", "arsize", "arburst", "arid", "arcache", "arprot", "arvalid",
+              "rready")
+        aw = ("awaddr", "awlen", "awsize", "awburst", "awid", "awcache", "awprot", "awvalid",
+              "wdata", "wstrb", "wlast", "wvalid", "bready")
+        for n in ar:
+            m.d.comb += getattr(self.m_axi, n).eq(getattr(rd.bus, n))
+        for n in aw:
+            m.d.comb += getattr(self.m_axi, n).eq(getattr(wr.bus, n))
+        for n in ("arready", "rdata", "rresp", "rlast", "rid", "rvalid"):
+            m.d.comb += getattr(rd.bus, n).eq(getattr(self.m_axi, n))
+        for n in ("awready", "wready", "bresp", "bid", "bvalid"):
+            m.d.comb += getattr(wr.bus, n).eq(getattr(self.m_axi, n))
+        return m

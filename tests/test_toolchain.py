@@ -3,7 +3,7 @@
 import os
 
 import pytest
-from amaranth import Module
+from amaranth import Module, Mux
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -85,3 +85,28 @@ def test_resource_estimate():
     assert res["FF"] >= 73 and res["LUTRAM"] > 0
     assert res["DSP"] == 0 and res["BRAM36"] == 0
     assert set(utilization(res)) == set(K26)
+
+
+class Wrap(wiring.Component):
+    """A 3-bit counter that wraps at ``limit``; formally ``count < limit`` always holds."""
+    count: Out(3)
+
+    def __init__(self, limit, claim):
+        self._limit, self._claim = limit, claim
+        super().__init__()
+
+    def elaborate(self, platform):
+        from amaranth.hdl import Assert
+
+        m = Module()
+        m.d.sync += self.count.eq(Mux(self.count == self._limit - 1, 0, self.count + 1))
+        m.d.comb += Assert(self.count < self._claim)
+        return m
+
+
+def test_formal_check_proves_and_refutes():
+    from mcf.sim.formal import check
+
+    check(Wrap(5, 5), "wrap_ok", mode="prove", depth=4)
+    with pytest.raises(AssertionError, match="FAIL"):
+        check(Wrap(5, 4), "wrap_bad", mode="bmc", depth=8)

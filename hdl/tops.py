@@ -41,6 +41,18 @@ def _csr() -> FlatTop:
 TOPS["mcf_csr"] = _csr  # AXI-Lite CSR bank for the node register map (hdl/csr, docs/csr.md)
 
 
+def _nic_router() -> FlatTop:
+    from .nic.router import Router
+    r = Router(data_width=64, n_ports=4, n_local_in=1, max_payload=256)
+    axis = {f"i{i}": f"s_axis_i{i}" for i in range(r.n_inputs)}
+    axis.update({f"o{p}": f"m_axis_o{p}" for p in range(r.n_ports)})
+    axis["local"] = "m_axis_local"
+    return FlatTop(r, axis)
+
+
+TOPS["nic_router"] = _nic_router  # NIC forwarding/multicast router, 4 ports (docs/nic.md)
+
+
 def _matrix_engine() -> FlatTop:
     from .compute.gemm_top import MatrixEngine
     return FlatTop(MatrixEngine())
@@ -54,3 +66,12 @@ def _dma_loader() -> FlatTop:
 
 TOPS["mcf_matrix_engine"] = _matrix_engine  # DMA x2 + INT4 GEMM + vector unit (docs/compute.md)
 TOPS["mcf_dma_loader"] = _dma_loader        # AXI4 DMA read/write loader, 128-bit (hdl/mem)
+
+
+def _nic_reduce() -> FlatTop:
+    from .nic.reduce import ReduceEngine
+    return FlatTop(ReduceEngine(data_width=64, n_slots=4, max_payload=256),
+                   {"i": "s_axis", "o": "m_axis"})
+
+
+TOPS["nic_reduce"] = _nic_reduce  # NIC reduction engine (max/sum/softmax merge, docs/nic.md)

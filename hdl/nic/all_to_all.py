@@ -1,0 +1,273 @@
+"""All-to-all engine of the MCF compute-NIC (paper §5: "Collective packets are handled by the
+all-to-all engine").
+
+Scatter: a local tensor packet of ``num_nodes × part`` bytes becomes ``num_nodes`` part packets,
+part ``j`` addressed to node ``j`` (``dst = j``, ``route_id = route_id + j`` — MARS reserves
+``num_nodes`` consecutive route ids per all-to-all, and the entry of node j's own part says
+"local", so every part, the local one included, travels through the router and the parser).
+Gather: parts arriving from every node (``src`` = part index) are written into a slot buffer at
+their source's place, whatever the arrival order; when all ``num_nodes`` parts of a tag
+(``kv_id``) are in, the assembled tensor leaves as one packet, parts in source order.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from mcf.abi.framing import parsed_layout
+from mcf.abi.meta import META, Collective
+from mcf.abi.nic import A2A_STATUS, A2ADrop
+
+__all__ = ["AllToAll"]
+
+
+class AllToAll(wiring.Component):
+    """Scatter / gather engine.
+
+    Parameters: ``data_width``; ``max_nodes`` (largest ``num_nodes``); ``part_max`` (bytes per
+    part, a multiple of the beat); ``n_slots`` (gathers open at once).
+
+    Members
+    -------
+    ``scatter``: ``In(stream.Signature(parsed_layout))`` — local tensors to scatter.
+    ``net``: ``Out(stream.Signature(parsed_layout))`` — the parts (to a router local input).
+    ``i``: ``In(stream.Signature(parsed_layout))`` — parts arriving (parser ALL_TO_ALL port).
+    ``o``: ``Out(stream.Signature(parsed_layout))`` — gathered tensors: the first part's meta
+        with ``src = dst = local_id``, ``seq = 0``, ``length = num_nodes × part``.
+    ``local_id``, ``num_nodes``, ``timeout`` (watchdog cycles, 0 = off): ``In``.
+    ``status``: ``Out(A2A_STATUS)``.
+
+    Rules: parts must be whole beats; a scatter whose length is not ``num_nodes`` whole-beat
+    parts is dropped (``scatter_drops``); bad, duplicate, foreign (``src ≥ num_nodes``) or
+    unplaceable parts (every slot holds an incomplete gather) are dropped and counted
+    (:class:`mcf.abi.nic.A2ADrop`); a part needing a slot while one only waits to be emitted
+    waits for it (``i.ready`` low, bounded); a gather missing a part is freed by the
+    watchdog. Rates: scatter 1 beat/cycle (pass-through, 0 cycles); gather writes 1
+    beat/cycle; a complete gather streams out at 1 beat/cycle after 1 cycle.
+    """
+
+    def __init__(self, *, data_width: int = 64, max_nodes: int = 8, part_max: int = 256,
+                 n_slots: int = 2, meta_layout: data.StructLayout = META):
+        bpb = data_width // 8
+        if part_max % bpb:
+            raise ValueError("part_max must be a multiple of the beat")
+        self._dw, self._bpb = data_width, bpb
+        self._max_nodes, self._part_max, self._slots = max_nodes, part_max, n_slots
+        self._pbeats = part_max // bpb
+        self._meta_layout = meta_layout
+        beat = parsed_layout(data_width, meta_layout)
+        node = META["src"].width
+        super().__init__({
+            "scatter": In(stream.Signature(beat)), "net": Out(stream.Signature(beat)),
+            "i": In(stream.Signature(beat)), "o": Out(stream.Signature(beat)),
+            "local_id": In(node), "num_nodes": In(node + 1), "timeout": In(32),
+            "status": Out(A2A_STATUS),
+        })
+
+    @property
+    def part_max(self) -> int:
+        return self._part_max
+
+    @property
+    def n_slots(self) -> int:
+        return self._slots
+
+    def elaborate(self, platform):
+        m = Module()
+        st = self.status
+        bpb, N, S = self._bpb, self._max_nodes, self._slots
+        pbits = max(1, (self._pbeats - 1).bit_length())
+        nbits = max(1, (N - 1).bit_length())
+        sbits = max(1, (S - 1).bit_length())
+        lw = META["length"].width
+        log_bpb = (bpb - 1).bit_length()
+
+        # ---- scatter: re-frame one tensor into num_nodes parts ----------------------------------
+        sc, net = self.scatter, self.net
+        s_in = Signal()
+        s_drop = Signal()
+        s_j = Signal(range(N + 1))
+        s_pb = Signal(lw)
+        s_pbeats = Signal(lw)
+        s_plen = Signal(lw)
+        length = sc.payload.meta.length
+        plen = Signal(lw)
+        m.d.comb += plen.eq(length // Mux(self.num_nodes == 0, 1, self.num_nodes))
+        bad = ((self.num_nodes == 0) | (self.num_nodes > N) | (plen == 0)
+               | (plen * self.num_nodes != length) | (plen[:log_bpb] != 0)
+               | (plen > self._part_max) | (sc.payload.keep == 0))
+        cur_drop = Mux(s_in, s_drop, bad)
+        cur_j = Mux(s_in, s_j, 0)
+        cur_pb = Mux(s_in, s_pb, 0)
+        cur_pbeats = Mux(s_in, s_pbeats, plen >> log_bpb)
+        cur_plen = Mux(s_in, s_plen, plen)
+        end_part = cur_pb + 1 == cur_pbeats
+        m.d.comb += [
+            net.valid.eq(sc.valid & ~cur_drop),
+            sc.ready.eq(net.ready | cur_drop),
+            net.payload.eq(sc.payload),
+            net.payload.meta.dst.eq(cur_j), net.payload.meta.src.eq(self.local_id),
+            net.payload.meta.route_id.eq(sc.payload.meta.route_id + cur_j),
+            net.payload.meta.length.eq(cur_plen), net.payload.meta.seq.eq(cur_j),
+            net.payload.last.eq(end_part),
+        ]
+        s_fire = sc.valid & sc.ready
+        with m.If(s_fire):
+            m.d.sync += [s_in.eq(~sc.payload.last), s_drop.eq(cur_drop), s_pbeats.eq(cur_pbeats),
+                         s_plen.eq(cur_plen)]
+            with m.If(end_part):
+                m.d.sync += [s_pb.eq(0), s_j.eq(cur_j + 1)]
+            with m.Else():
+                m.d.sync += [s_pb.eq(cur_pb + 1), s_j.eq(cur_j)]
+            with m.If(~s_in):
+                with m.If(bad):
+                    m.d.sync += st.scatter_drops.eq(st.scatter_drops + 1)
+                with m.Else():
+                    m.d.sync += st.scatter_ops.eq(st.scatter_ops + 1)
+        with m.If(net.valid & net.ready & end_part):
+            m.d.sync += st.parts_sent.eq(st.parts_sent + 1)
+
+        # ---- gather -----------------------------------------------------------------------------
+        i = self.i
+        meta = i.payload.meta
+        g_valid = Signal(S)
+        g_done = Signal(S)               # every part written: waiting to be emitted
+        g_tag = [Signal.like(meta.kv_id, name=f"gtag{s}") for s in range(S)]
+        g_len = [Signal(lw, name=f"glen{s}") for s in range(S)]
+        g_have = [Signal(N, name=f"ghave{s}") for s in range(S)]
+        g_meta = [Signal(self._meta_layout, name=f"gmeta{s}") for s in range(S)]
+        g_timer = [Signal(32, name=f"gtimer{s}") for s in range(S)]
+
+        m.submodules.buf = buf = Memory(shape=unsigned(self._dw), depth=S * N * self._pbeats,
+                                        init=[])
+        wp = buf.write_port()
+        rp = buf.read_port()
+
+        in_pkt = Signal()
+        c_drop = Signal()
+        c_slot = Signal(range(S))
+        c_src = Signal(nbits)
+        bidx = Signal(pbits)
+        hits = Signal(S)
+        m.d.comb += hits.eq(Cat(g_valid[s] & ~g_done[s] & (g_tag[s] == meta.kv_id)
+                                for s in range(S)))
+        hit = hits != 0
+        hit_idx = Signal(range(S))
+        free_idx = Signal(range(S))
+        for s in reversed(range(S)):
+            with m.If(hits[s]):
+                m.d.comb += hit_idx.eq(s)
+            with m.If(~g_valid[s]):
+                m.d.comb += free_idx.eq(s)
+        hit_len = Signal(lw)
+        hit_have = Signal(N)
+        with m.Switch(hit_idx):
+            for s in range(S):
+                with m.Case(s):
+                    m.d.comb += [hit_len.eq(g_len[s]), hit_have.eq(g_have[s])]
+        plen_i = meta.length
+        bad_len = ((plen_i == 0) | (plen_i[:log_bpb] != 0) | (plen_i > self._part_max)
+                   | (hit & (hit_len != plen_i)))
+        bad_src = (meta.src >= self.num_nodes) | (meta.src >= N)
+        dup = hit & (hit_have >> meta.src)[0]
+        full_slots = ~hit & g_valid.all()
+        no_slot = full_slots & (g_done == 0)
+        cause = Signal(len(A2ADrop))
+        m.d.comb += cause.eq(Cat(bad_len, ~bad_len & dup, ~bad_len & ~dup & ~bad_src & no_slot,
+                                 ~bad_len & ~dup & bad_src))
+        head_drop = cause != 0
+        slot_sel = Mux(hit, hit_idx, free_idx)
+        # all slots taken but one is complete: wait for its emission to free it (bounded)
+        wait = ~in_pkt & full_slots & (g_done != 0) & ~bad_len & ~dup & ~bad_src
+        m.d.comb += i.ready.eq(~wait)
+        fire = i.valid & i.ready
+        head = fire & ~in_pkt
+        cur_drop_g = Mux(in_pkt, c_drop, head_drop)
+        cur_slot = Mux(in_pkt, c_slot, slot_sel)
+        cur_src = Mux(in_pkt, c_src, meta.src[:nbits])
+        cur_b = Mux(in_pkt, bidx, 0)
+        m.d.comb += [wp.addr.eq(Cat(cur_b, cur_src, cur_slot[:sbits] if S > 1 else [])),
+                     wp.data.eq(i.payload.data), wp.en.eq(fire & ~cur_drop_g)]
+        with m.If(fire):
+            m.d.sync += [in_pkt.eq(~i.payload.last), bidx.eq(Mux(i.payload.last, 0, cur_b + 1))]
+        with m.If(head):
+            m.d.sync += [c_drop.eq(head_drop), c_slot.eq(slot_sel), c_src.eq(meta.src[:nbits]),
+                         st.rx_parts.eq(st.rx_parts + 1)]
+            for c in A2ADrop:
+                with m.If(cause[c.value]):
+                    name = f"drop_{c.name.lower()}"
+                    m.d.sync += st[name].eq(st[name] + 1)
+
+        # ---- emission of complete gathers -------------------------------------------------------
+        o = self.o
+        emitting = Signal()
+        e_slot = Signal(range(S))
+        e_src = Signal(range(N + 1))
+        e_b = Signal(pbits + 1)
+        e_pbeats = Signal(lw)
+        e_n = Signal.like(self.num_nodes)
+        o_valid = Signal()
+        o_last = Signal()
+        o_meta = Signal(self._meta_layout)
+        adv = ~o_valid | o.ready
+        m.d.comb += [rp.en.eq(adv), o.valid.eq(o_valid), o.payload.data.eq(rp.data),
+                     o.payload.keep.eq((1 << bpb) - 1), o.payload.last.eq(o_last),
+                     o.payload.meta.eq(o_meta)]
+        issue_last = (e_src + 1 == e_n) & (e_b + 1 == e_pbeats)
+        m.d.comb += rp.addr.eq(Cat(e_b[:pbits], e_src[:nbits], e_slot[:sbits] if S > 1 else []))
+        freeing = Signal(S)
+        with m.If(adv):
+            m.d.sync += [o_valid.eq(emitting), o_last.eq(issue_last)]
+            with m.If(emitting):
+                with m.If(e_b + 1 == e_pbeats):
+                    m.d.sync += [e_b.eq(0), e_src.eq(e_src + 1)]
+                with m.Else():
+                    m.d.sync += e_b.eq(e_b + 1)
+                with m.If(issue_last):
+                    m.d.sync += emitting.eq(0)
+                    m.d.comb += freeing.eq(Const(1, S) << e_slot)
+                    m.d.sync += st.gathers_done.eq(st.gathers_done + 1)
+        with m.If(~emitting & (~o_valid | o.ready)):
+            for s in reversed(range(S)):
+                with m.If(g_done[s] & ~(freeing >> s)[0]):
+                    m.d.sync += [emitting.eq(1), e_slot.eq(s), e_src.eq(0), e_b.eq(0),
+                                 e_pbeats.eq(g_len[s] >> log_bpb), e_n.eq(self.num_nodes),
+                                 o_meta.eq(g_meta[s]), o_meta.src.eq(self.local_id),
+                                 o_meta.dst.eq(self.local_id), o_meta.seq.eq(0),
+                                 o_meta.collective.eq(Collective.ALL_TO_ALL),
+                                 o_meta.length.eq(g_len[s] * self.num_nodes)]
+
+        # ---- slot table and watchdog ------------------------------------------------------------
+        trips = Signal(S)
+        accept = head & ~head_drop
+        last_beat = fire & i.payload.last & ~cur_drop_g
+        for s in range(S):
+            active = (in_pkt & (c_slot == s)) | (accept & (slot_sel == s))
+            m.d.comb += trips[s].eq(g_valid[s] & ~g_done[s] & ~active & (self.timeout != 0)
+                                    & (g_timer[s] >= self.timeout))
+            have_next = Mux(accept & hit, g_have[s], 0) | (Const(1, N) << meta.src[:nbits])
+            with m.If(accept & (slot_sel == s)):
+                m.d.sync += [g_timer[s].eq(0), g_have[s].eq(have_next)]
+                with m.If(~hit):
+                    m.d.sync += [g_valid[s].eq(1), g_tag[s].eq(meta.kv_id), g_len[s].eq(plen_i),
+                                 g_meta[s].eq(meta)]
+            with m.Elif(active):
+                m.d.sync += g_timer[s].eq(0)
+            with m.Elif(trips[s]):
+                m.d.sync += [g_valid[s].eq(0), g_have[s].eq(0), g_timer[s].eq(0)]
+            with m.Elif(g_valid[s] & ~g_done[s]):
+                m.d.sync += g_timer[s].eq(g_timer[s] + 1)
+            # complete when the last beat of the part that fills the set is written
+            full = Signal(name=f"full{s}")
+            have_cur = Mux(head, have_next, g_have[s])
+            all_mask = ((Const(1, N + 1) << self.num_nodes) - 1)[:N]
+            m.d.comb += full.eq((have_cur & all_mask) == all_mask)
+            with m.If(last_beat & (cur_slot == s) & full):
+                m.d.sync += g_done[s].eq(1)
+            with m.If(freeing[s]):
+                m.d.sync += [g_done[s].eq(0), g_valid[s].eq(0), g_have[s].eq(0)]
+        m.d.sync += st.watchdog_trips.eq(st.watchdog_trips + sum(trips[s] for s in range(S)))
+        return m

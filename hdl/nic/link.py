@@ -1,0 +1,272 @@
+"""Inter-board link framing (paper §5: the NIC's link ports, 10G SFP+ / 1G RGMII on the KR260).
+
+:class:`LinkTx` turns parsed packets into frames (link header with a sequence number, the Meta
+beat, the payload, a CRC-32 trailer — :mod:`mcf.abi.nic`); :class:`LinkRx` checks CRC, header
+and sequence, drops bad / stale frames whole, counts every loss, and delivers wire packets
+(``mcf.abi.framing.beat_layout``: Meta beat, payload) to the node's parser. The MAC/PHY side of
+both is an AXI-Stream-like ``beat_layout`` stream (``data``/``keep``/``last``), so a 10GBASE-R or
+RGMII MAC (with its own Ethernet FCS) can be attached later.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from mcf.abi.framing import beat_layout, parsed_layout, payload_beats
+from mcf.abi.meta import META
+from mcf.abi.nic import (
+    CRC32_INIT,
+    CRC32_POLY_REFLECTED,
+    CRC32_XOROUT,
+    CRC_BYTES,
+    LINK_HEADER,
+    LINK_MAGIC,
+    LINK_RX_STATUS,
+    LINK_TX_STATUS,
+)
+
+__all__ = ["LinkTx", "LinkRx", "crc32_update"]
+
+
+@cache
+def _crc_matrix(nbytes: int) -> tuple[tuple[int, int], ...]:
+    """For the reflected CRC-32 over ``nbytes`` bytes: per output bit, (mask over the 32 state
+    bits, mask over the 8·nbytes data bits) whose XOR gives it (the CRC is linear over GF(2))."""
+    state = [(1 << j, 0) for j in range(32)]
+    for byte in range(nbytes):
+        for bit in range(8):
+            # state ^= data bit into bit 0, then shift right with the reflected polynomial
+            s0, d0 = state[0]
+            d0 ^= 1 << (8 * byte + bit)
+            new = [state[j + 1] if j < 31 else (0, 0) for j in range(32)]
+            for j in range(32):
+                if CRC32_POLY_REFLECTED >> j & 1:
+                    new[j] = (new[j][0] ^ s0, new[j][1] ^ d0)
+            state = new
+    return tuple(state)
+
+
+def crc32_update(crc, data_bits, nbytes: int):
+    """Amaranth expression: the CRC-32 register after ``nbytes`` low bytes of ``data_bits``."""
+    out = []
+    for smask, dmask in _crc_matrix(nbytes):
+        terms = [crc[j] for j in range(32) if smask >> j & 1]
+        terms += [data_bits[j] for j in range(8 * nbytes) if dmask >> j & 1]
+        out.append(Cat(*terms).xor() if terms else Const(0, 1))
+    return Cat(*out)
+
+
+class _CrcByKeep(wiring.Component):
+    """Combinational CRC-32 update of a beat whose ``keep`` is contiguous from byte 0."""
+
+    def __init__(self, data_width):
+        self._bpb = data_width // 8
+        super().__init__({"crc_in": In(32), "data": In(data_width), "keep": In(self._bpb),
+                          "crc_out": Out(32)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.comb += self.crc_out.eq(self.crc_in)
+        for n in range(1, self._bpb + 1):
+            with m.If(self.keep == (1 << n) - 1):
+                m.d.comb += self.crc_out.eq(crc32_update(self.crc_in, self.data, n))
+        return m
+
+
+class LinkTx(wiring.Component):
+    """Link transmitter: one frame per packet.
+
+    Members: ``i`` — ``In(stream.Signature(parsed_layout))`` (a router output);
+    ``o`` — ``Out(stream.Signature(beat_layout))`` towards the MAC; ``status`` —
+    ``Out(LINK_TX_STATUS)``.
+
+    Frame: LINK_HEADER beat (``magic``, ``seq``), the Meta beat, the payload beats (a
+    zero-length packet sends none), a CRC-32 beat (``keep = 0xF``, ``last``). ``seq`` counts
+    frames modulo 2^16. Rate: a packet of n payload beats takes n + 3 cycles; the header beat is
+    offered the cycle after the previous CRC beat left (no idle cycles). ``o.valid`` does not
+    depend on ``o.ready``.
+    """
+
+    def __init__(self, *, data_width: int = 64, meta_layout: data.StructLayout = META):
+        self._dw = data_width
+        self._meta_layout = meta_layout
+        super().__init__({
+            "i": In(stream.Signature(parsed_layout(data_width, meta_layout))),
+            "o": Out(stream.Signature(beat_layout(data_width, meta_layout))),
+            "status": Out(LINK_TX_STATUS),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        i, o = self.i, self.o
+        full = (1 << (self._dw // 8)) - 1
+        seq = Signal(LINK_HEADER["seq"].width)
+        crc = Signal(32, init=CRC32_INIT)
+        m.submodules.crc = cu = _CrcByKeep(self._dw)
+        m.d.comb += [cu.crc_in.eq(crc), cu.data.eq(o.payload.data), cu.keep.eq(o.payload.keep)]
+        hdr = Signal(LINK_HEADER)
+        m.d.comb += [hdr.magic.eq(LINK_MAGIC), hdr.seq.eq(seq)]
+        fire = o.valid & o.ready
+        with m.If(fire):
+            m.d.sync += [crc.eq(cu.crc_out), self.status.beats.eq(self.status.beats + 1)]
+        with m.FSM():
+            with m.State("HEADER"):
+                m.d.comb += [o.valid.eq(i.valid), o.payload.data.eq(hdr),
+                             o.payload.keep.eq(full)]
+                m.d.comb += cu.crc_in.eq(CRC32_INIT)
+                with m.If(fire):
+                    m.next = "META"
+            with m.State("META"):
+                empty = i.payload.keep == 0
+                m.d.comb += [o.valid.eq(i.valid), o.payload.data.eq(i.payload.meta.as_value()),
+                             o.payload.keep.eq(full), i.ready.eq(o.ready & empty)]
+                with m.If(fire):
+                    with m.If(empty):
+                        m.next = "CRC"
+                    with m.Else():
+                        m.next = "PAYLOAD"
+            with m.State("PAYLOAD"):
+                m.d.comb += [o.valid.eq(i.valid), o.payload.data.eq(i.payload.data),
+                             o.payload.keep.eq(i.payload.keep), i.ready.eq(o.ready)]
+                with m.If(fire & i.payload.last):
+                    m.next = "CRC"
+            with m.State("CRC"):
+                m.d.comb += [o.valid.eq(1), o.payload.data.eq(crc ^ CRC32_XOROUT),
+                             o.payload.keep.eq((1 << CRC_BYTES) - 1), o.payload.last.eq(1)]
+                with m.If(fire):
+                    m.d.sync += [seq.eq(seq + 1), crc.eq(CRC32_INIT),
+                                 self.status.frames.eq(self.status.frames + 1)]
+                    m.next = "HEADER"
+        return m
+
+
+class LinkRx(wiring.Component):
+    """Link receiver: checks frames, delivers good packets whole, never a partial one.
+
+    Members: ``i`` — ``In(stream.Signature(beat_layout))`` from the MAC; ``o`` —
+    ``Out(stream.Signature(beat_layout))``: wire packets (Meta beat then payload, ``last`` on
+    the final beat) for the node's parser; ``status`` — ``Out(LINK_RX_STATUS)``.
+
+    A frame is stored in a receive buffer as it arrives and committed only after its CRC
+    (IEEE 802.3, over header, Meta and payload bytes) matched, its header was valid and its
+    sequence number was not behind the expected one; otherwise the buffer is rolled back and
+    the cause counted. A sequence number ahead of the expected one is accepted and the gap is
+    counted (``seq_gaps``, ``lost_frames``): loss is never silent. Frames longer than
+    ``max_payload`` allows are dropped (``drop_oversize``). ``i.ready`` falls only between
+    frames, while the buffer lacks room for a maximum frame. Latency: the first beat of a
+    packet leaves 2 cycles after the frame's CRC beat was accepted (store and forward).
+    """
+
+    def __init__(self, *, data_width: int = 64, max_payload: int = 1024,
+                 meta_layout: data.StructLayout = META):
+        self._dw = data_width
+        self._max_payload = max_payload
+        self._meta_layout = meta_layout
+        self._max_frame = 3 + payload_beats(max_payload, data_width)
+        self._depth = 1 << (2 * self._max_frame - 1).bit_length()
+        super().__init__({
+            "i": In(stream.Signature(beat_layout(data_width, meta_layout))),
+            "o": Out(stream.Signature(beat_layout(data_width, meta_layout))),
+            "status": Out(LINK_RX_STATUS),
+        })
+
+    @property
+    def max_payload(self) -> int:
+        return self._max_payload
+
+    def elaborate(self, platform):
+        m = Module()
+        i, o = self.i, self.o
+        st = self.status
+        blay = beat_layout(self._dw, self._meta_layout)
+        D = self._depth
+        abits = (D - 1).bit_length()
+        m.submodules.buf = buf = Memory(shape=blay, depth=D, init=[])
+        wp = buf.write_port()
+        rp = buf.read_port(transparent_for=(wp,))
+
+        wr = Signal(abits + 1)
+        wr_commit = Signal(abits + 1)
+        rd = Signal(abits + 1)
+
+        # ---- read side (first-word-fall-through over a synchronous read port) -----------------
+        o_fire = o.valid & o.ready
+        m.d.comb += [o.valid.eq(rd != wr_commit), o.payload.eq(rp.data),
+                     rp.addr.eq(Mux(o_fire, rd + 1, rd)[:abits]), rp.en.eq(1)]
+        with m.If(o_fire):
+            m.d.sync += rd.eq(rd + 1)
+
+        # ---- write side ------------------------------------------------------------------------
+        in_frame = Signal()
+        bidx = Signal(range(self._max_frame + 2))
+        crc = Signal(32, init=CRC32_INIT)
+        held = Signal(blay)
+        held_valid = Signal()
+        hdr = Signal(LINK_HEADER)
+        too_long = Signal()
+        expected = Signal(LINK_HEADER["seq"].width)
+
+        room = (D - (wr - rd)[:abits + 1]) >= self._max_frame
+        m.d.comb += i.ready.eq(in_frame | room)
+        fire = i.valid & i.ready
+        m.submodules.crc = cu = _CrcByKeep(self._dw)
+        m.d.comb += [cu.crc_in.eq(Mux(in_frame, crc, CRC32_INIT)), cu.data.eq(i.payload.data),
+                     cu.keep.eq(i.payload.keep)]
+        cur_bidx = Mux(in_frame, bidx, 0)
+        cur_hdr = Signal(LINK_HEADER)
+        m.d.comb += cur_hdr.eq(Mux(in_frame, hdr, i.payload.data[:LINK_HEADER.size]))
+
+        crc_ok = ((i.payload.data[:32] == (Mux(in_frame, crc, CRC32_INIT) ^ CRC32_XOROUT))
+                  & (i.payload.keep == (1 << CRC_BYTES) - 1))
+        hdr_ok = (cur_hdr.magic == LINK_MAGIC) & (cur_bidx >= 2)
+        ahead = Signal(LINK_HEADER["seq"].width)
+        m.d.comb += ahead.eq(cur_hdr.seq - expected)
+        stale = ahead[-1]
+        over = too_long | (cur_bidx >= self._max_frame - 1)
+
+        with m.If(fire):
+            with m.If(~i.payload.last):
+                m.d.sync += [in_frame.eq(1), crc.eq(cu.crc_out),
+                             bidx.eq(Mux(over, cur_bidx, cur_bidx + 1))]
+                with m.If(cur_bidx == 0):
+                    m.d.sync += [hdr.eq(i.payload.data[:LINK_HEADER.size]), too_long.eq(0),
+                                 held_valid.eq(0)]
+                with m.Elif(over):
+                    m.d.sync += too_long.eq(1)
+                with m.Else():
+                    m.d.sync += [held.eq(i.payload), held_valid.eq(1)]
+                    with m.If(held_valid):
+                        m.d.comb += [wp.addr.eq(wr[:abits]), wp.data.eq(held), wp.en.eq(1)]
+                        m.d.sync += wr.eq(wr + 1)
+            with m.Else():
+                # CRC beat: decide the frame's fate
+                m.d.sync += [in_frame.eq(0), bidx.eq(0), held_valid.eq(0), too_long.eq(0),
+                             crc.eq(CRC32_INIT)]
+                good = Signal()
+                with m.If(too_long):
+                    m.d.sync += [st.drop_oversize.eq(st.drop_oversize + 1), wr.eq(wr_commit)]
+                with m.Elif(~crc_ok):
+                    m.d.sync += [st.crc_errors.eq(st.crc_errors + 1), wr.eq(wr_commit)]
+                with m.Elif(~hdr_ok | ~held_valid):
+                    m.d.sync += [st.drop_bad_header.eq(st.drop_bad_header + 1),
+                                 wr.eq(wr_commit)]
+                with m.Elif(stale):
+                    m.d.sync += [st.drop_stale.eq(st.drop_stale + 1), wr.eq(wr_commit)]
+                with m.Else():
+                    m.d.comb += good.eq(1)
+                with m.If(good):
+                    last_beat = Signal(blay)
+                    m.d.comb += [last_beat.eq(held), last_beat.last.eq(1),
+                                 wp.addr.eq(wr[:abits]), wp.data.eq(last_beat), wp.en.eq(1)]
+                    m.d.sync += [wr.eq(wr + 1), wr_commit.eq(wr + 1),
+                                 expected.eq(cur_hdr.seq + 1),
+                                 st.frames_ok.eq(st.frames_ok + 1)]
+                    with m.If(ahead != 0):
+                        m.d.sync += [st.seq_gaps.eq(st.seq_gaps + 1),
+                                     st.lost_frames.eq(st.lost_frames + ahead)]
+        return m

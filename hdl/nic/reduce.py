@@ -1,0 +1,357 @@
+"""Reduction engine of the MCF compute-NIC — the decode path (paper §4 end, §5: "Decode
+partial-state packets are sent to the reduction engine, which performs the maximum and
+summation operations required to merge distributed softmax statistics").
+
+Element-wise MAX / SUM of 32-bit lanes and the online-softmax merge of ``(m, l, o)`` states, in
+the formats and with the rounding of :mod:`mcf.abi.softmax` (exp by LUT + shift), for ``k``
+contributors sharing a tag (``route_id``, ``kv_id``, ``seq``); ``k`` comes from a per-route_id
+configuration table. The same engine is the max/sum all-reduce of tensor-parallel decode: the
+root reduces, the router multicasts the result (or each hop of a ring reduces and forwards).
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from mcf.abi.framing import parsed_layout
+from mcf.abi.meta import META, ReduceOp
+from mcf.abi.nic import LANE_BYTES, REDUCE_CONFIG, REDUCE_STATUS, REDUCE_TAG, ReduceDrop
+from mcf.abi.softmax import EXP_FRAC, LANE_BITS, SCORE_FRAC, STATE_L, STATE_O, exp2_lut
+
+from .router import RouteWriteSignature
+
+__all__ = ["ReduceEngine"]
+
+
+class ReduceEngine(wiring.Component):
+    """Tag-matching reduction engine.
+
+    Parameters
+    ----------
+    data_width:  payload bits per beat; ``data_width // 32`` lanes are reduced per cycle.
+    n_slots:     tags that may be open at once (each holds one accumulator buffer).
+    max_payload: largest contribution in bytes.
+
+    Members
+    -------
+    ``i``: ``In(stream.Signature(parsed_layout))`` — contributions (parser REDUCTION port).
+    ``o``: ``Out(stream.Signature(parsed_layout))`` — results: one packet per completed tag, the
+        final contribution's meta with ``src = local_id``, payload = the reduced lanes.
+    ``cfg_wr``: ``In(RouteWriteSignature(REDUCE_CONFIG))`` — contributor count ``k`` per
+        route_id (0 = not configured: contributions are dropped).
+    ``local_id``: ``In(node)``; ``timeout``: ``In(32)`` — watchdog cycles (0 disables).
+    ``status``: ``Out(REDUCE_STATUS)`` — counters and the tag of the last watchdog trip.
+
+    Behaviour: a contribution whose tag matches an open slot is merged into it; otherwise it
+    opens a free slot (stored unchanged). Contributions are merged in arrival order with
+    :func:`mcf.abi.softmax.merge_state` (``SOFTMAX_MERGE``, payload ``m, l, o[..]``) or
+    :func:`mcf.abi.softmax.reduce_lanes` (``MAX`` signed, ``SUM`` wrapping). The result is
+    emitted while the k-th contribution streams in — never before: the emit decision is taken
+    when the k-th contribution's head is accepted. Malformed contributions (bad length, op NONE,
+    unconfigured k, op/length differing from the slot's, no free slot) are dropped whole and
+    counted (:class:`mcf.abi.nic.ReduceDrop`). An open slot that receives nothing for
+    ``timeout`` cycles is freed and counted (``watchdog_trips``, ``last_trip``): a missing
+    contributor never hangs the engine.
+
+    Latency / rate: 1 beat (all lanes) per cycle, no bubbles between packets; a result beat
+    leaves 2 cycles after the matching input beat. ``ready`` of ``i`` is low only while a
+    result beat waits for ``o.ready``.
+    """
+
+    def __init__(self, *, data_width: int = 64, n_slots: int = 4, max_payload: int = 1024,
+                 meta_layout: data.StructLayout = META):
+        if data_width % LANE_BITS or data_width < 2 * LANE_BITS:
+            raise ValueError("data width must be a multiple of the 32-bit lane, >= 2 lanes")
+        self._dw = data_width
+        self._lanes = data_width // LANE_BITS
+        self._slots = n_slots
+        self._max_payload = max_payload
+        bpb = data_width // 8
+        beats = max(1, -(-max_payload // bpb))
+        self._beat_bits = max(1, (beats - 1).bit_length())
+        self._meta_layout = meta_layout
+        beat = parsed_layout(data_width, meta_layout)
+        super().__init__({
+            "i": In(stream.Signature(beat)),
+            "o": Out(stream.Signature(beat)),
+            "cfg_wr": In(RouteWriteSignature(REDUCE_CONFIG, 1 << META["route_id"].width)),
+            "local_id": In(META["src"].width),
+            "timeout": In(32),
+            "status": Out(REDUCE_STATUS),
+        })
+
+    @property
+    def max_payload(self) -> int:
+        return self._max_payload
+
+    @property
+    def n_slots(self) -> int:
+        return self._slots
+
+    def elaborate(self, platform):
+        m = Module()
+        S, L = self._slots, self._lanes
+        i_s, o_s = self.i, self.o
+        meta = i_s.payload.meta
+        SOFT, MAX, SUM = ReduceOp.SOFTMAX_MERGE, ReduceOp.MAX, ReduceOp.SUM
+
+        # ---- configuration table (k per route_id) ----------------------------------------------
+        m.submodules.cfg = cfg = Memory(shape=REDUCE_CONFIG, depth=1 << META["route_id"].width,
+                                        init=[])
+        cw = cfg.write_port()
+        m.d.comb += [cw.addr.eq(self.cfg_wr.addr), cw.data.eq(self.cfg_wr.data),
+                     cw.en.eq(self.cfg_wr.en)]
+        cr = cfg.read_port(domain="comb")
+        m.d.comb += cr.addr.eq(meta.route_id)
+        k_in = cr.data.k
+
+        # ---- slot table ------------------------------------------------------------------------
+        kbits = len(k_in)
+        s_valid = Signal(S)
+        s_tag = [Signal(REDUCE_TAG, name=f"tag{s}") for s in range(S)]
+        s_op = [Signal(ReduceOp, name=f"op{s}") for s in range(S)]
+        s_len = [Signal.like(meta.length, name=f"len{s}") for s in range(S)]
+        s_k = [Signal(kbits, name=f"k{s}") for s in range(S)]
+        s_cnt = [Signal(kbits, name=f"cnt{s}") for s in range(S)]
+        s_m = [Signal(signed(LANE_BITS), name=f"m{s}") for s in range(S)]
+        s_timer = [Signal(32, name=f"timer{s}") for s in range(S)]
+
+        tag_in = Signal(REDUCE_TAG)
+        m.d.comb += [tag_in.kv_id.eq(meta.kv_id), tag_in.seq.eq(meta.seq),
+                     tag_in.route_id.eq(meta.route_id)]
+
+        # ---- pipeline registers ----------------------------------------------------------------
+        adv = Signal()            # the whole pipeline advances this cycle
+        in_pkt = Signal()         # S0 is inside a packet (head already taken)
+        c_drop = Signal()
+        c_slot = Signal(range(S))
+        c_fresh = Signal()
+        c_final = Signal()
+        c_op = Signal(ReduceOp)
+        bidx = Signal(self._beat_bits)
+
+        s1 = {n: Signal(w, name=f"s1_{n}") for n, w in (
+            ("valid", 1), ("head", 1), ("fresh", 1), ("final", 1), ("op", 2), ("first_beat", 1),
+            ("addr", S.bit_length() + self._beat_bits), ("data", self._dw),
+            ("keep", self._dw // 8), ("last", 1), ("meta", self._meta_layout.size))}
+        s1_da = Signal(LANE_BITS + 1)       # m_new − m_acc (≥ 0)
+        s1_db = Signal(LANE_BITS + 1)       # m_new − m_in  (≥ 0)
+        s1_mnew = Signal(signed(LANE_BITS))
+        s2 = {n: Signal(w, name=f"s2_{n}") for n, w in (
+            ("valid", 1), ("final", 1), ("write", 1), ("addr", len(s1["addr"])),
+            ("data", self._dw), ("keep", self._dw // 8), ("last", 1),
+            ("meta", self._meta_layout.size))}
+
+        m.d.comb += adv.eq(~(s2["valid"] & s2["final"] & ~o_s.ready))
+
+        # ---- S0: head decode -------------------------------------------------------------------
+        hits = Signal(S)
+        m.d.comb += hits.eq(Cat(s_valid[s] & (s_tag[s].as_value() == tag_in.as_value())
+                                for s in range(S)))
+        hit = hits != 0
+        hit_idx = Signal(range(S))
+        free_idx = Signal(range(S))
+        any_free = ~s_valid.all()
+        for s in reversed(range(S)):
+            with m.If(hits[s]):
+                m.d.comb += hit_idx.eq(s)
+            with m.If(~s_valid[s]):
+                m.d.comb += free_idx.eq(s)
+        length = meta.length
+        bad_len = ((length == 0) | (length[:2] != 0) | (length > self._max_payload)
+                   | ((meta.reduce_op == SOFT) & (length < 2 * LANE_BYTES)))
+        assert LANE_BYTES == 4
+        bad_op = meta.reduce_op == ReduceOp.NONE
+        no_cfg = k_in == 0
+        hit_op = Signal(ReduceOp)
+        hit_len = Signal.like(length)
+        hit_cnt = Signal(kbits)
+        hit_m = Signal(signed(LANE_BITS))
+        with m.Switch(hit_idx):
+            for s in range(S):
+                with m.Case(s):
+                    m.d.comb += [hit_op.eq(s_op[s]), hit_len.eq(s_len[s]), hit_cnt.eq(s_cnt[s]),
+                                 hit_m.eq(s_m[s])]
+        mismatch = hit & ((hit_op != meta.reduce_op) | (hit_len != length))
+        no_slot = ~hit & ~any_free
+        cause = Signal(len(ReduceDrop))        # one-hot, first matching cause only
+        m.d.comb += cause.eq(Cat(
+            bad_len, ~bad_len & bad_op, ~bad_len & ~bad_op & no_cfg,
+            ~bad_len & ~bad_op & ~no_cfg & mismatch,
+            ~bad_len & ~bad_op & ~no_cfg & ~mismatch & no_slot))
+        head_drop = cause != 0
+        slot_sel = Mux(hit, hit_idx, free_idx)
+        cnt_before = Mux(hit, hit_cnt, 0)
+        hit_k = Signal(kbits)
+        with m.Switch(hit_idx):
+            for s in range(S):
+                with m.Case(s):
+                    m.d.comb += hit_k.eq(s_k[s])
+        k_use = Mux(hit, hit_k, k_in)
+        final = (cnt_before + 1) >= k_use
+
+        m_in = i_s.payload.data[:LANE_BITS].as_signed()
+        m_new = Signal(signed(LANE_BITS))
+        m.d.comb += m_new.eq(Mux(hit & (hit_m > m_in), hit_m, m_in))
+
+        head_fire = i_s.valid & i_s.ready & ~in_pkt
+        fire = i_s.valid & i_s.ready
+        m.d.comb += i_s.ready.eq(adv)
+
+        # state for the packet in S0
+        with m.If(fire):
+            with m.If(i_s.payload.last):
+                m.d.sync += [in_pkt.eq(0), bidx.eq(0)]
+            with m.Else():
+                m.d.sync += [in_pkt.eq(1), bidx.eq(bidx + 1)]
+        with m.If(head_fire):
+            m.d.sync += [c_drop.eq(head_drop), c_slot.eq(slot_sel), c_fresh.eq(~hit),
+                         c_final.eq(final), c_op.eq(meta.reduce_op)]
+
+        cur_drop = Mux(in_pkt, c_drop, head_drop)
+        cur_slot = Mux(in_pkt, c_slot, slot_sel)
+        cur_fresh = Mux(in_pkt, c_fresh, ~hit)
+        cur_final = Mux(in_pkt, c_final, final)
+        cur_op = Mux(in_pkt, c_op, meta.reduce_op)
+        cur_bidx = Mux(in_pkt, bidx, 0)
+
+        # ---- accumulator buffer ----------------------------------------------------------------
+        depth = S << self._beat_bits
+        m.submodules.buf = buf = Memory(shape=unsigned(self._dw), depth=depth, init=[])
+        bw = buf.write_port()
+        br = buf.read_port(transparent_for=(bw,))
+        rd_addr = Cat(cur_bidx, cur_slot)
+        m.d.comb += [br.addr.eq(rd_addr), br.en.eq(adv)]
+
+        with m.If(adv):
+            m.d.sync += [
+                s1["valid"].eq(fire & ~cur_drop),
+                s1["head"].eq(~in_pkt),
+                s1["fresh"].eq(cur_fresh), s1["final"].eq(cur_final), s1["op"].eq(cur_op),
+                s1["addr"].eq(rd_addr), s1["data"].eq(i_s.payload.data),
+                s1["keep"].eq(i_s.payload.keep), s1["last"].eq(i_s.payload.last),
+                s1["meta"].eq(meta.as_value()),
+            ]
+            with m.If(head_fire):
+                m.d.sync += [
+                    s1_da.eq((m_new - hit_m)[:LANE_BITS + 1]),
+                    s1_db.eq((m_new - m_in)[:LANE_BITS + 1]),
+                    s1_mnew.eq(m_new),
+                ]
+
+        # ---- slot table updates + watchdog -----------------------------------------------------
+        accept = head_fire & ~head_drop
+        trips = Signal(S)
+        for s in range(S):
+            active = (in_pkt & (c_slot == s)) | (accept & (slot_sel == s))
+            m.d.comb += trips[s].eq(s_valid[s] & ~active & (self.timeout != 0)
+                                    & (s_timer[s] >= self.timeout))
+            with m.If(accept & (slot_sel == s)):
+                m.d.sync += [s_timer[s].eq(0), s_cnt[s].eq(cnt_before + 1), s_m[s].eq(m_new)]
+                with m.If(final):
+                    m.d.sync += s_valid[s].eq(0)
+                with m.Elif(~hit):
+                    m.d.sync += [s_valid[s].eq(1), s_tag[s].eq(tag_in),
+                                 s_op[s].eq(meta.reduce_op), s_len[s].eq(length),
+                                 s_k[s].eq(k_in)]
+            with m.Elif(active):
+                m.d.sync += s_timer[s].eq(0)
+            with m.Elif(trips[s]):
+                m.d.sync += [s_valid[s].eq(0), s_timer[s].eq(0),
+                             self.status.last_trip.eq(s_tag[s])]
+            with m.Elif(s_valid[s]):
+                m.d.sync += s_timer[s].eq(s_timer[s] + 1)
+
+        # ---- S1: factors, lane arithmetic ------------------------------------------------------
+        m.submodules.lut = lut = Memory(shape=unsigned(EXP_FRAC + 1), depth=1 << SCORE_FRAC,
+                                        init=[int(x) for x in exp2_lut()])
+        fa_r = Signal(EXP_FRAC + 1)
+        fb_r = Signal(EXP_FRAC + 1)
+
+        def exp2neg(d, name):
+            rp = lut.read_port(domain="comb")
+            i_part = d[SCORE_FRAC:]
+            out = Signal(EXP_FRAC + 1, name=name)
+            m.d.comb += [rp.addr.eq(d[:SCORE_FRAC]),
+                         out.eq(Mux(i_part <= EXP_FRAC, rp.data >> i_part[:5], 0))]
+            return out
+
+        fa_h = exp2neg(s1_da, "fa_head")
+        fb_h = exp2neg(s1_db, "fb_head")
+        fa = Mux(s1["head"], fa_h, fa_r)
+        fb = Mux(s1["head"], fb_h, fb_r)
+        with m.If(adv & s1["valid"] & s1["head"]):
+            m.d.sync += [fa_r.eq(fa_h), fb_r.eq(fb_h)]
+
+        # forwarding: S2 writes the address S1 read one cycle too late for the read port
+        acc = Signal(self._dw)
+        m.d.comb += acc.eq(Mux(s2["valid"] & s2["write"] & (s2["addr"] == s1["addr"]),
+                               s2["data"], br.data))
+        word0 = s1["head"]      # beat 0 of a packet holds m (lane 0) and l (lane 1)
+        result = Signal(self._dw)
+        half = 1 << (EXP_FRAC - 1)
+        for lane in range(L):
+            a = acc[lane * LANE_BITS:(lane + 1) * LANE_BITS]
+            b = s1["data"][lane * LANE_BITS:(lane + 1) * LANE_BITS]
+            r = result[lane * LANE_BITS:(lane + 1) * LANE_BITS]
+            is_m = word0 if lane == 0 else Const(0)
+            is_l = word0 if lane == 1 else Const(0)
+            a_ext = Mux(is_l, a.as_unsigned(), a.as_signed())
+            b_ext = Mux(is_l, b.as_unsigned(), b.as_signed())
+            ta = Signal(signed(LANE_BITS + 2), name=f"ta{lane}")
+            tb = Signal(signed(LANE_BITS + 2), name=f"tb{lane}")
+            m.d.comb += [
+                ta.eq(((a_ext * fa) + half) >> EXP_FRAC),
+                tb.eq(((b_ext * fb) + half) >> EXP_FRAC),
+            ]
+            tsum = Signal(signed(LANE_BITS + 3), name=f"tsum{lane}")
+            m.d.comb += tsum.eq(ta + tb)
+            sat_l = Mux(tsum > STATE_L.max_int, STATE_L.max_int, tsum)
+            sat_o = Mux(tsum > STATE_O.max_int, STATE_O.max_int,
+                        Mux(tsum < STATE_O.min_int, STATE_O.min_int, tsum))
+            soft = Mux(is_m, s1_mnew, Mux(is_l, sat_l, sat_o))
+            with m.If(s1["fresh"]):
+                m.d.comb += r.eq(b)
+            with m.Elif(s1["op"] == SOFT):
+                m.d.comb += r.eq(soft)
+            with m.Elif(s1["op"] == MAX):
+                m.d.comb += r.eq(Mux(a.as_signed() > b.as_signed(), a, b))
+            with m.Elif(s1["op"] == SUM):
+                m.d.comb += r.eq(a + b)
+
+        with m.If(adv):
+            m.d.sync += [
+                s2["valid"].eq(s1["valid"]), s2["final"].eq(s1["final"]),
+                s2["write"].eq(~s1["final"]), s2["addr"].eq(s1["addr"]),
+                s2["data"].eq(result), s2["keep"].eq(s1["keep"]), s2["last"].eq(s1["last"]),
+                s2["meta"].eq(s1["meta"]),
+            ]
+        m.d.comb += [bw.addr.eq(s2["addr"]), bw.data.eq(s2["data"]),
+                     bw.en.eq(s2["valid"] & s2["write"])]
+
+        # ---- S2: output ------------------------------------------------------------------------
+        out_meta = self._meta_layout(s2["meta"])
+        m.d.comb += [
+            o_s.valid.eq(s2["valid"] & s2["final"]),
+            o_s.payload.meta.eq(out_meta),
+            o_s.payload.meta.src.eq(self.local_id),
+            o_s.payload.data.eq(s2["data"]),
+            o_s.payload.keep.eq(s2["keep"]),
+            o_s.payload.last.eq(s2["last"]),
+        ]
+
+        # ---- counters --------------------------------------------------------------------------
+        st = self.status
+        m.d.sync += st.watchdog_trips.eq(st.watchdog_trips + sum(trips[s] for s in range(S)))
+        with m.If(head_fire):
+            m.d.sync += st.rx_packets.eq(st.rx_packets + 1)
+            for c in ReduceDrop:
+                name = f"drop_{c.name.lower()}"
+                with m.If(cause[c.value]):
+                    m.d.sync += st[name].eq(st[name] + 1)
+        with m.If(o_s.valid & o_s.ready & o_s.payload.last):
+            m.d.sync += st.tx_results.eq(st.tx_results + 1)
+        return m

@@ -1,0 +1,149 @@
+"""NIC engine ABI (paper §3.2, §5): status-counter layouts of the router, reduction engine
+and link framer; the inter-board link frame format and its CRC-32; the
+reduction engine's configuration entry; the router's bubble rule per topology.
+
+Everything here is consumed by the HDL (``mcf.hdl.nic``), the golden models
+(``mcf.golden.nic``), the benches and the docs — never retyped.
+
+Link frame (one per packet, on an AXI-Stream-like ``beat_layout`` stream towards a MAC):
+
+    beat 0   LINK_HEADER (magic, seq) in the low bits, rest zero
+    beat 1   the packet's Meta (the wire header beat of ``mcf.abi.framing``)
+    beats …  the payload beats, full except the last (``keep`` low bytes)
+    last     CRC-32 trailer: 4 bytes (``keep = 0xF``) over every valid byte of beats 0..n−1
+
+CRC-32 is IEEE 802.3 (reflected polynomial 0xEDB88320, init and final XOR 0xFFFFFFFF, bytes
+LSB first) — identical to ``zlib.crc32``, which the golden model uses as an independent check.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from amaranth.hdl import unsigned
+from amaranth.lib import data, enum
+
+from .csrmap import counters
+from .meta import META
+from .route import NET_PORTS
+
+__all__ = [
+    "ROUTER_STATUS", "REDUCE_STATUS", "A2A_STATUS", "A2ADrop", "LINK_TX_STATUS", "LINK_RX_STATUS",
+    "REDUCE_CONFIG", "REDUCE_TAG", "reduce_config", "ReduceDrop",
+    "LINK_HEADER", "LINK_MAGIC", "CRC32_POLY_REFLECTED", "CRC32_INIT", "CRC32_XOROUT",
+    "CRC_BYTES", "crc32", "Topology", "straight_input", "LANE_BYTES",
+]
+
+LANE_BYTES = 4          # element lanes are 32-bit little-endian words (mcf.abi.softmax.LANE_BITS)
+
+# --- Router --------------------------------------------------------------------------------------
+
+ROUTER_STATUS = counters(
+    "rx_packets",                                   # packets accepted on any input
+    *(f"tx_port{p}" for p in range(NET_PORTS)),     # copies sent on network port p
+    "tx_local",                                     # copies delivered to the local sink
+    "drop_no_route",                                # route entry names no port and no local
+    "drop_bad_port",                                # route entry names a port this router lacks
+    "drop_oversize",                                # meta.length > the router's maximum payload
+)
+
+
+class Topology(enum.Enum, shape=2):
+    """Cluster wiring; fixes which input continues "straight" to an output (bubble rule)."""
+    RING = 0
+    MESH = 1        # 2-D mesh or torus, dimension-order routes
+    SWITCH = 2
+
+
+def straight_input(topology: Topology, port: int) -> int | None:
+    """The network input whose packets travel straight on through output ``port`` (the link
+    from the neighbour on the opposite side), or ``None``. Port numbers follow
+    :mod:`mcf.abi.route`: ring 0 = next / 1 = prev; mesh 0 = +x, 1 = −x, 2 = +y, 3 = −y."""
+    if topology == Topology.RING:
+        return {0: 1, 1: 0}.get(port)
+    if topology == Topology.MESH:
+        return port ^ 1
+    return None
+
+
+# --- Reduction engine ----------------------------------------------------------------------------
+
+class ReduceDrop(enum.Enum, shape=3):
+    """Why the reduction engine dropped a contribution whole."""
+    BAD_LENGTH = 0      # zero, not a multiple of LANE_BYTES, too long, or softmax < 2 words
+    BAD_OP = 1          # reduce_op NONE
+    NO_CONFIG = 2       # contributor count k == 0 for this route_id
+    MISMATCH = 3        # reduce_op or length differs from the slot's first contribution
+    NO_SLOT = 4         # every slot busy with other tags
+
+
+REDUCE_TAG = data.StructLayout({
+    "kv_id": META["kv_id"].shape,
+    "seq": META["seq"].shape,
+    "route_id": META["route_id"].shape,
+})
+"""Contributions to one reduction share (route_id, kv_id, seq); also the watchdog's report."""
+
+REDUCE_STATUS = data.StructLayout({
+    **{name: fld.shape for name, fld in counters(
+        "rx_packets", "tx_results",
+        *(f"drop_{c.name.lower()}" for c in ReduceDrop),
+        "watchdog_trips")},
+    "last_trip": REDUCE_TAG,     # tag of the slot the watchdog freed last
+})
+
+REDUCE_CONFIG = data.StructLayout({
+    "k": unsigned(META["src"].width + 1),           # contributors per tag (0 = not configured)
+})
+
+
+def reduce_config(k: int) -> int:
+    return REDUCE_CONFIG.const({"k": k}).as_bits()
+
+
+# --- All-to-all engine ---------------------------------------------------------------------------
+
+class A2ADrop(enum.Enum, shape=2):
+    """Why the all-to-all engine dropped a part (or a scatter request) whole."""
+    BAD_LENGTH = 0      # part length not a multiple of the beat, zero, too long, or differs
+    DUPLICATE = 1       # a part from the same source already arrived for this tag
+    NO_SLOT = 2         # every gather slot busy
+    BAD_SRC = 3         # src >= num_nodes
+
+
+A2A_STATUS = counters(
+    "scatter_ops", "parts_sent", "rx_parts", "gathers_done",
+    *(f"drop_{c.name.lower()}" for c in A2ADrop),
+    "scatter_drops",    # scatter requests whose length is not num_nodes x a whole-beat part
+    "watchdog_trips",
+)
+
+# --- Link framing --------------------------------------------------------------------------------
+
+LINK_MAGIC = 0x4D46        # "MF"
+LINK_HEADER = data.StructLayout({
+    "magic": unsigned(16),
+    "seq": unsigned(16),
+})
+
+CRC32_POLY_REFLECTED = 0xEDB88320
+CRC32_INIT = 0xFFFFFFFF
+CRC32_XOROUT = 0xFFFFFFFF
+CRC_BYTES = 4
+
+
+def crc32(payload: bytes) -> int:
+    """CRC-32 of a frame's covered bytes (the IEEE 802.3 / zlib definition)."""
+    return zlib.crc32(payload) & 0xFFFFFFFF
+
+
+LINK_TX_STATUS = counters("frames", "beats")
+LINK_RX_STATUS = counters(
+    "frames_ok",        # frames delivered
+    "crc_errors",       # CRC mismatch: frame dropped
+    "drop_bad_header",  # CRC good but magic wrong, or frame shorter than header + meta + CRC
+    "drop_oversize",    # frame longer than the receive buffer: dropped
+    "drop_stale",       # sequence number behind the expected one (duplicate / reordered)
+    "seq_gaps",         # frames that arrived with a sequence number ahead of the expected one
+    "lost_frames",      # frames missing according to the sequence numbers (sum of gap sizes)
+)

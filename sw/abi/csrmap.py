@@ -14,10 +14,11 @@ from .meta import META, Port
 from .regs import Access, Field, Register, RegisterMap
 
 __all__ = ["COUNTER_BITS", "DropCause", "counters", "PARSER_STATUS", "PACKETIZER_STATUS",
-           "node_regmap", "NODE_MAP_VERSION"]
+           "node_regmap", "NODE_MAP_VERSION", "NODE_LINKS"]
 
 COUNTER_BITS = 32
 NODE_MAP_VERSION = 0x0100
+NODE_LINKS = 3  # KR260 PL-side links: one 10G SFP+, two 1G RGMII
 
 
 class DropCause(enum.Enum, shape=3):
@@ -52,4 +53,33 @@ def node_regmap() -> RegisterMap:
     ), "node identity"))
     regs.add_status("pkt", PACKETIZER_STATUS, "packetizer")
     regs.add_status("parser", PARSER_STATUS, "parser")
+    # NIC engines (mcf.abi.nic): table write ports, watchdogs, status counters
+    from .nic import (
+        A2A_STATUS,
+        LINK_RX_STATUS,
+        LINK_TX_STATUS,
+        REDUCE_CONFIG,
+        REDUCE_STATUS,
+        ROUTER_STATUS,
+    )
+    from .route import ROUTE_ENTRY
+    route_bits = META["route_id"].width
+    regs.add(Register("ROUTE_WR", (
+        Field("route_id", route_bits, Access.W, desc="route-table entry to write"),
+        Field("entry", ROUTE_ENTRY.size, Access.W, desc="ROUTE_ENTRY: port mask, local bit"),
+    ), "router route-table write port (one write per strobe)"))
+    regs.add(Register("REDUCE_CFG_WR", (
+        Field("route_id", route_bits, Access.W, desc="reduction tree to configure"),
+        Field("config", REDUCE_CONFIG.size, Access.W, desc="REDUCE_CONFIG: contributors k"),
+    ), "reduction-engine configuration write port"))
+    regs.add(Register.single("reduce_timeout", COUNTER_BITS, Access.RW,
+                             desc="reduction watchdog in cycles (0 disables)"))
+    regs.add(Register.single("a2a_timeout", COUNTER_BITS, Access.RW,
+                             desc="all-to-all gather watchdog in cycles (0 disables)"))
+    regs.add_status("nic_router", ROUTER_STATUS, "router")
+    regs.add_status("nic_reduce", REDUCE_STATUS, "reduction")
+    regs.add_status("nic_a2a", A2A_STATUS, "all-to-all")
+    for link in range(NODE_LINKS):
+        regs.add_status(f"link{link}_tx", LINK_TX_STATUS, f"link {link} tx")
+        regs.add_status(f"link{link}_rx", LINK_RX_STATUS, f"link {link} rx")
     return regs

@@ -10,21 +10,14 @@ with the flows seen from the manager (master). A subordinate declares
 
 from __future__ import annotations
 
-from amaranth.lib import enum, wiring
+from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
+
+from mcf.abi.axi import RESP_BITS, AxiResp
 
 __all__ = ["AxiLiteSignature", "AxiResp", "PROT_BITS", "RESP_BITS"]
 
 PROT_BITS = 3
-RESP_BITS = 2
-
-
-class AxiResp(enum.Enum, shape=RESP_BITS):
-    """``BRESP`` / ``RRESP`` encodings."""
-    OKAY = 0
-    EXOKAY = 1
-    SLVERR = 2
-    DECERR = 3
 
 
 class AxiLiteSignature(wiring.Signature):

@@ -8,8 +8,10 @@ Member names are the AXI names, so ``FlatTop`` of a port called ``m_axi`` yields
 from __future__ import annotations
 
 from amaranth import unsigned
-from amaranth.lib import data, enum, wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
+
+from mcf.abi.axi import AxiBurst, AxiResp
 
 __all__ = ["AXI4Signature", "AxiResp", "AxiBurst", "MAX_BURST_BEATS", "BOUNDARY_BYTES",
            "descriptor_layout", "ADDR_BITS", "LENGTH_BITS", "STRIDE_BITS", "COUNT_BITS"]
@@ -20,19 +22,6 @@ ADDR_BITS = 40                 # ZU+ HP ports take 49 bits; the K26's 4 GiB DDR 
 LENGTH_BITS = 24
 STRIDE_BITS = 32
 COUNT_BITS = 16
-
-
-class AxiResp(enum.Enum, shape=2):
-    OKAY = 0
-    EXOKAY = 1
-    SLVERR = 2
-    DECERR = 3
-
-
-class AxiBurst(enum.Enum, shape=2):
-    FIXED = 0
-    INCR = 1
-    WRAP = 2
 
 
 def descriptor_layout(addr_bits: int = ADDR_BITS) -> data.StructLayout:

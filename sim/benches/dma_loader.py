@@ -33,6 +33,7 @@ from cocotbext.axi import (
 from cocotbext.axi.constants import AxiResp
 
 from mcf.sim import bench_params
+from mcf.sim.benches.dma_desc import send_descriptor
 
 MEM = 1 << 20
 
@@ -149,18 +150,7 @@ class TB:
                 await ri.r_channel.send(r)
 
     async def desc(self, which, addr, length, stride=0, count=1):
-        d = self.dut
-        p = f"s_axis_{which}_desc"
-        getattr(d, f"{p}_taddr").value = addr
-        getattr(d, f"{p}_tlength").value = length
-        getattr(d, f"{p}_tstride").value = stride
-        getattr(d, f"{p}_tcount").value = count
-        getattr(d, f"{p}_tvalid").value = 1
-        while True:
-            await RisingEdge(d.clk)
-            if getattr(d, f"{p}_tready").value:
-                break
-        getattr(d, f"{p}_tvalid").value = 0
+        await send_descriptor(self.dut, f"s_axis_{which}_desc", addr, length, stride, count)
 
     async def read(self, addr, length, stride=0, count=1):
         await self.desc("rd", addr, length, stride, count)

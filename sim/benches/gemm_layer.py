@@ -40,6 +40,7 @@ from mcf.golden.qwen_layer import (
 )
 from mcf.quant import QuantWeight, from_act, gemm_tile_blob, to_act
 from mcf.sim import bench_params
+from mcf.sim.benches.dma_desc import send_descriptor
 
 ROWS, LANES, BEAT = 16, 16, 16
 VLANES = BEAT // 4
@@ -69,18 +70,8 @@ class Engine:
         dut.gemm_start.value = 0
 
     async def descs(self, prefix, items):
-        d = self.dut
         for addr, length, stride, count in items:
-            getattr(d, f"{prefix}_taddr").value = addr
-            getattr(d, f"{prefix}_tlength").value = length
-            getattr(d, f"{prefix}_tstride").value = stride
-            getattr(d, f"{prefix}_tcount").value = count
-            getattr(d, f"{prefix}_tvalid").value = 1
-            while True:
-                await RisingEdge(d.clk)
-                if getattr(d, f"{prefix}_tready").value:
-                    break
-            getattr(d, f"{prefix}_tvalid").value = 0
+            await send_descriptor(self.dut, prefix, addr, length, stride, count)
 
     async def transfer(self, rd0=(), rd1=(), wr=(), dest0=ReadDest.VEC_A,
                        dest1=ReadDest.VEC_B, src=WriteSrc.VECTOR):

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..abi.axi import AxiResp
 from ..abi.regs import WORD_BYTES, Access, Field, Register, RegisterMap
-from ..hdl.csr.axil import AxiResp
 from ..hdl.csr.bank import bank_registers
 
 __all__ = ["OKAY", "SLVERR", "CsrModel", "FieldSlot", "bank_registers", "byte_mask"]

@@ -75,3 +75,30 @@ def _nic_reduce() -> FlatTop:
 
 
 TOPS["nic_reduce"] = _nic_reduce  # NIC reduction engine (max/sum/softmax merge, docs/nic.md)
+
+
+def _nic_link_loop() -> FlatTop:
+    from .nic.link_loop import LinkLoop
+    return FlatTop(LinkLoop(data_width=64, max_payload=256, latency=12, rate=(6, 1),
+                            drop_p16=3000, flip_p16=5000, seed=0xACE1),
+                   {"i": "s_axis", "o": "m_axis", "inj": "s_axis_inj", "inj_o": "m_axis_inj"})
+
+
+def _nic_all_to_all() -> FlatTop:
+    from .nic.all_to_all import AllToAll
+    return FlatTop(AllToAll(data_width=64, max_nodes=8, part_max=256, n_slots=2),
+                   {"scatter": "s_axis_scatter", "net": "m_axis_net", "i": "s_axis",
+                    "o": "m_axis"})
+
+
+TOPS["nic_link_loop"] = _nic_link_loop    # bench only: LinkTx → LinkModel → LinkRx (+ 2nd RX)
+TOPS["nic_all_to_all"] = _nic_all_to_all  # NIC all-to-all scatter/gather engine (docs/nic.md)
+
+
+def _nic() -> FlatTop:
+    from .nic.top import NicCsrTop, nic_axis_names
+    top = NicCsrTop()
+    return FlatTop(top, nic_axis_names(top.nic.n_links, top.nic.n_inject))
+
+
+TOPS["mcf_nic"] = _nic  # NIC engines + links behind the AXI-Lite NIC registers (docs/nic.md)

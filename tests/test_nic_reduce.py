@@ -136,3 +136,58 @@ def test_softmax_merge_matches_float_attention():
         ref = (p / p.sum()) @ values.reshape(-1, hd)
         worst = max(worst, float(np.abs(got - ref).max()))
     assert worst <= 2.0 ** -9, worst
+
+
+def test_watchdog_pauses_while_result_waits_for_output():
+    """An open slot must not be freed because the engine itself was stalled: a result held by
+    ``o.ready = 0`` for 10x the timeout also holds the open tag's contributors off, so its
+    timer pauses; the missing contribution then completes the tag."""
+    k2 = next(r for r, k in K_OF_ROUTE.items() if k == 2)
+    k1 = next(r for r, k in K_OF_ROUTE.items() if k == 1)
+    rng = np.random.default_rng(5)
+    first = contribution(rng, 1, k2, ReduceOp.SUM, 16, 0)
+    lone = contribution(rng, 2, k1, ReduceOp.MAX, 16, 1)     # k = 1: a result at once
+    second = contribution(rng, 1, k2, ReduceOp.SUM, 16, 2)
+    timeout = 40
+    dut = ReduceEngine(data_width=DW, n_slots=2, max_payload=64)
+    got = []
+
+    async def tb(ctx):
+        ctx.set(dut.timeout, timeout)
+        for rid, k in K_OF_ROUTE.items():
+            ctx.set(dut.cfg_wr.addr, rid)
+            ctx.set(dut.cfg_wr.data.as_value(), reduce_config(k))
+            ctx.set(dut.cfg_wr.en, 1)
+            await ctx.tick()
+        ctx.set(dut.cfg_wr.en, 0)
+        ctx.set(dut.o.ready, 0)
+        for meta, payload in (first, lone):
+            await drive(ctx, dut.i, parsed_beats(meta, payload, DW), random.Random(0))
+        started["second"] = True
+        for _ in range(10 * timeout):                   # output blocked: the engine stalls
+            await ctx.tick()
+        ctx.set(dut.o.ready, 1)
+        for _ in range(3 * timeout):
+            _, _, valid, raw = await ctx.tick().sample(dut.o.valid, dut.o.payload.as_value())
+            if valid:
+                got.append(unpack_fields(dut.o.payload.shape(), raw))
+        status.update(unpack_fields(REDUCE_STATUS, ctx.get(dut.status.as_value())))
+
+    async def contributor(ctx):       # offers the second contribution while the engine stalls
+        while "second" not in started:
+            await ctx.tick()
+        await drive(ctx, dut.i, parsed_beats(*second, DW), random.Random(0))
+
+    status, started = {}, {}
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.add_testbench(contributor, background=True)
+    sim.run()
+    model = ReduceModel(2, 64, local_id=0)
+    for rid, k in K_OF_ROUTE.items():
+        model.write_config(rid, reduce_config(k))
+    expected = [r for r in (model.contribute(m, p) for m, p in (first, lone, second))
+                if r is not None]
+    assert [beats_to_packet(b, DW) for b in split_packets(got)] == expected
+    assert len(expected) == 2 and status["watchdog_trips"] == 0 and status["tx_results"] == 2

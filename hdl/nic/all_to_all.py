@@ -45,8 +45,9 @@ class AllToAll(wiring.Component):
     unplaceable parts (every slot holds an incomplete gather) are dropped and counted
     (:class:`mcf.abi.nic.A2ADrop`); a part needing a slot while one only waits to be emitted
     waits for it (``i.ready`` low, bounded); a gather missing a part is freed by the
-    watchdog. Rates: scatter 1 beat/cycle (pass-through, 0 cycles); gather writes 1
-    beat/cycle; a complete gather streams out at 1 beat/cycle after 1 cycle.
+    watchdog (its timer pauses while the engine holds an offered part off). Rates: scatter
+    1 beat/cycle (pass-through, 0 cycles); gather writes 1 beat/cycle; a complete gather
+    streams out at 1 beat/cycle after 1 cycle.
     """
 
     def __init__(self, *, data_width: int = 64, max_nodes: int = 8, part_max: int = 256,
@@ -244,10 +245,13 @@ class AllToAll(wiring.Component):
         trips = Signal(S)
         accept = head & ~head_drop
         last_beat = fire & i.payload.last & ~cur_drop_g
+        # the watchdog counts cycles the engine could accept in: it pauses (and cannot trip)
+        # while the engine itself holds an offered part off (waiting for a slot to drain)
+        refusing = i.valid & ~i.ready
         for s in range(S):
             active = (in_pkt & (c_slot == s)) | (accept & (slot_sel == s))
             m.d.comb += trips[s].eq(g_valid[s] & ~g_done[s] & ~active & (self.timeout != 0)
-                                    & (g_timer[s] >= self.timeout))
+                                    & ~refusing & (g_timer[s] >= self.timeout))
             have_next = Mux(accept & hit, g_have[s], 0) | (Const(1, N) << meta.src[:nbits])
             with m.If(accept & (slot_sel == s)):
                 m.d.sync += [g_timer[s].eq(0), g_have[s].eq(have_next)]
@@ -258,7 +262,7 @@ class AllToAll(wiring.Component):
                 m.d.sync += g_timer[s].eq(0)
             with m.Elif(trips[s]):
                 m.d.sync += [g_valid[s].eq(0), g_have[s].eq(0), g_timer[s].eq(0)]
-            with m.Elif(g_valid[s] & ~g_done[s]):
+            with m.Elif(g_valid[s] & ~g_done[s] & ~refusing):
                 m.d.sync += g_timer[s].eq(g_timer[s] + 1)
             # complete when the last beat of the part that fills the set is written
             full = Signal(name=f"full{s}")

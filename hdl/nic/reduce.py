@@ -11,6 +11,8 @@ root reduces, the router multicasts the result (or each hop of a ring reduces an
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
@@ -53,12 +55,20 @@ class ReduceEngine(wiring.Component):
     when the k-th contribution's head is accepted. Malformed contributions (bad length, op NONE,
     unconfigured k, op/length differing from the slot's, no free slot) are dropped whole and
     counted (:class:`mcf.abi.nic.ReduceDrop`). An open slot that receives nothing for
-    ``timeout`` cycles is freed and counted (``watchdog_trips``, ``last_trip``): a missing
-    contributor never hangs the engine.
+    ``timeout`` cycles (counting only cycles in which the engine accepts input: the timer
+    pauses while a result waits for ``o.ready``) is freed and counted (``watchdog_trips``,
+    ``last_trip``): a missing contributor never hangs the engine.
 
     Latency / rate: 1 beat (all lanes) per cycle, no bubbles between packets; a result beat
     leaves 2 cycles after the matching input beat. ``ready`` of ``i`` is low only while a
     result beat waits for ``o.ready``.
+
+    Observability: each call of :meth:`elaborate` records the internal state signals of the
+    module it returns in ``self.probe`` (a namespace: configured ``k_in`` read for the current
+    head, slot table ``s_valid``/``s_tag``/``s_op``/``s_len``/``s_k``/``s_cnt``, watchdog
+    ``trips``, head state ``in_pkt``/``c_drop``/``c_final``, pipeline registers ``s1``/``s2``).
+    Nothing in the design reads it; a formal harness that asserts on them elaborates the engine
+    itself and instantiates the returned module (``tests/test_nic_formal.py``).
     """
 
     def __init__(self, *, data_width: int = 64, n_slots: int = 4, max_payload: int = 1024,
@@ -247,7 +257,9 @@ class ReduceEngine(wiring.Component):
         trips = Signal(S)
         for s in range(S):
             active = (in_pkt & (c_slot == s)) | (accept & (slot_sel == s))
-            m.d.comb += trips[s].eq(s_valid[s] & ~active & (self.timeout != 0)
+            # the watchdog counts cycles the engine could accept in: it pauses (and cannot trip)
+            # while a result waits for o.ready, since that stall also holds the contributors off
+            m.d.comb += trips[s].eq(s_valid[s] & ~active & (self.timeout != 0) & adv
                                     & (s_timer[s] >= self.timeout))
             with m.If(accept & (slot_sel == s)):
                 m.d.sync += [s_timer[s].eq(0), s_cnt[s].eq(cnt_before + 1), s_m[s].eq(m_new)]
@@ -262,7 +274,7 @@ class ReduceEngine(wiring.Component):
             with m.Elif(trips[s]):
                 m.d.sync += [s_valid[s].eq(0), s_timer[s].eq(0),
                              self.status.last_trip.eq(s_tag[s])]
-            with m.Elif(s_valid[s]):
+            with m.Elif(s_valid[s] & adv):
                 m.d.sync += s_timer[s].eq(s_timer[s] + 1)
 
         # ---- S1: factors, lane arithmetic ------------------------------------------------------
@@ -354,4 +366,9 @@ class ReduceEngine(wiring.Component):
                     m.d.sync += st[name].eq(st[name] + 1)
         with m.If(o_s.valid & o_s.ready & o_s.payload.last):
             m.d.sync += st.tx_results.eq(st.tx_results + 1)
+
+        self.probe = SimpleNamespace(
+            k_in=k_in, s_valid=s_valid, s_tag=s_tag, s_op=s_op, s_len=s_len, s_k=s_k,
+            s_cnt=s_cnt, trips=trips, in_pkt=in_pkt, c_drop=c_drop, c_final=c_final,
+            s1=s1, s2=s2)
         return m

@@ -11,13 +11,15 @@ from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
 from .meta import META, Port
-from .regs import Access, Field, Register, RegisterMap
+from .regs import Access, Field, Register, RegisterMap, status_registers
 
 __all__ = ["COUNTER_BITS", "DropCause", "counters", "PARSER_STATUS", "PACKETIZER_STATUS",
-           "node_regmap", "NODE_MAP_VERSION", "NODE_LINKS"]
+           "node_regmap", "nic_regmap", "nic_registers", "node_register", "NODE_MAP_VERSION",
+           "NIC_MAP_VERSION", "NODE_LINKS"]
 
 COUNTER_BITS = 32
 NODE_MAP_VERSION = 0x0100
+NIC_MAP_VERSION = 0x0100
 NODE_LINKS = 3  # KR260 PL-side links: one 10G SFP+, two 1G RGMII
 
 
@@ -43,17 +45,19 @@ PARSER_STATUS = counters(
 PACKETIZER_STATUS = counters("packets", "beats")
 
 
-def node_regmap() -> RegisterMap:
-    """The register map of one node's control/status block."""
+def node_register() -> Register:
+    """``NODE``: this node's identity, read by the parsers and the NIC engines."""
     node_bits = META["dst"].width
-    regs = RegisterMap("mcf_node", NODE_MAP_VERSION)
-    regs.add(Register("NODE", (
+    return Register("NODE", (
         Field("local_id", node_bits, Access.RW, 0, "this node's id (Meta.src/dst space)"),
         Field("num_nodes", node_bits + 1, Access.RW, 1, "nodes in the cluster; dst >= is dropped"),
-    ), "node identity"))
-    regs.add_status("pkt", PACKETIZER_STATUS, "packetizer")
-    regs.add_status("parser", PARSER_STATUS, "parser")
-    # NIC engines (mcf.abi.nic): table write ports, watchdogs, status counters
+    ), "node identity")
+
+
+def nic_registers(n_links: int = NODE_LINKS) -> list[Register]:
+    """The NIC engines' registers (:mod:`mcf.abi.nic`): table write ports, watchdogs, status
+    counters of the router, reduction, all-to-all and each link's framer/deframer. The node
+    map and the NIC's own map both take them from here."""
     from .nic import (
         A2A_STATUS,
         LINK_RX_STATUS,
@@ -64,22 +68,43 @@ def node_regmap() -> RegisterMap:
     )
     from .route import ROUTE_ENTRY
     route_bits = META["route_id"].width
-    regs.add(Register("ROUTE_WR", (
-        Field("route_id", route_bits, Access.W, desc="route-table entry to write"),
-        Field("entry", ROUTE_ENTRY.size, Access.W, desc="ROUTE_ENTRY: port mask, local bit"),
-    ), "router route-table write port (one write per strobe)"))
-    regs.add(Register("REDUCE_CFG_WR", (
-        Field("route_id", route_bits, Access.W, desc="reduction tree to configure"),
-        Field("config", REDUCE_CONFIG.size, Access.W, desc="REDUCE_CONFIG: contributors k"),
-    ), "reduction-engine configuration write port"))
-    regs.add(Register.single("reduce_timeout", COUNTER_BITS, Access.RW,
-                             desc="reduction watchdog in cycles (0 disables)"))
-    regs.add(Register.single("a2a_timeout", COUNTER_BITS, Access.RW,
-                             desc="all-to-all gather watchdog in cycles (0 disables)"))
-    regs.add_status("nic_router", ROUTER_STATUS, "router")
-    regs.add_status("nic_reduce", REDUCE_STATUS, "reduction")
-    regs.add_status("nic_a2a", A2A_STATUS, "all-to-all")
-    for link in range(NODE_LINKS):
-        regs.add_status(f"link{link}_tx", LINK_TX_STATUS, f"link {link} tx")
-        regs.add_status(f"link{link}_rx", LINK_RX_STATUS, f"link {link} rx")
+    regs = [
+        Register("ROUTE_WR", (
+            Field("route_id", route_bits, Access.W, desc="route-table entry to write"),
+            Field("entry", ROUTE_ENTRY.size, Access.W, desc="ROUTE_ENTRY: port mask, local bit"),
+        ), "router route-table write port (one write per strobe)"),
+        Register("REDUCE_CFG_WR", (
+            Field("route_id", route_bits, Access.W, desc="reduction tree to configure"),
+            Field("config", REDUCE_CONFIG.size, Access.W, desc="REDUCE_CONFIG: contributors k"),
+        ), "reduction-engine configuration write port"),
+        Register.single("reduce_timeout", COUNTER_BITS, Access.RW,
+                        desc="reduction watchdog in cycles (0 disables)"),
+        Register.single("a2a_timeout", COUNTER_BITS, Access.RW,
+                        desc="all-to-all gather watchdog in cycles (0 disables)"),
+    ]
+    regs += status_registers("nic_router", ROUTER_STATUS, "router")
+    regs += status_registers("nic_reduce", REDUCE_STATUS, "reduction")
+    regs += status_registers("nic_a2a", A2A_STATUS, "all-to-all")
+    for link in range(n_links):
+        regs += status_registers(f"link{link}_tx", LINK_TX_STATUS, f"link {link} tx")
+        regs += status_registers(f"link{link}_rx", LINK_RX_STATUS, f"link {link} rx")
+    return regs
+
+
+def node_regmap() -> RegisterMap:
+    """The register map of one node's control/status block."""
+    regs = RegisterMap("mcf_node", NODE_MAP_VERSION)
+    regs.add(node_register())
+    regs.add_status("pkt", PACKETIZER_STATUS, "packetizer")
+    regs.add_status("parser", PARSER_STATUS, "parser")
+    regs.extend(nic_registers())
+    return regs
+
+
+def nic_regmap(n_links: int = NODE_LINKS) -> RegisterMap:
+    """The register map of the NIC block on its own (:class:`mcf.hdl.nic.top.NicCsrTop`):
+    ``NODE`` and :func:`nic_registers`, in the node map's order."""
+    regs = RegisterMap("mcf_nic", NIC_MAP_VERSION)
+    regs.add(node_register())
+    regs.extend(nic_registers(n_links))
     return regs

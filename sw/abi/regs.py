@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from amaranth.lib import data
 
-__all__ = ["Access", "Field", "Register", "RegisterMap", "MCF_ID", "WORD_BYTES"]
+__all__ = ["Access", "Field", "Register", "RegisterMap", "MCF_ID", "WORD_BYTES",
+           "status_registers"]
 
 WORD_BYTES = 4
 MCF_ID = 0x4D43  # "MC"
@@ -71,6 +72,14 @@ class Register:
         return sum(f.reset << off for f, off in self.offsets())
 
 
+def status_registers(prefix: str, layout: data.StructLayout, desc: str = "") -> list[Register]:
+    """One read-only register ``<prefix>_<field>`` per field of a status layout; a field that
+    is itself a layout (e.g. a tag) is one register holding its bits."""
+    return [Register.single(f"{prefix}_{name}", fld.width, Access.R,
+                            desc=f"{desc} {name}".strip())
+            for name, fld in layout]
+
+
 @dataclass
 class RegisterMap:
     """Builder: ``add`` assigns the next word address. Register 0 is ``ID`` (id, version),
@@ -98,9 +107,7 @@ class RegisterMap:
 
     def add_status(self, prefix: str, layout: data.StructLayout, desc: str = "") -> None:
         """One read-only register per field of a status layout (counters, flags)."""
-        for name, fld in layout:
-            self.add(Register.single(f"{prefix}_{name}", fld.width, Access.R,
-                                     desc=f"{desc} {name}".strip()))
+        self.extend(status_registers(prefix, layout, desc))
 
     def extend(self, regs: Iterable[Register]) -> None:
         for reg in regs:

@@ -18,6 +18,16 @@ from mcf.sim.benches.nic_amsim import drive, sink_process, split_packets, unpack
 from mcf.sim.benches.nic_traffic import K_OF_ROUTE, contribution, make_stream
 
 DW = 64
+async def configure(ctx, dut):
+    """Write k of every route of K_OF_ROUTE through the engine's configuration port."""
+    for rid, k in K_OF_ROUTE.items():
+        ctx.set(dut.cfg_wr.addr, rid)
+        ctx.set(dut.cfg_wr.data.as_value(), reduce_config(k))
+        ctx.set(dut.cfg_wr.en, 1)
+        await ctx.tick()
+    ctx.set(dut.cfg_wr.en, 0)
+
+
 def run_engine(contribs, *, n_slots=4, timeout=3000, ready=0.7, idle=0.2, seed=1,
                tail_cycles=0, max_payload=128):
     dut = ReduceEngine(data_width=DW, n_slots=n_slots, max_payload=max_payload)
@@ -39,12 +49,7 @@ def run_engine(contribs, *, n_slots=4, timeout=3000, ready=0.7, idle=0.2, seed=1
     async def tb(ctx):
         ctx.set(dut.local_id, 3)
         ctx.set(dut.timeout, timeout)
-        for rid, k in K_OF_ROUTE.items():
-            ctx.set(dut.cfg_wr.addr, rid)
-            ctx.set(dut.cfg_wr.data.as_value(), reduce_config(k))
-            ctx.set(dut.cfg_wr.en, 1)
-            await ctx.tick()
-        ctx.set(dut.cfg_wr.en, 0)
+        await configure(ctx, dut)
         beats = [b for meta, p in contribs for b in parsed_beats(meta, p, DW)]
         await drive(ctx, dut.i, beats, random.Random(seed + 1), idle)
         for _ in range(20000):
@@ -154,12 +159,7 @@ def test_watchdog_pauses_while_result_waits_for_output():
 
     async def tb(ctx):
         ctx.set(dut.timeout, timeout)
-        for rid, k in K_OF_ROUTE.items():
-            ctx.set(dut.cfg_wr.addr, rid)
-            ctx.set(dut.cfg_wr.data.as_value(), reduce_config(k))
-            ctx.set(dut.cfg_wr.en, 1)
-            await ctx.tick()
-        ctx.set(dut.cfg_wr.en, 0)
+        await configure(ctx, dut)
         ctx.set(dut.o.ready, 0)
         for meta, payload in (first, lone):
             await drive(ctx, dut.i, parsed_beats(meta, payload, DW), random.Random(0))

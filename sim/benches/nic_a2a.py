@@ -15,7 +15,6 @@ and every ``A2A_STATUS`` counter exactly.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 
@@ -27,6 +26,7 @@ from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStream
 from mcf.abi.meta import META, Collective, Meta, Op, Stage
 from mcf.abi.nic import A2A_STATUS
 from mcf.golden.nic import A2AModel, Packet
+from mcf.sim.benches.pauses import set_pauses
 from mcf.sim.toolchain import bench_params
 
 NODE_IDS = 1 << META["src"].width
@@ -36,10 +36,6 @@ KV_IDS = 1 << META["kv_id"].width
 
 def unpack(layout, raw):
     return {n: (raw >> f.offset) & ((1 << f.width) - 1) for n, f in layout}
-
-
-def _gen(p, rng):
-    return itertools.cycle([int(rng.random() < p) for _ in range(103)])
 
 
 class TB:
@@ -187,12 +183,8 @@ async def run_test(dut, n, idle, backpressure, seed):
     rng = random.Random(seed)
     local_id = rng.randrange(n)
     await tb.reset(local_id, n)
-    if idle:
-        tb.scatter.set_pause_generator(_gen(0.3, rng))
-        tb.parts.set_pause_generator(_gen(0.3, rng))
-    if backpressure:
-        tb.net.set_pause_generator(_gen(0.2 + 0.5 * rng.random(), rng))
-        tb.out.set_pause_generator(_gen(0.2 + 0.5 * rng.random(), rng))
+    set_pauses(rng, [tb.scatter, tb.parts], [tb.net, tb.out], idle=0.3 if idle else None,
+               backpressure=(0.2, 0.7) if backpressure else None)
 
     model = A2AModel(dw, max_nodes, part_max, n_slots, n, local_id=local_id)
     scatters = make_scatters(rng, n, prm.get("n_scatter", 40), bpb, part_max, local_id)

@@ -19,7 +19,6 @@ Scoreboard (independent of the DUT: :func:`mcf.golden.nic.link_frame`, ``zlib`` 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 
@@ -38,6 +37,7 @@ from mcf.abi.meta import META, Collective, Meta, Op, ReduceOp, Stage
 from mcf.abi.nic import CRC_BYTES, LINK_HEADER, LINK_MAGIC, LINK_RX_STATUS, LINK_TX_STATUS, crc32
 from mcf.golden.nic import LinkRxModel, Packet, link_frame
 from mcf.hdl.nic.link_model import LINK_MODEL_STATUS
+from mcf.sim.benches.pauses import set_pauses
 from mcf.sim.toolchain import bench_params
 
 SEQ_MOD = 1 << LINK_HEADER["seq"].width
@@ -47,10 +47,6 @@ LOOKAHEAD = 64          # consecutive dropped frames the matcher tolerates (p(dr
 
 def unpack(layout, raw):
     return {n: (raw >> f.offset) & ((1 << f.width) - 1) for n, f in layout}
-
-
-def _gen(p, rng):
-    return itertools.cycle([int(rng.random() < p) for _ in range(101)])
 
 
 def frame_beats(f: AxiStreamFrame, bpb: int) -> list[tuple[bytes, int]]:
@@ -243,12 +239,8 @@ async def run_test(dut, idle, backpressure, seed, n_packets, n_inject):
     tb = TB(dut, bpb)
     rng = random.Random(seed)
     await tb.reset()
-    if idle:
-        tb.src.set_pause_generator(_gen(0.3, rng))
-        tb.isrc.set_pause_generator(_gen(0.3, rng))
-    if backpressure:
-        tb.sink.set_pause_generator(_gen(0.2 + 0.5 * rng.random(), rng))
-        tb.isink.set_pause_generator(_gen(0.2 + 0.5 * rng.random(), rng))
+    set_pauses(rng, [tb.src, tb.isrc], [tb.sink, tb.isink], idle=0.3 if idle else None,
+               backpressure=(0.2, 0.7) if backpressure else None)
 
     # ---- traffic: packets for the link, hand-made frames for the second receiver -------------
     pkts = [random_packet(rng, uid, bpb, maxp, oversize=0.01) for uid in range(n_packets)]

@@ -5,7 +5,6 @@ mcf.golden.nic.ReduceModel, bit for bit."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 
@@ -18,11 +17,8 @@ from mcf.abi.meta import META, Meta
 from mcf.abi.nic import REDUCE_STATUS, reduce_config
 from mcf.golden.nic import Packet, ReduceModel
 from mcf.sim.benches import nic_traffic as t
+from mcf.sim.benches.pauses import set_pauses
 from mcf.sim.toolchain import bench_params
-
-
-def _gen(p, rng):
-    return itertools.cycle([int(rng.random() < p) for _ in range(89)])
 
 
 async def run_test(dut, idle, backpressure, seed, n_tags):
@@ -45,10 +41,8 @@ async def run_test(dut, idle, backpressure, seed, n_tags):
         dut.cfg_wr_en.value = 1
         await RisingEdge(dut.clk)
     dut.cfg_wr_en.value = 0
-    if idle:
-        src.set_pause_generator(_gen(0.3, rng))
-    if backpressure:
-        sink.set_pause_generator(_gen(0.5, rng))
+    set_pauses(rng, [src], [sink], idle=0.3 if idle else None,
+               backpressure=0.5 if backpressure else None)
     contribs = t.make_stream(seed=seed, n_tags=n_tags, window=prm.get("window", 4))
     model = ReduceModel(prm["n_slots"], prm["max_payload"], local_id=3)
     for rid, k in t.K_OF_ROUTE.items():

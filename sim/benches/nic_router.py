@@ -4,7 +4,6 @@ sinks on every output with independent backpressure, idle × backpressure matrix
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 
@@ -13,10 +12,11 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStreamSource
 
-from mcf.abi.meta import META, Collective, Meta, Op
+from mcf.abi.meta import META, Meta
 from mcf.abi.nic import ROUTER_STATUS
-from mcf.abi.route import route_entry
-from mcf.golden.nic import RouterModel
+from mcf.golden.nic import Packet, RouterModel
+from mcf.sim.benches import nic_traffic as traffic
+from mcf.sim.benches.pauses import set_pauses
 from mcf.sim.toolchain import bench_params
 
 
@@ -55,11 +55,8 @@ class TB:
         self.dut.route_wr_en.value = 0
 
     def set_pauses(self, idle, backpressure, rng):
-        for s in self.src:
-            s.set_pause_generator(_gen(rng.random() * 0.5, rng) if idle else None)
-        for s in self.sink:
-            s.set_pause_generator(_gen(0.2 + 0.6 * rng.random(), rng) if backpressure
-                                  else None)
+        set_pauses(rng, self.src, self.sink, idle=(0.0, 0.5) if idle else None,
+                   backpressure=(0.2, 0.8) if backpressure else None)
 
     def frame(self, meta: Meta, payload: bytes) -> AxiStreamFrame:
         raw = meta.pack()
@@ -75,56 +72,29 @@ class TB:
         return Meta.unpack(metas.pop() & ((1 << META.size) - 1)), data
 
 
-def _gen(p, rng):
-    seq = [int(rng.random() < p) for _ in range(97)]
-    return itertools.cycle(seq)
-
-
 async def run_test(dut, idle, backpressure, seed, n_packets):
     prm = bench_params()
     tb = TB(dut, prm["n_ports"], prm["n_inputs"], prm["data_width"], prm["max_payload"])
     rng = random.Random(seed)
     await tb.reset()
     P = tb.n_ports
-    # routes: every subset size 1..P of network ports (with and without local), local only,
-    # no route
-    table, rid = {}, 0
-    for size in range(1, P + 1):
-        for ports in itertools.combinations(range(P), size):
-            table[rid] = route_entry(set(ports), local=bool(rid % 2))
-            rid += 1
-    table[rid] = route_entry(set(), local=True)
-    table[rid + 1] = 0
+    # routes: every subset of the network ports ± local, local only, no route (+ a bad port)
+    table = traffic.router_table(P)
     await tb.write_routes(table)
     model = RouterModel(P, tb.max_payload)
     for r, e in table.items():
         model.write_route(r, e)
     tb.set_pauses(idle, backpressure, rng)
-    expected = [{i: [] for i in range(tb.n_inputs)} for _ in range(P + 1)]
-    sends = [[] for _ in range(tb.n_inputs)]
-    for uid in range(n_packets):
-        i = rng.randrange(tb.n_inputs)
-        length = rng.choice([0, 1, tb.bpb, tb.bpb + 1, 2 * tb.bpb, 4 * tb.bpb,
-                             tb.max_payload, rng.randrange(tb.max_payload + 1)])
-        if rng.random() < 0.03:                       # malformed: longer than the maximum
-            length = tb.max_payload + rng.randrange(1, 2 * tb.bpb)
-        meta = Meta(op=Op.KV_REPLICA, collective=Collective.MULTICAST, src=i,
-                    route_id=rng.randrange(len(table)), kv_id=uid, length=length)
-        payload = rng.randbytes(length)
-        dest = model.route(meta)
-        if isinstance(dest, list):
-            for d in dest:
-                expected[P if d == "local" else d][i].append((meta, payload))
-        sends[i].append(tb.frame(meta, payload))
-    for i, frames in enumerate(sends):
-        for f in frames:
-            await tb.src[i].send(f)
-    for o in range(P + 1):
+    sends, expected = traffic.router_traffic(rng, tb.n_inputs, model, n_packets, tb.bpb)
+    for i, pkts in enumerate(sends):
+        for pkt in pkts:
+            await tb.src[i].send(tb.frame(pkt.meta, pkt.payload))
+    for o in [*range(P), "local"]:
         n = sum(len(v) for v in expected[o].values())
         got = {i: [] for i in range(tb.n_inputs)}
         for _ in range(n):
-            meta, data = await with_timeout(tb.recv_packet(o), 200, "us")
-            got[meta.src].append((meta, data))
+            meta, data = await with_timeout(tb.recv_packet(P if o == "local" else o), 200, "us")
+            got[meta.src].append(Packet(meta, data))
         assert got == expected[o], f"output {o} differs from the golden model"
     for s in tb.src:
         await s.wait()

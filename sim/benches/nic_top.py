@@ -21,7 +21,6 @@ Traffic, all at once, with random idle cycles on every source and backpressure o
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 
@@ -54,16 +53,12 @@ from mcf.abi.nic import (
     crc32,
     reduce_config,
 )
-from mcf.abi.route import route_entry
 from mcf.golden.nic import A2AModel, LinkRxModel, Packet, ReduceModel, RouterModel, link_frame
 from mcf.sim.benches import nic_traffic as traffic
+from mcf.sim.benches.pauses import set_pauses
 from mcf.sim.toolchain import bench_params
 
 LOCAL_ID, NUM_NODES = 1, 4
-
-
-def _gen(p, rng):
-    return itertools.cycle([int(rng.random() < p) for _ in range(101)])
 
 
 class Csr:
@@ -137,10 +132,7 @@ class TB:
         await RisingEdge(self.dut.clk)
 
     def pauses(self, rng):
-        for s in self.sources:
-            s.set_pause_generator(_gen(0.3 * rng.random(), rng))
-        for s in self.sinks:
-            s.set_pause_generator(_gen(0.2 + 0.5 * rng.random(), rng))
+        set_pauses(rng, self.sources, self.sinks, idle=(0.0, 0.3), backpressure=(0.2, 0.7))
 
     def parsed_frame(self, meta: Meta, payload: bytes) -> AxiStreamFrame:
         """A parsed-layout packet (meta on tuser, zero-length = one beat with keep 0)."""
@@ -192,28 +184,6 @@ def bad_magic_frame(packet: Packet, seq: int, dw: int) -> list[tuple[bytes, int]
 
 # ---- the engines' traffic -------------------------------------------------------------------
 
-def router_traffic(rng, tb, model, table, n_packets):
-    """Per-input packet lists; per-output expected packets keyed by input (``meta.src``)."""
-    n_in = len(tb.router_inputs)
-    maxp = tb.prm["max_payload"]
-    sends = [[] for _ in range(n_in)]
-    expected = {o: {i: [] for i in range(n_in)} for o in [*range(tb.links), "local"]}
-    for uid in range(n_packets):
-        i = rng.randrange(n_in)
-        length = rng.choice([0, 1, tb.bpb, tb.bpb + 3, 4 * tb.bpb, rng.randrange(maxp + 1)])
-        if rng.random() < 0.02:
-            length = maxp + rng.randrange(1, 2 * tb.bpb)      # oversize: dropped, counted
-        meta = Meta(op=Op.KV_REPLICA, collective=Collective.MULTICAST, src=i,
-                    route_id=rng.choice(list(table)), kv_id=uid, length=length)
-        payload = rng.randbytes(length)
-        dest = model.route(meta)
-        if isinstance(dest, list):
-            for d in dest:
-                expected[d][i].append(Packet(meta, payload))
-        sends[i].append((meta, payload))
-    return sends, expected
-
-
 def a2a_traffic(rng, n_tags):
     """(scatter requests, arriving parts) with malformed / duplicate / foreign ones."""
     scatters, parts = [], []
@@ -262,14 +232,7 @@ async def run(dut, seed, n_router, n_tags, n_gathers):
 
     # route table over AXI-Lite: every non-empty subset of the links, ± local; local only;
     # no route; a port this 3-link router lacks
-    table, rid = {}, 0
-    for size in range(1, tb.links + 1):
-        for ports in itertools.combinations(range(tb.links), size):
-            table[rid] = route_entry(set(ports), local=bool(rid % 2))
-            rid += 1
-    table[rid] = route_entry(set(), local=True)
-    table[rid + 1] = 0
-    table[rid + 2] = route_entry({tb.links}, local=False)
+    table = traffic.router_table(tb.links)
     rmodel = RouterModel(tb.links, prm["max_payload"])
     for r, e in table.items():
         await csr.write("ROUTE_WR", route_id=r, entry=e)
@@ -283,7 +246,8 @@ async def run(dut, seed, n_router, n_tags, n_gathers):
                         prm["a2a_slots"], NUM_NODES, local_id=LOCAL_ID)
 
     tb.pauses(rng)
-    sends, exp_router = router_traffic(rng, tb, rmodel, table, n_router)
+    sends, exp_router = traffic.router_traffic(rng, len(tb.router_inputs), rmodel, n_router,
+                                               tb.bpb, oversize=0.02)
     contribs = traffic.make_stream(seed=seed, n_tags=n_tags, window=3)
     exp_results = []
     for meta, payload in contribs:
@@ -301,7 +265,7 @@ async def run(dut, seed, n_router, n_tags, n_gathers):
             await source.send(tb.parsed_frame(meta, payload))
 
     for i, s in enumerate(tb.router_inputs):
-        cocotb.start_soon(send_all(s, sends[i]))
+        cocotb.start_soon(send_all(s, [(p.meta, p.payload) for p in sends[i]]))
     cocotb.start_soon(send_all(tb.reduce_in, contribs))
     cocotb.start_soon(send_all(tb.a2a_scatter, scatters))
     cocotb.start_soon(send_all(tb.a2a_in, parts))

@@ -34,6 +34,43 @@ def sink_process(stream, out: list, rng: random.Random, ready: float = 1.0):
     return proc
 
 
+def sinks_process(sinks: list, taps: list = (), on_last=None):
+    """One background process serving many streams at once (cheaper than one process each).
+
+    ``sinks``: ``(stream, out, rng, ready)`` tuples — this process drives ``ready`` (1 with
+    probability ``ready``, drawn from ``rng`` every cycle) and appends accepted beats (dicts)
+    to ``out``. ``taps``: ``(stream, out)`` tuples — observed only (valid and ready sampled,
+    nothing driven): every transferred beat is appended. ``on_last(ctx, index)`` is called after
+    a ``last`` beat was accepted on ``sinks[index]`` (to keep a run deterministic, it should
+    publish anything other processes read through ``ctx.set`` on a signal, not through Python
+    state: the order in which processes run within one time step is not fixed)."""
+    layouts = [s.payload.shape() for s, *_ in sinks]
+    tap_layouts = [s.payload.shape() for s, _ in taps]
+    sampled = [x for s, *_ in sinks for x in (s.valid, s.payload.as_value())]
+    sampled += [x for s, _ in taps for x in (s.valid, s.ready, s.payload.as_value())]
+    n = len(sinks)
+
+    async def proc(ctx):
+        while True:
+            rs = []
+            for stream, _, rng, ready in sinks:
+                r = 1 if ready >= 1.0 else int(rng.random() < ready)
+                ctx.set(stream.ready, r)
+                rs.append(r)
+            vals = (await ctx.tick().sample(*sampled))[2:]
+            for j in range(n):
+                if rs[j] and vals[2 * j]:
+                    beat = unpack_fields(layouts[j], vals[2 * j + 1])
+                    sinks[j][1].append(beat)
+                    if on_last is not None and beat["last"]:
+                        on_last(ctx, j)
+            for j, (_, out) in enumerate(taps):
+                v, r, raw = vals[2 * n + 3 * j: 2 * n + 3 * j + 3]
+                if v and r:
+                    out.append(unpack_fields(tap_layouts[j], raw))
+    return proc
+
+
 def pack_fields(layout, fields: dict) -> int:
     return sum((int(fields[name]) & ((1 << f.width) - 1)) << f.offset for name, f in layout)
 

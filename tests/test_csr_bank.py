@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """mcf.hdl.csr.CsrBank under amaranth.sim: every access kind, wstrb, RW1C races, reset values,
 bad addresses, AW/W ordering, B/R backpressure, latency — checked against mcf.golden.csr."""
 

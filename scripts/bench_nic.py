@@ -46,6 +46,20 @@ def _feed(ctx, stream, beats):
     return run()
 
 
+async def _full_rate(ctx, stream, beats) -> int:
+    """Offer ``beats`` back to back (valid held high); the cycles until all were accepted."""
+    layout = stream.payload.shape()
+    k = cycles = 0
+    while k < len(beats):
+        ctx.set(stream.payload.as_value(), pack_fields(layout, beats[k]))
+        ctx.set(stream.valid, 1)
+        _, _, rdy = await ctx.tick().sample(stream.ready)
+        k += rdy
+        cycles += 1
+    ctx.set(stream.valid, 0)
+    return cycles
+
+
 def router_rate(n_beats=2, n_packets=120):
     """Local input → multicast to all 4 ports + local, all outputs always ready."""
     dut = Router(data_width=DW, n_ports=4, topology=Topology.MESH, max_payload=256)
@@ -121,14 +135,7 @@ def reduce_rate(n_beats=2, n_packets=120):
             meta = Meta(reduce_op=ReduceOp.SOFTMAX_MERGE, kv_id=n // 2 % 4 + 4 * (n // 8),
                         length=n_beats * 8)
             beats += parsed_beats(meta, bytes(n_beats * 8), DW)
-        layout = dut.i.payload.shape()
-        k = cycles = 0
-        while k < len(beats):
-            ctx.set(dut.i.payload.as_value(), pack_fields(layout, beats[k]))
-            ctx.set(dut.i.valid, 1)
-            _, _, rdy = await ctx.tick().sample(dut.i.ready)
-            k += rdy
-            cycles += 1
+        cycles = await _full_rate(ctx, dut.i, beats)
         res["elements_per_cycle_per_lane"] = round(len(beats) / cycles, 3)
         res["lanes"] = DW // 32
 
@@ -177,24 +184,16 @@ def a2a_rate(n=4, part_beats=4, n_ops=20):
         ctx.set(dut.num_nodes, n)
         ctx.set(dut.net.ready, 1)
         ctx.set(dut.o.ready, 1)
-        layout = dut.scatter.payload.shape()
         beats = [b for t in range(n_ops)
                  for b in parsed_beats(Meta(kv_id=t, length=n * plen), bytes(n * plen), DW)]
-        k = cycles = 0
-        while k < len(beats):
-            ctx.set(dut.scatter.payload.as_value(), pack_fields(layout, beats[k]))
-            ctx.set(dut.scatter.valid, 1)
-            _, _, rdy = await ctx.tick().sample(dut.scatter.ready)
-            k += rdy
-            cycles += 1
-        ctx.set(dut.scatter.valid, 0)
+        cycles = await _full_rate(ctx, dut.scatter, beats)
         res["scatter_beats_per_cycle"] = round(len(beats) / cycles, 3)
         beats = [b for t in range(n_ops) for s in range(n)
                  for b in parsed_beats(Meta(kv_id=t, src=s, length=plen), bytes(plen), DW)]
         k = cycles = out = 0
         while k < len(beats) or out < len(beats):
             if k < len(beats):
-                ctx.set(dut.i.payload.as_value(), pack_fields(layout, beats[k]))
+                ctx.set(dut.i.payload.as_value(), pack_fields(dut.i.payload.shape(), beats[k]))
             ctx.set(dut.i.valid, k < len(beats))
             _, _, rdy, ov = await ctx.tick().sample(dut.i.ready, dut.o.valid)
             k += rdy and k < len(beats)

@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import random
 
-from amaranth import Module
-from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
-from mcf.abi.framing import beat_layout, parsed_layout
 from mcf.abi.meta import Meta
 from mcf.abi.nic import LINK_RX_STATUS, LINK_TX_STATUS
 from mcf.golden.nic import LinkRxModel, Packet, link_frame, parsed_beats
 from mcf.hdl.nic.link import LinkRx, LinkTx
-from mcf.hdl.nic.link_model import LINK_MODEL_STATUS, LinkModel
+from mcf.hdl.nic.link_loop import LinkLoop
+from mcf.hdl.nic.link_model import LINK_MODEL_STATUS
 from mcf.sim.benches.nic_amsim import drive, sink_process, split_packets, unpack_fields
 
 DW = 64
@@ -134,32 +131,11 @@ def test_rx_checks_match_golden():
         assert status[c] > 0, c
 
 
-class Chain(wiring.Component):
-    def __init__(self, **link):
-        self.tx = LinkTx(data_width=DW)
-        self.link = LinkModel(data_width=DW, **link)
-        self.rx = LinkRx(data_width=DW, max_payload=MAXP)
-        from amaranth.lib import stream
-        super().__init__({"i": In(stream.Signature(parsed_layout(DW))),
-                          "o": Out(stream.Signature(beat_layout(DW))),
-                          "link_status": Out(LINK_MODEL_STATUS),
-                          "rx_status": Out(LINK_RX_STATUS)})
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.tx, m.submodules.link, m.submodules.rx = self.tx, self.link, self.rx
-        wiring.connect(m, wiring.flipped(self.i), self.tx.i)
-        wiring.connect(m, self.tx.o, self.link.i)
-        wiring.connect(m, self.link.o, self.rx.i)
-        wiring.connect(m, self.rx.o, wiring.flipped(self.o))
-        m.d.comb += [self.link_status.eq(self.link.status), self.rx_status.eq(self.rx.status)]
-        return m
-
-
 def test_link_model_drops_and_flips_all_detected():
     rng = random.Random(8)
     pkts = random_packets(rng, 150)
-    dut = Chain(latency=12, rate=(5, 2), drop_p16=6000, flip_p16=9000, seed=0x1234)
+    dut = LinkLoop(data_width=DW, max_payload=MAXP, latency=12, rate=(5, 2), drop_p16=6000,
+                   flip_p16=9000, seed=0x1234)
     got, status = [], {}
     sim = Simulator(dut)
     sim.add_clock(1e-8)

@@ -22,9 +22,17 @@ from amaranth.lib import data
 from .meta import META, Meta
 
 __all__ = [
-    "beat_layout", "parsed_layout", "payload_beats", "keep_mask",
+    "MAX_PAYLOAD", "beat_layout", "parsed_layout", "payload_beats", "keep_mask",
     "encode_packet", "header_bytes",
 ]
+
+
+MAX_PAYLOAD = 2048
+"""Largest packet payload in bytes, for every engine that buffers or checks a payload (parser,
+router, link RX, reduction, all-to-all) and for MARS, which fragments every payload it plans to
+it. Sized for the largest single record of Qwen2.5-1.5B: the decode query (12 heads x 128 INT8
+values plus their scales); a KV block is cut at token boundaries. ``Meta.length`` must be able
+to name it (checked by the ABI tests)."""
 
 
 def _check_width(data_width: int, meta_layout: data.StructLayout) -> None:

@@ -15,12 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mcf.abi.platform import K26
+
 from .toolchain import BUILD_ROOT, ToolchainError
 
 __all__ = ["K26", "resources", "utilization", "RESOURCE_KEYS"]
 
-# XCK26-SFVC784-2LV-C programmable logic
-K26 = {"LUT": 117_120, "FF": 234_240, "DSP": 1_248, "BRAM36": 144, "URAM": 64}
 RESOURCE_KEYS = ("LUT", "LUTRAM", "FF", "CARRY", "DSP", "BRAM36", "URAM")
 
 # cell → how many of the resource it uses (LUTRAM in LUT equivalents)

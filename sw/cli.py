@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ("abi", "verilog", "plan")
+SUBCOMMANDS = ("abi", "verilog", "plan", "bench", "tables")
 
 
 class UsageError(Exception):

@@ -1,0 +1,93 @@
+"""``mcf bench [NAME ...|all] [--json] [--small] [--no-synth] [--out DIR]``: run the benches of
+:mod:`mcf.sim.bench` and write one ``DIR/<name>.json`` each (default ``build/bench``).
+
+A bench that sees a mismatch or an unplanned drop refuses (:class:`mcf.sim.bench.BenchRefused`):
+its figure is not written, the refusal is printed as one line and the exit status is 1.
+``--json`` prints one JSON object: the bench's own for one bench; for several, one member per
+bench plus ``resources`` (every top's yosys estimate, by bench and top name).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["run_benches", "register"]
+
+
+def _benches() -> tuple[str, ...]:
+    from mcf.sim.bench import BENCHES
+    return BENCHES
+
+
+def run_benches(names: list[str], *, small: bool, synth: bool, out: Path,
+                progress=None) -> tuple[dict, list[str]]:
+    """Run ``names``; returns ``(results, refusals)`` and writes ``out/<name>.json`` for every
+    bench that reported."""
+    from mcf.sim.bench import BenchRefused
+
+    out.mkdir(parents=True, exist_ok=True)
+    results, refusals = {}, []
+    for name in names:
+        if progress:
+            progress(name)
+        mod = importlib.import_module(f"mcf.sim.bench.{name}")
+        try:
+            result = mod.collect(small=small, synth=synth)
+        except BenchRefused as exc:
+            refusals.append(f"{name} refused: {exc}")
+            continue
+        result["small"] = small
+        (out / f"{name}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        results[name] = result
+    return results, refusals
+
+
+def _combined(results: dict) -> dict:
+    combined = dict(results)
+    combined["resources"] = {f"{bench}.{top}": res
+                             for bench, r in results.items()
+                             for top, res in (r.get("resources") or {}).items()}
+    return combined
+
+
+def run(args) -> int:
+    from ..cli import UsageError
+
+    known = _benches()
+    names = list(known) if args.names in ([], ["all"]) else args.names
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"unknown bench(es) {', '.join(unknown)}; known: "
+                         f"{', '.join(known)}, all")
+
+    def say(name):
+        print(f"mcf bench: running {name}{' (small)' if args.small else ''}", file=sys.stderr)
+
+    results, refusals = run_benches(names, small=args.small, synth=not args.no_synth,
+                                    out=Path(args.out), progress=say)
+    for line in refusals:
+        print(f"mcf bench: {line}", file=sys.stderr)
+    if args.json:
+        obj = results[names[0]] if len(names) == 1 and results else _combined(results)
+        if results:
+            print(json.dumps(obj, sort_keys=True))
+    else:
+        for name, result in results.items():
+            mod = importlib.import_module(f"mcf.sim.bench.{name}")
+            print(f"## {name}\n\n{mod.render(result)}\n")
+    return 1 if refusals else 0
+
+
+def register(subs) -> None:
+    p = subs.add_parser("bench", help="measure cycles and resources; write build/bench/*.json")
+    p.add_argument("names", nargs="*", metavar="NAME",
+                   help="packet, nic, compute, attention, csr, or all (default all)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--small", action="store_true", help="reduced sizes (what CI runs)")
+    p.add_argument("--no-synth", action="store_true", help="skip the yosys resource estimates")
+    p.add_argument("--out", default="build/bench",
+                   help="folder for <name>.json (default %(default)s)")
+    p.set_defaults(handler=run)

@@ -1,0 +1,89 @@
+"""``mcf bench`` and ``mcf tables``: every bench runs at CI size and reports the figures the
+README and the issue tracker name; a refusal writes nothing; the README's tables are exactly
+what ``mcf tables`` makes of the committed JSON."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import mcf.sim.bench.csr as csr_bench
+from mcf.cli import main
+from mcf.commands.tables import RESULTS, render_readme
+from mcf.sim.bench import BENCHES, BenchRefused
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# figures each bench must report (dotted paths into its JSON object)
+FIGURES = {
+    "packet": ["widths"],
+    "nic": [],
+    "compute": ["gemm_sequence_mac_utilization", "gemm_steady_mac_utilization",
+                "decode_port_efficiency"],
+    "attention": ["qk_bank_utilization", "pv_bank_utilization", "decode_cycles_per_qk",
+                  "prefill_cycles_per_qk"],
+    "csr": ["maps.mcf_node.registers"],
+}
+
+
+def _get(obj, dotted):
+    for key in dotted.split("."):
+        obj = obj[key]
+    return obj
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_bench_runs_small(name, tmp_path, capsys):
+    assert main(["bench", name, "--small", "--no-synth", "--json", "--out", str(tmp_path)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    written = json.loads((tmp_path / f"{name}.json").read_text())
+    assert written == printed and written["small"] is True
+    for dotted in FIGURES[name]:
+        value = _get(written, dotted)
+        if dotted.endswith(("utilization", "efficiency")):
+            assert 0 < value <= 1, (dotted, value)
+
+
+def test_refusal_writes_nothing(tmp_path, capsys, monkeypatch):
+    def refuse(small=False, synth=True):
+        raise BenchRefused("reduction: unplanned counter values {'drop_bad_k': 3}")
+
+    monkeypatch.setattr(csr_bench, "collect", refuse)
+    assert main(["bench", "csr", "--json", "--out", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "csr refused: reduction: unplanned counter values" in captured.err
+    assert not (tmp_path / "csr.json").exists()
+
+
+def test_unknown_bench_is_a_usage_error(capsys):
+    assert main(["bench", "nope"]) == 2
+    assert "unknown bench(es) nope" in capsys.readouterr().err
+
+
+def test_readme_tables_equal_committed_results(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["tables", "--check"]) == 0
+
+
+def test_tables_follow_the_json(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    assert "<!-- bench:csr -->" in text
+    results = tmp_path / "results"
+    results.mkdir()
+    for f in (ROOT / RESULTS).glob("*.json"):
+        (results / f.name).write_text(f.read_text())
+    same, missing = render_readme(text, results)
+    assert same == text and not missing
+    data = json.loads((results / "csr.json").read_text())
+    data["maps"]["mcf_node"]["registers"] += 1
+    (results / "csr.json").write_text(json.dumps(data))
+    changed, _ = render_readme(text, results)
+    assert changed != text
+
+
+def test_tables_refuse_small_runs(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    (tmp_path / "csr.json").write_text(json.dumps({"maps": {}, "small": True}))
+    assert main(["tables", "--from", str(tmp_path), "--check"]) == 2
+    assert "ran with --small" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from .framing import (
     parsed_layout,
     payload_beats,
 )
+from .limits import REDUCE_SLOTS
 from .meta import (
     DISPATCH_RULES,
     META,
@@ -29,6 +30,17 @@ from .meta import (
     meta_layout,
     raw_fields,
 )
+from .query import (
+    QUERY_HEADER,
+    QUERY_HEADER_BYTES,
+    QUERY_SCALE,
+    QueryRecord,
+    pack_query,
+    query_bytes,
+    query_fragments,
+    query_head_bytes,
+    unpack_query,
+)
 from .regs import MCF_ID, Access, Field, Register, RegisterMap
 
 __all__ = [
@@ -37,4 +49,7 @@ __all__ = [
     "META", "Meta", "MetaWidths", "InvalidateKind", "meta_layout", "raw_fields", "Stage", "Op",
     "Collective", "ReduceOp", "Port", "DISPATCH_RULES", "DispatchRule", "dispatch_port",
     "Access", "Field", "Register", "RegisterMap", "MCF_ID",
+    "REDUCE_SLOTS",
+    "QUERY_HEADER", "QUERY_HEADER_BYTES", "QUERY_SCALE", "QueryRecord", "pack_query",
+    "unpack_query", "query_bytes", "query_head_bytes", "query_fragments",
 ]

@@ -1,4 +1,4 @@
-"""cocotb bench of the CSR bank (``mcf_csr``-style top: ``FlatTop(CsrTop(CsrBank(map)))``).
+"""cocotb bench of the CSR bank (``mcf_csr``-style top: ``FlatTop(CsrBank(map))``).
 
 A passive monitor samples every bus and hardware-side signal once per cycle (at the falling
 edge, i.e. the values the next rising edge sees) and replays the cycle's events into the host

@@ -306,3 +306,33 @@ def attn_status_layout() -> data.StructLayout:
                                     # query and KV beats, no output)
         "busy": unsigned(1),
     })
+
+
+# --- second format: K per channel over groups of tokens (mcf.abi.kv_channel, re-exported) -------
+
+from .kv_channel import (  # noqa: E402 - kv_channel builds on the names above
+    FOLD_E_BASE,
+    FOLD_M_SHIFT,
+    FOLD_Q_SHIFT_BASE,
+    FOLD_QMAX_SHIFT,
+    KV_GROUP,
+    KV_ONE,
+    KVFormat,
+    fold_query,
+    group_sizes,
+    kv_channel_block_bytes,
+    kv_channel_block_tokens,
+    kv_group_header_bytes,
+    kvq_status_layout,
+    pack_kv_channel_block,
+    quantize_k_channels,
+    quantize_kv_channel,
+    unpack_kv_channel_block,
+)
+
+__all__ += [
+    "KVFormat", "KV_GROUP", "KV_ONE", "FOLD_QMAX_SHIFT", "FOLD_Q_SHIFT_BASE", "FOLD_M_SHIFT",
+    "FOLD_E_BASE", "quantize_k_channels", "quantize_kv_channel", "fold_query",
+    "kv_group_header_bytes", "kv_channel_block_bytes", "kv_channel_block_tokens",
+    "group_sizes", "pack_kv_channel_block", "unpack_kv_channel_block", "kvq_status_layout",
+]

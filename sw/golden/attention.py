@@ -20,6 +20,13 @@ The model mirrors the hardware's order of operations (``mcf.hdl.compute.attentio
   ``(M, l, o)``. Integer sums are associative and commutative, so summing the states of any split
   of the KV set, in any order, gives identical bits — independent of the number of nodes.
 * **Normalise** (prefill output): ``o / l`` by :func:`mcf.abi.softmax.normalize`.
+
+Both KV formats (:class:`mcf.abi.kv.KVFormat`) go through the same functions: a block is a
+:class:`KVBlock` (per token) or a :class:`KVChannelBlock` (K per channel per group of
+:data:`mcf.abi.kv.KV_GROUP` tokens, scored through the folded query of its group,
+:func:`channel_scores`); a job may mix them (closed groups, then the per-token residual of
+:class:`KVChannelCache`). Everything after the scores is format-independent, so every mode,
+the causal mask, GQA and the split invariance of the two-phase mode carry over.
 """
 
 from __future__ import annotations
@@ -30,10 +37,16 @@ import numpy as np
 
 from mcf.abi.fixed import saturate, wrap
 from mcf.abi.kv import (
+    KV_GROUP,
+    KV_ONE,
     KV_SCALE,
     dequantize,
     dequantize_q,
+    fold_query,
+    group_sizes,
     q_multiplier,
+    quantize_kv_channel,
+    quantize_kv_rows,
     score,
     score_shift,
     v_weight,
@@ -51,6 +64,7 @@ from mcf.abi.softmax import (
 __all__ = [
     "KVBlock", "State", "job_scores", "block_state", "attend_single", "attend_max",
     "attend_fixed", "attend", "normalize_state", "float_attention", "MODES",
+    "KVChannelBlock", "channel_scores", "dequantize_k", "KVChannelCache",
 ]
 
 MODES = ("single", "max", "fixed")
@@ -105,7 +119,10 @@ class State:
 
 
 def job_scores(q, sq, blk: KVBlock, q_pos: int = 0, causal: bool = False):
-    """Scores ``t[G, T]`` and the key mask ``valid[T]`` of one block for one job."""
+    """Scores ``t[G, T]`` and the key mask ``valid[T]`` of one block for one job (a
+    :class:`KVChannelBlock` is scored through :func:`channel_scores`)."""
+    if isinstance(blk, KVChannelBlock):
+        return channel_scores(q, sq, blk), _valid(blk, q_pos, causal)
     q = np.asarray(q, dtype=np.int64)
     sq = np.asarray(sq, dtype=np.int64)
     head_dim = q.shape[-1]
@@ -205,13 +222,13 @@ def float_attention(q, sq, blocks: list[KVBlock], q_pos: int = 0, causal: bool =
     (the exact counterparts of the integer state, in real units)."""
     qf = dequantize_q(q, sq)
     heads, head_dim = qf.shape
-    kv = KVBlock.concat(blocks) if blocks else None
-    if kv is None or len(kv) == 0:
+    if not blocks or sum(len(b) for b in blocks) == 0:
         z = np.zeros((heads, head_dim))
         return z, np.full(heads, -np.inf), np.zeros(heads), z
-    kf = dequantize(kv.k, kv.sk, KV_SCALE)
-    vf = dequantize(kv.v, kv.sv, KV_SCALE)
-    valid = np.asarray(kv.pos) <= q_pos if causal else np.ones(len(kv), dtype=bool)
+    kf = np.concatenate([dequantize_k(b) for b in blocks])
+    vf = np.concatenate([dequantize(b.v, b.sv, KV_SCALE) for b in blocks])
+    pos = np.concatenate([np.asarray(b.pos, dtype=np.int64) for b in blocks])
+    valid = pos <= q_pos if causal else np.ones(len(pos), dtype=bool)
     t = (qf @ kf.T) / np.sqrt(head_dim) * np.log2(np.e)               # log2 domain
     t = np.where(valid[None, :], t, -np.inf)
     m = t.max(axis=1)
@@ -253,3 +270,154 @@ def random_query(rng: np.random.Generator, heads: int, head_dim: int, sigma: flo
         kf = dequantize(peak.k[peak_row:peak_row + 1], peak.sk[peak_row:peak_row + 1], KV_SCALE)
         qf = qf * 0.2 + gain * kf / np.linalg.norm(kf) * np.sqrt(head_dim)
     return quantize_q(qf)
+
+
+# --- second KV format: K per channel over groups of tokens (mcf.abi.kv_channel) ----------------
+
+@dataclass
+class KVChannelBlock:
+    """KV rows of one KV head in the per-channel-K format (codes, not bytes).
+
+    ``ks[t]`` holds the K channel scales of token ``t``'s **group** (rows are equal within a
+    group), so any subset of the keys (``take``/``slice``, e.g. a node's shard of a two-phase
+    split) keeps its scores: a key's score depends on its own codes and its group's scales only.
+    The engine folds the scales into the query once per group (:func:`mcf.abi.kv.fold_query`)."""
+    k: np.ndarray    # [T, d] INT4 codes
+    ks: np.ndarray   # [T, d] KV_SCALE codes of the token's group (one row per group, repeated)
+    v: np.ndarray    # [T, d] INT4 codes
+    sv: np.ndarray   # [T] KV_SCALE codes (per token)
+    pos: np.ndarray  # [T] token positions
+
+    def __len__(self) -> int:
+        return int(np.asarray(self.k).shape[0])
+
+    def take(self, idx) -> KVChannelBlock:
+        return KVChannelBlock(self.k[idx], self.ks[idx], self.v[idx], self.sv[idx],
+                              self.pos[idx])
+
+    def slice(self, lo: int, hi: int) -> KVChannelBlock:
+        return self.take(slice(lo, hi))
+
+    @staticmethod
+    def concat(blocks: list[KVChannelBlock]) -> KVChannelBlock:
+        return KVChannelBlock(*(np.concatenate([getattr(b, f) for b in blocks])
+                                for f in ("k", "ks", "v", "sv", "pos")))
+
+    @staticmethod
+    def from_groups(k4, kscale, v4, sv, pos, group: int = KV_GROUP) -> KVChannelBlock:
+        """From the payload view (``kscale[n_groups, d]``, groups of ``group`` tokens from the
+        first row, see :func:`mcf.abi.kv.unpack_kv_channel_block`)."""
+        sizes = group_sizes(np.asarray(k4).shape[0], group)
+        ks = np.repeat(np.asarray(kscale, dtype=np.int64), sizes, axis=0)
+        return KVChannelBlock(np.asarray(k4, dtype=np.int64), ks, np.asarray(v4, dtype=np.int64),
+                              np.asarray(sv, dtype=np.int64), np.asarray(pos, dtype=np.int64))
+
+    @staticmethod
+    def quantize(k_act, v_act, pos, group: int = KV_GROUP) -> KVChannelBlock:
+        """ACT K/V rows → block, with the on-chip quantiser (:func:`quantize_kv_channel`)."""
+        return KVChannelBlock.from_groups(*quantize_kv_channel(k_act, v_act, group), pos, group)
+
+    def groups(self, group: int = KV_GROUP) -> np.ndarray:
+        """``kscale[n_groups, d]`` of a block whose groups start at row 0 (payload view)."""
+        sizes = group_sizes(len(self), group)
+        starts = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
+        for lo, n in zip(starts, sizes):
+            if np.any(self.ks[lo:lo + n] != self.ks[lo]):
+                raise ValueError("rows of a group carry different channel scales")
+        return np.asarray(self.ks)[starts] if sizes else np.zeros((0, self.k.shape[1]))
+
+
+def _valid(blk, q_pos: int, causal: bool):
+    if causal:
+        return np.asarray(blk.pos, dtype=np.int64) <= q_pos
+    return np.ones(len(blk), dtype=bool)
+
+
+def channel_scores(q, sq, blk: KVChannelBlock):
+    """Scores ``t[G, T]`` of a per-channel block: per distinct group scale vector, the query is
+    folded once (:func:`mcf.abi.kv.fold_query`) and every key of the group is scored with the
+    per-token score path, ``sk = KV_ONE``."""
+    q = np.asarray(q, dtype=np.int64)
+    sq = np.asarray(sq, dtype=np.int64)
+    heads, head_dim = q.shape
+    t = np.zeros((heads, len(blk)), dtype=np.int64)
+    if len(blk) == 0:
+        return t
+    uniq, inv = np.unique(np.asarray(blk.ks, dtype=np.int64), axis=0, return_inverse=True)
+    inv = np.asarray(inv).ravel()
+    k = np.asarray(blk.k, dtype=np.int64)
+    for u in range(uniq.shape[0]):
+        idx = np.flatnonzero(inv == u)
+        qf, sf = fold_query(q, sq, uniq[u])
+        acc = qf @ k[idx].T                                           # exact integer
+        t[:, idx] = score(acc, KV_ONE, q_multiplier(sf[:, 0], head_dim)[:, None],
+                          score_shift(sf[:, 1])[:, None])
+    return t
+
+
+def dequantize_k(blk) -> np.ndarray:
+    """Real K rows of a block of either format."""
+    if isinstance(blk, KVChannelBlock):
+        return np.asarray(blk.k, dtype=np.float64) * KV_SCALE.to_float(blk.ks)
+    return dequantize(blk.k, blk.sk, KV_SCALE)
+
+
+class KVChannelCache:
+    """One KV head's per-channel-K cache with KIVI's residual buffer (decode model).
+
+    Closed groups are :class:`KVChannelBlock` rows, quantised from ACT rows by the on-chip
+    quantiser. Tokens of the group that is not full yet (at most ``group − 1``) wait in the
+    **residual buffer** as their ACT K/V rows (the exact input of the quantiser, so a group
+    closed during decode has the bits it would have had in a prefill chunk); attention sees
+    them **quantised per token** (:func:`mcf.abi.kv.quantize_kv_rows`, the PER_TOKEN format the
+    engine already takes, one :class:`KVBlock` after the closed groups). When the group fills it
+    is quantised per channel and replaces the residual copies; V codes and ``sv`` of its tokens
+    do not change (V is per token in both formats)."""
+
+    def __init__(self, head_dim: int, group: int = KV_GROUP):
+        self.head_dim, self.group = head_dim, group
+        self.closed: list[KVChannelBlock] = []
+        self.res_k = np.zeros((0, head_dim), dtype=np.int64)
+        self.res_v = np.zeros((0, head_dim), dtype=np.int64)
+        self.res_pos = np.zeros(0, dtype=np.int64)
+        self.next_pos = 0
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self.closed) + len(self.res_pos)
+
+    def append(self, k_act, v_act) -> list[KVChannelBlock]:
+        """Append ACT K/V rows (a prefill chunk or one decode token, ``[T, d]``); returns the
+        groups this closed (each is one group payload for the KV memory)."""
+        k_act = np.asarray(k_act, dtype=np.int64).reshape(-1, self.head_dim)
+        v_act = np.asarray(v_act, dtype=np.int64).reshape(-1, self.head_dim)
+        n = k_act.shape[0]
+        self.res_k = np.concatenate([self.res_k, k_act])
+        self.res_v = np.concatenate([self.res_v, v_act])
+        self.res_pos = np.concatenate([self.res_pos,
+                                       np.arange(self.next_pos, self.next_pos + n)])
+        self.next_pos += n
+        done = []
+        while len(self.res_pos) >= self.group:
+            g = self.group
+            done.append(KVChannelBlock.quantize(self.res_k[:g], self.res_v[:g],
+                                                self.res_pos[:g], g))
+            self.res_k, self.res_v, self.res_pos = (self.res_k[g:], self.res_v[g:],
+                                                    self.res_pos[g:])
+        self.closed += done
+        return done
+
+    def residual(self) -> KVBlock:
+        """The residual tokens as a per-token block (possibly empty)."""
+        k4, sk = quantize_kv_rows(self.res_k)
+        v4, sv = quantize_kv_rows(self.res_v)
+        return KVBlock(k4, sk, v4, sv, self.res_pos.copy())
+
+    def blocks(self, max_block: int = 256) -> list:
+        """What an attention job reads: closed groups packed into per-channel blocks of at most
+        ``max_block`` tokens (whole groups), then the residual block if it is not empty."""
+        per = max(1, max_block // self.group)
+        out = [KVChannelBlock.concat(self.closed[i:i + per])
+               for i in range(0, len(self.closed), per)]
+        if len(self.res_pos):
+            out.append(self.residual())
+        return out

@@ -15,12 +15,15 @@ from .regs import Access, Field, Register, RegisterMap, status_registers
 
 __all__ = ["COUNTER_BITS", "DropCause", "counters", "PARSER_STATUS", "PACKETIZER_STATUS",
            "node_regmap", "nic_regmap", "nic_registers", "node_register", "NODE_MAP_VERSION",
-           "NIC_MAP_VERSION", "NODE_LINKS"]
+           "NIC_MAP_VERSION", "NODE_LINKS", "PARSER_PORTS"]
 
 COUNTER_BITS = 32
 NODE_MAP_VERSION = 0x0100
 NIC_MAP_VERSION = 0x0100
 NODE_LINKS = 3  # KR260 PL-side links: one 10G SFP+, two 1G RGMII
+PARSER_PORTS = NODE_LINKS + 1
+"""Parsers of a node, each with its own counter set in the node map: parser 0 checks the local
+packetizer's packets, parser ``1 + i`` the packets arriving on link ``i``."""
 
 
 class DropCause(enum.Enum, shape=3):
@@ -96,7 +99,10 @@ def node_regmap() -> RegisterMap:
     regs = RegisterMap("mcf_node", NODE_MAP_VERSION)
     regs.add(node_register())
     regs.add_status("pkt", PACKETIZER_STATUS, "packetizer")
-    regs.add_status("parser", PARSER_STATUS, "parser")
+    for port in range(PARSER_PORTS):
+        regs.add_status(f"parser{port}", PARSER_STATUS,
+                        "parser of the local packetizer" if port == 0 else
+                        f"parser of link {port - 1}")
     regs.extend(nic_registers())
     return regs
 

@@ -3,7 +3,7 @@
 import pytest
 
 from mcf.abi import MCF_ID, Access, Field, Register, RegisterMap
-from mcf.abi.csrmap import PARSER_STATUS, node_regmap
+from mcf.abi.csrmap import PARSER_PORTS, PARSER_STATUS, node_regmap
 from mcf.abi.doc import regmap_text
 
 
@@ -37,11 +37,13 @@ def test_builder_rejects_bad_registers():
 def test_node_map_has_every_status_counter():
     regs = node_regmap()
     names = {r.name for _, r in regs}
-    for field, _ in PARSER_STATUS:
-        assert f"parser_{field}" in names
+    for port in range(PARSER_PORTS):
+        for field, _ in PARSER_STATUS:
+            assert f"parser{port}_{field}" in names
+    assert f"parser{PARSER_PORTS}_rx_packets" not in names
     assert regs.register("NODE").fields[1].reset == 1  # num_nodes defaults to 1
     pynq = regs.pynq_registers()
     assert pynq["ID"]["access"] == "read-only"
     assert pynq["NODE"]["fields"]["num_nodes"]["bit_offset"] == 5
     text = regmap_text(regs)
-    assert "parser_drop_truncated" in text and "0x0000" in text
+    assert "parser1_drop_truncated" in text and "0x0000" in text

@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 
+from mcf.abi.platform import K26
 from mcf.mars import PlanError, get_model, make_cluster, plan
 from mcf.mars.report import assumptions_text, scope_text
 
@@ -114,7 +115,7 @@ def main(argv=None) -> int:
     ap.add_argument("--alpha", type=float, default=0.5)
     ap.add_argument("--topology", default="kr260-ring")
     ap.add_argument("--link-gbps", type=float, default=10.0)
-    ap.add_argument("--dsps", type=int, default=1248)
+    ap.add_argument("--dsps", type=int, default=K26["DSP"])
     ap.add_argument("--mhz", type=float, default=300.0)
     ap.add_argument("--scope", default="model", choices=("model", "attention"))
     ap.add_argument("--json", action="store_true")

@@ -34,6 +34,11 @@ def test_paper_settings_json_invariants(capsys, nodes):
             assert owner not in reps and len(reps) <= c["replica_factor"] - 1
         for key in ("rep_bytes", "access_bytes", "t_chunk_s"):
             assert c[key] >= 0
+    pl = out["payloads"]
+    assert out["max_payload_bytes"] == pl["max_payload_bytes"] == 2048
+    assert (pl["kv_tokens_per_fragment"], pl["kv_fragment_bytes"]) == (15, 1980)
+    assert (pl["query_record_bytes"], pl["state_bytes"]) == (1592, 520)
+    assert pl["query_waves"] == [[[0, 4]], [[4, 4]], [[8, 4]]]
     t = out["totals"]
     assert t["final_owner_only"] is True
     assert t["peak_node_kv_bytes"] <= budget
@@ -91,6 +96,13 @@ def test_human_table(capsys):
      "do not match"),
     (["--alpha", "inf", "--nodes", "8", "--seq-len", "1024"], "must be a finite number"),
     (["--kv-budget-mib", "nan", "--nodes", "8", "--seq-len", "1024"], "must be a finite"),
+    (["--max-payload", "4096", "--nodes", "8", "--seq-len", "1024"], "must lie in 1..2048 B"),
+    (["--max-payload", "100", "--nodes", "8", "--seq-len", "1024"],
+     "one KV token record (132 B per token and KV head) exceeds the largest payload (100 B)"),
+    (["--max-payload", "400", "--nodes", "8", "--seq-len", "1024"],
+     "one head's softmax state (520 B"),
+    (["--reduce-slots", "5", "--nodes", "8", "--seq-len", "1024"],
+     "reduction slots must lie in 1..4"),
 ])
 def test_bad_input_one_line_exit_2(capsys, args, message):
     assert main(["plan", *args]) == 2

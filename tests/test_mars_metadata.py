@@ -1,11 +1,17 @@
 """MARS metadata streams and route tables: ABI round trip, record counts, and route tables that
 deliver every transfer to exactly its destinations."""
 
+import re
+
 import pytest
 
 from mcf.abi import META, Collective, Meta, Op, ReduceOp, Stage
+from mcf.abi.framing import MAX_PAYLOAD
+from mcf.abi.limits import REDUCE_SLOTS
+from mcf.abi.query import query_bytes
 from mcf.abi.route import ROUTE_ENTRY, ROUTE_TABLE_DEPTH
 from mcf.mars import SWITCH, ClusterSpec, InvalidateKind, get_model, make_topology, pack_fast, plan
+from mcf.mars.metadata import payloads
 
 TINY = get_model("tiny")
 
@@ -116,7 +122,7 @@ def test_stream_content_and_order():
             if m.op == Op.KV_REPLICA:
                 seen_ids.add(m.kv_id)
                 assert 0 < m.length <= enc.max_payload
-                assert m.length % enc.token_layer_bytes == 0
+                assert m.length % enc.token_record_bytes == 0
                 assert (m.collective == Collective.MULTICAST) == (m.route_id >= 4)
             elif m.op == Op.INVALIDATE:
                 drained_any = True
@@ -151,7 +157,8 @@ def test_decode_query_multicast_and_reduction(topo):
         for m in metas:
             assert Meta.unpack(pack_fast(m)) == m
         queries = [m for m in metas if m.op == Op.QUERY]
-        assert len(queries) == (TINY.layers if node == root else 0)
+        assert len(queries) == (TINY.layers if node == root else 0)    # 4 heads: one wave
+        assert all(m.length == query_bytes(TINY.q_heads, TINY.head_dim) for m in queries)
     q = next(m for m in streams[root] if m.op == Op.QUERY)
     assert walk(p.cluster.topology, table, groups, root, q.route_id, q.dst) == \
         set(range(5)) - {root}
@@ -188,6 +195,8 @@ def test_emitted_files_match_the_streams(tmp_path):
             assert [Meta.unpack(w) for w in words] == metas
     routes = json.loads((tmp_path / "routes.json").read_text())
     assert routes["programming"][0]["kind"] == "static"
+    assert routes["payloads"]["max_payload_bytes"] == MAX_PAYLOAD
+    assert routes["decode_waits"] == [[list(w) for w in p.decode_waits(0)]]
     assert len(routes["programming"][0]["entries"]) == 3 * 3
 
 
@@ -212,12 +221,111 @@ def test_route_bank_overflow_falls_back_to_unicast():
 
 
 def test_fragments_respect_the_nic_max_payload():
-    # tiny INT4 record: 2 KV heads × (sk, sv: 4 B + K/V rows: 16 B) = 40 B per token and layer
+    # tiny INT4 token record: sk, sv (4 B) + K/V rows of 16 INT4 (16 B) = 20 B per KV head
     cl = ClusterSpec(3, 1 << 20, 1 << 20, make_topology("ring", 3), max_payload=300)
     p = plan(TINY, cl, 48 * 4, 48, "mars", alpha=1)
-    assert p.encoder.token_layer_bytes == 40 and p.encoder.tokens_per_fragment == 7
+    enc = p.encoder
+    assert enc.token_record_bytes == 20 and enc.tokens_per_fragment == 15
     lengths = [m.length for s in p.steps for ms in p.step_metadata(s.index).values()
                for m in ms if m.op == Op.KV_REPLICA]
-    assert max(lengths) == 280 and all(x % 40 == 0 and 0 < x <= 300 for x in lengths)
-    # 16 tokens per slice -> fragments of 7, 7, 2 tokens: seq 0, 1, 2
-    assert p.encoder.fragments(16) == [280, 280, 80]
+    assert max(lengths) == 300 and all(x % 20 == 0 and 0 < x <= 300 for x in lengths)
+    # 16 tokens per slice -> per KV head fragments of 15 and 1 tokens; seq = group * H_kv + head
+    assert enc.fragments(16) == [300, 300, 20, 20]
+    assert [enc.fragment_tokens(s) for s in range(4)] == [(0, 0), (1, 0), (0, 15), (1, 15)]
+
+
+@pytest.mark.parametrize("n, chunk, max_payload", [(3, 48, 300), (4, 64, 2048), (2, 40, 79)])
+def test_kv_packets_tile_every_head_of_every_slice(n, chunk, max_payload):
+    """Every (layer, block, slice) is sent as packets that cover each KV head's tokens exactly
+    once, at token-record boundaries, each within the payload limit."""
+    cl = ClusterSpec(n, 1 << 20, 1 << 20, make_topology("ring", n), max_payload=max_payload)
+    p = plan(TINY, cl, chunk * 3, chunk, "ring", alpha=1)
+    enc, rec = p.encoder, p.encoder.token_record_bytes
+    for step in p.steps:
+        tokens = {(t.block, t.slice): t.tokens for t in step.transfers}
+        sends: dict = {}
+        for r in p.step_records(step.index):
+            m = r.meta
+            if m.op != Op.KV_REPLICA:
+                continue
+            assert 0 < m.length <= max_payload and m.length % rec == 0
+            head, first = enc.fragment_tokens(m.seq)
+            sends.setdefault((r.node, m.kv_id), []).append((head, first, m.length // rec))
+        assert sends
+        for (_, kv_id), frags in sends.items():
+            _, block, slice_ = enc.kv_key(kv_id)
+            want = tokens[(block, slice_)]
+            for h in range(TINY.kv_heads):
+                spans = sorted((f, f + c) for hh, f, c in frags if hh == h)
+                assert spans[0][0] == 0 and spans[-1][1] == want
+                assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_qwen_payload_cuts():
+    pl = payloads(get_model("qwen2.5-1.5b"))
+    assert pl.max_payload == MAX_PAYLOAD == 2048 and pl.reduce_slots == REDUCE_SLOTS == 4
+    assert pl.token_record_bytes == 132 and pl.tokens_per_fragment == 15    # 1980 B packets
+    assert pl.state_bytes == 520                                            # (2 + 128) x 4 B
+    assert pl.query_record_bytes == 1592 == query_bytes(12, 128)
+    assert pl.waves == (((0, 4),), ((4, 4),), ((8, 4),))                     # 536 B each
+    assert payloads(get_model("qwen2.5-1.5b"), 1000, 4).waves == pl.waves
+    assert payloads(get_model("qwen2.5-1.5b"), 520, 4).waves == \
+        (((0, 2), (2, 2)), ((4, 2), (6, 2)), ((8, 2), (10, 2)))
+    assert payloads(get_model("qwen2.5-1.5b"), 2048, 3).waves == tuple(
+        ((h, 3),) for h in (0, 3, 6, 9))
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(max_payload=MAX_PAYLOAD + 1), "must lie in 1..2048"),
+    (dict(max_payload=0), "must lie in 1..2048"),
+    (dict(max_payload=131), "one KV token record (132 B"),
+    (dict(max_payload=519), "one head's softmax state (520 B"),
+    (dict(reduce_slots=REDUCE_SLOTS + 1), "reduction slots must lie in 1..4"),
+])
+def test_records_that_cannot_fit_are_rejected(kw, message):
+    from mcf.mars import PlanError, make_cluster
+    with pytest.raises(PlanError, match=re.escape(message)):
+        cl = make_cluster(4, **kw)
+        plan(get_model("qwen2.5-1.5b"), cl, 4096, 1024)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        payloads(get_model("qwen2.5-1.5b"), **kw)
+
+
+def test_query_head_that_cannot_fit_is_rejected():
+    from mcf.mars import ModelSpec
+    wide = ModelSpec("wide", layers=2, q_heads=4, kv_heads=2, head_dim=500)
+    # state (2 + 500) x 4 = 2008 B, query head 4 + 500 B (+ 8 B header): 4 heads in 2024 B
+    assert payloads(wide).waves == (((0, 4),),)
+    with pytest.raises(ValueError, match="softmax state"):
+        payloads(wide, 2007)
+    narrow = ModelSpec("narrow", layers=2, q_heads=4, kv_heads=2, head_dim=16)
+    # state (2 + 16) x 4 = 72 B, query head 8 + 4 + 16 = 28 B, token record 20 B
+    assert payloads(narrow, 72).waves == (((0, 2), (2, 2)),)
+    # head_dim 1 (INT8 KV: 2 B per token record): the 12 B state fits 12 B, a 16 B query not
+    tiny_head = ModelSpec("t", layers=1, q_heads=2, kv_heads=1, head_dim=1, kv_dtype="int8")
+    with pytest.raises(ValueError, match=re.escape("decode query: one query head (16 B")):
+        payloads(tiny_head, 12)
+
+
+def test_decode_waves_respect_the_reduction_slots():
+    from mcf.mars import ModelSpec
+    model = ModelSpec("h12", layers=3, q_heads=12, kv_heads=2, head_dim=16)
+    n = 4
+    cl = ClusterSpec(n, 1 << 20, 1 << 20, make_topology("ring", n))
+    p = plan(model, cl, 16 * 4, 16, "mars", alpha=1)
+    recs = p.decode_records(0)
+    root = p.decode_owner(0)
+    waves = p.encoder.payloads.waves
+    assert len(waves) == 3
+    # per layer and wave: the root's query (waiting for every earlier result), then 4 heads
+    # from every node; never more than REDUCE_SLOTS distinct tags between two queries
+    queries = [r for r in recs if r.meta.op == Op.QUERY]
+    assert [r.wait for r in queries] == [4 * i for i in range(model.layers * 3)]
+    assert all(r.node == root and r.meta.length == query_bytes(4, 16) for r in queries)
+    cuts = [i for i, r in enumerate(recs) if r.meta.op == Op.QUERY] + [len(recs)]
+    for a, b in zip(cuts, cuts[1:]):
+        tags = {(r.meta.kv_id, r.meta.seq) for r in recs[a + 1:b]}
+        assert len(tags) == REDUCE_SLOTS
+        assert len(recs[a + 1:b]) == REDUCE_SLOTS * n
+        assert all(r.wait == 0 for r in recs[a + 1:b])
+    assert p.decode_waits(0) == [(root, i * (1 + 4), 4 * i) for i in range(1, model.layers * 3)]

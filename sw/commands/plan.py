@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import math
 
+from ..abi.framing import MAX_PAYLOAD
+from ..abi.limits import REDUCE_SLOTS
+from ..abi.platform import K26
 from ..cli import UsageError
 
 FLOAT_ARGS = ("kv_budget_mib", "buffer_mib", "alpha", "link_gbps", "link_latency_us", "mhz",
@@ -49,7 +52,8 @@ def run(args) -> int:
             topology=args.topology, link_gbps=args.link_gbps,
             link_latency_us=args.link_latency_us, mesh_dims=_dims(args.mesh_dims),
             dsps=args.dsps, clock_hz=args.mhz * 1e6, compute_eff=args.compute_eff,
-            gamma=args.gamma, scope=args.scope, max_payload=args.max_payload)
+            gamma=args.gamma, scope=args.scope, max_payload=args.max_payload,
+            reduce_slots=args.reduce_slots)
         total = args.seq_len // args.chunk if args.chunk else 0
         progress = None
         if not args.json and (total == 0 or total >= PROGRESS_MIN_CHUNKS):
@@ -97,14 +101,19 @@ def register(subs) -> None:
     p.add_argument("--link-gbps", type=float, default=10.0,
                    help="line rate of every link of a uniform topology")
     p.add_argument("--link-latency-us", type=float, default=2.0, help="per-hop latency")
-    p.add_argument("--dsps", type=int, default=1248, help="DSP48E2 slices per node")
+    p.add_argument("--dsps", type=int, default=K26["DSP"],
+                   help=f"DSP48E2 slices per node (default: the K26's {K26['DSP']})")
     p.add_argument("--mhz", type=float, default=300.0, help="compute clock")
     p.add_argument("--compute-eff", type=float, default=1.0, help="achieved / peak compute")
     p.add_argument("--gamma", type=float, default=1.0, help="overlap safety factor (eq 8)")
     p.add_argument("--scope", default="model",
                    help="what T_comp (and TTFT) covers: model (default) or attention")
-    p.add_argument("--max-payload", type=int, default=None,
-                   help="largest packet payload in bytes (the NIC's; default: Meta.length max)")
+    p.add_argument("--max-payload", type=int, default=MAX_PAYLOAD,
+                   help=f"largest packet payload in bytes, 1..{MAX_PAYLOAD} "
+                        f"(default: mcf.abi.framing.MAX_PAYLOAD)")
+    p.add_argument("--reduce-slots", type=int, default=REDUCE_SLOTS,
+                   help=f"open reductions per reduction engine, 1..{REDUCE_SLOTS} "
+                        f"(default: mcf.abi.limits.REDUCE_SLOTS)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--detail", action="store_true",
                    help="with --json: list every transfer (source, destinations, route id)")

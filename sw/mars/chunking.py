@@ -80,7 +80,8 @@ def chunk_candidates(model: ModelSpec, cluster: ClusterSpec, seq_len: int) -> li
         if seq_len % b:
             continue
         try:
-            enc = MetaEncoder(model, cluster.nodes, seq_len // b, cluster.max_payload)
+            enc = MetaEncoder(model, cluster.nodes, seq_len // b, cluster.max_payload,
+                              cluster.reduce_slots)
             enc.fragments(-(-b // cluster.nodes))
         except ValueError:
             continue

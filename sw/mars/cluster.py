@@ -24,7 +24,10 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from ..abi.framing import MAX_PAYLOAD
+from ..abi.limits import REDUCE_SLOTS
 from ..abi.meta import META
+from ..abi.platform import K26
 from ..abi.route import NET_PORTS, MeshPort, RingPort, SwitchPort
 
 __all__ = ["SWITCH", "LinkParams", "Tree", "Topology", "ClusterSpec", "TOPOLOGIES",
@@ -258,7 +261,7 @@ class ClusterSpec:
     kv_budget: int                 # S_node, bytes
     buffer: int                    # M_buf, bytes
     topology: Topology
-    dsps: int = 1248               # K26: 1,248 DSP48E2
+    dsps: int = K26["DSP"]         # the whole K26 (mcf.abi.platform)
     clock_hz: float = 300e6
     ops_per_dsp_cycle: int = 4
     compute_eff: float = 1.0
@@ -266,7 +269,8 @@ class ClusterSpec:
     gamma: float = 1.0             # eq 8 overlap safety factor
     t_meta_s: float = 0.5e-6       # PS -> PL metadata push per record (AXI-Lite)
     scope: str = "model"           # "model": linear + attention of all layers; "attention"
-    max_payload: int | None = None  # largest packet payload (B); None: what Meta.length can name
+    max_payload: int = MAX_PAYLOAD  # largest packet payload (B), at most the ABI's MAX_PAYLOAD
+    reduce_slots: int = REDUCE_SLOTS  # open reductions per reduction engine, at most the ABI's
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -278,8 +282,12 @@ class ClusterSpec:
             raise ValueError("topology node count differs from N")
         if self.scope not in ("model", "attention"):
             raise ValueError("scope must be 'model' or 'attention'")
-        if self.max_payload is not None and self.max_payload < 1:
-            raise ValueError("the largest payload must be at least one byte")
+        if not 1 <= self.max_payload <= MAX_PAYLOAD:
+            raise ValueError(f"the largest payload must lie in 1..{MAX_PAYLOAD} B "
+                             f"(mcf.abi.framing.MAX_PAYLOAD), got {self.max_payload}")
+        if not 1 <= self.reduce_slots <= REDUCE_SLOTS:
+            raise ValueError(f"reduction slots must lie in 1..{REDUCE_SLOTS} "
+                             f"(mcf.abi.limits.REDUCE_SLOTS), got {self.reduce_slots}")
         if not self.p_node > 0:
             raise ValueError("the compute rate must be positive (DSPs, clock, efficiency)")
         if not 0 < self.link_eff <= 1 or not self.gamma > 0 or self.t_meta_s < 0:

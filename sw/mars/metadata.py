@@ -10,24 +10,36 @@ the packetizer's metadata FIFO, one record per packet:
 3. ``store`` (after chunk c's KV is computed): the owner's replica multicast, then the
    diagonal-block requests and sends.
 
+Every payload MARS plans fits :data:`mcf.abi.framing.MAX_PAYLOAD` (or a smaller
+``max_payload``); :func:`payloads` fixes the cuts once per plan and rejects a configuration whose
+single records do not fit.
+
 Conventions (what the NIC and the node's KV directory rely on):
 
-* ``kv_id = ((block − 1)·N + slice)·L + layer``: one id per (layer, chunk, owner slice). A KV
-  payload is token-major ABI records (:func:`mcf.abi.kv.kv_token_bytes` per token and KV head,
-  heads in order); it is cut into fragments of whole tokens no longer than the largest
-  ``Meta.length``; ``seq`` is the fragment index.
+* ``kv_id = ((block − 1)·N + slice)·L + layer``: one id per (layer, chunk, owner slice). A slice's
+  KV for one layer is ``H_kv`` KV blocks, one per KV head, each token-major ABI token records
+  (:func:`mcf.abi.kv.pack_kv_block`, :func:`mcf.abi.kv.kv_token_bytes` per token). A block is cut
+  at token-record boundaries into fragments of at most ``tokens_per_fragment`` tokens, one packet
+  each; ``seq = f·H_kv + h`` for token group ``f`` (tokens ``f·tokens_per_fragment ..``) of KV
+  head ``h``, so a receiver places a fragment from ``seq`` and the model shape alone.
 * A transfer to one node is ``Collective.P2P`` with ``dst`` = that node and the static unicast
   route; to several nodes it is ``Collective.MULTICAST`` with the step's tree route id and
   ``dst`` = its lowest-numbered destination. Whether an arriving block is kept as a replica or
   only used for the current chunk is the receiving node's directory decision (kv_id lookup).
 * ``Op.INVALIDATE`` carries an :class:`InvalidateKind` in ``seq``: ``DRAIN`` (owner → holder:
   stop offering this copy to new work) or ``FREE`` (holder, local: release the buffer).
-* Decode (KV-stationary): the owner of the new token multicasts its query (``Op.QUERY``, one per
-  layer, ``seq`` = layer) on its broadcast tree; every node then sends one online-softmax
-  partial state per query head (``Op.PARTIAL_STATE``, ``ALL_REDUCE``, ``SOFTMAX_MERGE``,
-  ``seq`` = layer, ``kv_id`` = :meth:`MetaEncoder.decode_tag`) on the root's reduction tree; each
-  node's reduction engine merges ``1 + children`` contributions (the configuration returned with
-  the streams) before forwarding towards the root.
+* Decode (KV-stationary): per layer, the query heads are split into **waves** of at most
+  ``reduce_slots`` heads (:data:`mcf.abi.limits.REDUCE_SLOTS`, the reduction engine's open
+  tags). For each wave the owner of the new token multicasts the wave's query heads
+  (``Op.QUERY``, payload :func:`mcf.abi.query.pack_query`, whole heads, ``seq`` = layer,
+  ``kv_id`` = the tag of its first head) on its broadcast tree; every node then sends one
+  online-softmax partial state per head of the wave (``Op.PARTIAL_STATE``, ``ALL_REDUCE``,
+  ``SOFTMAX_MERGE``, ``seq`` = layer, ``kv_id`` = :meth:`MetaEncoder.decode_tag`) on the root's
+  reduction tree; each node's reduction engine merges ``1 + children`` contributions (the
+  configuration returned with the streams) before forwarding towards the root. The root pushes a
+  wave's query only after the previous wave's results have arrived (``Record.wait``), and no
+  node can send a state before it has the wave's query, so at most one wave — ``reduce_slots``
+  tags — is open in any reduction engine.
 """
 
 from __future__ import annotations
@@ -36,18 +48,26 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..abi import META, Collective, InvalidateKind, Meta, Op, ReduceOp, Stage
+from ..abi.framing import MAX_PAYLOAD
+from ..abi.limits import REDUCE_SLOTS
+from ..abi.query import query_bytes, query_fragments
 from ..abi.softmax import LANE_BITS, state_words
 
-__all__ = ["InvalidateKind", "Record", "MetaEncoder", "pack_fast", "by_node", "PHASES"]
+__all__ = ["InvalidateKind", "Record", "Payloads", "payloads", "MetaEncoder", "pack_fast",
+           "by_node", "PHASES"]
 
-PHASES = ("plan", "free", "store", "handoff")
+PHASES = ("plan", "free", "store", "handoff", "decode")
 
 
 @dataclass(frozen=True)
 class Record:
+    """One metadata record of ``node``'s stream. ``wait`` (decode): push it only once this many
+    of the current decode token's reduction results have been delivered at this node (its
+    reduction engine's ``tx_results`` counted from the token's start); 0 = no wait."""
     node: int       # whose stream (the node that pushes it)
     phase: str
     meta: Meta
+    wait: int = 0
 
 
 _ENUMS = ("stage", "op", "collective", "reduce_op")
@@ -74,22 +94,87 @@ def pack_fast(meta: Meta, layout=META) -> int:
     return raw
 
 
+@dataclass(frozen=True)
+class Payloads:
+    """How MARS cuts every payload of a plan (all within ``max_payload``)."""
+    max_payload: int
+    reduce_slots: int
+    token_record_bytes: int      # one token of one KV head in one layer (ABI token record)
+    kv_heads: int
+    tokens_per_fragment: int     # tokens per KV packet (whole token records)
+    state_bytes: int             # one query head's (m, l, o) state: one reduction payload
+    query_record_bytes: int      # the whole decode query of one layer (all heads, one header)
+    waves: tuple                 # per wave: ((head0, heads), ...) query fragments, whole heads
+
+    @property
+    def token_layer_bytes(self) -> int:
+        """KV bytes of one token in one layer (all KV heads)."""
+        return self.kv_heads * self.token_record_bytes
+
+    @property
+    def query_fragments(self) -> tuple:
+        return tuple(f for wave in self.waves for f in wave)
+
+    def to_dict(self) -> dict:
+        return {"max_payload_bytes": self.max_payload, "reduce_slots": self.reduce_slots,
+                "kv_token_record_bytes": self.token_record_bytes,
+                "kv_tokens_per_fragment": self.tokens_per_fragment,
+                "kv_fragment_bytes": self.tokens_per_fragment * self.token_record_bytes,
+                "state_bytes": self.state_bytes,
+                "query_record_bytes": self.query_record_bytes,
+                "query_waves": [[list(f) for f in w] for w in self.waves]}
+
+
+def payloads(model, max_payload: int = MAX_PAYLOAD,
+             reduce_slots: int = REDUCE_SLOTS) -> Payloads:
+    """The payload cuts of ``model`` for packets of at most ``max_payload`` bytes and reduction
+    engines with ``reduce_slots`` slots. Raises ``ValueError`` (one line) when a limit lies
+    outside what the ABI allows or a single record does not fit."""
+    if not 1 <= max_payload <= MAX_PAYLOAD:
+        raise ValueError(f"the largest payload must lie in 1..{MAX_PAYLOAD} B "
+                         f"(mcf.abi.framing.MAX_PAYLOAD), got {max_payload}")
+    if not 1 <= reduce_slots <= REDUCE_SLOTS:
+        raise ValueError(f"reduction slots must lie in 1..{REDUCE_SLOTS} "
+                         f"(mcf.abi.limits.REDUCE_SLOTS), got {reduce_slots}")
+    if model.kv_dtype == "int4":
+        from ..abi.kv import kv_token_bytes  # the ABI's INT4 KV token record
+        record = kv_token_bytes(model.head_dim)
+    else:   # no wire format in the ABI for wider KV: raw K and V rows per token and KV head
+        record = model.m_token_layer // model.kv_heads
+    tpf = max_payload // record
+    if tpf < 1:
+        raise ValueError(f"one KV token record ({record} B per token and KV head) exceeds the "
+                         f"largest payload ({max_payload} B)")
+    state = state_words(model.head_dim) * LANE_BITS // 8
+    if state > max_payload:
+        raise ValueError(f"one head's softmax state ({state} B: m, l, o[{model.head_dim}]) "
+                         f"exceeds the largest payload ({max_payload} B)")
+    n_waves = -(-model.q_heads // reduce_slots)
+    base, extra = divmod(model.q_heads, n_waves)
+    waves, head0 = [], 0
+    for w in range(n_waves):
+        n = base + (w < extra)
+        try:
+            frags = query_fragments(n, model.head_dim, max_payload)
+        except ValueError as exc:
+            raise ValueError(f"decode query: {exc}") from None
+        waves.append(tuple((head0 + h, c) for h, c in frags))
+        head0 += n
+    return Payloads(max_payload, reduce_slots, record, model.kv_heads, tpf, state,
+                    query_bytes(model.q_heads, model.head_dim), tuple(waves))
+
+
 class MetaEncoder:
     """Ids, fragment sizes and record generation for one plan."""
 
-    def __init__(self, model, nodes: int, num_chunks: int, max_payload: int | None = None):
+    def __init__(self, model, nodes: int, num_chunks: int, max_payload: int = MAX_PAYLOAD,
+                 reduce_slots: int = REDUCE_SLOTS):
         self.model, self.nodes, self.num_chunks = model, nodes, num_chunks
-        limit = (1 << META["length"].width) - 1
-        self.max_payload = min(max_payload or limit, limit)
-        if model.kv_dtype == "int4":
-            from ..abi.kv import kv_token_bytes  # the ABI's INT4 KV token record
-            self.token_layer_bytes = model.kv_heads * kv_token_bytes(model.head_dim)
-        else:   # no wire format in the ABI for wider KV: raw K and V rows
-            self.token_layer_bytes = model.m_token_layer
-        self.tokens_per_fragment = self.max_payload // self.token_layer_bytes
-        if self.tokens_per_fragment < 1:
-            raise ValueError(f"one token's KV ({self.token_layer_bytes} B) exceeds the largest "
-                             f"payload ({self.max_payload} B)")
+        self.payloads = payloads(model, max_payload, reduce_slots)
+        self.max_payload = self.payloads.max_payload
+        self.token_record_bytes = self.payloads.token_record_bytes
+        self.token_layer_bytes = self.payloads.token_layer_bytes
+        self.tokens_per_fragment = self.payloads.tokens_per_fragment
         need = model.layers * num_chunks * nodes
         self.kv_id_capacity = 1 << META["kv_id"].width
         if need > self.kv_id_capacity:
@@ -111,27 +196,33 @@ class MetaEncoder:
         return layer, block0 + 1, slice_
 
     def fragments(self, tokens: int) -> list[int]:
-        """Payload lengths (bytes) of the fragments of one layer of a ``tokens``-token slice."""
+        """Payload lengths (bytes) of the packets of one layer of a ``tokens``-token slice, in
+        ``seq`` order: token group ``f`` of KV head ``h`` is ``seq = f·H_kv + h``."""
         tpf = self.tokens_per_fragment
-        out = [tpf * self.token_layer_bytes] * (tokens // tpf)
-        if tokens % tpf:
-            out.append((tokens % tpf) * self.token_layer_bytes)
+        groups = [tpf] * (tokens // tpf) + ([tokens % tpf] if tokens % tpf else [])
+        out = [n * self.token_record_bytes for n in groups for _ in range(self.model.kv_heads)]
         if len(out) > self.seq_capacity:
-            raise ValueError(f"a slice of {tokens} tokens needs {len(out)} fragments per layer; "
-                             f"Meta.seq counts {self.seq_capacity}: use a smaller chunk")
+            raise ValueError(f"a slice of {tokens} tokens needs {len(out)} KV packets per layer "
+                             f"({self.model.kv_heads} KV heads x {len(groups)} fragments of "
+                             f"<= {tpf} tokens); Meta.seq counts {self.seq_capacity}: use a "
+                             f"smaller chunk")
         return out
+
+    def fragment_tokens(self, seq: int) -> tuple[int, int]:
+        """Where KV packet ``seq`` belongs: ``(KV head, first token in the slice)``."""
+        group, head = divmod(seq, self.model.kv_heads)
+        return head, group * self.tokens_per_fragment
 
     @property
     def query_bytes(self) -> int:
-        """Decode query payload: ``H_q·d`` elements in the ABI query format plus one 32-bit
-        scale lane per head."""
-        from ..abi.kv import Q_ELEM
-        return self.model.q_heads * (self.model.head_dim * Q_ELEM.width + LANE_BITS) // 8
+        """Decode query of one layer, all heads in one record (:func:`mcf.abi.query.query_bytes`;
+        MARS sends it as :attr:`Payloads.waves`)."""
+        return self.payloads.query_record_bytes
 
     @property
     def state_bytes(self) -> int:
         """One head's online-softmax state ``(m, l, o[d])`` (:mod:`mcf.abi.softmax`)."""
-        return state_words(self.model.head_dim) * LANE_BITS // 8
+        return self.payloads.state_bytes
 
     def decode_tag(self, k: int, head: int) -> int:
         """``kv_id`` of decode token ``k``'s reduction for ``head`` (with ``seq`` = layer, the
@@ -215,23 +306,31 @@ class MetaEncoder:
     # --- decode ------------------------------------------------------------------------------
     def decode_records(self, k: int, root: int, bcast_id: int,
                        reduce_id: int) -> list[Record]:
-        """Decode token ``k`` owned by ``root``: per layer, the root's query multicast, then
-        every node's partial state per query head on the root's reduction tree."""
+        """Decode token ``k`` owned by ``root``: per layer and wave, the root's query fragments
+        (multicast; the first waits for every earlier result of the token), then every node's
+        partial state per query head of the wave on the root's reduction tree."""
         out: list[Record] = []
         others = [d for d in range(self.nodes) if d != root]
+        hd, done = self.model.head_dim, 0
         for layer in range(self.model.layers):
-            if others:
-                out.append(Record(root, "decode", Meta(
-                    stage=Stage.DECODE, op=Op.QUERY, collective=Collective.MULTICAST, src=root,
-                    dst=others[0], route_id=bcast_id, kv_id=self.decode_tag(k, 0),
-                    length=self.query_bytes, seq=layer)))
-            for node in range(self.nodes):
-                for head in range(self.model.q_heads):
-                    out.append(Record(node, "decode", Meta(
-                        stage=Stage.DECODE, op=Op.PARTIAL_STATE,
-                        collective=Collective.ALL_REDUCE, reduce_op=ReduceOp.SOFTMAX_MERGE,
-                        src=node, dst=root, route_id=reduce_id, kv_id=self.decode_tag(k, head),
-                        length=self.state_bytes, seq=layer)))
+            for wave in self.payloads.waves:
+                if others:
+                    for head0, count in wave:
+                        out.append(Record(root, "decode", Meta(
+                            stage=Stage.DECODE, op=Op.QUERY, collective=Collective.MULTICAST,
+                            src=root, dst=others[0], route_id=bcast_id,
+                            kv_id=self.decode_tag(k, head0), length=query_bytes(count, hd),
+                            seq=layer), wait=done))
+                heads = [h for head0, count in wave for h in range(head0, head0 + count)]
+                for node in range(self.nodes):
+                    for head in heads:
+                        out.append(Record(node, "decode", Meta(
+                            stage=Stage.DECODE, op=Op.PARTIAL_STATE,
+                            collective=Collective.ALL_REDUCE, reduce_op=ReduceOp.SOFTMAX_MERGE,
+                            src=node, dst=root, route_id=reduce_id,
+                            kv_id=self.decode_tag(k, head), length=self.state_bytes,
+                            seq=layer)))
+                done += len(heads)
         return out
 
 

@@ -17,7 +17,7 @@ from ..abi import META
 from .chunking import ChunkChoice, choose_chunk
 from .cluster import ClusterSpec
 from .cost import c_full, c_mars, c_ring, step_cost
-from .metadata import MetaEncoder, Record, by_node, pack_fast
+from .metadata import MetaEncoder, Record, by_node, pack_fast, payloads
 from .model import ModelSpec
 from .placement import holder_set
 from .schedule import Handoff, PlanError, Scheduler, Step
@@ -126,15 +126,36 @@ class Plan:
             owned[root] += self.model.m_token
         return root
 
+    def decode_records(self, k: int) -> list[Record]:
+        """Records of decode token ``k`` in issue order, with the root's waits between waves
+        (``Record.wait``, see :mod:`mcf.mars.metadata`)."""
+        bcast, reduce_, _ = self.decode_routes()
+        root = self.decode_owner(k)
+        return self.encoder.decode_records(k, root, bcast[root], reduce_[root])
+
+    def decode_reduce_configs(self, k: int) -> list[tuple[int, int, int]]:
+        """``(node, route_id, contributors)`` each node's reduction engine needs for token ``k``."""
+        _, reduce_, _ = self.decode_routes()
+        root = self.decode_owner(k)
+        children = self.scheduler.routes.children(root)
+        return [(n, reduce_[root], 1 + children[n]) for n in range(self.cluster.nodes)]
+
+    def decode_waits(self, k: int) -> list[tuple[int, int, int]]:
+        """``(node, index in its stream, wait)`` of every decode record of token ``k`` that
+        waits for reduction results (the root's query fragments of every wave but the first)."""
+        pos = {n: 0 for n in range(self.cluster.nodes)}
+        out = []
+        for r in self.decode_records(k):
+            if r.wait:
+                out.append((r.node, pos[r.node], r.wait))
+            pos[r.node] += 1
+        return out
+
     def decode_metadata(self, k: int) -> tuple[dict[int, list], list[tuple[int, int, int]]]:
         """Streams for decode token ``k`` and the reduction configuration ``(node, route_id,
         contributors)`` each node's reduction engine needs."""
-        bcast, reduce_, _ = self.decode_routes()
-        root = self.decode_owner(k)
-        recs = self.encoder.decode_records(k, root, bcast[root], reduce_[root])
-        children = self.scheduler.routes.children(root)
-        configs = [(n, reduce_[root], 1 + children[n]) for n in range(self.cluster.nodes)]
-        return by_node(recs, self.cluster.nodes), configs
+        return (by_node(self.decode_records(k), self.cluster.nodes),
+                self.decode_reduce_configs(k))
 
     # --- output ------------------------------------------------------------------------------
     def to_dict(self, detail: bool = False) -> dict:
@@ -144,7 +165,8 @@ class Plan:
     def write_metadata(self, folder, decode_tokens: int = 1) -> list[str]:
         """Write every node's packed stream per step (``step_0001.node_00.bin``: little-endian
         64-bit words; ``handoff.node_NN.bin``, ``decode_0000.node_NN.bin``) and
-        ``routes.json`` (route-table programming, switch groups, reduction configs)."""
+        ``routes.json`` (route-table programming, switch groups, reduction configs, the decode
+        waits ``[node, record index, results]`` and the payload cuts)."""
         import json
         import pathlib
         out = pathlib.Path(folder)
@@ -163,16 +185,19 @@ class Plan:
             dump(f"step_{s.index:04d}", self.step_metadata(s.index))
         if self.handoff is not None:
             dump("handoff", self.handoff_metadata())
-        configs = []
+        configs, waits = [], []
         for k in range(decode_tokens):
             streams, cfg = self.decode_metadata(k)
             dump(f"decode_{k:04d}", streams)
             configs.append(cfg)
+            waits.append(self.decode_waits(k))
         routes = {
             "programming": [{"step": st, "kind": kind, "entries": entries}
                             for st, kind, entries in self.route_programming()],
             "switch_groups": {s.index: s.routes.switch_groups for s in self.steps},
             "decode_reduce_configs": configs,
+            "decode_waits": waits,
+            "payloads": self.encoder.payloads.to_dict(),
         }
         (out / "routes.json").write_text(json.dumps(routes))
         written.append(str(out / "routes.json"))
@@ -264,13 +289,14 @@ def plan(model: ModelSpec, cluster: ClusterSpec, seq_len: int, chunk: int | None
     if chunk is not None and (chunk < 1 or seq_len % chunk):
         raise PlanError(f"seq-len {seq_len} is not a multiple of the chunk size {chunk}")
     try:
+        payloads(model, cluster.max_payload, cluster.reduce_slots)   # single records must fit
         choice = choose_chunk(model, cluster, seq_len, alpha, chunk)
     except ValueError as exc:
         raise PlanError(str(exc)) from None
     sched = Scheduler(model, cluster, seq_len, choice.chunk, policy, alpha)
     try:
         encoder = MetaEncoder(model, cluster.nodes, seq_len // choice.chunk,
-                              cluster.max_payload)
+                              cluster.max_payload, cluster.reduce_slots)
         encoder.fragments(-(-choice.chunk // len(sched.pool)))
     except ValueError as exc:
         raise PlanError(str(exc)) from None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["plan_dict", "plan_table", "scope_text", "assumptions_text"]
+__all__ = ["plan_dict", "plan_table", "scope_text", "assumptions_text", "payloads_text"]
 
 MIB = 2 ** 20
 GIB = 2 ** 30
@@ -82,6 +82,7 @@ def plan_dict(p, detail: bool = False) -> dict:
         "kv_budget_bytes": cl.kv_budget,
         "buffer_bytes": cl.buffer,
         "max_payload_bytes": p.encoder.max_payload,
+        "payloads": p.encoder.payloads.to_dict(),
         "chunk_choice": {"bound": p.choice.bound, "auto": p.choice.auto,
                          "explanation": p.choice.explanation,
                          "binding_chunk": p.choice.binding_chunk,
@@ -120,6 +121,14 @@ def _bar(frac: float, width: int = 12) -> str:
     return "#" * k + "." * (width - k)
 
 
+def payloads_text(pl) -> str:
+    waves = "; ".join("+".join(f"{n}" for _, n in w) for w in pl.waves)
+    return (f"packets <= {pl.max_payload} B: KV {pl.tokens_per_fragment} tokens x "
+            f"{pl.token_record_bytes} B per KV head; decode query {pl.query_record_bytes} B per "
+            f"layer sent as {len(pl.waves)} wave(s) of heads ({waves}) for "
+            f"{pl.reduce_slots} reduction slots; state {pl.state_bytes} B per head")
+
+
 def plan_table(p) -> str:
     t, cl = p.totals, p.cluster
     lines = [
@@ -127,6 +136,7 @@ def plan_table(p) -> str:
         f"M_token = {p.model.m_token} B), S = {p.seq_len}, N = {cl.nodes}, alpha = {p.alpha:g}",
         f"assumptions: {assumptions_text(cl)}",
         f"chunk: {p.choice.explanation}",
+        payloads_text(p.encoder.payloads),
         f"{scope_text(p)}; traffic in MiB = bytes x hops",
         "",
         f"{'c':>4} {'r_mem':>5} {'r_re':>4} {'r':>2} {'act.r':>5} {'drn':>4} "

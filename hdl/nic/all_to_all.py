@@ -17,7 +17,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.framing import parsed_layout
+from mcf.abi.framing import MAX_PAYLOAD, parsed_layout
 from mcf.abi.meta import META, Collective
 from mcf.abi.nic import A2A_STATUS, A2ADrop
 
@@ -28,7 +28,9 @@ class AllToAll(wiring.Component):
     """Scatter / gather engine.
 
     Parameters: ``data_width``; ``max_nodes`` (largest ``num_nodes``); ``part_max`` (bytes per
-    part, a multiple of the beat); ``n_slots`` (gathers open at once).
+    part, a multiple of the beat; default ``MAX_PAYLOAD // max_nodes`` rounded down to a beat,
+    so that a whole tensor — a scatter request or a gathered result — is at most
+    :data:`mcf.abi.framing.MAX_PAYLOAD` bytes); ``n_slots`` (gathers open at once).
 
     Members
     -------
@@ -50,9 +52,11 @@ class AllToAll(wiring.Component):
     streams out at 1 beat/cycle after 1 cycle.
     """
 
-    def __init__(self, *, data_width: int = 64, max_nodes: int = 8, part_max: int = 256,
+    def __init__(self, *, data_width: int = 64, max_nodes: int = 8, part_max: int | None = None,
                  n_slots: int = 2, meta_layout: data.StructLayout = META):
         bpb = data_width // 8
+        if part_max is None:
+            part_max = MAX_PAYLOAD // max_nodes // bpb * bpb
         if part_max % bpb:
             raise ValueError("part_max must be a multiple of the beat")
         self._dw, self._bpb = data_width, bpb
@@ -158,10 +162,16 @@ class AllToAll(wiring.Component):
         hit = hits != 0
         hit_idx = Signal(range(S))
         free_idx = Signal(range(S))
+        # a slot whose last beat is being read out this cycle (``freeing``) is free already:
+        # a new part may take it at once (its beat-0 write cannot reach the address being read
+        # before the read, and the read port returns the old word on a same-cycle write)
+        freeing = Signal(S)
+        g_free = Signal(S)
+        m.d.comb += g_free.eq(~g_valid | freeing)
         for s in reversed(range(S)):
             with m.If(hits[s]):
                 m.d.comb += hit_idx.eq(s)
-            with m.If(~g_valid[s]):
+            with m.If(g_free[s]):
                 m.d.comb += free_idx.eq(s)
         hit_len = Signal(lw)
         hit_have = Signal(N)
@@ -174,7 +184,7 @@ class AllToAll(wiring.Component):
                    | (hit & (hit_len != plen_i)))
         bad_src = (meta.src >= self.num_nodes) | (meta.src >= N)
         dup = hit & (hit_have >> meta.src)[0]
-        full_slots = ~hit & g_valid.all()
+        full_slots = ~hit & (g_free == 0)
         no_slot = full_slots & (g_done == 0)
         cause = Signal(len(A2ADrop))
         m.d.comb += cause.eq(Cat(bad_len, ~bad_len & dup, ~bad_len & ~dup & ~bad_src & no_slot,
@@ -182,7 +192,7 @@ class AllToAll(wiring.Component):
         head_drop = cause != 0
         slot_sel = Mux(hit, hit_idx, free_idx)
         # all slots taken but one is complete: wait for its emission to free it (bounded)
-        wait = ~in_pkt & full_slots & (g_done != 0) & ~bad_len & ~dup & ~bad_src
+        wait = ~in_pkt & full_slots & ((g_done & ~freeing) != 0) & ~bad_len & ~dup & ~bad_src
         m.d.comb += i.ready.eq(~wait)
         fire = i.valid & i.ready
         head = fire & ~in_pkt
@@ -213,15 +223,15 @@ class AllToAll(wiring.Component):
         o_valid = Signal()
         o_last = Signal()
         o_meta = Signal(self._meta_layout)
+        e_meta = Signal(self._meta_layout)     # meta of the gather being read out
         adv = ~o_valid | o.ready
         m.d.comb += [rp.en.eq(adv), o.valid.eq(o_valid), o.payload.data.eq(rp.data),
                      o.payload.keep.eq((1 << bpb) - 1), o.payload.last.eq(o_last),
                      o.payload.meta.eq(o_meta)]
         issue_last = (e_src + 1 == e_n) & (e_b + 1 == e_pbeats)
         m.d.comb += rp.addr.eq(Cat(e_b[:pbits], e_src[:nbits], e_slot[:sbits] if S > 1 else []))
-        freeing = Signal(S)
         with m.If(adv):
-            m.d.sync += [o_valid.eq(emitting), o_last.eq(issue_last)]
+            m.d.sync += [o_valid.eq(emitting), o_last.eq(issue_last), o_meta.eq(e_meta)]
             with m.If(emitting):
                 with m.If(e_b + 1 == e_pbeats):
                     m.d.sync += [e_b.eq(0), e_src.eq(e_src + 1)]
@@ -231,15 +241,17 @@ class AllToAll(wiring.Component):
                     m.d.sync += emitting.eq(0)
                     m.d.comb += freeing.eq(Const(1, S) << e_slot)
                     m.d.sync += st.gathers_done.eq(st.gathers_done + 1)
-        with m.If(~emitting & (~o_valid | o.ready)):
+        # the next complete gather starts in the cycle the previous one issues its last read:
+        # back-to-back gathers leave without a bubble
+        with m.If(adv & (~emitting | issue_last)):
             for s in reversed(range(S)):
                 with m.If(g_done[s] & ~(freeing >> s)[0]):
                     m.d.sync += [emitting.eq(1), e_slot.eq(s), e_src.eq(0), e_b.eq(0),
                                  e_pbeats.eq(g_len[s] >> log_bpb), e_n.eq(self.num_nodes),
-                                 o_meta.eq(g_meta[s]), o_meta.src.eq(self.local_id),
-                                 o_meta.dst.eq(self.local_id), o_meta.seq.eq(0),
-                                 o_meta.collective.eq(Collective.ALL_TO_ALL),
-                                 o_meta.length.eq(g_len[s] * self.num_nodes)]
+                                 e_meta.eq(g_meta[s]), e_meta.src.eq(self.local_id),
+                                 e_meta.dst.eq(self.local_id), e_meta.seq.eq(0),
+                                 e_meta.collective.eq(Collective.ALL_TO_ALL),
+                                 e_meta.length.eq(g_len[s] * self.num_nodes)]
 
         # ---- slot table and watchdog ------------------------------------------------------------
         trips = Signal(S)
@@ -253,6 +265,8 @@ class AllToAll(wiring.Component):
             m.d.comb += trips[s].eq(g_valid[s] & ~g_done[s] & ~active & (self.timeout != 0)
                                     & ~refusing & (g_timer[s] >= self.timeout))
             have_next = Mux(accept & hit, g_have[s], 0) | (Const(1, N) << meta.src[:nbits])
+            with m.If(freeing[s]):
+                m.d.sync += [g_done[s].eq(0), g_valid[s].eq(0), g_have[s].eq(0)]
             with m.If(accept & (slot_sel == s)):
                 m.d.sync += [g_timer[s].eq(0), g_have[s].eq(have_next)]
                 with m.If(~hit):
@@ -271,7 +285,5 @@ class AllToAll(wiring.Component):
             m.d.comb += full.eq((have_cur & all_mask) == all_mask)
             with m.If(last_beat & (cur_slot == s) & full):
                 m.d.sync += g_done[s].eq(1)
-            with m.If(freeing[s]):
-                m.d.sync += [g_done[s].eq(0), g_valid[s].eq(0), g_have[s].eq(0)]
         m.d.sync += st.watchdog_trips.eq(st.watchdog_trips + sum(trips[s] for s in range(S)))
         return m

@@ -127,3 +127,11 @@ def test_framing(width):
 def test_meta_must_fit_header_beat():
     with pytest.raises(ValueError, match="must fit in one 64-bit header beat"):
         beat_layout(64, meta_layout(MetaWidths(kv_id=20)))
+
+
+def test_meta_length_names_max_payload():
+    """The one maximum payload (mcf.abi.framing.MAX_PAYLOAD) is a length the Meta can carry."""
+    from mcf.abi.framing import MAX_PAYLOAD
+    assert 0 < MAX_PAYLOAD <= (1 << META["length"].width) - 1
+    raw = Meta(length=MAX_PAYLOAD).pack()
+    assert Meta.unpack(raw).length == MAX_PAYLOAD

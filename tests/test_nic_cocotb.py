@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import pytest
 
+from mcf import sim
 from mcf.hdl.tops import TOPS
-
-sim = pytest.importorskip("mcf.sim.toolchain")
 
 
 def sizes(default, fuzz):

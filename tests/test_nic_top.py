@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from amaranth.hdl import Fragment
 
+from mcf import sim
 from mcf.abi.csrmap import nic_registers, nic_regmap, node_regmap
 from mcf.hdl.flat import FlatTop
 from mcf.hdl.nic.top import NicCsrTop, NicTop, nic_axis_names
@@ -36,7 +37,6 @@ def test_nic_rejects_more_links_than_the_board_has():
 
 
 def run_nic_block(**traffic):
-    sim = pytest.importorskip("mcf.sim.toolchain")
     # the block as registered for `mcf verilog`, with smaller buffers (the Verilator build of
     # the 1 KiB-payload instance takes minutes): max payload 256 B, 64-byte parts
     nic = NicTop(max_payload=256, a2a_part_max=64)

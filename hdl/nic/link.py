@@ -17,7 +17,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.framing import beat_layout, parsed_layout, payload_beats
+from mcf.abi.framing import MAX_PAYLOAD, beat_layout, parsed_layout, payload_beats
 from mcf.abi.meta import META
 from mcf.abi.nic import (
     CRC32_INIT,
@@ -157,12 +157,13 @@ class LinkRx(wiring.Component):
     sequence number was not behind the expected one; otherwise the buffer is rolled back and
     the cause counted. A sequence number ahead of the expected one is accepted and the gap is
     counted (``seq_gaps``, ``lost_frames``): loss is never silent. Frames longer than
-    ``max_payload`` allows are dropped (``drop_oversize``). ``i.ready`` falls only between
+    ``max_payload`` (default :data:`mcf.abi.framing.MAX_PAYLOAD`) allows are dropped
+    (``drop_oversize``). ``i.ready`` falls only between
     frames, while the buffer lacks room for a maximum frame. Latency: the first beat of a
     packet leaves 2 cycles after the frame's CRC beat was accepted (store and forward).
     """
 
-    def __init__(self, *, data_width: int = 64, max_payload: int = 1024,
+    def __init__(self, *, data_width: int = 64, max_payload: int = MAX_PAYLOAD,
                  meta_layout: data.StructLayout = META):
         self._dw = data_width
         self._max_payload = max_payload

@@ -18,7 +18,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.framing import parsed_layout
+from mcf.abi.framing import MAX_PAYLOAD, parsed_layout
 from mcf.abi.meta import META, ReduceOp
 from mcf.abi.nic import LANE_BYTES, REDUCE_CONFIG, REDUCE_STATUS, REDUCE_TAG, ReduceDrop
 from mcf.abi.softmax import EXP_FRAC, LANE_BITS, SCORE_FRAC, STATE_L, STATE_O, exp2_lut
@@ -35,7 +35,7 @@ class ReduceEngine(wiring.Component):
     ----------
     data_width:  payload bits per beat; ``data_width // 32`` lanes are reduced per cycle.
     n_slots:     tags that may be open at once (each holds one accumulator buffer).
-    max_payload: largest contribution in bytes.
+    max_payload: largest contribution in bytes (default :data:`mcf.abi.framing.MAX_PAYLOAD`).
 
     Members
     -------
@@ -71,7 +71,8 @@ class ReduceEngine(wiring.Component):
     itself and instantiates the returned module (``tests/test_nic_formal.py``).
     """
 
-    def __init__(self, *, data_width: int = 64, n_slots: int = 4, max_payload: int = 1024,
+    def __init__(self, *, data_width: int = 64, n_slots: int = 4,
+                 max_payload: int = MAX_PAYLOAD,
                  meta_layout: data.StructLayout = META):
         if data_width % LANE_BITS or data_width < 2 * LANE_BITS:
             raise ValueError("data width must be a multiple of the 32-bit lane, >= 2 lanes")

@@ -16,7 +16,7 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.framing import beat_layout, parsed_layout
+from mcf.abi.framing import MAX_PAYLOAD, beat_layout, parsed_layout
 from mcf.abi.meta import META
 from mcf.abi.nic import ROUTER_STATUS, Topology, straight_input
 from mcf.abi.route import NET_PORTS, ROUTE_ENTRY, ROUTE_TABLE_DEPTH
@@ -42,7 +42,8 @@ class Router(wiring.Component):
     n_ports:     network ports P (1..NET_PORTS); KR260: up to 3 links, a switch topology uses 1.
     n_local_in:  local injection inputs (packetizer, reduction results, ...).
     topology:    :class:`mcf.abi.nic.Topology`; decides which input travels "straight".
-    max_payload: largest payload in bytes; longer packets are dropped (``drop_oversize``).
+    max_payload: largest payload in bytes (default :data:`mcf.abi.framing.MAX_PAYLOAD`);
+                 longer packets are dropped (``drop_oversize``).
     packet_slots: packets each output FIFO holds (≥ 3 for line-rate injection).
 
     Members
@@ -94,7 +95,7 @@ class Router(wiring.Component):
     """
 
     def __init__(self, *, data_width: int = 64, n_ports: int = NET_PORTS, n_local_in: int = 1,
-                 topology: Topology = Topology.MESH, max_payload: int = 1024,
+                 topology: Topology = Topology.MESH, max_payload: int = MAX_PAYLOAD,
                  packet_slots: int = 3, meta_layout: data.StructLayout = META):
         if not 1 <= n_ports <= NET_PORTS:
             raise ValueError(f"n_ports must lie in 1..{NET_PORTS}")

@@ -17,7 +17,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.csrmap import NODE_LINKS, nic_registers, nic_regmap, node_register
-from mcf.abi.framing import beat_layout, parsed_layout
+from mcf.abi.framing import MAX_PAYLOAD, beat_layout, parsed_layout
 from mcf.abi.nic import Topology
 
 from ..csr.bank import CsrBank, register_signature
@@ -40,8 +40,9 @@ class NicTop(wiring.Component):
 
     Parameters: ``data_width``; ``n_links`` (network ports = links, ≤ ``NODE_LINKS`` on a
     KR260); ``topology`` (router bubble rule); ``n_inject`` (router local inputs);
-    ``max_payload`` (router, link RX, reduction); ``reduce_slots``; ``a2a_max_nodes``,
-    ``a2a_part_max``, ``a2a_slots``.
+    ``max_payload`` (router, link RX, reduction; default :data:`mcf.abi.framing.MAX_PAYLOAD`);
+    ``reduce_slots``; ``a2a_max_nodes``, ``a2a_part_max`` (default: the all-to-all engine's,
+    ``MAX_PAYLOAD // a2a_max_nodes``), ``a2a_slots``.
 
     Members (streams are ``parsed_layout`` unless marked wire = ``beat_layout``)
     -----------------------------------------------------------------------------
@@ -71,8 +72,9 @@ class NicTop(wiring.Component):
     """
 
     def __init__(self, *, data_width: int = 64, n_links: int = NODE_LINKS,
-                 topology: Topology = Topology.RING, n_inject: int = 3, max_payload: int = 1024,
-                 reduce_slots: int = 4, a2a_max_nodes: int = 8, a2a_part_max: int = 256,
+                 topology: Topology = Topology.RING, n_inject: int = 3,
+                 max_payload: int = MAX_PAYLOAD, reduce_slots: int = 4, a2a_max_nodes: int = 8,
+                 a2a_part_max: int | None = None,
                  a2a_slots: int = 2):
         if not 1 <= n_links <= NODE_LINKS:
             raise ValueError(f"n_links must lie in 1..{NODE_LINKS}")

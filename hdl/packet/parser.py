@@ -12,14 +12,12 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.csrmap import PARSER_STATUS, DropCause
-from mcf.abi.framing import beat_layout, parsed_layout, payload_beats
+from mcf.abi.framing import MAX_PAYLOAD, beat_layout, parsed_layout, payload_beats
 from mcf.abi.meta import DISPATCH_RULES, META, Port, ReduceOp
 
 from .packet_buffer import PacketBuffer
 
-__all__ = ["Parser", "port_member_name", "DEFAULT_MAX_PAYLOAD"]
-
-DEFAULT_MAX_PAYLOAD = 4096
+__all__ = ["Parser", "port_member_name"]
 """Default largest accepted payload in bytes (a parameter of :class:`Parser`)."""
 
 
@@ -75,7 +73,8 @@ class Parser(wiring.Component):
         Metadata layout (default :data:`mcf.abi.meta.META`). ``op``'s enum gives the valid op
         codes; ``dst``'s width gives the widths of ``local_id`` / ``num_nodes``.
     max_payload : int
-        Largest accepted ``length`` in bytes; longer packets are dropped as OVERSIZE.
+        Largest accepted ``length`` in bytes (default :data:`mcf.abi.framing.MAX_PAYLOAD`);
+        longer packets are dropped as OVERSIZE.
     buffer_depth : int or None
         Payload words in the store-and-forward buffer (default: two maximum-size packets, so one
         packet is received while the previous one is sent). At least one maximum packet.
@@ -118,7 +117,7 @@ class Parser(wiring.Component):
     """
 
     def __init__(self, data_width: int = 128, meta_layout: data.StructLayout = META, *,
-                 max_payload: int = DEFAULT_MAX_PAYLOAD, buffer_depth: int | None = None,
+                 max_payload: int = MAX_PAYLOAD, buffer_depth: int | None = None,
                  queue_depth: int = 16):
         length_max = (1 << meta_layout["length"].width) - 1
         if not 0 <= max_payload <= length_max:

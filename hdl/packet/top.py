@@ -12,12 +12,12 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.csrmap import PACKETIZER_STATUS, PARSER_STATUS
-from mcf.abi.framing import beat_layout, parsed_layout
+from mcf.abi.framing import MAX_PAYLOAD, beat_layout, parsed_layout
 from mcf.abi.meta import META, Port
 
 from ..flat import FlatTop
 from .packetizer import Packetizer
-from .parser import DEFAULT_MAX_PAYLOAD, Parser, port_member_name
+from .parser import Parser, port_member_name
 
 __all__ = ["PacketPath", "PacketBench", "packet_path_top", "packet_bench_top", "AXIS_NAMES"]
 
@@ -66,7 +66,7 @@ class PacketPath(wiring.Component):
     """
 
     def __init__(self, data_width: int = 128, meta_layout: data.StructLayout = META, *,
-                 max_payload: int = DEFAULT_MAX_PAYLOAD, payload_depth: int = 512,
+                 max_payload: int = MAX_PAYLOAD, payload_depth: int = 512,
                  meta_depth: int = 16):
         self._params = dict(data_width=data_width, meta_layout=meta_layout)
         self._pz_args = dict(payload_depth=payload_depth, meta_depth=meta_depth)
@@ -95,7 +95,7 @@ class PacketBench(wiring.Component):
     """
 
     def __init__(self, data_width: int = 128, meta_layout: data.StructLayout = META, *,
-                 max_payload: int = DEFAULT_MAX_PAYLOAD, payload_depth: int = 64,
+                 max_payload: int = MAX_PAYLOAD, payload_depth: int = 64,
                  meta_depth: int = 8):
         self._params = dict(data_width=data_width, meta_layout=meta_layout)
         self._pz_args = dict(payload_depth=payload_depth, meta_depth=meta_depth)

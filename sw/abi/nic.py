@@ -23,18 +23,20 @@ import zlib
 from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
-from .csrmap import counters
+from .csrmap import COUNTER_BITS, counters
 from .meta import META
 from .route import NET_PORTS
+from .softmax import LANE_BITS
 
 __all__ = [
     "ROUTER_STATUS", "REDUCE_STATUS", "A2A_STATUS", "A2ADrop", "LINK_TX_STATUS", "LINK_RX_STATUS",
     "REDUCE_CONFIG", "REDUCE_TAG", "reduce_config", "ReduceDrop",
     "LINK_HEADER", "LINK_MAGIC", "CRC32_POLY_REFLECTED", "CRC32_INIT", "CRC32_XOROUT",
-    "CRC_BYTES", "crc32", "Topology", "straight_input", "LANE_BYTES",
+    "CRC_BYTES", "crc32", "Topology", "straight_input", "LANE_BYTES", "WATCHDOG_BITS",
 ]
 
-LANE_BYTES = 4          # element lanes are 32-bit little-endian words (mcf.abi.softmax.LANE_BITS)
+LANE_BYTES = LANE_BITS // 8    # element lanes: little-endian words of mcf.abi.softmax.LANE_BITS
+WATCHDOG_BITS = COUNTER_BITS   # width of the engines' watchdog timeout inputs and timers
 
 # --- Router --------------------------------------------------------------------------------------
 

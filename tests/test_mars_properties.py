@@ -187,3 +187,45 @@ def replay_lifecycle(p):
 def test_replayed_lifecycle(cfg):
     n, chunk, seq_len, budget, alpha, topo = cfg
     replay_lifecycle(plan(TINY, cluster(n, budget, topo), seq_len, chunk, "mars", alpha))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.integers(1, 6), st.integers(1, 4), st.integers(72, 2048), st.integers(1, 4),
+       st.sampled_from(["mars", "ring", "pd"]))
+def test_every_planned_payload_fits_and_waves_fit_the_slots(n, per_node, max_payload, slots,
+                                                            policy):
+    """Any payload limit from one softmax state (72 B for tiny) to MAX_PAYLOAD and any slot
+    count: every record's length is within the limit, KV packets are whole token records, and
+    no decode wave opens more than ``slots`` reductions."""
+    from mcf.abi import Op
+    from mcf.abi.framing import MAX_PAYLOAD
+    from mcf.abi.query import query_bytes
+    if policy == "pd" and n < 2:
+        policy = "mars"
+    chunk = n * per_node * 5
+    cl = ClusterSpec(n, 1 << 20, 1 << 20, make_topology("ring", n), max_payload=max_payload,
+                     reduce_slots=slots)
+    p = plan(TINY, cl, chunk * 3, chunk, policy, alpha=1)
+    enc = p.encoder
+    assert max_payload <= MAX_PAYLOAD
+    metas = [m for s in p.steps for ms in p.step_metadata(s.index).values() for m in ms]
+    metas += [m for ms in p.handoff_metadata().values() for m in ms]
+    for m in metas:
+        assert m.length <= max_payload
+        if m.op == Op.KV_REPLICA:
+            assert m.length > 0 and m.length % enc.token_record_bytes == 0
+    recs = p.decode_records(0)
+    if n == 1:      # one contributor per tag: every reduction completes on arrival
+        assert [k for _, _, k in p.decode_reduce_configs(0)] == [1]
+        recs = []
+    open_tags: set = set()
+    for r in recs:
+        assert r.meta.length <= max_payload
+        if r.meta.op == Op.QUERY and r.wait:
+            open_tags = set()        # the previous wave's results are all in
+        elif r.meta.op == Op.PARTIAL_STATE:
+            open_tags.add((r.meta.kv_id, r.meta.seq))
+            assert len(open_tags) <= slots
+    queried = [r.meta for r in recs if r.meta.op == Op.QUERY]
+    assert sum(m.length for m in queried) >= (n > 1) * TINY.layers * query_bytes(
+        TINY.q_heads, TINY.head_dim)

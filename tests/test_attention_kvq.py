@@ -1,12 +1,30 @@
 """Prefill KV emitter (amaranth.sim): ACT K/V rows → INT4 block payload, bit-exact against
-mcf.abi.kv.quantize_kv_rows + pack_kv_block, with backpressure, zero rows and saturating scales."""
+mcf.abi.kv.quantize_kv_rows + pack_kv_block (PER_TOKEN) and quantize_kv_channel +
+pack_kv_channel_block (PER_CHANNEL_K), with backpressure, zero rows/channels and saturating
+scales."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from amaranth.sim import Simulator
 
-from mcf.abi.kv import kv_token_bytes, pack_kv_block, quantize_kv_rows, to_act
+from mcf.abi.fixed import round_shift
+from mcf.abi.kv import (
+    KV_GROUP,
+    KV_SCALE,
+    KVQ_SCALE_SHIFT,
+    KVFormat,
+    kv_channel_block_bytes,
+    kv_token_bytes,
+    kvq_scale_mult,
+    kvq_status_layout,
+    pack_kv_block,
+    pack_kv_channel_block,
+    quantize_kv_channel,
+    quantize_kv_rows,
+    to_act,
+)
 from mcf.abi.meta import Collective, Meta, Op
 from mcf.hdl.compute.attention_kvq import KVQ_LANES, KVQuantizer, kvq_in_layout
 
@@ -27,8 +45,8 @@ def _beats(k, v, lay):
     return out
 
 
-def run_kvq(blocks, metas, backpressure=0.0, seed=0):
-    dut = KVQuantizer(head_dim=D, data_width=DW)
+def run_kvq(blocks, metas, backpressure=0.0, seed=0, dut=None):
+    dut = KVQuantizer(head_dim=D, data_width=DW) if dut is None else dut
     lay = kvq_in_layout()
     rng = np.random.default_rng(seed)
     words = [w for k, v in blocks for w in _beats(k, v, lay)]
@@ -76,6 +94,8 @@ def run_kvq(blocks, metas, backpressure=0.0, seed=0):
             await ctx.tick()
         counters.update(tokens=ctx.get(dut.tokens), blocks=ctx.get(dut.blocks),
                         scale_sat=ctx.get(dut.scale_sat), len_err=ctx.get(dut.len_err))
+        if dut.kv_format == KVFormat.PER_CHANNEL_K:
+            counters["groups"] = ctx.get(dut.groups)
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -110,3 +130,46 @@ def test_kvq_bit_exact():
         assert len(got) == k.shape[0] * kv_token_bytes(D)
         assert got == exp
     assert counters == {"tokens": 9, "blocks": 3, "scale_sat": 1, "len_err": 1}
+
+
+def _saturating(absmax):
+    """Rows/channels whose scale code saturates (the hardware counts them)."""
+    s = round_shift(np.asarray(absmax, dtype=np.int64) * kvq_scale_mult(), KVQ_SCALE_SHIFT)
+    return int((s > KV_SCALE.max_int).sum())
+
+
+@pytest.mark.parametrize("group,sizes,bp", [(8, (3, 8, 19, 1), 0.4), (KV_GROUP, (40,), 0.2)])
+def test_kvq_per_channel_bit_exact(group, sizes, bp):
+    """PER_CHANNEL_K: group headers + records bit-exact with the golden quantiser, partial last
+    groups, outlier channels (one saturating), an all-zero channel, counters."""
+    rng = np.random.default_rng(3 + group)
+    blocks = []
+    for n in sizes:
+        kf = rng.normal(0, 1, (n, D)) + rng.normal(0, 1, D)
+        kf[:, [3, 17]] *= 8                               # outlier channels
+        k = to_act(kf)
+        k[:, 5] = 0                                       # an all-zero channel
+        v = to_act(rng.normal(0, 1, (n, D)) * rng.uniform(0.01, 3, (n, 1)))
+        blocks.append((k, v))
+    blocks[0][0][:, 9] = to_act(rng.normal(0, 400, sizes[0]))   # K channel beyond the range
+    blocks[-1][1][0] = to_act(rng.normal(0, 300, D))            # V row beyond the range
+    metas = [Meta(op=Op.KV_REPLICA, collective=Collective.MULTICAST, src=1, route_id=3,
+                  kv_id=200 + i, length=kv_channel_block_bytes(k.shape[0], D, group), seq=0)
+             for i, (k, _) in enumerate(blocks)]
+    dut = KVQuantizer(head_dim=D, data_width=DW, kv_format=KVFormat.PER_CHANNEL_K, group=group)
+    frames, counters, metas_out = run_kvq(blocks, metas, backpressure=bp, seed=4, dut=dut)
+    assert metas_out == metas
+    assert len(frames) == len(blocks)
+    sat = groups = 0
+    for (k, v), got in zip(blocks, frames):
+        k4, ks, v4, sv = quantize_kv_channel(k, v, group)
+        assert got == pack_kv_channel_block(k4, ks, v4, sv, group)
+        assert not k4[:, 5].any() and np.all(ks[:, 5] == 1)
+        groups += ks.shape[0]
+        sat += _saturating(np.abs(v).max(axis=1))
+        for lo in range(0, k.shape[0], group):
+            sat += _saturating(np.abs(k[lo:lo + group]).max(axis=0))
+    assert sat >= 2
+    assert counters == {"tokens": sum(sizes), "blocks": len(sizes), "groups": groups,
+                        "scale_sat": sat, "len_err": 0}
+    assert set(counters) == set(kvq_status_layout().members)

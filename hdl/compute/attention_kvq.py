@@ -1,9 +1,12 @@
 """KV emitter of the prefill path (paper §5: "the compute engine outputs KV-cache chunks"):
-requantises a new chunk's K/V rows (ACT codes from the QKV projection) to INT4 with per-token
-scales and serialises them as the KV block payload of :mod:`mcf.abi.kv` for the packetizer.
+requantises a new chunk's K/V rows (ACT codes from the QKV projection) to INT4 and serialises
+them as a KV block payload of :mod:`mcf.abi.kv` for the packetizer.
 
-Arithmetic: :func:`mcf.abi.kv.quantize_kv_rows` bit for bit (row absmax, reciprocal by
-:class:`~mcf.hdl.compute.recip.Recip`, no divider); payload: :func:`mcf.abi.kv.pack_kv_block`.
+PER_TOKEN (default): :func:`mcf.abi.kv.quantize_kv_rows` bit for bit (row absmax, reciprocal by
+:class:`~mcf.hdl.compute.recip.Recip`, no divider); payload :func:`mcf.abi.kv.pack_kv_block`.
+PER_CHANNEL_K (issue #10 §5): K per channel over groups of ``KV_GROUP`` tokens
+(:func:`mcf.abi.kv.quantize_k_channels`, the same arithmetic on columns), V per token; payload
+:func:`mcf.abi.kv.pack_kv_channel_block`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,17 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.framing import beat_layout
-from mcf.abi.kv import KV_ELEM, KV_SCALE, KVQ_SCALE_SHIFT, kv_token_bytes, kvq_scale_mult
+from mcf.abi.kv import (
+    KV_ELEM,
+    KV_GROUP,
+    KV_ONE,
+    KV_SCALE,
+    KVQ_SCALE_SHIFT,
+    KVFormat,
+    kv_group_header_bytes,
+    kv_token_bytes,
+    kvq_scale_mult,
+)
 from mcf.abi.meta import META
 from mcf.abi.quant import ACT
 from mcf.abi.softmax import RECIP_FRAC, RECIP_IN_BITS
@@ -36,7 +49,8 @@ def kvq_in_layout() -> data.StructLayout:
 
 
 class KVQuantizer(wiring.Component):
-    """ACT K/V rows → INT4 KV block payload.
+    """ACT K/V rows → INT4 KV block payload, in one of the two KV formats
+    (:class:`mcf.abi.kv.KVFormat`, a construction parameter; PER_TOKEN is the default).
 
     Members
     -------
@@ -44,30 +58,46 @@ class KVQuantizer(wiring.Component):
         Per token its K row, then its V row, ``head_dim / 4`` beats each; ``last`` on the final
         beat of the block's last token.
     i_meta : In(stream.Signature(META))
-        The block's packet metadata from MARS (``length = tokens · kv_token_bytes(head_dim)``),
-        one word per block, taken before the block's first token.
+        The block's packet metadata from MARS (``length`` = :func:`mcf.abi.kv.kv_token_bytes`
+        · tokens, or :func:`mcf.abi.kv.kv_channel_block_bytes` in PER_CHANNEL_K), one word per
+        block, taken before the block's first token.
     o_meta : Out(stream.Signature(META))
         The same word, forwarded unchanged to the packetizer's metadata stream, so metadata and
         payload stay paired in order.
     o : Out(stream.Signature(beat_layout(data_width)))
-        The block payload (``kv_token_bytes(head_dim)`` bytes per token, token-major records
-        ``sk, sv, K, V``), ``keep`` on the final beat, ``last`` at the end of the block.
-    tokens, blocks : Out(32)
-        Counters. ``scale_sat`` : Out(16): rows whose scale saturated (|x| > 7 · max scale).
-        ``len_err`` : Out(16): blocks whose payload length differs from ``meta.length`` (the
-        packet is still sent; the NIC parser drops and counts a malformed packet).
+        The block payload, ``keep`` on the final beat, ``last`` at the end of the block.
+        PER_TOKEN: token-major records ``sk, sv, K, V`` (:func:`mcf.abi.kv.pack_kv_block`).
+        PER_CHANNEL_K: per group of ``group`` tokens (the last one of a block may be shorter) a
+        header of ``head_dim`` K-channel scales, then the group's records ``KV_ONE, sv, K, V``
+        (:func:`mcf.abi.kv.pack_kv_channel_block`).
+    tokens, blocks, groups : Out(32)
+        Counters (token records, blocks, per-channel groups; ``groups`` stays 0 in PER_TOKEN).
+        ``scale_sat`` : Out(16): rows (V; K too in PER_TOKEN) or K channels (PER_CHANNEL_K)
+        whose scale saturated (absmax > 7 · max scale). ``len_err`` : Out(16): blocks whose
+        payload length differs from ``meta.length`` (the packet is still sent; the NIC parser
+        drops and counts a malformed packet). The CSR view is
+        :func:`mcf.abi.kv.kvq_status_layout` (same names, zero-extended).
 
-    Throughput: ``head_dim/2`` cycles to take a token's two rows, ~12 cycles for the two
-    scales, then one 16-bit unit per cycle (``2 + head_dim/2`` units per token); the next token
-    is taken after the current one is emitted. Output stream rules as the engine's.
+    Throughput, PER_TOKEN: ``head_dim/2`` cycles to take a token's two rows, ~12 cycles for the
+    two scales, then one 16-bit unit per cycle (``2 + head_dim/2`` units per token); the next
+    token is taken after the current one is emitted. PER_CHANNEL_K: the group's rows are
+    buffered (``head_dim/2`` cycles per token, channel absmax updated per K beat), then
+    ``head_dim + 4`` cycles for the channel scales (one channel per cycle through the shared
+    :class:`~mcf.hdl.compute.recip.Recip`), ``head_dim`` header units, and per token ~5 cycles
+    for its V scale plus ``2 + head_dim/2`` units; the next group is taken after the current
+    one is emitted. Output stream rules as the engine's.
     """
 
-    def __init__(self, head_dim: int = 128, data_width: int = 64, out_fifo_depth: int = 16):
+    def __init__(self, head_dim: int = 128, data_width: int = 64, out_fifo_depth: int = 16,
+                 kv_format: KVFormat = KVFormat.PER_TOKEN, group: int = KV_GROUP):
         if head_dim % (2 * KVQ_LANES):
             raise ValueError("head_dim must be a multiple of 8")
         if data_width % 32:
             raise ValueError("data_width must be a multiple of 32")
+        if group < 1:
+            raise ValueError("group must be at least 1")
         self.head_dim, self.data_width, self.out_fifo_depth = head_dim, data_width, out_fifo_depth
+        self.kv_format, self.group = KVFormat(kv_format), group
         super().__init__({
             "i_meta": In(stream.Signature(META)),
             "o_meta": Out(stream.Signature(META)),
@@ -75,12 +105,23 @@ class KVQuantizer(wiring.Component):
             "o": Out(stream.Signature(beat_layout(data_width))),
             "tokens": Out(32),
             "blocks": Out(32),
+            "groups": Out(32),
             "scale_sat": Out(16),
             "len_err": Out(16),
         })
 
     def elaborate(self, platform):
         m = Module()
+        if self.kv_format == KVFormat.PER_CHANNEL_K:
+            fifo = self._elaborate_channel(m)
+        else:
+            fifo = self._elaborate_token(m)
+            m.d.comb += self.groups.eq(0)
+        self._packer(m, fifo)
+        return m
+
+    def _elaborate_token(self, m):
+        """PER_TOKEN: one token at a time (the format of :mod:`mcf.abi.kv`)."""
         D, NL = self.head_dim, KVQ_LANES
         RB = D // NL                     # beats per row
         AW = ACT.width
@@ -214,8 +255,207 @@ class KVQuantizer(wiring.Component):
                     m.next = "META"
                 with m.Else():
                     m.next = "RECV"
+        return fifo
 
-        # packer: 16-bit units → data_width beats
+    def _elaborate_channel(self, m):
+        """PER_CHANNEL_K: buffer a group's rows (channel absmax per K beat, row absmax per V
+        row), compute the channel scales one channel per cycle, emit the header, then per
+        token its V scale and record."""
+        D, NL, G = self.head_dim, KVQ_LANES, self.group
+        RB = D // NL                     # beats per row
+        TW = 2 * RB                      # buffer words per token (K row, V row)
+        AW = ACT.width
+        RW = RECIP_IN_BITS + 4           # 7 · r
+        SW = 6                           # rounding shift
+        PW = RW + SW + 1                 # per-channel parameters: rmul, rsh, zero
+        LB = (NL - 1).bit_length()
+        m.submodules.buf = buf = Memory(shape=unsigned(NL * AW), depth=G * TW, init=[])
+        wr, rd = buf.write_port(), buf.read_port()
+        m.submodules.cabs = cabs = Memory(shape=unsigned(NL * AW), depth=RB, init=[])
+        cabs_w, cabs_r = cabs.write_port(), cabs.read_port(domain="comb")
+        m.submodules.vabs = vabs = Memory(shape=unsigned(AW), depth=G, init=[])
+        vabs_w, vabs_r = vabs.write_port(), vabs.read_port(domain="comb")
+        m.submodules.cpar = cpar = Memory(shape=unsigned(NL * PW), depth=RB, init=[])
+        cpar_w, cpar_r = cpar.write_port(granularity=PW), cpar.read_port()
+        m.submodules.csc = csc = Memory(shape=unsigned(HALF), depth=D, init=[])
+        csc_w, csc_r = csc.write_port(), csc.read_port()
+        m.submodules.recip = recip = Recip()
+
+        cnt = Signal(range(TW))          # receive: beat within the token
+        tok = Signal(range(G))           # receive: token within the group
+        ntok = Signal(range(G + 1))      # tokens of the group being emitted
+        etok = Signal(range(G))          # emission: token
+        blk_last = Signal()
+        vmax = Signal(AW)
+        c_iss = Signal(range(D + 1))     # channel-scale pipeline: next channel
+        unit = Signal(range(max(D, 2 + TW) + 1))
+        wait = Signal(3)
+        v_rmul, v_rsh, v_zero = Signal(RW), Signal(SW), Signal()
+        v_sc = Signal(KV_SCALE.width)
+
+        # --- receive: magnitudes of the beat's lanes, channel and V-row maxima
+        ip = self.i.payload
+        mags = [Mux(e.as_signed() < 0, -e.as_signed(), e.as_signed())[:AW]
+                for e in (ip.data[k * AW:(k + 1) * AW] for k in range(NL))]
+        old = [cabs_r.data[k * AW:(k + 1) * AW] for k in range(NL)]
+        new_c = [Mux((tok == 0) | (mag > o), mag, o) for mag, o in zip(mags, old)]
+        vnew = Mux(cnt == RB, 0, vmax)
+        for mag in mags:
+            mx = Signal(AW)
+            m.d.comb += mx.eq(Mux(mag > vnew, mag, vnew))
+            vnew = mx
+
+        # --- shared scale unit: channel absmax (CHAN) or the emitted token's V absmax (VSC)
+        in_chan = Signal()
+        a = Signal(AW)
+        a_lane = Array(cabs_r.data[k * AW:(k + 1) * AW] for k in range(NL))[c_iss[:LB]]
+        m.d.comb += [vabs_r.addr.eq(etok), a.eq(Mux(in_chan, a_lane, vabs_r.data))]
+        lead = Signal(range(AW + 1))
+        for b in range(AW):
+            with m.If(a[b]):
+                m.d.comb += lead.eq(b + 1)            # bit length
+        norm = ((a << RECIP_IN_BITS) >> lead)[:RECIP_IN_BITS]    # truncating normalisation
+        m.d.comb += recip.x.eq(Mux(a == 0, 1 << (RECIP_IN_BITS - 1), norm))
+        s_full = Signal(AW + 20)
+        m.d.comb += s_full.eq((a * kvq_scale_mult() + (1 << (KVQ_SCALE_SHIFT - 1)))
+                              >> KVQ_SCALE_SHIFT)
+        over = s_full > KV_SCALE.max_int
+        sc = Mux(over, KV_SCALE.max_int, Mux(s_full < 1, 1, s_full))[:KV_SCALE.width]
+        rmul = (recip.r * KV_ELEM.max_int)[:RW]
+
+        # channel pipeline: issue channel c_iss, Recip.LATENCY cycles later write its params
+        LAT = Recip.LATENCY
+        d_v = [Signal(name=f"cp_v{i}") for i in range(LAT)]
+        d_c = [Signal(range(D), name=f"cp_c{i}") for i in range(LAT)]
+        d_lead = [Signal(range(AW + 1), name=f"cp_lead{i}") for i in range(LAT)]
+        d_sc = [Signal(KV_SCALE.width, name=f"cp_sc{i}") for i in range(LAT)]
+        d_over = [Signal(name=f"cp_over{i}") for i in range(LAT)]
+        d_zero = [Signal(name=f"cp_zero{i}") for i in range(LAT)]
+        issuing = in_chan & (c_iss < D)
+        m.d.sync += [d_v[0].eq(issuing), d_c[0].eq(c_iss), d_lead[0].eq(lead), d_sc[0].eq(sc),
+                     d_over[0].eq(over), d_zero[0].eq(a == 0)]
+        for i in range(1, LAT):
+            m.d.sync += [d_v[i].eq(d_v[i - 1]), d_c[i].eq(d_c[i - 1]),
+                         d_lead[i].eq(d_lead[i - 1]), d_sc[i].eq(d_sc[i - 1]),
+                         d_over[i].eq(d_over[i - 1]), d_zero[i].eq(d_zero[i - 1])]
+        par = Cat(rmul, (RECIP_FRAC - RECIP_IN_BITS + d_lead[-1])[:SW], d_zero[-1])
+        m.d.comb += [cpar_w.addr.eq(d_c[-1] >> LB), cpar_w.data.eq(Cat(*[par] * NL)),
+                     csc_w.addr.eq(d_c[-1]), csc_w.data.eq(d_sc[-1])]
+        with m.If(d_v[-1]):
+            m.d.comb += [cpar_w.en.eq(Const(1, NL) << d_c[-1][:LB]), csc_w.en.eq(1)]
+            with m.If(d_over[-1]):
+                m.d.sync += self.scale_sat.eq(self.scale_sat + 1)
+        chan_busy = Cat(*d_v).any()
+
+        # --- emission pipeline: issue → e1 (memory words) → e2 (products) → e3 (unit) → FIFO
+        # sources of a unit: 0 header scale, 1 KV_ONE, 2 sv, 3 INT4 codes (K: per-lane channel
+        # parameters, V: the token's)
+        m.submodules.fifo = fifo = SyncFIFOBuffered(width=HALF + 1, depth=self.out_fifo_depth)
+        e_issue, e_src, e_isv, e_last = Signal(), Signal(2), Signal(), Signal()
+        e1, e1_src, e1_isv, e1_last = Signal(), Signal(2), Signal(), Signal()
+        e2, e2_src, e2_last = Signal(), Signal(2), Signal()
+        e2_p = [Signal(signed(AW + RW + 1), name=f"e2_p{k}") for k in range(NL)]
+        e2_sh = [Signal(SW, name=f"e2_sh{k}") for k in range(NL)]
+        e2_zero = [Signal(name=f"e2_zero{k}") for k in range(NL)]
+        e2_sc = Signal(HALF)
+        e3, e3_val, e3_last = Signal(), Signal(HALF), Signal()
+        space = fifo.level <= self.out_fifo_depth - 4
+        m.d.comb += [csc_r.addr.eq(unit), cpar_r.addr.eq(unit - 2),
+                     rd.addr.eq(etok * TW + unit - 2)]
+        m.d.sync += [e1.eq(e_issue), e1_src.eq(e_src), e1_isv.eq(e_isv), e1_last.eq(e_last)]
+        m.d.sync += [e2.eq(e1), e2_src.eq(e1_src), e2_last.eq(e1_last),
+                     e2_sc.eq(Mux(e1_src == 0, csc_r.data, Mux(e1_src == 1, KV_ONE, v_sc)))]
+        for k in range(NL):
+            lane = cpar_r.data[k * PW:(k + 1) * PW]
+            rm = Mux(e1_isv, v_rmul, lane[:RW])
+            m.d.sync += [e2_p[k].eq(rd.data[k * AW:(k + 1) * AW].as_signed() * rm),
+                         e2_sh[k].eq(Mux(e1_isv, v_rsh, lane[RW:RW + SW])),
+                         e2_zero[k].eq(Mux(e1_isv, v_zero, lane[RW + SW]))]
+        codes = []
+        for k in range(NL):
+            q = (e2_p[k] + ((Const(1, 64) << e2_sh[k]) >> 1)) >> e2_sh[k]
+            lo, hi = KV_ELEM.min_int, KV_ELEM.max_int
+            codes.append(Mux(e2_zero[k], 0, Mux(q > hi, hi, Mux(q < lo, lo, q)))[:KV_ELEM.width])
+        m.d.sync += [e3.eq(e2), e3_last.eq(e2_last),
+                     e3_val.eq(Mux(e2_src == 3, Cat(*codes), e2_sc))]
+        m.d.comb += [fifo.w_data.eq(Cat(e3_val, e3_last)), fifo.w_en.eq(e3)]
+        busy = e1 | e2 | e3
+
+        blk_len = Signal.like(self.i_meta.payload.length)
+        blk_bytes = Signal(len(blk_len) + 8)
+        rec_last = unit == 2 + TW - 1
+        with m.FSM(name="kvq"):
+            with m.State("META"):
+                m.d.comb += [self.o_meta.payload.eq(self.i_meta.payload),
+                             self.o_meta.valid.eq(self.i_meta.valid),
+                             self.i_meta.ready.eq(self.o_meta.ready)]
+                with m.If(self.i_meta.valid & self.o_meta.ready):
+                    m.d.sync += [blk_len.eq(self.i_meta.payload.length), blk_bytes.eq(0),
+                                 tok.eq(0), cnt.eq(0)]
+                    m.next = "RECV"
+            with m.State("RECV"):
+                m.d.comb += [self.i.ready.eq(1), wr.addr.eq(tok * TW + cnt), wr.data.eq(ip.data),
+                             cabs_r.addr.eq(cnt), cabs_w.addr.eq(cnt), cabs_w.data.eq(Cat(*new_c))]
+                with m.If(self.i.valid):
+                    m.d.comb += [wr.en.eq(1), cabs_w.en.eq(cnt < RB)]
+                    with m.If(cnt >= RB):
+                        m.d.sync += vmax.eq(vnew)
+                    m.d.sync += cnt.eq(cnt + 1)
+                    with m.If(cnt == TW - 1):
+                        m.d.comb += [vabs_w.addr.eq(tok), vabs_w.data.eq(vnew), vabs_w.en.eq(1)]
+                        m.d.sync += [cnt.eq(0), tok.eq(tok + 1)]
+                        with m.If(ip.last | (tok == G - 1)):
+                            m.d.sync += [ntok.eq(tok + 1), blk_last.eq(ip.last), tok.eq(0),
+                                         c_iss.eq(0)]
+                            m.next = "CHAN"
+            with m.State("CHAN"):
+                m.d.comb += [in_chan.eq(1), cabs_r.addr.eq(c_iss >> LB)]
+                with m.If(c_iss < D):
+                    m.d.sync += c_iss.eq(c_iss + 1)
+                with m.Elif(~chan_busy):
+                    m.d.sync += unit.eq(0)
+                    m.next = "HDR"
+            with m.State("HDR"), m.If(space):
+                m.d.comb += [e_issue.eq(1), e_src.eq(0)]
+                m.d.sync += unit.eq(unit + 1)
+                with m.If(unit == D - 1):
+                    m.d.sync += [etok.eq(0), wait.eq(0), unit.eq(0)]
+                    m.next = "VSC"
+            with m.State("VSC"):
+                m.d.sync += wait.eq(wait + 1)
+                with m.If(wait == LAT):
+                    m.d.sync += [v_rmul.eq(rmul), v_rsh.eq(RECIP_FRAC - RECIP_IN_BITS + lead),
+                                 v_zero.eq(a == 0), v_sc.eq(sc), wait.eq(0), unit.eq(0)]
+                    with m.If(over):
+                        m.d.sync += self.scale_sat.eq(self.scale_sat + 1)
+                    m.next = "REC"
+            with m.State("REC"), m.If(space):
+                m.d.comb += [e_issue.eq(1),
+                             e_src.eq(Mux(unit == 0, 1, Mux(unit == 1, 2, 3))),
+                             e_isv.eq(unit >= 2 + RB),
+                             e_last.eq(rec_last & (etok == ntok - 1) & blk_last)]
+                m.d.sync += unit.eq(unit + 1)
+                with m.If(rec_last):
+                    m.d.sync += [etok.eq(etok + 1), wait.eq(0)]
+                    with m.If(etok == ntok - 1):
+                        m.next = "DRAIN"
+                    with m.Else():
+                        m.next = "VSC"
+            with m.State("DRAIN"), m.If(~busy):
+                nbytes = blk_bytes + kv_group_header_bytes(D) + ntok * kv_token_bytes(D)
+                m.d.sync += [blk_bytes.eq(nbytes), self.tokens.eq(self.tokens + ntok),
+                             self.groups.eq(self.groups + 1)]
+                with m.If(blk_last):
+                    m.d.sync += self.blocks.eq(self.blocks + 1)
+                    with m.If(nbytes != blk_len):
+                        m.d.sync += self.len_err.eq(self.len_err + 1)
+                    m.next = "META"
+                with m.Else():
+                    m.next = "RECV"
+        return fifo
+
+    def _packer(self, m, fifo):
+        """16-bit units (+ ``last``) from ``fifo`` → ``data_width`` output beats."""
         UPB = self.data_width // HALF
         pk = Array(Signal(HALF, name=f"pk{i}") for i in range(UPB))
         pk_cnt = Signal(range(UPB + 1))
@@ -233,4 +473,3 @@ class KVQuantizer(wiring.Component):
                          pk_last.eq(wlast)]
             with m.If(wlast | (pk_cnt == UPB - 1)):
                 m.d.sync += pk_full.eq(1)
-        return m

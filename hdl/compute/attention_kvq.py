@@ -70,8 +70,8 @@ class KVQuantizer(wiring.Component):
         PER_CHANNEL_K: per group of ``group`` tokens (the last one of a block may be shorter) a
         header of ``head_dim`` K-channel scales, then the group's records ``KV_ONE, sv, K, V``
         (:func:`mcf.abi.kv.pack_kv_channel_block`).
-    tokens, blocks, groups : Out(32)
-        Counters (token records, blocks, per-channel groups; ``groups`` stays 0 in PER_TOKEN).
+    tokens, blocks : Out(32); groups : Out(32), PER_CHANNEL_K only
+        Counters (token records, blocks, per-channel groups).
         ``scale_sat`` : Out(16): rows (V; K too in PER_TOKEN) or K channels (PER_CHANNEL_K)
         whose scale saturated (absmax > 7 · max scale). ``len_err`` : Out(16): blocks whose
         payload length differs from ``meta.length`` (the packet is still sent; the NIC parser
@@ -98,17 +98,19 @@ class KVQuantizer(wiring.Component):
             raise ValueError("group must be at least 1")
         self.head_dim, self.data_width, self.out_fifo_depth = head_dim, data_width, out_fifo_depth
         self.kv_format, self.group = KVFormat(kv_format), group
-        super().__init__({
+        ports = {
             "i_meta": In(stream.Signature(META)),
             "o_meta": Out(stream.Signature(META)),
             "i": In(stream.Signature(kvq_in_layout())),
             "o": Out(stream.Signature(beat_layout(data_width))),
             "tokens": Out(32),
             "blocks": Out(32),
-            "groups": Out(32),
             "scale_sat": Out(16),
             "len_err": Out(16),
-        })
+        }
+        if self.kv_format == KVFormat.PER_CHANNEL_K:
+            ports["groups"] = Out(32)
+        super().__init__(ports)
 
     def elaborate(self, platform):
         m = Module()
@@ -116,7 +118,6 @@ class KVQuantizer(wiring.Component):
             fifo = self._elaborate_channel(m)
         else:
             fifo = self._elaborate_token(m)
-            m.d.comb += self.groups.eq(0)
         self._packer(m, fifo)
         return m
 

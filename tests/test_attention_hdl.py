@@ -3,6 +3,8 @@ every mode, GQA, causal mask, empty shards, malformed input counted (paper §5).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
@@ -13,20 +15,23 @@ from mcf.hdl.compute.attention import AttentionEngine
 from mcf.sim.benches.attention_common import (
     expected_ends,
     expected_words,
+    job_k_words,
+    job_v_words,
     job_word,
-    kv_words,
+    k_words,
     make_jobs,
     q_words,
+    v_words,
     words_from_beats,
 )
 
 D, L, G, T, DW = 16, 4, 6, 16, 64
 
 
-def run_engine(jobs, *, idle=0.0, backpressure=0.0, seed=0, kv_override=None, max_cycles=200000,
-               n_outputs=None, merge_lanes=None):
+def run_engine(jobs, *, idle=0.0, backpressure=0.0, seed=0, k_override=None, v_override=None,
+               max_cycles=200000, n_outputs=None, merge_lanes=None, score_slots=3, cycles=None):
     dut = AttentionEngine(head_dim=D, lanes=L, max_heads=G, max_block=T, data_width=DW,
-                          merge_lanes=merge_lanes)
+                          merge_lanes=merge_lanes, score_slots=score_slots)
     rng = np.random.default_rng(seed)
     beats = []
     n_expected = (sum(len(expected_ends(j)) for j in jobs) if n_outputs is None
@@ -48,16 +53,19 @@ def run_engine(jobs, *, idle=0.0, backpressure=0.0, seed=0, kv_override=None, ma
     async def tb_q(ctx):
         await send(ctx, dut.q, [w for j in jobs for w in q_words(j, L)])
 
-    async def tb_kv(ctx):
-        if kv_override is not None:
-            words = kv_override
-        else:
-            words = [w for j in jobs for b in j.blocks for w in kv_words(b, L, j.v_rows)]
-        await send(ctx, dut.kv, words)
+    async def tb_k(ctx):
+        words = k_override if k_override is not None else [
+            w for j in jobs for w in job_k_words(j, L)]
+        await send(ctx, dut.k, words)
+
+    async def tb_v(ctx):
+        words = v_override if v_override is not None else [
+            w for j in jobs for w in job_v_words(j, L)]
+        await send(ctx, dut.v, words)
 
     async def tb_out(ctx):
         ends = 0
-        for _ in range(max_cycles):
+        for n in range(max_cycles):
             ready = not (backpressure and rng.random() < backpressure)
             ctx.set(dut.o.ready, int(ready))
             data, keep, last, valid = (await ctx.tick().sample(
@@ -66,6 +74,8 @@ def run_engine(jobs, *, idle=0.0, backpressure=0.0, seed=0, kv_override=None, ma
                 beats.append((data, keep, last))
                 ends += last
                 if ends == n_expected:
+                    if cycles is not None:
+                        cycles.append(n + 1)
                     break
         for _ in range(4):
             await ctx.tick()
@@ -74,7 +84,7 @@ def run_engine(jobs, *, idle=0.0, backpressure=0.0, seed=0, kv_override=None, ma
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    for tb in (tb_job, tb_q, tb_kv):
+    for tb in (tb_job, tb_q, tb_k, tb_v):
         sim.add_testbench(tb, background=True)
     sim.add_testbench(tb_out)
     sim.run()
@@ -130,7 +140,6 @@ def test_two_phase_modes(split):
         (FX, 2, [], {}),
     ]
     jobs = make_jobs(3 + split, D, T, configs)
-    jobs[1].v_rows = False
     status = check(jobs, idle=0.1, seed=split)
     assert status["err_max"] == 0
 
@@ -144,16 +153,33 @@ def test_fixed_mode_violation_counted():
     assert status["err_max"] == exp_bad
 
 
-def test_malformed_block_counted_and_recovers():
-    """A block whose V rows are missing one row is processed as far as it goes and counted;
-    the next job is still exact."""
+def test_malformed_v_block_counted_and_recovers():
+    """A V block missing one row is processed as far as it goes and counted; the next job is
+    still exact."""
     jobs = make_jobs(10, D, T, [(S, 2, [4], {}), (S, 2, [3], {})])
-    bad = kv_words(jobs[0].blocks[0], L)
+    bad = v_words(jobs[0].blocks[0], L)
     bad = bad[:-(D // L) - 1] + [bad[-1]]          # drop one V row but keep the `last` beat
-    words = bad + kv_words(jobs[1].blocks[0], L)
-    (got, ends), status = run_engine(jobs, kv_override=words)
+    words = bad + v_words(jobs[1].blocks[0], L)
+    (got, ends), status = run_engine(jobs, v_override=words)
     assert status["err_rows"] >= 1 and status["jobs"] == 2
     assert got[ends[1]:] == expected_words(jobs[1])
+
+
+def test_malformed_k_blocks_counted_and_recover():
+    """K blocks with a partial row and with more rows than max_block: processed as far as they
+    are well-formed, counted, and the following jobs are exact."""
+    jobs = make_jobs(12, D, T, [(S, 2, [4], {}), (S, 2, [T + 2], {}), (S, 2, [3], {}),
+                                (FX, 2, [5], {})])
+    partial = k_words(jobs[0].blocks[0], L)
+    partial = partial[:-2] + [partial[-1]]         # the last row lacks a beat
+    kw = partial + [w for j in jobs[1:] for w in job_k_words(j, L)]
+    (got, ends), status = run_engine(jobs, k_override=kw)
+    # job 0: the partial row is counted and has no score, its V row is skipped and the V row
+    # count mismatch counted; job 1: the 2 rows beyond max_block are counted and not scored
+    assert status["err_rows"] == 1 + 1 + 2 and status["jobs"] == 4
+    trimmed = [replace(jobs[0], blocks=[jobs[0].blocks[0].slice(0, 3)]),
+               replace(jobs[1], blocks=[jobs[1].blocks[0].slice(0, T)]), jobs[2], jobs[3]]
+    assert got == [w for j in trimmed for w in expected_words(j)]
 
 
 def test_bad_job_dropped_and_counted():

@@ -20,7 +20,8 @@ from .attention import AttentionEngine
 
 __all__ = ["AttentionTop", "AXIS_NAMES"]
 
-AXIS_NAMES = {"job": "s_axis_job", "q": "s_axis_q", "kv": "s_axis_kv", "o": "m_axis"}
+AXIS_NAMES = {"job": "s_axis_job", "q": "s_axis_q", "k": "s_axis_k", "v": "s_axis_v",
+              "o": "m_axis"}
 
 
 class AttentionTop(wiring.Component):
@@ -28,8 +29,9 @@ class AttentionTop(wiring.Component):
 
     Members
     -------
-    job, q, kv : In(stream.Signature(unsigned(layout.size)))
-        Packed :func:`mcf.abi.kv.attn_job_layout`, :func:`q_beat_layout`, :func:`kv_beat_layout`.
+    job, q, k, v : In(stream.Signature(unsigned(layout.size)))
+        Packed :func:`mcf.abi.kv.attn_job_layout`, :func:`q_beat_layout`, and
+        :func:`kv_beat_layout` for the K and the V stream (see :class:`AttentionEngine`).
     o : Out(stream.Signature(beat_layout(data_width)))
     status : Out(attn_status_layout())
 
@@ -42,7 +44,8 @@ class AttentionTop(wiring.Component):
         super().__init__({
             "job": In(stream.Signature(attn_job_layout(e.max_heads).size)),
             "q": In(stream.Signature(q_beat_layout(e.lanes).size)),
-            "kv": In(stream.Signature(kv_beat_layout(e.lanes).size)),
+            "k": In(stream.Signature(kv_beat_layout(e.lanes).size)),
+            "v": In(stream.Signature(kv_beat_layout(e.lanes).size)),
             "o": Out(stream.Signature(beat_layout(e.data_width))),
             "status": Out(attn_status_layout()),
         })
@@ -50,7 +53,7 @@ class AttentionTop(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.engine = e = self.engine
-        for name in ("job", "q", "kv"):
+        for name in ("job", "q", "k", "v"):
             outer, inner = getattr(self, name), getattr(e, name)
             m.d.comb += [inner.valid.eq(outer.valid), outer.ready.eq(inner.ready),
                          inner.payload.as_value().eq(outer.payload)]

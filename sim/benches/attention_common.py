@@ -44,7 +44,6 @@ class Job:
     causal: bool = False
     q_pos: int = 0
     m_fix: np.ndarray | None = None
-    v_rows: bool = True               # MAX-mode jobs may send K rows only
     extra: dict = field(default_factory=dict)
 
     @property
@@ -82,20 +81,38 @@ def q_words(job: Job, lanes: int) -> list[int]:
     return out
 
 
-def kv_words(blk: KVBlock, lanes: int, v_rows: bool = True) -> list[int]:
+def _rows_words(blk: KVBlock, lanes: int, src, is_v: int) -> list[int]:
     lay = kv_beat_layout(lanes)
     d = np.asarray(blk.k).shape[1]
-    rows = [(0, j) for j in range(len(blk))] + ([(1, j) for j in range(len(blk))]
-                                                 if v_rows else [])
     out = []
-    for n, (is_v, j) in enumerate(rows):
-        src = blk.v if is_v else blk.k
+    for j in range(len(blk)):
         for c in range(0, d, lanes):
-            last = n == len(rows) - 1 and c + lanes >= d
+            last = j == len(blk) - 1 and c + lanes >= d
             out.append(pack(lay, data=_lanes_word(src[j, c:c + lanes], KV_ELEM.width),
                             scale_k=int(blk.sk[j]), scale_v=int(blk.sv[j]),
                             pos=int(blk.pos[j]), v=is_v, last=int(last)))
     return out
+
+
+def k_words(blk: KVBlock, lanes: int) -> list[int]:
+    """K-stream beats of a block: its K rows, ``last`` on the final beat."""
+    return _rows_words(blk, lanes, blk.k, 0)
+
+
+def v_words(blk: KVBlock, lanes: int) -> list[int]:
+    """V-stream beats of a block: its V rows, ``last`` on the final beat."""
+    return _rows_words(blk, lanes, blk.v, 1)
+
+
+def job_k_words(job: Job, lanes: int) -> list[int]:
+    return [w for b in job.blocks for w in k_words(b, lanes)]
+
+
+def job_v_words(job: Job, lanes: int) -> list[int]:
+    """V-stream beats of a job (none in MAX mode: phase 1 needs only the K rows)."""
+    if job.mode == AttnMode.MAX:
+        return []
+    return [w for b in job.blocks for w in v_words(b, lanes)]
 
 
 def expected_words(job: Job) -> list[int]:

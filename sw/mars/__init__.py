@@ -25,7 +25,7 @@ from .cluster import (
 )
 from .cost import StepCost, c_access, c_full, c_mars, c_rep, c_ring, t_attn_eq6
 from .directory import CopyState, Directory, InvariantError
-from .metadata import InvalidateKind, MetaEncoder, Record, pack_fast
+from .metadata import InvalidateKind, MetaEncoder, Payloads, Record, pack_fast, payloads
 from .model import KV_ELEMENT_BYTES, MODELS, ModelSpec, get_model
 from .plan import Plan, Totals, plan
 from .replicas import m_node_avg, r_feasible, r_mem, r_reuse, replica_factor
@@ -41,7 +41,7 @@ __all__ = [
     "r_mem", "r_feasible", "r_reuse", "replica_factor", "m_node_avg",
     "c_rep", "c_access", "c_mars", "c_ring", "c_full", "StepCost",
     "Directory", "CopyState", "InvariantError",
-    "MetaEncoder", "Record", "InvalidateKind", "pack_fast",
+    "MetaEncoder", "Record", "InvalidateKind", "pack_fast", "Payloads", "payloads",
     "RouteAllocator", "RouteError",
 ]
 

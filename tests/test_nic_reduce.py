@@ -9,7 +9,7 @@ import random
 import numpy as np
 from amaranth.sim import Simulator
 
-from mcf.abi.meta import ReduceOp
+from mcf.abi.meta import Collective, Port, ReduceOp, dispatch_port
 from mcf.abi.nic import REDUCE_STATUS, REDUCE_TAG, reduce_config
 from mcf.abi.softmax import SCORE, STATE_L, STATE_O, pack_state, unpack_state
 from mcf.golden.nic import ReduceModel, beats_to_packet, parsed_beats, softmax_payload_merge
@@ -18,22 +18,25 @@ from mcf.sim.benches.nic_amsim import drive, sink_process, split_packets, unpack
 from mcf.sim.benches.nic_traffic import K_OF_ROUTE, contribution, make_stream
 
 DW = 64
-async def configure(ctx, dut):
-    """Write k of every route of K_OF_ROUTE through the engine's configuration port."""
-    for rid, k in K_OF_ROUTE.items():
+async def configure(ctx, dut, configs=None):
+    """Write ``configs`` (route id → entry; default: k of every route of K_OF_ROUTE) through
+    the engine's configuration port."""
+    configs = configs or {rid: reduce_config(k) for rid, k in K_OF_ROUTE.items()}
+    for rid, entry in configs.items():
         ctx.set(dut.cfg_wr.addr, rid)
-        ctx.set(dut.cfg_wr.data.as_value(), reduce_config(k))
+        ctx.set(dut.cfg_wr.data.as_value(), entry)
         ctx.set(dut.cfg_wr.en, 1)
         await ctx.tick()
     ctx.set(dut.cfg_wr.en, 0)
 
 
 def run_engine(contribs, *, n_slots=4, timeout=3000, ready=0.7, idle=0.2, seed=1,
-               tail_cycles=0, max_payload=128):
+               tail_cycles=0, max_payload=128, configs=None):
     dut = ReduceEngine(data_width=DW, n_slots=n_slots, max_payload=max_payload)
     model = ReduceModel(n_slots, max_payload, local_id=3)
-    for rid, k in K_OF_ROUTE.items():
-        model.write_config(rid, reduce_config(k))
+    configs = configs or {rid: reduce_config(k) for rid, k in K_OF_ROUTE.items()}
+    for rid, entry in configs.items():
+        model.write_config(rid, entry)
     expected = []
     for meta, payload in contribs:
         r = model.contribute(meta, payload)
@@ -49,7 +52,7 @@ def run_engine(contribs, *, n_slots=4, timeout=3000, ready=0.7, idle=0.2, seed=1
     async def tb(ctx):
         ctx.set(dut.local_id, 3)
         ctx.set(dut.timeout, timeout)
-        await configure(ctx, dut)
+        await configure(ctx, dut, configs)
         beats = [b for meta, p in contribs for b in parsed_beats(meta, p, DW)]
         await drive(ctx, dut.i, beats, random.Random(seed + 1), idle)
         for _ in range(20000):
@@ -191,3 +194,39 @@ def test_watchdog_pauses_while_result_waits_for_output():
                 if r is not None]
     assert [beats_to_packet(b, DW) for b in split_packets(got)] == expected
     assert len(expected) == 2 and status["watchdog_trips"] == 0 and status["tx_results"] == 2
+
+
+def test_final_result_is_forwarded_not_reduced_again():
+    """ABI rule (mcf.abi.nic.reduce_config_layout): with ``final`` set, the result leaves with
+    reduce_op NONE, collective MULTICAST and the configured result route, so every parser
+    forwards it (FORWARD port) and an engine handed it drops it as BAD_OP instead of merging
+    it; a partial (``final`` clear) keeps its fields and is merged again by the next hop."""
+    rng = np.random.default_rng(11)
+    configs = {1: reduce_config(2, final=True, result_route=0xA5), 2: reduce_config(2)}
+    first = []
+    for tag, rid in ((1, 1), (2, 2), (3, 1)):
+        op = ReduceOp(1 + tag % 3)
+        first += [contribution(rng, tag, rid, op, 24, s) for s in range(2)]
+    model = ReduceModel(4, 128, local_id=3)
+    for rid, entry in configs.items():
+        model.write_config(rid, entry)
+    results = [r for meta, p in first if (r := model.contribute(meta, p)) is not None]
+    assert len(results) == 3
+    finals = [r for r in results if r.meta.route_id == 0xA5]
+    partial = [r for r in results if r.meta.route_id == 2]
+    assert len(finals) == 2 and len(partial) == 1
+    for r in finals:
+        assert r.meta.reduce_op == ReduceOp.NONE and r.meta.collective == Collective.MULTICAST
+        assert r.meta.src == 3
+        assert all(dispatch_port(r.meta, node) == Port.FORWARD for node in range(32))
+    assert partial[0].meta.reduce_op != ReduceOp.NONE
+    assert dispatch_port(partial[0].meta, 0) == Port.REDUCTION
+    # the results re-injected into the engine: the finals are dropped whole (BAD_OP), never
+    # merged; the partial opens a new reduction of its tag
+    stream = first + [(r.meta, r.payload) for r in results]
+    dut, model, expected, got, status = run_engine(stream, configs=configs, ready=0.8)
+    assert [beats_to_packet(b, DW) for b in split_packets(got)] == expected == results
+    assert counters_only(status) == counters_only(model.counters)
+    assert status["drop_bad_op"] == 2
+    assert status["tx_results"] == 3
+    assert status["rx_packets"] == len(first) + 3

@@ -19,7 +19,7 @@ from amaranth.lib.wiring import In, Out
 
 from mcf.abi.framing import MAX_PAYLOAD, parsed_layout
 from mcf.abi.meta import META, Collective
-from mcf.abi.nic import A2A_STATUS, A2ADrop
+from mcf.abi.nic import A2A_STATUS, WATCHDOG_BITS, A2ADrop
 
 __all__ = ["AllToAll"]
 
@@ -64,11 +64,11 @@ class AllToAll(wiring.Component):
         self._pbeats = part_max // bpb
         self._meta_layout = meta_layout
         beat = parsed_layout(data_width, meta_layout)
-        node = META["src"].width
+        node = meta_layout["src"].width
         super().__init__({
             "scatter": In(stream.Signature(beat)), "net": Out(stream.Signature(beat)),
             "i": In(stream.Signature(beat)), "o": Out(stream.Signature(beat)),
-            "local_id": In(node), "num_nodes": In(node + 1), "timeout": In(32),
+            "local_id": In(node), "num_nodes": In(node + 1), "timeout": In(WATCHDOG_BITS),
             "status": Out(A2A_STATUS),
         })
 
@@ -87,7 +87,7 @@ class AllToAll(wiring.Component):
         pbits = max(1, (self._pbeats - 1).bit_length())
         nbits = max(1, (N - 1).bit_length())
         sbits = max(1, (S - 1).bit_length())
-        lw = META["length"].width
+        lw = self._meta_layout["length"].width
         log_bpb = (bpb - 1).bit_length()
 
         # ---- scatter: re-frame one tensor into num_nodes parts ----------------------------------
@@ -144,7 +144,7 @@ class AllToAll(wiring.Component):
         g_len = [Signal(lw, name=f"glen{s}") for s in range(S)]
         g_have = [Signal(N, name=f"ghave{s}") for s in range(S)]
         g_meta = [Signal(self._meta_layout, name=f"gmeta{s}") for s in range(S)]
-        g_timer = [Signal(32, name=f"gtimer{s}") for s in range(S)]
+        g_timer = [Signal(WATCHDOG_BITS, name=f"gtimer{s}") for s in range(S)]
 
         m.submodules.buf = buf = Memory(shape=unsigned(self._dw), depth=S * N * self._pbeats,
                                         init=[])

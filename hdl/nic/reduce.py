@@ -19,8 +19,16 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.framing import MAX_PAYLOAD, parsed_layout
-from mcf.abi.meta import META, ReduceOp
-from mcf.abi.nic import LANE_BYTES, REDUCE_CONFIG, REDUCE_STATUS, REDUCE_TAG, ReduceDrop
+from mcf.abi.meta import META, Collective, ReduceOp
+from mcf.abi.nic import (
+    LANE_BYTES,
+    WATCHDOG_BITS,
+    ReduceDrop,
+    reduce_config_layout,
+    reduce_status_layout,
+    reduce_tag_layout,
+)
+from mcf.abi.route import route_table_depth
 from mcf.abi.softmax import EXP_FRAC, LANE_BITS, SCORE_FRAC, STATE_L, STATE_O, exp2_lut
 
 from .router import RouteWriteSignature
@@ -41,11 +49,22 @@ class ReduceEngine(wiring.Component):
     -------
     ``i``: ``In(stream.Signature(parsed_layout))`` — contributions (parser REDUCTION port).
     ``o``: ``Out(stream.Signature(parsed_layout))`` — results: one packet per completed tag, the
-        final contribution's meta with ``src = local_id``, payload = the reduced lanes.
-    ``cfg_wr``: ``In(RouteWriteSignature(REDUCE_CONFIG))`` — contributor count ``k`` per
-        route_id (0 = not configured: contributions are dropped).
-    ``local_id``: ``In(node)``; ``timeout``: ``In(32)`` — watchdog cycles (0 disables).
-    ``status``: ``Out(REDUCE_STATUS)`` — counters and the tag of the last watchdog trip.
+        final contribution's meta with ``src = local_id``, payload = the reduced lanes. If the
+        route's configuration has ``final`` set, the result is final: ``reduce_op = NONE``,
+        ``collective = MULTICAST``, ``route_id = result_route`` (the ABI rule of
+        :func:`mcf.abi.nic.reduce_config_layout`: it is forwarded, never reduced again);
+        otherwise it is a partial and keeps the contributions' fields.
+    ``cfg_wr``: ``In(RouteWriteSignature(reduce_config_layout(meta_layout)))`` — one entry
+        (``k``, ``final``, ``result_route``) per route_id; ``k = 0``: not configured,
+        contributions are dropped. ``k`` is taken when a tag opens, ``final`` /
+        ``result_route`` when its k-th contribution arrives.
+    ``local_id``: ``In(node)``; ``timeout``: ``In(WATCHDOG_BITS)`` — watchdog cycles (0
+        disables).
+    ``status``: ``Out(reduce_status_layout(meta_layout))`` — counters and the tag of the last
+        watchdog trip.
+
+    Every width (table depth = every ``route_id``, tags, node ids, lengths) comes from
+    ``meta_layout``.
 
     Behaviour: a contribution whose tag matches an open slot is merged into it; otherwise it
     opens a free slot (stored unchanged). Contributions are merged in arrival order with
@@ -88,10 +107,11 @@ class ReduceEngine(wiring.Component):
         super().__init__({
             "i": In(stream.Signature(beat)),
             "o": Out(stream.Signature(beat)),
-            "cfg_wr": In(RouteWriteSignature(REDUCE_CONFIG, 1 << META["route_id"].width)),
-            "local_id": In(META["src"].width),
-            "timeout": In(32),
-            "status": Out(REDUCE_STATUS),
+            "cfg_wr": In(RouteWriteSignature(reduce_config_layout(meta_layout),
+                                             route_table_depth(meta_layout))),
+            "local_id": In(meta_layout["src"].width),
+            "timeout": In(WATCHDOG_BITS),
+            "status": Out(reduce_status_layout(meta_layout)),
         })
 
     @property
@@ -110,27 +130,28 @@ class ReduceEngine(wiring.Component):
         SOFT, MAX, SUM = ReduceOp.SOFTMAX_MERGE, ReduceOp.MAX, ReduceOp.SUM
 
         # ---- configuration table (k per route_id) ----------------------------------------------
-        m.submodules.cfg = cfg = Memory(shape=REDUCE_CONFIG, depth=1 << META["route_id"].width,
-                                        init=[])
+        m.submodules.cfg = cfg = Memory(shape=reduce_config_layout(self._meta_layout),
+                                        depth=route_table_depth(self._meta_layout), init=[])
         cw = cfg.write_port()
         m.d.comb += [cw.addr.eq(self.cfg_wr.addr), cw.data.eq(self.cfg_wr.data),
                      cw.en.eq(self.cfg_wr.en)]
         cr = cfg.read_port(domain="comb")
         m.d.comb += cr.addr.eq(meta.route_id)
         k_in = cr.data.k
+        tag_layout = reduce_tag_layout(self._meta_layout)
 
         # ---- slot table ------------------------------------------------------------------------
         kbits = len(k_in)
         s_valid = Signal(S)
-        s_tag = [Signal(REDUCE_TAG, name=f"tag{s}") for s in range(S)]
+        s_tag = [Signal(tag_layout, name=f"tag{s}") for s in range(S)]
         s_op = [Signal(ReduceOp, name=f"op{s}") for s in range(S)]
         s_len = [Signal.like(meta.length, name=f"len{s}") for s in range(S)]
         s_k = [Signal(kbits, name=f"k{s}") for s in range(S)]
         s_cnt = [Signal(kbits, name=f"cnt{s}") for s in range(S)]
         s_m = [Signal(signed(LANE_BITS), name=f"m{s}") for s in range(S)]
-        s_timer = [Signal(32, name=f"timer{s}") for s in range(S)]
+        s_timer = [Signal(WATCHDOG_BITS, name=f"timer{s}") for s in range(S)]
 
-        tag_in = Signal(REDUCE_TAG)
+        tag_in = Signal(tag_layout)
         m.d.comb += [tag_in.kv_id.eq(meta.kv_id), tag_in.seq.eq(meta.seq),
                      tag_in.route_id.eq(meta.route_id)]
 
@@ -142,6 +163,8 @@ class ReduceEngine(wiring.Component):
         c_fresh = Signal()
         c_final = Signal()
         c_op = Signal(ReduceOp)
+        c_rfinal = Signal()                         # the result is final (config of the head)
+        c_rroute = Signal.like(meta.route_id)       # its route id
         bidx = Signal(self._beat_bits)
 
         s1 = {n: Signal(w, name=f"s1_{n}") for n, w in (
@@ -172,9 +195,9 @@ class ReduceEngine(wiring.Component):
             with m.If(~s_valid[s]):
                 m.d.comb += free_idx.eq(s)
         length = meta.length
-        bad_len = ((length == 0) | (length[:2] != 0) | (length > self._max_payload)
+        lane_bits = (LANE_BYTES - 1).bit_length()
+        bad_len = ((length == 0) | (length[:lane_bits] != 0) | (length > self._max_payload)
                    | ((meta.reduce_op == SOFT) & (length < 2 * LANE_BYTES)))
-        assert LANE_BYTES == 4
         bad_op = meta.reduce_op == ReduceOp.NONE
         no_cfg = k_in == 0
         hit_op = Signal(ReduceOp)
@@ -220,7 +243,8 @@ class ReduceEngine(wiring.Component):
                 m.d.sync += [in_pkt.eq(1), bidx.eq(bidx + 1)]
         with m.If(head_fire):
             m.d.sync += [c_drop.eq(head_drop), c_slot.eq(slot_sel), c_fresh.eq(~hit),
-                         c_final.eq(final), c_op.eq(meta.reduce_op)]
+                         c_final.eq(final), c_op.eq(meta.reduce_op),
+                         c_rfinal.eq(cr.data.final), c_rroute.eq(cr.data.result_route)]
 
         cur_drop = Mux(in_pkt, c_drop, head_drop)
         cur_slot = Mux(in_pkt, c_slot, slot_sel)
@@ -228,6 +252,14 @@ class ReduceEngine(wiring.Component):
         cur_final = Mux(in_pkt, c_final, final)
         cur_op = Mux(in_pkt, c_op, meta.reduce_op)
         cur_bidx = Mux(in_pkt, bidx, 0)
+        # a final result leaves as reduce_op NONE, MULTICAST, route_id = result_route (ABI rule,
+        # mcf.abi.nic.reduce_config_layout): no engine reduces it again
+        res_meta = Signal(self._meta_layout)
+        m.d.comb += res_meta.eq(meta)
+        with m.If(Mux(in_pkt, c_rfinal, cr.data.final)):
+            m.d.comb += [res_meta.reduce_op.eq(ReduceOp.NONE),
+                         res_meta.collective.eq(Collective.MULTICAST),
+                         res_meta.route_id.eq(Mux(in_pkt, c_rroute, cr.data.result_route))]
 
         # ---- accumulator buffer ----------------------------------------------------------------
         depth = S << self._beat_bits
@@ -244,7 +276,7 @@ class ReduceEngine(wiring.Component):
                 s1["fresh"].eq(cur_fresh), s1["final"].eq(cur_final), s1["op"].eq(cur_op),
                 s1["addr"].eq(rd_addr), s1["data"].eq(i_s.payload.data),
                 s1["keep"].eq(i_s.payload.keep), s1["last"].eq(i_s.payload.last),
-                s1["meta"].eq(meta.as_value()),
+                s1["meta"].eq(res_meta.as_value()),
             ]
             with m.If(head_fire):
                 m.d.sync += [

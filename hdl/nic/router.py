@@ -19,7 +19,7 @@ from amaranth.lib.wiring import In, Out
 from mcf.abi.framing import MAX_PAYLOAD, beat_layout, parsed_layout
 from mcf.abi.meta import META
 from mcf.abi.nic import ROUTER_STATUS, Topology, straight_input
-from mcf.abi.route import NET_PORTS, ROUTE_ENTRY, ROUTE_TABLE_DEPTH
+from mcf.abi.route import NET_PORTS, ROUTE_ENTRY, ROUTE_TABLE_DEPTH, route_table_depth
 
 __all__ = ["Router", "RouteWriteSignature"]
 
@@ -52,7 +52,9 @@ class Router(wiring.Component):
         packets that arrived on network port ``p`` (after that link's parser); ``P..`` are local.
     ``o0 .. o{P-1}``: ``Out(stream.Signature(parsed_layout))`` — one per network port.
     ``local``: ``Out(stream.Signature(parsed_layout))`` — copies for this node's sink.
-    ``route_wr``: ``In(RouteWriteSignature())`` — route-table write port (CSR / metadata path).
+    ``route_wr``: ``In(RouteWriteSignature(ROUTE_ENTRY, route_table_depth(meta_layout)))`` —
+        route-table write port (CSR / metadata path); the table has one entry per value of
+        ``meta_layout``'s ``route_id`` (every width comes from ``meta_layout``).
     ``status``: ``Out(ROUTER_STATUS)`` — wrapping 32-bit counters.
 
     Stream rules: packets are framed by ``last``; a zero-length packet is one beat with
@@ -117,7 +119,7 @@ class Router(wiring.Component):
         for p in range(n_ports):
             members[f"o{p}"] = Out(stream.Signature(beat))
         members["local"] = Out(stream.Signature(beat))
-        members["route_wr"] = In(RouteWriteSignature())
+        members["route_wr"] = In(RouteWriteSignature(ROUTE_ENTRY, route_table_depth(meta_layout)))
         members["status"] = Out(ROUTER_STATUS)
         super().__init__(members)
 
@@ -157,7 +159,8 @@ class Router(wiring.Component):
         ins, outs = self.inputs(), self.outputs()
         blay = beat_layout(self._dw, self._meta_layout)
 
-        m.submodules.routes = routes = Memory(shape=ROUTE_ENTRY, depth=ROUTE_TABLE_DEPTH, init=[])
+        m.submodules.routes = routes = Memory(shape=ROUTE_ENTRY,
+                                              depth=route_table_depth(self._meta_layout), init=[])
         wp = routes.write_port()
         m.d.comb += [wp.addr.eq(self.route_wr.addr), wp.data.eq(self.route_wr.data),
                      wp.en.eq(self.route_wr.en)]

@@ -78,7 +78,8 @@ def nic_registers(n_links: int = NODE_LINKS) -> list[Register]:
         ), "router route-table write port (one write per strobe)"),
         Register("REDUCE_CFG_WR", (
             Field("route_id", route_bits, Access.W, desc="reduction tree to configure"),
-            Field("config", REDUCE_CONFIG.size, Access.W, desc="REDUCE_CONFIG: contributors k"),
+            Field("config", REDUCE_CONFIG.size, Access.W,
+                  desc="REDUCE_CONFIG: contributors k, final, result_route"),
         ), "reduction-engine configuration write port"),
         Register.single("reduce_timeout", COUNTER_BITS, Access.RW,
                         desc="reduction watchdog in cycles (0 disables)"),

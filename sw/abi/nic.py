@@ -30,7 +30,8 @@ from .softmax import LANE_BITS
 
 __all__ = [
     "ROUTER_STATUS", "REDUCE_STATUS", "A2A_STATUS", "A2ADrop", "LINK_TX_STATUS", "LINK_RX_STATUS",
-    "REDUCE_CONFIG", "REDUCE_TAG", "reduce_config", "ReduceDrop",
+    "REDUCE_CONFIG", "REDUCE_TAG", "reduce_config", "ReduceDrop", "reduce_config_layout",
+    "reduce_tag_layout", "reduce_status_layout",
     "LINK_HEADER", "LINK_MAGIC", "CRC32_POLY_REFLECTED", "CRC32_INIT", "CRC32_XOROUT",
     "CRC_BYTES", "crc32", "Topology", "straight_input", "LANE_BYTES", "WATCHDOG_BITS",
 ]
@@ -79,28 +80,64 @@ class ReduceDrop(enum.Enum, shape=3):
     NO_SLOT = 4         # every slot busy with other tags
 
 
-REDUCE_TAG = data.StructLayout({
-    "kv_id": META["kv_id"].shape,
-    "seq": META["seq"].shape,
-    "route_id": META["route_id"].shape,
-})
+def reduce_tag_layout(meta_layout: data.StructLayout = META) -> data.StructLayout:
+    """The reduction tag of ``meta_layout``: its (kv_id, seq, route_id) fields."""
+    return data.StructLayout({
+        "kv_id": meta_layout["kv_id"].shape,
+        "seq": meta_layout["seq"].shape,
+        "route_id": meta_layout["route_id"].shape,
+    })
+
+
+REDUCE_TAG = reduce_tag_layout()
 """Contributions to one reduction share (route_id, kv_id, seq); also the watchdog's report."""
 
-REDUCE_STATUS = data.StructLayout({
-    **{name: fld.shape for name, fld in counters(
-        "rx_packets", "tx_results",
-        *(f"drop_{c.name.lower()}" for c in ReduceDrop),
-        "watchdog_trips")},
-    "last_trip": REDUCE_TAG,     # tag of the slot the watchdog freed last
-})
 
-REDUCE_CONFIG = data.StructLayout({
-    "k": unsigned(META["src"].width + 1),           # contributors per tag (0 = not configured)
-})
+def reduce_status_layout(meta_layout: data.StructLayout = META) -> data.StructLayout:
+    return data.StructLayout({
+        **{name: fld.shape for name, fld in counters(
+            "rx_packets", "tx_results",
+            *(f"drop_{c.name.lower()}" for c in ReduceDrop),
+            "watchdog_trips")},
+        "last_trip": reduce_tag_layout(meta_layout),   # tag of the slot the watchdog freed last
+    })
 
 
-def reduce_config(k: int) -> int:
-    return REDUCE_CONFIG.const({"k": k}).as_bits()
+REDUCE_STATUS = reduce_status_layout()
+
+
+def reduce_config_layout(meta_layout: data.StructLayout = META) -> data.StructLayout:
+    """One entry of the reduction engine's per-route_id configuration table.
+
+    * ``k`` — contributors per tag (0 = not configured: contributions are dropped);
+    * ``final`` — this node completes the reduction (the root). The result is then *final*:
+      its Meta carries ``reduce_op = NONE``, ``collective = MULTICAST`` and
+      ``route_id = result_route`` (the broadcast / delivery route MARS reserves for it).
+      By :data:`mcf.abi.meta.DISPATCH_RULES` such a packet goes to the parser's FORWARD port
+      (the router) at every node it reaches and is never reduced again; an engine that is
+      handed one anyway drops it (``BAD_OP``). With ``final = 0`` the result is a *partial*
+      (one hop of a reduction tree or ring): it keeps the contributions' ``reduce_op``,
+      ``collective`` and ``route_id``, so the next hop's engine merges it.
+    * ``result_route`` — route id of a final result (ignored when ``final = 0``).
+
+    In every result ``src`` is the reducing node and the other fields are the final
+    contribution's.
+    """
+    return data.StructLayout({
+        "k": unsigned(meta_layout["src"].width + 1),
+        "final": unsigned(1),
+        "result_route": meta_layout["route_id"].shape,
+    })
+
+
+REDUCE_CONFIG = reduce_config_layout()
+
+
+def reduce_config(k: int, *, final: bool = False, result_route: int = 0,
+                  meta_layout: data.StructLayout = META) -> int:
+    """Pack one configuration entry (see :func:`reduce_config_layout`)."""
+    return reduce_config_layout(meta_layout).const(
+        {"k": k, "final": int(final), "result_route": result_route}).as_bits()
 
 
 # --- All-to-all engine ---------------------------------------------------------------------------

@@ -21,10 +21,17 @@ from amaranth.lib import data, enum
 from .meta import META
 
 __all__ = ["NET_PORTS", "RingPort", "MeshPort", "SwitchPort", "ROUTE_ENTRY", "route_entry",
-           "ROUTE_TABLE_DEPTH"]
+           "ROUTE_TABLE_DEPTH", "route_table_depth"]
 
 NET_PORTS = 4                                   # widest router: a 2-D mesh/torus node
-ROUTE_TABLE_DEPTH = 1 << META["route_id"].width
+
+
+def route_table_depth(meta_layout: data.StructLayout = META) -> int:
+    """Entries of a route table indexed by ``meta_layout``'s ``route_id`` (every value)."""
+    return 1 << meta_layout["route_id"].width
+
+
+ROUTE_TABLE_DEPTH = route_table_depth()
 
 
 class RingPort(enum.IntEnum):

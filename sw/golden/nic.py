@@ -25,12 +25,12 @@ from mcf.abi.nic import (
     LINK_HEADER,
     LINK_MAGIC,
     LINK_RX_STATUS,
-    REDUCE_CONFIG,
     REDUCE_STATUS,
     ROUTER_STATUS,
     A2ADrop,
     ReduceDrop,
     crc32,
+    reduce_config_layout,
 )
 from mcf.abi.route import NET_PORTS, ROUTE_ENTRY
 from mcf.abi.softmax import merge_state, reduce_lanes
@@ -170,13 +170,18 @@ class _Slot:
 
 class ReduceModel:
     """Reduction engine in arrival order. ``contribute(meta, payload)`` returns the finished
-    ``Packet`` (result meta = the final contribution's with ``src = local_id``), ``None``, or a
-    drop-cause string. ``expire_all()`` models the watchdog freeing every open slot."""
+    ``Packet`` (result meta = the final contribution's with ``src = local_id``; when the
+    route's configuration has ``final`` set, also ``reduce_op = NONE``, ``collective =
+    MULTICAST``, ``route_id = result_route`` — see :func:`mcf.abi.nic.reduce_config_layout`),
+    ``None``, or a drop-cause string. ``expire_all()`` models the watchdog freeing every open
+    slot."""
 
-    def __init__(self, n_slots: int, max_payload: int, local_id: int = 0):
+    def __init__(self, n_slots: int, max_payload: int, local_id: int = 0,
+                 meta_layout=META):
         self.n_slots = n_slots
         self.max_payload = max_payload
         self.local_id = local_id
+        self.config_layout = reduce_config_layout(meta_layout)
         self.config: dict[int, int] = {}
         self.slots: list[_Slot | None] = [None] * n_slots
         self.counters = _zero_counters(REDUCE_STATUS)
@@ -191,7 +196,8 @@ class ReduceModel:
 
     def contribute(self, meta: Meta, payload: bytes):
         self.counters["rx_packets"] += 1
-        k = int(REDUCE_CONFIG.from_bits(self.config.get(meta.route_id, 0)).k)
+        cfg = self.config_layout.from_bits(self.config.get(meta.route_id, 0))
+        k = int(cfg.k)
         n = meta.length
         if n == 0 or n % LANE_BYTES or n > self.max_payload or (
                 meta.reduce_op == ReduceOp.SOFTMAX_MERGE and n < 2 * LANE_BYTES):
@@ -217,7 +223,11 @@ class ReduceModel:
         if slot.count >= slot.k:
             self.slots[idx] = None
             self.counters["tx_results"] += 1
-            return Packet(meta.replace(src=self.local_id), slot.acc)
+            out = meta.replace(src=self.local_id)
+            if cfg.final:
+                out = out.replace(reduce_op=ReduceOp.NONE, collective=Collective.MULTICAST,
+                                  route_id=int(cfg.result_route))
+            return Packet(out, slot.acc)
         return None
 
     def expire_all(self) -> int:

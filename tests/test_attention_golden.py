@@ -21,6 +21,7 @@ from mcf.abi.kv import (
     group_sizes,
     kv_channel_block_bytes,
     kv_channel_block_tokens,
+    kv_channel_fragments,
     kv_group_header_bytes,
     kv_token_bytes,
     kvq_status_layout,
@@ -327,6 +328,27 @@ def test_kv_channel_payload_roundtrip(tokens):
     bad[32] ^= 1                                       # sk of the first record
     with pytest.raises(ValueError):
         unpack_kv_channel_block(bytes(bad), 16)
+
+
+def test_kv_channel_fragments():
+    """Packets of a per-channel block: within MAX_PAYLOAD, cut at header/record boundaries,
+    never across groups, concatenating to the payload."""
+    from mcf.abi.framing import MAX_PAYLOAD
+
+    assert [f[3] for f in kv_channel_fragments(KV_GROUP, D)] == [13, 15, 4]
+    rng = np.random.default_rng(47)
+    for tokens in (1, 13, 14, 32, 77, 256):
+        ka, va = _act_kv(rng, tokens, D)
+        payload = pack_kv_channel_block(*quantize_kv_channel(ka, va))
+        frags = kv_channel_fragments(tokens, D)
+        assert b"".join(payload[o:o + n] for o, n, _, _ in frags) == payload
+        assert sum(f[3] for f in frags) == tokens
+        for _o, n, t0, nt in frags:
+            assert 0 < n <= MAX_PAYLOAD and (t0 + nt - 1) // KV_GROUP == t0 // KV_GROUP
+            head = kv_group_header_bytes(D) if t0 % KV_GROUP == 0 else 0
+            assert n == head + nt * kv_token_bytes(D)
+    with pytest.raises(ValueError):
+        kv_channel_fragments(4, D, max_payload=300)
 
 
 def test_quantize_k_channels_is_the_row_quantiser_on_columns():

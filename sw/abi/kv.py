@@ -322,6 +322,7 @@ from .kv_channel import (  # noqa: E402 - kv_channel builds on the names above
     group_sizes,
     kv_channel_block_bytes,
     kv_channel_block_tokens,
+    kv_channel_fragments,
     kv_group_header_bytes,
     kvq_status_layout,
     pack_kv_channel_block,
@@ -334,5 +335,6 @@ __all__ += [
     "KVFormat", "KV_GROUP", "KV_ONE", "FOLD_QMAX_SHIFT", "FOLD_Q_SHIFT_BASE", "FOLD_M_SHIFT",
     "FOLD_E_BASE", "quantize_k_channels", "quantize_kv_channel", "fold_query",
     "kv_group_header_bytes", "kv_channel_block_bytes", "kv_channel_block_tokens",
-    "group_sizes", "pack_kv_channel_block", "unpack_kv_channel_block", "kvq_status_layout",
+    "group_sizes", "kv_channel_fragments", "pack_kv_channel_block", "unpack_kv_channel_block",
+    "kvq_status_layout",
 ]

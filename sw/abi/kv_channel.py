@@ -33,7 +33,8 @@ group's **token records in the per-token layout** ``sk | sv | K row | V row``
 and the engine's KV beat (``scale_k``/``scale_v``) are the per-token ones, 2 bytes per token buy
 4-byte alignment and a score path with no case distinction. Groups follow each other; all groups
 but the last have ``KV_GROUP`` records, so the token count follows from the payload length
-(:func:`kv_channel_block_tokens`).
+(:func:`kv_channel_block_tokens`). Packets (``MAX_PAYLOAD``) cut a block at header/record
+boundaries without spanning groups (:func:`kv_channel_fragments`).
 
 Score (:func:`fold_query`): the channel scale is folded into the query **once per group** and
 the per-token score path is used unchanged with ``sk = KV_ONE``. For one query head
@@ -67,6 +68,7 @@ from amaranth.lib import data, enum
 
 from .csrmap import COUNTER_BITS
 from .fixed import round_shift, saturate
+from .framing import MAX_PAYLOAD
 from .kv import KV_SCALE, Q_ELEM, kv_token_bytes, pack_kv_block, quantize_kv_rows
 from .quant import SCALE_EXP_BITS, bitlen
 from .softmax import RECIP_FRAC, RECIP_IN_BITS, recip_mant
@@ -75,7 +77,8 @@ __all__ = [
     "KVFormat", "KV_GROUP", "KV_ONE", "FOLD_QMAX_SHIFT", "FOLD_Q_SHIFT_BASE", "FOLD_M_SHIFT",
     "FOLD_E_BASE", "quantize_k_channels", "quantize_kv_channel", "fold_query",
     "kv_group_header_bytes", "kv_channel_block_bytes", "kv_channel_block_tokens",
-    "group_sizes", "pack_kv_channel_block", "unpack_kv_channel_block", "kvq_status_layout",
+    "group_sizes", "kv_channel_fragments", "pack_kv_channel_block", "unpack_kv_channel_block",
+    "kvq_status_layout",
 ]
 
 
@@ -186,6 +189,30 @@ def kv_channel_block_tokens(length: int, head_dim: int, group: int = KV_GROUP) -
             raise ValueError(f"{length} bytes is not a per-channel KV block (head_dim {head_dim})")
         tail = (rem - hdr) // rec
     return full * group + tail
+
+
+def kv_channel_fragments(tokens: int, head_dim: int, max_payload: int = MAX_PAYLOAD,
+                         group: int = KV_GROUP) -> list[tuple[int, int, int, int]]:
+    """Packet cuts of a per-channel block payload: ``(byte offset, bytes, first token,
+    tokens)`` per fragment. A fragment never splits a header or a token record and never
+    spans two groups: the first fragment of a group carries its header and as many records as
+    fit in ``max_payload``, the following ones records only (their group is ``first token //
+    group``, its header came in the group's first fragment). At head_dim 128 and 2048-byte
+    payloads a 32-token group is 3 packets: header + 13, 15, 4 records."""
+    hdr, rec = kv_group_header_bytes(head_dim), kv_token_bytes(head_dim)
+    if hdr + rec > max_payload:
+        raise ValueError(f"a group header + one record ({hdr + rec} B) exceeds the payload "
+                         f"limit ({max_payload} B)")
+    out, off, tok = [], 0, 0
+    for n in group_sizes(tokens, group):
+        first, left = True, n
+        while left:
+            room = max_payload - (hdr if first else 0)
+            take = min(left, room // rec)
+            size = (hdr if first else 0) + take * rec
+            out.append((off, size, tok, take))
+            off, tok, left, first = off + size, tok + take, left - take, False
+    return out
 
 
 def pack_kv_channel_block(k4, kscale, v4, sv, group: int = KV_GROUP) -> bytes:

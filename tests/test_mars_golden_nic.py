@@ -9,10 +9,9 @@ import random
 import numpy as np
 import pytest
 
-from mcf.abi import Op
+from mcf.abi import Collective, Op, Port, ReduceOp, dispatch_port
 from mcf.abi.framing import MAX_PAYLOAD
 from mcf.abi.limits import REDUCE_SLOTS
-from mcf.abi.nic import reduce_config
 from mcf.abi.query import QUERY_HEADER_BYTES, query_head_bytes
 from mcf.abi.route import NET_PORTS
 from mcf.abi.softmax import SCORE_FRAC, STATE_O, pack_state, unpack_state
@@ -97,8 +96,8 @@ def run_decode(p, k, seed, states, honour_waits=True):
     rts = routers(p, routes.entries)
     groups = dict(routes.switch_groups)
     engines = [nic.ReduceModel(REDUCE_SLOTS, MAX_PAYLOAD, local_id=v) for v in range(n)]
-    for node, rid, contributors in p.decode_reduce_configs(k):
-        engines[node].write_config(rid, reduce_config(contributors))
+    for cfg in p.decode_reduce_configs(k):
+        engines[cfg.node].write_config(cfg.route_id, cfg.entry())
     root = p.decode_owner(k)
     streams = {v: [r for r in p.decode_records(k) if r.node == v] for v in range(n)}
     ptr = dict.fromkeys(range(n), 0)
@@ -152,9 +151,19 @@ def run_decode(p, k, seed, states, honour_waits=True):
             continue
         if out is None:
             continue
+        final = out.meta.reduce_op == ReduceOp.NONE
+        # only the root's engine marks its result final (mcf.abi.nic: never reduced again)
+        assert final == (node == root)
+        if final:
+            assert out.meta.collective == Collective.MULTICAST
+            assert dispatch_port(out.meta, node) == Port.FORWARD
+            assert engines[node].contribute(out.meta, out.payload) == "drop_bad_op"
+        else:
+            assert out.meta.reduce_op == ReduceOp.SOFTMAX_MERGE
+            assert dispatch_port(out.meta, node) == Port.REDUCTION
         for d in rts[node].route(out.meta):
             if d == "local":
-                assert node == root
+                assert node == root and final
                 results[(out.meta.kv_id, out.meta.seq)] = out.payload
             else:
                 (nxt,) = [v for v in hop(p.cluster.topology, groups, node, d, out.meta)

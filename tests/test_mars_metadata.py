@@ -148,7 +148,13 @@ def test_decode_query_multicast_and_reduction(topo):
     assert sorted(roots) == sorted(set(roots))      # balanced appends: a new owner each time
     streams, configs = p.decode_metadata(0)
     root = roots[0]
-    assert sum(k for _, _, k in configs) == 2 * 5 - 1   # every node once + N-1 child links
+    assert sum(c.k for c in configs) == 2 * 5 - 1   # every node once + N-1 child links
+    # the root's entry marks its result final, delivered by the root's static unicast route
+    assert [(c.node, c.route_id) for c in configs] == [(v, reduce_[root]) for v in range(5)]
+    assert [c.final for c in configs] == [v == root for v in range(5)]
+    home = next(c for c in configs if c.final).result_route
+    assert home == p.scheduler.routes.unicast(root) and ROUTE_ENTRY.from_bits(
+        table[(root, home)]).local
     for node, metas in streams.items():
         states = [m for m in metas if m.op == Op.PARTIAL_STATE]
         assert len(states) == TINY.layers * TINY.q_heads
@@ -197,6 +203,7 @@ def test_emitted_files_match_the_streams(tmp_path):
     assert routes["programming"][0]["kind"] == "static"
     assert routes["payloads"]["max_payload_bytes"] == MAX_PAYLOAD
     assert routes["decode_waits"] == [[list(w) for w in p.decode_waits(0)]]
+    assert routes["decode_reduce_configs"] == [[c.to_dict() for c in p.decode_reduce_configs(0)]]
     assert len(routes["programming"][0]["entries"]) == 3 * 3
 
 

@@ -216,7 +216,7 @@ def test_every_planned_payload_fits_and_waves_fit_the_slots(n, per_node, max_pay
             assert m.length > 0 and m.length % enc.token_record_bytes == 0
     recs = p.decode_records(0)
     if n == 1:      # one contributor per tag: every reduction completes on arrival
-        assert [k for _, _, k in p.decode_reduce_configs(0)] == [1]
+        assert [c.k for c in p.decode_reduce_configs(0)] == [1]
         recs = []
     open_tags: set = set()
     for r in recs:

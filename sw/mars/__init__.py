@@ -25,7 +25,15 @@ from .cluster import (
 )
 from .cost import StepCost, c_access, c_full, c_mars, c_rep, c_ring, t_attn_eq6
 from .directory import CopyState, Directory, InvariantError
-from .metadata import InvalidateKind, MetaEncoder, Payloads, Record, pack_fast, payloads
+from .metadata import (
+    InvalidateKind,
+    MetaEncoder,
+    Payloads,
+    Record,
+    ReduceEntry,
+    pack_fast,
+    payloads,
+)
 from .model import KV_ELEMENT_BYTES, MODELS, ModelSpec, get_model
 from .plan import Plan, Totals, plan
 from .replicas import m_node_avg, r_feasible, r_mem, r_reuse, replica_factor
@@ -42,6 +50,7 @@ __all__ = [
     "c_rep", "c_access", "c_mars", "c_ring", "c_full", "StepCost",
     "Directory", "CopyState", "InvariantError",
     "MetaEncoder", "Record", "InvalidateKind", "pack_fast", "Payloads", "payloads",
+    "ReduceEntry",
     "RouteAllocator", "RouteError",
 ]
 

@@ -36,7 +36,10 @@ Conventions (what the NIC and the node's KV directory rely on):
   online-softmax partial state per head of the wave (``Op.PARTIAL_STATE``, ``ALL_REDUCE``,
   ``SOFTMAX_MERGE``, ``seq`` = layer, ``kv_id`` = :meth:`MetaEncoder.decode_tag`) on the root's
   reduction tree; each node's reduction engine merges ``1 + children`` contributions (the
-  configuration returned with the streams) before forwarding towards the root. The root pushes a
+  :class:`ReduceEntry` configuration returned with the streams) before forwarding a partial result
+  towards the root; the root's entry is ``final`` (``mcf.abi.nic``): its result is marked final
+  (``reduce_op = NONE``, ``MULTICAST``, ``route_id`` = the root's static unicast route, local at
+  the root), so it reaches the root's router and is never reduced again. The root pushes a
   wave's query only after the previous wave's results have arrived (``Record.wait``), and no
   node can send a state before it has the wave's query, so at most one wave — ``reduce_slots``
   tags — is open in any reduction engine.
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..abi import META, Collective, InvalidateKind, Meta, Op, ReduceOp, Stage
 from ..abi.framing import MAX_PAYLOAD
@@ -53,8 +57,8 @@ from ..abi.limits import REDUCE_SLOTS
 from ..abi.query import query_bytes, query_fragments
 from ..abi.softmax import LANE_BITS, state_words
 
-__all__ = ["InvalidateKind", "Record", "Payloads", "payloads", "MetaEncoder", "pack_fast",
-           "by_node", "PHASES"]
+__all__ = ["InvalidateKind", "Record", "ReduceEntry", "Payloads", "payloads", "MetaEncoder",
+           "pack_fast", "by_node", "PHASES"]
 
 PHASES = ("plan", "free", "store", "handoff", "decode")
 
@@ -68,6 +72,27 @@ class Record:
     phase: str
     meta: Meta
     wait: int = 0
+
+
+class ReduceEntry(NamedTuple):
+    """One reduction-engine configuration entry of a decode token (``mcf.abi.nic``
+    ``reduce_config_layout``): ``node``'s engine merges ``k`` contributions per tag on
+    ``route_id``. The root's entry is ``final``: its result leaves the engine as a final result
+    (``reduce_op = NONE``, ``MULTICAST``, ``route_id = result_route`` — the root's static
+    unicast route, which delivers locally at the root), so it is never reduced again."""
+    node: int
+    route_id: int
+    k: int
+    final: bool
+    result_route: int
+
+    def entry(self) -> int:
+        """The packed configuration word for ``route_id``."""
+        from ..abi.nic import reduce_config
+        return reduce_config(self.k, final=self.final, result_route=self.result_route)
+
+    def to_dict(self) -> dict:
+        return self._asdict() | {"entry": self.entry()}
 
 
 _ENUMS = ("stage", "op", "collective", "reduce_op")

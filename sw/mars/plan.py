@@ -17,7 +17,7 @@ from ..abi import META
 from .chunking import ChunkChoice, choose_chunk
 from .cluster import ClusterSpec
 from .cost import c_full, c_mars, c_ring, step_cost
-from .metadata import MetaEncoder, Record, by_node, pack_fast, payloads
+from .metadata import MetaEncoder, Record, ReduceEntry, by_node, pack_fast, payloads
 from .model import ModelSpec
 from .placement import holder_set
 from .schedule import Handoff, PlanError, Scheduler, Step
@@ -133,12 +133,16 @@ class Plan:
         root = self.decode_owner(k)
         return self.encoder.decode_records(k, root, bcast[root], reduce_[root])
 
-    def decode_reduce_configs(self, k: int) -> list[tuple[int, int, int]]:
-        """``(node, route_id, contributors)`` each node's reduction engine needs for token ``k``."""
+    def decode_reduce_configs(self, k: int) -> list[ReduceEntry]:
+        """The reduction-engine entry each node needs for token ``k``: ``1 + children``
+        contributors on the root's reduction tree; the root's entry is ``final`` with the
+        root's static unicast route as ``result_route`` (the ABI's final-result rule)."""
         _, reduce_, _ = self.decode_routes()
         root = self.decode_owner(k)
         children = self.scheduler.routes.children(root)
-        return [(n, reduce_[root], 1 + children[n]) for n in range(self.cluster.nodes)]
+        home = self.scheduler.routes.unicast(root)
+        return [ReduceEntry(n, reduce_[root], 1 + children[n], n == root,
+                            home if n == root else 0) for n in range(self.cluster.nodes)]
 
     def decode_waits(self, k: int) -> list[tuple[int, int, int]]:
         """``(node, index in its stream, wait)`` of every decode record of token ``k`` that
@@ -151,9 +155,9 @@ class Plan:
             pos[r.node] += 1
         return out
 
-    def decode_metadata(self, k: int) -> tuple[dict[int, list], list[tuple[int, int, int]]]:
-        """Streams for decode token ``k`` and the reduction configuration ``(node, route_id,
-        contributors)`` each node's reduction engine needs."""
+    def decode_metadata(self, k: int) -> tuple[dict[int, list], list[ReduceEntry]]:
+        """Streams for decode token ``k`` and the reduction configuration each node's reduction
+        engine needs (:meth:`decode_reduce_configs`)."""
         return (by_node(self.decode_records(k), self.cluster.nodes),
                 self.decode_reduce_configs(k))
 
@@ -189,7 +193,7 @@ class Plan:
         for k in range(decode_tokens):
             streams, cfg = self.decode_metadata(k)
             dump(f"decode_{k:04d}", streams)
-            configs.append(cfg)
+            configs.append([c.to_dict() for c in cfg])
             waits.append(self.decode_waits(k))
         routes = {
             "programming": [{"step": st, "kind": kind, "entries": entries}

@@ -1,17 +1,18 @@
 """Runner of the GEMM engine's cocotb + Verilator bench (sim/benches/gemm_engine.py): the
-16 × 16 array of the KR260 configuration, bit-exact on the tiny test model's shapes and on
-Qwen2.5-1.5B tile shapes (K = 1536 and K = 8960, small M and N), with and without source idle
-and sink backpressure."""
+16 × 16 array of the KR260 configuration, sequences of jobs back to back — tiny-model shapes
+and Qwen2.5-1.5B shapes (K = 1536 and K = 8960, small M and N) — bit-exact for every job, with
+and without random source idle and sink backpressure."""
 
 import pytest
 
+from mcf.abi.quant import GROUP_SIZE
 from mcf.hdl.compute.gemm import GemmEngine
 from mcf.hdl.flat import FlatTop
 from mcf.sim import build, run
 
 BENCH = "mcf.sim.benches.gemm_engine"
-CFG = {"rows": 16, "lanes": 16, "group": 128}
-AXIS = {"x_in": "s_axis_x", "w_in": "s_axis_w", "o": "m_axis_y"}
+CFG = {"rows": 16, "lanes": 16, "group": GROUP_SIZE}
+AXIS = {"job": "job", "x_in": "s_axis_x", "w_in": "s_axis_w", "o": "m_axis_y"}
 
 
 def gemm_built(m_max=8, k_max=8960):
@@ -19,23 +20,28 @@ def gemm_built(m_max=8, k_max=8960):
     return build(top, f"gemm_engine_m{m_max}")
 
 
-CASES = [
+TINY = {"name": "tiny", "jobs": [
     {"m": 4, "n": 32, "k": 128, "seed": 1},     # tiny model: hidden 128
     {"m": 3, "n": 64, "k": 256, "seed": 2},     # tiny model: MLP down (intermediate 256)
+    {"m": 8, "n": 16, "k": 128, "seed": 5},
+]}
+QWEN = {"name": "qwen", "jobs": [
     {"m": 2, "n": 32, "k": 1536, "seed": 3},    # Qwen2.5-1.5B: QKV / gate / up (K = hidden)
     {"m": 1, "n": 16, "k": 8960, "seed": 4},    # Qwen2.5-1.5B: down projection (decode)
-]
+    {"m": 5, "n": 16, "k": 1536, "seed": 6},
+]}
 
 
 @pytest.mark.parametrize("idle,bp", [(0.0, 0.0), (0.3, 0.5)])
 def test_gemm_bench(idle, bp):
-    cases = CASES if idle == 0 else CASES[:3]
-    run(gemm_built(), BENCH, params={**CFG, "cases": cases, "idle": idle, "backpressure": bp,
-                                     "seed": 3})
+    seqs = [TINY, QWEN] if idle == 0 else [TINY, {**QWEN, "jobs": QWEN["jobs"][::2]}]
+    run(gemm_built(), BENCH, params={**CFG, "sequences": seqs, "idle": idle,
+                                     "backpressure": bp, "seed": 3})
 
 
 @pytest.mark.slow
 def test_gemm_bench_long():
-    cases = [{"m": 8, "n": 48, "k": 8960, "seed": 7}, {"m": 8, "n": 96, "k": 1536, "seed": 8}]
-    run(gemm_built(), BENCH, params={**CFG, "cases": cases, "idle": 0.1, "backpressure": 0.2,
-                                     "seed": 9})
+    seq = {"name": "long", "jobs": [{"m": 8, "n": 48, "k": 8960, "seed": 7},
+                                    {"m": 8, "n": 96, "k": 1536, "seed": 8}]}
+    run(gemm_built(), BENCH, params={**CFG, "sequences": [seq], "idle": 0.1,
+                                     "backpressure": 0.2, "seed": 9})

@@ -1,16 +1,21 @@
-"""amaranth.sim tests of the GEMM engine (loaders, ping-pong tiles, epilogue): bit-exact against
-:func:`mcf.golden.gemm.gemm`, including rounding ties and saturation of the epilogue."""
+"""amaranth.sim tests of the GEMM engine (job queue, ping-pong activations and tiles, epilogue):
+bit-exact against :func:`mcf.golden.gemm.gemm` for every job of a back-to-back sequence,
+including rounding ties and saturation of the epilogue and rejected job descriptors."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from amaranth.hdl import Value
 from amaranth.sim import Simulator
 
+from mcf.abi.compute import GEMM_STATUS, GemmJob, gemm_x_stream
 from mcf.abi.quant import ACT, ACT_FRAC
 from mcf.golden.gemm import gemm
 from mcf.hdl.compute.gemm import GemmEngine
 from mcf.quant import QuantWeight, gemm_tile_blob, gemm_x_blob
+
+ROWS, LANES, GROUP = 4, 4, 8
 
 
 def beats(blob: bytes, nbytes: int):
@@ -18,34 +23,30 @@ def beats(blob: bytes, nbytes: int):
     return [int.from_bytes(blob[i:i + nbytes], "little") for i in range(0, len(blob), nbytes)]
 
 
-def run_engine(xq, x_m, x_e, qw, bias, rows, lanes, group, k_max, m_max, seed=0,
-               stall=False, extra_x=0):
+def run_jobs(cases, k_max, m_max, seed=0, stall=False, bad=(), rows=ROWS, lanes=LANES,
+             group=GROUP):
+    """Run ``cases`` (``(xq, x_m, x_e, qw, bias)``) as back-to-back jobs; ``bad`` job
+    descriptors are pushed first (they must be rejected). Returns per-case results, status."""
     dut = GemmEngine(rows=rows, lanes=lanes, group=group, k_max=k_max, m_max=m_max)
     bb = dut.beat // 8
-    xb = beats(gemm_x_blob(xq, x_m, x_e, bb), bb) + [0xDEAD] * extra_x
-    wb = beats(gemm_tile_blob(qw, rows, lanes, bias), bb)
-    m_tok, k = xq.shape
-    n = qw.q.shape[0]
-    n_out = m_tok * n * 4 // bb
-    out = []
+    jobs, xb, wb, n_out = list(bad), [], [], []
+    for xq, x_m, x_e, qw, bias in cases:
+        m_tok, k = xq.shape
+        n = qw.q.shape[0]
+        jobs.append(GemmJob.for_shape(m_tok, n, k, qw.e, rows, lanes).pack())
+        xb += beats(gemm_x_stream(gemm_x_blob(xq, x_m, x_e, bb), m_tok, k, bb), bb)
+        wb += beats(gemm_tile_blob(qw, rows, lanes, bias), bb)
+        n_out.append(m_tok * n * 4 // bb)
+    out, status = [], {}
     rng = np.random.default_rng(seed)
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-
-    async def control(ctx):
-        ctx.set(dut.m_count, m_tok)
-        ctx.set(dut.k_steps, k // lanes)
-        ctx.set(dut.n_tiles, n // rows)
-        ctx.set(dut.w_exp, qw.e)
-        ctx.set(dut.start, 1)
-        await ctx.tick()
-        ctx.set(dut.start, 0)
 
     def feeder(port, items):
         async def tb(ctx):
             await ctx.tick().repeat(2)
             for it in items:
-                ctx.set(port.payload, it)
+                ctx.set(Value.cast(port.payload), it)
                 ctx.set(port.valid, 1)
                 await ctx.tick().until(port.ready)
                 ctx.set(port.valid, 0)
@@ -54,50 +55,77 @@ def run_engine(xq, x_m, x_e, qw, bias, rows, lanes, group, k_max, m_max, seed=0,
         return tb
 
     async def sink(ctx):
-        while len(out) < n_out:
+        while len(out) < sum(n_out):
             ctx.set(dut.o.ready, 1 if not stall else int(rng.random() < 0.6))
             _, _, v, r, p = await ctx.tick().sample(dut.o.valid, dut.o.ready, dut.o.payload)
             if v and r:
                 out.append(int(p))
+        await ctx.tick().repeat(8)
+        got = ctx.get(dut.status)
+        status.update({n: int(got[n]) for n, _ in GEMM_STATUS})
 
-    sim.add_testbench(control)
+    sim.add_testbench(feeder(dut.job, jobs))
     sim.add_testbench(feeder(dut.x_in, xb))
     sim.add_testbench(feeder(dut.w_in, wb))
     sim.add_testbench(sink)
-    cycles = (len(xb) + len(wb)) * 3 + m_tok * (k // lanes + 30) * (n // rows) * 3 + 400
-    sim.run_until(1e-8 * cycles)
-    assert len(out) == n_out, f"got {len(out)} of {n_out} beats"
+    budget = sum(c[0].shape[0] * (c[0].shape[1] // lanes + 30) * (c[3].q.shape[0] // rows)
+                 for c in cases)
+    sim.run_until(1e-8 * ((len(xb) + len(wb)) * 3 + budget * 3 + 600))
+    assert len(out) == sum(n_out), f"got {len(out)} of {sum(n_out)} beats"
     raw = b"".join(v.to_bytes(bb, "little") for v in out)
     vals = np.frombuffer(raw, dtype="<i4").astype(np.int64)
-    # tile-major, token-major inside a tile
-    y = vals.reshape(n // rows, m_tok, rows).transpose(1, 0, 2).reshape(m_tok, n)
-    return y, dut
+    ys, pos = [], 0
+    for (xq, _, _, qw, _), cnt in zip(cases, n_out):
+        m_tok, n = xq.shape[0], qw.q.shape[0]
+        v = vals[pos:pos + cnt * bb // 4]
+        pos += cnt * bb // 4
+        # tile-major, token-major inside a tile
+        ys.append(v.reshape(n // rows, m_tok, rows).transpose(1, 0, 2).reshape(m_tok, n))
+    return ys, status
 
 
-def random_case(rng, m_tok, n, k, group):
+def random_case(rng, m_tok, n, k, group=GROUP):
     xq = rng.integers(-128, 128, (m_tok, k))
     x_m = rng.integers(1 << 15, 1 << 16, m_tok)
     x_e = rng.integers(-24, -18, m_tok)
     q = rng.integers(-8, 8, (n, k)).astype(np.int8)
     wm = rng.integers(0, 1 << 16, (n, k // group))
-    qw = QuantWeight(q, wm, -22, group)
+    qw = QuantWeight(q, wm, int(rng.integers(-23, -20)), group)
     bias = rng.integers(-(1 << 20), 1 << 20, n)
     return xq, x_m, x_e, qw, bias
+
+
+def golden(case, group=GROUP):
+    xq, x_m, x_e, qw, bias = case
+    return gemm(xq, x_m, x_e, qw.q, qw.m, qw.e, bias, group)
 
 
 @pytest.mark.parametrize("stall", [False, True])
 def test_engine_random(stall):
     rng = np.random.default_rng(11)
-    rows, lanes, group = 4, 4, 8
-    xq, x_m, x_e, qw, bias = random_case(rng, 3, 12, 24, group)
-    y, _ = run_engine(xq, x_m, x_e, qw, bias, rows, lanes, group, k_max=32, m_max=4,
-                      seed=5, stall=stall)
-    np.testing.assert_array_equal(y, gemm(xq, x_m, x_e, qw.q, qw.m, qw.e, bias, group))
+    case = random_case(rng, 3, 12, 24)
+    (y,), _ = run_jobs([case], k_max=32, m_max=4, seed=5, stall=stall)
+    np.testing.assert_array_equal(y, golden(case))
+
+
+@pytest.mark.parametrize("stall", [False, True])
+def test_jobs_back_to_back(stall):
+    """Jobs of different M, K, N and weight exponents queue up and run back to back; each is
+    bit-exact (activation banks and tile banks alternate across job boundaries)."""
+    rng = np.random.default_rng(21)
+    shapes = [(3, 8, 24), (4, 12, 32), (1, 4, 8), (2, 16, 16), (4, 8, 32)]
+    cases = [random_case(rng, *s) for s in shapes]
+    ys, st = run_jobs(cases, k_max=32, m_max=4, seed=7, stall=stall)
+    for case, y in zip(cases, ys):
+        np.testing.assert_array_equal(y, golden(case))
+    assert st["jobs_done"] == len(cases) and st["bad_jobs"] == 0
+    assert st["tiles_done"] == sum(c[3].q.shape[0] // ROWS for c in cases)
+    assert st["steps"] == sum(c[0].shape[0] * c[0].shape[1] // LANES * c[3].q.shape[0] // ROWS
+                              for c in cases)
 
 
 def test_epilogue_ties_and_saturation():
     """Rounding ties at the epilogue shift (half to even) and ±2^31 saturation, with bias."""
-    rows, lanes, group = 4, 4, 8
     k = 8
     # x_e chosen so the shift is 1: acc·x_m / 2 — odd products give exact ties
     w_e = -ACT_FRAC
@@ -109,18 +137,22 @@ def test_epilogue_ties_and_saturation():
     q[:, 0] = [1, -1, 7, -8]
     q[:, 1:] = 7
     wm = np.array([[1], [1], [1], [0xFFFF]])
-    qw = QuantWeight(q, wm, w_e, group)
+    qw = QuantWeight(q, wm, w_e, GROUP)
     bias = np.array([0, 1, ACT.max_int, ACT.min_int])
-    y, _ = run_engine(xq, x_m, x_e, qw, bias, rows, lanes, group, k_max=16, m_max=4)
-    want = gemm(xq, x_m, x_e, qw.q, qw.m, qw.e, bias, group)
+    case = (xq, x_m, x_e, qw, bias)
+    (y,), _ = run_jobs([case], k_max=16, m_max=4)
+    want = golden(case)
     np.testing.assert_array_equal(y, want)
     assert ACT.max_int in want and ACT.min_int in want  # saturation exercised both ways
 
 
-def test_extra_beats_dropped():
+def test_bad_jobs_rejected():
+    """Zero or out-of-range job fields are rejected (counted) and the next good job runs."""
     rng = np.random.default_rng(12)
-    rows, lanes, group = 4, 4, 8
-    xq, x_m, x_e, qw, bias = random_case(rng, 2, 4, 16, group)
-    y, _ = run_engine(xq, x_m, x_e, qw, bias, rows, lanes, group, k_max=16, m_max=2,
-                      extra_x=3)
-    np.testing.assert_array_equal(y, gemm(xq, x_m, x_e, qw.q, qw.m, qw.e, bias, group))
+    case = random_case(rng, 2, 4, 16)
+    bad = [GemmJob(0, 4, 1, 0).pack(), GemmJob(3, 4, 1, 0).pack(),     # M = 0, M > m_max
+           GemmJob(2, 6, 1, 0).pack(), GemmJob(2, 4, 0, 0).pack(),     # K % G, N = 0
+           GemmJob(2, 8, 1, 0).pack()]                                 # K > k_max
+    (y,), st = run_jobs([case], k_max=16, m_max=2, bad=bad)
+    np.testing.assert_array_equal(y, golden(case))
+    assert st["bad_jobs"] == len(bad) and st["jobs"] == st["jobs_done"] == 1

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from amaranth import Module, Signal
 from amaranth.lib import wiring
-from amaranth.lib.wiring import In
+from amaranth.lib.wiring import In, Out
 
+from mcf.abi.compute import DMA_STATUS, GEMM_STATUS, VECTOR_STATUS
 from mcf.abi.fixed import INT8
-from mcf.abi.quant import ReadDest, WriteSrc
+from mcf.abi.quant import GROUP_SIZE, ReadDest, WriteSrc
 
 from ..mem.dma import DmaLoader
 from .gemm import GemmEngine
@@ -26,20 +27,28 @@ class MatrixEngine(wiring.Component):
     m_axi0, m_axi1 : Out(AXI4Signature)
         Two HP ports. Port 0 reads and writes, port 1 reads (its write path is idle).
     rd_desc0, rd_desc1, wr_desc : In(stream)
-        DMA descriptors (:func:`mcf.hdl.mem.axi.descriptor_layout`).
+        DMA descriptors (:data:`mcf.abi.compute.DMA_DESC`).
     rd_dest0, rd_dest1 : In(ReadDest)
         Where each port's read data go (change only between descriptors).
     wr_src : In(WriteSrc)
         Which result stream port 0 writes.
-    gemm_*, vec_* : configuration of :class:`GemmEngine` and :class:`VectorUnit`.
-    status: ``tiles_done``, ``tokens``, ``rd_errors0/1``, ``wr_errors``, ``wr_busy``,
-    ``gemm_steps``, ``gemm_cycles``.
+    gemm_job : In(stream.Signature(:data:`mcf.abi.compute.GEMM_JOB`))
+        GEMM jobs, queued and run back to back (:class:`GemmEngine`).
+    vec_op, vec_n_beats, vec_eps : In
+        Configuration of :class:`VectorUnit`.
+    dma0_status, dma1_status : Out(:data:`mcf.abi.compute.DMA_STATUS`)
+    gemm_status : Out(:data:`mcf.abi.compute.GEMM_STATUS`)
+    vec_status : Out(:data:`mcf.abi.compute.VECTOR_STATUS`)
+        Status counters of the parts.
+    wr_busy, gemm_busy : Out(1)
+        Port 0's write path has something outstanding; the GEMM has a job queued or in
+        flight.
 
     Latency: the sum of the parts; the routing adds none (combinational).
     """
 
-    def __init__(self, rows=16, lanes=16, group=128, k_max=8960, m_max=64, vec_n_max=1536,
-                 data_width=128, outstanding=8):
+    def __init__(self, rows=16, lanes=16, group=GROUP_SIZE, k_max=8960, m_max=64,
+                 vec_n_max=1536, data_width=128, outstanding=8):
         vec_lanes = data_width // 32
         if lanes * INT8.width != data_width:
             raise ValueError("the GEMM beat (lanes·8) must equal the port width")
@@ -54,14 +63,11 @@ class MatrixEngine(wiring.Component):
             "m_axi0": d0["m_axi"], "m_axi1": d0["m_axi"],
             "rd_desc0": d0["rd_desc"], "rd_desc1": d0["rd_desc"], "wr_desc": d0["wr_desc"],
             "rd_dest0": In(ReadDest), "rd_dest1": In(ReadDest), "wr_src": In(WriteSrc),
-            "gemm_start": g["start"], "gemm_m_count": g["m_count"],
-            "gemm_k_steps": g["k_steps"], "gemm_n_tiles": g["n_tiles"],
-            "gemm_w_exp": g["w_exp"],
+            "gemm_job": g["job"],
             "vec_op": v["op"], "vec_n_beats": v["n_beats"], "vec_eps": v["eps"],
-            "tiles_done": g["tiles_done"], "tokens": v["tokens"],
-            "gemm_steps": g["steps"], "gemm_cycles": g["cycles"],
-            "rd_errors0": d0["rd_errors"], "rd_errors1": d0["rd_errors"],
-            "wr_errors": d0["wr_errors"], "wr_busy": d0["wr_busy"],
+            "dma0_status": Out(DMA_STATUS), "dma1_status": Out(DMA_STATUS),
+            "gemm_status": Out(GEMM_STATUS), "vec_status": Out(VECTOR_STATUS),
+            "wr_busy": d0["wr_busy"], "gemm_busy": g["busy"],
         })
 
     def elaborate(self, platform):
@@ -76,14 +82,12 @@ class MatrixEngine(wiring.Component):
         wiring.connect(m, wiring.flipped(self.rd_desc1), d1.rd_desc)
         wiring.connect(m, wiring.flipped(self.wr_desc), d0.wr_desc)
         m.d.comb += d1.wr_desc.valid.eq(0)
-        m.d.comb += [g.start.eq(self.gemm_start), g.m_count.eq(self.gemm_m_count),
-                     g.k_steps.eq(self.gemm_k_steps), g.n_tiles.eq(self.gemm_n_tiles),
-                     g.w_exp.eq(self.gemm_w_exp), v.op.eq(self.vec_op),
-                     v.n_beats.eq(self.vec_n_beats), v.eps.eq(self.vec_eps),
-                     self.tiles_done.eq(g.tiles_done), self.tokens.eq(v.tokens),
-                     self.gemm_steps.eq(g.steps), self.gemm_cycles.eq(g.cycles),
-                     self.rd_errors0.eq(d0.rd_errors), self.rd_errors1.eq(d1.rd_errors),
-                     self.wr_errors.eq(d0.wr_errors), self.wr_busy.eq(d0.wr_busy)]
+        wiring.connect(m, wiring.flipped(self.gemm_job), g.job)
+        m.d.comb += [v.op.eq(self.vec_op), v.n_beats.eq(self.vec_n_beats),
+                     v.eps.eq(self.vec_eps),
+                     self.dma0_status.eq(d0.status), self.dma1_status.eq(d1.status),
+                     self.gemm_status.eq(g.status), self.vec_status.eq(v.status),
+                     self.wr_busy.eq(d0.wr_busy), self.gemm_busy.eq(g.busy)]
 
         sinks = {ReadDest.GEMM_X: g.x_in, ReadDest.GEMM_W: g.w_in, ReadDest.VEC_A: v.a,
                  ReadDest.VEC_B: v.b}

@@ -9,6 +9,7 @@ from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from mcf.abi.compute import VECTOR_STATUS
 from mcf.abi.quant import (
     ACT,
     ACT_FRAC,
@@ -34,7 +35,6 @@ from .vector_math import VectorDivider, VectorSqrt
 
 __all__ = ["VectorUnit", "vector_out_layout"]
 
-COUNTER_BITS = 32
 SS_BITS = 72
 PACK = ACT.width // XQ.width        # INT8 codes of PACK code beats share one output beat
 
@@ -91,7 +91,8 @@ class VectorUnit(wiring.Component):
         the INT8 codes densely packed (``4 · lanes`` per beat, ``ceil(n_beats / 4)`` beats,
         zero-padded), then one beat whose lane 0 is the scale word
         (:func:`mcf.quant.pack_token_scale`), flagged ``last``.
-    tokens : Out — tokens completed.
+    status : Out(:data:`mcf.abi.compute.VECTOR_STATUS`)
+        Counters: tokens completed, operand beats taken (``a`` and ``b``), result beats.
 
     Latency: streaming ops (ADD, SILU_MUL, ROPE) 8 cycles, one beat per cycle, one bubble
     between tokens. RMSNORM and REQUANT buffer the token (``n_max`` elements), then run a
@@ -111,11 +112,12 @@ class VectorUnit(wiring.Component):
             "a": In(stream.Signature(unsigned(W))),
             "b": In(stream.Signature(unsigned(W))),
             "o": Out(stream.Signature(vector_out_layout(lanes))),
-            "tokens": Out(COUNTER_BITS),
+            "status": Out(VECTOR_STATUS),
         })
 
     def elaborate(self, platform):
         m = Module()
+        st = self.status
         L = self.lanes
         lb = (L - 1).bit_length()
         en = Signal()
@@ -434,5 +436,10 @@ class VectorUnit(wiring.Component):
                 m.d.sync += [self.o.valid.eq(1), self.o.payload.last.eq(last5),
                              self.o.payload.data.eq(Cat(*outs))]
                 with m.If(last5):
-                    m.d.sync += self.tokens.eq(self.tokens + 1)
+                    m.d.sync += st.tokens.eq(st.tokens + 1)
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += st.beats_out.eq(st.beats_out + 1)
+        a_in = self.a.valid & self.a.ready
+        b_in = self.b.valid & self.b.ready
+        m.d.sync += st.beats_in.eq(st.beats_in + a_in + b_in)
         return m

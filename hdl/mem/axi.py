@@ -1,5 +1,5 @@
-"""AXI4 (full) master signature and the DMA descriptor/status layouts (paper §5, Fig. 2: the
-ping-pong DMA loader reads DDR through AXI-Full).
+"""AXI4 (full) master signature and burst limits of the DMA loader (paper §5, Fig. 2: the
+ping-pong DMA loader reads DDR through AXI-Full); the descriptor is :mod:`mcf.abi.compute`'s.
 
 Member names are the AXI names, so ``FlatTop`` of a port called ``m_axi`` yields ``m_axi_araddr``
 … and cocotbext-axi's ``AxiBus.from_prefix(dut, "m_axi")`` binds without glue.
@@ -7,32 +7,28 @@ Member names are the AXI names, so ``FlatTop`` of a port called ``m_axi`` yields
 
 from __future__ import annotations
 
-from amaranth import unsigned
-from amaranth.lib import data, wiring
+from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.axi import AxiBurst, AxiResp
+from mcf.abi.compute import (
+    DMA_ADDR_BITS,
+    DMA_COUNT_BITS,
+    DMA_LENGTH_BITS,
+    DMA_STRIDE_BITS,
+    dma_desc_layout,
+)
 
 __all__ = ["AXI4Signature", "AxiResp", "AxiBurst", "MAX_BURST_BEATS", "BOUNDARY_BYTES",
            "descriptor_layout", "ADDR_BITS", "LENGTH_BITS", "STRIDE_BITS", "COUNT_BITS"]
 
 MAX_BURST_BEATS = 256          # AXI4 INCR bursts: arlen ≤ 255
 BOUNDARY_BYTES = 4096          # a burst never crosses a 4 KiB boundary
-ADDR_BITS = 40                 # ZU+ HP ports take 49 bits; the K26's 4 GiB DDR needs 32
-LENGTH_BITS = 24
-STRIDE_BITS = 32
-COUNT_BITS = 16
-
-
-def descriptor_layout(addr_bits: int = ADDR_BITS) -> data.StructLayout:
-    """A 2-D transfer: ``count`` rows of ``length`` bytes, row ``i`` at ``addr + i·stride``.
-    Any byte alignment; ``length = 0`` or ``count = 0`` is rejected (counted, no bus access)."""
-    return data.StructLayout({
-        "addr": unsigned(addr_bits),
-        "length": unsigned(LENGTH_BITS),
-        "stride": unsigned(STRIDE_BITS),
-        "count": unsigned(COUNT_BITS),
-    })
+ADDR_BITS = DMA_ADDR_BITS
+LENGTH_BITS = DMA_LENGTH_BITS
+STRIDE_BITS = DMA_STRIDE_BITS
+COUNT_BITS = DMA_COUNT_BITS
+descriptor_layout = dma_desc_layout     # the ABI's descriptor (mcf.abi.compute)
 
 
 class AXI4Signature(wiring.Signature):

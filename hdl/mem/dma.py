@@ -15,6 +15,8 @@ from amaranth import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from mcf.abi.compute import DMA_READ_STATUS, DMA_STATUS, DMA_WRITE_STATUS
+
 from .axi import (
     ADDR_BITS,
     BOUNDARY_BYTES,
@@ -26,9 +28,8 @@ from .axi import (
     descriptor_layout,
 )
 
-__all__ = ["DmaReader", "DmaWriter", "DmaLoader", "read_beat_layout", "STATUS_BITS"]
+__all__ = ["DmaReader", "DmaWriter", "DmaLoader", "read_beat_layout"]
 
-STATUS_BITS = 32
 AXCACHE = 0b0011     # normal non-cacheable bufferable (what Xilinx HP ports expect)
 
 
@@ -106,9 +107,9 @@ class DmaReader(wiring.Component):
         not a multiple of the beat; ``last`` on the final beat of a descriptor; ``err`` when a
         contributing bus beat returned SLVERR/DECERR.
     bus : Out(AXI4Signature) — only the AR/R members are driven (AW/W/B tied off).
-    rejects, errors, last_resp, beats : Out
-        Descriptors rejected (zero length/count), non-OKAY read beats, the last non-OKAY
-        response, bus beats received.
+    status : Out(:data:`mcf.abi.compute.DMA_READ_STATUS`)
+        Descriptors completed (final beat delivered), bus beats received, descriptors rejected
+        (zero length/count), non-OKAY read beats, the last non-OKAY response code.
 
     Latency: first AR two cycles after the descriptor; data leave the realigner one beat
     after the second bus beat of a row (one bubble per row). Throughput one beat per cycle.
@@ -124,8 +125,7 @@ class DmaReader(wiring.Component):
             "desc": In(stream.Signature(descriptor_layout(addr_width))),
             "o": Out(stream.Signature(read_beat_layout(data_width))),
             "bus": Out(AXI4Signature(addr_width, data_width)),
-            "rejects": Out(STATUS_BITS), "errors": Out(STATUS_BITS),
-            "last_resp": Out(AxiResp), "beats": Out(STATUS_BITS),
+            "status": Out(DMA_READ_STATUS),
         })
 
     def elaborate(self, platform):
@@ -134,7 +134,8 @@ class DmaReader(wiring.Component):
         bb = DW // 8
         lb = (bb - 1).bit_length()
         bus = self.bus
-        rows = _Rows(m, self.desc, bb, self.addr_width, self.rejects)
+        st = self.status
+        rows = _Rows(m, self.desc, bb, self.addr_width, st.rejects)
 
         m.submodules.raw = raw = fifo.SyncFIFOBuffered(width=DW + 1, depth=self.fifo_depth)
         info_l = data.StructLayout({"off": unsigned(lb), "length": unsigned(LENGTH_BITS),
@@ -175,9 +176,9 @@ class DmaReader(wiring.Component):
         m.d.comb += [bus.rready.eq(1), raw.w_en.eq(recv),
                      raw.w_data.eq(Cat(bus.rdata, bus.rresp != AxiResp.OKAY))]
         with m.If(recv):
-            m.d.sync += self.beats.eq(self.beats + 1)
+            m.d.sync += st.beats.eq(st.beats + 1)
             with m.If(bus.rresp != AxiResp.OKAY):
-                m.d.sync += [self.errors.eq(self.errors + 1), self.last_resp.eq(bus.rresp)]
+                m.d.sync += [st.errors.eq(st.errors + 1), st.last_resp.eq(bus.rresp)]
 
         # realigner
         cur = data.View(info_l, Signal(info_l.size))
@@ -214,6 +215,8 @@ class DmaReader(wiring.Component):
                          out_sent.eq(out_sent + 1)]
             with m.If(is_final):
                 m.d.sync += active.eq(0)
+                with m.If(cur.last):
+                    m.d.sync += st.descs.eq(st.descs + 1)
 
         with m.If(active & can_out):
             with m.If(raw_seen < raw_cnt):
@@ -239,9 +242,11 @@ class DmaWriter(wiring.Component):
         Row bytes from lane 0, ``ceil(length / beat)`` beats per row (unused lanes of a
         row's final beat are ignored).
     bus : Out(AXI4Signature) — only AW/W/B are driven.
-    rejects, errors, last_resp, bursts_done, busy : Out
-        Rejected descriptors, non-OKAY write responses, the last one, completed bursts,
-        anything outstanding.
+    status : Out(:data:`mcf.abi.compute.DMA_WRITE_STATUS`)
+        Descriptors accepted, bursts acknowledged, descriptors rejected, non-OKAY write
+        responses, the last non-OKAY response code.
+    busy : Out(1)
+        Anything accepted and not yet acknowledged.
 
     Latency: the first AW two cycles after the descriptor; W beats follow their AW.
     """
@@ -253,8 +258,7 @@ class DmaWriter(wiring.Component):
             "desc": In(stream.Signature(descriptor_layout(addr_width))),
             "i": In(stream.Signature(unsigned(data_width))),
             "bus": Out(AXI4Signature(addr_width, data_width)),
-            "rejects": Out(STATUS_BITS), "errors": Out(STATUS_BITS),
-            "last_resp": Out(AxiResp), "bursts_done": Out(STATUS_BITS), "busy": Out(1),
+            "status": Out(DMA_WRITE_STATUS), "busy": Out(1),
         })
 
     def elaborate(self, platform):
@@ -263,7 +267,11 @@ class DmaWriter(wiring.Component):
         bb = DW // 8
         lb = (bb - 1).bit_length()
         bus = self.bus
-        rows = _Rows(m, self.desc, bb, self.addr_width, self.rejects)
+        st = self.status
+        rows = _Rows(m, self.desc, bb, self.addr_width, st.rejects)
+        with m.If(self.desc.valid & self.desc.ready & (self.desc.payload.length != 0) &
+                  (self.desc.payload.count != 0)):
+            m.d.sync += st.descs.eq(st.descs + 1)
         info_l = data.StructLayout({"off": unsigned(lb), "length": unsigned(LENGTH_BITS)})
         m.submodules.info = info = fifo.SyncFIFOBuffered(width=info_l.size, depth=4)
         m.submodules.wlen = wlen = fifo.SyncFIFOBuffered(width=9, depth=self.outstanding)
@@ -287,9 +295,9 @@ class DmaWriter(wiring.Component):
         m.d.comb += [bus.bready.eq(1), b_ok.eq(bus.bvalid)]
         m.d.sync += bursts.eq(bursts + wlen.w_en - b_ok)
         with m.If(b_ok):
-            m.d.sync += self.bursts_done.eq(self.bursts_done + 1)
+            m.d.sync += st.bursts.eq(st.bursts + 1)
             with m.If(bus.bresp != AxiResp.OKAY):
-                m.d.sync += [self.errors.eq(self.errors + 1), self.last_resp.eq(bus.bresp)]
+                m.d.sync += [st.errors.eq(st.errors + 1), st.last_resp.eq(bus.bresp)]
         m.d.comb += self.busy.eq(rows.busy | (bursts != 0) | info.r_rdy)
 
         # realign input rows into place, with strobes
@@ -344,9 +352,9 @@ class DmaWriter(wiring.Component):
 class DmaLoader(wiring.Component):
     """Read and write paths sharing one AXI4 master port ``m_axi`` (a ZU+ S_AXI_HP port).
 
-    Members: ``rd_desc``, ``rd`` (read beats), ``wr_desc``, ``wr`` (write data), ``m_axi``, and
-    the status of both paths (``rd_*``, ``wr_*``). Latencies as :class:`DmaReader` and
-    :class:`DmaWriter`.
+    Members: ``rd_desc``, ``rd`` (read beats), ``wr_desc``, ``wr`` (write data), ``m_axi``,
+    ``status`` (:data:`mcf.abi.compute.DMA_STATUS`: the reader's fields prefixed ``rd_``, the
+    writer's ``wr_``) and ``wr_busy``. Latencies as :class:`DmaReader` and :class:`DmaWriter`.
     """
 
     def __init__(self, data_width: int = 128, addr_width: int = ADDR_BITS,
@@ -357,10 +365,7 @@ class DmaLoader(wiring.Component):
         super().__init__({
             "rd_desc": r["desc"], "rd": r["o"], "wr_desc": w["desc"], "wr": w["i"],
             "m_axi": Out(AXI4Signature(addr_width, data_width)),
-            "rd_rejects": r["rejects"], "rd_errors": r["errors"], "rd_last_resp": r["last_resp"],
-            "rd_beats": r["beats"],
-            "wr_rejects": w["rejects"], "wr_errors": w["errors"], "wr_last_resp": w["last_resp"],
-            "wr_bursts_done": w["bursts_done"], "wr_busy": w["busy"],
+            "status": Out(DMA_STATUS), "wr_busy": w["busy"],
         })
 
     def elaborate(self, platform):
@@ -371,10 +376,11 @@ class DmaLoader(wiring.Component):
         wiring.connect(m, rd.o, wiring.flipped(self.rd))
         wiring.connect(m, wiring.flipped(self.wr_desc), wr.desc)
         wiring.connect(m, wiring.flipped(self.wr), wr.i)
-        for name in ("rejects", "errors", "last_resp", "beats"):
-            m.d.comb += getattr(self, f"rd_{name}").eq(getattr(rd, name))
-        for name in ("rejects", "errors", "last_resp", "bursts_done", "busy"):
-            m.d.comb += getattr(self, f"wr_{name}").eq(getattr(wr, name))
+        for name, _ in DMA_READ_STATUS:
+            m.d.comb += self.status[f"rd_{name}"].eq(rd.status[name])
+        for name, _ in DMA_WRITE_STATUS:
+            m.d.comb += self.status[f"wr_{name}"].eq(wr.status[name])
+        m.d.comb += self.wr_busy.eq(wr.busy)
         ar = ("araddr", "arlen", "arsize", "arburst", "arid", "arcache", "arprot", "arvalid",
               "rready")
         aw = ("awaddr", "awlen", "awsize", "awburst", "awid", "awcache", "awprot", "awvalid",

@@ -32,10 +32,16 @@ from cocotbext.axi import (
 )
 from cocotbext.axi.constants import AxiResp
 
+from mcf.abi.compute import DMA_STATUS, status_values
 from mcf.sim import bench_params
 from mcf.sim.benches.dma_desc import send_descriptor
 
 MEM = 1 << 20
+
+
+def st(dut) -> dict[str, int]:
+    """The loader's status word (:data:`mcf.abi.compute.DMA_STATUS`) by field."""
+    return status_values(DMA_STATUS, dut.status.value)
 
 
 def _pauses(p, rng):
@@ -187,10 +193,12 @@ async def run_reads(tb, n):
         stride = rng.randint(length, length + 300) if count > 1 else 0
         addr = rng.randint(0, (1 << 16) - length - stride * count - 1)
         cases.append((addr, length, stride, count))
+    descs = st(tb.dut)["rd_descs"]
     for c in cases:
         got = await tb.read(*c)
         assert got == expected_rows(mem, *c), f"read {c} mismatch"
-    assert int(tb.dut.rd_errors.value) == 0
+    assert st(tb.dut)["rd_errors"] == 0
+    assert st(tb.dut)["rd_descs"] == descs + len(cases)
 
 
 @cocotb.test()
@@ -222,48 +230,48 @@ async def dma(dut):
             for i, row in enumerate(rows):
                 shadow[addr + i * stride: addr + i * stride + length] = row
             assert tb.ram.read(base, 1 << 16) == bytes(shadow), f"write {addr},{length} bad"
-        assert int(dut.wr_errors.value) == 0
+        assert st(dut)["wr_errors"] == 0
     if "error" in tests:
         bb = len(dut.m_axi_rdata) // 8
         tb.bad_read = {0x3000 + bb * i for i in range(3)}
         got = await tb.read(0x3000 - 40, 200)
         assert len(got) == 200
-        assert int(dut.rd_errors.value) == 3
-        assert int(dut.rd_last_resp.value) == AxiResp.SLVERR
+        assert st(dut)["rd_errors"] == 3
+        assert st(dut)["rd_last_resp"] == AxiResp.SLVERR
         tb.bad_read = set()
         got = await tb.read(0x3000 - 40, 200)   # the loader keeps working afterwards
         assert got == tb.ram.read(0x3000 - 40, 200)
-        assert int(dut.rd_errors.value) == 3
+        assert st(dut)["rd_errors"] == 3
         tb.decerr_read = {0x5000}
         got = await tb.read(0x5000 + 3, 10)
         good = tb.ram.read(0x5000 + 3, 10)
         want = bytes(0 if 0x5000 + 3 + i < 0x5000 + bb else good[i] for i in range(10))
         assert got == want                        # the errored beat reads as zeros
-        assert int(dut.rd_errors.value) == 4
-        assert int(dut.rd_last_resp.value) == AxiResp.DECERR
+        assert st(dut)["rd_errors"] == 4
+        assert st(dut)["rd_last_resp"] == AxiResp.DECERR
         tb.decerr_read = set()
         tb.bad_write = {0x8000}
         await tb.write(0x8000 - 8, 64, [bytes(range(64))])
-        assert int(dut.wr_errors.value) == 1
-        assert int(dut.wr_last_resp.value) == AxiResp.SLVERR
+        assert st(dut)["wr_errors"] == 1
+        assert st(dut)["wr_last_resp"] == AxiResp.SLVERR
     if "reject" in tests:
-        before = int(dut.rd_rejects.value)
+        before = st(dut)["rd_rejects"]
         await tb.desc("rd", 0x100, 0, 0, 1)
         await tb.desc("rd", 0x100, 16, 0, 0)
         await ClockCycles(dut.clk, 4)
-        assert int(dut.rd_rejects.value) == before + 2
+        assert st(dut)["rd_rejects"] == before + 2
         assert await tb.read(0x40, 33) == tb.ram.read(0x40, 33)
     if "efficiency" in tests:
         bb = len(dut.m_axi_rdata) // 8
         results = []
         for length in p.get("lengths", [1 << 16]):
-            start_beats = int(dut.rd_beats.value)
+            start_beats = st(dut)["rd_beats"]
             await tb.desc("rd", 0, length)
             t0 = tb.cycle
             fr = await tb.rd.recv()
             t1 = tb.cycle
             assert len(fr.tdata) == length
-            beats = int(dut.rd_beats.value) - start_beats
+            beats = st(dut)["rd_beats"] - start_beats
             results.append({"bytes": length, "beats": beats, "cycles": t1 - t0,
                             "latency": tb.latency, "beat_bytes": bb})
         if p.get("out"):

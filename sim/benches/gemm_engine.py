@@ -1,11 +1,17 @@
-"""cocotb bench of the INT4 GEMM engine behind FlatTop: activations and tile blobs from
-cocotbext-axi stream sources, results into a sink, bit-exact against mcf.golden.gemm.
+"""cocotb bench of the INT4 GEMM engine behind FlatTop: sequences of jobs back to back (job
+descriptors, activation and tile streams from cocotbext-axi sources, results into a sink), every
+job bit-exact against :func:`mcf.golden.gemm.gemm` (paper §5: ping-pong loading).
 
-Params: ``rows``, ``lanes``, ``group``; ``cases``: list of ``{m, n, k, seed}``; ``idle`` and
-``backpressure`` (probabilities of pausing a source / the sink); ``out`` (optional): path of a
-JSON file receiving per case: ``steps`` and ``cycles`` (the engine's counters: k-steps, and
-cycles from the first step to the last result) and ``job_cycles`` (from ``start`` to the last
-result beat received, i.e. including the activation and first-tile loads).
+Params: ``rows``, ``lanes``, ``group``; ``sequences``: list of ``{"name", "jobs": [{m, n, k,
+seed}, ...]}`` — each sequence's job descriptors are queued at once and its streams sent
+without gaps; ``idle`` and ``backpressure`` (pause probabilities of the sources / the sink);
+``seed``; ``sabotage`` (optional ``{"sequence", "job", "kind"}``: ``"weights"`` checks that
+job against other weights, ``"bad_job"`` also queues a descriptor the engine must reject);
+``out`` (optional JSON path). Per sequence the JSON has: ``cycles`` (first job descriptor
+presented → last result beat), ``steps`` (k-steps, from the engine's status), ``first_out``
+(cycle of the first result beat, relative) and ``steps_at_first_out``, ``x_bytes``,
+``w_bytes``, ``mismatches`` per job and the status counter differences. The JSON is written
+before the checks, so a refusing caller can tell why.
 """
 
 from __future__ import annotations
@@ -16,20 +22,17 @@ import random
 import cocotb
 import numpy as np
 from cocotb.clock import Clock
-from cocotb.triggers import RisingEdge
-from cocotb.utils import get_sim_time
+from cocotb.triggers import RisingEdge, with_timeout
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStreamSource
 
+from mcf.abi.compute import GEMM_STATUS, GemmJob, gemm_x_stream, status_values
 from mcf.golden.gemm import gemm
 from mcf.quant import QuantWeight, gemm_tile_blob, gemm_x_blob
 from mcf.sim import bench_params
+from mcf.sim.benches.dma_desc import send_job
+from mcf.sim.benches.pauses import set_pauses
 
 CLOCK_NS = 4
-
-
-def _pauses(p, rng):
-    while True:
-        yield rng.random() < p
 
 
 def make_case(m, n, k, group, seed):
@@ -43,66 +46,119 @@ def make_case(m, n, k, group, seed):
     if n > 1:
         q[1, :] = 7
     wm = rng.integers(0, 1 << 16, (n, k // group))
-    qw = QuantWeight(q, wm, -20, group)
+    qw = QuantWeight(q, wm, int(rng.integers(-21, -19)), group)
     bias = rng.integers(-(1 << 24), 1 << 24, n)
     return xq, x_m, x_e, qw, bias
 
 
-@cocotb.test()
-async def gemm_bit_exact(dut):
-    p = bench_params()
+class TB:
+    def __init__(self, dut, p):
+        self.dut = dut
+        self.cycle = 0
+        cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns").start())
+        self.xs = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis_x"), dut.clk, dut.rst)
+        self.ws = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis_w"), dut.clk, dut.rst)
+        self.ys = AxiStreamSink(AxiStreamBus.from_prefix(dut, "m_axis_y"), dut.clk, dut.rst)
+        rng = random.Random(p.get("seed", 1))
+        set_pauses(rng, (self.xs, self.ws), (self.ys,), idle=p.get("idle", 0) or None,
+                   backpressure=p.get("backpressure", 0) or None)
+        dut.job_tvalid.value = 0
+
+    async def count(self):
+        while True:
+            await RisingEdge(self.dut.clk)
+            self.cycle += 1
+
+    def status(self) -> dict[str, int]:
+        return status_values(GEMM_STATUS, self.dut.status.value)
+
+
+async def run_sequence(tb, seq, p, sabotage):
     rows, lanes, group = p["rows"], p["lanes"], p["group"]
-    beat = lanes
-    cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns").start())
-    xs = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis_x"), dut.clk, dut.rst)
-    ws = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis_w"), dut.clk, dut.rst)
-    ys = AxiStreamSink(AxiStreamBus.from_prefix(dut, "m_axis_y"), dut.clk, dut.rst)
-    rng = random.Random(p.get("seed", 1))
-    if p.get("idle", 0):
-        xs.set_pause_generator(_pauses(p["idle"], rng))
-        ws.set_pause_generator(_pauses(p["idle"], rng))
-    if p.get("backpressure", 0):
-        ys.set_pause_generator(_pauses(p["backpressure"], rng))
-    dut.start.value = 0
+    bb = lanes
+    jobs = [make_case(j["m"], j["n"], j["k"], group, j["seed"]) for j in seq["jobs"]]
+    before = tb.status()
+    x_bytes = w_bytes = 0
+    descs = []
+    for i, (xq, _, _, qw, _) in enumerate(jobs):
+        m, k = xq.shape
+        if sabotage.get("job") == i and sabotage.get("kind") == "bad_job":
+            descs.append(GemmJob(m, k // lanes + 1, 1, qw.e))    # not a whole group: reject
+        descs.append(GemmJob.for_shape(m, qw.q.shape[0], k, qw.e, rows, lanes))
+    xblobs = [gemm_x_stream(gemm_x_blob(xq, x_m, x_e, bb), xq.shape[0], xq.shape[1], bb)
+              for xq, x_m, x_e, _, _ in jobs]
+    wblobs = [gemm_tile_blob(qw, rows, lanes, bias) for _, _, _, qw, bias in jobs]
+    t0 = tb.cycle
+
+    async def push_jobs():
+        for d in descs:
+            await send_job(tb.dut, "job", d)
+
+    cocotb.start_soon(push_jobs())
+    for xb, wb in zip(xblobs, wblobs):
+        x_bytes += len(xb)
+        w_bytes += len(wb)
+        await tb.xs.send(AxiStreamFrame(xb))
+        await tb.ws.send(AxiStreamFrame(wb))
+    n_bytes = sum(xq.shape[0] * qw.q.shape[0] * 4 for xq, _, _, qw, _ in jobs)
+    got = bytearray()
+    first_out = steps_at_first = None
+    while len(got) < n_bytes:
+        fr = await tb.ys.recv(compact=False)
+        if first_out is None:
+            first_out = tb.cycle - t0
+            steps_at_first = tb.status()["steps"] - before["steps"]
+        got += bytes(fr.tdata)
+    cycles = tb.cycle - t0
+    for _ in range(4):
+        await RisingEdge(tb.dut.clk)
+    after = tb.status()
+    diff = {n: (after[n] - before[n]) % (1 << 32) for n in after}
+    mismatches, pos = [], 0
+    for i, (xq, x_m, x_e, qw, bias) in enumerate(jobs):
+        m, n = xq.shape[0], qw.q.shape[0]
+        vals = np.frombuffer(bytes(got[pos:pos + m * n * 4]), dtype="<i4").astype(np.int64)
+        pos += m * n * 4
+        y = vals.reshape(n // rows, m, rows).transpose(1, 0, 2).reshape(m, n)
+        q = qw.q
+        if sabotage.get("job") == i and sabotage.get("kind") == "weights":
+            q = q.copy()
+            q[-1, 0] = 7 if q[-1, 0] != 7 else -8
+        want = gemm(xq, x_m, x_e, q, qw.m, qw.e, bias, group)
+        mismatches.append(int(np.count_nonzero(y != want)))
+    return {"name": seq["name"], "jobs": seq["jobs"], "cycles": cycles, "first_out": first_out,
+            "steps_at_first_out": steps_at_first, "x_bytes": x_bytes, "w_bytes": w_bytes,
+            "steps": diff["steps"], "status": diff, "mismatches": mismatches,
+            "planned_steps": sum(j["m"] * (j["k"] // lanes) * (j["n"] // rows)
+                                 for j in seq["jobs"]),
+            "planned_bad_jobs": 0}
+
+
+@cocotb.test()
+async def gemm_sequences(dut):
+    p = bench_params()
+    tb = TB(dut, p)
+    cocotb.start_soon(tb.count())
     dut.rst.value = 1
     for _ in range(3):
         await RisingEdge(dut.clk)
     dut.rst.value = 0
-    measured = []
-    for case in p["cases"]:
-        m, n, k = case["m"], case["n"], case["k"]
-        xq, x_m, x_e, qw, bias = make_case(m, n, k, group, case["seed"])
-        dut.m_count.value = m
-        dut.k_steps.value = k // lanes
-        dut.n_tiles.value = n // rows
-        dut.w_exp.value = qw.e
-        dut.start.value = 1
-        await RisingEdge(dut.clk)
-        dut.start.value = 0
-        t0 = get_sim_time("ns")
-        await xs.send(AxiStreamFrame(gemm_x_blob(xq, x_m, x_e, beat)))
-        await ws.send(AxiStreamFrame(gemm_tile_blob(qw, rows, lanes, bias)))
-        want = gemm(xq, x_m, x_e, qw.q, qw.m, qw.e, bias, group)
-        n_bytes = m * n * 4
-        got = bytearray()
-        while len(got) < n_bytes:
-            fr = await ys.recv(compact=False)
-            got += bytes(fr.tdata)
-        job_cycles = int(round((get_sim_time("ns") - t0) / CLOCK_NS))
-        vals = np.frombuffer(bytes(got[:n_bytes]), dtype="<i4").astype(np.int64)
-        y = vals.reshape(n // rows, m, rows).transpose(1, 0, 2).reshape(m, n)
-        bad = np.argwhere(y != want)
-        assert bad.size == 0, (f"case {case}: {len(bad)} mismatches, first at {bad[0]}: "
-                               f"{y[tuple(bad[0])]} != {want[tuple(bad[0])]}")
-        for _ in range(4):
-            await RisingEdge(dut.clk)
-        assert int(dut.tiles_done.value) == n // rows
-        assert int(dut.x_dropped.value) == 0 and int(dut.w_dropped.value) == 0
-        steps, cycles = int(dut.steps.value), int(dut.cycles.value)
-        assert steps == m * (k // lanes) * (n // rows)
-        measured.append({**case, "steps": steps, "cycles": cycles, "job_cycles": job_cycles,
-                         "x_bytes": len(gemm_x_blob(xq, x_m, x_e, beat)),
-                         "w_bytes": len(gemm_tile_blob(qw, rows, lanes, bias))})
+    results = []
+    sab = p.get("sabotage") or {}
+    for si, seq in enumerate(p["sequences"]):
+        budget = 20_000 + 4 * sum(j["m"] * (j["k"] // p["lanes"] + 40) * (j["n"] // p["rows"]) +
+                                  j["n"] * j["k"] // 16 + j["m"] * j["k"] // 16
+                                  for j in seq["jobs"])
+        res = await with_timeout(
+            run_sequence(tb, seq, p, sab if sab.get("sequence") == si else {}),
+            budget * CLOCK_NS, "ns")
+        results.append(res)
     if p.get("out"):
         with open(p["out"], "w") as f:
-            json.dump(measured, f)
+            json.dump(results, f)
+    for r in results:
+        assert not any(r["mismatches"]), f"{r['name']}: mismatches per job {r['mismatches']}"
+        st = r["status"]
+        assert st["bad_jobs"] == r["planned_bad_jobs"], f"{r['name']}: status {st}"
+        assert st["jobs_done"] == st["jobs"] == len(r["jobs"]), f"{r['name']}: status {st}"
+        assert r["steps"] == r["planned_steps"], f"{r['name']}: {r['steps']} steps"

@@ -13,6 +13,7 @@ Params: ``seed``, ``tokens``, ``max_rel_err`` (vs the float32 layer), ``max_rel_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -22,6 +23,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 from cocotbext.axi import AxiBus, AxiRam
 
+from mcf.abi.compute import DMA_STATUS, GEMM_STATUS, GemmJob, status_values
 from mcf.abi.quant import (
     ReadDest,
     VectorOp,
@@ -40,7 +42,7 @@ from mcf.golden.qwen_layer import (
 )
 from mcf.quant import QuantWeight, from_act, gemm_tile_blob, to_act
 from mcf.sim import bench_params
-from mcf.sim.benches.dma_desc import send_descriptor
+from mcf.sim.benches.dma_desc import send_descriptor, send_job
 
 ROWS, LANES, BEAT = 16, 16, 16
 VLANES = BEAT // 4
@@ -67,7 +69,7 @@ class Engine:
                 side.log.setLevel(logging.WARNING)
         for p in ("rd_desc0", "rd_desc1", "wr_desc"):
             getattr(dut, f"{p}_tvalid").value = 0
-        dut.gemm_start.value = 0
+        dut.gemm_job_tvalid.value = 0
 
     async def descs(self, prefix, items):
         for addr, length, stride, count in items:
@@ -114,16 +116,11 @@ class Engine:
         """``blob`` = (address, bytes) of the weight stream (:func:`gemm_tile_blob`)."""
         d = self.dut
         n = qw.q.shape[0]
-        d.gemm_m_count.value = m
-        d.gemm_k_steps.value = k // LANES
-        d.gemm_n_tiles.value = n // ROWS
-        d.gemm_w_exp.value = qw.e
-        d.gemm_start.value = 1
-        await RisingEdge(d.clk)
-        d.gemm_start.value = 0
-        x_len = m * k + ((-(4 * m)) % BEAT) + 4 * m
+        job = GemmJob.for_shape(m, n, k, qw.e, ROWS, LANES)
+        await send_job(d, "gemm_job", job)
+        rd0 = [dataclasses.astuple(x) for x in job.x_descriptors(xq, LANES)]
         wr = [(out + t * ROWS * 4, ROWS * 4, n * 4, m) for t in range(n // ROWS)]
-        await self.transfer([(xq, x_len, 0, 1)], [(blob[0], blob[1], 0, 1)], wr,
+        await self.transfer(rd0, [(blob[0], blob[1], 0, 1)], wr,
                             ReadDest.GEMM_X, ReadDest.GEMM_W, WriteSrc.GEMM)
 
 
@@ -219,7 +216,11 @@ async def tiny_layer(dut):
     want = layer_fixed(x, ql, cfg)
     bad = np.argwhere(y != want)
     assert bad.size == 0, f"{len(bad)} mismatches vs golden, first {bad[0]}"
-    assert int(dut.rd_errors0.value) == 0 and int(dut.rd_errors1.value) == 0
+    for port in ("dma0", "dma1"):
+        st = status_values(DMA_STATUS, getattr(dut, f"{port}_status").value)
+        assert st["rd_errors"] == st["wr_errors"] == st["rd_rejects"] == st["wr_rejects"] == 0
+    gst = status_values(GEMM_STATUS, dut.gemm_status.value)
+    assert gst["jobs_done"] == 7 and gst["bad_jobs"] == 0
     yf = layer_float(x, w, cfg)
     rel = float(np.linalg.norm(from_act(y) - yf) / np.linalg.norm(yf))
     rel_deq = float(np.linalg.norm(from_act(y) - layer_float(x, ql.dequantized(), cfg)) /

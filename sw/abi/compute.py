@@ -1,0 +1,155 @@
+"""Host/hardware contract of the matrix half of the compute engine (paper §5, Fig. 2: the
+ping-pong DMA loader, the INT4 GEMM engine, the vector unit): the DMA descriptor, the GEMM job
+descriptor and the status-counter layouts the HDL drives. Host code packs descriptors with the
+very layouts the hardware decodes (``pack``/``unpack`` as :class:`mcf.abi.meta.Meta`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from amaranth.hdl import signed, unsigned
+from amaranth.lib import data
+
+from .csrmap import counters
+from .quant import SCALE_EXP_BITS
+
+__all__ = [
+    "DMA_ADDR_BITS", "DMA_LENGTH_BITS", "DMA_STRIDE_BITS", "DMA_COUNT_BITS", "dma_desc_layout",
+    "DMA_DESC", "DmaDesc", "GEMM_JOB", "GemmJob", "GEMM_JOB_FIELD_BITS",
+    "DMA_READ_STATUS", "DMA_WRITE_STATUS", "DMA_STATUS", "GEMM_STATUS", "VECTOR_STATUS",
+    "status_values", "gemm_x_stream",
+]
+
+DMA_ADDR_BITS = 40      # ZU+ HP ports take 49 bits; the K26's 4 GiB DDR needs 32
+DMA_LENGTH_BITS = 24
+DMA_STRIDE_BITS = 32
+DMA_COUNT_BITS = 16
+
+
+def dma_desc_layout(addr_bits: int = DMA_ADDR_BITS) -> data.StructLayout:
+    """A 2-D transfer: ``count`` rows of ``length`` bytes, row ``i`` at ``addr + i·stride``.
+    Any byte alignment; ``length = 0`` or ``count = 0`` is rejected (counted, no bus access)."""
+    return data.StructLayout({
+        "addr": unsigned(addr_bits),
+        "length": unsigned(DMA_LENGTH_BITS),
+        "stride": unsigned(DMA_STRIDE_BITS),
+        "count": unsigned(DMA_COUNT_BITS),
+    })
+
+
+DMA_DESC = dma_desc_layout()
+
+
+def _check_fits(obj, layout: data.StructLayout) -> dict:
+    fields = dataclasses.asdict(obj)
+    for name, fld in layout:
+        shape = fld.shape
+        lo, hi = (-(1 << (shape.width - 1)), 1 << (shape.width - 1)) if shape.signed \
+            else (0, 1 << shape.width)
+        if not lo <= fields[name] < hi:
+            raise ValueError(f"{type(obj).__name__}.{name}={fields[name]} does not fit in "
+                             f"{shape}")
+    return fields
+
+
+@dataclass(frozen=True)
+class DmaDesc:
+    """Host view of one DMA descriptor (:data:`DMA_DESC`)."""
+    addr: int
+    length: int
+    stride: int = 0
+    count: int = 1
+
+    def pack(self, layout: data.StructLayout = DMA_DESC) -> int:
+        """The descriptor as an integer (bit 0 = ``addr`` LSB). Raises on out-of-range fields."""
+        return layout.const(_check_fits(self, layout)).as_bits()
+
+    @classmethod
+    def unpack(cls, raw: int, layout: data.StructLayout = DMA_DESC) -> DmaDesc:
+        view = layout.from_bits(raw)
+        return cls(**{name: int(view[name]) for name, _ in layout})
+
+    @property
+    def nbytes(self) -> int:
+        return self.length * self.count
+
+
+GEMM_JOB_FIELD_BITS = 16
+
+GEMM_JOB = data.StructLayout({
+    "m_count": unsigned(GEMM_JOB_FIELD_BITS),   # tokens (rows of X), 1 .. m_max
+    "k_steps": unsigned(GEMM_JOB_FIELD_BITS),   # K / lanes; K a multiple of the group
+    "n_tiles": unsigned(GEMM_JOB_FIELD_BITS),   # N / rows
+    "w_exp": signed(SCALE_EXP_BITS),            # the weight tensor's shared scale exponent
+})
+"""One GEMM job ``Y[M, N] = epilogue(X[M, K] · W[N, K]ᵀ)``. The engine queues jobs and runs
+them back to back: a job's activations and first weight tile load while the previous job
+computes (ping-pong). A job with a zero or out-of-range field is rejected and counted."""
+
+
+@dataclass(frozen=True)
+class GemmJob:
+    """Host view of :data:`GEMM_JOB`."""
+    m_count: int
+    k_steps: int
+    n_tiles: int
+    w_exp: int
+
+    def pack(self) -> int:
+        return GEMM_JOB.const(_check_fits(self, GEMM_JOB)).as_bits()
+
+    @classmethod
+    def unpack(cls, raw: int) -> GemmJob:
+        view = GEMM_JOB.from_bits(raw)
+        return cls(**{name: int(view[name]) for name, _ in GEMM_JOB})
+
+    @classmethod
+    def for_shape(cls, m: int, n: int, k: int, w_exp: int, rows: int = 16,
+                  lanes: int = 16) -> GemmJob:
+        if n % rows or k % lanes:
+            raise ValueError(f"N={n} must be a multiple of {rows} and K={k} of {lanes}")
+        return cls(m, k // lanes, n // rows, w_exp)
+
+    def x_descriptors(self, xq_addr: int, lanes: int = 16) -> list[DmaDesc]:
+        """The activation stream from a requantised chunk at ``xq_addr`` (codes token-major,
+        then the scale words, as the vector unit writes it): scale words first, then codes."""
+        k = self.k_steps * lanes
+        return [DmaDesc(xq_addr + self.m_count * k, 4 * self.m_count),
+                DmaDesc(xq_addr, self.m_count * k)]
+
+
+def gemm_x_stream(x_blob: bytes, m: int, k: int, beat_bytes: int) -> bytes:
+    """The engine's activation stream from :func:`mcf.quant.gemm_x_blob` (codes, then scale
+    words): the ``m`` scale words first (padded to a beat), then the ``m·k`` codes — what the
+    two descriptors of :meth:`GemmJob.x_descriptors` deliver."""
+    scales = x_blob[m * k:m * k + 4 * m]
+    return scales + bytes((-len(scales)) % beat_bytes) + x_blob[:m * k]
+
+
+DMA_READ_STATUS = counters("descs", "beats", "rejects", "errors", "last_resp")
+"""DMA read path: descriptors completed (last beat delivered), bus beats received, descriptors
+rejected (zero length/count), non-OKAY read beats, the last non-OKAY ``RRESP`` code."""
+
+DMA_WRITE_STATUS = counters("descs", "bursts", "rejects", "errors", "last_resp")
+"""DMA write path: descriptors accepted, write bursts acknowledged, descriptors rejected,
+non-OKAY write responses, the last non-OKAY ``BRESP`` code."""
+
+DMA_STATUS = counters(*(f"rd_{n}" for n, _ in DMA_READ_STATUS),
+                      *(f"wr_{n}" for n, _ in DMA_WRITE_STATUS))
+"""One DMA loader (read and write path on one HP port)."""
+
+GEMM_STATUS = counters("jobs", "jobs_done", "bad_jobs", "tiles_done", "steps", "active_cycles",
+                       "x_beats", "w_beats")
+"""GEMM engine: jobs accepted / completed / rejected, weight tiles completed, k-steps issued to
+the array (each ``rows·lanes`` MACs), cycles with a job in flight, activation and weight beats
+taken. ``steps / active_cycles`` is the MAC utilisation over a run of back-to-back jobs."""
+
+VECTOR_STATUS = counters("tokens", "beats_in", "beats_out")
+"""Vector unit: tokens completed, operand beats taken (``a`` and ``b``), result beats sent."""
+
+
+def status_values(layout: data.StructLayout, raw: int) -> dict[str, int]:
+    """Every field of a status word (as read from a flat ``status`` port) as an integer."""
+    return {name: (int(raw) >> fld.offset) & ((1 << fld.width) - 1) for name, fld in layout}

@@ -27,7 +27,9 @@ from mcf.abi.kv import (
     kvq_status_layout,
     pack_kv_block,
     pack_kv_channel_block,
+    prescale_k,
     quantize_k_channels,
+    quantize_k_open,
     quantize_kv_channel,
     quantize_kv_float,
     quantize_kv_rows,
@@ -330,6 +332,21 @@ def test_kv_channel_payload_roundtrip(tokens):
         unpack_kv_channel_block(bytes(bad), 16)
 
 
+def test_open_group_payload():
+    """An open group is a group like any other on the wire, its records carry their own sk."""
+    rng = np.random.default_rng(49)
+    ka, va = _act_kv(rng, 7)
+    op = KVChannelBlock.quantize_open(ka, va, np.arange(7), rng.integers(1, 1 << 16, D))
+    payload = pack_kv_channel_block(op.k, op.groups(), op.v, op.sv, sk=op.sk)
+    assert len(payload) == kv_channel_block_bytes(7, D)
+    k4, ks, v4, sv, sk = unpack_kv_channel_block(payload, D, with_sk=True)
+    back = KVChannelBlock.from_groups(k4, ks, v4, sv, op.pos, sk=sk)
+    for f in ("k", "ks", "v", "sv", "pos", "sk"):
+        assert np.array_equal(getattr(back, f), getattr(op, f))
+    with pytest.raises(ValueError):
+        unpack_kv_channel_block(payload, D)                # sk != KV_ONE without with_sk
+
+
 def test_kv_channel_fragments():
     """Packets of a per-channel block: within MAX_PAYLOAD, cut at header/record boundaries,
     never across groups, concatenating to the payload."""
@@ -370,7 +387,7 @@ def test_quantize_k_channels_is_the_row_quantiser_on_columns():
     assert np.array_equal(k4b, k4) and np.array_equal(ks[0], s)
     assert all(np.array_equal(x, y) for x, y in zip((v4, sv), quantize_kv_rows(va)))
     with pytest.raises(ValueError):
-        quantize_k_channels(np.zeros((KV_GROUP + 1, D), dtype=np.int64))
+        quantize_k_channels(np.zeros((0, D), dtype=np.int64))
 
 
 def test_fold_query_arithmetic():
@@ -512,13 +529,46 @@ def test_residual_buffer_closes_groups_like_prefill():
             assert np.array_equal(getattr(a, f), getattr(ref, f))
             assert np.array_equal(getattr(b, f), getattr(ref, f))
     res = step.residual()
-    k4, sk = quantize_kv_rows(ka[2 * KV_GROUP:])
+    s_prev = step.closed[-1].ks[0]
+    assert isinstance(res, KVChannelBlock) and np.all(res.ks == s_prev[None])
+    k4, sk = quantize_k_open(ka[2 * KV_GROUP:], s_prev)
     assert np.array_equal(res.k, k4) and np.array_equal(res.sk, sk)
+    assert all(np.array_equal(a, b)
+               for a, b in zip((res.v, res.sv), quantize_kv_rows(va[2 * KV_GROUP:])))
     assert np.array_equal(res.pos, np.arange(2 * KV_GROUP, n))
+    first = KVChannelCache(D)
+    first.append(ka[:5], va[:5])
+    assert np.all(first.residual().ks == KV_ONE)      # no closed group yet: header of ones
     q, sq = random_query(rng, 6, D)
     assert attend_single(q, sq, step.blocks()) == attend_single(q, sq, chunk.blocks())
     blocks = step.blocks(max_block=KV_GROUP)
     assert [len(b) for b in blocks] == [KV_GROUP, KV_GROUP, 7]
+
+
+def test_open_group_prescale():
+    """Open group: y ≈ x · 2^12 / s (one LSB plus the reciprocal's 2^-15), and the prescaled
+    per-token K of outlier data is far closer to the float rows than plain per-token K."""
+    rng = np.random.default_rng(48)
+    s = rng.integers(1, 1 << 16, D)
+    x = to_act(rng.normal(0, 4, (20, D)))
+    y = prescale_k(x, s)
+    exact = x * 4096.0 / s
+    assert np.all(np.abs(y - exact) <= 1 + np.abs(exact) * 2.0 ** -15)
+    assert all(np.array_equal(a, b) for a, b in zip(quantize_k_open(x, s), quantize_kv_rows(y)))
+    with pytest.raises(ValueError):
+        prescale_k(x, np.zeros(D, dtype=np.int64))
+    # outlier keys: previous group's scales, then 20 new tokens of the same statistics
+    ka, va = _act_kv(rng, KV_GROUP + 20)
+    closed = KVChannelBlock.quantize(ka[:KV_GROUP], va[:KV_GROUP], np.arange(KV_GROUP))
+    op = KVChannelBlock.quantize_open(ka[KV_GROUP:], va[KV_GROUP:], np.arange(20),
+                                      closed.groups()[0])
+    ref = ka[KV_GROUP:] / (1 << ACT.frac)
+    k4, sk = quantize_kv_rows(ka[KV_GROUP:])
+    e_open = np.linalg.norm(dequantize_k(op) - ref) / np.linalg.norm(ref)
+    e_tok = np.linalg.norm(dequantize(k4, sk, KV_SCALE) - ref) / np.linalg.norm(ref)
+    e_closed = np.linalg.norm(dequantize_k(closed) - ka[:KV_GROUP] / (1 << ACT.frac))
+    e_closed /= np.linalg.norm(ka[:KV_GROUP] / (1 << ACT.frac))
+    assert e_open <= 0.5 * e_tok and e_open <= 2 * e_closed, (e_open, e_tok, e_closed)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

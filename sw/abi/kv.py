@@ -317,6 +317,7 @@ from .kv_channel import (  # noqa: E402 - kv_channel builds on the names above
     FOLD_QMAX_SHIFT,
     KV_GROUP,
     KV_ONE,
+    PRESCALE_SHIFT_BASE,
     KVFormat,
     fold_query,
     group_sizes,
@@ -326,14 +327,17 @@ from .kv_channel import (  # noqa: E402 - kv_channel builds on the names above
     kv_group_header_bytes,
     kvq_status_layout,
     pack_kv_channel_block,
+    prescale_k,
     quantize_k_channels,
+    quantize_k_open,
     quantize_kv_channel,
     unpack_kv_channel_block,
 )
 
 __all__ += [
     "KVFormat", "KV_GROUP", "KV_ONE", "FOLD_QMAX_SHIFT", "FOLD_Q_SHIFT_BASE", "FOLD_M_SHIFT",
-    "FOLD_E_BASE", "quantize_k_channels", "quantize_kv_channel", "fold_query",
+    "FOLD_E_BASE", "PRESCALE_SHIFT_BASE", "quantize_k_channels", "quantize_kv_channel",
+    "prescale_k", "quantize_k_open", "fold_query",
     "kv_group_header_bytes", "kv_channel_block_bytes", "kv_channel_block_tokens",
     "group_sizes", "kv_channel_fragments", "pack_kv_channel_block", "unpack_kv_channel_block",
     "kvq_status_layout",

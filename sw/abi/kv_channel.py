@@ -36,6 +36,20 @@ but the last have ``KV_GROUP`` records, so the token count follows from the payl
 (:func:`kv_channel_block_tokens`). Packets (``MAX_PAYLOAD``) cut a block at header/record
 boundaries without spanning groups (:func:`kv_channel_fragments`).
 
+Open group (decode residual, :func:`quantize_k_open`): tokens of a KV head's last, not yet full
+group wait (as ACT rows) in a residual buffer until the group fills and is quantised per channel
+as above (KIVI). Until then they are stored as an **open group**: a header carrying the channel
+scales ``s`` of the KV head's previous closed group (all ``KV_ONE`` if there is none), and per
+token its K row **prescaled** by those scales and quantised per token, with its own ``sk``::
+
+    n_c = bitlen(s_c);  r_c = recip_mant(s_c << (RECIP_IN_BITS − n_c))   # ≈ 2^31 / (s_c·2^(16−n_c))
+    y_c = sat32(round_half_up(x_c · r_c, n_c + PRESCALE_SHIFT_BASE))      # ≈ x_c · 2^12 / s_c
+    (k4, sk) = quantize_kv_rows(y)                                        # per token, as PER_TOKEN
+
+so ``x_c ≈ k4_c · sk · s_c`` (both in KV_SCALE units): the outlier channels are brought to the
+range of the others before the per-token scale is taken. The record's ``sk`` is that per-token
+scale (not ``KV_ONE``); everything else is a group like any other.
+
 Score (:func:`fold_query`): the channel scale is folded into the query **once per group** and
 the per-token score path is used unchanged with ``sk = KV_ONE``. For one query head
 (INT8 ``q[d]``, scale ``(m, e)``) and a group's channel scales ``s[d]``::
@@ -50,12 +64,14 @@ the per-token score path is used unchanged with ``sk = KV_ONE``. For one query h
 
 (``q' ≈ p · 128 / a``: the absmax element saturates to 127, the convention of
 :data:`mcf.abi.quant.QMAX_SHIFT`.) An all-zero ``p`` gives ``q' = 0``, ``(m', e') = (0, 0)``.
-Then for every key of the group, with ``acc' = Σ q'_c · k4_c``::
+Then for every record of the group, with ``acc' = Σ q'_c · k4_c`` and the record's ``sk``
+(``KV_ONE`` in a closed group)::
 
-    t = score(acc', KV_ONE, q_multiplier(m', d), score_shift(e'))
+    t = score(acc', sk, q_multiplier(m', d), score_shift(e'))
 
 — exactly :func:`mcf.abi.kv.score` of the per-token format with ``(m', e')`` in place of the
-query scale and ``sk = KV_ONE``. Real value check:
+query scale: **the engine scores every group's records as per-token records, after loading the
+query folded with the group's header**. Real value check:
 ``Σ q_c m 2^e · k4_c s_c 2^-12 = Σ p_c k4_c · m 2^(e−12) ≈ acc' · x16 2^(n−16−7) · m 2^(e−12)
 = acc' · m' 2^(e')``.
 """
@@ -75,7 +91,8 @@ from .softmax import RECIP_FRAC, RECIP_IN_BITS, recip_mant
 
 __all__ = [
     "KVFormat", "KV_GROUP", "KV_ONE", "FOLD_QMAX_SHIFT", "FOLD_Q_SHIFT_BASE", "FOLD_M_SHIFT",
-    "FOLD_E_BASE", "quantize_k_channels", "quantize_kv_channel", "fold_query",
+    "FOLD_E_BASE", "PRESCALE_SHIFT_BASE", "quantize_k_channels", "quantize_kv_channel",
+    "prescale_k", "quantize_k_open", "fold_query",
     "kv_group_header_bytes", "kv_channel_block_bytes", "kv_channel_block_tokens",
     "group_sizes", "kv_channel_fragments", "pack_kv_channel_block", "unpack_kv_channel_block",
     "kvq_status_layout",
@@ -102,20 +119,42 @@ FOLD_M_SHIFT = 16
 """``m' = round_half_up(m · x16, FOLD_M_SHIFT)``: the product of two 16-bit mantissas → 16 bits."""
 FOLD_E_BASE = RECIP_IN_BITS + FOLD_QMAX_SHIFT + KV_SCALE.frac - FOLD_M_SHIFT
 """``e' = e + n − FOLD_E_BASE`` (= 19)."""
+PRESCALE_SHIFT_BASE = RECIP_FRAC - RECIP_IN_BITS - KV_SCALE.frac
+"""Open group: ``y = sat32(round_half_up(x · r_s, bitlen(s) + PRESCALE_SHIFT_BASE))`` (= 3)."""
 
 _EXP_LO, _EXP_HI = -(1 << (SCALE_EXP_BITS - 1)), (1 << (SCALE_EXP_BITS - 1)) - 1
 
 
 def quantize_k_channels(x):
-    """ACT K rows of one group ``x[T, d]`` (1 ≤ T ≤ KV_GROUP) → (INT4 codes ``[T, d]``,
+    """ACT K rows of one group ``x[T, d]`` (1 ≤ T ≤ the group size) → (INT4 codes ``[T, d]``,
     channel scale codes ``[d]``): :func:`mcf.abi.kv.quantize_kv_rows` on the columns (channel
     absmax over the group's tokens, reciprocal, no divider). An all-zero channel gives codes 0
     and scale 1."""
     x = np.asarray(x, dtype=np.int64)
-    if x.ndim != 2 or not 1 <= x.shape[0] <= KV_GROUP:
-        raise ValueError(f"a K group has 1..{KV_GROUP} rows, got shape {x.shape}")
+    if x.ndim != 2 or x.shape[0] < 1:
+        raise ValueError(f"a K group is a non-empty [T, d] array, got shape {x.shape}")
     k4t, s = quantize_kv_rows(x.T)
     return k4t.T.copy(), s
+
+
+def prescale_k(x, s):
+    """Open group: ACT K rows ``x[..., d]`` divided by the channel scales ``s[d]`` (KV_SCALE
+    codes ≥ 1) through the reciprocal, ``y ≈ x · 2^KV_SCALE.frac / s`` (module docstring)."""
+    x = np.asarray(x, dtype=np.int64)
+    s = np.asarray(s, dtype=np.int64)
+    if s.size and (s.min() < 1 or s.max() > KV_SCALE.max_int):
+        raise ValueError("channel scale codes must lie in 1..KV_SCALE.max_int")
+    n = bitlen(s)
+    r = recip_mant(s << (RECIP_IN_BITS - n))
+    sh = n + PRESCALE_SHIFT_BASE
+    return saturate((x * r + (np.int64(1) << (sh - 1))) >> sh, 32)
+
+
+def quantize_k_open(x, s_prev):
+    """Open group (decode residual): ACT K rows ``x[T, d]`` → (INT4 ``[T, d]``, per-token
+    ``sk[T]``) against the previous closed group's channel scales ``s_prev[d]`` (``KV_ONE``
+    everywhere if there is none): :func:`quantize_kv_rows` of :func:`prescale_k`."""
+    return quantize_kv_rows(prescale_k(x, s_prev))
 
 
 def group_sizes(tokens: int, group: int = KV_GROUP) -> list[int]:
@@ -215,11 +254,13 @@ def kv_channel_fragments(tokens: int, head_dim: int, max_payload: int = MAX_PAYL
     return out
 
 
-def pack_kv_channel_block(k4, kscale, v4, sv, group: int = KV_GROUP) -> bytes:
+def pack_kv_channel_block(k4, kscale, v4, sv, group: int = KV_GROUP, sk=None) -> bytes:
     """Per-channel block payload: per group its header (``kscale[g]``, u16 LE) then its token
-    records ``KV_ONE | sv | K | V`` (:func:`mcf.abi.kv.pack_kv_block` with ``sk = KV_ONE``)."""
+    records ``sk | sv | K | V`` (:func:`mcf.abi.kv.pack_kv_block`); ``sk`` defaults to
+    ``KV_ONE`` for every token (closed groups), an open group passes its per-token ``sk``."""
     k4, v4 = np.asarray(k4), np.asarray(v4)
     kscale, sv = np.asarray(kscale, dtype=np.int64), np.asarray(sv, dtype=np.int64)
+    sk = np.full(k4.shape[0], KV_ONE) if sk is None else np.asarray(sk, dtype=np.int64)
     sizes = group_sizes(k4.shape[0], group)
     if kscale.shape != (len(sizes), k4.shape[1]):
         raise ValueError(f"kscale shape {kscale.shape}, expected {(len(sizes), k4.shape[1])}")
@@ -228,33 +269,39 @@ def pack_kv_channel_block(k4, kscale, v4, sv, group: int = KV_GROUP) -> bytes:
     out, lo = bytearray(), 0
     for g, n in enumerate(sizes):
         out += kscale[g].astype("<u2").tobytes()
-        out += pack_kv_block(k4[lo:lo + n], np.full(n, KV_ONE), v4[lo:lo + n], sv[lo:lo + n])
+        out += pack_kv_block(k4[lo:lo + n], sk[lo:lo + n], v4[lo:lo + n], sv[lo:lo + n])
         lo += n
     return bytes(out)
 
 
-def unpack_kv_channel_block(payload: bytes, head_dim: int, group: int = KV_GROUP):
-    """Inverse of :func:`pack_kv_channel_block`: ``(k4, kscale, v4, sv)``. Records whose ``sk``
-    is not ``KV_ONE`` are rejected (``ValueError``)."""
+def unpack_kv_channel_block(payload: bytes, head_dim: int, group: int = KV_GROUP,
+                            with_sk: bool = False):
+    """Inverse of :func:`pack_kv_channel_block`: ``(k4, kscale, v4, sv)``, or
+    ``(k4, kscale, v4, sv, sk)`` with ``with_sk``. Without ``with_sk``, records whose ``sk`` is
+    not ``KV_ONE`` (an open group) are rejected (``ValueError``)."""
     from .kv import unpack_kv_block
 
     tokens = kv_channel_block_tokens(len(payload), head_dim, group)
     hdr, rec = kv_group_header_bytes(head_dim), kv_token_bytes(head_dim)
-    ks, k4s, v4s, svs, off = [], [], [], [], 0
+    ks, k4s, v4s, svs, sks, off = [], [], [], [], [], 0
     for n in group_sizes(tokens, group):
         ks.append(np.frombuffer(payload[off:off + hdr], dtype="<u2").astype(np.int64))
         off += hdr
         k4, sk, v4, sv = unpack_kv_block(payload[off:off + n * rec], head_dim)
-        if np.any(sk != KV_ONE):
-            raise ValueError("per-channel token record with sk != KV_ONE")
+        if not with_sk and np.any(sk != KV_ONE):
+            raise ValueError("per-channel token record with sk != KV_ONE (open group)")
+        sks.append(sk)
         k4s.append(k4)
         v4s.append(v4)
         svs.append(sv)
         off += n * rec
     if not ks:
         z = np.zeros((0, head_dim), dtype=np.int64)
-        return z, z.copy(), z.copy(), np.zeros(0, dtype=np.int64)
-    return np.concatenate(k4s), np.stack(ks), np.concatenate(v4s), np.concatenate(svs)
+        out = (z, z.copy(), z.copy(), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    else:
+        out = (np.concatenate(k4s), np.stack(ks), np.concatenate(v4s), np.concatenate(svs),
+               np.concatenate(sks))
+    return out if with_sk else out[:4]
 
 
 # --- KV emitter status ------------------------------------------------------------------------

@@ -24,8 +24,8 @@ The model mirrors the hardware's order of operations (``mcf.hdl.compute.attentio
 Both KV formats (:class:`mcf.abi.kv.KVFormat`) go through the same functions: a block is a
 :class:`KVBlock` (per token) or a :class:`KVChannelBlock` (K per channel per group of
 :data:`mcf.abi.kv.KV_GROUP` tokens, scored through the folded query of its group,
-:func:`channel_scores`); a job may mix them (closed groups, then the per-token residual of
-:class:`KVChannelCache`). Everything after the scores is format-independent, so every mode,
+:func:`channel_scores`; closed groups, then the open group of :class:`KVChannelCache`); a
+job may even mix the two classes. Everything after the scores is format-independent, so every mode,
 the causal mask, GQA and the split invariance of the two-phase mode carry over.
 """
 
@@ -45,6 +45,7 @@ from mcf.abi.kv import (
     fold_query,
     group_sizes,
     q_multiplier,
+    quantize_k_open,
     quantize_kv_channel,
     quantize_kv_rows,
     score,
@@ -278,22 +279,29 @@ def random_query(rng: np.random.Generator, heads: int, head_dim: int, sigma: flo
 class KVChannelBlock:
     """KV rows of one KV head in the per-channel-K format (codes, not bytes).
 
-    ``ks[t]`` holds the K channel scales of token ``t``'s **group** (rows are equal within a
-    group), so any subset of the keys (``take``/``slice``, e.g. a node's shard of a two-phase
-    split) keeps its scores: a key's score depends on its own codes and its group's scales only.
-    The engine folds the scales into the query once per group (:func:`mcf.abi.kv.fold_query`)."""
+    ``ks[t]`` holds the K channel scales of token ``t``'s **group** (its header; rows are
+    equal within a group), so any subset of the keys (``take``/``slice``, e.g. a node's shard of
+    a two-phase split) keeps its scores: a key's score depends on its own codes, its ``sk`` and
+    its group's header only. The engine folds the header into the query once per group
+    (:func:`mcf.abi.kv.fold_query`). ``sk`` is ``KV_ONE`` in closed groups (the default) and the
+    per-token scale in an open group (:func:`mcf.abi.kv.quantize_k_open`)."""
     k: np.ndarray    # [T, d] INT4 codes
     ks: np.ndarray   # [T, d] KV_SCALE codes of the token's group (one row per group, repeated)
     v: np.ndarray    # [T, d] INT4 codes
     sv: np.ndarray   # [T] KV_SCALE codes (per token)
     pos: np.ndarray  # [T] token positions
+    sk: np.ndarray | None = None   # [T] record sk (None: KV_ONE for every token)
+
+    def __post_init__(self):
+        if self.sk is None:
+            self.sk = np.full(len(self), KV_ONE, dtype=np.int64)
 
     def __len__(self) -> int:
         return int(np.asarray(self.k).shape[0])
 
     def take(self, idx) -> KVChannelBlock:
         return KVChannelBlock(self.k[idx], self.ks[idx], self.v[idx], self.sv[idx],
-                              self.pos[idx])
+                              self.pos[idx], self.sk[idx])
 
     def slice(self, lo: int, hi: int) -> KVChannelBlock:
         return self.take(slice(lo, hi))
@@ -301,16 +309,29 @@ class KVChannelBlock:
     @staticmethod
     def concat(blocks: list[KVChannelBlock]) -> KVChannelBlock:
         return KVChannelBlock(*(np.concatenate([getattr(b, f) for b in blocks])
-                                for f in ("k", "ks", "v", "sv", "pos")))
+                                for f in ("k", "ks", "v", "sv", "pos", "sk")))
 
     @staticmethod
-    def from_groups(k4, kscale, v4, sv, pos, group: int = KV_GROUP) -> KVChannelBlock:
+    def from_groups(k4, kscale, v4, sv, pos, group: int = KV_GROUP, sk=None) -> KVChannelBlock:
         """From the payload view (``kscale[n_groups, d]``, groups of ``group`` tokens from the
         first row, see :func:`mcf.abi.kv.unpack_kv_channel_block`)."""
         sizes = group_sizes(np.asarray(k4).shape[0], group)
         ks = np.repeat(np.asarray(kscale, dtype=np.int64), sizes, axis=0)
         return KVChannelBlock(np.asarray(k4, dtype=np.int64), ks, np.asarray(v4, dtype=np.int64),
-                              np.asarray(sv, dtype=np.int64), np.asarray(pos, dtype=np.int64))
+                              np.asarray(sv, dtype=np.int64), np.asarray(pos, dtype=np.int64),
+                              None if sk is None else np.asarray(sk, dtype=np.int64))
+
+    @staticmethod
+    def quantize_open(k_act, v_act, pos, s_prev=None) -> KVChannelBlock:
+        """An open group (decode residual): K prescaled by the previous closed group's channel
+        scales ``s_prev`` (``KV_ONE`` if None) and quantised per token, V per token."""
+        k_act = np.asarray(k_act, dtype=np.int64)
+        d = k_act.shape[1]
+        s = np.full(d, KV_ONE, dtype=np.int64) if s_prev is None else np.asarray(s_prev)
+        k4, sk = quantize_k_open(k_act, s)
+        v4, sv = quantize_kv_rows(np.asarray(v_act, dtype=np.int64))
+        return KVChannelBlock(k4, np.repeat(s[None].astype(np.int64), len(k4), axis=0), v4, sv,
+                              np.asarray(pos, dtype=np.int64), sk)
 
     @staticmethod
     def quantize(k_act, v_act, pos, group: int = KV_GROUP) -> KVChannelBlock:
@@ -334,9 +355,9 @@ def _valid(blk, q_pos: int, causal: bool):
 
 
 def channel_scores(q, sq, blk: KVChannelBlock):
-    """Scores ``t[G, T]`` of a per-channel block: per distinct group scale vector, the query is
-    folded once (:func:`mcf.abi.kv.fold_query`) and every key of the group is scored with the
-    per-token score path, ``sk = KV_ONE``."""
+    """Scores ``t[G, T]`` of a per-channel block: per distinct group header, the query is
+    folded once (:func:`mcf.abi.kv.fold_query`) and every record of the group is scored with
+    the per-token score path and its ``sk`` (``KV_ONE`` in closed groups)."""
     q = np.asarray(q, dtype=np.int64)
     sq = np.asarray(sq, dtype=np.int64)
     heads, head_dim = q.shape
@@ -350,7 +371,8 @@ def channel_scores(q, sq, blk: KVChannelBlock):
         idx = np.flatnonzero(inv == u)
         qf, sf = fold_query(q, sq, uniq[u])
         acc = qf @ k[idx].T                                           # exact integer
-        t[:, idx] = score(acc, KV_ONE, q_multiplier(sf[:, 0], head_dim)[:, None],
+        t[:, idx] = score(acc, np.asarray(blk.sk)[idx][None, :],
+                          q_multiplier(sf[:, 0], head_dim)[:, None],
                           score_shift(sf[:, 1])[:, None])
     return t
 
@@ -358,7 +380,8 @@ def channel_scores(q, sq, blk: KVChannelBlock):
 def dequantize_k(blk) -> np.ndarray:
     """Real K rows of a block of either format."""
     if isinstance(blk, KVChannelBlock):
-        return np.asarray(blk.k, dtype=np.float64) * KV_SCALE.to_float(blk.ks)
+        return (np.asarray(blk.k, dtype=np.float64) * KV_SCALE.to_float(blk.ks)
+                * KV_SCALE.to_float(blk.sk)[:, None])
     return dequantize(blk.k, blk.sk, KV_SCALE)
 
 
@@ -369,10 +392,11 @@ class KVChannelCache:
     quantiser. Tokens of the group that is not full yet (at most ``group − 1``) wait in the
     **residual buffer** as their ACT K/V rows (the exact input of the quantiser, so a group
     closed during decode has the bits it would have had in a prefill chunk); attention sees
-    them **quantised per token** (:func:`mcf.abi.kv.quantize_kv_rows`, the PER_TOKEN format the
-    engine already takes, one :class:`KVBlock` after the closed groups). When the group fills it
-    is quantised per channel and replaces the residual copies; V codes and ``sv`` of its tokens
-    do not change (V is per token in both formats)."""
+    them as an **open group** (:meth:`KVChannelBlock.quantize_open`): header = the previous
+    closed group's channel scales (``KV_ONE`` if none), K prescaled by them and quantised per
+    token with its own ``sk`` — scored by the same per-group fold as every group. When the
+    group fills it is quantised per channel and replaces the open group; V codes and ``sv`` of
+    its tokens do not change (V is per token in both)."""
 
     def __init__(self, head_dim: int, group: int = KV_GROUP):
         self.head_dim, self.group = head_dim, group
@@ -406,11 +430,10 @@ class KVChannelCache:
         self.closed += done
         return done
 
-    def residual(self) -> KVBlock:
-        """The residual tokens as a per-token block (possibly empty)."""
-        k4, sk = quantize_kv_rows(self.res_k)
-        v4, sv = quantize_kv_rows(self.res_v)
-        return KVBlock(k4, sk, v4, sv, self.res_pos.copy())
+    def residual(self) -> KVChannelBlock:
+        """The residual tokens as an open group (possibly empty)."""
+        s_prev = np.asarray(self.closed[-1].ks[0]) if self.closed else None
+        return KVChannelBlock.quantize_open(self.res_k, self.res_v, self.res_pos.copy(), s_prev)
 
     def blocks(self, max_block: int = 256) -> list:
         """What an attention job reads: closed groups packed into per-channel blocks of at most

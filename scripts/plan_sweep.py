@@ -18,62 +18,8 @@ import json
 import sys
 
 from mcf.abi.platform import K26
-from mcf.mars import PlanError, get_model, make_cluster, plan
-from mcf.mars.report import assumptions_text, scope_text
-
-GIB = 2 ** 30
-
-# Paper Table 1 (16K prefill): (TTFT s, Comm GiB) — for comparison only.
-PAPER = {
-    "mars": {2: (1.68, 2.13), 4: (1.16, 3.02), 8: (0.97, 3.71), 16: (0.62, 5.12)},
-    "ring": {2: (3.96, 1.94), 4: (2.46, 2.99), 8: (2.29, 3.70), 16: (1.91, 4.40)},
-    "zigzag": {2: (3.81, 1.94), 4: (2.35, 2.99), 8: (2.18, 3.69), 16: (1.81, 4.40)},
-}
-
-
-def sweep(args) -> list[dict]:
-    model = get_model(args.model)
-    rows = []
-    combos = [(n, b, pol) for n in args.nodes for b in args.chunk for pol in args.policies]
-    for n, chunk, policy in combos:
-        cl = make_cluster(n, kv_budget_mib=args.kv_budget_mib, buffer_mib=args.buffer_mib,
-                          topology=args.topology, link_gbps=args.link_gbps,
-                          dsps=args.dsps, clock_hz=args.mhz * 1e6, scope=args.scope)
-        p = plan(model, cl, args.seq_len, chunk, policy, args.alpha)
-        t = p.totals
-        paper = PAPER.get(policy, {}).get(n)
-        rows.append({
-            "policy": policy, "nodes": n, "chunk": p.chunk, "ttft_s": t.ttft_s,
-            "comm_gib_hops": t.comm_bytes / GIB, "delivered_gib": t.delivered_bytes / GIB,
-            "exposed_comm_s": t.t_exposed_comm_s, "peak_node_kv_mib": t.peak_node_kv_bytes
-            / 2 ** 20, "memory_ok": t.memory_ok, "final_owner_only": t.final_owner_only,
-            "paper_ttft_s": paper[0] if paper else None,
-            "paper_comm_gib": paper[1] if paper else None,
-            "assumptions": assumptions_text(cl), "scope": scope_text(p),
-            "_plan": p,
-        })
-    return rows
-
-
-def table(rows, args) -> str:
-    first = rows[0]
-    out = [
-        f"MARS cost-model sweep: {args.model}, S = {args.seq_len}, alpha = {args.alpha}",
-        f"assumptions (N = {first['nodes']}; other N alike): {first['assumptions']}",
-        f"{first['scope']}. Comm = bytes x hops over the run; delivered = bytes received.",
-        "",
-        f"{'scheme':<8} {'N':>3} {'B':>5} {'TTFT s':>9} {'exposed':>8} {'Comm GiB':>9} "
-        f"{'deliv GiB':>9} {'peak MiB':>9} | {'paper TTFT':>10} {'paper GiB':>9}",
-    ]
-    for r in rows:
-        pt = f"{r['paper_ttft_s']:.2f}" if r["paper_ttft_s"] is not None else "-"
-        pc = f"{r['paper_comm_gib']:.2f}" if r["paper_comm_gib"] is not None else "-"
-        mem = "" if r["memory_ok"] else " (over budget)"
-        out.append(f"{r['policy']:<8} {r['nodes']:>3} {r['chunk']:>5} {r['ttft_s']:>9.3f} "
-                   f"{r['exposed_comm_s']:>8.3f} {r['comm_gib_hops']:>9.3f} "
-                   f"{r['delivered_gib']:>9.3f} {r['peak_node_kv_mib']:>9.1f} | {pt:>10} "
-                   f"{pc:>9}{mem}")
-    return "\n".join(out)
+from mcf.mars import PlanError
+from mcf.mars.sweep import SweepSpec, sweep, table
 
 
 def plot(rows, path: str) -> None:
@@ -121,20 +67,24 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", default=None, help="write a Fig.-4-style PNG")
     args = ap.parse_args(argv)
-    args.chunk = [b or None for b in args.chunk]
+    spec = SweepSpec(model=args.model, seq_len=args.seq_len,
+                     chunks=tuple(b or None for b in args.chunk), nodes=tuple(args.nodes),
+                     policies=tuple(args.policies), kv_budget_mib=args.kv_budget_mib,
+                     buffer_mib=args.buffer_mib, alpha=args.alpha, topology=args.topology,
+                     link_gbps=args.link_gbps, dsps=args.dsps, mhz=args.mhz, scope=args.scope)
     try:
-        rows = sweep(args)
+        rows = sweep(spec, keep_plans=bool(args.plot))
     except PlanError as exc:
         print(f"plan_sweep: error: {exc}", file=sys.stderr)
         return 2
     if args.plot:
         plot(rows, args.plot)
     for r in rows:
-        r.pop("_plan")
+        r.pop("_plan", None)
     if args.json:
         print(json.dumps({"rows": rows}))
     else:
-        print(table(rows, args))
+        print(table(rows, spec))
     return 0
 
 

@@ -23,6 +23,7 @@ FIGURES = {
     "attention": ["qk_bank_utilization", "pv_bank_utilization", "decode_cycles_per_qk",
                   "prefill_cycles_per_qk"],
     "csr": ["maps.mcf_node.registers"],
+    "plan": ["rows"],
 }
 
 

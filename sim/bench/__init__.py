@@ -1,6 +1,6 @@
 """``mcf bench``: the project's measured figures (cycles from simulation, resources from
 :mod:`mcf.sim.synth`), one module per bench: :mod:`.packet`, :mod:`.nic`, :mod:`.compute`,
-:mod:`.attention`, :mod:`.csr`.
+:mod:`.attention`, :mod:`.csr`, :mod:`.plan` (MARS cost model).
 
 Contract of a bench module:
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 __all__ = ["BENCHES", "BenchRefused", "refuse_unplanned"]
 
-BENCHES = ("packet", "nic", "compute", "attention", "csr")
+BENCHES = ("packet", "nic", "compute", "attention", "csr", "plan")
 
 
 class BenchRefused(RuntimeError):

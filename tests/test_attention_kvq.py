@@ -21,6 +21,8 @@ from mcf.abi.kv import (
     kvq_status_layout,
     pack_kv_block,
     pack_kv_channel_block,
+    prescale_k,
+    quantize_k_open,
     quantize_kv_channel,
     quantize_kv_rows,
     to_act,
@@ -31,8 +33,12 @@ from mcf.hdl.compute.attention_kvq import KVQ_LANES, KVQuantizer, kvq_in_layout
 D, DW = 32, 64
 
 
-def _beats(k, v, lay):
+def _beats(k, v, lay, header=None):
     out = []
+    if header is not None:                               # open group: header beats first
+        for c in range(0, D, KVQ_LANES):
+            word = sum(int(x) << (32 * i) for i, x in enumerate(header[c:c + KVQ_LANES]))
+            out.append(lay.const({"data": word, "last": 0, "hdr": 1}).as_bits())
     n = k.shape[0]
     for t in range(n):
         for r, rowv in enumerate((k[t], v[t])):
@@ -47,9 +53,9 @@ def _beats(k, v, lay):
 
 def run_kvq(blocks, metas, backpressure=0.0, seed=0, dut=None):
     dut = KVQuantizer(head_dim=D, data_width=DW) if dut is None else dut
-    lay = kvq_in_layout()
+    lay = kvq_in_layout(dut.kv_format)
     rng = np.random.default_rng(seed)
-    words = [w for k, v in blocks for w in _beats(k, v, lay)]
+    words = [w for blk in blocks for w in _beats(blk[0], blk[1], lay, *blk[2:])]
     frames, cur = [], bytearray()
     counters = {}
     metas_out = []
@@ -173,3 +179,50 @@ def test_kvq_per_channel_bit_exact(group, sizes, bp):
     assert counters == {"tokens": sum(sizes), "blocks": len(sizes), "groups": groups,
                         "scale_sat": sat, "len_err": 0}
     assert set(counters) == set(kvq_status_layout().members)
+
+
+def test_kvq_open_group_bit_exact():
+    """PER_CHANNEL_K open groups (decode residual): header beats, then tokens; K prescaled by the
+    header and quantised per token (quantize_k_open), records with their own sk; mixed with
+    closed blocks; an open block longer than a group repeats the header."""
+    group = 8
+    rng = np.random.default_rng(11)
+    blocks, expect = [], []
+    for n, is_open in ((5, True), (8, False), (11, True), (1, True)):
+        kf = rng.normal(0, 1, (n, D)) + rng.normal(0, 1, D)
+        kf[:, [2, 29]] *= 8
+        k, v = to_act(kf), to_act(rng.normal(0, 1, (n, D)))
+        if is_open:
+            hdr = rng.integers(300, 30000, D)
+            hdr[[2, 29]] *= 2
+            if n == 1:
+                hdr[:4] = (1, 4096, 65535, 3)            # extreme codes (the K scale saturates)
+            blocks.append((k, v, hdr))
+            k4, sk = quantize_k_open(k, hdr)
+            v4, sv = quantize_kv_rows(v)
+            ks = np.repeat(hdr[None], -(-n // group), axis=0)
+            expect.append(pack_kv_channel_block(k4, ks, v4, sv, group, sk=sk))
+        else:
+            blocks.append((k, v))
+            expect.append(pack_kv_channel_block(*quantize_kv_channel(k, v, group), group))
+    blocks[0][0][0, 7] = 1 << 30                          # a K row whose scale saturates
+    k4, sk = quantize_k_open(blocks[0][0], blocks[0][2])
+    expect[0] = pack_kv_channel_block(k4, blocks[0][2][None], *quantize_kv_rows(blocks[0][1]),
+                                      group, sk=sk)
+    metas = [Meta(op=Op.KV_REPLICA, collective=Collective.MULTICAST, src=2, route_id=1,
+                  kv_id=300 + i, length=len(e), seq=0) for i, e in enumerate(expect)]
+    dut = KVQuantizer(head_dim=D, data_width=DW, kv_format=KVFormat.PER_CHANNEL_K, group=group)
+    frames, counters, metas_out = run_kvq(blocks, metas, backpressure=0.3, seed=5, dut=dut)
+    assert metas_out == metas
+    assert frames == expect
+    sat = 0
+    for blk in blocks:
+        k, v = blk[0], blk[1]
+        sat += _saturating(np.abs(v).max(axis=1))
+        if len(blk) == 3:
+            sat += _saturating(np.abs(prescale_k(k, blk[2])).max(axis=1))
+        else:
+            sat += _saturating(np.abs(k).max(axis=0))
+    assert sat >= 2
+    assert counters == {"tokens": 25, "blocks": 4, "groups": 1 + 1 + 2 + 1, "scale_sat": sat,
+                        "len_err": 0}

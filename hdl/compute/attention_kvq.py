@@ -24,6 +24,7 @@ from mcf.abi.kv import (
     KV_ONE,
     KV_SCALE,
     KVQ_SCALE_SHIFT,
+    PRESCALE_SHIFT_BASE,
     KVFormat,
     kv_group_header_bytes,
     kv_token_bytes,
@@ -42,10 +43,16 @@ KVQ_LANES = 4
 HALF = 16
 
 
-def kvq_in_layout() -> data.StructLayout:
+def kvq_in_layout(kv_format: KVFormat = KVFormat.PER_TOKEN) -> data.StructLayout:
     """Input beat: :data:`KVQ_LANES` ACT codes (element ``i`` in bits ``[32i, 32i+32)``);
-    ``last`` on the final beat of the block's last token."""
-    return data.StructLayout({"data": unsigned(KVQ_LANES * ACT.width), "last": unsigned(1)})
+    ``last`` on the final beat of the block's last token. PER_CHANNEL_K adds ``hdr``: a block
+    that starts with ``head_dim / 4`` beats with ``hdr = 1`` (four KV_SCALE codes each, in the
+    low 16 bits of the lanes, channel ``4j + i`` in lane ``i`` of beat ``j``) is an **open
+    group** against that header (:func:`mcf.abi.kv.quantize_k_open`)."""
+    fields = {"data": unsigned(KVQ_LANES * ACT.width), "last": unsigned(1)}
+    if KVFormat(kv_format) == KVFormat.PER_CHANNEL_K:
+        fields["hdr"] = unsigned(1)
+    return data.StructLayout(fields)
 
 
 class KVQuantizer(wiring.Component):
@@ -101,7 +108,7 @@ class KVQuantizer(wiring.Component):
         ports = {
             "i_meta": In(stream.Signature(META)),
             "o_meta": Out(stream.Signature(META)),
-            "i": In(stream.Signature(kvq_in_layout())),
+            "i": In(stream.Signature(kvq_in_layout(kv_format))),
             "o": Out(stream.Signature(beat_layout(data_width))),
             "tokens": Out(32),
             "blocks": Out(32),
@@ -261,12 +268,14 @@ class KVQuantizer(wiring.Component):
     def _elaborate_channel(self, m):
         """PER_CHANNEL_K: buffer a group's rows (channel absmax per K beat, row absmax per V
         row), compute the channel scales one channel per cycle, emit the header, then per
-        token its V scale and record."""
+        token its V scale and record. A block that starts with header beats is an open group:
+        the header's reciprocals are computed first, K beats are prescaled on arrival, and the
+        records carry per-token K scales."""
         D, NL, G = self.head_dim, KVQ_LANES, self.group
         RB = D // NL                     # beats per row
         TW = 2 * RB                      # buffer words per token (K row, V row)
         AW = ACT.width
-        RW = RECIP_IN_BITS + 4           # 7 · r
+        RW = RECIP_IN_BITS + 4           # 7 · r (closed) or r (open prescale)
         SW = 6                           # rounding shift
         PW = RW + SW + 1                 # per-channel parameters: rmul, rsh, zero
         LB = (NL - 1).bit_length()
@@ -276,46 +285,72 @@ class KVQuantizer(wiring.Component):
         cabs_w, cabs_r = cabs.write_port(), cabs.read_port(domain="comb")
         m.submodules.vabs = vabs = Memory(shape=unsigned(AW), depth=G, init=[])
         vabs_w, vabs_r = vabs.write_port(), vabs.read_port(domain="comb")
+        m.submodules.kabs = kabs = Memory(shape=unsigned(AW), depth=G, init=[])
+        kabs_w, kabs_r = kabs.write_port(), kabs.read_port(domain="comb")
         m.submodules.cpar = cpar = Memory(shape=unsigned(NL * PW), depth=RB, init=[])
         cpar_w, cpar_r = cpar.write_port(granularity=PW), cpar.read_port()
-        m.submodules.csc = csc = Memory(shape=unsigned(HALF), depth=D, init=[])
-        csc_w, csc_r = csc.write_port(), csc.read_port()
+        cpar_rc = cpar.read_port(domain="comb")
+        m.submodules.csc = csc = Memory(shape=unsigned(NL * HALF), depth=RB, init=[])
+        csc_w, csc_r = csc.write_port(granularity=HALF), csc.read_port()
+        csc_rc = csc.read_port(domain="comb")
         m.submodules.recip = recip = Recip()
 
         cnt = Signal(range(TW))          # receive: beat within the token
         tok = Signal(range(G))           # receive: token within the group
+        hcnt = Signal(range(RB))         # receive: header beat
         ntok = Signal(range(G + 1))      # tokens of the group being emitted
         etok = Signal(range(G))          # emission: token
         blk_last = Signal()
-        vmax = Signal(AW)
-        c_iss = Signal(range(D + 1))     # channel-scale pipeline: next channel
+        opened = Signal()                # this block is an open group (header beats came first)
+        first = Signal()                 # next beat is the block's first
+        vmax, kmax = Signal(AW), Signal(AW)
+        c_iss = Signal(range(D + 1))     # channel pipeline: next channel
         unit = Signal(range(max(D, 2 + TW) + 1))
         wait = Signal(3)
+        which = Signal()                 # VSC: 0 = K row scale (open groups), 1 = V row scale
         v_rmul, v_rsh, v_zero = Signal(RW), Signal(SW), Signal()
         v_sc = Signal(KV_SCALE.width)
+        k_rmul, k_rsh, k_zero = Signal(RW), Signal(SW), Signal()
+        k_sc = Signal(KV_SCALE.width)
 
-        # --- receive: magnitudes of the beat's lanes, channel and V-row maxima
+        # --- receive: K beats of an open group are prescaled (per-lane header reciprocals)
         ip = self.i.payload
-        mags = [Mux(e.as_signed() < 0, -e.as_signed(), e.as_signed())[:AW]
-                for e in (ip.data[k * AW:(k + 1) * AW] for k in range(NL))]
+        xs = [ip.data[k * AW:(k + 1) * AW].as_signed() for k in range(NL)]
+        ys = []
+        for k in range(NL):
+            lane = cpar_rc.data[k * PW:(k + 1) * PW]
+            sh = lane[RW:RW + SW]
+            prod = Signal(signed(AW + RW + 1), name=f"pre_p{k}")
+            y = Signal(signed(AW + RW + 1), name=f"pre_y{k}")
+            m.d.comb += [prod.eq(xs[k] * lane[:RW]),
+                         y.eq((prod + ((Const(1, 64) << sh) >> 1)) >> sh)]
+            lo, hi = ACT.min_int, ACT.max_int
+            ys.append(Mux(y > hi, hi, Mux(y < lo, lo, y))[:AW])
+        is_k = cnt < RB
+        row = [Mux(opened & is_k, ys[k], ip.data[k * AW:(k + 1) * AW]) for k in range(NL)]
+        mags = [Mux(e.as_signed() < 0, -e.as_signed(), e.as_signed())[:AW] for e in row]
         old = [cabs_r.data[k * AW:(k + 1) * AW] for k in range(NL)]
         new_c = [Mux((tok == 0) | (mag > o), mag, o) for mag, o in zip(mags, old)]
-        vnew = Mux(cnt == RB, 0, vmax)
+        rnew = Mux((cnt == RB) | (cnt == 0), 0, Mux(is_k, kmax, vmax))
         for mag in mags:
             mx = Signal(AW)
-            m.d.comb += mx.eq(Mux(mag > vnew, mag, vnew))
-            vnew = mx
+            m.d.comb += mx.eq(Mux(mag > rnew, mag, rnew))
+            rnew = mx
 
-        # --- shared scale unit: channel absmax (CHAN) or the emitted token's V absmax (VSC)
-        in_chan = Signal()
+        # --- shared scale unit: channel absmax (CHAN), header scale (OCHAN: its reciprocal for
+        # the prescale), or the emitted token's K / V row absmax (VSC)
+        in_chan, in_ochan = Signal(), Signal()
         a = Signal(AW)
         a_lane = Array(cabs_r.data[k * AW:(k + 1) * AW] for k in range(NL))[c_iss[:LB]]
-        m.d.comb += [vabs_r.addr.eq(etok), a.eq(Mux(in_chan, a_lane, vabs_r.data))]
+        h_lane = Array(csc_rc.data[k * HALF:(k + 1) * HALF] for k in range(NL))[c_iss[:LB]]
+        m.d.comb += [vabs_r.addr.eq(etok), kabs_r.addr.eq(etok), csc_rc.addr.eq(c_iss >> LB),
+                     a.eq(Mux(in_chan, a_lane, Mux(in_ochan, h_lane,
+                                                   Mux(which, vabs_r.data, kabs_r.data))))]
         lead = Signal(range(AW + 1))
         for b in range(AW):
             with m.If(a[b]):
                 m.d.comb += lead.eq(b + 1)            # bit length
-        norm = ((a << RECIP_IN_BITS) >> lead)[:RECIP_IN_BITS]    # truncating normalisation
+        norm = ((a << RECIP_IN_BITS) >> lead)[:RECIP_IN_BITS]    # normalisation
         m.d.comb += recip.x.eq(Mux(a == 0, 1 << (RECIP_IN_BITS - 1), norm))
         s_full = Signal(AW + 20)
         m.d.comb += s_full.eq((a * kvq_scale_mult() + (1 << (KVQ_SCALE_SHIFT - 1)))
@@ -332,28 +367,36 @@ class KVQuantizer(wiring.Component):
         d_sc = [Signal(KV_SCALE.width, name=f"cp_sc{i}") for i in range(LAT)]
         d_over = [Signal(name=f"cp_over{i}") for i in range(LAT)]
         d_zero = [Signal(name=f"cp_zero{i}") for i in range(LAT)]
-        issuing = in_chan & (c_iss < D)
+        issuing = (in_chan | in_ochan) & (c_iss < D)
         m.d.sync += [d_v[0].eq(issuing), d_c[0].eq(c_iss), d_lead[0].eq(lead), d_sc[0].eq(sc),
                      d_over[0].eq(over), d_zero[0].eq(a == 0)]
         for i in range(1, LAT):
             m.d.sync += [d_v[i].eq(d_v[i - 1]), d_c[i].eq(d_c[i - 1]),
                          d_lead[i].eq(d_lead[i - 1]), d_sc[i].eq(d_sc[i - 1]),
                          d_over[i].eq(d_over[i - 1]), d_zero[i].eq(d_zero[i - 1])]
-        par = Cat(rmul, (RECIP_FRAC - RECIP_IN_BITS + d_lead[-1])[:SW], d_zero[-1])
-        m.d.comb += [cpar_w.addr.eq(d_c[-1] >> LB), cpar_w.data.eq(Cat(*[par] * NL)),
-                     csc_w.addr.eq(d_c[-1]), csc_w.data.eq(d_sc[-1])]
+        assert len(rmul) == RW
+        par_closed = Cat(rmul, (RECIP_FRAC - RECIP_IN_BITS + d_lead[-1])[:SW], d_zero[-1])
+        r_ext = Signal(RW)
+        m.d.comb += r_ext.eq(recip.r)
+        par_open = Cat(r_ext, (PRESCALE_SHIFT_BASE + d_lead[-1])[:SW], Const(0, 1))
+        par = Mux(opened, par_open, par_closed)
+        m.d.comb += [cpar_w.addr.eq(d_c[-1] >> LB), cpar_w.data.eq(Cat(*[par] * NL))]
         with m.If(d_v[-1]):
-            m.d.comb += [cpar_w.en.eq(Const(1, NL) << d_c[-1][:LB]), csc_w.en.eq(1)]
-            with m.If(d_over[-1]):
-                m.d.sync += self.scale_sat.eq(self.scale_sat + 1)
+            m.d.comb += cpar_w.en.eq(Const(1, NL) << d_c[-1][:LB])
+            with m.If(~opened):
+                m.d.comb += [csc_w.addr.eq(d_c[-1] >> LB), csc_w.data.eq(Cat(*[d_sc[-1]] * NL)),
+                             csc_w.en.eq(Const(1, NL) << d_c[-1][:LB])]
+                with m.If(d_over[-1]):
+                    m.d.sync += self.scale_sat.eq(self.scale_sat + 1)
         chan_busy = Cat(*d_v).any()
 
         # --- emission pipeline: issue → e1 (memory words) → e2 (products) → e3 (unit) → FIFO
-        # sources of a unit: 0 header scale, 1 KV_ONE, 2 sv, 3 INT4 codes (K: per-lane channel
-        # parameters, V: the token's)
+        # value sources: 0 header scale, 1 sk (KV_ONE or the token's), 2 sv, 3 INT4 codes; codes
+        # use per-lane channel parameters (closed K) or the token's K / V row parameters
         m.submodules.fifo = fifo = SyncFIFOBuffered(width=HALF + 1, depth=self.out_fifo_depth)
-        e_issue, e_src, e_isv, e_last = Signal(), Signal(2), Signal(), Signal()
-        e1, e1_src, e1_isv, e1_last = Signal(), Signal(2), Signal(), Signal()
+        e_issue, e_src, e_bc, e_isv, e_last = Signal(), Signal(2), Signal(), Signal(), Signal()
+        e1, e1_src, e1_bc, e1_isv, e1_last = Signal(), Signal(2), Signal(), Signal(), Signal()
+        e1_lane = Signal(LB)
         e2, e2_src, e2_last = Signal(), Signal(2), Signal()
         e2_p = [Signal(signed(AW + RW + 1), name=f"e2_p{k}") for k in range(NL)]
         e2_sh = [Signal(SW, name=f"e2_sh{k}") for k in range(NL)]
@@ -361,17 +404,23 @@ class KVQuantizer(wiring.Component):
         e2_sc = Signal(HALF)
         e3, e3_val, e3_last = Signal(), Signal(HALF), Signal()
         space = fifo.level <= self.out_fifo_depth - 4
-        m.d.comb += [csc_r.addr.eq(unit), cpar_r.addr.eq(unit - 2),
+        m.d.comb += [csc_r.addr.eq(unit >> LB), cpar_r.addr.eq(unit - 2),
                      rd.addr.eq(etok * TW + unit - 2)]
-        m.d.sync += [e1.eq(e_issue), e1_src.eq(e_src), e1_isv.eq(e_isv), e1_last.eq(e_last)]
+        m.d.sync += [e1.eq(e_issue), e1_src.eq(e_src), e1_bc.eq(e_bc), e1_isv.eq(e_isv),
+                     e1_last.eq(e_last), e1_lane.eq(unit[:LB])]
+        hdr_val = Array(csc_r.data[k * HALF:(k + 1) * HALF] for k in range(NL))[e1_lane]
         m.d.sync += [e2.eq(e1), e2_src.eq(e1_src), e2_last.eq(e1_last),
-                     e2_sc.eq(Mux(e1_src == 0, csc_r.data, Mux(e1_src == 1, KV_ONE, v_sc)))]
+                     e2_sc.eq(Mux(e1_src == 0, hdr_val,
+                                  Mux(e1_src == 1, Mux(opened, k_sc, KV_ONE), v_sc)))]
+        t_rmul = Mux(e1_isv, v_rmul, k_rmul)
+        t_rsh = Mux(e1_isv, v_rsh, k_rsh)
+        t_zero = Mux(e1_isv, v_zero, k_zero)
         for k in range(NL):
             lane = cpar_r.data[k * PW:(k + 1) * PW]
-            rm = Mux(e1_isv, v_rmul, lane[:RW])
+            rm = Mux(e1_bc, t_rmul, lane[:RW])
             m.d.sync += [e2_p[k].eq(rd.data[k * AW:(k + 1) * AW].as_signed() * rm),
-                         e2_sh[k].eq(Mux(e1_isv, v_rsh, lane[RW:RW + SW])),
-                         e2_zero[k].eq(Mux(e1_isv, v_zero, lane[RW + SW]))]
+                         e2_sh[k].eq(Mux(e1_bc, t_rsh, lane[RW:RW + SW])),
+                         e2_zero[k].eq(Mux(e1_bc, t_zero, lane[RW + SW]))]
         codes = []
         for k in range(NL):
             q = (e2_p[k] + ((Const(1, 64) << e2_sh[k]) >> 1)) >> e2_sh[k]
@@ -392,23 +441,47 @@ class KVQuantizer(wiring.Component):
                              self.i_meta.ready.eq(self.o_meta.ready)]
                 with m.If(self.i_meta.valid & self.o_meta.ready):
                     m.d.sync += [blk_len.eq(self.i_meta.payload.length), blk_bytes.eq(0),
-                                 tok.eq(0), cnt.eq(0)]
+                                 tok.eq(0), cnt.eq(0), hcnt.eq(0), opened.eq(0), first.eq(1)]
                     m.next = "RECV"
             with m.State("RECV"):
-                m.d.comb += [self.i.ready.eq(1), wr.addr.eq(tok * TW + cnt), wr.data.eq(ip.data),
-                             cabs_r.addr.eq(cnt), cabs_w.addr.eq(cnt), cabs_w.data.eq(Cat(*new_c))]
-                with m.If(self.i.valid):
-                    m.d.comb += [wr.en.eq(1), cabs_w.en.eq(cnt < RB)]
-                    with m.If(cnt >= RB):
-                        m.d.sync += vmax.eq(vnew)
-                    m.d.sync += cnt.eq(cnt + 1)
+                m.d.comb += [self.i.ready.eq(1), wr.addr.eq(tok * TW + cnt), wr.data.eq(Cat(*row)),
+                             cabs_r.addr.eq(cnt), cpar_rc.addr.eq(cnt), cabs_w.addr.eq(cnt),
+                             cabs_w.data.eq(Cat(*new_c))]
+                # header beat (open group): 4 scale codes in the lanes' low 16 bits; taken only
+                # before the block's first token (a later one is dropped)
+                with m.If(self.i.valid & ip.hdr & (first | (hcnt != 0))):
+                    m.d.comb += [csc_w.addr.eq(hcnt), csc_w.en.eq((1 << NL) - 1),
+                                 csc_w.data.eq(Cat(*[ip.data[k * AW:k * AW + HALF]
+                                                     for k in range(NL)]))]
+                    m.d.sync += [hcnt.eq(hcnt + 1), first.eq(0)]
+                    with m.If(hcnt == RB - 1):
+                        m.d.sync += [hcnt.eq(0), opened.eq(1), c_iss.eq(0)]
+                        m.next = "OCHAN"
+                with m.Elif(self.i.valid & ~ip.hdr):
+                    m.d.comb += [wr.en.eq(1), cabs_w.en.eq(is_k)]
+                    m.d.sync += [cnt.eq(cnt + 1), first.eq(0)]
+                    with m.If(is_k):
+                        m.d.sync += kmax.eq(rnew)
+                    with m.Else():
+                        m.d.sync += vmax.eq(rnew)
+                    with m.If(cnt == RB - 1):
+                        m.d.comb += [kabs_w.addr.eq(tok), kabs_w.data.eq(rnew), kabs_w.en.eq(1)]
                     with m.If(cnt == TW - 1):
-                        m.d.comb += [vabs_w.addr.eq(tok), vabs_w.data.eq(vnew), vabs_w.en.eq(1)]
+                        m.d.comb += [vabs_w.addr.eq(tok), vabs_w.data.eq(rnew), vabs_w.en.eq(1)]
                         m.d.sync += [cnt.eq(0), tok.eq(tok + 1)]
                         with m.If(ip.last | (tok == G - 1)):
                             m.d.sync += [ntok.eq(tok + 1), blk_last.eq(ip.last), tok.eq(0),
-                                         c_iss.eq(0)]
-                            m.next = "CHAN"
+                                         c_iss.eq(0), unit.eq(0)]
+                            with m.If(opened):
+                                m.next = "HDR"
+                            with m.Else():
+                                m.next = "CHAN"
+            with m.State("OCHAN"):
+                m.d.comb += in_ochan.eq(1)
+                with m.If(c_iss < D):
+                    m.d.sync += c_iss.eq(c_iss + 1)
+                with m.Elif(~chan_busy):
+                    m.next = "RECV"
             with m.State("CHAN"):
                 m.d.comb += [in_chan.eq(1), cabs_r.addr.eq(c_iss >> LB)]
                 with m.If(c_iss < D):
@@ -420,24 +493,30 @@ class KVQuantizer(wiring.Component):
                 m.d.comb += [e_issue.eq(1), e_src.eq(0)]
                 m.d.sync += unit.eq(unit + 1)
                 with m.If(unit == D - 1):
-                    m.d.sync += [etok.eq(0), wait.eq(0), unit.eq(0)]
+                    m.d.sync += [etok.eq(0), wait.eq(0), unit.eq(0), which.eq(~opened)]
                     m.next = "VSC"
             with m.State("VSC"):
                 m.d.sync += wait.eq(wait + 1)
                 with m.If(wait == LAT):
-                    m.d.sync += [v_rmul.eq(rmul), v_rsh.eq(RECIP_FRAC - RECIP_IN_BITS + lead),
-                                 v_zero.eq(a == 0), v_sc.eq(sc), wait.eq(0), unit.eq(0)]
+                    m.d.sync += [wait.eq(0), which.eq(1)]
+                    vals = (rmul, RECIP_FRAC - RECIP_IN_BITS + lead, a == 0, sc)
+                    with m.If(which):
+                        m.d.sync += [s.eq(v) for s, v in zip((v_rmul, v_rsh, v_zero, v_sc), vals)]
+                        m.d.sync += unit.eq(0)
+                        m.next = "REC"
+                    with m.Else():
+                        m.d.sync += [s.eq(v) for s, v in zip((k_rmul, k_rsh, k_zero, k_sc), vals)]
                     with m.If(over):
                         m.d.sync += self.scale_sat.eq(self.scale_sat + 1)
-                    m.next = "REC"
             with m.State("REC"), m.If(space):
                 m.d.comb += [e_issue.eq(1),
                              e_src.eq(Mux(unit == 0, 1, Mux(unit == 1, 2, 3))),
                              e_isv.eq(unit >= 2 + RB),
+                             e_bc.eq(opened | (unit >= 2 + RB)),
                              e_last.eq(rec_last & (etok == ntok - 1) & blk_last)]
                 m.d.sync += unit.eq(unit + 1)
                 with m.If(rec_last):
-                    m.d.sync += [etok.eq(etok + 1), wait.eq(0)]
+                    m.d.sync += [etok.eq(etok + 1), wait.eq(0), which.eq(~opened)]
                     with m.If(etok == ntok - 1):
                         m.next = "DRAIN"
                     with m.Else():

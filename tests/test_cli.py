@@ -1,6 +1,7 @@
 """The ``mcf`` command line: ``abi`` and ``verilog``."""
 
 from mcf.abi import META
+from mcf.abi.framing import MAX_PAYLOAD
 from mcf.cli import main
 from mcf.hdl.tops import TOPS
 
@@ -12,6 +13,10 @@ def test_abi_prints_layout_and_map(capsys):
     for name, _ in META:
         assert name in out
     assert "KV_REPLICA" in out and "SOFTMAX_MERGE" in out and "BUS_ERRORS" in out
+    for record in ("Decode query header", "DMA descriptor", "GEMM job", "Attention job",
+                   "Reduction configuration entry"):
+        assert record in out
+    assert f"MAX_PAYLOAD   {MAX_PAYLOAD} B" in out
     assert main(["abi", "--markdown"]) == 0
     assert "| `kv_id` |" in capsys.readouterr().out
 

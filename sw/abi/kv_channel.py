@@ -29,7 +29,8 @@ truncating``)``. V is quantised per token exactly as in the per-token format (``
 Payload (``Op.KV_REPLICA``, :func:`pack_kv_channel_block`): per group a **header** of
 ``head_dim`` u16 LE K-channel scale codes (channel 0 first, ``2·head_dim`` bytes), then the
 group's **token records in the per-token layout** ``sk | sv | K row | V row``
-(:func:`mcf.abi.kv.kv_token_bytes` bytes) with ``sk = KV_ONE`` (= 1.0, 4096): the record parser
+(:func:`mcf.abi.kv.kv_token_bytes` bytes), ``sk = KV_ONE`` (= 1.0, 4096) in a closed group
+(an open group's records carry their own, see below): the record parser
 and the engine's KV beat (``scale_k``/``scale_v``) are the per-token ones, 2 bytes per token buy
 4-byte alignment and a score path with no case distinction. Groups follow each other; all groups
 but the last have ``KV_GROUP`` records, so the token count follows from the payload length
@@ -50,9 +51,9 @@ so ``x_c ≈ k4_c · sk · s_c`` (both in KV_SCALE units): the outlier channels 
 range of the others before the per-token scale is taken. The record's ``sk`` is that per-token
 scale (not ``KV_ONE``); everything else is a group like any other.
 
-Score (:func:`fold_query`): the channel scale is folded into the query **once per group** and
-the per-token score path is used unchanged with ``sk = KV_ONE``. For one query head
-(INT8 ``q[d]``, scale ``(m, e)``) and a group's channel scales ``s[d]``::
+Score (:func:`fold_query`): the group header's channel scales are folded into the query
+**once per group** and the per-token score path is used unchanged with the record's ``sk``. For
+one query head (INT8 ``q[d]``, scale ``(m, e)``) and a group header ``s[d]``::
 
     p_c  = q_c · s_c                                 # exact, |p_c| < 2^23
     a    = max_c |p_c|;  n = bitlen(a)

@@ -134,13 +134,16 @@ class AttentionEngine(wiring.Component):
         m.submodules.smem = smem = Memory(shape=signed(SW), depth=(NS * G) << TB, init=[])
         m.submodules.rmem = rmem = Memory(shape=unsigned(KV_SCALE.width + 1), depth=NS << TB,
                                           init=[])
-        m.submodules.oacc = oacc = Memory(shape=unsigned(L * ACC_W), depth=G * NB, init=[])
+        # block accumulators, two banks: the PV bank fills one while the merge empties the other
+        m.submodules.oacc0 = oacc0 = Memory(shape=unsigned(L * ACC_W), depth=G * NB, init=[])
+        m.submodules.oacc1 = oacc1 = Memory(shape=unsigned(L * ACC_W), depth=G * NB, init=[])
         m.submodules.orun = orun = Memory(shape=unsigned(L * LANE_BITS), depth=G * NB, init=[])
         s_wr, s_rd = smem.write_port(), smem.read_port()
         r_wr, r_rd = rmem.write_port(), rmem.read_port()
         r_nx = rmem.read_port()      # validity of the V row about to start (masked-row skip)
-        a_wr = oacc.write_port()
-        a_rd = oacc.read_port(transparent_for=(a_wr,))
+        a_wr = [oacc0.write_port(), oacc1.write_port()]
+        a_rd = [oacc0.read_port(transparent_for=(a_wr[0],)),
+                oacc1.read_port(transparent_for=(a_wr[1],))]
         o_wr, o_rd = orun.write_port(), orun.read_port()
 
         # ---------------- job contexts (QK side writes, PV side reads), 2 entries --------------
@@ -320,7 +323,12 @@ class AttentionEngine(wiring.Component):
         pnk = Signal(TB + 2)
         mrun = Array(Signal(signed(SW), name=f"mrun{h}") for h in range(G))
         lrun = Array(Signal(unsigned(LANE_BITS), name=f"lrun{h}") for h in range(G))
-        lacc = Array(Signal(unsigned(LANE_BITS), name=f"lacc{h}") for h in range(G))
+        lacc = Array(Array(Signal(unsigned(LANE_BITS), name=f"lacc{b}_{h}") for h in range(G))
+                     for b in range(2))
+        pa = Signal()                # accumulator bank of the PV bank
+        mb = Signal()                # accumulator bank under merge
+        pv_acc = Mux(pa, a_rd[1].data, a_rd[0].data)
+        mg_acc = Mux(mb, a_rd[1].data, a_rd[0].data)
         ph = Signal(bits_for(G))
         pc = Signal(bits_for(NB))
         jv = Signal(TB + 2)          # V rows seen in this block
@@ -337,26 +345,29 @@ class AttentionEngine(wiring.Component):
             pv.i.ok.eq((jv < pnk) & (jv < T)), pv.i.v.eq(vp.data),
             pv.t.eq(s_rd.data), pv.sv.eq(r_rd.data[:KV_SCALE.width]),
             pv.kvalid.eq(r_rd.data[KV_SCALE.width]), pv.fixed.eq(fixed),
-            pv.acc_data.eq(a_rd.data),
+            pv.acc_data.eq(pv_acc),
         ]
         m.d.comb += [pv.m_base[h].eq(Mux(fixed, pmfix[h], pm[h])) for h in range(G)]
         v_skip = ~r_nx.data[KV_SCALE.width] | (jv >= pnk) | (jv >= T)
         with m.If(pv.l_en):
-            m.d.sync += lacc[pv.l_h].eq(lacc[pv.l_h] + pv.l_p)
+            m.d.sync += lacc[pa][pv.l_h].eq(lacc[pa][pv.l_h] + pv.l_p)
 
         # merge: ``merge_lanes`` lanes of a word per cycle (S cycles per word)
-        mh = Signal(bits_for(G))     # head being merged / output
+        mh = Signal(bits_for(G))     # head being output
+        wait = Signal(3)
+        gh = Signal(bits_for(G))     # head being merged
+        gwait = Signal()
+        mm = Array(Signal(signed(SW), name=f"mm{h}") for h in range(G))
         mc = Signal(range(NB + 1))
         ms = Signal(range(S + 1))    # 0: read latency, 1..S: chunk ms-1
-        wait = Signal(3)
         osh = Signal(L * LANE_BITS)
         ash = Signal(L * ACC_W)
         wbuf = Signal(L * LANE_BITS)
         o_src = Mux(ms == 1, o_rd.data, osh)
-        a_src = Mux(ms == 1, a_rd.data, ash)
+        a_src = Mux(ms == 1, mg_acc, ash)
         m.d.comb += [
-            mu.m_run.eq(mrun[mh]), mu.m_blk.eq(pm[mh]), mu.l_run.eq(lrun[mh]),
-            mu.l_blk.eq(lacc[mh]), mu.o_run.eq(o_src[:ML * LANE_BITS]),
+            mu.m_run.eq(mrun[gh]), mu.m_blk.eq(mm[gh]), mu.l_run.eq(lrun[gh]),
+            mu.l_blk.eq(lacc[mb][gh]), mu.o_run.eq(o_src[:ML * LANE_BITS]),
             mu.o_blk.eq(a_src[:ML * ACC_W]),
         ]
         merged_word = Cat(wbuf[ML * LANE_BITS:], mu.o_out)    # chunk 0 ends up lowest
@@ -375,7 +386,7 @@ class AttentionEngine(wiring.Component):
         w3, w3_last = Signal(), Signal()
         w3_val = Signal(LANE_BITS)
         w_word = Mux(widx == 0, Mux(fixed, pmfix[mh], mrun[mh]),
-                     Mux(fixed, lacc[mh], lrun[mh]))
+                     Mux(fixed, lacc[pa][mh], lrun[mh]))
         m.d.sync += [
             w1.eq(w_issue), w1_last.eq(last_word),
             w1_isO.eq((pmode != AttnMode.MAX) & (widx >= o_first)), w1_val.eq(w_word),
@@ -384,9 +395,9 @@ class AttentionEngine(wiring.Component):
         ]
         w1_o = Signal(LANE_BITS)
         lane_r = Array(o_rd.data[n * LANE_BITS:(n + 1) * LANE_BITS] for n in range(L))
-        lane_a = Array(a_rd.data[n * ACC_W:n * ACC_W + LANE_BITS] for n in range(L))
+        lane_a = Array(pv_acc[n * ACC_W:n * ACC_W + LANE_BITS] for n in range(L))
         m.d.comb += [w1_o.eq(Mux(w1_fixed, lane_a[w1_lane], lane_r[w1_lane])),
-                     nz.x.eq(w1_o.as_signed()), nz.l.eq(Mux(fixed, lacc[mh], lrun[mh]))]
+                     nz.x.eq(w1_o.as_signed()), nz.l.eq(Mux(fixed, lacc[pa][mh], lrun[mh]))]
         m.d.sync += [
             w2.eq(w1), w2_last.eq(w1_last), w2_isO.eq(w1_isO),
             w2_val.eq(Mux(w1_isO, w1_o, w1_val)),
@@ -397,8 +408,14 @@ class AttentionEngine(wiring.Component):
         out_busy = w1 | w2 | w3
         out_space = pk.level <= self.out_fifo_depth - 5
 
-        rd_addr = Signal(range(G * NB))
-        m.d.comb += [a_rd.addr.eq(Mux(pv.acc_rd, pv.acc_addr, rd_addr)), o_rd.addr.eq(rd_addr)]
+        out_addr = Signal(range(G * NB))
+        mg_addr = Signal(range(G * NB))
+        mg_go = Signal()
+        mg_busy = Signal()
+        for b in range(2):
+            m.d.comb += a_rd[b].addr.eq(Mux(pa == b, Mux(pv.acc_rd, pv.acc_addr, out_addr),
+                                            mg_addr))
+        m.d.comb += o_rd.addr.eq(Mux(mg_busy, mg_addr, out_addr))
 
         with m.FSM(name="pv") as pv_fsm:
             with m.State("IDLE"), m.If(j_cnt != 0):
@@ -416,7 +433,7 @@ class AttentionEngine(wiring.Component):
                             m.next = "CLEAR"
                 m.d.sync += [mrun[h].eq(M_EMPTY) for h in range(G)]
                 m.d.sync += [lrun[h].eq(0) for h in range(G)]
-                m.d.sync += [lacc[h].eq(0) for h in range(G)]
+                m.d.sync += [lacc[b][h].eq(0) for b in range(2) for h in range(G)]
                 m.d.sync += [pblk.eq(0), clr.eq(0)]
 
             with m.State("DROP_V"):
@@ -429,7 +446,8 @@ class AttentionEngine(wiring.Component):
 
             with m.State("CLEAR"):
                 # the job's accumulator and running-state words start at zero
-                m.d.comb += [a_wr.addr.eq(clr), a_wr.data.eq(0), a_wr.en.eq(1),
+                m.d.comb += [a_wr[0].addr.eq(clr), a_wr[0].data.eq(0), a_wr[0].en.eq(1),
+                             a_wr[1].addr.eq(clr), a_wr[1].data.eq(0), a_wr[1].en.eq(1),
                              o_wr.addr.eq(clr), o_wr.data.eq(0), o_wr.en.eq(1)]
                 m.d.sync += clr.eq(clr + 1)
                 with m.If(clr == pheads * NB - 1):
@@ -480,51 +498,24 @@ class AttentionEngine(wiring.Component):
                 with m.If(jv != pnk):
                     m.d.comb += pv_err_rows.eq(1)
                 with m.If(pmode == AttnMode.SINGLE):
-                    m.next = "MERGE_HEAD"
+                    m.next = "HANDOFF"
                 with m.Elif(pblk + 1 == pnb):
                     m.next = "OUT_HEAD"
                 with m.Else():
                     m.next = "PWAIT"
 
-            with m.State("MERGE_HEAD"):
-                # m_new, then the two scale factors through the exp units
-                m.d.comb += mu.start.eq(wait == 0)
-                m.d.sync += wait.eq(1)
-                with m.If(mu.done):
-                    m.d.sync += [mc.eq(0), ms.eq(0)]
-                    m.next = "MERGE_RUN"
-
-            with m.State("MERGE_RUN"):
-                # read a word of the running o and of the block accumulator, rescale it chunk by
-                # chunk, write the merged word and clear the accumulator word
-                m.d.comb += rd_addr.eq(mh * NB + mc)
-                with m.If(ms == 0):
-                    m.d.sync += ms.eq(1)
+            with m.State("HANDOFF"), m.If(~mg_busy):
+                # the merge takes this block's accumulator bank; the next block fills the other
+                m.d.comb += mg_go.eq(1)
+                m.d.sync += [pa.eq(~pa), mb.eq(pa)]
+                with m.If(pblk == pnb):
+                    m.next = "MWAIT"
                 with m.Else():
-                    m.d.sync += [osh.eq(o_src[ML * LANE_BITS:]), ash.eq(a_src[ML * ACC_W:]),
-                                 wbuf.eq(merged_word)]
-                    with m.If(ms == S):
-                        m.d.comb += [o_wr.addr.eq(rd_addr), o_wr.data.eq(merged_word),
-                                     o_wr.en.eq(1),
-                                     a_wr.addr.eq(rd_addr), a_wr.data.eq(0), a_wr.en.eq(1)]
-                        m.d.sync += [ms.eq(0), mc.eq(mc + 1)]
-                        with m.If(mc == NB - 1):
-                            m.d.sync += [lrun[mh].eq(mu.l_out), lacc[mh].eq(0),
-                                         mrun[mh].eq(mu.m_new), wait.eq(0)]
-                            m.next = "MERGE_NEXT"
-                    with m.Else():
-                        m.d.sync += ms.eq(ms + 1)
+                    m.next = "PWAIT"
 
-            with m.State("MERGE_NEXT"):
-                with m.If(mh == pheads - 1):
-                    m.d.sync += [mh.eq(0), wait.eq(0)]
-                    with m.If(pblk == pnb):
-                        m.next = "OUT_HEAD"
-                    with m.Else():
-                        m.next = "PWAIT"
-                with m.Else():
-                    m.d.sync += mh.eq(mh + 1)
-                    m.next = "MERGE_HEAD"
+            with m.State("MWAIT"), m.If(~mg_busy):
+                m.d.sync += [mh.eq(0), wait.eq(0)]
+                m.next = "OUT_HEAD"
 
             with m.State("OUT_HEAD"):
                 # per head: word count, and the reciprocal of l (the previous head's last words
@@ -544,7 +535,7 @@ class AttentionEngine(wiring.Component):
                     m.next = "OUT_RUN"
 
             with m.State("OUT_RUN"):
-                m.d.comb += rd_addr.eq(mh * NB + (o_idx >> max(0, (L - 1).bit_length())))
+                m.d.comb += out_addr.eq(mh * NB + (o_idx >> max(0, (L - 1).bit_length())))
                 with m.If(out_space):
                     per_head = (pmode != AttnMode.MAX) & ~pnorm
                     m.d.comb += [w_issue.eq(1),
@@ -562,10 +553,59 @@ class AttentionEngine(wiring.Component):
                 m.d.comb += [pv_job.eq(1), j_rel.eq(1)]
                 m.next = "IDLE"
 
-        # the PV bank's accumulator update has the write port whenever it is active
-        with m.If(pv.acc_wr_en):
-            m.d.comb += [a_wr.addr.eq(pv.acc_wr_addr), a_wr.data.eq(pv.acc_wr_data),
-                         a_wr.en.eq(1)]
+        # SINGLE mode: merge of a finished block into the running state, concurrent with the
+        # PV bank's next block
+        with m.FSM(name="merge") as mg_fsm:
+            with m.State("IDLE"), m.If(mg_go):
+                m.d.sync += [gh.eq(0), gwait.eq(0)]
+                m.d.sync += [mm[h].eq(pm[h]) for h in range(G)]
+                m.next = "HEAD"
+
+            with m.State("HEAD"):
+                # m_new, then the two scale factors through the exp units
+                m.d.comb += mu.start.eq(~gwait)
+                m.d.sync += gwait.eq(1)
+                with m.If(mu.done):
+                    m.d.sync += [mc.eq(0), ms.eq(0)]
+                    m.next = "RUN"
+
+            with m.State("RUN"):
+                # read a word of the running o and of the block accumulator, rescale it chunk by
+                # chunk, write the merged word and clear the accumulator word
+                m.d.comb += mg_addr.eq(gh * NB + mc)
+                with m.If(ms == 0):
+                    m.d.sync += ms.eq(1)
+                with m.Else():
+                    m.d.sync += [osh.eq(o_src[ML * LANE_BITS:]), ash.eq(a_src[ML * ACC_W:]),
+                                 wbuf.eq(merged_word)]
+                    with m.If(ms == S):
+                        m.d.comb += [o_wr.addr.eq(mg_addr), o_wr.data.eq(merged_word),
+                                     o_wr.en.eq(1)]
+                        for b in range(2):
+                            with m.If(mb == b):
+                                m.d.comb += [a_wr[b].addr.eq(mg_addr), a_wr[b].data.eq(0),
+                                             a_wr[b].en.eq(1)]
+                        m.d.sync += [ms.eq(0), mc.eq(mc + 1)]
+                        with m.If(mc == NB - 1):
+                            m.d.sync += [lrun[gh].eq(mu.l_out), lacc[mb][gh].eq(0),
+                                         mrun[gh].eq(mu.m_new), gwait.eq(0)]
+                            m.next = "NEXT"
+                    with m.Else():
+                        m.d.sync += ms.eq(ms + 1)
+
+            with m.State("NEXT"):
+                with m.If(gh == pheads - 1):
+                    m.next = "IDLE"
+                with m.Else():
+                    m.d.sync += gh.eq(gh + 1)
+                    m.next = "HEAD"
+        m.d.comb += mg_busy.eq(~mg_fsm.ongoing("IDLE"))
+
+        # the PV bank's accumulator update has its bank's write port whenever it is active
+        for b in range(2):
+            with m.If(pv.acc_wr_en & (pa == b)):
+                m.d.comb += [a_wr[b].addr.eq(pv.acc_wr_addr), a_wr[b].data.eq(pv.acc_wr_data),
+                             a_wr[b].en.eq(1)]
         m.d.comb += st.busy.eq(~qk_fsm.ongoing("IDLE") | ~pv_fsm.ongoing("IDLE")
-                               | (j_cnt != 0))
+                               | mg_busy | (j_cnt != 0))
         return m

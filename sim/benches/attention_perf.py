@@ -9,7 +9,11 @@ Case parameters (``params["cases"]``, a list): ``name``, ``kind`` (``decode``: `
 ``blocks`` full blocks each, state output; ``prefill``: query tokens at ``q_offsets`` of the last
 chunk over ``blocks`` full blocks, causal, ``o/l``; ``two_phase``: a MAX job and a FIXED job over
 the same ``blocks``), ``heads``, and optionally ``fault`` (``"expected"``: the expectation of the
-first job is corrupted; ``"bad_job"``: a job with ``heads = 0`` is sent first).
+first job is corrupted; ``"bad_job"``: a job with ``heads = 0`` is sent first). Every case is
+framed by a warm-up job before and a cool-down job after the measured jobs (SINGLE, ``blocks``
+full blocks each): ``steady_cycles`` run from the warm-up job's last output beat to the last
+measured job's last output beat, so that both ends of the window see a full pipeline (the QK bank
+scoring ahead of the PV bank); ``cycles`` from the first submission to the very last beat.
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ def case_jobs(case: dict, rng) -> tuple[list[Job], dict]:
     the PV bank."""
     heads, n_blocks = case["heads"], case["blocks"]
     jobs, qk_pairs, pv_pairs = [], 0, 0
+    frame = []
+    for _ in range(2):
+        q, sq = random_query(rng, heads, D)
+        frame.append(Job(AttnMode.SINGLE, q, sq, random_blocks(rng, [T] * n_blocks, D)))
+    frame_pairs = 2 * T * n_blocks * heads
     if case["kind"] == "decode":
         for _ in range(case.get("jobs", 1)):
             blocks = random_blocks(rng, [T] * n_blocks, D)
@@ -60,7 +69,9 @@ def case_jobs(case: dict, rng) -> tuple[list[Job], dict]:
         pv_pairs = T * n_blocks * heads
     else:
         raise ValueError(f"unknown case kind {case['kind']!r}")
-    return jobs, {"qk_pairs": qk_pairs, "pv_pairs": pv_pairs}
+    return [frame[0], *jobs, frame[1]], {
+        "qk_pairs": frame_pairs + qk_pairs, "pv_pairs": frame_pairs + pv_pairs,
+        "steady_qk_pairs": qk_pairs, "steady_pv_pairs": pv_pairs}
 
 
 async def _count(dut, box):
@@ -70,13 +81,15 @@ async def _count(dut, box):
 
 
 async def _measure(tb, jobs, expected, limit_cycles):
-    """Cycles until every job's output arrived, and the number of jobs whose words differ."""
+    """Cycle at which each job's output completed (rejected jobs: none), and the number of jobs
+    whose words differ."""
     box = [0]
     task = cocotb.start_soon(_count(tb.dut, box))
     for job in jobs:
         tb.submit(job)
     bad = 0
     timed_out = False
+    done = []
     for job, exp in zip(jobs, expected):
         if exp is None:             # a job the engine must reject: no output
             continue
@@ -86,9 +99,9 @@ async def _measure(tb, jobs, expected, limit_cycles):
             timed_out = True
             break
         bad += got != exp
-    cycles = box[0]
+        done.append(box[0])
     task.cancel()
-    return cycles, bad, timed_out
+    return done, bad, timed_out
 
 
 @cocotb.test()
@@ -105,18 +118,20 @@ async def perf(dut):
             expected[0] = [expected[0][0] ^ 1, *expected[0][1:]]
         elif fault == "bad_job":
             bad = Job(AttnMode.SINGLE, jobs[0].q[:0], jobs[0].sq[:0], [])
-            jobs, expected = [bad, *jobs], [None, *expected]
+            jobs, expected = [jobs[0], bad, *jobs[1:]], [expected[0], None, *expected[1:]]
         elif fault is not None:
             raise ValueError(f"unknown fault {fault!r}")
         before = tb.status()
         limit = 40 * sum(len(j.blocks) * T * D // tb_lanes() * max(j.heads, 1) + 2000
                          for j in jobs)
-        cycles, bad_jobs, timed_out = await _measure(tb, jobs, expected, limit)
+        done, bad_jobs, timed_out = await _measure(tb, jobs, expected, limit)
         for _ in range(20):
             await RisingEdge(dut.clk)
         after = tb.status()
         out[case["name"]] = {
-            **work, "cycles": cycles, "jobs": len(jobs), "mismatched_jobs": int(bad_jobs),
+            **work, "cycles": done[-1] if done else 0,
+            "steady_cycles": done[-2] - done[0] if len(done) > 2 else 0,
+            "jobs": len(jobs), "mismatched_jobs": int(bad_jobs),
             "timed_out": timed_out,
             "counters": {k: after[k] - before[k] for k in ("err_rows", "err_max", "err_job")},
             "completed": after["jobs"] - before["jobs"],

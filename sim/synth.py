@@ -43,11 +43,14 @@ def _yosys() -> str:
     return exe
 
 
-def resources(top, name: str, *, ports=None, uram: bool = False) -> dict[str, int]:
+def resources(top, name: str, *, ports=None, uram: bool = False,
+              abc9: bool = True) -> dict[str, int]:
     """Cell counts of ``top`` after ``synth_xilinx -family xcup -flatten -noiopad``.
 
     Keys: :data:`RESOURCE_KEYS` (``LUTRAM`` in LUT equivalents, ``RAMB18E2`` as half a
-    ``BRAM36``, rounded up).
+    ``BRAM36``, rounded up). ``abc9=False`` maps LUTs with the classic ``abc`` pass instead
+    (synth_xilinx's ``map_luts`` step otherwise unchanged), for designs on which the bundled
+    ABC9 fails.
     """
     from amaranth.back import rtlil
 
@@ -55,7 +58,7 @@ def resources(top, name: str, *, ports=None, uram: bool = False) -> dict[str, in
         ports = top.ports
     text = rtlil.convert(top, name=name, ports=ports, emit_src=False)
     opts = "-family xcup -flatten -noiopad" + (" -uram" if uram else "")
-    key = hashlib.sha256((text + opts).encode()).hexdigest()[:16]
+    key = hashlib.sha256((text + opts + ("" if abc9 else "abc")).encode()).hexdigest()[:16]
     work = BUILD_ROOT / "synth" / f"{name}-{key}"
     result = work / "resources.json"
     if result.exists():
@@ -64,6 +67,13 @@ def resources(top, name: str, *, ports=None, uram: bool = False) -> dict[str, in
     (work / f"{name}.il").write_text(text)
     script = (f"read_rtlil {name}.il; synth_xilinx {opts} -top {name}; "
               "tee -q -o stat.json stat -json")
+    if not abc9:
+        script = (f"read_rtlil {name}.il; synth_xilinx {opts} -top {name} -run :map_luts; "
+                  "opt_expr -mux_undef -noclkinv; abc -luts 2:2,3,6:5,10,20; clean; "
+                  "xilinx_srl -fixed -minlen 3; techmap -map +/xilinx/lut_map.v "
+                  "-map +/xilinx/cells_map.v -D LUT_WIDTH=6; xilinx_dffopt; "
+                  f"opt_lut_ins -tech xilinx; synth_xilinx {opts} -top {name} -run finalize:; "
+                  "tee -q -o stat.json stat -json")
     proc = subprocess.run([_yosys(), "-q", "-p", script], cwd=work, capture_output=True,
                           text=True)
     if proc.returncode:

@@ -61,9 +61,11 @@ class KVQuantizer(wiring.Component):
 
     Members
     -------
-    i : In(stream.Signature(kvq_in_layout()))
+    i : In(stream.Signature(kvq_in_layout(kv_format)))
         Per token its K row, then its V row, ``head_dim / 4`` beats each; ``last`` on the final
-        beat of the block's last token.
+        beat of the block's last token. PER_CHANNEL_K: a block may start with ``head_dim / 4``
+        ``hdr`` beats (the previous closed group's channel scales): it is then an **open
+        group** (decode residual, :func:`mcf.abi.kv.quantize_k_open`).
     i_meta : In(stream.Signature(META))
         The block's packet metadata from MARS (``length`` = :func:`mcf.abi.kv.kv_token_bytes`
         · tokens, or :func:`mcf.abi.kv.kv_channel_block_bytes` in PER_CHANNEL_K), one word per
@@ -92,7 +94,9 @@ class KVQuantizer(wiring.Component):
     ``head_dim + 4`` cycles for the channel scales (one channel per cycle through the shared
     :class:`~mcf.hdl.compute.recip.Recip`), ``head_dim`` header units, and per token ~5 cycles
     for its V scale plus ``2 + head_dim/2`` units; the next group is taken after the current
-    one is emitted. Output stream rules as the engine's.
+    one is emitted. An open group adds ``head_dim/4`` header beats, ``head_dim + 4`` cycles for
+    the header's reciprocals, ``head_dim/4`` cycles per token for the in-place prescale and ~5
+    for its K scale. Output stream rules as the engine's.
     """
 
     def __init__(self, head_dim: int = 128, data_width: int = 64, out_fifo_depth: int = 16,
@@ -269,8 +273,9 @@ class KVQuantizer(wiring.Component):
         """PER_CHANNEL_K: buffer a group's rows (channel absmax per K beat, row absmax per V
         row), compute the channel scales one channel per cycle, emit the header, then per
         token its V scale and record. A block that starts with header beats is an open group:
-        the header's reciprocals are computed first, K beats are prescaled on arrival, and the
-        records carry per-token K scales."""
+        the header's reciprocals are computed first, the group's K rows are prescaled in place
+        after arrival (one word per cycle through the emission multipliers, the K row absmax
+        on the way), and the records carry per-token K scales."""
         D, NL, G = self.head_dim, KVQ_LANES, self.group
         RB = D // NL                     # beats per row
         TW = 2 * RB                      # buffer words per token (K row, V row)
@@ -289,7 +294,6 @@ class KVQuantizer(wiring.Component):
         kabs_w, kabs_r = kabs.write_port(), kabs.read_port(domain="comb")
         m.submodules.cpar = cpar = Memory(shape=unsigned(NL * PW), depth=RB, init=[])
         cpar_w, cpar_r = cpar.write_port(granularity=PW), cpar.read_port()
-        cpar_rc = cpar.read_port(domain="comb")
         m.submodules.csc = csc = Memory(shape=unsigned(NL * HALF), depth=RB, init=[])
         csc_w, csc_r = csc.write_port(granularity=HALF), csc.read_port()
         csc_rc = csc.read_port(domain="comb")
@@ -303,7 +307,7 @@ class KVQuantizer(wiring.Component):
         blk_last = Signal()
         opened = Signal()                # this block is an open group (header beats came first)
         first = Signal()                 # next beat is the block's first
-        vmax, kmax = Signal(AW), Signal(AW)
+        vmax, kmax = Signal(AW), Signal(AW)    # V row absmax (receive), K row (prescale)
         c_iss = Signal(range(D + 1))     # channel pipeline: next channel
         unit = Signal(range(max(D, 2 + TW) + 1))
         wait = Signal(3)
@@ -313,29 +317,17 @@ class KVQuantizer(wiring.Component):
         k_rmul, k_rsh, k_zero = Signal(RW), Signal(SW), Signal()
         k_sc = Signal(KV_SCALE.width)
 
-        # --- receive: K beats of an open group are prescaled (per-lane header reciprocals)
+        # --- receive: magnitudes of the beat's lanes, channel and V-row maxima
         ip = self.i.payload
-        xs = [ip.data[k * AW:(k + 1) * AW].as_signed() for k in range(NL)]
-        ys = []
-        for k in range(NL):
-            lane = cpar_rc.data[k * PW:(k + 1) * PW]
-            sh = lane[RW:RW + SW]
-            prod = Signal(signed(AW + RW + 1), name=f"pre_p{k}")
-            y = Signal(signed(AW + RW + 1), name=f"pre_y{k}")
-            m.d.comb += [prod.eq(xs[k] * lane[:RW]),
-                         y.eq((prod + ((Const(1, 64) << sh) >> 1)) >> sh)]
-            lo, hi = ACT.min_int, ACT.max_int
-            ys.append(Mux(y > hi, hi, Mux(y < lo, lo, y))[:AW])
-        is_k = cnt < RB
-        row = [Mux(opened & is_k, ys[k], ip.data[k * AW:(k + 1) * AW]) for k in range(NL)]
-        mags = [Mux(e.as_signed() < 0, -e.as_signed(), e.as_signed())[:AW] for e in row]
+        mags = [Mux(e.as_signed() < 0, -e.as_signed(), e.as_signed())[:AW]
+                for e in (ip.data[k * AW:(k + 1) * AW] for k in range(NL))]
         old = [cabs_r.data[k * AW:(k + 1) * AW] for k in range(NL)]
         new_c = [Mux((tok == 0) | (mag > o), mag, o) for mag, o in zip(mags, old)]
-        rnew = Mux((cnt == RB) | (cnt == 0), 0, Mux(is_k, kmax, vmax))
+        vnew = Mux(cnt == RB, 0, vmax)
         for mag in mags:
             mx = Signal(AW)
-            m.d.comb += mx.eq(Mux(mag > rnew, mag, rnew))
-            rnew = mx
+            m.d.comb += mx.eq(Mux(mag > vnew, mag, vnew))
+            vnew = mx
 
         # --- shared scale unit: channel absmax (CHAN), header scale (OCHAN: its reciprocal for
         # the prescale), or the emitted token's K / V row absmax (VSC)
@@ -403,6 +395,11 @@ class KVQuantizer(wiring.Component):
         e2_zero = [Signal(name=f"e2_zero{k}") for k in range(NL)]
         e2_sc = Signal(HALF)
         e3, e3_val, e3_last = Signal(), Signal(HALF), Signal()
+        # prescale pass of an open group (issue → pre1 → pre2: write y back, K row absmax)
+        e_pre, pre1, pre2 = Signal(), Signal(), Signal()
+        pre1_first, pre1_lastw, pre2_first, pre2_lastw = Signal(), Signal(), Signal(), Signal()
+        pre1_addr, pre2_addr = Signal(range(G * TW)), Signal(range(G * TW))
+        pre1_tok, pre2_tok = Signal(range(G)), Signal(range(G))
         space = fifo.level <= self.out_fifo_depth - 4
         m.d.comb += [csc_r.addr.eq(unit >> LB), cpar_r.addr.eq(unit - 2),
                      rd.addr.eq(etok * TW + unit - 2)]
@@ -421,11 +418,22 @@ class KVQuantizer(wiring.Component):
             m.d.sync += [e2_p[k].eq(rd.data[k * AW:(k + 1) * AW].as_signed() * rm),
                          e2_sh[k].eq(Mux(e1_bc, t_rsh, lane[RW:RW + SW])),
                          e2_zero[k].eq(Mux(e1_bc, t_zero, lane[RW + SW]))]
-        codes = []
+        codes, ys = [], []
         for k in range(NL):
             q = (e2_p[k] + ((Const(1, 64) << e2_sh[k]) >> 1)) >> e2_sh[k]
             lo, hi = KV_ELEM.min_int, KV_ELEM.max_int
             codes.append(Mux(e2_zero[k], 0, Mux(q > hi, hi, Mux(q < lo, lo, q)))[:KV_ELEM.width])
+            ys.append(Mux(q > ACT.max_int, ACT.max_int, Mux(q < ACT.min_int, ACT.min_int, q))[:AW])
+        m.d.sync += [pre1.eq(e_pre), pre1_first.eq(unit == 2), pre1_lastw.eq(unit == 1 + RB),
+                     pre1_addr.eq(etok * TW + unit - 2), pre1_tok.eq(etok),
+                     pre2.eq(pre1), pre2_first.eq(pre1_first), pre2_lastw.eq(pre1_lastw),
+                     pre2_addr.eq(pre1_addr), pre2_tok.eq(pre1_tok)]
+        kcur = Mux(pre2_first, 0, kmax)
+        for y in ys:
+            mag = Mux(y.as_signed() < 0, -y.as_signed(), y.as_signed())[:AW]
+            mx = Signal(AW)
+            m.d.comb += mx.eq(Mux(mag > kcur, mag, kcur))
+            kcur = mx
         m.d.sync += [e3.eq(e2), e3_last.eq(e2_last),
                      e3_val.eq(Mux(e2_src == 3, Cat(*codes), e2_sc))]
         m.d.comb += [fifo.w_data.eq(Cat(e3_val, e3_last)), fifo.w_en.eq(e3)]
@@ -444,9 +452,8 @@ class KVQuantizer(wiring.Component):
                                  tok.eq(0), cnt.eq(0), hcnt.eq(0), opened.eq(0), first.eq(1)]
                     m.next = "RECV"
             with m.State("RECV"):
-                m.d.comb += [self.i.ready.eq(1), wr.addr.eq(tok * TW + cnt), wr.data.eq(Cat(*row)),
-                             cabs_r.addr.eq(cnt), cpar_rc.addr.eq(cnt), cabs_w.addr.eq(cnt),
-                             cabs_w.data.eq(Cat(*new_c))]
+                m.d.comb += [self.i.ready.eq(1), wr.addr.eq(tok * TW + cnt), wr.data.eq(ip.data),
+                             cabs_r.addr.eq(cnt), cabs_w.addr.eq(cnt), cabs_w.data.eq(Cat(*new_c))]
                 # header beat (open group): 4 scale codes in the lanes' low 16 bits; taken only
                 # before the block's first token (a later one is dropped)
                 with m.If(self.i.valid & ip.hdr & (first | (hcnt != 0))):
@@ -458,24 +465,33 @@ class KVQuantizer(wiring.Component):
                         m.d.sync += [hcnt.eq(0), opened.eq(1), c_iss.eq(0)]
                         m.next = "OCHAN"
                 with m.Elif(self.i.valid & ~ip.hdr):
-                    m.d.comb += [wr.en.eq(1), cabs_w.en.eq(is_k)]
+                    m.d.comb += [wr.en.eq(1), cabs_w.en.eq(cnt < RB)]
                     m.d.sync += [cnt.eq(cnt + 1), first.eq(0)]
-                    with m.If(is_k):
-                        m.d.sync += kmax.eq(rnew)
-                    with m.Else():
-                        m.d.sync += vmax.eq(rnew)
-                    with m.If(cnt == RB - 1):
-                        m.d.comb += [kabs_w.addr.eq(tok), kabs_w.data.eq(rnew), kabs_w.en.eq(1)]
+                    with m.If(cnt >= RB):
+                        m.d.sync += vmax.eq(vnew)
                     with m.If(cnt == TW - 1):
-                        m.d.comb += [vabs_w.addr.eq(tok), vabs_w.data.eq(rnew), vabs_w.en.eq(1)]
+                        m.d.comb += [vabs_w.addr.eq(tok), vabs_w.data.eq(vnew), vabs_w.en.eq(1)]
                         m.d.sync += [cnt.eq(0), tok.eq(tok + 1)]
                         with m.If(ip.last | (tok == G - 1)):
                             m.d.sync += [ntok.eq(tok + 1), blk_last.eq(ip.last), tok.eq(0),
                                          c_iss.eq(0), unit.eq(0)]
                             with m.If(opened):
-                                m.next = "HDR"
+                                m.d.sync += [unit.eq(2), etok.eq(0)]
+                                m.next = "PRE"
                             with m.Else():
                                 m.next = "CHAN"
+            with m.State("PRE"):
+                # open group: y = prescale(x) for every K word, written back in place, one word
+                # per cycle through the emission multipliers (per-lane header reciprocals)
+                m.d.comb += e_pre.eq(1)
+                m.d.sync += unit.eq(unit + 1)
+                with m.If(unit == 1 + RB):
+                    m.d.sync += [unit.eq(2), etok.eq(etok + 1)]
+                    with m.If(etok == ntok - 1):
+                        m.next = "PREDRAIN"
+            with m.State("PREDRAIN"), m.If(~pre1 & ~pre2):
+                m.d.sync += unit.eq(0)
+                m.next = "HDR"
             with m.State("OCHAN"):
                 m.d.comb += in_ochan.eq(1)
                 with m.If(c_iss < D):
@@ -532,6 +548,11 @@ class KVQuantizer(wiring.Component):
                     m.next = "META"
                 with m.Else():
                     m.next = "RECV"
+        with m.If(pre2):
+            m.d.comb += [wr.addr.eq(pre2_addr), wr.data.eq(Cat(*ys)), wr.en.eq(1)]
+            m.d.sync += kmax.eq(kcur)
+            with m.If(pre2_lastw):
+                m.d.comb += [kabs_w.addr.eq(pre2_tok), kabs_w.data.eq(kcur), kabs_w.en.eq(1)]
         return fifo
 
     def _packer(self, m, fifo):

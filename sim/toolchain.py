@@ -30,6 +30,23 @@ __all__ = ["ToolchainError", "verilator_env", "build", "run", "Built", "bench_pa
 BUILD_ROOT = Path(os.environ.get("MCF_BUILD_DIR", Path.cwd() / "build"))
 VERILATOR_ARGS = ("-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-O3")
 _PARAMS_ENV = "MCF_BENCH_PARAMS"
+_WIDTH_OFF = ("-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC")
+
+# Width checks of ``build(width_warnings=True)``. Amaranth's Verilog (yosys ``write_verilog``)
+# writes expression operands at their own widths — constants at their minimal width
+# (``x == 1'h1``), ``!`` on a vector for ``x == 0``, comparisons and adds of operands of
+# different widths — which Verilog extends exactly as Amaranth specifies: those operand
+# warnings are waived by message. Every other width warning (an assignment or a port
+# connection that truncates or extends, a ``?:`` with unequal arms, ...) fails the build.
+_OPERAND_OPS = ("EQ", "NEQ", "LT", "LTE", "GT", "GTE", "LTS", "LTES", "GTS", "GTES", "ADD",
+                "SUB", "MUL", "DIV", "MODDIV", "EQCASE", "NEQCASE")
+WIDTH_WAIVERS = "\n".join(
+    ["`verilator_config"]
+    + [f'lint_off -rule {rule} -file "*" -match "Operator {op} expects*"'
+       for rule in ("WIDTHEXPAND", "WIDTHTRUNC") for op in _OPERAND_OPS]
+    + ['lint_off -rule WIDTHTRUNC -file "*" -match "Logical operator LOGNOT expects*"',
+       'lint_off -rule WIDTHTRUNC -file "*" -match "Logical operator LOGAND expects*"',
+       'lint_off -rule WIDTHTRUNC -file "*" -match "Logical operator LOGOR expects*"']) + "\n"
 
 
 class ToolchainError(RuntimeError):
@@ -73,9 +90,13 @@ def _versions() -> str:
 
 
 def build(top, name: str, *, ports=None, params: dict | None = None,
-          build_args: tuple[str, ...] = ()) -> Built:
+          build_args: tuple[str, ...] = (), width_warnings: bool = False) -> Built:
     """Generate Verilog for ``top`` (an Elaboratable; ``ports`` for non-components, e.g.
-    :class:`mcf.hdl.flat.FlatTop`) and build it, unless an identical build exists."""
+    :class:`mcf.hdl.flat.FlatTop`) and build it, unless an identical build exists.
+
+    ``width_warnings``: report Verilator's WIDTHEXPAND / WIDTHTRUNC (off by default) with the
+    operand idioms of Amaranth's Verilog waived (:data:`WIDTH_WAIVERS`); any width warning
+    left raises :class:`ToolchainError` (the build is not kept)."""
     from amaranth.back import verilog
     from cocotb_tools.runner import get_runner
 
@@ -83,9 +104,13 @@ def build(top, name: str, *, ports=None, params: dict | None = None,
     if ports is None and hasattr(top, "ports") and not callable(top.ports):
         ports = top.ports
     text = verilog.convert(top, name=name, ports=ports, emit_src=False)
+    args = list(VERILATOR_ARGS)
+    if width_warnings:
+        args = [a for a in args if a not in _WIDTH_OFF]
     key = hashlib.sha256("\n".join([
         text, json.dumps(params or {}, sort_keys=True, default=str), _versions(),
-        " ".join(VERILATOR_ARGS + tuple(build_args))]).encode()).hexdigest()[:16]
+        " ".join([*args, *build_args]), WIDTH_WAIVERS if width_warnings else ""]).encode()
+    ).hexdigest()[:16]
     build_dir = BUILD_ROOT / "sim" / f"{name}-{key}"
     build_dir.mkdir(parents=True, exist_ok=True)
     stamp = build_dir / "built.ok"
@@ -94,10 +119,20 @@ def build(top, name: str, *, ports=None, params: dict | None = None,
         if not stamp.exists():
             src = build_dir / f"{name}.v"
             src.write_text(text)
+            if width_warnings:
+                waivers = build_dir / "width_waivers.vlt"
+                waivers.write_text(WIDTH_WAIVERS)
+                args.append(str(waivers))
             get_runner("verilator").build(
                 sources=[src], hdl_toplevel=name, build_dir=build_dir,
-                build_args=[*VERILATOR_ARGS, *build_args], timescale=("1ns", "1ps"),
+                build_args=[*args, *build_args], timescale=("1ns", "1ps"),
                 log_file=build_dir / "build.log")
+            if width_warnings:
+                log = (build_dir / "build.log").read_text(errors="replace")
+                found = sorted({ln for ln in log.splitlines() if "%Warning-WIDTH" in ln})
+                if found:
+                    raise ToolchainError(f"{len(found)} Verilator width warning(s) in {name}:\n"
+                                         + "\n".join(found[:40]))
             stamp.write_text(key)
     return Built(name, build_dir)
 

@@ -23,6 +23,9 @@ reduction 115 s; 25 min in all.
 from __future__ import annotations
 
 import pytest
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
 
 from mcf import sim
 from mcf.hdl.tops import TOPS
@@ -38,7 +41,8 @@ def sizes(default, fuzz):
 def test_router_cocotb(n_packets):
     top = TOPS["nic_router"]()
     router = top.inner
-    sim.run(sim.build(top, "nic_router"), "mcf.sim.benches.nic_router", params={
+    sim.run(sim.build(top, "nic_router", width_warnings=True),
+            "mcf.sim.benches.nic_router", params={
         "n_ports": router.n_ports, "n_inputs": router.n_inputs, "data_width": 64,
         "max_payload": router.max_payload, "n_packets": n_packets})
 
@@ -47,7 +51,8 @@ def test_router_cocotb(n_packets):
 def test_reduce_cocotb(n_tags):
     top = TOPS["nic_reduce"]()
     eng = top.inner
-    sim.run(sim.build(top, "nic_reduce"), "mcf.sim.benches.nic_reduce", params={
+    sim.run(sim.build(top, "nic_reduce", width_warnings=True),
+            "mcf.sim.benches.nic_reduce", params={
         "n_slots": eng.n_slots, "max_payload": eng.max_payload, "n_tags": n_tags})
 
 
@@ -55,7 +60,8 @@ def test_reduce_cocotb(n_tags):
 def test_link_cocotb(n_packets, n_inject):
     top = TOPS["nic_link_loop"]()
     loop = top.inner
-    sim.run(sim.build(top, "nic_link_loop"), "mcf.sim.benches.nic_link", params={
+    sim.run(sim.build(top, "nic_link_loop", width_warnings=True),
+            "mcf.sim.benches.nic_link", params={
         "data_width": loop.data_width, "max_payload": loop.max_payload,
         "n_packets": n_packets, "n_inject": n_inject})
 
@@ -64,6 +70,27 @@ def test_link_cocotb(n_packets, n_inject):
 def test_all_to_all_cocotb(n_tags, n_scatter):
     top = TOPS["nic_all_to_all"]()
     eng = top.inner
-    sim.run(sim.build(top, "nic_all_to_all"), "mcf.sim.benches.nic_a2a", params={
+    sim.run(sim.build(top, "nic_all_to_all", width_warnings=True),
+            "mcf.sim.benches.nic_a2a", params={
         "data_width": 64, "max_nodes": 8, "part_max": eng.part_max, "n_slots": eng.n_slots,
         "n_tags": n_tags, "n_scatter": n_scatter})
+
+
+class _WidenedShift(wiring.Component):
+    """A 1-bit value shifted into a 64-bit context (the pattern the link model had): Verilator
+    widens it by context, which ``width_warnings`` must report."""
+
+    a: In(1)
+    n: In(6)
+    y: Out(64)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.comb += self.y.eq(self.a << self.n)
+        return m
+
+
+def test_width_warnings_fail_a_build_and_stay_per_build():
+    with pytest.raises(sim.ToolchainError, match="WIDTHEXPAND"):
+        sim.build(_WidenedShift(), "nic_width_check", width_warnings=True)
+    sim.build(_WidenedShift(), "nic_width_check")      # default: other builds are unaffected

@@ -41,7 +41,7 @@ def run_nic_block(**traffic):
     # the 1 KiB-payload instance takes minutes): max payload 256 B, 64-byte parts
     nic = NicTop(max_payload=256, a2a_part_max=64)
     top = FlatTop(NicCsrTop(nic), nic_axis_names(nic.n_links, nic.n_inject))
-    sim.run(sim.build(top, "mcf_nic"), "mcf.sim.benches.nic_top", params={
+    sim.run(sim.build(top, "mcf_nic", width_warnings=True), "mcf.sim.benches.nic_top", params={
         "data_width": 64, "n_links": nic.n_links, "n_inject": nic.n_inject,
         "max_payload": nic.router.max_payload, "reduce_slots": nic.reduce.n_slots,
         "a2a_max_nodes": 8, "a2a_part_max": nic.a2a.part_max, "a2a_slots": nic.a2a.n_slots,

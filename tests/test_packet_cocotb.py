@@ -20,7 +20,7 @@ BENCH = {"max_payload": MAX_PAYLOAD, "local_id": 2, "num_nodes": 5}
 def bench(request):
     width = request.param
     built = build(packet_bench_top(width, max_payload=MAX_PAYLOAD),
-                  f"mcf_packet_bench_{width}")
+                  f"mcf_packet_bench_{width}", width_warnings=True)
     return built, {"width": width, **BENCH}
 
 

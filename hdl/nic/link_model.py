@@ -4,7 +4,7 @@ long simulations keep Python off the per-cycle path."""
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Signal
+from amaranth import Cat, Const, Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
@@ -102,7 +102,7 @@ class LinkModel(wiring.Component):
         bit = Signal(range(dw))
         m.d.comb += bit.eq(Cat(fbit_now[:3], fbit_now[3:] & byte_ok.replicate(len(fbit_now) - 3)))
         mask = Signal(dw)
-        m.d.comb += mask.eq((target << bit)[:dw])
+        m.d.comb += mask.eq((Const(1, dw) << bit)[:dw] & target.replicate(dw))
         m.d.comb += [
             w.beat.data.eq(i.payload.data ^ mask), w.beat.keep.eq(i.payload.keep),
             w.beat.last.eq(i.payload.last), w.t.eq(now + self._latency - 2),

@@ -155,12 +155,13 @@ async def _write_table(ctx, port, entries: dict[int, int]) -> None:
 
 def router_rate(n_beats: int = 2, n_packets: int = 120, *, n_ports: int = 4,
                 route: int | None = None, max_payload: int = MAX_PAYLOAD,
-                length: int | None = None, seed: int = 1) -> dict:
+                length: int | None = None, packet_slots: int = 4, seed: int = 1) -> dict:
     """Local input → multicast (default: all 4 ports + local, ``route``), every output ready.
     Rate: copies' beats on output 0 per cycle; hop latency: the first packet, idle router."""
     route = route_entry({0, 1, 2, 3}, local=True) if route is None else route
     length = n_beats * BPB if length is None else length
-    dut = Router(data_width=DW, n_ports=n_ports, topology=Topology.MESH, max_payload=max_payload)
+    dut = Router(data_width=DW, n_ports=n_ports, topology=Topology.MESH, max_payload=max_payload,
+                 packet_slots=packet_slots)
     model = RouterModel(n_ports, max_payload)
     model.write_route(1, route)
     rng = random.Random(seed)
@@ -183,7 +184,7 @@ def router_rate(n_beats: int = 2, n_packets: int = 120, *, n_ports: int = 4,
            expected)
     o0 = [c for c, _ in rec["out"][0]]
     return {"beats_per_cycle": round(_rate(o0), 3),
-            "hop_latency_cycles": o0[0] - rec["in"][0][0]}
+            "hop_latency_cycles": o0[0] - rec["in"][0][0], "packet_slots": dut.packet_slots}
 
 
 def _reduce_payload(rng: random.Random, op: ReduceOp, length: int) -> bytes:
@@ -343,6 +344,7 @@ def collect(small: bool = False, synth: bool = True) -> dict:
         "max_payload": MAX_PAYLOAD,
         "multicast": {"beats_per_cycle": mc2["beats_per_cycle"],
                       "beats_per_cycle_1beat": mc1["beats_per_cycle"],
+                      "packet_slots": mc2["packet_slots"],
                       "hop_latency_cycles": mc2["hop_latency_cycles"]},
         "all_to_all": {"beats_per_cycle": min(a2a["scatter_beats_per_cycle"],
                                               a2a["gather_beats_per_cycle"]), **a2a},

@@ -84,7 +84,7 @@ class AttentionEngine(wiring.Component):
 
     def __init__(self, head_dim: int = 128, lanes: int = 16, max_heads: int = 6,
                  max_block: int = 256, data_width: int = 64, out_fifo_depth: int = 16,
-                 merge_lanes: int | None = None, score_slots: int = 3):
+                 merge_lanes: int | None = None, score_slots: int = 2):
         if head_dim % lanes:
             raise ValueError("head_dim must be a multiple of lanes")
         if lanes & (lanes - 1):

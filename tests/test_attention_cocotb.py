@@ -1,5 +1,7 @@
 """cocotb + Verilator benches of the attention engine (one build, Qwen2.5-1.5B head geometry:
-head_dim 128, 16 lanes, up to 6 query heads per KV head, blocks up to 256 rows)."""
+head_dim 128, 16 lanes, up to 6 query heads per KV head, blocks up to 256 rows): decode, causal
+prefill, two-phase invariance and malformed input, at full rate and with idle sources and
+backpressure."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ def built():
                          ids=["full-rate", "idle-backpressure"])
 def test_attention_bench(built, idle, backpressure):
     from mcf.sim import run
-    testcase = None if idle == 0 else ["decode_states", "prefill_causal"]
+    testcase = None if idle == 0 else ["decode_states", "prefill_causal", "malformed_input"]
     params = {**PARAMS, "idle": idle, "backpressure": backpressure, "seed": 3 if idle else 1}
     if idle:   # the slow path keeps the short chunks; full rate covers 256
         params["prefill_chunks"] = [(16, 6, 2), (32, 2, 2)]

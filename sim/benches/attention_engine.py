@@ -1,7 +1,8 @@
 """cocotb bench of the attention engine top (``AttentionTop`` in ``FlatTop``), bit-exact against
 the golden model: decode states (GQA 6:1 and 2:1, unequal and empty shards), prefill (chunk sizes
 16..256, causal boundaries, normalised output), two-phase split invariance on the DUT's own
-outputs. Parameters (``mcf.sim.bench_params``): ``head_dim``, ``lanes``, ``max_heads``,
+outputs, malformed input counted and survived. K and V blocks go to the ``s_axis_k`` /
+``s_axis_v`` sources (none on V for MAX jobs). Parameters (``mcf.sim.bench_params``): ``head_dim``, ``lanes``, ``max_heads``,
 ``max_block``, ``data_width``, ``idle``, ``backpressure``, ``seed``, ``prefill_chunks``.
 """
 
@@ -201,3 +202,42 @@ async def two_phase_invariance(dut):
         # sanity: the two-phase maximum is the single pass's maximum
         assert np.array_equal(results[0].m, attend_single(q, sq, [kv]).m)
     assert tb.status()["err_max"] == 0
+
+
+@cocotb.test()
+async def malformed_input(dut):
+    """Bad input never hangs and loses no good data: a job with heads > max_heads is dropped with
+    its query, K and V blocks and counted; a K block whose last row lacks a beat is processed as
+    far as it is well-formed (that row unscored, its V row skipped) and counted twice (partial
+    row, V row count); the good jobs around them are exact."""
+    from dataclasses import replace
+
+    tb = TB(dut)
+    await tb.reset()
+    rng = np.random.default_rng(P.get("seed", 1) + 3)
+
+    def job(heads, lens, **kw):
+        q, sq = random_query(rng, heads, D, sigma=1.5)
+        return Job(AttnMode.SINGLE, q, sq, random_blocks(rng, lens, D), **kw)
+
+    good1, bad, partial, good2 = job(6, [40, 17]), job(G + 1, [9, 3]), job(2, [12]), \
+        job(2, [T, 5], normalize=True)
+    before = tb.status()
+    for j in (good1, bad, partial, good2):
+        tb.src["job"].send_nowait(AxiStreamFrame([job_word(j, G)]))
+        tb.src["q"].send_nowait(AxiStreamFrame(q_words(j, L)))
+        for n, blk in enumerate(j.blocks):
+            kw = k_words(blk, L)
+            if j is partial and n == len(j.blocks) - 1:
+                kw = kw[:-2] + kw[-1:]
+            tb.src["k"].send_nowait(AxiStreamFrame(kw))
+            tb.src["v"].send_nowait(AxiStreamFrame(v_words(blk, L)))
+    trimmed = replace(partial, blocks=[partial.blocks[0].slice(0, len(partial.blocks[0]) - 1)])
+    for j in (good1, trimmed, good2):
+        got = await tb.result(j)
+        assert got == expected_words(j)
+    await ClockCycles(dut.clk, 20)
+    after = tb.status()
+    delta = {k: after[k] - before[k] for k in ("jobs", "err_rows", "err_job", "err_max")}
+    assert delta == {"jobs": 3, "err_rows": 2, "err_job": 1, "err_max": 0}, delta
+    assert after["busy"] == 0

@@ -107,10 +107,11 @@ def build(top, name: str, *, ports=None, params: dict | None = None,
     args = list(VERILATOR_ARGS)
     if width_warnings:
         args = [a for a in args if a not in _WIDTH_OFF]
-    key = hashlib.sha256("\n".join([
-        text, json.dumps(params or {}, sort_keys=True, default=str), _versions(),
-        " ".join([*args, *build_args]), WIDTH_WAIVERS if width_warnings else ""]).encode()
-    ).hexdigest()[:16]
+    parts = [text, json.dumps(params or {}, sort_keys=True, default=str), _versions(),
+             " ".join([*args, *build_args])]
+    if width_warnings:          # (a default build keeps the key it always had)
+        parts.append(WIDTH_WAIVERS)
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     build_dir = BUILD_ROOT / "sim" / f"{name}-{key}"
     build_dir.mkdir(parents=True, exist_ok=True)
     stamp = build_dir / "built.ok"

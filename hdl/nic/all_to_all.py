@@ -49,7 +49,11 @@ class AllToAll(wiring.Component):
     waits for it (``i.ready`` low, bounded); a gather missing a part is freed by the
     watchdog (its timer pauses while the engine holds an offered part off). Rates: scatter
     1 beat/cycle (pass-through, 0 cycles); gather writes 1 beat/cycle; a complete gather
-    streams out at 1 beat/cycle after 1 cycle.
+    starts streaming out 2 cycles after its last beat was written, at 1 beat/cycle, and the
+    next complete gather follows its last beat without a gap. A slot being read out is free
+    for a new tag in the cycle its last beat is read (the read port returns the old word on a
+    same-cycle write), so with 2 slots a stream of gathers is taken in and emitted at line
+    rate. ``i.ready`` may depend combinationally on ``o.ready`` (that slot release).
     """
 
     def __init__(self, *, data_width: int = 64, max_nodes: int = 8, part_max: int | None = None,

@@ -425,6 +425,17 @@ def test_channel_scores_are_the_per_token_path_with_folded_query():
         as_tok = KVBlock(blk.k[lo:lo + n], np.full(n, KV_ONE), blk.v[lo:lo + n],
                          blk.sv[lo:lo + n], blk.pos[lo:lo + n])
         assert np.array_equal(job_scores(qf, sf, as_tok)[0], t[:, lo:lo + n])
+    # the same through the engine view (runs sharing a header, records as KVBlocks), with an
+    # open group after the closed ones, for a single-pass job over the whole block
+    cache = KVChannelCache(D)
+    cache.append(ka, va)
+    whole = KVChannelBlock.concat(cache.blocks())
+    view = whole.engine_view()
+    # the open group's header is the last closed group's: one run, no reload in between
+    assert [len(b) for _, b in view] == [32, 32, 36]
+    assert view[-1][1].sk[-1] != KV_ONE and view[-1][1].sk[0] == KV_ONE
+    t_view = np.concatenate([job_scores(*fold_query(q, sq, h), b)[0] for h, b in view], axis=1)
+    assert np.array_equal(t_view, job_scores(q, sq, whole)[0])
     # and the scores are the float scores of the dequantised keys up to the folded query's
     # rounding (≤ 2^-7 of the folded absmax per element, through |k4|) and the score's 2^-8
     c = np.log2(np.e) / np.sqrt(D)

@@ -338,6 +338,23 @@ class KVChannelBlock:
         """ACT K/V rows → block, with the on-chip quantiser (:func:`quantize_kv_channel`)."""
         return KVChannelBlock.from_groups(*quantize_kv_channel(k_act, v_act, group), pos, group)
 
+    def engine_view(self) -> list[tuple[np.ndarray, KVBlock]]:
+        """What the engine sees: runs of consecutive rows sharing a header, each as
+        ``(header[d], KVBlock)`` with the record ``sk`` as the per-token K scale. Scoring each
+        run's KVBlock with the query folded by its header (:func:`mcf.abi.kv.fold_query`)
+        gives :func:`channel_scores` bit for bit; the **block** (not the run) stays the unit
+        of ``block_state`` (the engine reloads the query between runs during the block's K
+        rows; V rows need no fold)."""
+        ks = np.asarray(self.ks)
+        out, lo = [], 0
+        for hi in range(1, len(self) + 1):
+            if hi == len(self) or np.any(ks[hi] != ks[lo]):
+                idx = slice(lo, hi)
+                out.append((ks[lo].copy(), KVBlock(self.k[idx], self.sk[idx], self.v[idx],
+                                                   self.sv[idx], self.pos[idx])))
+                lo = hi
+        return out
+
     def groups(self, group: int = KV_GROUP) -> np.ndarray:
         """``kscale[n_groups, d]`` of a block whose groups start at row 0 (payload view)."""
         sizes = group_sizes(len(self), group)

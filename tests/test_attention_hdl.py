@@ -9,16 +9,18 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from mcf.abi.kv import AttnMode
-from mcf.golden.attention import attend_fixed
+from mcf.abi.kv import AttnMode, KVFormat, to_act
+from mcf.golden.attention import KVChannelBlock, attend_fixed, attend_max, random_query
 from mcf.hdl.compute.attention import AttentionEngine
 from mcf.sim.benches.attention_common import (
+    Job,
     expected_ends,
     expected_words,
     job_k_words,
     job_v_words,
     job_word,
     k_words,
+    kh_words,
     make_jobs,
     q_words,
     v_words,
@@ -29,9 +31,10 @@ D, L, G, T, DW = 16, 4, 6, 16, 64
 
 
 def run_engine(jobs, *, idle=0.0, backpressure=0.0, seed=0, k_override=None, v_override=None,
-               max_cycles=200000, n_outputs=None, merge_lanes=None, score_slots=2, cycles=None):
+               max_cycles=200000, n_outputs=None, merge_lanes=None, score_slots=2, cycles=None,
+               kh_words=None, **engine_kw):
     dut = AttentionEngine(head_dim=D, lanes=L, max_heads=G, max_block=T, data_width=DW,
-                          merge_lanes=merge_lanes, score_slots=score_slots)
+                          merge_lanes=merge_lanes, score_slots=score_slots, **engine_kw)
     rng = np.random.default_rng(seed)
     beats = []
     n_expected = (sum(len(expected_ends(j)) for j in jobs) if n_outputs is None
@@ -82,9 +85,12 @@ def run_engine(jobs, *, idle=0.0, backpressure=0.0, seed=0, k_override=None, v_o
         for name in ("jobs", "blocks", "err_rows", "err_max", "err_job", "busy"):
             status[name] = ctx.get(getattr(dut.status, name))
 
+    async def tb_kh(ctx):
+        await send(ctx, dut.kh, kh_words)
+
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    for tb in (tb_job, tb_q, tb_k, tb_v):
+    for tb in (tb_job, tb_q, tb_k, tb_v) + ((tb_kh,) if kh_words is not None else ()):
         sim.add_testbench(tb, background=True)
     sim.add_testbench(tb_out)
     sim.run()
@@ -216,3 +222,53 @@ def test_banks_overlap(score_slots):
     visible = 3 * 4 * T + (3 * T + 5)
     work = visible * 6 * (D // L)            # per bank
     assert cycles[0] < 1.35 * work           # sequential phases would take over 2 · work
+
+
+GRP = 4     # per-channel K groups of 4 rows in the small configuration
+
+
+def channel_jobs(seed, configs):
+    """Jobs over per-channel-K blocks (groups of GRP rows, outlier K channels)."""
+    rng = np.random.default_rng(seed)
+    jobs = []
+    for mode, heads, lens, kw in configs:
+        kw = dict(kw)
+        pos = kw.pop("pos0", 0)
+        blocks = []
+        for n in lens:
+            kf = rng.normal(0.0, 1.0, (n, D))
+            kf[:, :2] *= 8.0
+            blk = KVChannelBlock.quantize(to_act(kf), to_act(rng.normal(0.0, 1.0, (n, D))),
+                                          np.arange(pos, pos + n), group=GRP)
+            blocks.append(blk)
+            pos += n
+        q, sq = random_query(rng, heads, D, sigma=1.5)
+        job = Job(mode, q, sq, blocks, **kw)
+        if mode == FX:
+            job.m_fix = attend_max(q, sq, blocks, job.q_pos, job.causal)
+        jobs.append(job)
+    return jobs
+
+
+def test_per_channel_k_all_modes():
+    """PER_CHANNEL_K: the header of every group of GRP rows is folded into each head's query
+    (fold_query) and the group scored by the per-token path: bit-exact with the golden model in
+    every mode, causal prefill, partial last groups, a rejected job's headers dropped."""
+    causal = {"normalize": True, "causal": True}
+    jobs = channel_jobs(51, [
+        (S, 6, [T, 7], {}),
+        (S, 2, [T, T, 9], {**causal, "q_pos": 2 * T + 5}),
+        (MX, 6, [10, 3], {}),
+        (FX, 6, [10, 3], {}),
+        (S, 7, [6, 5], {}),                   # rejected: query, K, headers and V dropped
+        (FX, 2, [], {}),
+        (S, 1, [5], {"normalize": True}),
+    ])
+    good = [j for j in jobs if j.heads <= G]
+    hdr = [w for j in jobs for b in j.blocks for w in kh_words(b, L, GRP)]
+    (words, ends), status = run_engine(jobs, kh_words=hdr, n_outputs=sum(
+        len(expected_ends(j)) for j in good), backpressure=0.3, seed=5,
+        kv_format=KVFormat.PER_CHANNEL_K, kv_group=GRP)
+    assert words == [w for j in good for w in expected_words(j)]
+    assert status["jobs"] == len(good) and status["err_job"] == 1
+    assert status["err_rows"] == status["err_max"] == 0

@@ -21,8 +21,10 @@ from amaranth.lib.wiring import In, Out
 
 from mcf.abi.framing import beat_layout
 from mcf.abi.kv import (
+    KV_GROUP,
     KV_SCALE,
     AttnMode,
+    KVFormat,
     attn_job_layout,
     attn_status_layout,
     kv_beat_layout,
@@ -30,6 +32,7 @@ from mcf.abi.kv import (
 )
 from mcf.abi.softmax import LANE_BITS, M_EMPTY, SCORE
 
+from .attn_fold import QueryFold, kv_header_layout
 from .attn_merge import MergeUnit
 from .attn_out import Normalizer, WordPacker
 from .attn_pv import PVPipe, acc_width
@@ -62,6 +65,14 @@ class AttentionEngine(wiring.Component):
         little-endian words (``pack_state`` per head, or ``o/l``, or ``m``) in
         :func:`mcf.abi.kv.job_payloads` payloads (one per head for states), ``keep`` on each
         payload's final beat, ``last`` at its end.
+    kh : In(stream.Signature(kv_header_layout(lanes))) — ``kv_format = PER_CHANNEL_K`` only
+        Per K block, for each group of ``kv_group`` rows from the block's first row (the last
+        group may be shorter), the group header: ``head_dim/lanes`` beats of ``lanes`` K channel
+        scale codes (:func:`mcf.abi.kv.pack_kv_channel_block`'s header, channel order). At
+        each group's first row the QK side folds the header into every head's query
+        (:class:`~.attn_fold.QueryFold`, :func:`mcf.abi.kv.fold_query`) and scores the group's
+        records with the per-token path and their ``sk``. The fold is not overlapped with
+        scoring: about ``heads · (2·head_dim/lanes + 6)`` cycles per group.
     status : Out(attn_status_layout())
         Counters (jobs, blocks, malformed input) and ``busy``. A job with ``heads`` outside
         ``1..max_heads`` or an undefined mode is rejected: its query beats, K blocks and (unless
@@ -84,7 +95,8 @@ class AttentionEngine(wiring.Component):
 
     def __init__(self, head_dim: int = 128, lanes: int = 16, max_heads: int = 6,
                  max_block: int = 256, data_width: int = 64, out_fifo_depth: int = 16,
-                 merge_lanes: int | None = None, score_slots: int = 2):
+                 merge_lanes: int | None = None, score_slots: int = 2,
+                 kv_format: KVFormat = KVFormat.PER_TOKEN, kv_group: int = KV_GROUP):
         if head_dim % lanes:
             raise ValueError("head_dim must be a multiple of lanes")
         if lanes & (lanes - 1):
@@ -97,6 +109,7 @@ class AttentionEngine(wiring.Component):
         self.max_block, self.data_width = max_block, data_width
         self.out_fifo_depth = out_fifo_depth
         self.score_slots = score_slots
+        self.kv_format, self.kv_group = KVFormat(kv_format), kv_group
         self.merge_lanes = merge_lanes if merge_lanes is not None else max(1, lanes // 4)
         if lanes % self.merge_lanes:
             raise ValueError("merge_lanes must divide lanes")
@@ -105,6 +118,8 @@ class AttentionEngine(wiring.Component):
             "q": In(stream.Signature(q_beat_layout(lanes))),
             "k": In(stream.Signature(kv_beat_layout(lanes))),
             "v": In(stream.Signature(kv_beat_layout(lanes))),
+            **({"kh": In(stream.Signature(kv_header_layout(lanes)))}
+               if self.kv_format == KVFormat.PER_CHANNEL_K else {}),
             "o": Out(stream.Signature(beat_layout(data_width))),
             "status": Out(attn_status_layout()),
         })
@@ -219,6 +234,53 @@ class AttentionEngine(wiring.Component):
         with m.If(so.valid & so.ok & so.kvalid & (so.t > mblk[so.h])):
             m.d.sync += mblk[so.h].eq(so.t)
 
+        # per-channel K: raw query, group header and the fold (see the ``kh`` member)
+        PC = self.kv_format == KVFormat.PER_CHANNEL_K
+        gcnt = Signal(range(self.kv_group))      # row within its group
+        folded = Signal()                        # the current group's query is loaded
+        g_row_done = Signal()
+        with m.If(g_row_done):
+            m.d.sync += [gcnt.eq(Mux(gcnt == self.kv_group - 1, 0, gcnt + 1)), folded.eq(0)]
+        if PC:
+            m.submodules.fold = qf = QueryFold(D, L)
+            m.submodules.rawq = rawq = Memory(shape=unsigned(L * 8), depth=G * NB, init=[])
+            m.submodules.hbuf = hbuf = Memory(shape=unsigned(len(self.kh.payload.as_value())),
+                                              depth=NB, init=[])
+            rq_wr, rq_rd = rawq.write_port(), rawq.read_port()
+            hb_wr, hb_rd = hbuf.write_port(), hbuf.read_port()
+            r_m = Array(Signal(len(qp.scale_m), name=f"rawm{h}") for h in range(G))
+            r_e = Array(Signal(len(qp.scale_e), name=f"rawe{h}") for h in range(G))
+            fh, fc, rh = Signal(bits_for(G + 1)), Signal(bits_for(NB)), Signal(bits_for(G))
+            hc = Signal(range(NB + 1))
+            hdrop = Signal(32)
+            dgrp = Signal(16)
+            f_last_c = fc == NB - 1
+            f_adv = qf.i.valid & qf.i.ready
+            m.d.comb += [
+                rq_rd.addr.eq(fh * NB + fc), hb_rd.addr.eq(fc),
+                qf.i.payload.q.eq(rq_rd.data), qf.i.payload.s.eq(hb_rd.data),
+                qf.i.payload.scale_m.eq(r_m[fh]), qf.i.payload.scale_e.eq(r_e[fh]),
+                hb_wr.addr.eq(hc), hb_wr.data.eq(self.kh.payload.data),
+            ]
+
+        def k_beat():
+            # a causally masked row is not scored: one cycle per beat instead of heads
+            k_skip = Mux(row_start, ~pos_ok, ~row_valid)
+            done = k_skip | last_head
+            m.d.comb += [k_take.eq(1), k_issue.eq(~k_skip), self.k.ready.eq(done)]
+            m.d.sync += h_cnt.eq(Mux(done, 0, h_cnt + 1))
+            with m.If(done):
+                m.d.sync += c_cnt.eq(Mux(last_c, 0, c_cnt + 1))
+                with m.If(last_c):
+                    m.d.comb += g_row_done.eq(1)
+                    m.d.sync += nk.eq(nk + 1)
+                    with m.If(nk >= T):
+                        m.d.comb += qk_err_rows.eq(1)
+                with m.If(kp.last):
+                    m.next = "KDRAIN"
+                    with m.If(~last_c):
+                        m.d.comb += qk_err_rows.eq(1)
+
         with m.FSM(name="qk") as qk_fsm:
             with m.State("IDLE"):
                 m.d.comb += self.job.ready.eq(j_cnt < 2)
@@ -227,7 +289,7 @@ class AttentionEngine(wiring.Component):
                     bad = (hv == 0) | (hv > G) | (jobp.mode.as_value() == 3)
                     m.d.sync += [
                         causal.eq(jobp.causal), qnb.eq(jobp.n_blocks), q_pos.eq(jobp.q_pos),
-                        qblk.eq(0), qcnt.eq(0), h_cnt.eq(0), c_cnt.eq(0),
+                        qblk.eq(0), qcnt.eq(0), h_cnt.eq(0), c_cnt.eq(0), gcnt.eq(0),
                         qheads.eq(hv), drop_heads.eq(hv),
                     ]
                     for n in range(2):
@@ -257,13 +319,41 @@ class AttentionEngine(wiring.Component):
                     m.d.sync += qblk.eq(qblk + 1)
                     with m.If(qblk + 1 == qnb):
                         m.next = "IDLE"
+                if PC:
+                    # the dropped block's group headers follow it on ``kh``
+                    with m.If(self.k.valid):
+                        m.d.sync += c_cnt.eq(Mux(last_c | kp.last, 0, c_cnt + 1))
+                        m.d.comb += g_row_done.eq(last_c | kp.last)
+                        with m.If((c_cnt == 0) & (gcnt == 0)):
+                            m.d.sync += dgrp.eq(dgrp + 1)
+                        with m.If(kp.last):
+                            m.d.sync += [gcnt.eq(0), dgrp.eq(0),
+                                         hdrop.eq((dgrp + ((c_cnt == 0) & (gcnt == 0))) * NB)]
+                            m.next = "DROP_H"
+
+            if PC:
+                with m.State("DROP_H"):
+                    with m.If(hdrop == 0):
+                        m.next = "DROP_K"
+                        with m.If(qblk == qnb):
+                            m.next = "IDLE"
+                    with m.Else():
+                        m.d.comb += self.kh.ready.eq(1)
+                        with m.If(self.kh.valid):
+                            m.d.sync += hdrop.eq(hdrop - 1)
 
             with m.State("LOAD_Q"):
                 m.d.comb += self.q.ready.eq(1)
                 with m.If(self.q.valid):
-                    m.d.comb += [sc.load.en.eq(1), sc.load.h.eq(h_cnt), sc.load.c.eq(c_cnt),
-                                 sc.load.data.eq(qp.data), sc.load.scale_m.eq(qp.scale_m),
-                                 sc.load.scale_e.eq(qp.scale_e)]
+                    if PC:   # kept raw: every group folds its header into it
+                        m.d.comb += [rq_wr.addr.eq(h_cnt * NB + c_cnt), rq_wr.data.eq(qp.data),
+                                     rq_wr.en.eq(1)]
+                        with m.If(c_cnt == 0):
+                            m.d.sync += [r_m[h_cnt].eq(qp.scale_m), r_e[h_cnt].eq(qp.scale_e)]
+                    else:
+                        m.d.comb += [sc.load.en.eq(1), sc.load.h.eq(h_cnt), sc.load.c.eq(c_cnt),
+                                     sc.load.data.eq(qp.data), sc.load.scale_m.eq(qp.scale_m),
+                                     sc.load.scale_e.eq(qp.scale_e)]
                     with m.If(c_cnt == 0):
                         for n in range(2):
                             with m.If(jw == n):
@@ -280,25 +370,49 @@ class AttentionEngine(wiring.Component):
 
             with m.State("KWAIT"), m.If(s_cnt < NS):
                 m.d.sync += [mblk[h].eq(M_EMPTY) for h in range(G)]
-                m.d.sync += [nk.eq(0), h_cnt.eq(0), c_cnt.eq(0)]
+                m.d.sync += [nk.eq(0), h_cnt.eq(0), c_cnt.eq(0), gcnt.eq(0), folded.eq(0)]
                 m.next = "KPHASE"
 
+            if PC:
+                with m.State("HDR"):
+                    # the group's header; the fold waits for the rows in flight to be scored
+                    with m.If(hc != NB):
+                        m.d.comb += [self.kh.ready.eq(1), hb_wr.en.eq(self.kh.valid)]
+                        with m.If(self.kh.valid):
+                            m.d.sync += hc.eq(hc + 1)
+                    with m.Elif(~sc.busy):
+                        m.d.comb += [rq_rd.addr.eq(0), hb_rd.addr.eq(0)]   # the first beat
+                        m.d.sync += [fh.eq(0), fc.eq(0), rh.eq(0)]
+                        m.next = "FOLD"
+
+                with m.State("FOLD"):
+                    # feed (raw q, header) beats head by head; load the folded beats
+                    m.d.comb += qf.i.valid.eq(fh < qheads)
+                    with m.If(f_adv):
+                        m.d.sync += [fc.eq(Mux(f_last_c, 0, fc + 1)),
+                                     fh.eq(Mux(f_last_c, fh + 1, fh))]
+                        m.d.comb += [rq_rd.addr.eq(Mux(f_last_c, (fh + 1) * NB, fh * NB + fc + 1)),
+                                     hb_rd.addr.eq(Mux(f_last_c, 0, fc + 1))]
+                    m.d.comb += [qf.o.ready.eq(1),
+                                 sc.load.en.eq(qf.o.valid), sc.load.h.eq(rh),
+                                 sc.load.c.eq(qf.o.payload.c), sc.load.data.eq(qf.o.payload.q),
+                                 sc.load.scale_m.eq(qf.o.payload.scale_m),
+                                 sc.load.scale_e.eq(qf.o.payload.scale_e)]
+                    with m.If(qf.o.valid & (qf.o.payload.c == NB - 1)):
+                        m.d.sync += rh.eq(rh + 1)
+                        with m.If(rh == qheads - 1):
+                            m.d.sync += folded.eq(1)
+                            m.next = "KPHASE"
+
             with m.State("KPHASE"), m.If(self.k.valid):
-                # a causally masked row is not scored: one cycle per beat instead of heads
-                k_skip = Mux(row_start, ~pos_ok, ~row_valid)
-                done = k_skip | last_head
-                m.d.comb += [k_take.eq(1), k_issue.eq(~k_skip), self.k.ready.eq(done)]
-                m.d.sync += h_cnt.eq(Mux(done, 0, h_cnt + 1))
-                with m.If(done):
-                    m.d.sync += c_cnt.eq(Mux(last_c, 0, c_cnt + 1))
-                    with m.If(last_c):
-                        m.d.sync += nk.eq(nk + 1)
-                        with m.If(nk >= T):
-                            m.d.comb += qk_err_rows.eq(1)
-                    with m.If(kp.last):
-                        m.next = "KDRAIN"
-                        with m.If(~last_c):
-                            m.d.comb += qk_err_rows.eq(1)
+                if PC:
+                    with m.If(row_start & (gcnt == 0) & ~folded):
+                        m.d.sync += hc.eq(0)
+                        m.next = "HDR"
+                    with m.Else():
+                        k_beat()
+                else:
+                    k_beat()
 
             with m.State("KDRAIN"), m.If(~sc.busy):
                 for n in range(NS):

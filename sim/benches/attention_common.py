@@ -104,6 +104,16 @@ def v_words(blk: KVBlock, lanes: int) -> list[int]:
     return _rows_words(blk, lanes, blk.v, 1)
 
 
+def kh_words(blk, lanes: int, group: int) -> list[int]:
+    """Header-stream beats of a per-channel-K block (:class:`mcf.golden.attention.KVChannelBlock`):
+    per group of ``group`` rows from the first row, its ``d`` K channel scales, ``lanes`` per
+    beat (:func:`mcf.hdl.compute.attn_fold.kv_header_layout`)."""
+    out = []
+    for hdr in blk.groups(group):
+        out += [_lanes_word(hdr[c:c + lanes], 16) for c in range(0, len(hdr), lanes)]
+    return out
+
+
 def job_k_words(job: Job, lanes: int) -> list[int]:
     return [w for b in job.blocks for w in k_words(b, lanes)]
 

@@ -2,8 +2,9 @@
 the golden model: decode states (GQA 6:1 and 2:1, unequal and empty shards), prefill (chunk sizes
 16..256, causal boundaries, normalised output), two-phase split invariance on the DUT's own
 outputs, malformed input counted and survived. K and V blocks go to the ``s_axis_k`` /
-``s_axis_v`` sources (none on V for MAX jobs). Parameters (``mcf.sim.bench_params``): ``head_dim``, ``lanes``, ``max_heads``,
-``max_block``, ``data_width``, ``idle``, ``backpressure``, ``seed``, ``prefill_chunks``.
+``s_axis_v`` sources (none on V for MAX jobs). Parameters (``mcf.sim.bench_params``):
+``head_dim``, ``lanes``, ``max_heads``, ``max_block``, ``data_width``, ``idle``,
+``backpressure``, ``seed``, ``prefill_chunks``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """INT4 KV cache format, its scales, the query format and the score arithmetic (paper §3.1, §5).
 
 Everything the attention engine, the KV memory, the packetizer and the golden models agree on
-about a KV block is defined here once.
+about a KV block is defined here once. This module's format is ``KVFormat.PER_TOKEN`` (the
+default); the second format, ``KVFormat.PER_CHANNEL_K`` (K per channel over groups of
+``KV_GROUP`` tokens, V per token), is defined in :mod:`mcf.abi.kv_channel` and re-exported here.
 
 Quantisation granularity — **per token and KV head**, one scale for K and one for V:
 

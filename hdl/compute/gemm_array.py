@@ -7,7 +7,15 @@ from amaranth import Array, Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.quant import ACC_BITS, SCALE_MANT_BITS, WEIGHT, XQ, group_sum_bits, pack_shift
+from mcf.abi.quant import (
+    ACC_BITS,
+    GROUP_SIZE,
+    SCALE_MANT_BITS,
+    WEIGHT,
+    XQ,
+    group_sum_bits,
+    pack_shift,
+)
 
 __all__ = ["GemmArray", "step_layout", "result_layout"]
 
@@ -51,7 +59,7 @@ class GemmArray(wiring.Component):
     only while a result waits on ``o.ready``.
     """
 
-    def __init__(self, rows: int = 16, lanes: int = 16, group: int = 128):
+    def __init__(self, rows: int = 16, lanes: int = 16, group: int = GROUP_SIZE):
         if rows % 2 or group % lanes:
             raise ValueError("rows must be even and lanes must divide the group")
         self.rows, self.lanes, self.group = rows, lanes, group

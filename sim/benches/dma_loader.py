@@ -265,15 +265,21 @@ async def dma(dut):
         bb = len(dut.m_axi_rdata) // 8
         results = []
         for length in p.get("lengths", [1 << 16]):
-            start_beats = st(dut)["rd_beats"]
+            data = bytes(tb.rng.getrandbits(8) for _ in range(length))
+            tb.ram.write(0, data)
+            before = st(dut)
             await tb.desc("rd", 0, length)
             t0 = tb.cycle
             fr = await tb.rd.recv()
             t1 = tb.cycle
-            assert len(fr.tdata) == length
-            beats = st(dut)["rd_beats"] - start_beats
-            results.append({"bytes": length, "beats": beats, "cycles": t1 - t0,
-                            "latency": tb.latency, "beat_bytes": bb})
+            after = st(dut)
+            results.append({"bytes": length, "beats": after["rd_beats"] - before["rd_beats"],
+                            "cycles": t1 - t0, "latency": tb.latency, "beat_bytes": bb,
+                            "match": bytes(fr.tdata) == data,
+                            "rd_errors": after["rd_errors"] - before["rd_errors"],
+                            "rd_rejects": after["rd_rejects"] - before["rd_rejects"]})
         if p.get("out"):
             with open(p["out"], "w") as f:
                 json.dump(results, f)
+        for r in results:
+            assert r["match"] and not r["rd_errors"] and not r["rd_rejects"], r

@@ -5,8 +5,8 @@ job bit-exact against :func:`mcf.golden.gemm.gemm` (paper §5: ping-pong loading
 Params: ``rows``, ``lanes``, ``group``; ``sequences``: list of ``{"name", "jobs": [{m, n, k,
 seed}, ...]}`` — each sequence's job descriptors are queued at once and its streams sent
 without gaps; ``idle`` and ``backpressure`` (pause probabilities of the sources / the sink);
-``seed``; ``sabotage`` (optional ``{"sequence", "job", "kind"}``: ``"weights"`` checks that
-job against other weights, ``"bad_job"`` also queues a descriptor the engine must reject);
+``seed``; ``sabotage`` (optional list of ``{"sequence", "job", "kind"}``: ``"weights"`` checks
+that job against other weights, ``"bad_job"`` also queues a descriptor the engine rejects);
 ``out`` (optional JSON path). Per sequence the JSON has: ``cycles`` (first job descriptor
 presented → last result beat), ``steps`` (k-steps, from the engine's status), ``first_out``
 (cycle of the first result beat, relative) and ``steps_at_first_out``, ``x_bytes``,
@@ -82,7 +82,7 @@ async def run_sequence(tb, seq, p, sabotage):
     descs = []
     for i, (xq, _, _, qw, _) in enumerate(jobs):
         m, k = xq.shape
-        if sabotage.get("job") == i and sabotage.get("kind") == "bad_job":
+        if (i, "bad_job") in sabotage:
             descs.append(GemmJob(m, k // lanes + 1, 1, qw.e))    # not a whole group: reject
         descs.append(GemmJob.for_shape(m, qw.q.shape[0], k, qw.e, rows, lanes))
     xblobs = [gemm_x_stream(gemm_x_blob(xq, x_m, x_e, bb), xq.shape[0], xq.shape[1], bb)
@@ -121,7 +121,7 @@ async def run_sequence(tb, seq, p, sabotage):
         pos += m * n * 4
         y = vals.reshape(n // rows, m, rows).transpose(1, 0, 2).reshape(m, n)
         q = qw.q
-        if sabotage.get("job") == i and sabotage.get("kind") == "weights":
+        if (i, "weights") in sabotage:
             q = q.copy()
             q[-1, 0] = 7 if q[-1, 0] != 7 else -8
         want = gemm(xq, x_m, x_e, q, qw.m, qw.e, bias, group)
@@ -144,13 +144,14 @@ async def gemm_sequences(dut):
         await RisingEdge(dut.clk)
     dut.rst.value = 0
     results = []
-    sab = p.get("sabotage") or {}
+    sab = p.get("sabotage") or []
     for si, seq in enumerate(p["sequences"]):
         budget = 20_000 + 4 * sum(j["m"] * (j["k"] // p["lanes"] + 40) * (j["n"] // p["rows"]) +
                                   j["n"] * j["k"] // 16 + j["m"] * j["k"] // 16
                                   for j in seq["jobs"])
         res = await with_timeout(
-            run_sequence(tb, seq, p, sab if sab.get("sequence") == si else {}),
+            run_sequence(tb, seq, p, {(s["job"], s["kind"]) for s in sab
+                                      if s["sequence"] == si}),
             budget * CLOCK_NS, "ns")
         results.append(res)
     if p.get("out"):

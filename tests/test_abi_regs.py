@@ -6,7 +6,7 @@ from mcf.abi import MCF_ID, Access, Field, Register, RegisterMap
 from mcf.abi.compute import DMA_STATUS, GEMM_STATUS, VECTOR_STATUS
 from mcf.abi.csrmap import PARSER_PORTS, PARSER_STATUS, node_regmap
 from mcf.abi.doc import regmap_text
-from mcf.abi.kv import attn_status_layout
+from mcf.abi.kv import attn_status_layout, kvq_status_layout
 from mcf.abi.platform import HP_PORTS
 
 
@@ -46,7 +46,7 @@ def test_node_map_has_every_status_counter():
     assert f"parser{PARSER_PORTS}_rx_packets" not in names
     for prefix, layout in [*((f"dma{p}", DMA_STATUS) for p in range(HP_PORTS)),
                            ("gemm", GEMM_STATUS), ("vector", VECTOR_STATUS),
-                           ("attn", attn_status_layout())]:
+                           ("attn", attn_status_layout()), ("kvq", kvq_status_layout())]:
         for field, _ in layout:
             assert f"{prefix}_{field}" in names
     assert regs.register("NODE").fields[1].reset == 1  # num_nodes defaults to 1

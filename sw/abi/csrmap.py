@@ -111,9 +111,10 @@ def node_regmap() -> RegisterMap:
 
 def compute_registers() -> list[Register]:
     """Status counters of the compute half of the node: one DMA loader per HP port, the GEMM
-    engine, the vector unit, the attention engine (:mod:`mcf.abi.compute`, :mod:`mcf.abi.kv`)."""
+    engine, the vector unit, the attention engine and the K/V emitter (:mod:`mcf.abi.compute`,
+    :mod:`mcf.abi.kv`)."""
     from .compute import DMA_STATUS, GEMM_STATUS, VECTOR_STATUS
-    from .kv import attn_status_layout
+    from .kv import attn_status_layout, kvq_status_layout
     from .platform import HP_PORTS
     regs = []
     for port in range(HP_PORTS):
@@ -121,6 +122,7 @@ def compute_registers() -> list[Register]:
     regs += status_registers("gemm", GEMM_STATUS, "GEMM engine")
     regs += status_registers("vector", VECTOR_STATUS, "vector unit")
     regs += status_registers("attn", attn_status_layout(), "attention engine")
+    regs += status_registers("kvq", kvq_status_layout(), "K/V emitter")
     return regs
 
 

@@ -55,6 +55,7 @@ import numpy as np
 from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
+from .csrmap import COUNTER_BITS
 from .fixed import INT4, FixedFormat, pack_int4, round_shift, saturate, unpack_int4
 from .quant import ACT, SCALE_EXP_BITS, SCALE_MANT_BITS, XQ, bitlen, requantize
 from .softmax import NORM_OUT, SCORE, SCORE_FRAC, recip_mant, state_words
@@ -297,15 +298,16 @@ def job_payloads(mode: AttnMode, normalize: bool, heads: int) -> int:
 
 
 def attn_status_layout() -> data.StructLayout:
-    """Status counters of the attention engine (read through the CSR block)."""
+    """Status counters of the attention engine (read through the CSR block; 32-bit counters
+    that wrap, :data:`mcf.abi.csrmap.COUNTER_BITS`)."""
     return data.StructLayout({
-        "jobs": unsigned(32),       # jobs completed (payload fully handed to the output FIFO)
-        "blocks": unsigned(32),     # KV blocks processed
-        "err_rows": unsigned(16),   # malformed blocks: V/K row counts differ, partial rows,
-                                    # rows beyond max_block, missing ``last``
-        "err_max": unsigned(16),    # FIXED mode: (key, head) scores above the given maximum
-        "err_job": unsigned(16),    # jobs with heads outside 1..max_heads (dropped with their
-                                    # query and KV beats, no output)
+        "jobs": unsigned(COUNTER_BITS),      # jobs completed (payload handed to the output FIFO)
+        "blocks": unsigned(COUNTER_BITS),    # KV blocks processed
+        "err_rows": unsigned(COUNTER_BITS),  # malformed blocks: V/K row counts differ, partial
+                                             # rows, rows beyond max_block, missing ``last``
+        "err_max": unsigned(COUNTER_BITS),   # FIXED mode: (key, head) scores above the maximum
+        "err_job": unsigned(COUNTER_BITS),   # jobs with heads outside 1..max_heads (dropped with
+                                             # their query and KV beats, no output)
         "busy": unsigned(1),
     })
 

@@ -27,7 +27,7 @@ K = 8960 for the down projection): Q, K, V projections of one chunk, then gate, 
   bundled ABC9 fails on the packed dot-product array); no fmax is claimed.
 
 ``small=True`` runs 16-token chunks (without the down projection in the prefill sequence, see
-:func:`sequences`) and a shorter DMA read (CI).
+:func:`sequences`), half the decode slices and a shorter DMA read (CI).
 
     mcf bench compute [--small] [--no-synth] [--json]
 """
@@ -64,7 +64,8 @@ def sequences(small: bool = False) -> list[dict]:
     out = []
     for name, tokens, seed in (("prefill", m, 10), ("decode", 1, 20)):
         slices = SLICES[:-1] if small and name == "prefill" else SLICES
-        jobs = [{"proj": p, "m": tokens, "n": n, "k": k, "seed": seed + i}
+        half = small and name == "decode"          # CI: half the decode weights
+        jobs = [{"proj": p, "m": tokens, "n": n // 2 if half else n, "k": k, "seed": seed + i}
                 for i, (p, k, n) in enumerate(slices)]
         out.append({"name": name, "jobs": jobs})
     return out

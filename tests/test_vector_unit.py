@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
+from mcf.abi.compute import VECTOR_STATUS
 from mcf.abi.quant import ACT, GAMMA, VectorOp, norm_eps_code, rope_words
 from mcf.golden import vector as V
 from mcf.hdl.compute.vector import VectorUnit
@@ -68,11 +69,17 @@ def run_vector(jobs, lanes=LANES, n_max=64, stall=False, seed=0):
             _, _, v, r, p = await ctx.tick().sample(dut.o.valid, dut.o.ready, dut.o.payload)
             if v and r:
                 out.append((int(p.data), int(p.last)))
+        await ctx.tick().repeat(2)
+        got = ctx.get(dut.status)
+        status.update({n: int(got[n]) for n, _ in VECTOR_STATUS})
 
+    status = {}
     sim.add_testbench(ctrl)
     sim.add_testbench(sink)
     sim.run_until(1e-8 * (expect * 20 + len(jobs) * 400 + 200))
     assert len(out) == expect
+    beats_in = sum((len(a) + (len(b) if b is not None else 0)) // lanes for _, a, b in jobs)
+    assert status == {"tokens": len(jobs), "beats_in": beats_in, "beats_out": expect}
     res, k = [], 0
     for op, a, _ in jobs:
         n = n_out(op, a)

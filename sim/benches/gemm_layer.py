@@ -2,6 +2,9 @@
 backed by one cocotbext-axi AxiRam, the INT4 GEMM engine and the vector unit), orchestrated the
 way the PS would: only descriptors and configuration, all data in DDR.
 
+The Q, K, V projections and the gate / up projections are each queued as one run of GEMM jobs
+back to back (their job descriptors first, then every port's descriptors in job order).
+
 Checks: the layer output in DDR equals :func:`mcf.golden.qwen_layer.layer_fixed` bit for bit,
 and its relative error against the float32 layer is below ``params["max_rel_err"]``. Attention
 (the attention kernel's area) is computed on the host from the Q/K/V the engine left in DDR, with
@@ -114,14 +117,22 @@ class Engine:
 
     async def gemm(self, xq, m, k, blob, qw: QuantWeight, out):
         """``blob`` = (address, bytes) of the weight stream (:func:`gemm_tile_blob`)."""
+        await self.gemms([(xq, m, k, blob, qw, out)])
+
+    async def gemms(self, jobs):
+        """Several GEMM jobs queued back to back: all job descriptors, then each port's
+        descriptors in job order (the engine overlaps a job's loads with the previous one's
+        compute)."""
         d = self.dut
-        n = qw.q.shape[0]
-        job = GemmJob.for_shape(m, n, k, qw.e, ROWS, LANES)
-        await send_job(d, "gemm_job", job)
-        rd0 = [dataclasses.astuple(x) for x in job.x_descriptors(xq, LANES)]
-        wr = [(out + t * ROWS * 4, ROWS * 4, n * 4, m) for t in range(n // ROWS)]
-        await self.transfer(rd0, [(blob[0], blob[1], 0, 1)], wr,
-                            ReadDest.GEMM_X, ReadDest.GEMM_W, WriteSrc.GEMM)
+        rd0, rd1, wr = [], [], []
+        for xq, m, k, blob, qw, out in jobs:
+            n = qw.q.shape[0]
+            job = GemmJob.for_shape(m, n, k, qw.e, ROWS, LANES)
+            await send_job(d, "gemm_job", job)
+            rd0 += [dataclasses.astuple(x) for x in job.x_descriptors(xq, LANES)]
+            rd1.append((blob[0], blob[1], 0, 1))
+            wr += [(out + t * ROWS * 4, ROWS * 4, n * 4, m) for t in range(n // ROWS)]
+        await self.transfer(rd0, rd1, wr, ReadDest.GEMM_X, ReadDest.GEMM_W, WriteSrc.GEMM)
 
 
 @cocotb.test()
@@ -187,8 +198,8 @@ async def tiny_layer(dut):
     # attention block
     await eng.vector(VectorOp.RMSNORM, h, m, X, G1, buf["n1"])
     await eng.requant(h, m, buf["n1"], xq[h])
-    for name in ("q", "k", "v"):
-        await eng.gemm(xq[h], m, h, blobs[name], mats[name][0], buf[name])
+    await eng.gemms([(xq[h], m, h, blobs[name], mats[name][0], buf[name])
+                     for name in ("q", "k", "v")])
     await eng.vector(VectorOp.ROPE, nq, m, buf["q"], RQ, buf["qr"], b_stride=nq * 4)
     await eng.vector(VectorOp.ROPE, nkv, m, buf["k"], RK, buf["kr"], b_stride=nkv * 4)
     q = np.empty((m, nq), dtype=np.int64)
@@ -204,8 +215,8 @@ async def tiny_layer(dut):
     # MLP block
     await eng.vector(VectorOp.RMSNORM, h, m, buf["h"], G2, buf["n2"])
     await eng.requant(h, m, buf["n2"], xq[h])
-    await eng.gemm(xq[h], m, h, blobs["gate"], mats["gate"][0], buf["g"])
-    await eng.gemm(xq[h], m, h, blobs["up"], mats["up"][0], buf["u"])
+    await eng.gemms([(xq[h], m, h, blobs[name], mats[name][0], buf[short])
+                     for name, short in (("gate", "g"), ("up", "u"))])
     await eng.vector(VectorOp.SILU_MUL, inter, m, buf["g"], buf["u"], buf["s"],
                      b_stride=inter * 4)
     await eng.requant(inter, m, buf["s"], xq[inter])

@@ -9,7 +9,8 @@ from mcf.sim.bench import BenchRefused, compute
 
 def test_sequences_cover_qwen_projections():
     for small in (False, True):
-        prefill, decode = compute.sequences(small)
+        prefill, decode, *alone = compute.sequences(small)
+        assert [a["name"] for a in alone] == ([] if small else ["q_alone", "down_alone"])
         want = ["q", "k", "v", "gate", "up"] + ([] if small else ["down"])
         assert [j["proj"] for j in prefill["jobs"]] == want
         assert [j["proj"] for j in decode["jobs"]][-1] == "down"

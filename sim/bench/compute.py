@@ -10,7 +10,8 @@ descriptor, a step count other than planned, or a failed/hung simulation raises
 :class:`~mcf.sim.bench.BenchRefused`.
 
 Sequences (Qwen2.5-1.5B shapes, N sliced so the simulation stays short; K = 1536, and
-K = 8960 for the down projection): Q, K, V projections of one chunk, then gate, up, down.
+K = 8960 for the down projection): Q, K, V projections of one chunk, then gate, up, down; in
+the full run also the Q and the down prefill jobs each alone, for contrast.
 
 * ``gemm_sequence_mac_utilization`` — prefill sequence, whole: k-steps × 256 MACs over the
   cycles from the first job descriptor to the last result beat (includes loading the first
@@ -68,6 +69,9 @@ def sequences(small: bool = False) -> list[dict]:
         jobs = [{"proj": p, "m": tokens, "n": n // 2 if half else n, "k": k, "seed": seed + i}
                 for i, (p, k, n) in enumerate(slices)]
         out.append({"name": name, "jobs": jobs})
+    if not small:   # each prefill shape alone, for contrast (first descriptor to last result)
+        for job in (out[0]["jobs"][0], out[0]["jobs"][-1]):
+            out.append({"name": f"{job['proj']}_alone", "jobs": [job]})
     return out
 
 
@@ -203,15 +207,15 @@ def render(result: dict) -> str:
     lines = [f"GEMM {a['rows']}x{a['lanes']} array ({a['macs_per_cycle']} MAC/cycle), group "
              f"{a['group']}, activations and weights at {a['beat_bytes']} B/cycle each; jobs "
              "queued back to back, every result bit-exact vs mcf.golden.gemm",
-             f"{'sequence':9} {'job':5} {'M':>3} {'N':>4} {'K':>5}"]
+             f"{'sequence':10} {'job':5} {'M':>3} {'N':>4} {'K':>5}"]
     for r in result["sequences"]:
         for j in r["jobs"]:
-            lines.append(f"{r['name']:9} {j['proj']:5} {j['m']:>3} {j['n']:>4} {j['k']:>5}")
+            lines.append(f"{r['name']:10} {j['proj']:5} {j['m']:>3} {j['n']:>4} {j['k']:>5}")
     lines.append("")
-    lines.append(f"{'sequence':9} {'MACs':>11} {'cycles':>8} {'MAC util':>9} "
+    lines.append(f"{'sequence':10} {'MACs':>11} {'cycles':>8} {'MAC util':>9} "
                  f"{'steady':>7} {'w-port eff':>10} {'in B/cyc':>8}")
     for r in result["sequences"]:
-        lines.append(f"{r['name']:9} {r['macs']:>11,} {r['cycles']:>8,} "
+        lines.append(f"{r['name']:10} {r['macs']:>11,} {r['cycles']:>8,} "
                      f"{r['mac_utilization']:>9.2%} {r['steady_mac_utilization']:>7.2%} "
                      f"{r['port_efficiency']:>10.2%} {r['input_bytes_per_cycle']:>8.2f}")
     lines += [

@@ -31,7 +31,7 @@ D, L, G, T, DW = 16, 4, 6, 16, 64
 
 
 def run_engine(jobs, *, idle=0.0, backpressure=0.0, seed=0, k_override=None, v_override=None,
-               max_cycles=200000, n_outputs=None, merge_lanes=None, score_slots=2, cycles=None,
+               max_cycles=200000, n_outputs=None, merge_lanes=None, score_slots=3, cycles=None,
                kh_words=None, **engine_kw):
     dut = AttentionEngine(head_dim=D, lanes=L, max_heads=G, max_block=T, data_width=DW,
                           merge_lanes=merge_lanes, score_slots=score_slots, **engine_kw)

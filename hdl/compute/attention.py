@@ -95,7 +95,7 @@ class AttentionEngine(wiring.Component):
 
     def __init__(self, head_dim: int = 128, lanes: int = 16, max_heads: int = 6,
                  max_block: int = 256, data_width: int = 64, out_fifo_depth: int = 16,
-                 merge_lanes: int | None = None, score_slots: int = 2,
+                 merge_lanes: int | None = None, score_slots: int = 3,
                  kv_format: KVFormat = KVFormat.PER_TOKEN, kv_group: int = KV_GROUP):
         if head_dim % lanes:
             raise ValueError("head_dim must be a multiple of lanes")

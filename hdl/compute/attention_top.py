@@ -17,11 +17,12 @@ from mcf.abi.framing import beat_layout
 from mcf.abi.kv import attn_job_layout, attn_status_layout, kv_beat_layout, q_beat_layout
 
 from .attention import AttentionEngine
+from .attn_fold import kv_header_layout
 
 __all__ = ["AttentionTop", "AXIS_NAMES"]
 
 AXIS_NAMES = {"job": "s_axis_job", "q": "s_axis_q", "k": "s_axis_k", "v": "s_axis_v",
-              "o": "m_axis"}
+              "kh": "s_axis_kh", "o": "m_axis"}
 
 
 class AttentionTop(wiring.Component):
@@ -32,6 +33,8 @@ class AttentionTop(wiring.Component):
     job, q, k, v : In(stream.Signature(unsigned(layout.size)))
         Packed :func:`mcf.abi.kv.attn_job_layout`, :func:`q_beat_layout`, and
         :func:`kv_beat_layout` for the K and the V stream (see :class:`AttentionEngine`).
+    kh : In(stream.Signature(unsigned(kv_header_layout(lanes).size)))
+        Only with ``kv_format=PER_CHANNEL_K``: the K blocks' group headers.
     o : Out(stream.Signature(beat_layout(data_width)))
     status : Out(attn_status_layout())
 
@@ -46,6 +49,8 @@ class AttentionTop(wiring.Component):
             "q": In(stream.Signature(q_beat_layout(e.lanes).size)),
             "k": In(stream.Signature(kv_beat_layout(e.lanes).size)),
             "v": In(stream.Signature(kv_beat_layout(e.lanes).size)),
+            **({"kh": In(stream.Signature(kv_header_layout(e.lanes).size))}
+               if "kh" in e.signature.members else {}),
             "o": Out(stream.Signature(beat_layout(e.data_width))),
             "status": Out(attn_status_layout()),
         })
@@ -53,7 +58,7 @@ class AttentionTop(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.engine = e = self.engine
-        for name in ("job", "q", "k", "v"):
+        for name in ("job", "q", "k", "v", "kh")[:4 + ("kh" in e.signature.members)]:
             outer, inner = getattr(self, name), getattr(e, name)
             m.d.comb += [inner.valid.eq(outer.valid), outer.ready.eq(inner.ready),
                          inner.payload.as_value().eq(outer.payload)]

@@ -80,9 +80,8 @@ class _WidenedShift(wiring.Component):
     """A 1-bit value shifted into a 64-bit context (the pattern the link model had): Verilator
     widens it by context, which ``width_warnings`` must report."""
 
-    a: In(1)
-    n: In(6)
-    y: Out(64)
+    def __init__(self):
+        super().__init__({"a": In(1), "n": In(6), "y": Out(64)})
 
     def elaborate(self, platform):
         m = Module()

@@ -9,13 +9,17 @@ import random
 import numpy as np
 from amaranth.sim import Simulator
 
+from mcf.abi.csrmap import DropCause
 from mcf.abi.meta import Collective, Port, ReduceOp, dispatch_port
 from mcf.abi.nic import REDUCE_STATUS, REDUCE_TAG, reduce_config
 from mcf.abi.softmax import SCORE, STATE_L, STATE_O, pack_state, unpack_state
 from mcf.golden.nic import ReduceModel, beats_to_packet, parsed_beats, softmax_payload_merge
+from mcf.golden.packet import packet_beats
 from mcf.hdl.nic.reduce import ReduceEngine
+from mcf.hdl.packet.parser import Parser
 from mcf.sim.benches.nic_amsim import drive, sink_process, split_packets, unpack_fields
 from mcf.sim.benches.nic_traffic import K_OF_ROUTE, contribution, make_stream
+from mcf.sim.benches.packet_streams import run_parser
 
 DW = 64
 async def configure(ctx, dut, configs=None):
@@ -230,3 +234,11 @@ def test_final_result_is_forwarded_not_reduced_again():
     assert status["drop_bad_op"] == 2
     assert status["tx_results"] == 3
     assert status["rx_packets"] == len(first) + 3
+    # on the wire, the parser of any receiving node sends the finals to FORWARD (the router)
+    # and the partial to REDUCTION
+    wire = [b for r in results for b in packet_beats(r.meta, r.payload, DW)]
+    parser = Parser(DW, max_payload=128)
+    out, pstatus, _ = run_parser(parser, wire, local_id=0, num_nodes=8,
+                                 expected_beats=sum(len(r.payload) // 8 for r in results))
+    assert pstatus["tx_forward"] == 2 and pstatus["tx_reduction"] == 1
+    assert sum(pstatus[f"drop_{c.name.lower()}"] for c in DropCause) == 0

@@ -8,7 +8,7 @@ from amaranth import Module
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.framing import beat_layout, parsed_layout
+from mcf.abi.framing import MAX_PAYLOAD, beat_layout, parsed_layout
 from mcf.abi.meta import META
 from mcf.abi.nic import LINK_RX_STATUS, LINK_TX_STATUS
 
@@ -28,7 +28,8 @@ def tap_signature(data_width: int) -> wiring.Signature:
 class LinkLoop(wiring.Component):
     """``LinkTx → LinkModel → LinkRx`` plus an independent ``LinkRx`` for injected frames.
 
-    Parameters: ``data_width``, ``max_payload`` (both receivers), and the link model's
+    Parameters: ``data_width``, ``max_payload`` (both receivers; default ``MAX_PAYLOAD``), and
+    the link model's
     ``latency``, ``rate`` = (num, den) bytes/cycle, ``drop_p16``, ``flip_p16``, ``seed``
     (see :class:`mcf.hdl.nic.link_model.LinkModel`).
 
@@ -46,7 +47,7 @@ class LinkLoop(wiring.Component):
     Latency and stream rules are those of the three parts (no registers are added).
     """
 
-    def __init__(self, *, data_width: int = 64, max_payload: int = 256, latency: int = 12,
+    def __init__(self, *, data_width: int = 64, max_payload: int = MAX_PAYLOAD, latency: int = 12,
                  rate: tuple[int, int] = (6, 1), drop_p16: int = 0, flip_p16: int = 0,
                  seed: int = 0xACE1, meta_layout: data.StructLayout = META):
         self._dw = data_width

@@ -14,6 +14,15 @@ Link frame (one per packet, on an AXI-Stream-like ``beat_layout`` stream towards
 
 CRC-32 is IEEE 802.3 (reflected polynomial 0xEDB88320, init and final XOR 0xFFFFFFFF, bytes
 LSB first) — identical to ``zlib.crc32``, which the golden model uses as an independent check.
+
+Final reduction results (:func:`reduce_config_layout`): a route's configuration entry says
+whether this node's engine completes the reduction (``final``). A final result leaves with
+``reduce_op = NONE``, ``collective = MULTICAST`` and ``route_id = result_route``, so by
+:data:`mcf.abi.meta.DISPATCH_RULES` every parser forwards it to the router (its broadcast
+tree) and no engine reduces it again (an engine handed one drops it as ``BAD_OP``). A partial
+result (``final = 0``, one hop of a reduction tree or ring) keeps the contributions'
+``reduce_op``, ``collective`` and ``route_id`` and is merged by the next hop. Every result has
+``src`` = the reducing node.
 """
 
 from __future__ import annotations

@@ -29,9 +29,8 @@ class LinkLoop(wiring.Component):
     """``LinkTx → LinkModel → LinkRx`` plus an independent ``LinkRx`` for injected frames.
 
     Parameters: ``data_width``, ``max_payload`` (both receivers; default ``MAX_PAYLOAD``), and
-    the link model's
-    ``latency``, ``rate`` = (num, den) bytes/cycle, ``drop_p16``, ``flip_p16``, ``seed``
-    (see :class:`mcf.hdl.nic.link_model.LinkModel`).
+    the link model's ``latency``, ``rate`` = (num, den) bytes/cycle, ``drop_p16``,
+    ``flip_p16``, ``seed`` (see :class:`mcf.hdl.nic.link_model.LinkModel`).
 
     Members
     -------

@@ -19,6 +19,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.framing import MAX_PAYLOAD, parsed_layout
+from mcf.abi.limits import REDUCE_SLOTS
 from mcf.abi.meta import META, Collective, ReduceOp
 from mcf.abi.nic import (
     LANE_BYTES,
@@ -90,7 +91,7 @@ class ReduceEngine(wiring.Component):
     itself and instantiates the returned module (``tests/test_nic_formal.py``).
     """
 
-    def __init__(self, *, data_width: int = 64, n_slots: int = 4,
+    def __init__(self, *, data_width: int = 64, n_slots: int = REDUCE_SLOTS,
                  max_payload: int = MAX_PAYLOAD,
                  meta_layout: data.StructLayout = META):
         if data_width % LANE_BITS or data_width < 2 * LANE_BITS:

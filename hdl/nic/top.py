@@ -18,6 +18,7 @@ from amaranth.lib.wiring import In, Out
 
 from mcf.abi.csrmap import NODE_LINKS, nic_registers, nic_regmap, node_register
 from mcf.abi.framing import MAX_PAYLOAD, beat_layout, parsed_layout
+from mcf.abi.limits import REDUCE_SLOTS
 from mcf.abi.nic import Topology
 
 from ..csr.bank import CsrBank, register_signature
@@ -73,8 +74,8 @@ class NicTop(wiring.Component):
 
     def __init__(self, *, data_width: int = 64, n_links: int = NODE_LINKS,
                  topology: Topology = Topology.RING, n_inject: int = 3,
-                 max_payload: int = MAX_PAYLOAD, reduce_slots: int = 4, a2a_max_nodes: int = 8,
-                 a2a_part_max: int | None = None,
+                 max_payload: int = MAX_PAYLOAD, reduce_slots: int = REDUCE_SLOTS,
+                 a2a_max_nodes: int = 8, a2a_part_max: int | None = None,
                  a2a_slots: int = 2):
         if not 1 <= n_links <= NODE_LINKS:
             raise ValueError(f"n_links must lie in 1..{NODE_LINKS}")
@@ -193,9 +194,9 @@ def nic_axis_names(n_links: int, n_inject: int) -> dict[str, str]:
 class NicCsrTop(wiring.Component):
     """:class:`NicTop` behind an AXI-Lite :class:`CsrBank` of :func:`nic_regmap`.
 
-    Members: ``s_axi_ctrl`` (``Out(AxiLiteSignature.flip())`` — the bank's bus, spelled as
-    :class:`mcf.hdl.csr.top.CsrTop` does) and every stream member of the wrapped
-    :class:`NicTop` under the same name. Latency: the bank's and the engines'.
+    Members: ``s_axi_ctrl`` (``Out(AxiLiteSignature.flip())`` — the bank's bus) and every
+    stream member of the wrapped :class:`NicTop` under the same name. Latency: the bank's and
+    the engines'.
     """
 
     def __init__(self, nic: NicTop | None = None):

@@ -19,7 +19,7 @@ __all__ = ["COUNTER_BITS", "DropCause", "counters", "PARSER_STATUS", "PACKETIZER
 
 COUNTER_BITS = 32
 NODE_MAP_VERSION = 0x0200
-NIC_MAP_VERSION = 0x0100
+NIC_MAP_VERSION = 0x0200
 NODE_LINKS = 3  # KR260 PL-side links: one 10G SFP+, two 1G RGMII
 PARSER_PORTS = NODE_LINKS + 1
 """Parsers of a node, each with its own counter set in the node map: parser 0 checks the local

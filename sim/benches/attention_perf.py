@@ -9,11 +9,12 @@ Case parameters (``params["cases"]``, a list): ``name``, ``kind`` (``decode``: `
 ``blocks`` full blocks each, state output; ``prefill``: query tokens at ``q_offsets`` of the last
 chunk over ``blocks`` full blocks, causal, ``o/l``; ``two_phase``: a MAX job and a FIXED job over
 the same ``blocks``), ``heads``, and optionally ``fault`` (``"expected"``: the expectation of the
-first job is corrupted; ``"bad_job"``: a job with ``heads = 0`` is sent first). Every case is
-framed by a warm-up job before and a cool-down job after the measured jobs (SINGLE, ``blocks``
-full blocks each): ``steady_cycles`` run from the warm-up job's last output beat to the last
-measured job's last output beat, so that both ends of the window see a full pipeline (the QK bank
-scoring ahead of the PV bank); ``cycles`` from the first submission to the very last beat.
+first measured job is corrupted; ``"bad_job"``: a job with ``heads = 0`` is sent before the
+measured jobs). Every case is framed by warm-up jobs before and cool-down jobs after the measured
+jobs (a SINGLE job over ``blocks`` full blocks; for ``two_phase`` a MAX and a FIXED job, so that
+the QK bank's lead is the same at both ends): ``steady_cycles`` run from the last warm-up job's
+last output beat to the last measured job's last output beat, so that both ends of the window see
+the same full pipeline; ``cycles`` from the first submission to the very last beat.
 """
 
 from __future__ import annotations
@@ -38,11 +39,18 @@ def case_jobs(case: dict, rng) -> tuple[list[Job], dict]:
     the PV bank."""
     heads, n_blocks = case["heads"], case["blocks"]
     jobs, qk_pairs, pv_pairs = [], 0, 0
-    frame = []
+    frame, frame_qk, frame_pv = [], 0, 0
     for _ in range(2):
         q, sq = random_query(rng, heads, D)
-        frame.append(Job(AttnMode.SINGLE, q, sq, random_blocks(rng, [T] * n_blocks, D)))
-    frame_pairs = 2 * T * n_blocks * heads
+        blocks = random_blocks(rng, [T] * n_blocks, D)
+        if case["kind"] == "two_phase":
+            frame.append([Job(AttnMode.MAX, q, sq, blocks),
+                          Job(AttnMode.FIXED, q, sq, blocks, m_fix=attend_max(q, sq, blocks))])
+            frame_qk += 2 * T * n_blocks * heads
+        else:
+            frame.append([Job(AttnMode.SINGLE, q, sq, blocks)])
+            frame_qk += T * n_blocks * heads
+        frame_pv += T * n_blocks * heads
     if case["kind"] == "decode":
         for _ in range(case.get("jobs", 1)):
             blocks = random_blocks(rng, [T] * n_blocks, D)
@@ -69,9 +77,10 @@ def case_jobs(case: dict, rng) -> tuple[list[Job], dict]:
         pv_pairs = T * n_blocks * heads
     else:
         raise ValueError(f"unknown case kind {case['kind']!r}")
-    return [frame[0], *jobs, frame[1]], {
-        "qk_pairs": frame_pairs + qk_pairs, "pv_pairs": frame_pairs + pv_pairs,
-        "steady_qk_pairs": qk_pairs, "steady_pv_pairs": pv_pairs}
+    return [*frame[0], *jobs, *frame[1]], {
+        "qk_pairs": frame_qk + qk_pairs, "pv_pairs": frame_pv + pv_pairs,
+        "steady_qk_pairs": qk_pairs, "steady_pv_pairs": pv_pairs,
+        "warm_jobs": len(frame[0]), "measured_jobs": len(jobs)}
 
 
 async def _count(dut, box):
@@ -114,11 +123,12 @@ async def perf(dut):
         jobs, work = case_jobs(case, rng)
         expected = [expected_words(j) for j in jobs]
         fault = case.get("fault")
+        w = work["warm_jobs"]
         if fault == "expected":
-            expected[0] = [expected[0][0] ^ 1, *expected[0][1:]]
+            expected[w] = [expected[w][0] ^ 1, *expected[w][1:]]
         elif fault == "bad_job":
             bad = Job(AttnMode.SINGLE, jobs[0].q[:0], jobs[0].sq[:0], [])
-            jobs, expected = [jobs[0], bad, *jobs[1:]], [expected[0], None, *expected[1:]]
+            jobs, expected = [*jobs[:w], bad, *jobs[w:]], [*expected[:w], None, *expected[w:]]
         elif fault is not None:
             raise ValueError(f"unknown fault {fault!r}")
         before = tb.status()
@@ -130,7 +140,8 @@ async def perf(dut):
         after = tb.status()
         out[case["name"]] = {
             **work, "cycles": done[-1] if done else 0,
-            "steady_cycles": done[-2] - done[0] if len(done) > 2 else 0,
+            "steady_cycles": (done[w + work["measured_jobs"] - 1] - done[w - 1]
+                              if len(done) == len(jobs) else 0),
             "jobs": len(jobs), "mismatched_jobs": int(bad_jobs),
             "timed_out": timed_out,
             "counters": {k: after[k] - before[k] for k in ("err_rows", "err_max", "err_job")},

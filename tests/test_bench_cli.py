@@ -16,8 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # figures each bench must report (dotted paths into its JSON object)
 FIGURES = {
-    "packet": ["widths"],
-    "nic": [],
+    "packet": ["widths.64.beats_per_cycle", "widths.128.beats_per_cycle"],
+    "nic": ["multicast.beats_per_cycle", "multicast.beats_per_cycle_1beat",
+            "all_to_all.scatter_beats_per_cycle", "all_to_all.gather_beats_per_cycle",
+            "reduction.elements_per_cycle_per_lane", "link.payload_beats_per_cycle"],
     "compute": ["gemm_sequence_mac_utilization", "gemm_steady_mac_utilization",
                 "decode_port_efficiency"],
     "attention": ["qk_bank_utilization", "pv_bank_utilization", "decode_cycles_per_qk",
@@ -41,8 +43,10 @@ def test_bench_runs_small(name, tmp_path, capsys):
     assert written == printed and written["small"] is True
     for dotted in FIGURES[name]:
         value = _get(written, dotted)
-        if dotted.endswith(("utilization", "efficiency")):
-            assert 0 < value <= 1, (dotted, value)
+        if dotted.endswith(("utilization", "efficiency", "per_cycle", "per_cycle_1beat",
+                            "per_lane")):
+            for v in value.values() if isinstance(value, dict) else [value]:
+                assert 0 < v <= 1, (dotted, value)
 
 
 def test_refusal_writes_nothing(tmp_path, capsys, monkeypatch):

@@ -40,7 +40,7 @@ def run_benches(names: list[str], *, small: bool, synth: bool, out: Path,
             refusals.append(f"{name} refused: {exc}")
             continue
         result["small"] = small
-        (out / f"{name}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
         results[name] = result
     return results, refusals
 
@@ -73,7 +73,7 @@ def run(args) -> int:
     if args.json:
         obj = results[names[0]] if len(names) == 1 and results else _combined(results)
         if results:
-            print(json.dumps(obj, sort_keys=True))
+            print(json.dumps(obj))
     else:
         for name, result in results.items():
             mod = importlib.import_module(f"mcf.sim.bench.{name}")

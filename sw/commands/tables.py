@@ -2,7 +2,7 @@
 
 Every table of measured figures in ``README.md`` sits between ``<!-- bench:NAME -->`` and
 ``<!-- /bench:NAME -->`` and is exactly ``mcf.sim.bench.NAME.render(result)`` of the committed
-``docs/results/NAME.json``. ``--from build/bench`` first copies the JSON that ``mcf bench`` wrote
+``docs/results/NAME.json`` (in a ``text`` code block unless it is a Markdown table). ``--from build/bench`` first copies the JSON that ``mcf bench`` wrote
 there into ``docs/results`` (full-size runs only), then rewrites the README. ``--check`` writes
 nothing and exits 1 if the README differs from what the committed JSON gives.
 """
@@ -35,6 +35,8 @@ def render_readme(text: str, results: Path) -> tuple[str, list[str]]:
             return match.group(0)
         mod = importlib.import_module(f"mcf.sim.bench.{name}")
         body = mod.render(json.loads(path.read_text())).rstrip("\n")
+        if not body.lstrip().startswith("|"):        # a plain-text table: keep its columns
+            body = f"```text\n{body}\n```"
         return f"{match.group(1)}{body}\n{match.group(4)}"
 
     return _BLOCK.sub(block, text), missing

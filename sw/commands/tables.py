@@ -2,8 +2,9 @@
 
 Every table of measured figures in ``README.md`` sits between ``<!-- bench:NAME -->`` and
 ``<!-- /bench:NAME -->`` and is exactly ``mcf.sim.bench.NAME.render(result)`` of the committed
-``docs/results/NAME.json`` (in a ``text`` code block unless it is a Markdown table). ``--from build/bench`` first copies the JSON that ``mcf bench`` wrote
-there into ``docs/results`` (full-size runs only), then rewrites the README. ``--check`` writes
+``docs/results/NAME.json`` (in a ``text`` code block unless it is a Markdown table).
+``--from build/bench`` first copies the JSON that ``mcf bench`` wrote there into
+``docs/results`` (full-size runs only), then rewrites the README. ``--check`` writes
 nothing and exits 1 if the README differs from what the committed JSON gives.
 """
 

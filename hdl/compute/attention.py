@@ -34,7 +34,7 @@ from mcf.abi.softmax import LANE_BITS, M_EMPTY, SCORE
 
 from .attn_fold import QueryFold, kv_header_layout
 from .attn_merge import MergeUnit
-from .attn_out import Normalizer, WordPacker
+from .attn_out import OutputStage
 from .attn_pv import PVPipe, acc_width
 from .attn_score import ScorePipe, bits_for
 
@@ -140,9 +140,8 @@ class AttentionEngine(wiring.Component):
         m.submodules.score = sc = ScorePipe(D, L, G, T)
         m.submodules.pv = pv = PVPipe(D, L, G, T)
         m.submodules.merge = mu = MergeUnit(ML, ACC_W)
-        m.submodules.norm = nz = Normalizer()
-        m.submodules.packer = pk = WordPacker(self.data_width, self.out_fifo_depth)
-        wiring.connect(m, pk.o, wiring.flipped(self.o))
+        m.submodules.out = ost = OutputStage(D, L, G, self.data_width, self.out_fifo_depth)
+        wiring.connect(m, ost.o, wiring.flipped(self.o))
 
         # ---------------- memories -------------------------------------------------------------
         # scores of NS blocks: address (slot·G + head, row); per row: V scale, "not masked"
@@ -467,8 +466,6 @@ class AttentionEngine(wiring.Component):
             m.d.sync += lacc[pa][pv.l_h].eq(lacc[pa][pv.l_h] + pv.l_p)
 
         # merge: ``merge_lanes`` lanes of a word per cycle (S cycles per word)
-        mh = Signal(bits_for(G))     # head being output
-        wait = Signal(3)
         gh = Signal(bits_for(G))     # head being merged
         gwait = Signal()
         mm = Array(Signal(signed(SW), name=f"mm{h}") for h in range(G))
@@ -486,43 +483,17 @@ class AttentionEngine(wiring.Component):
         ]
         merged_word = Cat(wbuf[ML * LANE_BITS:], mu.o_out)    # chunk 0 ends up lowest
 
-        # output words: issue → w1 (memory data) → w2 (normaliser product) → w3 → packer
-        widx = Signal(range(D + 3))
-        n_words = Signal(range(D + 3))
-        o_first = Signal(range(3))     # index of the first o word in a head (2, or 0)
-        o_idx = widx - o_first
-        w_issue, last_word = Signal(), Signal()
-        w1, w1_last, w1_isO, w1_fixed = Signal(), Signal(), Signal(), Signal()
-        w1_val = Signal(LANE_BITS)
-        w1_lane = Signal(range(L))
-        w2, w2_last, w2_isO = Signal(), Signal(), Signal()
-        w2_val = Signal(LANE_BITS)
-        w3, w3_last = Signal(), Signal()
-        w3_val = Signal(LANE_BITS)
-        w_word = Mux(widx == 0, Mux(fixed, pmfix[mh], mrun[mh]),
-                     Mux(fixed, lacc[pa][mh], lrun[mh]))
-        m.d.sync += [
-            w1.eq(w_issue), w1_last.eq(last_word),
-            w1_isO.eq((pmode != AttnMode.MAX) & (widx >= o_first)), w1_val.eq(w_word),
-            w1_lane.eq(o_idx[:max(1, (L - 1).bit_length())] if L > 1 else 0),
-            w1_fixed.eq(fixed),
+        # output of a finished job: the head's m and l words, the o lanes of the word it reads
+        oh = ost.h
+        m.d.comb += [
+            ost.mode.eq(pmode), ost.normalize.eq(pnorm), ost.heads.eq(pheads),
+            ost.m_word.eq(Mux(fixed, pmfix[oh], mrun[oh])),
+            ost.l_word.eq(Mux(fixed, lacc[pa][oh], lrun[oh])),
+            ost.o_lanes.eq(Mux(fixed, Cat(*(pv_acc[n * ACC_W:n * ACC_W + LANE_BITS]
+                                            for n in range(L))), o_rd.data)),
         ]
-        w1_o = Signal(LANE_BITS)
-        lane_r = Array(o_rd.data[n * LANE_BITS:(n + 1) * LANE_BITS] for n in range(L))
-        lane_a = Array(pv_acc[n * ACC_W:n * ACC_W + LANE_BITS] for n in range(L))
-        m.d.comb += [w1_o.eq(Mux(w1_fixed, lane_a[w1_lane], lane_r[w1_lane])),
-                     nz.x.eq(w1_o.as_signed()), nz.l.eq(Mux(fixed, lacc[pa][mh], lrun[mh]))]
-        m.d.sync += [
-            w2.eq(w1), w2_last.eq(w1_last), w2_isO.eq(w1_isO),
-            w2_val.eq(Mux(w1_isO, w1_o, w1_val)),
-            w3.eq(w2), w3_last.eq(w2_last), w3_val.eq(Mux(pnorm & w2_isO, nz.y, w2_val)),
-        ]
-        m.d.comb += [pk.i.valid.eq(w3), pk.i.payload.word.eq(w3_val),
-                     pk.i.payload.last.eq(w3_last)]
-        out_busy = w1 | w2 | w3
-        out_space = pk.level <= self.out_fifo_depth - 5
 
-        out_addr = Signal(range(G * NB))
+        out_addr = ost.addr
         mg_addr = Signal(range(G * NB))
         mg_go = Signal()
         mg_busy = Signal()
@@ -565,10 +536,9 @@ class AttentionEngine(wiring.Component):
                              o_wr.addr.eq(clr), o_wr.data.eq(0), o_wr.en.eq(1)]
                 m.d.sync += clr.eq(clr + 1)
                 with m.If(clr == pheads * NB - 1):
-                    m.d.sync += [mh.eq(0), wait.eq(0)]
                     m.next = "PWAIT"
                     with m.If(pnb == 0):
-                        m.next = "OUT_HEAD"
+                        m.next = "OUT"
 
             with m.State("PWAIT"), m.If(s_cnt != 0):
                 for n in range(NS):
@@ -582,9 +552,9 @@ class AttentionEngine(wiring.Component):
                 with m.If(pmode == AttnMode.MAX):
                     # phase 1 needs only the block maximum: no V rows
                     m.d.comb += [s_rel.eq(1), pv_block.eq(1)]
-                    m.d.sync += [pblk.eq(pblk + 1), mh.eq(0), wait.eq(0)]
+                    m.d.sync += [pblk.eq(pblk + 1)]
                     with m.If(pblk + 1 == pnb):
-                        m.next = "OUT_HEAD"
+                        m.next = "OUT"
                 with m.Else():
                     m.next = "PSTART"
 
@@ -608,13 +578,13 @@ class AttentionEngine(wiring.Component):
 
             with m.State("PDRAIN"), m.If(~pv.busy):
                 m.d.comb += [s_rel.eq(1), pv_block.eq(1)]
-                m.d.sync += [pblk.eq(pblk + 1), mh.eq(0), wait.eq(0)]
+                m.d.sync += [pblk.eq(pblk + 1)]
                 with m.If(jv != pnk):
                     m.d.comb += pv_err_rows.eq(1)
                 with m.If(pmode == AttnMode.SINGLE):
                     m.next = "HANDOFF"
                 with m.Elif(pblk + 1 == pnb):
-                    m.next = "OUT_HEAD"
+                    m.next = "OUT"
                 with m.Else():
                     m.next = "PWAIT"
 
@@ -628,42 +598,13 @@ class AttentionEngine(wiring.Component):
                     m.next = "PWAIT"
 
             with m.State("MWAIT"), m.If(~mg_busy):
-                m.d.sync += [mh.eq(0), wait.eq(0)]
-                m.next = "OUT_HEAD"
+                m.next = "OUT"
 
-            with m.State("OUT_HEAD"):
-                # per head: word count, and the reciprocal of l (the previous head's last words
-                # leave the normaliser before it takes the new l)
-                with m.If(wait != 7):
-                    m.d.sync += wait.eq(wait + 1)
-                m.d.comb += nz.start.eq(wait == 2)
-                with m.If(wait == 0):
-                    m.d.sync += widx.eq(0)
-                    with m.If(pmode == AttnMode.MAX):
-                        m.d.sync += [n_words.eq(1), o_first.eq(0)]
-                    with m.Elif(pnorm):
-                        m.d.sync += [n_words.eq(D), o_first.eq(0)]
-                    with m.Else():
-                        m.d.sync += [n_words.eq(D + 2), o_first.eq(2)]
-                with m.If(nz.done):
-                    m.next = "OUT_RUN"
+            with m.State("OUT"):
+                m.d.comb += ost.start.eq(1)
+                m.next = "OUT_WAIT"
 
-            with m.State("OUT_RUN"):
-                m.d.comb += out_addr.eq(mh * NB + (o_idx >> max(0, (L - 1).bit_length())))
-                with m.If(out_space):
-                    per_head = (pmode != AttnMode.MAX) & ~pnorm
-                    m.d.comb += [w_issue.eq(1),
-                                 last_word.eq(((mh == pheads - 1) | per_head)
-                                              & (widx == n_words - 1))]
-                    m.d.sync += widx.eq(widx + 1)
-                    with m.If(widx == n_words - 1):
-                        with m.If(mh == pheads - 1):
-                            m.next = "OUT_DRAIN"
-                        with m.Else():
-                            m.d.sync += [mh.eq(mh + 1), wait.eq(0)]
-                            m.next = "OUT_HEAD"
-
-            with m.State("OUT_DRAIN"), m.If(~out_busy):
+            with m.State("OUT_WAIT"), m.If(~ost.busy):
                 m.d.comb += [pv_job.eq(1), j_rel.eq(1)]
                 m.next = "IDLE"
 

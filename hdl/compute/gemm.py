@@ -81,7 +81,8 @@ class GemmEngine(wiring.Component):
         Per job, ``n_tiles`` tile blobs (:func:`mcf.quant.gemm_tile_blob`): ``k_steps · rows /
         2`` weight beats, ``K / group · rows · 16 / beat`` scale beats, ``rows · 32 / beat``
         bias beats. Two tile banks (ping-pong) shared across jobs: a tile — also the next job's
-        first — loads while the previous one computes. ``ready`` is low while both are full.
+        first — loads while the previous one computes. ``ready`` is low while no job is
+        queued for it or both banks are held.
     o : Out(stream)
         ACT results, job by job, token-major per tile: for each tile, for each token, ``rows``
         32-bit little-endian lanes (``rows · 32 / beat`` beats).

@@ -33,7 +33,7 @@ from mcf.abi.kv import (
 from mcf.abi.softmax import LANE_BITS, M_EMPTY, SCORE
 
 from .attn_fold import QueryFold, kv_header_layout
-from .attn_merge import MergeUnit
+from .attn_merge import MergeStage
 from .attn_out import OutputStage
 from .attn_pv import PVPipe, acc_width
 from .attn_score import ScorePipe, bits_for
@@ -133,13 +133,12 @@ class AttentionEngine(wiring.Component):
         ACC_W = acc_width(T)
         SW = SCORE.width
         ML = self.merge_lanes
-        S = L // ML
         kp, vp, qp, jobp = self.k.payload, self.v.payload, self.q.payload, self.job.payload
         st = self.status
 
         m.submodules.score = sc = ScorePipe(D, L, G, T)
         m.submodules.pv = pv = PVPipe(D, L, G, T)
-        m.submodules.merge = mu = MergeUnit(ML, ACC_W)
+        m.submodules.merge = mg = MergeStage(D, L, G, ML, ACC_W)
         m.submodules.out = ost = OutputStage(D, L, G, self.data_width, self.out_fifo_depth)
         wiring.connect(m, ost.o, wiring.flipped(self.o))
 
@@ -465,23 +464,18 @@ class AttentionEngine(wiring.Component):
         with m.If(pv.l_en):
             m.d.sync += lacc[pa][pv.l_h].eq(lacc[pa][pv.l_h] + pv.l_p)
 
-        # merge: ``merge_lanes`` lanes of a word per cycle (S cycles per word)
-        gh = Signal(bits_for(G))     # head being merged
-        gwait = Signal()
-        mm = Array(Signal(signed(SW), name=f"mm{h}") for h in range(G))
-        mc = Signal(range(NB + 1))
-        ms = Signal(range(S + 1))    # 0: read latency, 1..S: chunk ms-1
-        osh = Signal(L * LANE_BITS)
-        ash = Signal(L * ACC_W)
-        wbuf = Signal(L * LANE_BITS)
-        o_src = Mux(ms == 1, o_rd.data, osh)
-        a_src = Mux(ms == 1, mg_acc, ash)
-        m.d.comb += [
-            mu.m_run.eq(mrun[gh]), mu.m_blk.eq(mm[gh]), mu.l_run.eq(lrun[gh]),
-            mu.l_blk.eq(lacc[mb][gh]), mu.o_run.eq(o_src[:ML * LANE_BITS]),
-            mu.o_blk.eq(a_src[:ML * ACC_W]),
-        ]
-        merged_word = Cat(wbuf[ML * LANE_BITS:], mu.o_out)    # chunk 0 ends up lowest
+        # merge (SINGLE mode): the block's bank ``mb`` into the running state, head ``mh``
+        mh = mg.h
+        m.d.comb += [mg.heads.eq(pheads), mg.m_run.eq(mrun[mh]), mg.l_run.eq(lrun[mh]),
+                     mg.l_blk.eq(lacc[mb][mh]), mg.o_run_data.eq(o_rd.data), mg.acc_data.eq(mg_acc)]
+        m.d.comb += [mg.m_blk[h].eq(pm[h]) for h in range(G)]
+        with m.If(mg.set_run):
+            m.d.sync += [lrun[mh].eq(mg.l_new), lacc[mb][mh].eq(0), mrun[mh].eq(mg.m_new)]
+        with m.If(mg.wr):
+            m.d.comb += [o_wr.addr.eq(mg.addr), o_wr.data.eq(mg.wr_data), o_wr.en.eq(1)]
+            for b in range(2):
+                with m.If(mb == b):
+                    m.d.comb += [a_wr[b].addr.eq(mg.addr), a_wr[b].data.eq(0), a_wr[b].en.eq(1)]
 
         # output of a finished job: the head's m and l words, the o lanes of the word it reads
         oh = ost.h
@@ -494,9 +488,7 @@ class AttentionEngine(wiring.Component):
         ]
 
         out_addr = ost.addr
-        mg_addr = Signal(range(G * NB))
-        mg_go = Signal()
-        mg_busy = Signal()
+        mg_addr, mg_go, mg_busy = mg.addr, mg.go, mg.busy
         for b in range(2):
             m.d.comb += a_rd[b].addr.eq(Mux(pa == b, Mux(pv.acc_rd, pv.acc_addr, out_addr),
                                             mg_addr))
@@ -608,53 +600,6 @@ class AttentionEngine(wiring.Component):
                 m.d.comb += [pv_job.eq(1), j_rel.eq(1)]
                 m.next = "IDLE"
 
-        # SINGLE mode: merge of a finished block into the running state, concurrent with the
-        # PV bank's next block
-        with m.FSM(name="merge") as mg_fsm:
-            with m.State("IDLE"), m.If(mg_go):
-                m.d.sync += [gh.eq(0), gwait.eq(0)]
-                m.d.sync += [mm[h].eq(pm[h]) for h in range(G)]
-                m.next = "HEAD"
-
-            with m.State("HEAD"):
-                # m_new, then the two scale factors through the exp units
-                m.d.comb += mu.start.eq(~gwait)
-                m.d.sync += gwait.eq(1)
-                with m.If(mu.done):
-                    m.d.sync += [mc.eq(0), ms.eq(0)]
-                    m.next = "RUN"
-
-            with m.State("RUN"):
-                # read a word of the running o and of the block accumulator, rescale it chunk by
-                # chunk, write the merged word and clear the accumulator word
-                m.d.comb += mg_addr.eq(gh * NB + mc)
-                with m.If(ms == 0):
-                    m.d.sync += ms.eq(1)
-                with m.Else():
-                    m.d.sync += [osh.eq(o_src[ML * LANE_BITS:]), ash.eq(a_src[ML * ACC_W:]),
-                                 wbuf.eq(merged_word)]
-                    with m.If(ms == S):
-                        m.d.comb += [o_wr.addr.eq(mg_addr), o_wr.data.eq(merged_word),
-                                     o_wr.en.eq(1)]
-                        for b in range(2):
-                            with m.If(mb == b):
-                                m.d.comb += [a_wr[b].addr.eq(mg_addr), a_wr[b].data.eq(0),
-                                             a_wr[b].en.eq(1)]
-                        m.d.sync += [ms.eq(0), mc.eq(mc + 1)]
-                        with m.If(mc == NB - 1):
-                            m.d.sync += [lrun[gh].eq(mu.l_out), lacc[mb][gh].eq(0),
-                                         mrun[gh].eq(mu.m_new), gwait.eq(0)]
-                            m.next = "NEXT"
-                    with m.Else():
-                        m.d.sync += ms.eq(ms + 1)
-
-            with m.State("NEXT"):
-                with m.If(gh == pheads - 1):
-                    m.next = "IDLE"
-                with m.Else():
-                    m.d.sync += gh.eq(gh + 1)
-                    m.next = "HEAD"
-        m.d.comb += mg_busy.eq(~mg_fsm.ongoing("IDLE"))
 
         # the PV bank's accumulator update has its bank's write port whenever it is active
         for b in range(2):

@@ -239,3 +239,63 @@ def test_word_packer_beats_with_backpressure():
     assert got == words
     assert ends == list(np.cumsum(lengths))
     assert beat_layout(dw).size == len(dut.o.payload.as_value())
+
+
+def test_merge_stage_merges_every_head_word_by_word():
+    """MergeStage against merge_state, with the running o and the block accumulator held in
+    testbench memories (read data one cycle after the address, writes applied at once)."""
+    from mcf.hdl.compute.attn_merge import MergeStage
+
+    rng = np.random.default_rng(26)
+    acc_w = acc_width(T)
+    heads, ml = 3, 2
+    m_run = [int(x) for x in rng.integers(-4000, 4000, heads)]
+    m_blk = [int(x) for x in rng.integers(-4000, 4000, heads)]
+    m_run[1] = M_EMPTY                                  # first block of a job
+    l_run = [int(x) for x in rng.integers(0, 1 << 31, heads)]
+    l_blk = [int(x) for x in rng.integers(0, 1 << 31, heads)]
+    o_run = rng.integers(-(1 << 31), 1 << 31, (heads, D))
+    o_blk = rng.integers(-(1 << (acc_w - 1)), 1 << (acc_w - 1), (heads, D))
+    orun = {h * NB + c: _word(o_run[h, c * L:(c + 1) * L], 32) for h in range(heads)
+            for c in range(NB)}
+    oacc = {h * NB + c: _word(o_blk[h, c * L:(c + 1) * L], acc_w) for h in range(heads)
+            for c in range(NB)}
+    state = {"m": list(m_run), "l": list(l_run), "lb": list(l_blk)}
+    dut = MergeStage(D, L, G, ml, acc_w)
+
+    async def tb(ctx):
+        ctx.set(dut.heads, heads)
+        for h in range(heads):
+            ctx.set(dut.m_blk[h], m_blk[h])
+        ctx.set(dut.go, 1)
+        await ctx.tick()
+        ctx.set(dut.go, 0)
+        addr = 0
+        for _ in range(2000):
+            h = ctx.get(dut.h)
+            ctx.set(dut.m_run, state["m"][h])
+            ctx.set(dut.l_run, state["l"][h])
+            ctx.set(dut.l_blk, state["lb"][h])
+            ctx.set(dut.o_run_data, orun.get(addr, 0))
+            ctx.set(dut.acc_data, oacc.get(addr, 0))
+            if ctx.get(dut.wr):
+                orun[ctx.get(dut.addr)] = ctx.get(dut.wr_data)
+                oacc[ctx.get(dut.addr)] = 0
+            if ctx.get(dut.set_run):
+                state["m"][h] = ctx.get(dut.m_new)
+                state["l"][h] = ctx.get(dut.l_new)
+                state["lb"][h] = 0
+            addr = ctx.get(dut.addr)
+            await ctx.tick()
+            if not ctx.get(dut.busy):
+                break
+
+    _sim(dut, tb)
+    for h in range(heads):
+        o_b = np.clip(o_blk[h], -(1 << 31), (1 << 31) - 1)
+        m_ref, l_ref, o_ref = merge_state((m_run[h], l_run[h], o_run[h]),
+                                          (m_blk[h], l_blk[h], o_b))
+        got = [_s32(orun[h * NB + c] >> (32 * i)) for c in range(NB) for i in range(L)]
+        assert (state["m"][h], state["l"][h], got) == (int(m_ref), int(l_ref),
+                                                       [int(x) for x in o_ref]), h
+        assert state["lb"][h] == 0 and all(oacc[h * NB + c] == 0 for c in range(NB))

@@ -81,9 +81,10 @@ class AttentionEngine(wiring.Component):
     Throughput: the QK bank takes one (K beat, head) pair per cycle and the PV bank one
     (V beat, head) pair per cycle, concurrently on different blocks: the QK side runs up to
     ``score_slots − 1`` blocks (and one job) ahead of the PV side. Per (query, key, head) about
-    ``head_dim / lanes`` cycles in steady state, plus per block the SINGLE-mode merge
-    (``heads·(head_dim/lanes · (lanes/merge_lanes + 1) + 5)`` cycles, PV side) and per job the
-    query load (QK side), accumulator clear and output (PV side). Causally masked K rows and
+    ``head_dim / lanes`` cycles in steady state, plus ~10 cycles per block (drains, slot
+    hand-over) and per job the query load (QK side), accumulator clear, last merge and output
+    (PV side); the SINGLE-mode merge of a block (``heads·(head_dim/lanes · (lanes/merge_lanes +
+    1) + 5)`` cycles) runs while the PV bank works on the next block. Causally masked K rows and
     their V rows pass at one beat per cycle, unscored. ``sim/bench/attention.py`` measures it.
     Latency: the output of a job starts ~10 cycles after its last V beat (SINGLE mode adds the
     last block's merge). Stream rules: ``o`` raises ``valid`` without waiting for ``ready`` and

@@ -32,8 +32,9 @@ D, L, G, T, DW = 16, 4, 6, 16, 64
 
 def run_engine(jobs, *, idle=0.0, backpressure=0.0, seed=0, k_override=None, v_override=None,
                max_cycles=200000, n_outputs=None, merge_lanes=None, score_slots=3, cycles=None,
-               kh_words=None, **engine_kw):
-    dut = AttentionEngine(head_dim=D, lanes=L, max_heads=G, max_block=T, data_width=DW,
+               kh_words=None, geometry=None, **engine_kw):
+    d, lanes, g, t = geometry or (D, L, G, T)
+    dut = AttentionEngine(head_dim=d, lanes=lanes, max_heads=g, max_block=t, data_width=DW,
                           merge_lanes=merge_lanes, score_slots=score_slots, **engine_kw)
     rng = np.random.default_rng(seed)
     beats = []
@@ -51,19 +52,19 @@ def run_engine(jobs, *, idle=0.0, backpressure=0.0, seed=0, k_override=None, v_o
             ctx.set(s.valid, 0)
 
     async def tb_job(ctx):
-        await send(ctx, dut.job, [job_word(j, G) for j in jobs])
+        await send(ctx, dut.job, [job_word(j, g) for j in jobs])
 
     async def tb_q(ctx):
-        await send(ctx, dut.q, [w for j in jobs for w in q_words(j, L)])
+        await send(ctx, dut.q, [w for j in jobs for w in q_words(j, lanes)])
 
     async def tb_k(ctx):
         words = k_override if k_override is not None else [
-            w for j in jobs for w in job_k_words(j, L)]
+            w for j in jobs for w in job_k_words(j, lanes)]
         await send(ctx, dut.k, words)
 
     async def tb_v(ctx):
         words = v_override if v_override is not None else [
-            w for j in jobs for w in job_v_words(j, L)]
+            w for j in jobs for w in job_v_words(j, lanes)]
         await send(ctx, dut.v, words)
 
     async def tb_out(ctx):
@@ -272,3 +273,46 @@ def test_per_channel_k_all_modes():
     assert words == [w for j in good for w in expected_words(j)]
     assert status["jobs"] == len(good) and status["err_job"] == 1
     assert status["err_rows"] == status["err_max"] == 0
+
+
+@pytest.mark.slow
+def test_per_channel_k_full_geometry():
+    """PER_CHANNEL_K at the Qwen2.5-1.5B geometry (head_dim 128, 16 lanes, GQA 6:1, blocks of
+    256, groups of KV_GROUP = 32, outlier K channels): bit-exact, and the fold's cost against the
+    same jobs over per-token blocks (~75 s each in amaranth.sim).
+
+        pytest -m slow tests/test_attention_hdl.py -k full_geometry
+    """
+    from mcf.abi.kv import KV_GROUP
+    from mcf.golden.attention import random_blocks
+
+    d, lanes, g, t = 128, 16, 6, 256
+    rng = np.random.default_rng(61)
+    cycles = {}
+    for fmt in (KVFormat.PER_TOKEN, KVFormat.PER_CHANNEL_K):
+        jobs = []
+        for _ in range(3):
+            q, sq = random_query(rng, g, d)
+            if fmt == KVFormat.PER_CHANNEL_K:
+                blocks = []
+                for b in range(2):
+                    kf = rng.normal(0.0, 1.0, (t, d))
+                    kf[:, :4] *= 8.0
+                    blocks.append(KVChannelBlock.quantize(
+                        to_act(kf), to_act(rng.normal(0.0, 1.0, (t, d))),
+                        np.arange(b * t, (b + 1) * t)))
+            else:
+                blocks = random_blocks(rng, [t, t], d)
+            jobs.append(Job(S, q, sq, blocks))
+        kw = {}
+        if fmt == KVFormat.PER_CHANNEL_K:
+            kw = {"kv_format": fmt, "kh_words": [w for j in jobs for b in j.blocks
+                                                  for w in kh_words(b, lanes, KV_GROUP)]}
+        cyc = []
+        (words, _), status = run_engine(jobs, cycles=cyc, max_cycles=400000,
+                                        geometry=(d, lanes, g, t), **kw)
+        assert words == [w for j in jobs for w in expected_words(j)]
+        assert status["jobs"] == 3 and status["err_rows"] == 0
+        cycles[fmt] = cyc[0]
+    # the fold (≈ 9 % of the QK work per 32-row group) is partly hidden by the QK side's lead
+    assert cycles[KVFormat.PER_CHANNEL_K] < 1.06 * cycles[KVFormat.PER_TOKEN]

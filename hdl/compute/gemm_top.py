@@ -48,7 +48,7 @@ class MatrixEngine(wiring.Component):
     """
 
     def __init__(self, rows=16, lanes=16, group=GROUP_SIZE, k_max=8960, m_max=64,
-                 vec_n_max=1536, data_width=128, outstanding=8):
+                 vec_n_max=8960, data_width=128, outstanding=8):
         vec_lanes = data_width // 32
         if lanes * INT8.width != data_width:
             raise ValueError("the GEMM beat (lanes·8) must equal the port width")

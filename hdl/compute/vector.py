@@ -5,7 +5,7 @@ compute engine; formats :mod:`mcf.abi.quant`; arithmetic :mod:`mcf.golden.vector
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -71,6 +71,42 @@ def _bitlen(m, value, name):
     return out
 
 
+class _Port:
+    def __init__(self, width, addr_width):
+        self.addr = Signal(addr_width, name="buf_addr")
+        self.data = Signal(width, name="buf_data")
+        self.en = Signal(name="buf_en")
+
+
+BUF_BANK_DEPTH = 2048
+"""The token buffer is split into banks of at most this depth: yosys' Xilinx memory mapping
+fails on deeper 128-bit memories (e.g. 2240 × 128 for an 8960-element token)."""
+
+
+def _token_buffer(m: Module, width: int, depth: int):
+    """A ``depth`` × ``width`` buffer (one write, one synchronous read port, enable-held) in
+    banks of :data:`BUF_BANK_DEPTH`; returns the write and read port records."""
+    bank = min(depth, BUF_BANK_DEPTH)
+    n_banks = -(-depth // bank)
+    lg = (bank - 1).bit_length()
+    abits = max(depth - 1, 1).bit_length()
+    w, r = _Port(width, abits), _Port(width, abits)
+    sel = Signal(range(n_banks), name="buf_sel")
+    datas = []
+    for i in range(n_banks):
+        mem = memory.Memory(shape=unsigned(width), depth=bank, init=[])
+        m.submodules[f"buf{i}"] = mem
+        wp, rp = mem.write_port(), mem.read_port()
+        m.d.comb += [wp.addr.eq(w.addr), wp.data.eq(w.data),
+                     wp.en.eq(w.en & ((w.addr >> lg) == i)),
+                     rp.addr.eq(r.addr), rp.en.eq(r.en)]
+        datas.append(rp.data)
+    with m.If(r.en):
+        m.d.sync += sel.eq(r.addr >> lg)
+    m.d.comb += r.data.eq(Array(datas)[sel])
+    return w, r
+
+
 class VectorUnit(wiring.Component):
     """Token-vector ops, ``lanes`` ACT elements per beat.
 
@@ -130,10 +166,7 @@ class VectorUnit(wiring.Component):
                     for i in range(L)]
 
         # --- token control ------------------------------------------------------------------
-        m.submodules.buf = buf = memory.Memory(shape=unsigned(L * 32), depth=self.beats_max,
-                                               init=[])
-        bw = buf.write_port()
-        br = buf.read_port()
+        bw, br = _token_buffer(m, L * 32, self.beats_max)
         op = Signal(VectorOp)
         nb = Signal.like(self.n_beats)
         eps = Signal(32)

@@ -15,7 +15,7 @@ on different blocks (and jobs) at the same time.
 from __future__ import annotations
 
 from amaranth import Array, Cat, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -161,12 +161,12 @@ class AttentionEngine(wiring.Component):
         o_wr, o_rd = orun.write_port(), orun.read_port()
 
         # ---------------- job contexts (QK side writes, PV side reads), 2 entries --------------
-        c_mode = [Signal(AttnMode, name=f"c{n}_mode") for n in range(2)]
-        c_norm = [Signal(name=f"c{n}_norm") for n in range(2)]
-        c_heads = [Signal.like(jobp.heads, name=f"c{n}_heads") for n in range(2)]
-        c_nb = [Signal(16, name=f"c{n}_nb") for n in range(2)]
-        c_drop = [Signal(name=f"c{n}_drop") for n in range(2)]
-        c_mfix = [[Signal(signed(SW), name=f"c{n}_mfix{h}") for h in range(G)] for n in range(2)]
+        ctx_layout = data.StructLayout({
+            "mode": AttnMode, "normalize": unsigned(1), "heads": jobp.heads.shape(),
+            "n_blocks": unsigned(16), "drop": unsigned(1),
+            "mfix": data.ArrayLayout(signed(SW), G),
+        })
+        ctx = [Signal(ctx_layout, name=f"ctx{n}") for n in range(2)]
         j_cnt = Signal(range(3))
         jw, jr = Signal(), Signal()
         j_pub, j_rel = Signal(), Signal()
@@ -177,8 +177,9 @@ class AttentionEngine(wiring.Component):
             m.d.sync += jr.eq(~jr)
 
         # ---------------- score slots: row count and per-head block maximum --------------------
-        d_nk = [Signal(TB + 2, name=f"d{n}_nk") for n in range(NS)]
-        d_m = [[Signal(signed(SW), name=f"d{n}_m{h}") for h in range(G)] for n in range(NS)]
+        slot_layout = data.StructLayout({"nk": unsigned(TB + 2),
+                                         "m": data.ArrayLayout(signed(SW), G)})
+        slot = [Signal(slot_layout, name=f"slot{n}") for n in range(NS)]
         s_cnt = Signal(range(NS + 1))
         sw, sr = Signal(range(NS)), Signal(range(NS))
         s_pub, s_rel = Signal(), Signal()
@@ -293,9 +294,10 @@ class AttentionEngine(wiring.Component):
                     ]
                     for n in range(2):
                         with m.If(jw == n):
-                            m.d.sync += [c_mode[n].eq(jobp.mode), c_norm[n].eq(jobp.normalize),
-                                         c_heads[n].eq(hv), c_nb[n].eq(jobp.n_blocks),
-                                         c_drop[n].eq(bad)]
+                            m.d.sync += [ctx[n].mode.eq(jobp.mode),
+                                         ctx[n].normalize.eq(jobp.normalize),
+                                         ctx[n].heads.eq(hv), ctx[n].n_blocks.eq(jobp.n_blocks),
+                                         ctx[n].drop.eq(bad)]
                     with m.If(bad):
                         m.d.comb += [qk_err_job.eq(1), j_pub.eq(1)]
                         m.next = "DROP_Q"
@@ -356,7 +358,7 @@ class AttentionEngine(wiring.Component):
                     with m.If(c_cnt == 0):
                         for n in range(2):
                             with m.If(jw == n):
-                                m.d.sync += Array(c_mfix[n])[h_cnt].eq(qp.m_fix.as_signed())
+                                m.d.sync += ctx[n].mfix[h_cnt].eq(qp.m_fix.as_signed())
                     m.d.sync += [qcnt.eq(qcnt + 1), c_cnt.eq(Mux(last_c, 0, c_cnt + 1))]
                     with m.If(last_c):
                         m.d.sync += h_cnt.eq(h_cnt + 1)
@@ -416,8 +418,8 @@ class AttentionEngine(wiring.Component):
             with m.State("KDRAIN"), m.If(~sc.busy):
                 for n in range(NS):
                     with m.If(sw == n):
-                        m.d.sync += d_nk[n].eq(nk)
-                        m.d.sync += [d_m[n][h].eq(mblk[h]) for h in range(G)]
+                        m.d.sync += slot[n].nk.eq(nk)
+                        m.d.sync += [slot[n].m[h].eq(mblk[h]) for h in range(G)]
                 m.d.comb += s_pub.eq(1)
                 m.d.sync += qblk.eq(qblk + 1)
                 with m.If(qblk + 1 == qnb):
@@ -499,11 +501,12 @@ class AttentionEngine(wiring.Component):
             with m.State("IDLE"), m.If(j_cnt != 0):
                 for n in range(2):
                     with m.If(jr == n):
-                        m.d.sync += [pmode.eq(c_mode[n]), pnorm.eq(c_norm[n]),
-                                     pheads.eq(c_heads[n]), pnb.eq(c_nb[n])]
-                        m.d.sync += [pmfix[h].eq(c_mfix[n][h]) for h in range(G)]
-                        with m.If(c_drop[n]):
-                            with m.If((c_mode[n] == AttnMode.MAX) | (c_nb[n] == 0)):
+                        c = ctx[n]
+                        m.d.sync += [pmode.eq(c.mode), pnorm.eq(c.normalize),
+                                     pheads.eq(c.heads), pnb.eq(c.n_blocks)]
+                        m.d.sync += [pmfix[h].eq(c.mfix[h]) for h in range(G)]
+                        with m.If(c.drop):
+                            with m.If((c.mode == AttnMode.MAX) | (c.n_blocks == 0)):
                                 m.d.comb += j_rel.eq(1)
                             with m.Else():
                                 m.next = "DROP_V"
@@ -536,10 +539,10 @@ class AttentionEngine(wiring.Component):
             with m.State("PWAIT"), m.If(s_cnt != 0):
                 for n in range(NS):
                     with m.If(sr == n):
-                        m.d.sync += pnk.eq(d_nk[n])
-                        m.d.sync += [pm[h].eq(d_m[n][h]) for h in range(G)]
+                        m.d.sync += pnk.eq(slot[n].nk)
+                        m.d.sync += [pm[h].eq(slot[n].m[h]) for h in range(G)]
                         with m.If(pmode == AttnMode.MAX):
-                            m.d.sync += [mrun[h].eq(Mux(d_m[n][h] > mrun[h], d_m[n][h],
+                            m.d.sync += [mrun[h].eq(Mux(slot[n].m[h] > mrun[h], slot[n].m[h],
                                                         mrun[h])) for h in range(G)]
                 m.d.sync += [jv.eq(0), ph.eq(0), pc.eq(0)]
                 with m.If(pmode == AttnMode.MAX):

@@ -28,11 +28,12 @@ from mcf.abi.kv import (
     attn_job_layout,
     attn_status_layout,
     kv_beat_layout,
+    kv_header_layout,
     q_beat_layout,
 )
 from mcf.abi.softmax import LANE_BITS, M_EMPTY, SCORE
 
-from .attn_fold import QueryFold, kv_header_layout
+from .attn_fold import QueryFold
 from .attn_merge import MergeStage
 from .attn_out import OutputStage
 from .attn_pv import PVPipe, acc_width

@@ -14,10 +14,15 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.framing import beat_layout
-from mcf.abi.kv import attn_job_layout, attn_status_layout, kv_beat_layout, q_beat_layout
+from mcf.abi.kv import (
+    attn_job_layout,
+    attn_status_layout,
+    kv_beat_layout,
+    kv_header_layout,
+    q_beat_layout,
+)
 
 from .attention import AttentionEngine
-from .attn_fold import kv_header_layout
 
 __all__ = ["AttentionTop", "AXIS_NAMES"]
 

@@ -18,17 +18,9 @@ from .attn_score import bits_for
 from .fixed_ops import lane, round_shift, round_shift_var, sat
 from .recip import Recip
 
-__all__ = ["QueryFold", "fold_in_layout", "fold_out_layout", "kv_header_layout"]
+__all__ = ["QueryFold", "fold_in_layout", "fold_out_layout"]
 
 P_W = Q_ELEM.width + KV_SCALE.width      # q·s, exact (|p| < 2^23)
-
-
-def kv_header_layout(lanes: int) -> data.StructLayout:
-    """A beat of a group header on the engine's ``kh`` stream: ``lanes`` K channel scale codes
-    (KV_SCALE, channel ``i`` of the beat in bits ``[16i, 16i+16)``); ``head_dim/lanes`` beats
-    per header, channel order. (Engine-side layout; the payload's header is
-    :func:`mcf.abi.kv.pack_kv_channel_block`'s.)"""
-    return data.StructLayout({"data": unsigned(lanes * KV_SCALE.width)})
 
 
 def fold_in_layout(lanes: int) -> data.StructLayout:

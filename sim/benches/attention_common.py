@@ -107,7 +107,7 @@ def v_words(blk: KVBlock, lanes: int) -> list[int]:
 def kh_words(blk, lanes: int, group: int) -> list[int]:
     """Header-stream beats of a per-channel-K block (:class:`mcf.golden.attention.KVChannelBlock`):
     per group of ``group`` rows from the first row, its ``d`` K channel scales, ``lanes`` per
-    beat (:func:`mcf.hdl.compute.attn_fold.kv_header_layout`)."""
+    beat (:func:`mcf.abi.kv.kv_header_layout`)."""
     out = []
     for hdr in blk.groups(group):
         out += [_lanes_word(hdr[c:c + lanes], 16) for c in range(0, len(hdr), lanes)]

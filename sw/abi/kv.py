@@ -67,6 +67,7 @@ __all__ = [
     "to_act", "quantize_q", "dequantize_q", "quantize_kv_float", "dequantize", "quantize_kv_rows",
     "kvq_scale_mult", "kv_token_bytes", "pack_kv_block", "unpack_kv_block",
     "KV_POS_BITS", "AttnMode", "attn_job_layout", "q_beat_layout", "kv_beat_layout",
+    "kv_header_layout",
     "job_out_words", "job_payloads", "attn_status_layout",
 ]
 
@@ -263,11 +264,12 @@ def q_beat_layout(lanes: int) -> data.StructLayout:
 
 
 def kv_beat_layout(lanes: int) -> data.StructLayout:
-    """KV beats of a block: its K rows (``v = 0``), then its V rows (``v = 1``), each row
-    ``head_dim/lanes`` beats of INT4 (element ``i`` in bits ``[4i, 4i+4)``). ``scale_k``,
-    ``scale_v`` (KV_SCALE) and ``pos`` belong to the token and are sampled on the first beat of
-    its K row (the token record carries both scales, see :func:`pack_kv_block`). ``last`` marks
-    the block's final beat."""
+    """Beats of the attention engine's two KV streams, ``k`` and ``v``: a block's K rows on
+    ``k`` and its V rows on ``v`` (MAX-mode jobs send no V block), each row ``head_dim/lanes``
+    beats of INT4 (element ``i`` in bits ``[4i, 4i+4)``); ``last`` marks each part's final
+    beat. ``scale_k`` and ``pos`` are sampled on the first beat of a K row, ``scale_v`` on the
+    first beat of a V row (the token record carries both scales, see :func:`pack_kv_block`);
+    the ``v`` bit says which part a beat belongs to (checked by the engine)."""
     return data.StructLayout({
         "data": unsigned(lanes * KV_ELEM.width),
         "scale_k": unsigned(KV_SCALE.width),
@@ -276,6 +278,14 @@ def kv_beat_layout(lanes: int) -> data.StructLayout:
         "v": unsigned(1),
         "last": unsigned(1),
     })
+
+
+def kv_header_layout(lanes: int) -> data.StructLayout:
+    """A beat of a per-channel-K group header on the engine's ``kh`` stream
+    (``KVFormat.PER_CHANNEL_K`` only): ``lanes`` K channel scale codes (:data:`KV_SCALE`,
+    channel ``i`` of the beat in bits ``[16i, 16i+16)``), ``head_dim/lanes`` beats per header in
+    channel order — the payload header of :func:`pack_kv_channel_block`, one group at a time."""
+    return data.StructLayout({"data": unsigned(lanes * KV_SCALE.width)})
 
 
 def job_out_words(mode: AttnMode, normalize: bool, heads: int, head_dim: int) -> int:

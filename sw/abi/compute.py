@@ -22,7 +22,7 @@ __all__ = [
     "status_values", "gemm_x_stream",
 ]
 
-DMA_ADDR_BITS = 40      # ZU+ HP ports take 49 bits; the K26's 4 GiB DDR needs 32
+DMA_ADDR_BITS = 40  # ZU+ HP ports take 49 bits; the K26's DDR needs 36 (upper 2 GiB at 32 GiB)
 DMA_LENGTH_BITS = 24
 DMA_STRIDE_BITS = 32
 DMA_COUNT_BITS = 16

@@ -48,7 +48,8 @@ from .regs import MCF_ID, Access, Field, Register, RegisterMap
 
 __all__ = [
     "INT4", "INT8", "INT32", "FixedFormat", "pack_int4", "unpack_int4", "round_shift", "saturate",
-    "MAX_PAYLOAD", "beat_layout", "parsed_layout", "payload_beats", "keep_mask", "encode_packet", "header_bytes",
+    "MAX_PAYLOAD", "beat_layout", "parsed_layout", "payload_beats", "keep_mask", "encode_packet",
+    "header_bytes",
     "META", "Meta", "MetaWidths", "InvalidateKind", "meta_layout", "raw_fields", "Stage", "Op",
     "Collective", "ReduceOp", "Port", "DISPATCH_RULES", "DispatchRule", "dispatch_port",
     "Access", "Field", "Register", "RegisterMap", "MCF_ID",

@@ -23,7 +23,7 @@ FIGURES = {
     "compute": ["gemm_sequence_mac_utilization", "gemm_steady_mac_utilization",
                 "decode_port_efficiency"],
     "attention": ["qk_bank_utilization", "pv_bank_utilization", "decode_cycles_per_qk",
-                  "prefill_cycles_per_qk"],
+                  "prefill_cycles_per_qk", "kv_rel_error_outliers"],
     "csr": ["maps.mcf_node.registers"],
     "plan": ["rows"],
 }

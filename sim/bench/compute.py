@@ -41,7 +41,7 @@ from pathlib import Path
 
 from mcf.abi.compute import GEMM_STATUS
 from mcf.abi.quant import GROUP_SIZE
-from mcf.sim.bench import BenchRefused, refuse_unplanned
+from mcf.sim.bench import BenchRefused, refuse_unplanned, resource_table
 
 __all__ = ["collect", "render", "sequences", "ROWS", "LANES"]
 
@@ -238,10 +238,6 @@ def render(result: dict) -> str:
         lines.append(f"MACs per DSP48E2: {result['macs_per_dsp']} (GEMM engine, "
                      f"{res['gemm_engine_dsp']['DSP']} DSP); array alone "
                      f"{result['macs_per_array_dsp']} ({res['gemm_array']['DSP']} DSP)")
-        lines.append("MatrixEngine() on the K26 (yosys synth_xilinx -family xcup -uram, LUTs "
-                     "mapped by abc; estimates):")
-        me = res["matrix_engine"]
-        for k, frac in result["k26_fraction"].items():
-            used = me.get(k, 0) + (me.get("LUTRAM", 0) if k == "LUT" else 0)
-            lines.append(f"  {k:7} {used:>9,}  {frac:7.2%}")
+        lines += resource_table(res, "resources (matrix_engine: MatrixEngine() with -uram; "
+                                      "LUTs of the three mapped by abc)")
     return "\n".join(lines)

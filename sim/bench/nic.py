@@ -37,7 +37,7 @@ from mcf.hdl.nic.all_to_all import AllToAll
 from mcf.hdl.nic.link import LinkRx, LinkTx
 from mcf.hdl.nic.reduce import ReduceEngine
 from mcf.hdl.nic.router import Router
-from mcf.sim.bench import BenchRefused, refuse_unplanned
+from mcf.sim.bench import BenchRefused, refuse_unplanned, resource_table
 from mcf.sim.benches.nic_amsim import pack_fields, unpack_fields
 
 __all__ = ["collect", "render", "router_rate", "reduce_rate", "link_rate", "a2a_rate"]
@@ -379,14 +379,6 @@ def render(result: dict) -> str:
     ]
     lines = [f"{'engine':<28}{'figure':<36}{'value':>10}"]
     lines += [f"{e:<28}{f:<36}{v:>10}" for e, f, v in rows]
-    res = result.get("resources")
-    if res:
-        from mcf.sim.synth import RESOURCE_KEYS, utilization
-        lines.append("")
-        lines.append(f"{'engine':<18}" + "".join(f"{k:>10}" for k in RESOURCE_KEYS)
-                     + f"{'K26 LUT %':>11}")
-        for name, r in res.items():
-            lut = 100 * utilization(r)["LUT"]
-            lines.append(f"{name:<18}" + "".join(f"{r[k]:>10}" for k in RESOURCE_KEYS)
-                         + f"{lut:>11.2f}")
+    if result.get("resources"):
+        lines += ["", *resource_table(result["resources"], "resources")]
     return "\n".join(lines)

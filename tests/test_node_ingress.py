@@ -268,23 +268,26 @@ def ingress_built(queue=Queue.NET):
                  width_warnings=True)
 
 
-@pytest.mark.parametrize("pauses", [0.0, 0.4])
-def test_ingress_bench(pauses):
+@pytest.mark.parametrize("pauses,latency", [(0.0, 0), (0.4, 0), (0.4, 25)])
+def test_ingress_bench(pauses, latency):
     """A few hundred random good and malformed records in batches through a 32-entry ring,
-    random AR/R pauses and stream backpressure, one overrunning doorbell."""
+    random AR/R pauses and stream backpressure, one overrunning doorbell; the last case with a
+    DDR-like pipelined read latency."""
     from mcf.sim import run
-    run(ingress_built(), BENCH, params={"mode": "stress", "seed": 3 + int(10 * pauses),
-                                        "n": 400, "size": 5, "p_bad": 0.25,
+    run(ingress_built(), BENCH, params={"mode": "stress", "seed": 3 + int(10 * pauses) + latency,
+                                        "n": 400, "size": 5, "p_bad": 0.25, "latency": latency,
                                         "ar_pause": pauses, "r_pause": pauses, "bp": pauses})
 
 
-def test_ingress_rate(tmp_path):
-    """Sustained records/cycle, no backpressure (reported, not asserted):
+@pytest.mark.parametrize("latency", [0, 40])
+def test_ingress_rate(tmp_path, latency):
+    """Sustained records/cycle with no backpressure, AxiRam's own read latency and a DDR-like
+    40-cycle AR→R latency (reported, not asserted):
     ``pytest tests/test_node_ingress.py -k rate -s``."""
     from mcf.sim import run
     out = tmp_path / "rate.json"
     run(ingress_built(), BENCH, params={"mode": "rate", "seed": 2, "size": 10,
-                                        "out": str(out)})
+                                        "latency": latency, "out": str(out)})
     result = json.loads(out.read_text())
     print(f"\ncommand-ring ingress: {result}")
     assert result["records"] == 1024 and result["records_per_cycle"] > 0

@@ -11,11 +11,13 @@ A protocol monitor checks every AR (≤ 16 beats, full beat size, inside the rin
 crossing).
 
 Params: ``mode`` ("stress" or "rate"), ``seed``, ``n`` records, ``size`` (log2 ring entries),
-``p_bad``, pause probabilities ``ar_pause``, ``r_pause``, ``bp``; ``out`` (JSON) for the rate.
+``p_bad``, pause probabilities ``ar_pause``, ``r_pause``, ``bp``; ``latency`` (cycles from AR to
+the first R beat, 0 = AxiRam's own); ``out`` (JSON) for the rate.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import random
@@ -95,7 +97,7 @@ def record(rng: random.Random, queue: Queue, p_bad: float) -> int:
 
 
 class TB:
-    def __init__(self, dut, seed, ar_pause=0.0, r_pause=0.0, bp=0.0):
+    def __init__(self, dut, seed, ar_pause=0.0, r_pause=0.0, bp=0.0, latency=0):
         self.dut = dut
         self.rng = random.Random(seed)
         cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
@@ -109,6 +111,14 @@ class TB:
             self.ram.read_if.r_channel.set_pause_generator(_pauses(r_pause, self.rng))
         self.bp = bp
         self.cycle = 0
+        self.latency = latency
+        self.ar_stamps: collections.deque = collections.deque()
+        ri = self.ram.read_if
+        if latency:     # DDR-like: each burst answers ``latency`` cycles after its AR
+            if ri._process_read_cr is not None:
+                ri._process_read_cr.kill()
+            ri._process_read = self._serve_reads    # what AxiRam restarts after a reset
+            ri._process_read_cr = None
         self.got: list[tuple[int, int]] = []     # (cycle, record)
         self.size = 0
         dut.doorbell_tvalid.value = 0
@@ -123,6 +133,9 @@ class TB:
         self.dut.rst.value = 0
         cocotb.start_soon(self._monitor())
         cocotb.start_soon(self._sink())
+        ri = self.ram.read_if
+        if self.latency and ri._process_read_cr is None:
+            ri._process_read_cr = cocotb.start_soon(self._serve_reads())
         await ClockCycles(self.dut.clk, 2)
 
     def status(self) -> dict[str, int]:
@@ -141,6 +154,26 @@ class TB:
                 assert addr // 4096 == (addr + beats * CMD_BYTES - 1) // 4096
                 assert addr >= BASE and addr + beats * CMD_BYTES <= \
                     BASE + (CMD_BYTES << self.size), f"AR {addr:#x}+{beats} outside the ring"
+                self.ar_stamps.append(self.cycle)
+
+    async def _serve_reads(self):
+        """AxiRam's memory and R rules, answered ``latency`` cycles after each AR handshake,
+        pipelined (the next burst's wait overlaps this one's beats), in order."""
+        ri = self.ram.read_if
+        while True:
+            ar = await ri.ar_channel.recv()
+            while not self.ar_stamps:
+                await RisingEdge(self.dut.clk)
+            due = self.ar_stamps.popleft() + self.latency
+            while self.cycle < due:
+                await RisingEdge(self.dut.clk)
+            addr, n = int(ar.araddr), int(ar.arlen) + 1
+            for i in range(n):
+                r = ri.r_channel._transaction_obj()
+                r.rid, r.rlast, r.rresp = int(ar.arid), i == n - 1, 0
+                r.rdata = int.from_bytes(self.ram.read(addr + i * CMD_BYTES, CMD_BYTES),
+                                         "little")
+                await ri.r_channel.send(r)
 
     async def _sink(self):
         d = self.dut
@@ -232,7 +265,7 @@ async def rate(tb, p):
     first, last = tb.got[0][0], tb.got[-1][0]
     result = {"records": n, "first_latency_cycles": first - t0,
               "sustained_cycles": last - first, "records_per_cycle": (n - 1) / (last - first),
-              "bursts": st["bursts"]}
+              "bursts": st["bursts"], "read_latency": tb.latency}
     tb.dut._log.info("rate: %s", result)
     if p.get("out"):
         with open(p["out"], "w") as f:
@@ -245,6 +278,6 @@ async def ingress(dut):
     mode = p.get("mode", "stress")
     pauses = (p.get("ar_pause", 0.0), p.get("r_pause", 0.0), p.get("bp", 0.0)) \
         if mode == "stress" else (0.0, 0.0, 0.0)
-    tb = TB(dut, p.get("seed", 1), *pauses)
+    tb = TB(dut, p.get("seed", 1), *pauses, latency=p.get("latency", 0))
     await tb.reset(p.get("size", 5))
     await (stress if mode == "stress" else rate)(tb, p)

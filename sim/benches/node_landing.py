@@ -1,0 +1,311 @@
+"""cocotb bench of the KV landing engine (flat top ``node_landing``: ``LandingEngine`` under
+``FlatTop``; docs/node.md §5) against cocotbext-axi ``AxiRam``.
+
+Traffic (:func:`make_traffic`): KV_REPLICA fragments cut from real token records
+(:func:`mcf.abi.kv.pack_kv_block` of random INT4 codes and scales per ``(kv_id, head)``) at
+MARS's fragment boundaries (``MetaEncoder.fragments`` / ``fragment_tokens`` of the ``tiny``
+model), random ``kv_id`` and ``seq``, mixed with malformed packets: unmapped ``kv_id``, ``seq``
+without a ``LAND_OFF`` entry, lengths that overflow the slot, zero length, and every other op.
+``LAND_OFF`` is :func:`mcf.abi.landing.per_token_land_off`. One ``kv_id`` has an injected
+SLVERR on the first beat of its slot (``AxiRam``'s own mechanism: an access that raises).
+
+Scoreboard (:class:`mcf.abi.landing.LandingModel`): every byte of the KV region equals the
+model's (bytes never written stay at the fill pattern; the failed write's bytes are skipped),
+the per-``kv_id`` landed counts read through the query port, and every ``LANDING_STATUS``
+counter exactly. Idle cycles on the input, pauses on AW/W/B.
+
+Params: ``seed``, ``n`` (packets), ``idle``, ``pause`` (AXI channel pause probability),
+``tests``; ``out``: a JSON file for the rate measurement (``rate`` test: full input rate, no
+pauses; payload beats landed per cycle from the first input beat to the last count).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+import cocotb
+import numpy as np
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
+from cocotbext.axi import AxiBus, AxiRam, AxiStreamBus, AxiStreamFrame, AxiStreamSource
+
+from mcf.abi.framing import MAX_PAYLOAD, payload_beats
+from mcf.abi.kv import pack_kv_block
+from mcf.abi.landing import (
+    LANDED_BITS,
+    LANDING_STATUS,
+    LandingConfig,
+    LandingModel,
+    LandResult,
+    land_decision,
+    per_token_land_off,
+)
+from mcf.abi.meta import META, Collective, Meta, Op
+from mcf.sim.benches.pauses import pattern
+from mcf.sim.toolchain import bench_params
+
+MEM = 1 << 20
+FILL = 0xA5
+KV_CAPACITY = 256      # the bench's LandingEngine(kv_count=...)
+
+
+@dataclass
+class Traffic:
+    cfg: LandingConfig
+    land_off: tuple
+    packets: list          # [(Meta, bytes)]
+    bad_kv: int            # kv_id whose seq 0 write answers SLVERR
+    bad_addr: int          # the AXI beat (16 B) that raises
+    beat_bytes: int = 16
+
+    def span(self, meta: Meta) -> range | None:
+        """Bytes a packet lands on, or ``None`` when it is dropped."""
+        result, addr = land_decision(self.cfg, meta, self.land_off, KV_CAPACITY)
+        return range(addr, addr + meta.length) if result is LandResult.LANDED else None
+
+    def write_error(self, meta: Meta) -> bool:
+        """The packet's bursts include the raising beat."""
+        span = self.span(meta)
+        return span is not None and span.start < self.bad_addr + self.beat_bytes and \
+            self.bad_addr < span.stop
+
+
+def make_traffic(seed: int, n: int, kv_count: int = 200, kv_base: int = 0x1008,
+                 slice_tokens: int = 80, max_payload: int = 640,
+                 bad_fraction: float = 0.25) -> Traffic:
+    """``n`` packets; ``bad_fraction`` of them malformed in one of the ways above."""
+    from mcf.mars.metadata import MetaEncoder
+    from mcf.mars.model import get_model
+
+    rng = random.Random(seed)
+    model = get_model("tiny")
+    enc = MetaEncoder(model, nodes=2, num_chunks=4, max_payload=max_payload)
+    layout = per_token_land_off(enc, slice_tokens)
+    cfg = LandingConfig(kv_base, layout.kv_slot, kv_count)
+    frags = enc.fragments(slice_tokens)
+    blocks: dict[tuple[int, int], bytes] = {}
+
+    def block(kv_id, head):
+        if (kv_id, head) not in blocks:
+            g = np.random.default_rng([seed, kv_id, head])
+            t, d = slice_tokens, model.head_dim
+            blocks[(kv_id, head)] = pack_kv_block(
+                g.integers(-8, 8, (t, d)), g.integers(1, 1 << 16, t),
+                g.integers(-8, 8, (t, d)), g.integers(1, 1 << 16, t))
+        return blocks[(kv_id, head)]
+
+    def good(kv_id, seq):
+        head, t0 = enc.fragment_tokens(seq)
+        rec = enc.token_record_bytes
+        payload = block(kv_id, head)[t0 * rec:t0 * rec + frags[seq]]
+        return Meta(op=Op.KV_REPLICA, collective=Collective.MULTICAST, kv_id=kv_id,
+                    length=len(payload), seq=seq, src=rng.randrange(2), route_id=3), payload
+
+    kv_ids = 1 << META["kv_id"].width
+    packets = []
+    for _ in range(n):
+        kv_id, seq = rng.randrange(kv_count), rng.randrange(len(frags))
+        meta, payload = good(kv_id, seq)
+        if rng.random() < bad_fraction:
+            kind = rng.randrange(5)
+            if kind == 0:           # unmapped: beyond KV_COUNT, or beyond the directory
+                meta = meta.replace(kv_id=rng.choice([kv_count, KV_CAPACITY - 1,
+                                                      rng.randrange(kv_count, kv_ids)]))
+            elif kind == 1:         # no LAND_OFF entry
+                meta = meta.replace(seq=rng.randrange(len(frags), 1 << META["seq"].width))
+            elif kind == 2:         # overflows the slot (valid entry, too long)
+                seq = len(frags) - 1
+                extra = rng.randrange(1, 200)
+                length = frags[seq] + extra
+                meta = meta.replace(seq=seq, length=length)
+                payload = bytes(rng.randrange(256) for _ in range(length))
+            elif kind == 3:         # zero length
+                meta, payload = meta.replace(length=0), b""
+            else:                   # another op (later work: counted as land_drop_op)
+                op = rng.choice([o for o in Op if o != Op.KV_REPLICA])
+                length = rng.choice([0, rng.randrange(1, 300)])
+                meta = meta.replace(op=op, length=length)
+                payload = bytes(rng.randrange(256) for _ in range(length))
+        packets.append((meta, payload))
+    bad_kv = rng.randrange(kv_count)
+    packets += [good(bad_kv, 0), good(bad_kv, 1)]
+    rng.shuffle(packets)
+    bad_addr = cfg.kv_base + bad_kv * cfg.kv_slot + layout.land_off[0]
+    return Traffic(cfg, layout.land_off, packets, bad_kv, bad_addr - bad_addr % 16)
+
+
+def _status(dut) -> dict[str, int]:
+    raw = int(dut.status.value)
+    return {name: (raw >> f.offset) & ((1 << f.width) - 1) for name, f in LANDING_STATUS}
+
+
+class TB:
+    def __init__(self, dut, rng, idle=0.0, pause=0.0):
+        self.dut = dut
+        cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
+        dut.rst.value = 1
+        self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=MEM)
+        self.ram.write(0, bytes([FILL]) * MEM)
+        for side in (self.ram.read_if, self.ram.write_if):
+            side.log.setLevel(logging.WARNING)
+        self.bad_write: set[int] = set()
+        wi = self.ram.write_if
+        orig_write = wi._write
+
+        async def write(address, data):     # any strobed byte of a bad 16-B beat raises
+            if any(address < b + 16 and b < address + len(data) for b in self.bad_write):
+                raise OSError("injected write error")
+            await orig_write(address, data)
+        wi._write = write
+        if pause:
+            for ch in (wi.aw_channel, wi.w_channel, wi.b_channel):
+                ch.set_pause_generator(pattern(pause, rng))
+        self.src = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis"), dut.clk, dut.rst)
+        self.src.log.setLevel(logging.WARNING)
+        if idle:
+            self.src.set_pause_generator(pattern(idle, rng))
+        self.bpb = len(dut.s_axis_tdata) // 8
+        dut.land_off_we.value = 0
+        dut.query_kv_id.value = 0
+
+    async def reset(self, t: Traffic):
+        d = self.dut
+        d.cfg.value = t.cfg.pack()
+        d.rst.value = 1
+        await ClockCycles(d.clk, 3)
+        d.rst.value = 0
+        for seq, off in enumerate(t.land_off):
+            d.land_off_we.value = 1
+            d.land_off_seq.value = seq
+            d.land_off_data.value = 0 if off is None else (1 << 24) | off
+            await RisingEdge(d.clk)
+        d.land_off_we.value = 0
+        await RisingEdge(d.clk)
+
+    def frame(self, meta: Meta, payload: bytes) -> AxiStreamFrame:
+        if not payload:
+            return AxiStreamFrame(bytes(self.bpb), tkeep=[0] * self.bpb, tuser=meta.pack())
+        return AxiStreamFrame(payload, tuser=meta.pack())
+
+    async def query(self, kv_id: int) -> int:
+        self.dut.query_kv_id.value = kv_id
+        await RisingEdge(self.dut.clk)
+        await RisingEdge(self.dut.clk)
+        return int(self.dut.query_count.value)
+
+
+def _model(t: Traffic) -> LandingModel:
+    model = LandingModel(t.cfg, t.land_off, KV_CAPACITY)
+    for meta, payload in t.packets:
+        model.land(meta, payload, t.write_error(meta))
+    return model
+
+
+async def _drain(tb: TB, expected: dict, timeout_cycles: int) -> int:
+    """Wait until the status equals ``expected`` (or time out); the cycle it happened."""
+    for cycle in range(timeout_cycles):
+        await RisingEdge(tb.dut.clk)
+        if _status(tb.dut) == expected:
+            return cycle
+    raise AssertionError(f"status {_status(tb.dut)} never reached {expected}")
+
+
+async def _check(tb: TB, t: Traffic, model, landed=None) -> None:
+    """DDR bytes of the region and around it, and the directory counts (``landed``: expected
+    counts when the directory holds earlier runs' packets too — reset does not clear it)."""
+    landed = model.landed if landed is None else landed
+    region = t.cfg.kv_slot * t.cfg.kv_count
+    got = tb.ram.read(t.cfg.kv_base, region)
+    skip = {a for meta, _ in t.packets if t.write_error(meta) for a in t.span(meta)}
+    bad = []
+    for i in range(region):
+        a = t.cfg.kv_base + i
+        if a in skip:
+            continue
+        if got[i] != model.mem.get(a, FILL):
+            bad.append(a)
+    assert not bad, f"{len(bad)} DDR bytes differ, first at {bad[0]:#x}"
+    # nothing written outside the region
+    assert tb.ram.read(0, t.cfg.kv_base) == bytes([FILL]) * t.cfg.kv_base
+    tail = t.cfg.kv_base + region
+    assert tb.ram.read(tail, 4096) == bytes([FILL]) * 4096
+    for kv_id in range(t.cfg.kv_count):
+        count = await tb.query(kv_id)
+        assert count == landed[kv_id], f"kv_id {kv_id}: landed {count}, " \
+            f"expected {landed[kv_id]}"
+
+
+@cocotb.test()
+async def random_mix(dut):
+    """Random KV fragments and malformed packets, idle input, AXI pauses: bytes, counts."""
+    p = bench_params()
+    if "random_mix" not in p.get("tests", ["random_mix"]):
+        return
+    rng = random.Random(p.get("seed", 1))
+    t = make_traffic(p.get("seed", 1), p.get("n", 300))
+    tb = TB(dut, rng, p.get("idle", 0.3), p.get("pause", 0.3))
+    assert t.beat_bytes == len(dut.m_axi_wdata) // 8
+    tb.bad_write.add(t.bad_addr)
+    await tb.reset(t)
+    model = _model(t)
+    for meta, payload in t.packets:
+        await tb.src.send(tb.frame(meta, payload))
+    beats = sum(max(1, payload_beats(len(pl), 64)) for _, pl in t.packets)
+    await _drain(tb, model.status, 20 * beats + 20_000)
+    assert model.status["write_errors"] >= 1 and model.status["drop_op"] > 0
+    assert min(model.status[k] for k in ("drop_unmapped", "drop_bad_seq")) > 0
+    await _check(tb, t, model)
+
+
+@cocotb.test()
+async def rate(dut):
+    """Full input rate, no pauses: payload beats landed per cycle for KV fragments of MARS's
+    cut at each ``rate_payloads`` limit (reported, not asserted)."""
+    p = bench_params()
+    if "rate" not in p.get("tests", ["rate"]):
+        return
+    rng = random.Random(p.get("seed", 1))
+    tb = TB(dut, rng)
+    cycle = [0]
+
+    async def count():
+        while True:
+            await RisingEdge(dut.clk)
+            cycle[0] += 1
+    cocotb.start_soon(count())
+    landed: Counter = Counter()
+    results = []
+    for max_payload in p.get("rate_payloads", [MAX_PAYLOAD]):
+        t = make_traffic(p.get("seed", 1) + max_payload, p.get("rate_n", 100),
+                         bad_fraction=0.0, kv_count=80, max_payload=max_payload,
+                         slice_tokens=256)
+        t.packets = [pk for pk in t.packets if not t.write_error(pk[0])]
+        tb.ram.write(0, bytes([FILL]) * MEM)
+        await tb.reset(t)
+        model = _model(t)
+        for k, n in model.landed.items():
+            landed[k] = (landed[k] + n) % (1 << LANDED_BITS)
+        frames = [tb.frame(meta, payload) for meta, payload in t.packets]
+        start = None
+        for f in frames:
+            await tb.src.send(f)
+            if start is None:
+                while not (dut.s_axis_tvalid.value and dut.s_axis_tready.value):
+                    await RisingEdge(dut.clk)
+                start = cycle[0]
+        beats = sum(payload_beats(len(pl), 64) for _, pl in t.packets)
+        await with_timeout(_drain(tb, model.status, 10 * beats + 10_000), 10, "ms")
+        cycles = cycle[0] - start
+        await _check(tb, t, model, landed)
+        results.append({"max_payload": max_payload, "packets": len(t.packets),
+                        "packet_bytes": sorted({len(pl) for _, pl in t.packets}),
+                        "payload_beats": beats, "cycles": cycles,
+                        "beats_per_cycle": round(beats / cycles, 4)})
+        dut._log.info("landing rate: %s", results[-1])
+    if p.get("out"):
+        with open(p["out"], "w") as fh:
+            json.dump(results, fh)

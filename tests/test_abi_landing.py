@@ -91,8 +91,13 @@ def test_model_counts_and_bytes():
     m.land(Meta(op=Op.CONTROL), b"")
     assert m.mem == {0x10 + 64 + 8 + i: b for i, b in enumerate(b"abc")}
     assert m.status == {"packets": 1, "bytes": 3, "drop_unmapped": 1, "drop_bad_seq": 0,
-                        "drop_op": 1, "write_errors": 1}
+                        "drop_op": 1, "write_errors": 1, "framing_errors": 0}
     assert m.landed[1] == 1
+    m.land(Meta(kv_id=2, length=10), b"0123456789abcdefXYZ")    # 3 beats for 2: cut
+    m.land(Meta(kv_id=3, length=12), b"0123")                   # 1 beat for 2: padded
+    assert m.status["framing_errors"] == 2 and m.status["packets"] == 3
+    assert bytes(m.mem[0x10 + 2 * 64 + 8 + i] for i in range(10)) == b"0123456789"
+    assert bytes(m.mem[0x10 + 3 * 64 + 8 + i] for i in range(12)) == b"0123" + bytes(8)
     assert [n for n, _ in LANDING_STATUS] == list(m.status)
 
 

@@ -226,6 +226,29 @@ def test_write_error_not_counted():
     assert {a: b for a, b in mem.items() if not 0x2100 + 2048 <= a < 0x3100} == model.mem
 
 
+def test_framing_guard():
+    """Packets whose beats disagree with Meta.length (impossible behind a parser) are written
+    as length bytes, cut or zero-padded, and counted; the packets after them land intact."""
+    cfg = LandingConfig(kv_base=0x40, kv_slot=4096, kv_count=8)
+    land_off = _table({0: 0, 1: 2000})
+    rng = random.Random(9)
+    pl = [bytes(rng.randrange(256) for _ in range(n)) for n in (300, 37, 500, 200, 64)]
+    packets = [(Meta(kv_id=0, length=100), pl[0]),          # long: 38 beats for 13
+               (Meta(kv_id=1, length=200), pl[1]),          # short: 5 beats for 25
+               (Meta(kv_id=2, seq=1, length=500), pl[2]),   # good
+               (Meta(kv_id=3, length=17), b""),             # one keep=0 beat for 3
+               (Meta(kv_id=4, seq=1, length=64), pl[4])]    # good
+    model = LandingModel(cfg, land_off, KV_CAPACITY)
+    for meta, payload in packets:
+        model.land(meta, payload)
+    assert model.status["framing_errors"] == 3
+    mem, status, _, queries, _ = simulate(packets, cfg, land_off, idle=0.2, wpause=0.3,
+                                          queries=range(5))
+    assert status == model.status
+    assert mem == model.mem
+    assert queries == dict.fromkeys(range(5), 1)
+
+
 def test_counter_back_to_back():
     """Many one-beat packets to the same kv_id: read-modify-write increments never lost."""
     cfg = LandingConfig(kv_base=0, kv_slot=1 << 20, kv_count=4)

@@ -53,9 +53,9 @@ class LandingEngine(wiring.Component):
     Members
     -------
     i : In(stream.Signature(parsed_layout(64)))
-        Parsed beats, ``Meta`` beside every beat, ``last`` on the final one. The framing must be
-        what the parser guarantees (``ceil(length / 8)`` beats, a header-only packet one beat
-        with ``keep == 0``): the writer is given ``length`` bytes per packet.
+        Parsed beats, ``Meta`` beside every beat, ``last`` on the final one; framing as the
+        parser guarantees it (``ceil(length / 8)`` beats, a header-only packet one beat with
+        ``keep == 0``). The writer is given ``length`` bytes per packet; ``keep`` is not used.
     cfg : In(:data:`mcf.abi.landing.LANDING_CONFIG`)
         ``kv_base``, ``kv_slot``, ``kv_count`` (CSRs later); sampled on each packet's first beat.
     land_off_we, land_off_seq, land_off_data : In
@@ -68,11 +68,13 @@ class LandingEngine(wiring.Component):
         Write master (AW/W/B; AR/R tied off). Bursts INCR, never across 4 KiB.
     status : Out(:data:`mcf.abi.landing.LANDING_STATUS`)
         ``packets``/``bytes`` landed, ``drop_unmapped``, ``drop_bad_seq``, ``drop_op``,
-        ``write_errors`` (a packet whose burst answered SLVERR/DECERR: not landed).
+        ``write_errors`` (a packet whose burst answered SLVERR/DECERR: not landed),
+        ``framing_errors`` (a landing packet whose beats disagreed with ``length``: padded
+        with zeros or cut to ``length``, so the writer never waits for missing data).
 
     Structure and latency: beat → register stage 1 (``LAND_OFF`` read, ``kv_id · KV_SLOT``
     multiply) → stage 2 (address, checks: the packet's fate is latched on its first beat) →
-    64 → ``axi_width`` upsizer (packs a packet's beats from lane 0, flushes at ``last``) →
+    64 → ``axi_width`` upsizer (packs a packet's beats from lane 0, flushes at its final beat) →
     payload FIFO → :class:`mcf.hdl.mem.dma.DmaWriter`, one descriptor per packet (the writer
     aligns with ``wstrb``). The first AW leaves ~5 cycles after the header beat. A packet's
     count is incremented two cycles after its last B response (its bursts' responses are
@@ -213,9 +215,34 @@ class LandingEngine(wiring.Component):
         m.d.comb += up_ready.eq(pay.w_rdy)
         head_ok = Signal()
         m.d.comb += head_ok.eq(desc_fifo.w_rdy & pend.w_rdy)
-        m.d.comb += s2_move.eq(s2_valid & (~s2.keep | (up_ready & (~s2.first | head_ok))))
+        # framing guard: exactly ceil(length / 8) beats reach the writer whatever the input
+        # does (a short packet is padded with zero beats, a long one cut), so the writer never
+        # waits for data that will not come; cannot happen behind a parser (TRUNCATED and
+        # BAD_LENGTH drops), counted in framing_errors
+        n64 = Signal(len_bits - 2)
+        j = Signal(len_bits - 2)
+        j_cur = Signal(len_bits - 2)
+        m.d.comb += [n64.eq((s2.length + 7) >> 3), j_cur.eq(Mux(s2.first, 0, j))]
+        extra = Signal()
+        short = Signal()
+        final = Signal()
+        m.d.comb += [extra.eq(j_cur >= n64), final.eq(j_cur == n64 - 1),
+                     short.eq(s2.last & (j_cur < n64 - 1))]
         push = Signal()
-        m.d.comb += push.eq(s2_move & s2.keep)
+        m.d.comb += push.eq(s2_valid & s2.keep & ~extra & up_ready & (~s2.first | head_ok))
+        m.d.comb += s2_move.eq(s2_valid & (~s2.keep | extra | (push & ~short)))
+        with m.If(push):
+            m.d.sync += j.eq(j_cur + 1)
+        with m.If(push & short):            # stay: pad with zero beats up to the length
+            m.d.sync += [s2.data.eq(0), s2.first.eq(0)]
+        frame_bad = Signal()
+        bad_now = (push & short) | (s2_valid & s2.keep & extra)
+        with m.If(s2_move & s2.keep & s2.last):
+            m.d.sync += frame_bad.eq(0)
+            with m.If(frame_bad | bad_now):
+                m.d.sync += st.framing_errors.eq(st.framing_errors + 1)
+        with m.Elif(bad_now):
+            m.d.sync += frame_bad.eq(1)
         desc = Signal(desc_l)
         m.d.comb += [desc.addr.eq(s2.addr), desc.length.eq(s2.length), desc.stride.eq(0),
                      desc.count.eq(1)]
@@ -229,7 +256,7 @@ class LandingEngine(wiring.Component):
         lanes = [Mux(up_cnt == k, s2.data, up_acc[k * PACKET_WIDTH:(k + 1) * PACKET_WIDTH])
                  for k in range(ratio)]
         with m.If(push):
-            flush = s2.last | (up_cnt == ratio - 1)
+            flush = final | (up_cnt == ratio - 1)
             with m.If(flush):
                 m.d.comb += [pay.w_en.eq(1), pay.w_data.eq(Cat(*lanes))]
                 m.d.sync += [up_acc.eq(0), up_cnt.eq(0)]

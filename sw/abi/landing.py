@@ -67,10 +67,11 @@ LANDING_CONFIG = data.StructLayout({
 :func:`landing_registers`)."""
 
 LANDING_STATUS = counters("packets", "bytes", "drop_unmapped", "drop_bad_seq", "drop_op",
-                          "write_errors")
+                          "write_errors", "framing_errors")
 """Packets landed (written, B response OKAY, counted in the directory), their payload bytes,
-packets dropped by cause, packets whose write answered SLVERR/DECERR (not counted as landed).
-Registers ``land_<field>``."""
+packets dropped by cause, packets whose write answered SLVERR/DECERR (not counted as landed),
+landing packets whose beat count disagreed with ``length`` (written as ``length`` bytes: cut,
+or padded with zeros; impossible behind a parser). Registers ``land_<field>``."""
 
 
 @dataclass(frozen=True)
@@ -149,8 +150,10 @@ class LandingModel:
         self.landed: Counter = Counter()
 
     def land(self, meta: Meta, payload: bytes, write_error: bool = False) -> LandResult:
-        """One packet; ``write_error``: its write is answered SLVERR (the bytes are then not
-        modelled — the bus may or may not have stored them)."""
+        """One packet as 64-bit parsed beats carrying ``payload`` (its length may disagree with
+        ``meta.length``: the engine writes ``meta.length`` bytes, cut or zero-padded);
+        ``write_error``: its write is answered SLVERR (the bytes are then not modelled — the
+        bus may or may not have stored them)."""
         result, addr = land_decision(self.cfg, meta, self.land_off, self.kv_capacity)
         if result is not LandResult.LANDED:
             self.status[result.value] += 1
@@ -158,7 +161,10 @@ class LandingModel:
         if write_error:
             self.status["write_errors"] += 1
             return result
-        for i, b in enumerate(payload[:meta.length]):
+        beats = max(1, -(-len(payload) // 8))      # the 64-bit beats that carried it
+        if beats != -(-meta.length // 8):
+            self.status["framing_errors"] += 1
+        for i, b in enumerate((bytes(payload) + bytes(meta.length))[:meta.length]):
             self.mem[addr + i] = b
         self.status["packets"] += 1
         self.status["bytes"] += meta.length

@@ -2,7 +2,7 @@
 the golden model (mcf.abi.landing.LandingModel) with an in-test AXI slave, and the runner of
 the cocotb + Verilator bench (sim/benches/node_landing.py) against cocotbext-axi AxiRam.
 
-Rate measurement (reported, not asserted; writes build/bench/node_landing_rate.json):
+Rate measurement (reported, not asserted):
 ``pytest tests/test_node_landing.py -k rate -s``.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 from collections import deque
-from pathlib import Path
 
 import pytest
 from amaranth.sim import Simulator
@@ -283,16 +282,13 @@ def test_landing_bench(idle, pause):
 
 
 def test_landing_rate(tmp_path):
-    """Full input rate, no pauses: the figure is reported (printed and written to
-    build/bench/node_landing_rate.json), not asserted."""
+    """Full input rate, no pauses: the figure is reported (printed with ``-s``), not asserted;
+    the bench's scoreboard checks every landed byte and count."""
     from mcf.sim import run
     out = tmp_path / "rate.json"
     run(landing_built(), BENCH, params={"seed": 2, "rate_n": 60, "tests": ["rate"],
                                         "rate_payloads": [2048, 640, 200], "out": str(out)})
     result = json.loads(out.read_text())
-    dest = Path(__file__).resolve().parents[1] / "build" / "bench"
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "node_landing_rate.json").write_text(json.dumps(result, indent=1))
     for r in result:
         print("landing rate:", r)
     assert [r["max_payload"] for r in result] == [2048, 640, 200]

@@ -51,7 +51,8 @@ def run(args) -> int:
         raise UsageError(f"no {readme}: run from the project's root or pass --readme")
     if args.source is not None:
         src = Path(args.source)
-        files = sorted(src.glob("*.json"))
+        from mcf.sim.bench import BENCHES
+        files = sorted(f for f in src.glob("*.json") if f.stem in BENCHES)
         if not files:
             raise UsageError(f"no bench results in {src}: run `mcf bench` first")
         small = [f.stem for f in files if json.loads(f.read_text()).get("small")]

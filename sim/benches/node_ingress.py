@@ -28,21 +28,16 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from cocotbext.axi import AxiBus, AxiRam
 
 from mcf.abi.compute import status_values
-from mcf.abi.framing import MAX_PAYLOAD
-from mcf.abi.meta import META, Meta, Op
 from mcf.abi.node import (
     CMD,
     CMD_BYTES,
-    CMD_FLAGS,
     INGRESS_STATUS,
-    Cmd,
-    PayloadSource,
     Queue,
-    RecordClass,
     cmd_malformed,
 )
 from mcf.hdl.flat import AXIS_FIELD_NAMES
 from mcf.sim import bench_params
+from mcf.sim.benches.node_records import random_record
 
 MEM = 1 << 20
 BASE = 0x4F00          # 16-byte aligned, not burst aligned: bursts meet the 4 KiB boundary
@@ -57,43 +52,6 @@ def _axis_name(field: str) -> str:
 def _pauses(p, rng):
     while True:
         yield rng.random() < p
-
-
-def record(rng: random.Random, queue: Queue, p_bad: float) -> int:
-    """A random well-formed record, or (probability ``p_bad``) one broken in one checked way."""
-    classes = [c for c in RecordClass if queue is Queue.COMPUTE or c.value in (0, 1, 6, 7)]
-    cls = rng.choice(classes)
-    src = rng.choice(list(PayloadSource))
-    length = 0 if src is PayloadSource.HDR else rng.randint(0, MAX_PAYLOAD)
-    meta = Meta(op=rng.choice(list(Op)), kv_id=rng.getrandbits(16), length=length,
-                seq=rng.getrandbits(8)).pack() if cls is RecordClass.SEND \
-        else rng.getrandbits(64)
-    raw = int.from_bytes(Cmd(cls, queue, meta=meta, src=src, irq=rng.random() < 0.3,
-                             replicate=rng.random() < 0.3, wait=rng.getrandbits(20),
-                             arg=rng.getrandbits(32)).pack(), "little")
-    if rng.random() >= p_bad:
-        return raw
-    cls_f, src_f = CMD["cls"], CMD["src"]
-    as_send = (raw & ~((0xF << cls_f.offset) | (7 << src_f.offset)
-                       | (((1 << META["length"].width) - 1) << META["length"].offset))) \
-        | (RecordClass.SEND.value << cls_f.offset)
-    kind = rng.randrange(6)
-    if kind == 0:       # unassigned class
-        bad = raw | (8 << cls_f.offset)
-    elif kind == 1:     # queue field names the other ring
-        bad = raw ^ (1 << CMD["queue"].offset)
-    elif kind == 2:     # reserved flag bits
-        bad = raw | (rng.randint(1, 3) << (CMD["flags"].offset + CMD_FLAGS["reserved"].offset))
-    elif kind == 3:     # SEND of the unassigned op 7
-        bad = as_send | (PayloadSource.KV.value << src_f.offset) | (7 << META["op"].offset)
-    elif kind == 4:     # SEND longer than MAX_PAYLOAD
-        bad = as_send | (PayloadSource.KV.value << src_f.offset) \
-            | (rng.randint(MAX_PAYLOAD + 1, (1 << META["length"].width) - 1)
-               << META["length"].offset)
-    else:               # header-only SEND with a length
-        bad = as_send | (rng.randint(1, MAX_PAYLOAD) << META["length"].offset)
-    assert cmd_malformed(bad, queue)
-    return bad
 
 
 class TB:
@@ -224,7 +182,8 @@ class TB:
 
 async def stress(tb, p):
     queue = Queue(p.get("queue", 0))
-    records = [record(tb.rng, queue, p.get("p_bad", 0.25)) for _ in range(p.get("n", 400))]
+    records = [random_record(tb.rng, queue, p.get("p_bad", 0.25))
+               for _ in range(p.get("n", 400))]
     prod, overruns = await tb.push(records, overrun_at=len(records) // 2)
     good = [r for r in records if not cmd_malformed(r, queue)]
     for _ in range(200_000):
@@ -251,7 +210,7 @@ async def rate(tb, p):
     records behind one doorbell, from the first record out to the last."""
     queue = Queue(p.get("queue", 0))
     n = 1 << tb.size
-    records = [record(tb.rng, queue, 0.0) for _ in range(n)]
+    records = [random_record(tb.rng, queue, 0.0) for _ in range(n)]
     for i, r in enumerate(records):
         tb.ram.write(BASE + i * CMD_BYTES, r.to_bytes(CMD_BYTES, "little"))
     t0 = tb.cycle

@@ -324,35 +324,7 @@ def attn_status_layout() -> data.StructLayout:
 
 # --- second format: K per channel over groups of tokens (mcf.abi.kv_channel, re-exported) -------
 
-from .kv_channel import (  # noqa: E402 - kv_channel builds on the names above
-    FOLD_E_BASE,
-    FOLD_M_SHIFT,
-    FOLD_Q_SHIFT_BASE,
-    FOLD_QMAX_SHIFT,
-    KV_GROUP,
-    KV_ONE,
-    PRESCALE_SHIFT_BASE,
-    KVFormat,
-    fold_query,
-    group_sizes,
-    kv_channel_block_bytes,
-    kv_channel_block_tokens,
-    kv_channel_fragments,
-    kv_group_header_bytes,
-    kvq_status_layout,
-    pack_kv_channel_block,
-    prescale_k,
-    quantize_k_channels,
-    quantize_k_open,
-    quantize_kv_channel,
-    unpack_kv_channel_block,
-)
+from . import kv_channel as _kv_channel  # noqa: E402
+from .kv_channel import *  # noqa: E402, F403  (re-exported: one list, kv_channel.__all__)
 
-__all__ += [
-    "KVFormat", "KV_GROUP", "KV_ONE", "FOLD_QMAX_SHIFT", "FOLD_Q_SHIFT_BASE", "FOLD_M_SHIFT",
-    "FOLD_E_BASE", "PRESCALE_SHIFT_BASE", "quantize_k_channels", "quantize_kv_channel",
-    "prescale_k", "quantize_k_open", "fold_query",
-    "kv_group_header_bytes", "kv_channel_block_bytes", "kv_channel_block_tokens",
-    "group_sizes", "kv_channel_fragments", "pack_kv_channel_block", "unpack_kv_channel_block",
-    "kvq_status_layout",
-]
+__all__ += _kv_channel.__all__

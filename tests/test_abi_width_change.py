@@ -40,6 +40,7 @@ from mcf.sim.benches.nic_amsim import (
     sinks_process,
     split_packets,
     unpack_fields,
+    write_table,
 )
 from mcf.sim.benches.packet_streams import expected_parsed, pack, run_packetizer, run_parser
 
@@ -150,15 +151,6 @@ def _packet(beats: list[dict], layout=ROUTE10) -> Packet:
     return Packet(Meta.unpack(beats[0]["meta"], layout), payload)
 
 
-async def _write(ctx, port, entries):
-    for addr, value in entries.items():
-        ctx.set(port.addr, addr)
-        ctx.set(port.data.as_value(), value)
-        ctx.set(port.en, 1)
-        await ctx.tick()
-    ctx.set(port.en, 0)
-
-
 def test_route10_layout_is_wider():
     assert ROUTE10["route_id"].width == 10 and ROUTE10.size == META.size + 2 + 2
     with pytest.raises(ValueError):
@@ -193,7 +185,7 @@ def test_router_table_follows_route_id_width():
                                    (dut.local, outs["local"], srng, 0.7)]))
 
     async def tb(ctx):
-        await _write(ctx, dut.route_wr, table)
+        await write_table(ctx, dut.route_wr, table)
         await drive(ctx, dut.i2, feed, random.Random(7), idle=0.2)
         for _ in range(200):
             await ctx.tick()
@@ -234,7 +226,7 @@ def test_reduction_engine_follows_route_id_width():
 
     async def tb(ctx):
         ctx.set(dut.local_id, 45)
-        await _write(ctx, dut.cfg_wr, configs)
+        await write_table(ctx, dut.cfg_wr, configs)
         await drive(ctx, dut.i, [b for m, p in stream for b in _beats(m, p)], random.Random(10),
                     idle=0.1)
         for _ in range(100):

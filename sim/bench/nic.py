@@ -38,7 +38,7 @@ from mcf.hdl.nic.link import LinkRx, LinkTx
 from mcf.hdl.nic.reduce import ReduceEngine
 from mcf.hdl.nic.router import Router
 from mcf.sim.bench import BenchRefused, refuse_unplanned, resource_table
-from mcf.sim.benches.nic_amsim import pack_fields, unpack_fields
+from mcf.sim.benches.nic_amsim import pack_fields, unpack_fields, write_table
 
 __all__ = ["collect", "render", "router_rate", "reduce_rate", "link_rate", "a2a_rate"]
 
@@ -142,15 +142,6 @@ def _beats(pkts) -> list[dict]:
     return [b for p in pkts for b in parsed_beats(p.meta, p.payload, DW)]
 
 
-async def _write_table(ctx, port, entries: dict[int, int]) -> None:
-    for addr, value in entries.items():
-        ctx.set(port.addr, addr)
-        ctx.set(port.data.as_value(), value)
-        ctx.set(port.en, 1)
-        await ctx.tick()
-    ctx.set(port.en, 0)
-
-
 # --- engines ----------------------------------------------------------------------------------
 
 def router_rate(n_beats: int = 2, n_packets: int = 120, *, n_ports: int = 4,
@@ -177,7 +168,7 @@ def router_rate(n_beats: int = 2, n_packets: int = 120, *, n_ports: int = 4,
     outs = {("local" if o == n_ports else o): s for o, s in enumerate(dut.outputs())}
 
     async def setup(ctx):
-        await _write_table(ctx, dut.route_wr, {1: route})
+        await write_table(ctx, dut.route_wr, {1: route})
 
     rec = _run(dut, [(dut.inputs()[n_ports], feed)], outs, setup=setup)
     _check(f"router ({n_beats}-beat packets)", rec, dut.status.shape(), model.counters,
@@ -224,7 +215,7 @@ def reduce_rate(n_beats: int = 2, n_packets: int = 120, *, k: int = 2,
 
     async def setup(ctx):
         ctx.set(dut.local_id, LOCAL_ID)
-        await _write_table(ctx, dut.cfg_wr, {0: reduce_config(k)})
+        await write_table(ctx, dut.cfg_wr, {0: reduce_config(k)})
 
     rec = _run(dut, [(dut.i, feed)], {"o": dut.o}, setup=setup)
     what = f"reduction ({reduce_op.name}, k={k})"

@@ -71,6 +71,17 @@ def sinks_process(sinks: list, taps: list = (), on_last=None):
     return proc
 
 
+async def write_table(ctx, port, entries: dict[int, int]) -> None:
+    """Write ``{address: value}`` through a table write port (``addr``, ``data``, ``en``: the
+    router's ``route_wr``, the reduction engine's ``cfg_wr``), one entry per cycle."""
+    for addr, value in entries.items():
+        ctx.set(port.addr, addr)
+        ctx.set(port.data.as_value(), value)
+        ctx.set(port.en, 1)
+        await ctx.tick()
+    ctx.set(port.en, 0)
+
+
 def pack_fields(layout, fields: dict) -> int:
     return sum((int(fields[name]) & ((1 << f.width) - 1)) << f.offset for name, f in layout)
 

@@ -260,13 +260,7 @@ class KVQuantizer(wiring.Component):
                 nbytes = blk_bytes + kv_token_bytes(D)
                 m.d.sync += [absmax[0].eq(0), absmax[1].eq(0), blk_bytes.eq(nbytes),
                              self.tokens.eq(self.tokens + 1)]
-                with m.If(blk_last):
-                    m.d.sync += self.blocks.eq(self.blocks + 1)
-                    with m.If(nbytes != blk_len):
-                        m.d.sync += self.len_err.eq(self.len_err + 1)
-                    m.next = "META"
-                with m.Else():
-                    m.next = "RECV"
+                self._unit_done(m, nbytes, blk_last, blk_len)
         return fifo
 
     def _elaborate_channel(self, m):
@@ -541,19 +535,25 @@ class KVQuantizer(wiring.Component):
                 nbytes = blk_bytes + kv_group_header_bytes(D) + ntok * kv_token_bytes(D)
                 m.d.sync += [blk_bytes.eq(nbytes), self.tokens.eq(self.tokens + ntok),
                              self.groups.eq(self.groups + 1)]
-                with m.If(blk_last):
-                    m.d.sync += self.blocks.eq(self.blocks + 1)
-                    with m.If(nbytes != blk_len):
-                        m.d.sync += self.len_err.eq(self.len_err + 1)
-                    m.next = "META"
-                with m.Else():
-                    m.next = "RECV"
+                self._unit_done(m, nbytes, blk_last, blk_len)
         with m.If(pre2):
             m.d.comb += [wr.addr.eq(pre2_addr), wr.data.eq(Cat(*ys)), wr.en.eq(1)]
             m.d.sync += kmax.eq(kcur)
             with m.If(pre2_lastw):
                 m.d.comb += [kabs_w.addr.eq(pre2_tok), kabs_w.data.eq(kcur), kabs_w.en.eq(1)]
         return fifo
+
+    def _unit_done(self, m, nbytes, blk_last, blk_len):
+        """End of a token (PER_TOKEN) or group (PER_CHANNEL_K) in the ``DRAIN`` state: at the
+        block's end count it, check its ``nbytes`` against ``meta.length`` and take the next
+        Meta; otherwise receive the next unit."""
+        with m.If(blk_last):
+            m.d.sync += self.blocks.eq(self.blocks + 1)
+            with m.If(nbytes != blk_len):
+                m.d.sync += self.len_err.eq(self.len_err + 1)
+            m.next = "META"
+        with m.Else():
+            m.next = "RECV"
 
     def _packer(self, m, fifo):
         """16-bit units (+ ``last``) from ``fifo`` → ``data_width`` output beats."""

@@ -11,13 +11,18 @@ bind without glue. :class:`FlatTop` does that once, for any component:
 * every other port (and every member of a nested, non-stream interface) becomes one signal named
   by its path joined with ``_``, struct-shaped ports as one flat vector.
 
-Clock and reset stay Amaranth's ``clk`` / ``rst`` (active high).
+Clock and reset stay Amaranth's ``clk`` / ``rst`` (active high), unless ``clock`` / ``resetn``
+name the AXI pair (``aclk`` / ``aresetn``): then the wrapper owns the ``sync`` domain, clocked by
+``clock``, its reset the output of an :class:`amaranth.lib.cdc.ResetSynchronizer` of the
+active-low ``resetn`` (asynchronous assertion, synchronous release after 2 ``clock`` edges) — the
+ports Vivado's module reference associates with every AXI interface (docs/node.md §8, §10).
 """
 
 from __future__ import annotations
 
-from amaranth import Elaboratable, Module, Shape, Signal
+from amaranth import ClockDomain, Elaboratable, Module, Shape, Signal
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.cdc import ResetSynchronizer
 
 __all__ = ["FlatTop", "AXIS_FIELD_NAMES"]
 
@@ -27,11 +32,16 @@ AXIS_FIELD_NAMES = {"data": "tdata", "keep": "tkeep", "last": "tlast", "meta": "
 class FlatTop(Elaboratable):
     """Wraps ``inner`` with flat port names. ``ports`` lists the top-level signals."""
 
-    def __init__(self, inner: wiring.Component, axis: dict[str, str] | None = None):
+    def __init__(self, inner: wiring.Component, axis: dict[str, str] | None = None, *,
+                 clock: str | None = None, resetn: str | None = None):
+        if (clock is None) != (resetn is None):
+            raise ValueError("clock and resetn come together")
         self.inner = inner
+        self.clock = Signal(name=clock) if clock else None
+        self.resetn = Signal(name=resetn, init=1) if resetn else None
         self._axis = dict(axis or {})
         self._connections: list[tuple[Signal, object, bool]] = []  # (flat, inner, is_input)
-        self.ports: list[Signal] = []
+        self.ports: list[Signal] = [] if clock is None else [self.clock, self.resetn]
         for name, member in inner.signature.members.items():
             self._flatten(getattr(inner, name), member, [name], flipped=False)
 
@@ -68,6 +78,10 @@ class FlatTop(Elaboratable):
     def elaborate(self, platform):
         m = Module()
         m.submodules.inner = self.inner
+        if self.clock is not None:
+            m.domains.sync = sync = ClockDomain("sync", async_reset=True)
+            m.d.comb += sync.clk.eq(self.clock)
+            m.submodules.reset_sync = ResetSynchronizer(~self.resetn, domain="sync")
         for flat, inner_value, is_input in self._connections:
             if is_input:
                 m.d.comb += inner_value.eq(flat)

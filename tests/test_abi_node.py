@@ -14,6 +14,7 @@ from mcf.abi.node import (
     CMD_BYTES,
     CMD_RING_MAX_LOG2,
     INGRESS_STATUS,
+    IRQ_CAUSES,
     Cmd,
     PayloadSource,
     Queue,
@@ -21,6 +22,7 @@ from mcf.abi.node import (
     cmd_malformed,
     cmd_raw,
     ingress_registers,
+    irq_registers,
 )
 from mcf.abi.regs import Access
 
@@ -99,7 +101,8 @@ def test_record_checks():
 def test_ingress_registers():
     regs = {r.name: r for r in ingress_registers(2)}
     for q in range(2):
-        assert regs[f"CMD{q}_PROD"].fields[0].access is Access.RW
+        assert regs[f"CMD{q}_PROD"].fields[0].access is Access.W
+        assert regs[f"CMD{q}_HEAD"].fields[0].access is Access.R
         assert regs[f"CMD{q}_CONS"].fields[0].access is Access.R
         assert regs[f"CMD{q}_PROD"].fields[0].width == 16
         assert regs[f"CMD{q}_SIZE"].fields[0].width == 5
@@ -107,4 +110,12 @@ def test_ingress_registers():
             == 40
         for name, _ in INGRESS_STATUS:
             assert regs[f"cmd{q}_{name}"].fields[0].access is Access.R
-    assert len(regs) == 2 * (5 + len(list(INGRESS_STATUS)))
+    assert len(regs) == 2 * (6 + len(list(INGRESS_STATUS)))
+
+
+def test_irq_registers_pair_causes():
+    status, enable = irq_registers()
+    assert [f.name for f in status.fields] == [n for n, _ in IRQ_CAUSES]
+    assert [f.name for f in enable.fields] == [n for n, _ in IRQ_CAUSES]
+    assert all(f.access is Access.RW1C and f.width == 1 for f in status.fields)
+    assert all(f.access is Access.RW and f.reset == 0 for f in enable.fields)

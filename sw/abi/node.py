@@ -18,12 +18,13 @@ from amaranth.lib import data, enum
 from .csrmap import COUNTER_BITS, counters
 from .framing import MAX_PAYLOAD
 from .meta import META, Op
-from .regs import Access, Register, status_registers
+from .regs import Access, Field, Register, status_registers
 
 __all__ = [
     "RecordClass", "Queue", "PayloadSource", "CMD_FLAGS", "CMD", "CMD_BYTES", "CMD_RING_MAX_LOG2",
     "CMD_INDEX_BITS", "CMD_ADDR_BITS", "CMD_WAIT_BITS", "CLASS_QUEUES", "Cmd", "cmd_raw",
-    "cmd_malformed", "INGRESS_STATUS", "ingress_registers", "N_QUEUES",
+    "cmd_malformed", "INGRESS_STATUS", "ingress_registers", "N_QUEUES", "IRQ_CAUSES",
+    "irq_registers",
 ]
 
 
@@ -198,11 +199,37 @@ def ingress_registers(n_queues: int = N_QUEUES) -> list[Register]:
                             desc=f"ring {q} physical base, bits {CMD_ADDR_BITS - 1}..32"),
             Register.single(f"CMD{q}_SIZE", CMD_RING_MAX_LOG2.bit_length(), Access.RW,
                             desc=f"ring {q}: log2 of the entry count, ≤ {CMD_RING_MAX_LOG2}"),
-            Register.single(f"CMD{q}_PROD", CMD_INDEX_BITS, Access.RW,
-                            desc=f"ring {q} producer index (free-running); a write is the "
-                                 "doorbell, ignored and counted if it overruns the ring"),
+            Register.single(f"CMD{q}_PROD", CMD_INDEX_BITS, Access.W,
+                            desc=f"ring {q} doorbell: the new producer index (free-running); "
+                                 "ignored and counted if it overruns the ring"),
+            Register.single(f"CMD{q}_HEAD", CMD_INDEX_BITS, Access.R,
+                            desc=f"ring {q}: the last producer index the PL accepted"),
             Register.single(f"CMD{q}_CONS", CMD_INDEX_BITS, Access.R,
                             desc=f"ring {q} consumer index (free-running), driven by the PL"),
         ]
         regs += status_registers(f"cmd{q}", INGRESS_STATUS, f"command ring {q}")
     return regs
+
+
+IRQ_CAUSES: tuple[tuple[str, str], ...] = (
+    ("mark0", "a NET record with flags.irq retired"),
+    ("mark1", "a COMPUTE record with flags.irq retired"),
+    ("halt0", "the NET queue halted (watchdog): see its SEQ status"),
+    ("halt1", "the COMPUTE queue halted (watchdog): see its SEQ status"),
+    ("bad_record", "a ring reader skipped a malformed record"),
+    ("overrun", "a doorbell overran its ring and was ignored"),
+    ("bus_error", "a DMA read or write answered SLVERR/DECERR"),
+    ("drop", "a local packet was dropped (unmapped kv_id, bad seq, bad op)"),
+)
+"""Interrupt causes, one bit each in ``IRQ_STATUS`` (RW1C) and ``IRQ_ENABLE`` (RW), in this
+order. ``irq`` = OR of ``IRQ_STATUS & IRQ_ENABLE`` (docs/node.md §10 (d))."""
+
+
+def irq_registers() -> list[Register]:
+    """``IRQ_STATUS`` (sticky causes, write 1 to clear) and ``IRQ_ENABLE`` (mask)."""
+    return [
+        Register("IRQ_STATUS", tuple(Field(n, 1, Access.RW1C, desc=d) for n, d in IRQ_CAUSES),
+                 "interrupt causes (sticky; write 1 to clear)"),
+        Register("IRQ_ENABLE", tuple(Field(n, 1, Access.RW, desc=f"enable: {d}")
+                                     for n, d in IRQ_CAUSES), "interrupt enables"),
+    ]

@@ -57,7 +57,6 @@ class NodeConfig:
     reduce_slots: int = 12
     kv_count: int = 1 << META["kv_id"].width
     ring_fifo: int = 32
-    ring_max_log2: int = CMD_RING_MAX_LOG2
 
     def __post_init__(self):
         if not 1 <= self.links <= NODE_LINKS:
@@ -65,8 +64,6 @@ class NodeConfig:
         if self.kv_count & (self.kv_count - 1) or not 2 <= self.kv_count <= (
                 1 << META["kv_id"].width):
             raise ValueError(f"{self.name}: kv_count must be a power of two ≤ 2^kv_id bits")
-        if not 1 <= self.ring_max_log2 <= CMD_RING_MAX_LOG2:
-            raise ValueError(f"{self.name}: ring_max_log2 must lie in 1..{CMD_RING_MAX_LOG2}")
 
     @property
     def macs_per_cycle(self) -> int:
@@ -81,7 +78,7 @@ class NodeConfig:
 KR260 = NodeConfig(name="kr260", top="mcf_node")
 SIM = NodeConfig(name="sim", top="mcf_node_sim", gemm_arrays=1, group=64, gemm_k_max=128,
                  gemm_m_max=16, vec_n_max=128, attn_head_dim=16, attn_lanes=4, attn_heads=2,
-                 attn_block=32, reduce_slots=4, kv_count=256, ring_fifo=8, ring_max_log2=8)
+                 attn_block=32, reduce_slots=4, kv_count=256, ring_fifo=8)
 NODE_CONFIGS: dict[str, NodeConfig] = {c.name: c for c in (KR260, SIM)}
 
 _CAPS_FIELDS: tuple[tuple[str, int, str], ...] = (
@@ -103,7 +100,7 @@ def caps_register() -> Register:
 def caps_value(cfg: NodeConfig) -> int:
     vals = {"kv_count_log2": cfg.kv_count.bit_length() - 1, "reduce_slots": cfg.reduce_slots,
             "gemm_arrays": cfg.gemm_arrays, "attn_lanes_log2": cfg.attn_lanes.bit_length() - 1,
-            "ring_max_log2": cfg.ring_max_log2, "links": cfg.links}
+            "ring_max_log2": CMD_RING_MAX_LOG2, "links": cfg.links}
     word = 0
     for fld, off in caps_register().offsets():
         if not 0 <= vals[fld.name] < (1 << fld.width):

@@ -58,11 +58,29 @@ def _sat(m: Module, value, width: int, name: str):
 
 class GemmEngine(wiring.Component):
     """One node's INT4 GEMM: ``Y[M, N] = epilogue(X[M, K] · W[N, K]ᵀ)`` in tiles of ``rows``,
-    jobs back to back.
+    jobs back to back, on ``arrays`` token-parallel copies of the dot-product array.
 
     Parameters: ``rows`` × ``lanes`` array (:class:`GemmArray`), ``group``, ``k_max``,
-    ``m_max``, ``jobs`` (queue depth). Stream beats are ``lanes·8`` bits wide (one k-step of
-    activations per beat; 128 bits for 16 lanes — the ZU+ HP port width).
+    ``m_max``, ``jobs`` (queue depth), ``arrays`` (1, 2 or 4; 4 on the kr260, docs/node.md
+    §11), ``w_width`` (bits of ``w_in``, a multiple of the beat dividing a weight word
+    ``rows·lanes·4``; default one beat; 512 on the kr260: four HP ports in lockstep, §4).
+    Stream beats of ``x_in`` and ``o`` are ``lanes·8`` bits wide (one k-step of activations
+    per beat; 128 bits for 16 lanes — the ZU+ HP port width).
+
+    Token parallelism: token ``t`` of a job runs on array ``t mod arrays`` (the activation
+    bank is split into ``arrays`` sub-banks the same way); the ``arrays`` arrays take the same
+    weight word and k-step in the same cycle, each on its own token. A tile therefore takes
+    ``ceil(m_count / arrays) · k_steps`` cycles and reads each weight word ``ceil(m_count /
+    arrays)`` times; job descriptor, stream formats and output order do not depend on
+    ``arrays`` (``arrays=1`` is the single-array engine).
+
+    Weight rate (what ``w_in`` must bring for one k-step per cycle): a tile is ``k_steps``
+    words of ``rows·lanes·4`` bits plus its scales and bias, used for ``ceil(m / arrays) ·
+    k_steps`` cycles, so ``w_in`` needs ``rows·lanes·4 / ceil(m / arrays)`` bits per cycle
+    (+ 1/8 for scales at group 128): 64 bits/cycle for the kr260's 64-token chunk (16 × 16,
+    4 arrays) — a 128-bit ``w_in`` suffices from ``m ≥ 32``; below that (decode, ``m = 1``:
+    1,024 bits per step) the engine runs at the ``w_in`` rate, which is why the kr260 widens
+    ``w_in`` to 512 bits (a k-step every 2 cycles at ``m = 1``).
 
     Members
     -------
@@ -75,12 +93,14 @@ class GemmEngine(wiring.Component):
         (:func:`mcf.quant.pack_token_scale`), then ``m_count · k_steps`` beats of INT8
         activations, token-major (:func:`mcf.abi.compute.gemm_x_stream`). Two activation
         banks (ping-pong): job j+1's chunk loads while job j computes; computing starts as soon
-        as the first token's beats have arrived. ``ready`` is low while no queued job has a
-        free bank.
+        as the steps it needs have arrived. ``ready`` is low
+        while no queued job has a free bank.
     w_in : In(stream)
         Per job, ``n_tiles`` tile blobs (:func:`mcf.quant.gemm_tile_blob`): ``k_steps · rows /
         2`` weight beats, ``K / group · rows · 16 / beat`` scale beats, ``rows · 32 / beat``
-        bias beats. Two tile banks (ping-pong) shared across jobs: a tile — also the next job's
+        bias beats, in ``w_width``-bit words: a tile's scales and bias are padded to a whole
+        word (:func:`mcf.abi.compute.gemm_w_stream`; no padding when ``w_width`` is the beat).
+        Two tile banks (ping-pong) shared across jobs: a tile — also the next job's
         first — loads while the previous one computes. ``ready`` is low while no job is
         queued for it or both banks are held.
     o : Out(stream)
@@ -89,17 +109,22 @@ class GemmEngine(wiring.Component):
     busy : Out(1)
         A job is queued or in flight.
     status : Out(:data:`mcf.abi.compute.GEMM_STATUS`)
-        Counters (wrap): jobs accepted / done / rejected, tiles done, k-steps issued (each
-        ``rows · lanes`` MACs), cycles with a job in flight, x and w beats taken.
+        Counters (wrap): jobs accepted / done / rejected, tiles done, k-steps issued (per
+        array: each ``rows · lanes`` MACs), cycles with a job in flight, x and w words taken.
 
     Latency: a tile's first result leaves ``k_steps + array latency + 5`` cycles after it
-    starts computing; steady state is one k-step per cycle (``rows · lanes`` MACs), across job
-    boundaries too, as long as the next tile and the next job's activations have loaded.
+    starts computing; steady state is one k-step per cycle on every array (``arrays · rows ·
+    lanes`` MACs), across job boundaries too, as long as the next tile and the next job's
+    activations have loaded. The epilogue handles one output lane per cycle, ``rows`` cycles
+    per token: with ``arrays · rows > k_steps`` (K < 1,024 at 16 × 16, 4 arrays) it, not the
+    arrays, sets the rate.
     """
 
     def __init__(self, rows: int = 16, lanes: int = 16, group: int = GROUP_SIZE,
-                 k_max: int = 8960, m_max: int = 64, jobs: int = 4):
+                 k_max: int = 8960, m_max: int = 64, jobs: int = 4, arrays: int = 1,
+                 w_width: int | None = None):
         beat = lanes * XQ.width
+        w_width = beat if w_width is None else w_width
         if (rows * SCALE_MANT_BITS) % beat or (rows * ACT.width) % beat or beat % 32:
             raise ValueError("rows·16 and rows·32 must be multiples of the beat (lanes·8)")
         if k_max % group or (group // lanes) & (group // lanes - 1) or lanes & (lanes - 1):
@@ -107,13 +132,19 @@ class GemmEngine(wiring.Component):
                              "powers of 2")
         if jobs < 2 or jobs & (jobs - 1):
             raise ValueError("the job queue depth must be a power of 2, at least 2")
+        if arrays < 1 or arrays & (arrays - 1):
+            raise ValueError("arrays must be a power of 2")
+        if w_width % beat or (rows * lanes * WEIGHT.width) % w_width:
+            raise ValueError("w_width must be a multiple of the beat dividing rows·lanes·4")
         self.rows, self.lanes, self.group = rows, lanes, group
         self.k_max, self.m_max, self.beat, self.jobs = k_max, m_max, beat, jobs
-        self.array = GemmArray(rows, lanes, group)
+        self.n_arrays, self.w_width = arrays, w_width
+        self.arrays = [GemmArray(rows, lanes, group) for _ in range(arrays)]
+        self.array = self.arrays[0]
         super().__init__({
             "job": In(stream.Signature(GEMM_JOB)),
             "x_in": In(stream.Signature(unsigned(beat))),
-            "w_in": In(stream.Signature(unsigned(beat))),
+            "w_in": In(stream.Signature(unsigned(w_width))),
             "o": Out(stream.Signature(unsigned(beat))),
             "busy": Out(1),
             "status": Out(GEMM_STATUS),
@@ -128,18 +159,33 @@ class GemmEngine(wiring.Component):
         g_max = self.k_max // G
         tpb = B // 32                               # 32-bit words per beat
         lg_tpb = tpb.bit_length() - 1
-        XD = self.m_max * ks_max                    # words per activation bank
+        A = self.n_arrays
+        lg_a = A.bit_length() - 1
+        W = self.w_width
+        XD = -(-self.m_max // A) * ks_max           # words per activation (sub-)bank
         TD = -(-self.m_max // tpb)                  # scale beats per bank
         BT = R // tpb                               # bias beats per tile
         st = self.status
-        m.submodules.array = arr = self.array
+        arrs = self.arrays
+        if A == 1:
+            m.submodules.array = arrs[0]
+        else:
+            for a, arr_a in enumerate(arrs):
+                m.submodules[f"array{a}"] = arr_a
 
         w_word = R * L * WEIGHT.width
-        w_beats = w_word // B                       # beats per weight word (rows / 2)
+        w_beats = w_word // W                       # w_in words per weight word
+        nsub = W // B                               # beats per w_in word (scales, bias)
         s_word = R * SCALE_MANT_BITS
         s_beats = s_word // B
 
-        m.submodules.xmem = xmem = memory.Memory(shape=unsigned(B), depth=2 * XD, init=[])
+        # activation sub-bank a holds tokens a, a + A, …: row (t // A)·k_steps + step
+        xmems = [memory.Memory(shape=unsigned(B), depth=2 * XD, init=[]) for _ in range(A)]
+        if A == 1:
+            m.submodules.xmem = xmems[0]
+        else:
+            for a, xm in enumerate(xmems):
+                m.submodules[f"xmem{a}"] = xm
         m.submodules.tmem = tmem = memory.Memory(shape=unsigned(B), depth=2 * TD, init=[])
         m.submodules.wmem = wmem = memory.Memory(shape=unsigned(w_word), depth=2 * ks_max,
                                                  init=[])
@@ -180,29 +226,38 @@ class GemmEngine(wiring.Component):
         # --- activation loader: job xp into bank xp[0] (scale beats, then codes) ------------
         xbusy = Signal(2)                           # bank loaded or loading, not yet released
         x_on = Signal()
-        x_cnt = Signal(range(XD + 1))
-        x_total = Signal(range(XD + 1))
+        x_tok = Signal(range(self.m_max + 1))       # token being loaded, its step, its row
+        x_step = Signal(range(ks_max + 1))
+        x_row = Signal(range(XD + 1))
         t_cnt = Signal(range(TD + 1))
         t_total = Signal(range(TD + 1))
-        xw = xmem.write_port()
+        xws = [xm.write_port() for xm in xmems]
         tw = tmem.write_port()
+        x_m_, x_k_ = jm[slot(xp)], jk[slot(xp)]
         with m.If(~x_on & (xp != wp) & ~xbusy.bit_select(xp[0], 1)):
             m.d.sync += [x_on.eq(1), xbusy.bit_select(xp[0], 1).eq(1),
-                         x_total.eq(jm[slot(xp)] * jk[slot(xp)]),
-                         t_total.eq((jm[slot(xp)] + (tpb - 1)) >> lg_tpb)]
+                         t_total.eq((x_m_ + (tpb - 1)) >> lg_tpb)]
         m.d.comb += [self.x_in.ready.eq(x_on),
-                     xw.addr.eq(x_cnt + Mux(xp[0], XD, 0)), xw.data.eq(self.x_in.payload),
                      tw.addr.eq(t_cnt + Mux(xp[0], TD, 0)), tw.data.eq(self.x_in.payload)]
+        for xw in xws:
+            m.d.comb += [xw.addr.eq(x_row + x_step + Mux(xp[0], XD, 0)),
+                         xw.data.eq(self.x_in.payload)]
         with m.If(self.x_in.valid & x_on):
             m.d.sync += st.x_beats.eq(st.x_beats + 1)
             with m.If(t_cnt != t_total):
                 m.d.comb += tw.en.eq(1)
                 m.d.sync += t_cnt.eq(t_cnt + 1)
             with m.Else():
-                m.d.comb += xw.en.eq(1)
-                m.d.sync += x_cnt.eq(x_cnt + 1)
-                with m.If(x_cnt == x_total - 1):
-                    m.d.sync += [x_on.eq(0), xp.eq(xp + 1), x_cnt.eq(0), t_cnt.eq(0)]
+                for a, xw in enumerate(xws):
+                    m.d.comb += xw.en.eq(x_tok[:lg_a] == a if A > 1 else 1)
+                m.d.sync += x_step.eq(x_step + 1)
+                with m.If(x_step == x_k_ - 1):
+                    m.d.sync += [x_step.eq(0), x_tok.eq(x_tok + 1)]
+                    with m.If(x_tok[:lg_a] == A - 1 if A > 1 else 1):
+                        m.d.sync += x_row.eq(x_row + x_k_)
+                    with m.If(x_tok == x_m_ - 1):
+                        m.d.sync += [x_on.eq(0), xp.eq(xp + 1), x_tok.eq(0), x_row.eq(0),
+                                     t_cnt.eq(0)]
 
         # --- tile loader: tiles of job lp into bank lb (ping-pong across jobs) --------------
         full = Signal(2)                            # bank held: loaded, results not all out
@@ -217,16 +272,31 @@ class GemmEngine(wiring.Component):
         sub = Signal(range(max(w_beats, s_beats, 2) + 1))
         asm = Signal(max(w_word, s_word))
         l_k = jk[slot(lp)]
+        w_ok = Signal()
+        # scales and bias come one beat at a time: beat ws of the w_in word; the word is
+        # taken at its last beat or at the end of the tile (padding)
+        ws = Signal(range(max(nsub, 2)))
+        part = self.w_in.payload.word_select(ws, B) if nsub > 1 else self.w_in.payload
         new_asm = Signal.like(asm)
+        new_asm_s = Signal.like(asm)
+        tile_end = Signal()
         m.d.comb += [
-            new_asm.eq(Cat(asm[B:], self.w_in.payload)),
-            self.w_in.ready.eq((lp != wp) & ~full.bit_select(lb, 1)),
+            new_asm.eq(Cat(asm[W:], self.w_in.payload)),
+            new_asm_s.eq(Cat(asm[B:], part)),
+            tile_end.eq((phase == 2) & (wcnt == BT - 1)),
+            w_ok.eq((lp != wp) & ~full.bit_select(lb, 1)),
+            self.w_in.ready.eq(w_ok & ((phase == 0) | (ws == nsub - 1) | tile_end)
+                               if nsub > 1 else w_ok),
             ww.addr.eq(wcnt + Mux(lb, ks_max, 0)), ww.data.eq(new_asm[len(asm) - w_word:]),
-            sw.addr.eq(wcnt + Mux(lb, g_max, 0)), sw.data.eq(new_asm[len(asm) - s_word:]),
-            bw.addr.eq(wcnt + Mux(lb, BT, 0)), bw.data.eq(self.w_in.payload),
+            sw.addr.eq(wcnt + Mux(lb, g_max, 0)), sw.data.eq(new_asm_s[len(asm) - s_word:]),
+            bw.addr.eq(wcnt + Mux(lb, BT, 0)), bw.data.eq(part),
         ]
         with m.If(self.w_in.valid & self.w_in.ready):
             m.d.sync += st.w_beats.eq(st.w_beats + 1)
+        with m.If(self.w_in.valid & w_ok):
+            if nsub > 1:
+                with m.If(phase != 0):
+                    m.d.sync += ws.eq(Mux((ws == nsub - 1) | tile_end, 0, ws + 1))
             with m.If(phase == 0):
                 m.d.sync += asm.eq(new_asm)
                 with m.If(sub == w_beats - 1):
@@ -237,7 +307,7 @@ class GemmEngine(wiring.Component):
                 with m.Else():
                     m.d.sync += sub.eq(sub + 1)
             with m.Elif(phase == 1):
-                m.d.sync += asm.eq(new_asm)
+                m.d.sync += asm.eq(new_asm_s)
                 with m.If(sub == s_beats - 1):
                     m.d.comb += sw.en.eq(1)
                     m.d.sync += [sub.eq(0), wcnt.eq(wcnt + 1)]
@@ -248,7 +318,7 @@ class GemmEngine(wiring.Component):
             with m.Else():
                 m.d.comb += bw.en.eq(1)
                 m.d.sync += wcnt.eq(wcnt + 1)
-                with m.If(wcnt == BT - 1):
+                with m.If(tile_end):
                     m.d.sync += [full.bit_select(lb, 1).eq(1), avail.bit_select(lb, 1).eq(1),
                                  lb.eq(~lb), phase.eq(0),
                                  wcnt.eq(0), tl.eq(tl + 1)]
@@ -256,54 +326,72 @@ class GemmEngine(wiring.Component):
                         m.d.sync += [tl.eq(0), lp.eq(lp + 1)]
 
         # --- issuer: k-steps of the tile in bank ib, activations of job ip ------------------
+        # tokens mi .. mi + A − 1 (those < m_count) run on arrays 0 .. A − 1, same k-step
         ib = Signal()
         issuing = Signal()
         ti = Signal.like(tl)
-        mi = Signal(range(self.m_max + 1))
+        mi = Signal(range(self.m_max + A))
         si = Signal(range(ks_max + 1))
         gi = Signal(range(spg))
         xrow = Signal(range(XD + 1))
-        xaddr = Signal(range(XD + 1))
         x_ok = Signal()
+        t_last = Signal.like(mi)                    # the group's last token
         i_m, i_k = jm[slot(ip)], jk[slot(ip)]
-        xr = xmem.read_port()
+        xrs = [xm.read_port() for xm in xmems]
         wr = wmem.read_port()
         sr = smem.read_port()
-        go = arr.i.ready
-        # a step may use row xaddr once the loader wrote it (early start on the first tile)
-        m.d.comb += [xaddr.eq(xrow + si), x_ok.eq((xp != ip) | (x_cnt > xaddr)),
-                     xr.en.eq(go), wr.en.eq(go), sr.en.eq(go),
-                     xr.addr.eq(xaddr + Mux(ip[0], XD, 0)),
-                     wr.addr.eq(si + Mux(ib, ks_max, 0)),
-                     sr.addr.eq((si >> lg_spg) + Mux(ib, g_max, 0))]
-        v0, g0, l0 = Signal(), Signal(), Signal()
+        go = Signal()
+        m.d.comb += go.eq(Cat(*[arr_a.i.ready for arr_a in arrs]).all())
+        # a step may use a row once the loader wrote it (early start on the first tile)
+        m.d.comb += [
+            t_last.eq(Mux(mi + (A - 1) < i_m, mi + (A - 1), i_m - 1) if A > 1 else mi),
+            x_ok.eq((xp != ip) | (x_tok > t_last) | ((x_tok == t_last) & (x_step > si))),
+            wr.en.eq(go), sr.en.eq(go),
+            wr.addr.eq(si + Mux(ib, ks_max, 0)),
+            sr.addr.eq((si >> lg_spg) + Mux(ib, g_max, 0))]
+        for xr in xrs:
+            m.d.comb += [xr.en.eq(go), xr.addr.eq(xrow + si + Mux(ip[0], XD, 0))]
+        v0, g0, l0 = Signal(A), Signal(), Signal()
+        last_group = Signal()
+        m.d.comb += last_group.eq(mi + A >= i_m)
         with m.If(go):
-            m.d.sync += [v0.eq(issuing & x_ok), g0.eq(gi == spg - 1), l0.eq(si == i_k - 1)]
+            m.d.sync += [v0.eq(Cat(*[(issuing & x_ok & (mi + a < i_m)) if a else issuing & x_ok
+                                     for a in range(A)])),
+                         g0.eq(gi == spg - 1), l0.eq(si == i_k - 1)]
             with m.If(issuing & x_ok):
                 m.d.sync += [si.eq(si + 1), gi.eq(gi + 1)]
                 with m.If(gi == spg - 1):
                     m.d.sync += gi.eq(0)
                 with m.If(si == i_k - 1):
-                    m.d.sync += [si.eq(0), gi.eq(0), mi.eq(mi + 1), xrow.eq(xrow + i_k)]
-                    with m.If(mi == i_m - 1):
+                    m.d.sync += [si.eq(0), gi.eq(0), mi.eq(mi + A), xrow.eq(xrow + i_k)]
+                    with m.If(last_group):
                         m.d.sync += [issuing.eq(0), ib.eq(~ib), ti.eq(ti + 1)]
                         with m.If(ti == jn[slot(ip)] - 1):
                             m.d.sync += [ti.eq(0), ip.eq(ip + 1)]
             with m.Elif(~issuing & avail.bit_select(ib, 1)):
                 m.d.sync += [issuing.eq(1), avail.bit_select(ib, 1).eq(0), mi.eq(0), si.eq(0),
                              gi.eq(0), xrow.eq(0)]
-        m.d.comb += [arr.i.valid.eq(v0), arr.i.payload.w.eq(wr.data),
-                     arr.i.payload.a.eq(xr.data), arr.i.payload.scale.eq(sr.data),
-                     arr.i.payload.glast.eq(g0), arr.i.payload.last.eq(l0)]
-        with m.If(arr.i.valid & arr.i.ready):
-            m.d.sync += st.steps.eq(st.steps + 1)
+        # an array takes a step only when all can (they share the weight word)
+        for a, (arr_a, xr) in enumerate(zip(arrs, xrs)):
+            m.d.comb += [arr_a.i.valid.eq(v0[a] & go if A > 1 else v0[a]),
+                         arr_a.i.payload.w.eq(wr.data),
+                         arr_a.i.payload.a.eq(xr.data), arr_a.i.payload.scale.eq(sr.data),
+                         arr_a.i.payload.glast.eq(g0), arr_a.i.payload.last.eq(l0)]
+        taken = [Signal(name=f"taken{a}") for a in range(A)]
+        m.d.comb += [t.eq(arr_a.i.valid & arr_a.i.ready) for t, arr_a in zip(taken, arrs)]
+        m.d.sync += st.steps.eq(st.steps + sum(taken) if A > 1 else
+                                st.steps + taken[0])
         with m.If(self.busy):
             m.d.sync += st.active_cycles.eq(st.active_cycles + 1)
 
-        # --- epilogue: job ep, tile bank eb ------------------------------------------------
-        m.submodules.rq = rq = fifo.SyncFIFOBuffered(width=R * ACC_BITS, depth=2)
-        m.d.comb += [rq.w_data.eq(arr.o.payload.as_value()), rq.w_en.eq(arr.o.valid),
-                     arr.o.ready.eq(rq.w_rdy)]
+        # --- epilogue: job ep, tile bank eb; token em's result from array em mod A --------
+        rqs = []
+        for a, arr_a in enumerate(arrs):
+            rq_a = fifo.SyncFIFOBuffered(width=R * ACC_BITS, depth=2)
+            m.submodules["rq" if A == 1 else f"rq{a}"] = rq_a
+            m.d.comb += [rq_a.w_data.eq(arr_a.o.payload.as_value()),
+                         rq_a.w_en.eq(arr_a.o.valid), arr_a.o.ready.eq(rq_a.w_rdy)]
+            rqs.append(rq_a)
         eb = Signal()
         te = Signal.like(tl)
         em = Signal(range(self.m_max + 1))
@@ -317,10 +405,13 @@ class GemmEngine(wiring.Component):
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += self.o.valid.eq(0)
         # E0: pick lane er of the current vector
-        m.d.comb += [rq.r_en.eq(~cur_v), tr.addr.eq((em >> lg_tpb) + Mux(ep[0], TD, 0)),
+        m.d.comb += [tr.addr.eq((em >> lg_tpb) + Mux(ep[0], TD, 0)),
                      br.addr.eq((er >> lg_tpb) + Mux(eb, BT, 0))]
-        with m.If(~cur_v & rq.r_rdy):
-            m.d.sync += [cur.eq(rq.r_data), cur_v.eq(1), er.eq(0)]
+        for a, rq_a in enumerate(rqs):
+            sel = (em[:lg_a] == a) if A > 1 else 1
+            m.d.comb += rq_a.r_en.eq(~cur_v & sel)
+            with m.If(~cur_v & rq_a.r_rdy & sel):
+                m.d.sync += [cur.eq(rq_a.r_data), cur_v.eq(1), er.eq(0)]
         t_word = tr.data.word_select(em[:lg_tpb], 32) if lg_tpb else tr.data
         b_word = br.data.word_select(er[:lg_tpb], 32) if lg_tpb else br.data
         x_m = t_word[:SCALE_MANT_BITS]

@@ -19,7 +19,7 @@ __all__ = [
     "DMA_ADDR_BITS", "DMA_LENGTH_BITS", "DMA_STRIDE_BITS", "DMA_COUNT_BITS", "dma_desc_layout",
     "DMA_DESC", "DmaDesc", "GEMM_JOB", "GemmJob", "GEMM_JOB_FIELD_BITS",
     "DMA_READ_STATUS", "DMA_WRITE_STATUS", "DMA_STATUS", "GEMM_STATUS", "VECTOR_STATUS",
-    "status_values", "gemm_x_stream",
+    "status_values", "gemm_x_stream", "gemm_w_stream", "gemm_w_stripes",
 ]
 
 DMA_ADDR_BITS = 40  # ZU+ HP ports take 49 bits; the K26's DDR needs 36 (upper 2 GiB at 32 GiB)
@@ -126,6 +126,35 @@ def gemm_x_stream(x_blob: bytes, m: int, k: int, beat_bytes: int) -> bytes:
     two descriptors of :meth:`GemmJob.x_descriptors` deliver."""
     scales = x_blob[m * k:m * k + 4 * m]
     return scales + bytes((-len(scales)) % beat_bytes) + x_blob[:m * k]
+
+
+def gemm_w_stream(tile_blob: bytes, k_steps: int, n_tiles: int, rows: int, lanes: int,
+                  word_bytes: int) -> bytes:
+    """The engine's weight stream for a ``w_in`` of ``word_bytes`` bytes from
+    :func:`mcf.quant.gemm_tile_blob`: per tile, the weight words, then the scale and bias
+    beats padded with zeros to a whole ``w_in`` word (the engine drops the padding). Unchanged
+    when the tile is already a whole number of words (always for ``word_bytes`` = the beat;
+    for 64 B at 16 × 16 when ``K / group`` is even)."""
+    tile = len(tile_blob) // n_tiles
+    w_bytes = k_steps * rows * lanes // 2
+    if tile * n_tiles != len(tile_blob) or w_bytes % word_bytes:
+        raise ValueError("blob is not n_tiles tiles of whole weight words")
+    out = bytearray()
+    for t in range(n_tiles):
+        blob = tile_blob[t * tile:(t + 1) * tile]
+        out += blob + bytes((-len(blob)) % word_bytes)
+    return bytes(out)
+
+
+def gemm_w_stripes(w_stream: bytes, ports: int, beat_bytes: int) -> list[bytes]:
+    """The weight stream split over ``ports`` HP ports read in lockstep (docs/node.md §4):
+    stripe ``p`` = beats ``ports·i + p``; ``w_in`` word ``i`` is beat ``i`` of every stripe,
+    stripe 0 in the low bits."""
+    word = ports * beat_bytes
+    if len(w_stream) % word:
+        raise ValueError("the stream is not a whole number of w_in words")
+    return [b"".join(w_stream[i + p * beat_bytes:i + (p + 1) * beat_bytes]
+                     for i in range(0, len(w_stream), word)) for p in range(ports)]
 
 
 DMA_READ_STATUS = counters("descs", "beats", "rejects", "errors", "last_resp")

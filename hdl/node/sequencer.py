@@ -1,0 +1,280 @@
+"""The node sequencer: one in-order executor per command queue (docs/node.md §3, §6 "Records";
+issue #11; paper §4: MARS's records run with no PS on the per-record path).
+
+Field meanings, counters, the clear (MARK) semantics, the status layout and the cycle-exact
+golden model are :mod:`mcf.abi.sequencer`'s.
+"""
+
+from __future__ import annotations
+
+from amaranth import Array, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from mcf.abi.csrmap import COUNTER_BITS
+from mcf.abi.landing import LANDED_BITS
+from mcf.abi.meta import META
+from mcf.abi.node import CLASS_QUEUES, CMD, Queue, RecordClass
+from mcf.abi.sequencer import (
+    DEFAULT_DIR_SETTLE,
+    DEFAULT_MAX_OUTSTANDING,
+    DIR_OP,
+    ENGINE_CLASSES,
+    KV_ID_BITS,
+    LANDED_WAIT_CLASSES,
+    SEQ_STATUS,
+    STREAM_OF,
+    DirOp,
+    HaltCause,
+    SeqCounter,
+)
+
+__all__ = ["QueueSequencer"]
+
+
+class QueueSequencer(wiring.Component):
+    """Executes one queue's records in order (one instance per :class:`mcf.abi.node.Queue`).
+
+    Members
+    -------
+    rec : In(stream.Signature(CMD))
+        Well-formed records from the queue's ring reader (``CmdRingReader.o``).
+    enable : In(1)
+        ``DIR_READY & SEQ<q>_CTRL.run``: records issue only while high (a raised ``valid``
+        completes its transfer regardless); low also ends an abort flush.
+    dir_kv_id : Out(16), dir_landed : In(LANDED_BITS)
+        Directory read port: ``dir_landed`` is the ``landed`` count of the ``dir_kv_id``
+        presented in the previous cycle (a synchronous memory read). The sequencer presents the
+        next record's ``meta.kv_id`` in the cycle it takes it, so the lookup costs no cycle.
+    counters : In(ArrayLayout(32, n_counters))
+        The counters WAIT tests, indexed by :class:`mcf.abi.sequencer.SeqCounter`.
+    send : Out(stream.Signature(CMD)) — both queues; the whole record.
+    dir : Out(stream.Signature(DIR_OP)), job / emit / attend : Out(stream.Signature(CMD))
+        COMPUTE only. ``job_done``, ``emit_done``, ``attend_done`` : In(1): one strobe per
+        issued record of that engine, in order; the record retires on it.
+    timeout : In(32)
+        ``SEQ_TIMEOUT``: cycles a record may wait before the queue halts (0: never).
+    skip, abort : In(1)
+        ``SEQ<q>_CTRL`` strobes (semantics in :mod:`mcf.abi.sequencer`).
+    irq_mark : Out(1)
+        One-cycle pulse, the cycle after a record with ``flags.irq`` retires (executed).
+    halted : Out(1)
+        The watchdog halted the queue (until ``skip`` or ``abort``).
+    retired : Out(32)
+        Records retired (wire it to the other queue's ``counters[OTHER_RETIRED]``).
+    status : Out(:data:`mcf.abi.sequencer.SEQ_STATUS`)
+
+    Every stream obeys the stdlib rules: ``valid`` never waits for ``ready`` and, once high,
+    stays high with a stable payload until the transfer.
+
+    Latency: a record at the input in cycle ``t`` is offered (or retires, for NOP/MARK/WAIT)
+    in cycle ``t + 1`` if its wait holds; ``irq_mark``, ``retired`` and ``status`` follow one
+    cycle after the retire. Throughput: one record per cycle while nothing waits and the issue
+    streams are ready (measured 1.00 records/cycle for header-only SENDs, ``N`` records in
+    ``N + 1`` cycles, equal to the golden model's count). After a DIR transfer, landed waits
+    use only directory reads presented ``dir_settle`` or more cycles later (the directory
+    must have applied the op by then); engine records of one class may be ``max_outstanding``
+    deep in their engine.
+    """
+
+    def __init__(self, queue: Queue, n_counters: int = len(SeqCounter),
+                 max_outstanding: int = DEFAULT_MAX_OUTSTANDING,
+                 dir_settle: int = DEFAULT_DIR_SETTLE):
+        if n_counters < 1 or max_outstanding < 1 or dir_settle < 0:
+            raise ValueError("n_counters, max_outstanding ≥ 1, dir_settle ≥ 0")
+        self._queue, self._n = Queue(queue), n_counters
+        self._max_out, self._dir_settle = max_outstanding, dir_settle
+        self._streams = [s for c, s in STREAM_OF.items() if self._queue in CLASS_QUEUES[c]]
+        ports = {
+            "rec": In(stream.Signature(CMD)),
+            "enable": In(1),
+            "dir_kv_id": Out(KV_ID_BITS),
+            "dir_landed": In(LANDED_BITS),
+            "counters": In(data.ArrayLayout(COUNTER_BITS, n_counters)),
+            "timeout": In(COUNTER_BITS),
+            "skip": In(1),
+            "abort": In(1),
+            "irq_mark": Out(1),
+            "halted": Out(1),
+            "retired": Out(COUNTER_BITS),
+            "status": Out(SEQ_STATUS),
+        }
+        for name in self._streams:
+            ports[name] = Out(stream.Signature(DIR_OP if name == "dir" else CMD))
+        for c in ENGINE_CLASSES:
+            if self._queue in CLASS_QUEUES[c]:
+                ports[f"{STREAM_OF[c]}_done"] = In(1)
+        super().__init__(ports)
+
+    @property
+    def queue(self) -> Queue:
+        return self._queue
+
+    @property
+    def streams(self) -> list[str]:
+        """Names of this queue's issue streams."""
+        return list(self._streams)
+
+    def elaborate(self, platform):
+        m = Module()
+        st = self.status
+        q = self._queue
+        classes = [c for c in RecordClass if q in CLASS_QUEUES[c]]
+        engines = [c for c in ENGINE_CLASSES if c in classes]
+
+        # the issue slot
+        s_valid = Signal()
+        s = Signal(CMD)
+        committed = Signal()        # offered (valid high), not yet transferred
+        kv = data.View(META, s.meta[:META.size]).kv_id
+
+        wd = Signal(COUNTER_BITS)
+        halted = Signal()
+        skip_req = Signal()
+        flushing = Signal()
+        pend = Signal(range(self._max_out + 1))
+        pend_cls = Signal(RecordClass)
+        irq_q = Signal(self._max_out)
+        base = Array(Signal(COUNTER_BITS, name=f"base{i}") for i in range(self._n))
+        settle = Signal(range(self._dir_settle + 1))
+        taken = Signal(COUNTER_BITS)
+
+        # decode
+        known = Signal()
+        with m.Switch(s.cls), m.Case(*classes):
+            m.d.comb += known.eq(1)
+        is_wait = Signal()
+        dir_wait = Signal()
+        m.d.comb += is_wait.eq(s.cls == RecordClass.WAIT)
+        with m.Switch(s.cls), m.Case(*LANDED_WAIT_CLASSES):
+            m.d.comb += dir_wait.eq(s.wait != 0)
+        op_ok = Signal()
+        with m.Switch(s.arg), m.Case(*DirOp):
+            m.d.comb += op_ok.eq(1)
+        bad = Signal()
+        m.d.comb += bad.eq(~known | (dir_wait & (s.wait >= (1 << LANDED_BITS))) |
+                           (is_wait & (s.arg >= self._n)) |
+                           ((s.cls == RecordClass.DIR) & ~op_ok))
+        eng = Signal()
+        with m.Switch(s.cls), m.Case(*engines):
+            m.d.comb += eng.eq(~bad)
+
+        # conditions
+        cidx_bits = max(1, (self._n - 1).bit_length())
+        cnt = Signal(COUNTER_BITS)
+        m.d.comb += cnt.eq(self.counters[s.arg[:cidx_bits]] - base[s.arg[:cidx_bits]])
+        cond = Signal()
+        m.d.comb += cond.eq(Mux(is_wait, cnt >= s.wait,
+                                ~dir_wait | ((settle == 0) & (self.dir_landed >= s.wait))))
+        order_ok = Signal()
+        m.d.comb += order_ok.eq((pend == 0) | (eng & (s.cls == pend_cls) &
+                                               (pend < self._max_out)))
+        active = Signal()
+        m.d.comb += active.eq(s_valid & self.enable & ~halted & ~flushing & order_ok)
+
+        # issue
+        has_stream = Signal()
+        offer = Signal()
+        xfer = Signal()
+        for name in self._streams:
+            port = getattr(self, name)
+            cls = next(c for c, n in STREAM_OF.items() if n == name)
+            mine = Signal(name=f"is_{name}")
+            m.d.comb += mine.eq((s.cls == cls) & ~bad)
+            m.d.comb += port.valid.eq(offer & mine)
+            with m.If(mine):
+                m.d.comb += [has_stream.eq(1), xfer.eq(offer & port.ready)]
+            if name == "dir":
+                m.d.comb += [port.payload.op.eq(s.arg[:DIR_OP["op"].width]),
+                             port.payload.kv_id.eq(kv), port.payload.count.eq(s.wait)]
+            else:
+                m.d.comb += port.payload.eq(s)
+        m.d.comb += offer.eq(has_stream & s_valid & (committed | (active & cond)))
+        go_ns = Signal()
+        skip_act = Signal()
+        leave = Signal()
+        waiting = Signal()
+        drop_s = Signal()
+        m.d.comb += [
+            go_ns.eq(active & (bad | (~has_stream & cond))),
+            skip_act.eq(s_valid & halted & (self.skip | skip_req) & (pend == 0)),
+            leave.eq(xfer | go_ns | skip_act),
+            waiting.eq(active & ~committed & ~bad & ~cond),
+            drop_s.eq(flushing & s_valid & ~committed),
+        ]
+
+        # retire
+        imm = Signal()
+        done_ret = Signal()
+        stray = Signal()
+        m.d.comb += imm.eq((xfer & ~eng) | go_ns | skip_act)
+        for c in engines:
+            done = getattr(self, f"{STREAM_OF[c]}_done")
+            mine = (pend != 0) & (pend_cls == c)
+            with m.If(done & mine):
+                m.d.comb += done_ret.eq(1)
+            with m.If(done & ~mine):
+                m.d.comb += stray.eq(1)
+        m.d.sync += [
+            self.irq_mark.eq((imm & ~skip_act & ~bad & s.flags.irq) | (done_ret & irq_q[0])),
+            st.retired.eq(st.retired + (imm | done_ret)),
+            st.wait_cycles.eq(st.wait_cycles + waiting),
+            st.aborted.eq(st.aborted + drop_s + (self.rec.valid & self.rec.ready & flushing)),
+            st.bad_runtime.eq(st.bad_runtime + (go_ns & bad) + stray),
+        ]
+        m.d.comb += [self.retired.eq(st.retired), self.halted.eq(halted)]
+        with m.If(go_ns & ~bad & (s.cls == RecordClass.MARK)):
+            m.d.sync += st.marks.eq(st.marks + 1)
+            for i in range(self._n):
+                with m.If(s.arg[i]):
+                    m.d.sync += base[i].eq(self.counters[i])
+
+        # engine records outstanding: count, class, irq flags (head at bit 0)
+        push = Signal()
+        m.d.comb += push.eq(xfer & eng)
+        with m.If(push):
+            m.d.sync += pend_cls.eq(s.cls)
+        slot = Signal(range(self._max_out + 1))
+        m.d.comb += slot.eq(pend - done_ret)
+        m.d.sync += [
+            pend.eq(slot + push),
+            irq_q.eq((irq_q >> done_ret) | ((push & s.flags.irq) << slot)),
+        ]
+        with m.If(xfer & (s.cls == RecordClass.DIR)):
+            m.d.sync += settle.eq(self._dir_settle)
+        with m.Elif(settle != 0):
+            m.d.sync += settle.eq(settle - 1)
+
+        # input and the directory lookup of the record being taken
+        m.d.comb += [
+            self.rec.ready.eq(Mux(flushing, ~(s_valid & committed), ~s_valid | leave)),
+            self.dir_kv_id.eq(Mux(s_valid & ~leave, kv,
+                                  data.View(META, self.rec.payload.meta[:META.size]).kv_id)),
+        ]
+        take = self.rec.valid & self.rec.ready
+        with m.If(take):
+            m.d.sync += taken.eq(taken + 1)
+        with m.If(take & ~flushing):
+            m.d.sync += [s.eq(self.rec.payload), s_valid.eq(1), committed.eq(0), wd.eq(0)]
+        with m.Elif(leave | drop_s):
+            m.d.sync += [s_valid.eq(0), committed.eq(0)]
+        with m.Else():
+            m.d.sync += [committed.eq(offer & ~xfer), wd.eq(wd + waiting)]
+
+        # watchdog, skip, abort
+        with m.If(waiting & (self.timeout != 0) & (wd >= self.timeout - 1)):
+            m.d.sync += [halted.eq(1), st.timeouts.eq(st.timeouts + 1),
+                         st.halt_index.eq(taken - 1), st.halt.halted.eq(1),
+                         st.halt.queue.eq(q),
+                         st.halt.cause.eq(Mux(is_wait, HaltCause.COUNTER, HaltCause.LANDED)),
+                         st.halt.kv_id.eq(Mux(is_wait, s.arg[:KV_ID_BITS], kv))]
+        with m.If(skip_act):
+            m.d.sync += [halted.eq(0), skip_req.eq(0), st.halt.halted.eq(0),
+                         st.skipped.eq(st.skipped + 1)]
+        with m.Elif(halted & self.skip):
+            m.d.sync += skip_req.eq(1)
+        with m.If(self.abort):
+            m.d.sync += [flushing.eq(1), halted.eq(0), skip_req.eq(0), st.halt.halted.eq(0)]
+        with m.Elif(flushing & ~self.enable):
+            m.d.sync += flushing.eq(0)
+        return m

@@ -16,16 +16,15 @@ import random
 import pytest
 from amaranth.sim import Simulator
 
+from mcf.abi.directory import DIR_OP, DirOp
 from mcf.abi.landing import LANDED_BITS
 from mcf.abi.meta import Meta
 from mcf.abi.node import CLASS_QUEUES, CMD, Cmd, Queue, RecordClass
 from mcf.abi.sequencer import (
-    DIR_OP,
     ENGINE_CLASSES,
     LANDED_WAIT_CLASSES,
     SEQ_STATUS,
     STREAM_OF,
-    DirOp,
     HaltCause,
     SeqCounter,
     SeqInputs,

@@ -12,19 +12,18 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.csrmap import COUNTER_BITS
+from mcf.abi.directory import DIR_OP, DirOp
 from mcf.abi.landing import LANDED_BITS
 from mcf.abi.meta import META
 from mcf.abi.node import CLASS_QUEUES, CMD, Queue, RecordClass
 from mcf.abi.sequencer import (
     DEFAULT_DIR_SETTLE,
     DEFAULT_MAX_OUTSTANDING,
-    DIR_OP,
     ENGINE_CLASSES,
     KV_ID_BITS,
     LANDED_WAIT_CLASSES,
     SEQ_STATUS,
     STREAM_OF,
-    DirOp,
     HaltCause,
     SeqCounter,
 )

@@ -14,8 +14,8 @@ class   wait operand                ``arg``                                     
 NOP     —                           —                                           — / when it leaves
 SEND    landed wait on the packet   — (``meta`` is the packet's ``Meta``,       ``send`` / at the
         ``meta.kv_id``              ``src`` the payload source)                 transfer
-DIR     landed wait; also the count :class:`DirOp` code (FREE, DRAIN)           ``dir`` (a
-        a FREE releases                                                         :data:`DIR_OP`) / at
+DIR     landed wait; also the count ``mcf.abi.directory.DirOp`` code           ``dir`` (a
+        a FREE releases             (FREE, DRAIN)                               ``DIR_OP``) / at
                                                                                 the transfer
 JOB     —                           opaque (template index, tokens): engine's   ``job`` / on
                                                                                 ``job_done``
@@ -46,9 +46,9 @@ ATTEND. Everything else retires when it leaves the issue slot.
 
 **Bad at run time** (``bad_runtime`` += 1, retired unexecuted, no interrupt, the queue runs on):
 a class the queue does not run or an unassigned class, a WAIT on a counter index ≥
-``len(SeqCounter)``, a landed wait ≥ 2^``LANDED_BITS`` (no count can reach it), a DIR with an
-unassigned :class:`DirOp`; also (+1 per cycle) an engine ``*_done`` strobe with no record of
-that engine outstanding.
+``len(SeqCounter)``, a landed wait ≥ 2^``LANDED_BITS`` (the directory's count saturates below
+it), a DIR with an unassigned ``DirOp``; also (+1 per cycle) an engine ``*_done`` strobe with
+no record of that engine outstanding.
 
 **Watchdog, skip, abort.** A record blocked on its wait for ``timeout`` cycles (0: never) halts
 the queue: ``halted`` = 1, ``timeouts`` += 1 and :data:`SEQ_HALT` / ``halt_index`` are
@@ -72,13 +72,14 @@ from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
 from .csrmap import COUNTER_BITS, counters
+from .directory import DIR_OP, DirOp
 from .landing import LANDED_BITS
 from .meta import META
 from .node import CLASS_QUEUES, CMD, CMD_FLAGS, N_QUEUES, Queue, RecordClass
 from .regs import Access, Field, Register, status_registers
 
 __all__ = [
-    "SeqCounter", "HaltCause", "DirOp", "DIR_OP", "SEQ_COUNTERS", "SEQ_HALT", "SEQ_STATUS",
+    "SeqCounter", "HaltCause", "SEQ_COUNTERS", "SEQ_HALT", "SEQ_STATUS",
     "SEQ_CTRL", "KV_ID_BITS", "ENGINE_CLASSES", "STREAM_OF", "LANDED_WAIT_CLASSES",
     "sequencer_registers", "SeqInputs", "SeqOutputs", "SequencerModel", "DEFAULT_DIR_SETTLE",
     "DEFAULT_MAX_OUTSTANDING",
@@ -101,22 +102,6 @@ class HaltCause(enum.Enum, shape=2):
     COUNTER = 1     # a WAIT record: ``SEQ_HALT.kv_id`` holds the counter index
     LANDED = 2      # a landed wait: ``SEQ_HALT.kv_id`` holds ``meta.kv_id``
 
-
-# ``mcf.abi.directory`` (DirOp, DIR_OP) did not exist when this was written: a private copy with
-# exactly the agreed fields; replace by an import once that module lands.
-class DirOp(enum.Enum, shape=1):
-    """A DIR record's directory operation (``CMD.arg``)."""
-    FREE = 0    # release ``count`` landed packets of ``kv_id`` (a semaphore)
-    DRAIN = 1   # mark ``kv_id`` DRAINING
-
-
-DIR_OP = data.StructLayout({
-    "op": DirOp,
-    "kv_id": unsigned(KV_ID_BITS),
-    "count": unsigned(LANDED_BITS),
-})
-"""The ``dir`` issue stream's payload: op = ``arg``, ``kv_id`` = ``meta.kv_id``, ``count`` =
-``wait`` (a FREE releases the packets it waited for)."""
 
 ENGINE_CLASSES = (RecordClass.JOB, RecordClass.EMIT, RecordClass.ATTEND)
 LANDED_WAIT_CLASSES = (RecordClass.SEND, RecordClass.DIR, RecordClass.EMIT, RecordClass.ATTEND)

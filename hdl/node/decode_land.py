@@ -1,0 +1,406 @@
+"""Decode lander: ``Op.QUERY`` payloads → their QBUF slot, a root's final ``(m, l, o)`` state →
+``o / l`` → its OBUF row, each counted after the write is acknowledged (docs/node.md §5
+"Landing engine", §7; §6 rule 1: a local sink that always drains; paper §4 end).
+
+The slot and row rules, the drop rules, the configuration and the status counters are
+:mod:`mcf.abi.decode_land`'s; :class:`mcf.abi.decode_land.DecodeLandModel` is the golden model.
+The normaliser is the attention engine's arithmetic (:class:`mcf.hdl.compute.recip.Recip`,
+``round_shift_var``, ``sat``: :func:`mcf.abi.softmax.normalize` bit for bit), two words per
+cycle with one reciprocal per packet in flight.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from mcf.abi.decode_land import (
+    DEC_ADDR_BITS,
+    DECODE_LAND_CONFIG,
+    DECODE_LAND_STATUS,
+    obuf_row_bytes,
+    state_bytes,
+)
+from mcf.abi.framing import MAX_PAYLOAD, parsed_layout
+from mcf.abi.meta import META, Op, ReduceOp
+from mcf.abi.query import QUERY_HEADER, QUERY_HEADER_BYTES, query_head_bytes
+from mcf.abi.softmax import LANE_BITS, RECIP_IN_BITS
+
+from ..compute.fixed_ops import round_shift_var, sat
+from ..compute.recip import Recip
+from ..mem.axi import (
+    BOUNDARY_BYTES,
+    MAX_BURST_BEATS,
+    AXI4Signature,
+    AxiResp,
+    descriptor_layout,
+)
+from ..mem.dma import DmaWriter
+
+__all__ = ["DecodeLander", "PacketUpsizer", "packet_beat_layout"]
+
+PACKET_WIDTH = 64   # docs/node.md §1: every packet stream is 64 bits
+WORDS = PACKET_WIDTH // LANE_BITS
+
+if QUERY_HEADER_BYTES * 8 != PACKET_WIDTH:  # pragma: no cover - the header is beat 0
+    raise AssertionError("the query header must fill exactly the first 64-bit beat")
+
+
+def packet_beat_layout(width: int = PACKET_WIDTH) -> data.StructLayout:
+    """A packet's payload beat without its Meta: ``data`` and ``last``."""
+    return data.StructLayout({"data": unsigned(width), "last": unsigned(1)})
+
+
+class PacketUpsizer(wiring.Component):
+    """64-bit packet beats → ``width``-bit words: each packet's beats packed from lane 0, the
+    word flushed when full or at the packet's ``last`` beat (so every packet starts a word).
+
+    Members
+    -------
+    i : In(stream.Signature(packet_beat_layout(64)))
+    o : Out(stream.Signature(unsigned(width)))
+
+    Latency 0 (``o`` is combinational on the beat that completes a word); one beat per cycle.
+    ``o.valid`` depends only on ``i.valid`` and the lane count; ``i.ready`` is high except
+    while a completing beat waits for ``o.ready``.
+    """
+
+    def __init__(self, width: int = 128):
+        if width % PACKET_WIDTH:
+            raise ValueError(f"width must be a multiple of {PACKET_WIDTH}")
+        self.width = width
+        super().__init__({
+            "i": In(stream.Signature(packet_beat_layout())),
+            "o": Out(stream.Signature(unsigned(width))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        ratio = self.width // PACKET_WIDTH
+        acc = Signal(self.width)
+        cnt = Signal(range(ratio))
+        lanes = Cat(*(Mux(cnt == k, self.i.payload.data,
+                          acc[k * PACKET_WIDTH:(k + 1) * PACKET_WIDTH]) for k in range(ratio)))
+        flush = Signal()
+        m.d.comb += [flush.eq(self.i.payload.last | (cnt == ratio - 1)),
+                     self.o.valid.eq(self.i.valid & flush), self.o.payload.eq(lanes),
+                     self.i.ready.eq(~flush | self.o.ready)]
+        with m.If(self.i.valid & self.i.ready):
+            with m.If(flush):
+                m.d.sync += [acc.eq(0), cnt.eq(0)]
+            with m.Else():
+                m.d.sync += [acc.eq(lanes), cnt.eq(cnt + 1)]
+        return m
+
+
+class DecodeLander(wiring.Component):
+    """Lands decode queries in QBUF and normalised final states in OBUF.
+
+    Parameters
+    ----------
+    head_dim : int
+        Query head dimension (the attention engine's; ``kr260`` 128, ``sim`` 16): a final
+        state is ``4 · (2 + head_dim)`` bytes, an OBUF row ``4 · head_dim``.
+    axi_width : int
+        Data width of the AXI4 write master (128, the HP port); a multiple of 64.
+    outstanding : int
+        Write bursts in flight (:class:`mcf.hdl.mem.dma.DmaWriter`).
+    fifo_depth : int
+        Payload FIFO entries (``axi_width``-bit words) before the writer.
+
+    Members
+    -------
+    i : In(stream.Signature(parsed_layout(64)))
+        Local QUERY and PARTIAL_STATE packets (``LocalSink``): Meta beside every beat, ``last``
+        on the final one, ``ceil(length / 8)`` beats (a header-only packet: one beat); ``keep``
+        is not used. Any other packet is dropped and counted.
+    cfg : In(:data:`mcf.abi.decode_land.DECODE_LAND_CONFIG`)
+        ``qbuf_base``, ``obuf_base`` (40-bit byte addresses), ``q_slot`` (QBUF slot stride),
+        ``q_heads`` (H_q), ``tag_base`` (the token's ``decode_tag(k, 0)``); sampled on each
+        packet's first beat.
+    bus : Out(AXI4Signature(data_width=axi_width))
+        Write master (AW/W/B; AR/R tied off). INCR bursts, never across 4 KiB; one AXI ID.
+    status : Out(:data:`mcf.abi.decode_land.DECODE_LAND_STATUS`)
+        ``queries_landed``, ``results_landed`` (one cycle after the last B response of the
+        packet's write, OKAY), ``drop_op``, ``drop_reduce_op``, ``drop_length``, ``drop_slot``,
+        ``write_errors`` (a write answered SLVERR/DECERR: not landed), ``framing_errors`` (a
+        landing packet whose beats disagreed with ``length``: cut, or padded with zeros).
+
+    Structure: beat → stage 1 (register; slot index · ``q_slot``, row · row bytes, the query
+    length ``8 + heads · query_head_bytes``) → stage 2 (the packet's fate, latched on its first
+    beat; address) → framing guard (exactly ``ceil(length / 8)`` beats go on) → a state's
+    first beat (``m``, ``l``) feeds the reciprocal pipeline (:class:`Recip`, 3 cycles) whose
+    factors queue per packet, its ``o`` beats and a query's beats queue in a 16-beat FIFO →
+    normaliser (``o · r`` registered, then ``sat32(round_half_up(· >> e))``, two words per
+    beat; queries pass) → :class:`PacketUpsizer` → payload FIFO → :class:`DmaWriter`, one
+    descriptor per packet pushed at its first beat. Latency: the first AW is valid ~7 cycles
+    after a packet's first beat is taken (AXI slave ready). Throughput: one input beat per
+    cycle, no bubble between packets (a state's ``m, l`` beat costs the writer nothing; the
+    reciprocal's 3 cycles are absorbed once by the FIFO).
+
+    Stream rules: ``i.ready`` depends only on registers and FIFO levels (never on
+    ``i.valid``); it is low only while a landing packet waits for DDR (payload FIFO, at most
+    4 queued descriptors and ``outstanding + 8`` unacknowledged packets) or, after a packet
+    shorter than its ``length``, for the zero beats that pad it. Dropped packets are consumed
+    at one beat per cycle; nothing waits on anything but the lander's own writes.
+    """
+
+    FACTORS = 4      # final states between the guard and the normaliser (reciprocals queued)
+    MID_DEPTH = 16   # beats between the guard and the normaliser
+
+    def __init__(self, head_dim: int, axi_width: int = 128, addr_width: int = DEC_ADDR_BITS,
+                 outstanding: int = 8, fifo_depth: int = 64):
+        if head_dim < 1:
+            raise ValueError("head_dim must be >= 1")
+        if axi_width % PACKET_WIDTH:
+            raise ValueError(f"axi_width must be a multiple of {PACKET_WIDTH}")
+        bb = axi_width // 8
+        if (MAX_PAYLOAD + 2 * bb - 2) // bb > min(MAX_BURST_BEATS, BOUNDARY_BYTES // bb) + 1:
+            raise ValueError("a MAX_PAYLOAD packet would need more than two bursts")
+        if obuf_row_bytes(head_dim) > MAX_PAYLOAD:
+            raise ValueError("an OBUF row must fit in MAX_PAYLOAD bytes")
+        self.head_dim, self.axi_width, self.addr_width = head_dim, axi_width, addr_width
+        self.outstanding, self.fifo_depth = outstanding, fifo_depth
+        self.writer = DmaWriter(axi_width, addr_width, outstanding)
+        super().__init__({
+            "i": In(stream.Signature(parsed_layout(PACKET_WIDTH))),
+            "cfg": In(DECODE_LAND_CONFIG),
+            "bus": Out(AXI4Signature(addr_width, axi_width)),
+            "status": Out(DECODE_LAND_STATUS),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        aw = self.addr_width
+        bb = self.axi_width // 8
+        lb = (bb - 1).bit_length()
+        st, cfg = self.status, self.cfg
+        len_bits = META["length"].width
+        row_bytes = obuf_row_bytes(self.head_dim)
+        s_bytes = state_bytes(self.head_dim)
+        q_len_max = ((1 << QUERY_HEADER["heads"].shape.width) - 1) * \
+            query_head_bytes(self.head_dim) + QUERY_HEADER_BYTES
+        slot_bits = cfg.q_heads.shape().width + 1
+
+        # --- stage 1: beat register, slot / row products, the query's expected length -----
+        s1 = Signal(data.StructLayout({
+            "data": unsigned(PACKET_WIDTH), "last": unsigned(1), "first": unsigned(1),
+            "op": Op, "reduce_op": ReduceOp, "length": unsigned(len_bits),
+            "head": unsigned(META["kv_id"].width), "q_off": unsigned(aw),
+            "o_off": unsigned(aw), "q_len": range(q_len_max + 1)}))
+        s1_valid = Signal()
+        s1_move = Signal()
+        in_first = Signal(init=1)
+        take = Signal()
+        meta = self.i.payload.meta
+        hdr = data.View(QUERY_HEADER, self.i.payload.data[:QUERY_HEADER.size])
+        head = Signal(META["kv_id"].width)
+        q_idx = Signal(slot_bits)
+        o_idx = Signal(META["kv_id"].width + 1)
+        m.d.comb += [
+            self.i.ready.eq(~s1_valid | s1_move), take.eq(self.i.valid & self.i.ready),
+            head.eq(meta.kv_id - cfg.tag_base),
+            q_idx.eq(Mux(hdr.layer[0], cfg.q_heads, 0) + hdr.head0),
+            o_idx.eq(Mux(meta.seq[0], cfg.q_heads, 0) + head),
+        ]
+        with m.If(take):
+            m.d.sync += [
+                s1.data.eq(self.i.payload.data), s1.last.eq(self.i.payload.last),
+                s1.first.eq(in_first), s1.op.eq(meta.op), s1.reduce_op.eq(meta.reduce_op),
+                s1.length.eq(meta.length), s1.head.eq(head),
+                s1.q_off.eq(q_idx * cfg.q_slot), s1.o_off.eq(o_idx * row_bytes),
+                s1.q_len.eq(hdr.heads * query_head_bytes(self.head_dim) + QUERY_HEADER_BYTES),
+                s1_valid.eq(1), in_first.eq(self.i.payload.last),
+            ]
+        with m.Elif(s1_move):
+            m.d.sync += s1_valid.eq(0)
+        s1_hdr = data.View(QUERY_HEADER, s1.data[:QUERY_HEADER.size])
+
+        # --- stage 2: the packet's fate and address (latched on its first beat) ----------
+        is_q, is_s = Signal(), Signal()
+        q_len_ok, q_slot_ok, s_red_ok, s_len_ok, s_slot_ok = (Signal() for _ in range(5))
+        m.d.comb += [
+            is_q.eq(s1.op == Op.QUERY), is_s.eq(s1.op == Op.PARTIAL_STATE),
+            q_len_ok.eq((s1_hdr.heads != 0) & (s1.length <= MAX_PAYLOAD) &
+                        (s1.length == s1.q_len)),
+            q_slot_ok.eq((s1_hdr.head0 + s1_hdr.heads <= cfg.q_heads) &
+                         (s1.length <= cfg.q_slot)),
+            s_red_ok.eq(s1.reduce_op == ReduceOp.NONE),
+            s_len_ok.eq(s1.length == s_bytes),
+            s_slot_ok.eq(s1.head < cfg.q_heads),
+        ]
+        s2 = Signal(data.StructLayout({
+            "data": unsigned(PACKET_WIDTH), "last": unsigned(1), "first": unsigned(1),
+            "keep": unsigned(1), "state": unsigned(1), "length": unsigned(len_bits),
+            "wlen": unsigned(len_bits), "addr": unsigned(aw)}))
+        s2_valid = Signal()
+        s2_move = Signal()
+        pkt_keep = Signal()
+        m.d.comb += s1_move.eq(s1_valid & (~s2_valid | s2_move))
+        with m.If(s1_move):
+            m.d.sync += [s2.data.eq(s1.data), s2.last.eq(s1.last), s2.first.eq(s1.first),
+                         s2.length.eq(s1.length), s2_valid.eq(1)]
+            with m.If(s1.first):
+                keep_q = is_q & q_len_ok & q_slot_ok
+                keep_s = is_s & s_red_ok & s_len_ok & s_slot_ok
+                m.d.sync += [
+                    s2.keep.eq(keep_q | keep_s), pkt_keep.eq(keep_q | keep_s),
+                    s2.state.eq(is_s),
+                    s2.addr.eq(Mux(is_q, cfg.qbuf_base + s1.q_off, cfg.obuf_base + s1.o_off)),
+                    s2.wlen.eq(Mux(is_q, s1.length, row_bytes)),
+                ]
+                with m.If(~is_q & ~is_s):
+                    m.d.sync += st.drop_op.eq(st.drop_op + 1)
+                with m.Elif(is_s & ~s_red_ok):
+                    m.d.sync += st.drop_reduce_op.eq(st.drop_reduce_op + 1)
+                with m.Elif(Mux(is_q, ~q_len_ok, ~s_len_ok)):
+                    m.d.sync += st.drop_length.eq(st.drop_length + 1)
+                with m.Elif(Mux(is_q, ~q_slot_ok, ~s_slot_ok)):
+                    m.d.sync += st.drop_slot.eq(st.drop_slot + 1)
+            with m.Else():
+                m.d.sync += s2.keep.eq(pkt_keep)
+        with m.Elif(s2_move):
+            m.d.sync += s2_valid.eq(0)
+
+        # --- descriptors and the packets awaiting their B responses ----------------------
+        desc_l = descriptor_layout(aw)
+        m.submodules.desc_fifo = desc_fifo = fifo.SyncFIFOBuffered(width=desc_l.size, depth=4)
+        pend_l = data.StructLayout({"result": unsigned(1), "two": unsigned(1)})
+        m.submodules.pend_fifo = pend = fifo.SyncFIFOBuffered(
+            width=pend_l.size, depth=4 + self.outstanding + 4)
+        # a packet's write in bursts as DmaWriter cuts it: one, or two across a 4 KiB page
+        total = Signal(len_bits + 1)
+        to_4k = Signal(range(BOUNDARY_BYTES // bb + 1))
+        first_n = Signal.like(to_4k)
+        m.d.comb += [total.eq((s2.addr[:lb] + s2.wlen + (bb - 1)) >> lb),
+                     to_4k.eq((BOUNDARY_BYTES - Cat(Const(0, lb), s2.addr[lb:12])) >> lb),
+                     first_n.eq(Mux(to_4k < MAX_BURST_BEATS, to_4k, MAX_BURST_BEATS))]
+        head_ok = Signal()
+        m.d.comb += head_ok.eq(desc_fifo.w_rdy & pend.w_rdy)
+
+        # --- framing guard: exactly ceil(length / 8) beats of a landing packet go on ------
+        mid_l = data.StructLayout({"data": unsigned(PACKET_WIDTH), "state": unsigned(1),
+                                   "last": unsigned(1)})
+        m.submodules.mid = mid = fifo.SyncFIFOBuffered(width=mid_l.size, depth=self.MID_DEPTH)
+        fac_out = Signal(range(self.FACTORS + 1))      # factors queued or being computed
+        fac_take = Signal()
+        fac_free = Signal()
+        m.d.comb += fac_free.eq(fac_out < self.FACTORS)
+        n64 = Signal(len_bits - 2)
+        j = Signal(len_bits - 2)
+        j_cur = Signal(len_bits - 2)
+        m.d.comb += [n64.eq((s2.length + 7) >> 3), j_cur.eq(Mux(s2.first, 0, j))]
+        extra, short, final, l_beat = Signal(), Signal(), Signal(), Signal()
+        m.d.comb += [extra.eq(j_cur >= n64), final.eq(j_cur == n64 - 1),
+                     short.eq(s2.last & (j_cur < n64 - 1)),
+                     l_beat.eq(s2.state & s2.first)]
+        push = Signal()
+        m.d.comb += push.eq(s2_valid & s2.keep & ~extra & Mux(
+            l_beat, head_ok & fac_free, mid.w_rdy & (~s2.first | head_ok)))
+        m.d.comb += s2_move.eq(s2_valid & (~s2.keep | extra | (push & ~short)))
+        with m.If(push):
+            m.d.sync += j.eq(j_cur + 1)
+        with m.If(push & short):            # stay: pad with zero beats up to the length
+            m.d.sync += [s2.data.eq(0), s2.first.eq(0)]
+        frame_bad = Signal()
+        bad_now = (push & short) | (s2_valid & s2.keep & extra)
+        with m.If(s2_move & s2.keep & s2.last):
+            m.d.sync += frame_bad.eq(0)
+            with m.If(frame_bad | bad_now):
+                m.d.sync += st.framing_errors.eq(st.framing_errors + 1)
+        with m.Elif(bad_now):
+            m.d.sync += frame_bad.eq(1)
+        desc = Signal(desc_l)
+        m.d.comb += [desc.addr.eq(s2.addr), desc.length.eq(s2.wlen), desc.stride.eq(0),
+                     desc.count.eq(1)]
+        with m.If(push & s2.first):
+            m.d.comb += [desc_fifo.w_en.eq(1), desc_fifo.w_data.eq(desc), pend.w_en.eq(1),
+                         pend.w_data.eq(Cat(s2.state, total > first_n))]
+        with m.If(push & ~l_beat):
+            m.d.comb += [mid.w_en.eq(1), mid.w_data.eq(Cat(s2.data, s2.state, final))]
+
+        # --- reciprocal of a state's l: normalised by its leading one, 3-cycle pipeline ---
+        m.submodules.recip = recip = Recip()
+        l_in = s2.data[LANE_BITS:2 * LANE_BITS]
+        lead = Signal(range(LANE_BITS))
+        for n in range(LANE_BITS):
+            with m.If(l_in[n]):
+                m.d.comb += lead.eq(n)
+        m.d.comb += recip.x.eq(((l_in << (RECIP_IN_BITS - 1)) >> lead)[:RECIP_IN_BITS])
+        fac_l = data.StructLayout({"r": unsigned(RECIP_IN_BITS + 1),
+                                   "e": range(LANE_BITS), "zero": unsigned(1)})
+        pipe = [Signal(fac_l, name=f"fac_pipe{k}") for k in range(Recip.LATENCY)]
+        pipe_v = Signal(Recip.LATENCY)
+        m.d.comb += fac_take.eq(push & l_beat)
+        m.d.sync += [pipe_v.eq(Cat(fac_take, pipe_v[:-1])),
+                     pipe[0].e.eq(lead), pipe[0].zero.eq(l_in == 0)]
+        for k in range(1, Recip.LATENCY):
+            m.d.sync += pipe[k].eq(pipe[k - 1])
+        m.submodules.factors = fac = fifo.SyncFIFOBuffered(width=fac_l.size, depth=self.FACTORS)
+        done_fac = pipe[-1]
+        m.d.comb += [fac.w_en.eq(pipe_v[-1]),
+                     fac.w_data.eq(Cat(recip.r, done_fac.e, done_fac.zero))]
+
+        # --- normaliser: o · r registered, then round, shift by e, saturate --------------
+        mid_head = data.View(mid_l, mid.r_data)
+        fac_head = data.View(fac_l, fac.r_data)
+        m.submodules.upsizer = up = PacketUpsizer(self.axi_width)
+        n_l = data.StructLayout({
+            "data": unsigned(PACKET_WIDTH), "state": unsigned(1), "last": unsigned(1),
+            "e": range(LANE_BITS), "zero": unsigned(1),
+            **{f"p{k}": signed(LANE_BITS + RECIP_IN_BITS + 2) for k in range(WORDS)}})
+        nr = Signal(n_l)
+        n_valid = Signal()
+        pop = Signal()
+        m.d.comb += [
+            pop.eq(mid.r_rdy & (~n_valid | up.i.ready) & (~mid_head.state | fac.r_rdy)),
+            mid.r_en.eq(pop), fac.r_en.eq(pop & mid_head.state & mid_head.last),
+        ]
+        with m.If(pop):
+            m.d.sync += [nr.data.eq(mid_head.data), nr.state.eq(mid_head.state),
+                         nr.last.eq(mid_head.last), nr.e.eq(fac_head.e),
+                         nr.zero.eq(fac_head.zero), n_valid.eq(1)]
+            for k in range(WORDS):
+                x = mid_head.data[k * LANE_BITS:(k + 1) * LANE_BITS].as_signed()
+                m.d.sync += nr[f"p{k}"].eq(x * fac_head.r)
+        with m.Elif(up.i.ready):
+            m.d.sync += n_valid.eq(0)
+        m.d.sync += fac_out.eq(fac_out + fac_take - fac.r_en)
+        ys = [Mux(nr.zero, 0, sat(round_shift_var(nr[f"p{k}"], nr.e, 63), LANE_BITS, True))
+              for k in range(WORDS)]
+        m.d.comb += [up.i.valid.eq(n_valid), up.i.payload.last.eq(nr.last),
+                     up.i.payload.data.eq(Mux(nr.state, Cat(*ys), nr.data))]
+
+        # --- payload FIFO and the writer -------------------------------------------------
+        m.submodules.pay_fifo = pay = fifo.SyncFIFOBuffered(width=self.axi_width,
+                                                            depth=self.fifo_depth)
+        wiring.connect(m, up.o, pay.w_stream)
+        m.submodules.writer = wr = self.writer
+        m.d.comb += [wr.desc.valid.eq(desc_fifo.r_rdy), desc_fifo.r_en.eq(wr.desc.ready),
+                     wr.desc.payload.eq(desc_fifo.r_data)]
+        wiring.connect(m, pay.r_stream, wr.i)
+        bus = self.bus
+        for n in ("awaddr", "awlen", "awsize", "awburst", "awid", "awcache", "awprot",
+                  "awvalid", "wdata", "wstrb", "wlast", "wvalid", "bready"):
+            m.d.comb += getattr(bus, n).eq(getattr(wr.bus, n))
+        for n in ("awready", "wready", "bresp", "bid", "bvalid"):
+            m.d.comb += getattr(wr.bus, n).eq(getattr(bus, n))
+        m.d.comb += [bus.arvalid.eq(0), bus.rready.eq(0)]
+
+        # --- completions: B responses in order, two per packet crossing a page ----------
+        pend_head = data.View(pend_l, pend.r_data)
+        b_seen, b_err, b_fire, done = Signal(), Signal(), Signal(), Signal()
+        m.d.comb += b_fire.eq(bus.bvalid & bus.bready)
+        err_now = b_err | (bus.bresp != AxiResp.OKAY)
+        m.d.comb += done.eq(b_fire & pend.r_rdy & (b_seen == pend_head.two))
+        with m.If(b_fire):
+            m.d.sync += [b_seen.eq(~done), b_err.eq(Mux(done, 0, err_now))]
+        m.d.comb += pend.r_en.eq(done)
+        with m.If(done & err_now):
+            m.d.sync += st.write_errors.eq(st.write_errors + 1)
+        with m.Elif(done & pend_head.result):
+            m.d.sync += st.results_landed.eq(st.results_landed + 1)
+        with m.Elif(done):
+            m.d.sync += st.queries_landed.eq(st.queries_landed + 1)
+        return m

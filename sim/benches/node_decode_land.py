@@ -1,0 +1,360 @@
+"""cocotb bench of the decode lander (flat top ``node_decode_land``: ``DecodeLander`` under
+``FlatTop``; docs/node.md §5, §7) against cocotbext-axi ``AxiRam``.
+
+Traffic (:func:`make_traffic`): decode queries of random INT8 codes and scales
+(:func:`mcf.abi.query.pack_query`) cut as MARS cuts them (:func:`mcf.abi.query.query_fragments`),
+and final states — the :func:`mcf.abi.softmax.merge_states` fold of random per-node partial
+states, packed by :func:`mcf.abi.softmax.pack_state`, with edge cases (empty state ``l = 0``,
+``l`` of one LSB, ``l`` with its top bit set, ``o`` that saturates) — with MARS's Meta
+(``kv_id = decode_tag(k, head)``, ``seq`` = layer), mixed with malformed packets: queries whose
+length disagrees with their header, with no heads, beyond ``Q_HEADS`` or longer than the slot;
+states with a ``reduce_op`` other than NONE, a wrong length, a head beyond ``Q_HEADS``; every
+other op. One OBUF row has an injected SLVERR (``AxiRam``'s own mechanism: a write that raises).
+
+Scoreboard (:class:`mcf.abi.decode_land.DecodeLandModel`): every byte of QBUF and OBUF and
+around them equals the model's (bytes never written keep the fill pattern; the failed write's
+bytes are skipped), and every ``DECODE_LAND_STATUS`` counter exactly. Idle cycles on the
+input, pauses on AW/W/B.
+
+Params: ``seed``, ``n`` (packets), ``idle``, ``pause`` (AXI channel pause probability),
+``head_dim`` (must equal the built lander's), ``tests``; ``out``: a JSON file for the rate
+measurement (``rate`` test: full input rate, no pauses; input beats per cycle from the first
+input beat to the last count).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from dataclasses import dataclass
+
+import cocotb
+import numpy as np
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
+from cocotbext.axi import AxiBus, AxiRam, AxiStreamBus, AxiStreamFrame, AxiStreamSource
+
+from mcf.abi.decode_land import (
+    DECODE_LAND_STATUS,
+    DecodeLandConfig,
+    DecodeLandModel,
+    DecodeLandResult,
+    decode_land_decision,
+    obuf_row_bytes,
+    query_slot_bytes,
+    state_bytes,
+)
+from mcf.abi.framing import MAX_PAYLOAD, payload_beats
+from mcf.abi.meta import META, Collective, Meta, Op, ReduceOp, Stage
+from mcf.abi.quant import SCALE_EXP_BITS, SCALE_MANT_BITS
+from mcf.abi.query import QUERY_HEADER, pack_query, query_bytes, query_fragments
+from mcf.abi.softmax import M_EMPTY, STATE_L, STATE_O, merge_states, pack_state
+from mcf.sim.benches.pauses import pattern
+from mcf.sim.toolchain import bench_params
+
+MEM = 1 << 20
+FILL = 0xA5
+HEAD_DIM = 16          # the bench's DecodeLander(head_dim=...) (the sim configuration's)
+TAG_BITS = META["kv_id"].width
+
+__all__ = ["Traffic", "make_traffic", "random_state", "edge_states", "query_packet",
+           "state_packet", "HEAD_DIM"]
+
+
+@dataclass
+class Traffic:
+    cfg: DecodeLandConfig
+    head_dim: int
+    packets: list          # [(Meta, bytes)]
+    bad_addr: int | None = None   # the AXI beat (16 B) whose write raises
+    beat_bytes: int = 16
+
+    def span(self, meta: Meta, payload: bytes) -> range | None:
+        """Bytes a packet lands on, or ``None`` when it is dropped."""
+        result, addr = decode_land_decision(self.cfg, meta, payload, self.head_dim)
+        if addr is None:
+            return None
+        size = obuf_row_bytes(self.head_dim) if result is DecodeLandResult.RESULT else \
+            meta.length
+        return range(addr, addr + size)
+
+    def write_error(self, meta: Meta, payload: bytes) -> bool:
+        """The packet's bursts include the raising beat."""
+        span = self.span(meta, payload)
+        return span is not None and self.bad_addr is not None and \
+            span.start < self.bad_addr + self.beat_bytes and self.bad_addr < span.stop
+
+    def model(self) -> DecodeLandModel:
+        model = DecodeLandModel(self.cfg, self.head_dim)
+        for meta, payload in self.packets:
+            model.land(meta, payload, self.write_error(meta, payload))
+        return model
+
+
+def random_state(g: np.random.Generator, head_dim: int, nodes: int = 3):
+    """A root's final state: the merge of ``nodes`` random partial states (scores around 0 in
+    SCORE units, ``l`` of one to a thousand keys, ``o`` within ``l`` times a value range)."""
+    parts = []
+    for _ in range(nodes):
+        m = int(g.integers(-1 << 12, 1 << 12))
+        l_sum = int(g.integers(1 << STATE_L.frac, 1000 << STATE_L.frac))
+        vmax = 1 << int(g.integers(0, 8))
+        o = g.integers(-l_sum * vmax, l_sum * vmax + 1, head_dim) >> int(g.integers(0, 12))
+        o = np.clip(o, STATE_O.min_int, STATE_O.max_int)
+        parts.append((np.int64(m), np.int64(l_sum), o.astype(np.int64)))
+    return merge_states(parts)
+
+
+def edge_states(g: np.random.Generator, head_dim: int) -> list:
+    """Empty state, ``l`` of one LSB, ``l`` with its top bit set, saturating ``o``."""
+    big = np.full(head_dim, STATE_O.max_int, dtype=np.int64)
+    big[::2] = STATE_O.min_int
+    rnd = g.integers(STATE_O.min_int, STATE_O.max_int + 1, head_dim)
+    return [(M_EMPTY, 0, np.zeros(head_dim, dtype=np.int64)),
+            (0, 1, rnd), (5, STATE_L.max_int, rnd), (-3, 3, big),
+            (7, 1 << 15, rnd), (0, (1 << 16) + 1, big)]
+
+
+def query_packet(rng: random.Random, cfg: DecodeLandConfig, head_dim: int, k: int,
+                 layer: int, head0: int, count: int) -> tuple[Meta, bytes]:
+    g = np.random.default_rng([rng.randrange(1 << 30), head0])
+    codes = g.integers(-128, 128, (count, head_dim))
+    scales = np.stack([g.integers(0, 1 << SCALE_MANT_BITS, count),
+                       g.integers(-(1 << (SCALE_EXP_BITS - 1)), 1 << (SCALE_EXP_BITS - 1),
+                                  count)], axis=-1)
+    payload = pack_query(codes, scales, pos=rng.randrange(1 << 20), layer=layer, head0=head0)
+    meta = Meta(stage=Stage.DECODE, op=Op.QUERY, collective=Collective.MULTICAST,
+                src=rng.randrange(4), dst=rng.randrange(4), route_id=rng.randrange(256),
+                kv_id=(k * cfg.q_heads + head0) % (1 << TAG_BITS), length=len(payload),
+                seq=layer)
+    return meta, payload
+
+
+def state_packet(rng: random.Random, cfg: DecodeLandConfig, state, head: int,
+                 layer: int) -> tuple[Meta, bytes]:
+    payload = pack_state(*state)
+    meta = Meta(stage=Stage.DECODE, op=Op.PARTIAL_STATE, collective=Collective.MULTICAST,
+                reduce_op=ReduceOp.NONE, src=rng.randrange(4), dst=rng.randrange(4),
+                route_id=rng.randrange(256),
+                kv_id=(cfg.tag_base + head) % (1 << TAG_BITS), length=len(payload), seq=layer)
+    return meta, payload
+
+
+def make_traffic(seed: int, n: int, head_dim: int = HEAD_DIM, q_heads: int = 6,
+                 max_payload: int = 64, bad_fraction: float = 0.25,
+                 qbuf_base: int = 0x1008, obuf_base: int = 0x8_0004, k: int = 4099,
+                 bad_write: bool = True) -> Traffic:
+    """``n`` packets (queries, final states; ``bad_fraction`` of them malformed), for decode
+    token ``k`` (``TAG_BASE = k · q_heads``); queries cut at ``max_payload`` bytes."""
+    rng = random.Random(seed)
+    g = np.random.default_rng(seed)
+    frags = query_fragments(q_heads, head_dim, max_payload)
+    widest = max(c for _, c in frags)
+    cfg = DecodeLandConfig(qbuf_base, obuf_base, query_slot_bytes(widest, head_dim), q_heads,
+                           (k * q_heads) % (1 << TAG_BITS))
+    edges = edge_states(g, head_dim)
+    packets = []
+    for _ in range(n):
+        layer = rng.randrange(1 << META["seq"].width)
+        if rng.random() < 0.4:
+            head0, count = rng.choice(frags)
+            meta, payload = query_packet(rng, cfg, head_dim, k, layer, head0, count)
+        else:
+            state = edges.pop() if edges else random_state(g, head_dim, rng.randrange(1, 5))
+            meta, payload = state_packet(rng, cfg, state, rng.randrange(q_heads), layer)
+        if rng.random() < bad_fraction:
+            meta, payload = _malform(rng, cfg, head_dim, k, meta, payload)
+        packets.append((meta, payload))
+    t = Traffic(cfg, head_dim, packets)
+    if bad_write:
+        layer = 1
+        meta, payload = state_packet(rng, cfg, random_state(g, head_dim), q_heads - 1, layer)
+        addr = t.span(meta, payload).start + 20
+        t.bad_addr = addr - addr % t.beat_bytes
+        packets.insert(rng.randrange(len(packets) + 1), (meta, payload))
+    return t
+
+
+def _malform(rng, cfg, head_dim, k, meta, payload):
+    """One of the drop causes (or a framing-free variant of it)."""
+    kind = rng.randrange(8)
+    if kind == 0:               # another op
+        op = rng.choice([o for o in Op if o not in (Op.QUERY, Op.PARTIAL_STATE)])
+        return meta.replace(op=op), payload
+    if kind == 1:               # a state that should have gone to the reduction engine
+        return meta.replace(op=Op.PARTIAL_STATE, reduce_op=rng.choice(
+            [ReduceOp.MAX, ReduceOp.SUM, ReduceOp.SOFTMAX_MERGE])), payload
+    if kind == 2:               # a state of the wrong length
+        length = state_bytes(head_dim) + rng.choice([-8, -4, 4, 8, 64])
+        body = bytes(rng.randrange(256) for _ in range(length))
+        return meta.replace(op=Op.PARTIAL_STATE, reduce_op=ReduceOp.NONE, length=length), body
+    if kind == 3:               # a state for a head beyond Q_HEADS
+        head = rng.randrange(cfg.q_heads, 1 << TAG_BITS)
+        body = pack_state(M_EMPTY, 1 << 16, np.zeros(head_dim, dtype=np.int64))
+        return meta.replace(op=Op.PARTIAL_STATE, reduce_op=ReduceOp.NONE, length=len(body),
+                            kv_id=(cfg.tag_base + head) % (1 << TAG_BITS)), body
+    if kind == 4:               # a query whose length disagrees with its header
+        body = payload + bytes(4 * rng.randrange(1, 4))
+        return meta.replace(op=Op.QUERY, length=len(body)), body
+    if kind == 5:               # a query header naming no head
+        body = bytes(8) + payload[8:]
+        return meta.replace(op=Op.QUERY), body
+    if kind == 6:               # a query beyond Q_HEADS
+        count = rng.randrange(1, 3)
+        head0 = rng.randrange(cfg.q_heads - count + 1, 1 << QUERY_HEADER["head0"].shape.width)
+        return query_packet(rng, cfg, head_dim, k, meta.seq, head0, count)
+    count = next((c for c in range(1, cfg.q_heads + 1)          # longer than a QBUF slot
+                  if query_bytes(c, head_dim) > cfg.q_slot), None)
+    if count is None or query_bytes(count, head_dim) > MAX_PAYLOAD:
+        return meta.replace(op=Op.FETCH_REQUEST), payload       # (geometry without one)
+    return query_packet(rng, cfg, head_dim, k, meta.seq, 0, count)
+
+
+def _status(dut) -> dict[str, int]:
+    raw = int(dut.status.value)
+    return {name: (raw >> f.offset) & ((1 << f.width) - 1) for name, f in DECODE_LAND_STATUS}
+
+
+class TB:
+    def __init__(self, dut, rng, idle=0.0, pause=0.0):
+        self.dut = dut
+        cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
+        dut.rst.value = 1
+        self.ram = AxiRam(AxiBus.from_prefix(dut, "bus"), dut.clk, dut.rst, size=MEM)
+        self.ram.write(0, bytes([FILL]) * MEM)
+        for side in (self.ram.read_if, self.ram.write_if):
+            side.log.setLevel(logging.WARNING)
+        self.bad_write: set[int] = set()
+        wi = self.ram.write_if
+        orig_write = wi._write
+
+        async def write(address, data):     # any strobed byte of a bad 16-B beat raises
+            if any(address < b + 16 and b < address + len(data) for b in self.bad_write):
+                raise OSError("injected write error")
+            await orig_write(address, data)
+        wi._write = write
+        if pause:
+            for ch in (wi.aw_channel, wi.w_channel, wi.b_channel):
+                ch.set_pause_generator(pattern(pause, rng))
+        self.src = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis"), dut.clk, dut.rst)
+        self.src.log.setLevel(logging.WARNING)
+        if idle:
+            self.src.set_pause_generator(pattern(idle, rng))
+        self.bpb = len(dut.s_axis_tdata) // 8
+
+    async def reset(self, t: Traffic):
+        d = self.dut
+        d.cfg.value = t.cfg.pack()
+        d.rst.value = 1
+        await ClockCycles(d.clk, 3)
+        d.rst.value = 0
+        await RisingEdge(d.clk)
+
+    def frame(self, meta: Meta, payload: bytes) -> AxiStreamFrame:
+        if not payload:
+            return AxiStreamFrame(bytes(self.bpb), tkeep=[0] * self.bpb, tuser=meta.pack())
+        return AxiStreamFrame(payload, tuser=meta.pack())
+
+
+async def _drain(tb: TB, expected: dict, timeout_cycles: int) -> int:
+    """Wait until the status equals ``expected`` (or time out); the cycle it happened."""
+    for cycle in range(timeout_cycles):
+        await RisingEdge(tb.dut.clk)
+        if _status(tb.dut) == expected:
+            return cycle
+    raise AssertionError(f"status {_status(tb.dut)} never reached {expected}")
+
+
+def _regions(t: Traffic) -> list[tuple[int, int]]:
+    q = t.cfg.q_slot * 2 * t.cfg.q_heads
+    o = obuf_row_bytes(t.head_dim) * 2 * t.cfg.q_heads
+    return [(t.cfg.qbuf_base - 256, q + 512), (t.cfg.obuf_base - 256, o + 512)]
+
+
+def _check(tb: TB, t: Traffic, model: DecodeLandModel) -> None:
+    """QBUF, OBUF and 256 bytes either side: bytes equal to the model's (or the fill)."""
+    skip = {a for meta, pl in t.packets if t.write_error(meta, pl) for a in t.span(meta, pl)}
+    for start, size in _regions(t):
+        got = tb.ram.read(start, size)
+        bad = [start + i for i in range(size)
+               if start + i not in skip and got[i] != model.mem.get(start + i, FILL)]
+        assert not bad, f"{len(bad)} DDR bytes differ, first at {bad[0]:#x}"
+    written = set(model.mem) | skip
+    inside = {a for s, n in _regions(t) for a in range(s, s + n)}
+    assert written <= inside, "the model wrote outside the checked regions"
+
+
+@cocotb.test()
+async def random_mix(dut):
+    """Random queries, final states and malformed packets, idle input, AXI pauses: DDR bytes,
+    counters."""
+    p = bench_params()
+    if "random_mix" not in p.get("tests", ["random_mix"]):
+        return
+    seed = p.get("seed", 1)
+    rng = random.Random(seed)
+    t = make_traffic(seed, p.get("n", 300), head_dim=p.get("head_dim", HEAD_DIM))
+    tb = TB(dut, rng, p.get("idle", 0.3), p.get("pause", 0.3))
+    assert t.beat_bytes == len(dut.bus_wdata) // 8
+    tb.bad_write.add(t.bad_addr)
+    await tb.reset(t)
+    model = t.model()
+    for meta, payload in t.packets:
+        await tb.src.send(tb.frame(meta, payload))
+    beats = sum(max(1, payload_beats(len(pl), 64)) for _, pl in t.packets)
+    await _drain(tb, model.status, 20 * beats + 20_000)
+    st = model.status
+    assert st["write_errors"] >= 1 and st["queries_landed"] > 0 and st["results_landed"] > 0
+    assert min(st[k] for k in ("drop_op", "drop_reduce_op", "drop_length", "drop_slot")) > 0
+    _check(tb, t, model)
+
+
+@cocotb.test()
+async def rate(dut):
+    """Full input rate, no pauses: input beats per cycle for back-to-back final states and
+    queries (reported, not asserted)."""
+    p = bench_params()
+    if "rate" not in p.get("tests", ["rate"]):
+        return
+    rng = random.Random(p.get("seed", 1))
+    tb = TB(dut, rng)
+    cycle = [0]
+
+    async def count():
+        while True:
+            await RisingEdge(dut.clk)
+            cycle[0] += 1
+    cocotb.start_soon(count())
+    results = []
+    for mix in p.get("rate_mixes", ["states", "queries", "mixed"]):
+        seed = p.get("seed", 1) + len(results)
+        t = make_traffic(seed, p.get("rate_n", 100), head_dim=p.get("head_dim", HEAD_DIM),
+                         bad_fraction=0.0, bad_write=False,
+                         max_payload=p.get("rate_max_payload", MAX_PAYLOAD))
+        kinds = {"states": (Op.PARTIAL_STATE,), "queries": (Op.QUERY,),
+                 "mixed": (Op.QUERY, Op.PARTIAL_STATE)}[mix]
+        t.packets = [pk for pk in t.packets if pk[0].op in kinds]
+        tb.ram.write(0, bytes([FILL]) * MEM)
+        await tb.reset(t)
+        model = t.model()
+        frames = [tb.frame(meta, payload) for meta, payload in t.packets]
+        start = None
+        for f in frames:
+            await tb.src.send(f)
+            if start is None:
+                while not (dut.s_axis_tvalid.value and dut.s_axis_tready.value):
+                    await RisingEdge(dut.clk)
+                start = cycle[0]
+        beats = sum(payload_beats(len(pl), 64) for _, pl in t.packets)
+        await with_timeout(_drain(tb, model.status, 10 * beats + 10_000), 10, "ms")
+        cycles = cycle[0] - start
+        _check(tb, t, model)
+        results.append({"mix": mix, "packets": len(t.packets),
+                        "packet_bytes": sorted({len(pl) for _, pl in t.packets}),
+                        "input_beats": beats, "cycles": cycles,
+                        "beats_per_cycle": round(beats / cycles, 4)})
+        dut._log.info("decode landing rate: %s", results[-1])
+    if p.get("out"):
+        with open(p["out"], "w") as fh:
+            json.dump(results, fh)

@@ -1,0 +1,278 @@
+"""Decode landing: queries into ``QBUF``, the root's final state normalised into ``OBUF``
+(docs/node.md §5 "Landing engine", §7; paper §4 end: the query goes to the KV shards, their
+partial states merge along the tree and the root finishes ``o / l``).
+
+Two packet kinds reach the decode lander (``mcf.hdl.node.decode_land.DecodeLander``):
+
+* ``Op.QUERY`` — payload :func:`mcf.abi.query.pack_query` (a :data:`QUERY_HEADER` in its first
+  :data:`QUERY_HEADER_BYTES` bytes, then whole query heads). Landed whole, header included, in
+  one **QBUF slot**: ::
+
+      slot(header) = (header.layer mod 2) · Q_HEADS + header.head0
+      qbuf_address = QBUF_BASE + slot · Q_SLOT
+
+  ``Q_HEADS`` is the model's query-head count ``H_q`` (slots per layer parity), ``Q_SLOT`` the
+  slot stride in bytes (≥ the largest query payload MARS cuts, :func:`query_slot_bytes`). Two
+  layer parities, so layer ``l+1``'s query never overwrites the one layer ``l`` still reads. A
+  payload carrying heads ``head0 .. head0 + heads − 1`` lives in slot ``head0``; a query sent
+  whole (one payload, ``head0 = 0``) is slot 0 of its parity.
+
+* ``Op.PARTIAL_STATE`` with ``reduce_op = NONE`` — a reduction root's **final** state
+  (``mcf.abi.nic.reduce_config_layout``: the root's engine marks its result final), one query
+  head's ``(m, l, o[head_dim])`` (:func:`mcf.abi.softmax.pack_state`). Normalised
+  (:func:`mcf.abi.softmax.normalize`, bit for bit) into ``head_dim``
+  :data:`mcf.abi.kv.ATTN_OUT` words (little-endian 32-bit, the attention output's ACT format)
+  and written as one **OBUF row**: ::
+
+      head = (Meta.kv_id − TAG_BASE) mod 2^16          (MARS: kv_id = decode_tag(k, head))
+      row  = (Meta.seq mod 2) · Q_HEADS + head          (MARS: seq = layer)
+      obuf_address = OBUF_BASE + row · 4 · head_dim
+
+  ``TAG_BASE`` is the token's ``decode_tag(k, 0) = k · H_q mod 2^16`` (loaded per token, the
+  MARK of docs/node.md §3 (c)). The rows of one parity are the O-projection's input vector
+  ``[H_q · head_dim]`` in head order.
+
+Dropped whole and counted (:data:`DECODE_LAND_STATUS`), first matching rule: any other ``op``
+(``drop_op``); a PARTIAL_STATE whose ``reduce_op`` is not NONE — it should have gone to the
+reduction engine (``drop_reduce_op``); a query whose header names no head, whose length is not
+:func:`mcf.abi.query.query_bytes` of its header's head count or exceeds
+:data:`mcf.abi.framing.MAX_PAYLOAD`, a state whose length is not
+``4 · state_words(head_dim)`` (``drop_length``); a query with ``head0 + heads > Q_HEADS`` or
+longer than ``Q_SLOT``, a state with ``head ≥ Q_HEADS`` (``drop_slot``).
+
+:class:`DecodeLandModel` is the golden model of the hardware; :func:`decode_land_decision` its
+decision, :func:`normalized_row` its datapath.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from amaranth.hdl import unsigned
+from amaranth.lib import data
+
+from .compute import DMA_ADDR_BITS
+from .csrmap import counters
+from .framing import MAX_PAYLOAD
+from .kv import ATTN_OUT
+from .meta import META, Meta, Op, ReduceOp
+from .query import QUERY_HEAD_BITS, QUERY_HEADER, QUERY_HEADER_BYTES, query_bytes
+from .regs import Access, Register, status_registers
+from .softmax import LANE_BITS, normalize, state_words, unpack_state
+
+__all__ = [
+    "DEC_ADDR_BITS", "Q_SLOT_BITS", "Q_HEADS_BITS", "TAG_BITS", "DECODE_LAND_CONFIG",
+    "DECODE_LAND_STATUS", "DecodeLandConfig", "DecodeLandResult", "state_bytes",
+    "obuf_row_bytes", "query_slot_bytes", "query_header", "decode_head", "qbuf_address",
+    "obuf_address", "decode_land_decision", "normalized_row", "decode_land_registers",
+    "DecodeLandModel",
+]
+
+DEC_ADDR_BITS = DMA_ADDR_BITS
+Q_SLOT_BITS = 16
+"""Width of the QBUF slot stride in bytes."""
+Q_HEADS_BITS = QUERY_HEAD_BITS + 1
+"""``Q_HEADS`` can be 2^QUERY_HEAD_BITS (every head a header can name)."""
+TAG_BITS = META["kv_id"].width
+
+DECODE_LAND_CONFIG = data.StructLayout({
+    "qbuf_base": unsigned(DEC_ADDR_BITS),
+    "obuf_base": unsigned(DEC_ADDR_BITS),
+    "q_slot": unsigned(Q_SLOT_BITS),
+    "q_heads": unsigned(Q_HEADS_BITS),
+    "tag_base": unsigned(TAG_BITS),
+})
+"""The decode lander's configuration inputs (driven by :func:`decode_land_registers`;
+``tag_base`` may instead come from the sequencer's per-token MARK)."""
+
+DECODE_LAND_STATUS = counters(
+    "queries_landed", "results_landed", "drop_op", "drop_reduce_op", "drop_length",
+    "drop_slot", "write_errors", "framing_errors")
+"""Queries written to QBUF and final states written to OBUF (each counted after the write's B
+response, OKAY: the sequencer's WAITs read these two), packets dropped by cause, packets whose
+write answered SLVERR/DECERR (not counted as landed), landing packets whose beat count
+disagreed with ``length`` (treated as ``length`` bytes: cut, or padded with zeros; impossible
+behind a parser). Registers ``dec_<field>``."""
+
+_WORD = LANE_BITS // 8
+if ATTN_OUT.width != LANE_BITS:  # pragma: no cover - the row is one ATTN_OUT word per lane
+    raise AssertionError("ATTN_OUT words are 32-bit lanes")
+
+
+def state_bytes(head_dim: int) -> int:
+    """Payload bytes of one head's ``(m, l, o)`` state."""
+    return _WORD * state_words(head_dim)
+
+
+def obuf_row_bytes(head_dim: int) -> int:
+    """Bytes of one OBUF row: ``head_dim`` :data:`mcf.abi.kv.ATTN_OUT` words."""
+    return ATTN_OUT.width // 8 * head_dim
+
+
+def query_slot_bytes(max_heads: int, head_dim: int, align: int = 16) -> int:
+    """A QBUF slot stride holding a payload of up to ``max_heads`` heads, rounded up to
+    ``align`` bytes (one HP beat)."""
+    return -(-query_bytes(max_heads, head_dim) // align) * align
+
+
+@dataclass(frozen=True)
+class DecodeLandConfig:
+    """Host view of :data:`DECODE_LAND_CONFIG`."""
+    qbuf_base: int
+    obuf_base: int
+    q_slot: int
+    q_heads: int
+    tag_base: int = 0
+
+    def __post_init__(self):
+        for name, fld in DECODE_LAND_CONFIG:
+            value = getattr(self, name)
+            if not 0 <= value < (1 << fld.shape.width):
+                raise ValueError(f"DecodeLandConfig.{name}={value} does not fit in {fld.shape}")
+
+    def pack(self) -> int:
+        return DECODE_LAND_CONFIG.const({name: getattr(self, name)
+                                         for name, _ in DECODE_LAND_CONFIG}).as_bits()
+
+
+class DecodeLandResult(enum.Enum):
+    QUERY = "queries_landed"
+    RESULT = "results_landed"
+    DROP_OP = "drop_op"
+    DROP_REDUCE_OP = "drop_reduce_op"
+    DROP_LENGTH = "drop_length"
+    DROP_SLOT = "drop_slot"
+
+
+def query_header(payload: bytes) -> dict[str, int]:
+    """The :data:`QUERY_HEADER` fields of a payload's first bytes (zero-filled when short),
+    whatever they hold."""
+    raw = int.from_bytes(bytes(payload[:QUERY_HEADER_BYTES]).ljust(QUERY_HEADER_BYTES, b"\0"),
+                         "little")
+    view = QUERY_HEADER.from_bits(raw & ((1 << QUERY_HEADER.size) - 1))
+    return {name: int(view[name]) for name, _ in QUERY_HEADER}
+
+
+def decode_head(cfg: DecodeLandConfig, meta: Meta) -> int:
+    """The query head a final state belongs to: ``(kv_id − TAG_BASE) mod 2^16``."""
+    return (meta.kv_id - cfg.tag_base) % (1 << TAG_BITS)
+
+
+def qbuf_address(cfg: DecodeLandConfig, meta: Meta, header: Mapping[str, int]) -> int:
+    """``QBUF_BASE + ((layer mod 2) · Q_HEADS + head0) · Q_SLOT`` for a query payload with
+    header ``header`` (a mapping with ``layer``, ``head0``, ``heads``; see
+    :func:`query_header`). ``meta`` is the packet's (its ``length`` must fit the slot). Raises
+    ``ValueError`` when the payload does not fit its slot range."""
+    if header["head0"] + header["heads"] > cfg.q_heads or meta.length > cfg.q_slot:
+        raise ValueError(f"query heads {header['head0']}+{header['heads']} / {meta.length} B "
+                         f"outside QBUF ({cfg.q_heads} heads, {cfg.q_slot}-B slots)")
+    slot = (header["layer"] & 1) * cfg.q_heads + header["head0"]
+    return (cfg.qbuf_base + slot * cfg.q_slot) % (1 << DEC_ADDR_BITS)
+
+
+def obuf_address(cfg: DecodeLandConfig, meta: Meta, head_dim: int) -> int:
+    """``OBUF_BASE + ((seq mod 2) · Q_HEADS + head) · 4 · head_dim`` for a final state.
+    Raises ``ValueError`` when ``head ≥ Q_HEADS``."""
+    head = decode_head(cfg, meta)
+    if head >= cfg.q_heads:
+        raise ValueError(f"state head {head} outside OBUF ({cfg.q_heads} heads)")
+    row = (meta.seq & 1) * cfg.q_heads + head
+    return (cfg.obuf_base + row * obuf_row_bytes(head_dim)) % (1 << DEC_ADDR_BITS)
+
+
+def decode_land_decision(cfg: DecodeLandConfig, meta: Meta, header: bytes | Mapping[str, int],
+                         head_dim: int) -> tuple[DecodeLandResult, int | None]:
+    """What the lander does with a packet: ``(result, address)`` (address only when it lands).
+    ``header``: the payload (its first bytes are read as the query header) or the header's
+    fields."""
+    if not isinstance(header, Mapping):
+        header = query_header(header)
+    if meta.op == Op.QUERY:
+        heads = header["heads"]
+        if heads == 0 or meta.length > MAX_PAYLOAD or \
+                meta.length != query_bytes(heads, head_dim):
+            return DecodeLandResult.DROP_LENGTH, None
+        if header["head0"] + heads > cfg.q_heads or meta.length > cfg.q_slot:
+            return DecodeLandResult.DROP_SLOT, None
+        return DecodeLandResult.QUERY, qbuf_address(cfg, meta, header)
+    if meta.op == Op.PARTIAL_STATE:
+        if meta.reduce_op != ReduceOp.NONE:
+            return DecodeLandResult.DROP_REDUCE_OP, None
+        if meta.length != state_bytes(head_dim):
+            return DecodeLandResult.DROP_LENGTH, None
+        if decode_head(cfg, meta) >= cfg.q_heads:
+            return DecodeLandResult.DROP_SLOT, None
+        return DecodeLandResult.RESULT, obuf_address(cfg, meta, head_dim)
+    return DecodeLandResult.DROP_OP, None
+
+
+def normalized_row(state: bytes, head_dim: int) -> bytes:
+    """The OBUF row of one head's state payload: ``normalize(l, o)`` as little-endian 32-bit
+    :data:`mcf.abi.kv.ATTN_OUT` words."""
+    _m, l_sum, o = unpack_state(state, head_dim)
+    return (normalize(l_sum, o) & 0xFFFFFFFF).astype("<u4").tobytes()
+
+
+class DecodeLandModel:
+    """Golden model of the decode lander: DDR bytes written (``mem``: address → byte) and the
+    :data:`DECODE_LAND_STATUS` counters (``status``)."""
+
+    def __init__(self, cfg: DecodeLandConfig, head_dim: int):
+        self.cfg, self.head_dim = cfg, head_dim
+        self.mem: dict[int, int] = {}
+        self.status = {name: 0 for name, _ in DECODE_LAND_STATUS}
+
+    def land(self, meta: Meta, payload: bytes, write_error: bool = False) -> DecodeLandResult:
+        """One packet as 64-bit parsed beats carrying ``payload`` (its length may disagree with
+        ``meta.length``: the lander takes ``meta.length`` bytes, cut or zero-padded);
+        ``write_error``: its write is answered SLVERR (its bytes are then not modelled)."""
+        body = (bytes(payload) + bytes(meta.length))[:meta.length]
+        result, addr = decode_land_decision(self.cfg, meta, payload, self.head_dim)
+        if addr is None:
+            self.status[result.value] += 1
+            return result
+        if write_error:
+            self.status["write_errors"] += 1
+            return result
+        beats = max(1, -(-len(payload) // 8))      # the 64-bit beats that carried it
+        if beats != -(-meta.length // 8):
+            self.status["framing_errors"] += 1
+        if result is DecodeLandResult.RESULT:
+            body = normalized_row(body, self.head_dim)
+        for i, b in enumerate(body):
+            self.mem[(addr + i) % (1 << DEC_ADDR_BITS)] = b
+        self.status[result.value] += 1
+        return result
+
+    def row(self, layer: int, head: int) -> np.ndarray:
+        """OBUF row ``(layer mod 2, head)`` as signed ATTN_OUT codes (unwritten bytes: 0)."""
+        base = self.cfg.obuf_base + ((layer & 1) * self.cfg.q_heads + head) * \
+            obuf_row_bytes(self.head_dim)
+        raw = bytes(self.mem.get(base + i, 0) for i in range(obuf_row_bytes(self.head_dim)))
+        return np.frombuffer(raw, dtype="<i4").astype(np.int64)
+
+
+def decode_land_registers() -> list[Register]:
+    """The decode lander's registers: the two 40-bit bases (split over two words), the QBUF
+    slot stride, ``Q_HEADS``, the token's ``TAG_BASE`` and the status counters ``dec_*``
+    (:data:`DECODE_LAND_STATUS`). Not yet part of :func:`mcf.abi.csrmap.node_regmap`."""
+    hi = DEC_ADDR_BITS - 32
+    regs = []
+    for name, what in (("QBUF", "decode query buffer"), ("OBUF", "decode o/l rows")):
+        regs += [
+            Register.single(f"{name}_BASE_LO", 32, Access.RW, desc=f"{what} base, bits 31..0"),
+            Register.single(f"{name}_BASE_HI", hi, Access.RW,
+                            desc=f"{what} base, bits {DEC_ADDR_BITS - 1}..32"),
+        ]
+    regs += [
+        Register.single("QBUF_SLOT", Q_SLOT_BITS, Access.RW,
+                        desc="bytes per QBUF slot (>= the largest query payload)"),
+        Register.single("DEC_Q_HEADS", Q_HEADS_BITS, Access.RW,
+                        desc="query heads H_q: QBUF slots and OBUF rows per layer parity"),
+        Register.single("DEC_TAG_BASE", TAG_BITS, Access.RW,
+                        desc="kv_id of head 0's final state for the current token (k * H_q)"),
+    ]
+    return regs + status_registers("dec", DECODE_LAND_STATUS, "decode landing")

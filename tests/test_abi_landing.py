@@ -93,12 +93,27 @@ def test_model_counts_and_bytes():
     assert m.status == {"packets": 1, "bytes": 3, "drop_unmapped": 1, "drop_bad_seq": 0,
                         "drop_op": 1, "write_errors": 1, "framing_errors": 0}
     assert m.landed[1] == 1
+    assert m.events == [(1, True)]          # src 0 == local_id 0: a local copy
     m.land(Meta(kv_id=2, length=10), b"0123456789abcdefXYZ")    # 3 beats for 2: cut
     m.land(Meta(kv_id=3, length=12), b"0123")                   # 1 beat for 2: padded
     assert m.status["framing_errors"] == 2 and m.status["packets"] == 3
     assert bytes(m.mem[0x10 + 2 * 64 + 8 + i] for i in range(10)) == b"0123456789"
     assert bytes(m.mem[0x10 + 3 * 64 + 8 + i] for i in range(12)) == b"0123" + bytes(8)
     assert [n for n, _ in LANDING_STATUS] == list(m.status)
+
+
+def test_model_events_owner_bit():
+    """One event per landed packet, in order; owner is ``meta.src == local_id``; none for a
+    drop or a write error."""
+    cfg = LandingConfig(kv_base=0, kv_slot=64, kv_count=8)
+    m = LandingModel(cfg, [0] + [None] * 255, local_id=3)
+    m.land(Meta(kv_id=1, length=8, src=3), bytes(8))
+    m.land(Meta(kv_id=2, length=8, src=1), bytes(8))
+    m.land(Meta(kv_id=9, length=8, src=3), bytes(8))          # unmapped
+    m.land(Meta(kv_id=4, length=8, src=3), bytes(8), write_error=True)
+    m.land(Meta(kv_id=1, length=8, src=0), bytes(8))
+    assert m.events == [(1, True), (2, False), (1, False)]
+    assert m.landed == {1: 2, 2: 1}
 
 
 @pytest.mark.parametrize("model,nodes,chunks,slice_tokens,max_payload", [

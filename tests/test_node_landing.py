@@ -1,6 +1,7 @@
 """KV landing engine (mcf.hdl.node.landing, docs/node.md §5): amaranth.sim unit tests against
-the golden model (mcf.abi.landing.LandingModel) with an in-test AXI slave, and the runner of
-the cocotb + Verilator bench (sim/benches/node_landing.py) against cocotbext-axi AxiRam.
+the golden model (mcf.abi.landing.LandingModel: DDR bytes, status, the land-event stream to the
+directory) with an in-test AXI slave, and the runner of the cocotb + Verilator bench
+(sim/benches/node_landing.py) against cocotbext-axi AxiRam.
 
 Rate measurement (reported, not asserted):
 ``pytest tests/test_node_landing.py -k rate -s``.
@@ -47,9 +48,10 @@ def _beats(meta: Meta, payload: bytes) -> list[int]:
 
 
 def simulate(packets, cfg: LandingConfig, land_off, *, kv_count=KV_CAPACITY, bad_beats=(),
-             idle=0.0, wpause=0.0, b_latency=(1, 6), seed=1, queries=()):
+             idle=0.0, wpause=0.0, b_latency=(1, 6), seed=1, local_id=0, ev_stall=0.0):
     """Run the engine on ``packets``; returns DDR bytes written, the status counters, the
-    AW addresses, the query results (``kv_id`` → count) and the cycle count."""
+    AW addresses, the land events (``(kv_id, owner)`` in order; ``ev_stall``: probability
+    that ``landed.ready`` is low in a cycle) and the cycle count."""
     dut = LandingEngine(kv_count=kv_count)
     bus = dut.m_axi
     rng = random.Random(seed)
@@ -58,8 +60,21 @@ def simulate(packets, cfg: LandingConfig, land_off, *, kv_count=KV_CAPACITY, bad
     out: dict = {}
     finished = [False]
 
+    events: list[tuple[int, bool]] = []
+
+    async def event_sink(ctx):
+        erng = random.Random(seed + 1000)
+        while True:
+            ctx.set(dut.landed.ready, int(erng.random() >= ev_stall))
+            _, _, valid, ready, kv_id, owner = await ctx.tick().sample(
+                dut.landed.valid, dut.landed.ready, dut.landed.payload.kv_id,
+                dut.landed.payload.owner)
+            if valid and ready:
+                events.append((kv_id, bool(owner)))
+
     async def producer(ctx):
         ctx.set(dut.cfg.as_value(), cfg.pack())
+        ctx.set(dut.local_id, local_id)
         for seq, off in enumerate(land_off):
             ctx.set(dut.land_off_we, 1)
             ctx.set(dut.land_off_seq, seq)
@@ -123,25 +138,21 @@ def simulate(packets, cfg: LandingConfig, land_off, *, kv_count=KV_CAPACITY, bad
             await ctx.tick()
             cycles += 1
             busy = ctx.get(dut.i.valid) or ctx.get(bus.awvalid) or ctx.get(bus.wvalid) or \
-                ctx.get(bus.bvalid)
+                ctx.get(bus.bvalid) or ctx.get(dut.landed.valid)
             idle_for = idle_for + 1 if finished[0] and not busy else 0
             assert cycles < 200_000, "hang"
         raw = ctx.get(dut.status.as_value())
         out["status"] = {n: (raw >> f.offset) & ((1 << f.width) - 1) for n, f in LANDING_STATUS}
-        out["queries"] = {}
-        for kv_id in queries:
-            ctx.set(dut.query_kv_id, kv_id)
-            await ctx.tick()
-            out["queries"][kv_id] = ctx.get(dut.query_count)
         out["cycles"] = cycles
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     sim.add_testbench(producer, background=True)
     sim.add_testbench(slave, background=True)
+    sim.add_testbench(event_sink, background=True)
     sim.add_testbench(checker)
     sim.run()
-    return mem, out["status"], aws, out["queries"], out["cycles"]
+    return mem, out["status"], aws, events, out["cycles"]
 
 
 def _table(entries: dict[int, int]) -> list[int | None]:
@@ -166,7 +177,7 @@ def test_address_rule_40_bits():
     model = LandingModel(cfg, land_off, KV_CAPACITY)
     for meta, payload in packets:
         assert model.land(meta, payload) is LandResult.LANDED
-    mem, status, aws, queries, _ = simulate(packets, cfg, land_off, queries=(0, 17, 255, 3, cross))
+    mem, status, aws, events, _ = simulate(packets, cfg, land_off)
     assert mem == model.mem
     assert status == model.status
     first_aw = {a for a, _ in aws}
@@ -174,22 +185,24 @@ def test_address_rule_40_bits():
         addr = land_decision(cfg, meta, land_off)[1]
         assert addr - addr % 16 in first_aw
     assert len(aws) > len(packets)      # some packets crossed a 4 KiB page: two bursts
-    assert queries == {0: 1, 17: 1, 255: 1, 3: 0, cross: 1}
+    assert events == model.events == [(m.kv_id, True) for m, _ in packets]
 
 
 def test_drops_and_counts():
-    """Every drop cause, counted once per packet; the landed packets' bytes exact; the
-    directory counts via the query port; input never stalls for drops."""
+    """Every drop cause, counted once per packet; the landed packets' bytes exact; one land
+    event per landed packet, owner by ``src``, under event backpressure; input never stalls
+    for drops."""
     t = make_traffic(seed=5, n=60, kv_count=40, bad_fraction=0.5)
-    model = LandingModel(t.cfg, t.land_off, KV_CAPACITY)
+    model = LandingModel(t.cfg, t.land_off, KV_CAPACITY, local_id=1)
     for meta, payload in t.packets:
         model.land(meta, payload)
     assert all(model.status[k] for k in ("drop_unmapped", "drop_bad_seq", "drop_op"))
-    mem, status, _, queries, _ = simulate(t.packets, t.cfg, t.land_off, idle=0.3,
-                                          wpause=0.3, queries=range(40), seed=5)
+    mem, status, _, events, _ = simulate(t.packets, t.cfg, t.land_off, idle=0.3,
+                                         wpause=0.3, seed=5, local_id=1, ev_stall=0.6)
     assert status == model.status
     assert mem == model.mem
-    assert queries == {k: model.landed[k] for k in range(40)}
+    assert events == model.events
+    assert {o for _, o in events} == {True, False}
 
 
 def test_drops_run_at_full_rate():
@@ -201,8 +214,8 @@ def test_drops_run_at_full_rate():
         meta = [Meta(kv_id=10 + k, length=64), Meta(kv_id=1, seq=2, length=64),
                 Meta(kv_id=1, seq=1, length=64), Meta(op=Op.QUERY, length=64)][k % 4]
         packets.append((meta, bytes(range(64))))
-    _, status, aws, _, cycles = simulate(packets, cfg, land_off)
-    assert aws == []
+    _, status, aws, events, cycles = simulate(packets, cfg, land_off)
+    assert aws == [] and events == []
     assert status["drop_unmapped"] + status["drop_bad_seq"] + status["drop_op"] == 30
     beats = 30 * 8
     assert cycles - 200 <= beats + len(land_off) + 10
@@ -215,10 +228,9 @@ def test_write_error_not_counted():
     packets = [(Meta(kv_id=k, seq=s, length=2048), bytes([k * 2 + s]) * 2048)
                for k in range(4) for s in range(2)]
     bad = 0x100 + 2 * 4096 + 2048 + 16 * 40       # inside kv_id 2, seq 1
-    mem, status, _, queries, _ = simulate(packets, cfg, land_off, bad_beats={bad},
-                                          queries=range(4))
+    mem, status, _, events, _ = simulate(packets, cfg, land_off, bad_beats={bad})
     assert status["write_errors"] == 1 and status["packets"] == 7
-    assert queries == {0: 2, 1: 2, 2: 1, 3: 2}
+    assert [k for k, _ in events] == [0, 0, 1, 1, 2, 3, 3]
     model = LandingModel(cfg, land_off, KV_CAPACITY)
     for meta, payload in packets:
         model.land(meta, payload, write_error=(meta.kv_id, meta.seq) == (2, 1))
@@ -241,24 +253,25 @@ def test_framing_guard():
     for meta, payload in packets:
         model.land(meta, payload)
     assert model.status["framing_errors"] == 3
-    mem, status, _, queries, _ = simulate(packets, cfg, land_off, idle=0.2, wpause=0.3,
-                                          queries=range(5))
+    mem, status, _, events, _ = simulate(packets, cfg, land_off, idle=0.2, wpause=0.3)
     assert status == model.status
     assert mem == model.mem
-    assert queries == dict.fromkeys(range(5), 1)
+    assert events == model.events == [(k, True) for k in range(5)]
 
 
-def test_counter_back_to_back():
-    """Many one-beat packets to the same kv_id: read-modify-write increments never lost."""
+def test_events_back_to_back():
+    """Many one-beat packets to two kv_ids, B answered at once: one event each, in order,
+    none lost, with and without event backpressure (B responses wait on a full event
+    FIFO)."""
     cfg = LandingConfig(kv_base=0, kv_slot=1 << 20, kv_count=4)
     land_off = _table({s: 16 * s for s in range(200)})
     packets = [(Meta(kv_id=k % 2, seq=s, length=8), bytes([s]) * 8)
                for s in range(120) for k in range(2) if (s + k) % 3]
-    _, status, _, queries, _ = simulate(packets, cfg, land_off, b_latency=(0, 0),
-                                        queries=(0, 1, 2))
-    n0 = sum(1 for m, _ in packets if m.kv_id == 0)
-    assert queries == {0: n0, 1: len(packets) - n0, 2: 0}
-    assert status["packets"] == len(packets)
+    for stall in (0.0, 0.8):
+        _, status, _, events, _ = simulate(packets, cfg, land_off, b_latency=(0, 0),
+                                           ev_stall=stall, local_id=5)
+        assert events == [(m.kv_id, False) for m, _ in packets]
+        assert status["packets"] == len(packets)
 
 
 # --- cocotb + Verilator bench ---------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""KV landing engine: ``Op.KV_REPLICA`` packets → their ``kv_id``'s slot in DDR, counted per
-``kv_id`` after the write is acknowledged (docs/node.md §5 "Landing engine", "Directory"; §6 rule
-1: the landing engine is a sink that always drains; paper §5, KV blocks landing in DDR).
+"""KV landing engine: ``Op.KV_REPLICA`` packets → their ``kv_id``'s slot in DDR, one land event
+per packet to the directory after the write is acknowledged (docs/node.md §5 "Landing engine",
+"Directory"; §6 rule 1: the landing engine is a sink that always drains; paper §5, KV blocks
+landing in DDR).
 
 The address rule, the ``LAND_OFF`` table, the configuration and the status counters are
 :mod:`mcf.abi.landing`'s; :func:`mcf.abi.landing.land_decision` is the golden model.
@@ -12,11 +13,11 @@ from amaranth import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from mcf.abi.directory import LAND_EVENT
 from mcf.abi.framing import MAX_PAYLOAD, parsed_layout
 from mcf.abi.landing import (
     LAND_OFF_ENTRIES,
     LAND_OFF_ENTRY,
-    LANDED_BITS,
     LANDING_CONFIG,
     LANDING_STATUS,
 )
@@ -43,12 +44,15 @@ class LandingEngine(wiring.Component):
     Parameters
     ----------
     kv_count : int
-        Directory depth: ``kv_id`` values the instance can count (``sim`` 256, ``kr260``
-        65,536). A ``kv_id`` at or above it, or at or above ``cfg.kv_count``, is unmapped.
+        Directory depth (``Directory(kv_count)``: ``sim`` 256, ``kr260`` 65,536). A ``kv_id`` at
+        or above it, or at or above ``cfg.kv_count``, is unmapped.
     axi_width : int
         Data width of the AXI4 write master (128, the HP port); a multiple of 64.
     fifo_depth : int
         Payload FIFO entries (``axi_width``-bit beats) between the upsizer and the writer.
+    event_depth : int
+        Land events buffered for a directory that is not ready (its clear walk); when full, B
+        responses wait, then the writer, then the input.
 
     Members
     -------
@@ -61,13 +65,19 @@ class LandingEngine(wiring.Component):
     land_off_we, land_off_seq, land_off_data : In
         ``LAND_OFF`` write port: one entry (:data:`mcf.abi.landing.LAND_OFF_ENTRY`) per cycle
         with ``land_off_we``. Write it while no packet is arriving.
-    query_kv_id : In(kv_id width), query_count : Out(:data:`mcf.abi.landing.LANDED_BITS`)
-        Directory read port: the landed-packet count of ``query_kv_id``, one cycle later (a
-        count written in the same cycle is seen).
+    local_id : In(``Meta.src`` width)
+        This node's id (``NODE.local_id``): a packet with ``meta.src == local_id`` is a local
+        copy (an EMIT's tee); sampled on each packet's first beat.
+    landed : Out(stream.Signature(:data:`mcf.abi.directory.LAND_EVENT`))
+        One event per landed packet (``kv_id``, ``owner`` = it was a local copy), in input
+        order, after the packet's last B response answered OKAY (a reader of the directory never
+        sees a counted-but-unwritten packet); never for a dropped packet or a write error. To
+        ``Directory.land``.
     m_axi : Out(AXI4Signature(data_width=axi_width))
         Write master (AW/W/B; AR/R tied off). Bursts INCR, never across 4 KiB.
     status : Out(:data:`mcf.abi.landing.LANDING_STATUS`)
-        ``packets``/``bytes`` landed, ``drop_unmapped``, ``drop_bad_seq``, ``drop_op``,
+        ``packets``/``bytes`` landed (= events emitted), ``drop_unmapped``, ``drop_bad_seq``,
+        ``drop_op``,
         ``write_errors`` (a packet whose burst answered SLVERR/DECERR: not landed),
         ``framing_errors`` (a landing packet whose beats disagreed with ``length``: padded
         with zeros or cut to ``length``, so the writer never waits for missing data).
@@ -78,15 +88,13 @@ class LandingEngine(wiring.Component):
     payload FIFO → :class:`mcf.hdl.mem.dma.DmaWriter`, one descriptor per packet (the writer
     aligns with ``wstrb``). The upsizer sits between the decision stage and the payload FIFO,
     so the FIFO and the writer run at ``axi_width``. The first AW is valid ~7 cycles after the
-    header beat is taken (AXI slave ready). A packet's counts (``status``, directory) change
-    one cycle after its last B handshake (its bursts' responses are matched in order: one AXI
-    ID, one or two bursts per packet); ``query_count`` shows it one cycle later. Throughput:
+    header beat is taken (AXI slave ready). A packet's ``status`` counts change, and its event
+    enters the event FIFO, on its last B handshake (its bursts' responses are matched in order:
+    one AXI ID, one or two bursts per packet); ``landed.valid`` rises one cycle later. At most
+    one event per packet, so ≤ one per cycle, ≤ one per 2 cycles for ≥ 9-byte packets; the
+    ``Directory`` takes one per cycle. Throughput:
     one input beat per cycle, no bubble between packets (measured: 0.995-0.999 payload beats
     per cycle for 120-2,040-B fragments, ``tests/test_node_landing.py::test_landing_rate``).
-
-    The directory memory is not cleared by reset (URAM has none): it starts at zero on
-    configuration; the node's clear engine (docs/node.md §5) will walk it. Counts wrap at
-    2^LANDED_BITS.
 
     Stream rules: ``i.ready`` depends only on the engine's registers and FIFO levels (never
     on ``i.valid``). Dropped packets are consumed at one beat per cycle and never wait for
@@ -95,7 +103,8 @@ class LandingEngine(wiring.Component):
     """
 
     def __init__(self, kv_count: int = 256, axi_width: int = 128,
-                 addr_width: int = ADDR_BITS, outstanding: int = 8, fifo_depth: int = 64):
+                 addr_width: int = ADDR_BITS, outstanding: int = 8, fifo_depth: int = 64,
+                 event_depth: int = 8):
         kv_max = 1 << META["kv_id"].width
         if not 1 <= kv_count <= kv_max:
             raise ValueError(f"kv_count must lie in 1..{kv_max}")
@@ -106,7 +115,8 @@ class LandingEngine(wiring.Component):
         if (MAX_PAYLOAD + 2 * bb - 2) // bb > min(MAX_BURST_BEATS, BOUNDARY_BYTES // bb) + 1:
             raise ValueError("a MAX_PAYLOAD packet would need more than two bursts")
         self.kv_count, self.axi_width, self.addr_width = kv_count, axi_width, addr_width
-        self.outstanding, self.fifo_depth = outstanding, fifo_depth
+        self.outstanding, self.fifo_depth, self.event_depth = outstanding, fifo_depth, \
+            event_depth
         self.writer = DmaWriter(axi_width, addr_width, outstanding)
         super().__init__({
             "i": In(stream.Signature(parsed_layout(PACKET_WIDTH))),
@@ -114,8 +124,8 @@ class LandingEngine(wiring.Component):
             "land_off_we": In(1),
             "land_off_seq": In(META["seq"].width),
             "land_off_data": In(LAND_OFF_ENTRY),
-            "query_kv_id": In(META["kv_id"].width),
-            "query_count": Out(LANDED_BITS),
+            "local_id": In(META["src"].width),
+            "landed": Out(stream.Signature(LAND_EVENT)),
             "m_axi": Out(AXI4Signature(addr_width, axi_width)),
             "status": Out(LANDING_STATUS),
         })
@@ -141,7 +151,8 @@ class LandingEngine(wiring.Component):
         # --- stage 1: beat register, table read, slot multiply ---------------------------
         beat_l = data.StructLayout({
             "data": unsigned(PACKET_WIDTH), "last": unsigned(1), "first": unsigned(1),
-            "op": Op, "kv_id": unsigned(META["kv_id"].width), "length": unsigned(len_bits)})
+            "op": Op, "kv_id": unsigned(META["kv_id"].width), "length": unsigned(len_bits),
+            "src": unsigned(META["src"].width)})
         s1 = Signal(beat_l)
         s1_valid = Signal()
         s1_prod = Signal(META["kv_id"].width + LANDING_CONFIG["kv_slot"].shape.width)
@@ -154,8 +165,8 @@ class LandingEngine(wiring.Component):
         with m.If(take):
             m.d.sync += [s1.data.eq(self.i.payload.data), s1.last.eq(self.i.payload.last),
                          s1.first.eq(in_first), s1.op.eq(meta.op), s1.kv_id.eq(meta.kv_id),
-                         s1.length.eq(meta.length), s1_valid.eq(1), in_first.eq(
-                             self.i.payload.last),
+                         s1.length.eq(meta.length), s1.src.eq(meta.src), s1_valid.eq(1),
+                         in_first.eq(self.i.payload.last),
                          s1_prod.eq(meta.kv_id * cfg.kv_slot)]
         with m.Elif(s1_move):
             m.d.sync += s1_valid.eq(0)
@@ -173,7 +184,7 @@ class LandingEngine(wiring.Component):
         ]
         s2 = Signal(data.StructLayout({
             "data": unsigned(PACKET_WIDTH), "last": unsigned(1), "first": unsigned(1),
-            "keep": unsigned(1), "kv_id": unsigned(META["kv_id"].width),
+            "keep": unsigned(1), "kv_id": unsigned(META["kv_id"].width), "owner": unsigned(1),
             "length": unsigned(len_bits), "addr": unsigned(aw)}))
         s2_valid = Signal()
         s2_move = Signal()
@@ -182,6 +193,7 @@ class LandingEngine(wiring.Component):
         with m.If(s1_move):
             m.d.sync += [s2.data.eq(s1.data), s2.last.eq(s1.last), s2.first.eq(s1.first),
                          s2.kv_id.eq(s1.kv_id), s2.length.eq(s1.length),
+                         s2.owner.eq(s1.src == self.local_id),
                          s2.addr.eq(cfg.kv_base + s1_prod + entry.offset), s2_valid.eq(1)]
             with m.If(s1.first):
                 keep = op_ok & mapped & seq_ok
@@ -201,7 +213,8 @@ class LandingEngine(wiring.Component):
         desc_l = descriptor_layout(aw)
         m.submodules.desc_fifo = desc_fifo = fifo.SyncFIFOBuffered(width=desc_l.size, depth=4)
         pend_l = data.StructLayout({"kv_id": unsigned(META["kv_id"].width),
-                                    "length": unsigned(len_bits), "two": unsigned(1)})
+                                    "owner": unsigned(1), "length": unsigned(len_bits),
+                                    "two": unsigned(1)})
         pend_depth = 4 + self.outstanding + 4
         m.submodules.pend_fifo = pend = fifo.SyncFIFOBuffered(width=pend_l.size,
                                                               depth=pend_depth)
@@ -259,7 +272,7 @@ class LandingEngine(wiring.Component):
                 desc_fifo.w_en.eq(1),
                 desc_fifo.w_data.eq(desc),
                 pend.w_en.eq(1),
-                pend.w_data.eq(Cat(s2.kv_id, s2.length, total > first_n)),
+                pend.w_data.eq(Cat(s2.kv_id, s2.owner, s2.length, total > first_n)),
             ]
         lanes = [Mux(up_cnt == k, s2.data, up_acc[k * PACKET_WIDTH:(k + 1) * PACKET_WIDTH])
                  for k in range(ratio)]
@@ -276,13 +289,18 @@ class LandingEngine(wiring.Component):
         m.d.comb += [wr.desc.valid.eq(desc_fifo.r_rdy), desc_fifo.r_en.eq(wr.desc.ready),
                      wr.desc.payload.eq(desc_fifo.r_data)]
         wiring.connect(m, pay.r_stream, wr.i)
+        m.submodules.event_fifo = ev = fifo.SyncFIFOBuffered(width=LAND_EVENT.size,
+                                                             depth=self.event_depth)
         bus = self.m_axi
         for n in ("awaddr", "awlen", "awsize", "awburst", "awid", "awcache", "awprot",
-                  "awvalid", "wdata", "wstrb", "wlast", "wvalid", "bready"):
+                  "awvalid", "wdata", "wstrb", "wlast", "wvalid"):
             m.d.comb += getattr(bus, n).eq(getattr(wr.bus, n))
-        for n in ("awready", "wready", "bresp", "bid", "bvalid"):
+        for n in ("awready", "wready", "bresp", "bid"):
             m.d.comb += getattr(wr.bus, n).eq(getattr(bus, n))
-        m.d.comb += [bus.arvalid.eq(0), bus.rready.eq(0)]
+        # B responses wait while the event FIFO is full (a directory still clearing)
+        m.d.comb += [bus.bready.eq(wr.bus.bready & ev.w_rdy),
+                     wr.bus.bvalid.eq(bus.bvalid & ev.w_rdy),
+                     bus.arvalid.eq(0), bus.rready.eq(0)]
 
         # --- completions: B responses in order, two per packet crossing a page ----------
         head = data.View(pend_l, pend.r_data)
@@ -297,24 +315,13 @@ class LandingEngine(wiring.Component):
             m.d.sync += [b_seen.eq(~done), b_err.eq(Mux(done, 0, err_now))]
         m.d.comb += pend.r_en.eq(done)
 
-        # --- directory: landed count per kv_id (read-modify-write, transparent) ----------
-        m.submodules.landed = dir_mem = memory.Memory(shape=unsigned(LANDED_BITS),
-                                                      depth=self.kv_count, init=[])
-        dir_wr = dir_mem.write_port()
-        dir_rd = dir_mem.read_port(transparent_for=(dir_wr,))
-        dir_q = dir_mem.read_port(transparent_for=(dir_wr,))
-        kv_bits = max(1, (self.kv_count - 1).bit_length())
-        u_valid = Signal()
-        u_kv = Signal(kv_bits)
-        u_len = Signal(len_bits)
+        # --- land events: one per packet written without error ---------------------------
         ok = Signal()
-        m.d.comb += [ok.eq(done & ~err_now),
-                     dir_rd.en.eq(ok), dir_rd.addr.eq(head.kv_id[:kv_bits])]
-        m.d.sync += [u_valid.eq(ok), u_kv.eq(head.kv_id[:kv_bits]), u_len.eq(head.length)]
+        m.d.comb += [ok.eq(done & ~err_now), ev.w_en.eq(ok),
+                     ev.w_data.eq(Cat(head.kv_id, head.owner))]
+        wiring.connect(m, ev.r_stream, wiring.flipped(self.landed))
         with m.If(done & err_now):
             m.d.sync += st.write_errors.eq(st.write_errors + 1)
-        m.d.comb += [dir_wr.en.eq(u_valid), dir_wr.addr.eq(u_kv), dir_wr.data.eq(dir_rd.data + 1)]
-        with m.If(u_valid):
-            m.d.sync += [st.packets.eq(st.packets + 1), st.bytes.eq(st.bytes + u_len)]
-        m.d.comb += [dir_q.addr.eq(self.query_kv_id[:kv_bits]), self.query_count.eq(dir_q.data)]
+        with m.If(ok):
+            m.d.sync += [st.packets.eq(st.packets + 1), st.bytes.eq(st.bytes + head.length)]
         return m

@@ -11,8 +11,9 @@ SLVERR on the first beat of its slot (``AxiRam``'s own mechanism: an access that
 
 Scoreboard (:class:`mcf.abi.landing.LandingModel`): every byte of the KV region equals the
 model's (bytes never written stay at the fill pattern; the failed write's bytes are skipped),
-the per-``kv_id`` landed counts read through the query port, and every ``LANDING_STATUS``
-counter exactly. Idle cycles on the input, pauses on AW/W/B.
+the land-event stream (``landed``: ``(kv_id, owner)`` per landed packet, in order; the bench's
+``local_id`` is :data:`LOCAL_ID`, traffic ``src`` is 0 or 1), and every ``LANDING_STATUS``
+counter exactly. Idle cycles on the input, pauses on AW/W/B and on ``landed.ready``.
 
 Params: ``seed``, ``n`` (packets), ``idle``, ``pause`` (AXI channel pause probability),
 ``tests``; ``out``: a JSON file for the rate measurement (``rate`` test: full input rate, no
@@ -24,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections import Counter
 from dataclasses import dataclass
 
 import cocotb
@@ -36,7 +36,6 @@ from cocotbext.axi import AxiBus, AxiRam, AxiStreamBus, AxiStreamFrame, AxiStrea
 from mcf.abi.framing import MAX_PAYLOAD, payload_beats
 from mcf.abi.kv import pack_kv_block
 from mcf.abi.landing import (
-    LANDED_BITS,
     LANDING_STATUS,
     LandingConfig,
     LandingModel,
@@ -51,6 +50,7 @@ from mcf.sim.toolchain import bench_params
 MEM = 1 << 20
 FILL = 0xA5
 KV_CAPACITY = 256      # the bench's LandingEngine(kv_count=...)
+LOCAL_ID = 1           # the bench's local_id: packets with src 1 are local copies
 
 
 @dataclass
@@ -164,13 +164,26 @@ class TB:
         if pause:
             for ch in (wi.aw_channel, wi.w_channel, wi.b_channel):
                 ch.set_pause_generator(pattern(pause, rng))
+        self.events: list[tuple[int, bool]] = []
+        cocotb.start_soon(self._events(pattern(pause, rng) if pause else None))
         self.src = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis"), dut.clk, dut.rst)
         self.src.log.setLevel(logging.WARNING)
         if idle:
             self.src.set_pause_generator(pattern(idle, rng))
         self.bpb = len(dut.s_axis_tdata) // 8
         dut.land_off_we.value = 0
-        dut.query_kv_id.value = 0
+        dut.local_id.value = LOCAL_ID
+        dut.landed_tready.value = 1
+
+    async def _events(self, pauses):
+        """Collect the land events; ``landed.ready`` low when ``pauses`` says so."""
+        d = self.dut
+        while True:
+            await RisingEdge(d.clk)
+            if d.landed_tvalid.value and d.landed_tready.value:
+                self.events.append((int(d.landed_tkv_id.value), bool(d.landed_towner.value)))
+            if pauses is not None:
+                d.landed_tready.value = int(not next(pauses))
 
     async def reset(self, t: Traffic):
         d = self.dut
@@ -191,15 +204,10 @@ class TB:
             return AxiStreamFrame(bytes(self.bpb), tkeep=[0] * self.bpb, tuser=meta.pack())
         return AxiStreamFrame(payload, tuser=meta.pack())
 
-    async def query(self, kv_id: int) -> int:
-        self.dut.query_kv_id.value = kv_id
-        await RisingEdge(self.dut.clk)
-        await RisingEdge(self.dut.clk)
-        return int(self.dut.query_count.value)
 
 
 def _model(t: Traffic) -> LandingModel:
-    model = LandingModel(t.cfg, t.land_off, KV_CAPACITY)
+    model = LandingModel(t.cfg, t.land_off, KV_CAPACITY, LOCAL_ID)
     for meta, payload in t.packets:
         model.land(meta, payload, t.write_error(meta))
     return model
@@ -214,10 +222,9 @@ async def _drain(tb: TB, expected: dict, timeout_cycles: int) -> int:
     raise AssertionError(f"status {_status(tb.dut)} never reached {expected}")
 
 
-async def _check(tb: TB, t: Traffic, model, landed=None) -> None:
-    """DDR bytes of the region and around it, and the directory counts (``landed``: expected
-    counts when the directory holds earlier runs' packets too — reset does not clear it)."""
-    landed = model.landed if landed is None else landed
+async def _check(tb: TB, t: Traffic, model) -> None:
+    """DDR bytes of the region and around it, and the land events (the run's only: the
+    caller empties ``tb.events`` before it)."""
     region = t.cfg.kv_slot * t.cfg.kv_count
     got = tb.ram.read(t.cfg.kv_base, region)
     skip = {a for meta, _ in t.packets if t.write_error(meta) for a in t.span(meta)}
@@ -233,10 +240,15 @@ async def _check(tb: TB, t: Traffic, model, landed=None) -> None:
     assert tb.ram.read(0, t.cfg.kv_base) == bytes([FILL]) * t.cfg.kv_base
     tail = t.cfg.kv_base + region
     assert tb.ram.read(tail, 4096) == bytes([FILL]) * 4096
-    for kv_id in range(t.cfg.kv_count):
-        count = await tb.query(kv_id)
-        assert count == landed[kv_id], f"kv_id {kv_id}: landed {count}, " \
-            f"expected {landed[kv_id]}"
+    for _ in range(2000):               # events trail their status under landed backpressure
+        if len(tb.events) >= len(model.events):
+            break
+        await RisingEdge(tb.dut.clk)
+    for _ in range(5):
+        await RisingEdge(tb.dut.clk)
+    assert tb.events == model.events, f"{len(tb.events)} land events, " \
+        f"expected {len(model.events)}"
+    assert {o for _, o in model.events} == {True, False}
 
 
 @cocotb.test()
@@ -277,7 +289,6 @@ async def rate(dut):
             await RisingEdge(dut.clk)
             cycle[0] += 1
     cocotb.start_soon(count())
-    landed: Counter = Counter()
     results = []
     for max_payload in p.get("rate_payloads", [MAX_PAYLOAD]):
         t = make_traffic(p.get("seed", 1) + max_payload, p.get("rate_n", 100),
@@ -287,8 +298,7 @@ async def rate(dut):
         tb.ram.write(0, bytes([FILL]) * MEM)
         await tb.reset(t)
         model = _model(t)
-        for k, n in model.landed.items():
-            landed[k] = (landed[k] + n) % (1 << LANDED_BITS)
+        tb.events.clear()
         frames = [tb.frame(meta, payload) for meta, payload in t.packets]
         start = None
         for f in frames:
@@ -300,7 +310,7 @@ async def rate(dut):
         beats = sum(payload_beats(len(pl), 64) for _, pl in t.packets)
         await with_timeout(_drain(tb, model.status, 10 * beats + 10_000), 10, "ms")
         cycles = cycle[0] - start
-        await _check(tb, t, model, landed)
+        await _check(tb, t, model)
         results.append({"max_payload": max_payload, "packets": len(t.packets),
                         "packet_bytes": sorted({len(pl) for _, pl in t.packets}),
                         "payload_beats": beats, "cycles": cycles,

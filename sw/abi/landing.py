@@ -11,12 +11,14 @@ offset and a valid bit (:data:`LAND_OFF_ENTRY`). The table, not arithmetic on ``
 fragments, so neither ``H_kv`` nor the record format is wired into the engine;
 :func:`per_token_land_off` builds it the way MARS numbers fragments
 (``MetaEncoder.fragment_tokens``). :func:`kv_address` and :func:`land_decision` are the golden
-model of the engine (``mcf.hdl.node.landing.LandingEngine``).
+model of the engine (``mcf.hdl.node.landing.LandingEngine``); :class:`LandingModel` also gives
+the land events the engine sends to the directory (:mod:`mcf.abi.directory`).
 
-A packet is dropped whole, and counted, when its ``op`` is not ``KV_REPLICA`` (``drop_op``: the
-other ops are later work), when ``kv_id >= KV_COUNT`` (``drop_unmapped``), or when its
-``LAND_OFF`` entry is invalid, its length is 0 or above :data:`~mcf.abi.framing.MAX_PAYLOAD`,
-or ``offset + length > KV_SLOT`` (``drop_bad_seq``).
+A packet is dropped whole, and counted, when its ``op`` is not ``KV_REPLICA`` (``drop_op``:
+the node's :mod:`mcf.abi.local_sink` routes the other ops elsewhere, so none arrive there),
+when ``kv_id >= KV_COUNT`` (``drop_unmapped``), or when its ``LAND_OFF`` entry is invalid, its
+length is 0 or above :data:`~mcf.abi.framing.MAX_PAYLOAD`, or ``offset + length > KV_SLOT``
+(``drop_bad_seq``).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ KV_COUNT_BITS = META["kv_id"].width + 1
 
 LANDED_BITS = 10
 """Per-``kv_id`` landed-packet count in the directory (a ``kv_id`` has <= 256 packets; the count
-wraps, software and the sequencer compare differences)."""
+saturates, :mod:`mcf.abi.directory`)."""
 
 LANDING_CONFIG = data.StructLayout({
     "kv_base": unsigned(KV_BASE_BITS),
@@ -139,14 +141,18 @@ def land_decision(cfg: LandingConfig, meta: Meta, land_off: Sequence[int | None]
 
 class LandingModel:
     """Golden model of the landing engine: DDR bytes written (``mem``: address → byte),
-    :data:`LANDING_STATUS` counters (``status``) and per-``kv_id`` landed counts (``landed``,
-    modulo 2^:data:`LANDED_BITS`)."""
+    :data:`LANDING_STATUS` counters (``status``), the land events in order (``events``:
+    ``(kv_id, owner)``, ``owner`` = ``meta.src == local_id``; what the engine's ``landed`` stream
+    carries to :class:`mcf.abi.directory.DirectoryModel`) and their number per ``kv_id``
+    (``landed``)."""
 
     def __init__(self, cfg: LandingConfig, land_off: Sequence[int | None],
-                 kv_capacity: int | None = None):
+                 kv_capacity: int | None = None, local_id: int = 0):
         self.cfg, self.land_off, self.kv_capacity = cfg, land_off, kv_capacity
+        self.local_id = local_id
         self.mem: dict[int, int] = {}
         self.status = {name: 0 for name, _ in LANDING_STATUS}
+        self.events: list[tuple[int, bool]] = []
         self.landed: Counter = Counter()
 
     def land(self, meta: Meta, payload: bytes, write_error: bool = False) -> LandResult:
@@ -168,7 +174,8 @@ class LandingModel:
             self.mem[addr + i] = b
         self.status["packets"] += 1
         self.status["bytes"] += meta.length
-        self.landed[meta.kv_id] = (self.landed[meta.kv_id] + 1) % (1 << LANDED_BITS)
+        self.events.append((meta.kv_id, meta.src == self.local_id))
+        self.landed[meta.kv_id] += 1
         return result
 
 

@@ -247,8 +247,15 @@ class DmaWriter(wiring.Component):
         responses, the last non-OKAY response code.
     busy : Out(1)
         Anything accepted and not yet acknowledged.
+    desc_done : Out(1)
+        One-cycle pulse per accepted descriptor, the cycle after the B response of its final
+        burst: every byte of the descriptor is then written (globally visible), in descriptor
+        order. Rejected descriptors give none.
+    desc_err : Out(1)
+        With ``desc_done``: some burst of that descriptor answered SLVERR/DECERR.
 
-    Latency: the first AW two cycles after the descriptor; W beats follow their AW.
+    Latency: the first AW two cycles after the descriptor; W beats follow their AW;
+    ``desc_done`` one cycle after the last B handshake.
     """
 
     def __init__(self, data_width: int = 128, addr_width: int = ADDR_BITS,
@@ -259,6 +266,7 @@ class DmaWriter(wiring.Component):
             "i": In(stream.Signature(unsigned(data_width))),
             "bus": Out(AXI4Signature(addr_width, data_width)),
             "status": Out(DMA_WRITE_STATUS), "busy": Out(1),
+            "desc_done": Out(1), "desc_err": Out(1),
         })
 
     def elaborate(self, platform):
@@ -275,6 +283,9 @@ class DmaWriter(wiring.Component):
         info_l = data.StructLayout({"off": unsigned(lb), "length": unsigned(LENGTH_BITS)})
         m.submodules.info = info = fifo.SyncFIFOBuffered(width=info_l.size, depth=4)
         m.submodules.wlen = wlen = fifo.SyncFIFOBuffered(width=9, depth=self.outstanding)
+        # one tag per burst in flight: 1 = the final burst of its descriptor
+        m.submodules.tags = tags = fifo.SyncFIFO(width=1, depth=self.outstanding)
+        acc_err = Signal()
         bursts = Signal(range(self.outstanding + 1))
 
         m.d.comb += [bus.awsize.eq(lb), bus.awburst.eq(AxiBurst.INCR),
@@ -289,15 +300,27 @@ class DmaWriter(wiring.Component):
                     (bursts < self.outstanding)):
             m.d.sync += [bus.awvalid.eq(1), bus.awaddr.eq(rows.baddr),
                          bus.awlen.eq(rows.n - 1)]
-            m.d.comb += [wlen.w_en.eq(1), wlen.w_data.eq(rows.n)]
+            m.d.comb += [wlen.w_en.eq(1), wlen.w_data.eq(rows.n),
+                         tags.w_en.eq(1),
+                         tags.w_data.eq((rows.beats_left == rows.n) & (rows.left == 1))]
             rows.issued(m)
         b_ok = Signal()
         m.d.comb += [bus.bready.eq(1), b_ok.eq(bus.bvalid)]
         m.d.sync += bursts.eq(bursts + wlen.w_en - b_ok)
+        b_err = Signal()
+        m.d.comb += b_err.eq(bus.bresp != AxiResp.OKAY)
+        m.d.sync += [self.desc_done.eq(0), self.desc_err.eq(0)]
         with m.If(b_ok):
             m.d.sync += st.bursts.eq(st.bursts + 1)
-            with m.If(bus.bresp != AxiResp.OKAY):
+            with m.If(b_err):
                 m.d.sync += [st.errors.eq(st.errors + 1), st.last_resp.eq(bus.bresp)]
+            # B responses of one ID come back in AW order: the head tag is this burst's
+            m.d.comb += tags.r_en.eq(1)
+            with m.If(tags.r_rdy & tags.r_data):
+                m.d.sync += [self.desc_done.eq(1), self.desc_err.eq(acc_err | b_err),
+                             acc_err.eq(0)]
+            with m.Else():
+                m.d.sync += acc_err.eq(acc_err | b_err)
         m.d.comb += self.busy.eq(rows.busy | (bursts != 0) | info.r_rdy)
 
         # realign input rows into place, with strobes
@@ -324,16 +347,25 @@ class DmaWriter(wiring.Component):
         for b in range(bb):
             m.d.comb += lanes[b].eq((start + b >= cur.off) & (start + b < end))
 
-        back = Signal(lb + 1)
-        m.d.comb += back.eq(bb - cur.off)
+        # the row's bytes moved up by ``off`` lanes (byte b of a beat is row byte b - off,
+        # lanes below ``off`` from ``prev``): one fixed slice per offset, so no operand is
+        # wider than the beat
+        nxt = Signal(DW)
+        m.d.comb += nxt.eq(Mux(j < in_cnt, self.i.payload, 0))
+        both = Cat(prev, nxt)
+        wdata = Signal(DW)
+        with m.Switch(cur.off):
+            for k in range(bb):
+                with m.Case(k):
+                    m.d.comb += wdata.eq(both[(bb - k) * 8:(bb - k) * 8 + DW])
 
-        def send(nxt):
-            m.d.sync += [bus.wvalid.eq(1),
-                         bus.wdata.eq(Cat(prev, nxt).bit_select(back * 8, DW)),
-                         bus.wstrb.eq(lanes), j.eq(j + 1), prev.eq(nxt)]
-            last_of_burst = wbeat == wlen.r_data - 1
-            m.d.sync += [bus.wlast.eq(last_of_burst), wbeat.eq(Mux(last_of_burst, 0,
-                                                                   wbeat + 1))]
+        send = Signal()
+        last_of_burst = Signal()
+        m.d.comb += last_of_burst.eq(wbeat == wlen.r_data - 1)
+        with m.If(send):
+            m.d.sync += [bus.wvalid.eq(1), bus.wdata.eq(wdata), bus.wstrb.eq(lanes),
+                         j.eq(j + 1), prev.eq(nxt), bus.wlast.eq(last_of_burst),
+                         wbeat.eq(Mux(last_of_burst, 0, wbeat + 1))]
             m.d.comb += wlen.r_en.eq(last_of_burst)
             with m.If(j == out_cnt - 1):
                 m.d.sync += active.eq(0)
@@ -341,11 +373,9 @@ class DmaWriter(wiring.Component):
         m.d.comb += self.i.ready.eq(0)
         with m.If(active & can & wlen.r_rdy):
             with m.If(j < in_cnt):
-                m.d.comb += self.i.ready.eq(1)
-                with m.If(self.i.valid):
-                    send(self.i.payload)
+                m.d.comb += [self.i.ready.eq(1), send.eq(self.i.valid)]
             with m.Else():
-                send(Const(0, DW))
+                m.d.comb += send.eq(1)
         return m
 
 
@@ -354,7 +384,8 @@ class DmaLoader(wiring.Component):
 
     Members: ``rd_desc``, ``rd`` (read beats), ``wr_desc``, ``wr`` (write data), ``m_axi``,
     ``status`` (:data:`mcf.abi.compute.DMA_STATUS`: the reader's fields prefixed ``rd_``, the
-    writer's ``wr_``) and ``wr_busy``. Latencies as :class:`DmaReader` and :class:`DmaWriter`.
+    writer's ``wr_``), ``wr_busy`` and ``wr_done``/``wr_err`` (the writer's
+    ``desc_done``/``desc_err``). Latencies as :class:`DmaReader` and :class:`DmaWriter`.
     """
 
     def __init__(self, data_width: int = 128, addr_width: int = ADDR_BITS,
@@ -366,6 +397,7 @@ class DmaLoader(wiring.Component):
             "rd_desc": r["desc"], "rd": r["o"], "wr_desc": w["desc"], "wr": w["i"],
             "m_axi": Out(AXI4Signature(addr_width, data_width)),
             "status": Out(DMA_STATUS), "wr_busy": w["busy"],
+            "wr_done": w["desc_done"], "wr_err": w["desc_err"],
         })
 
     def elaborate(self, platform):
@@ -380,7 +412,8 @@ class DmaLoader(wiring.Component):
             m.d.comb += self.status[f"rd_{name}"].eq(rd.status[name])
         for name, _ in DMA_WRITE_STATUS:
             m.d.comb += self.status[f"wr_{name}"].eq(wr.status[name])
-        m.d.comb += self.wr_busy.eq(wr.busy)
+        m.d.comb += [self.wr_busy.eq(wr.busy), self.wr_done.eq(wr.desc_done),
+                     self.wr_err.eq(wr.desc_err)]
         ar = ("araddr", "arlen", "arsize", "arburst", "arid", "arcache", "arprot", "arvalid",
               "rready")
         aw = ("awaddr", "awlen", "awsize", "awburst", "awid", "awcache", "awprot", "awvalid",

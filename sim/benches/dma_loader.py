@@ -96,6 +96,7 @@ class TB:
             self.wr.set_pause_generator(_pauses(idle, self.rng))
         for d in ("rd_desc", "wr_desc"):
             getattr(dut, f"s_axis_{d}_tvalid").value = 0
+        self.done: list[int] = []           # wr_err of every wr_done pulse
         cocotb.start_soon(self._monitor())
 
     async def reset(self):
@@ -129,6 +130,8 @@ class TB:
                         self.max_outstanding = max(self.max_outstanding, self.inflight)
             if d.m_axi_rvalid.value and d.m_axi_rready.value and d.m_axi_rlast.value:
                 self.inflight -= 1
+            if d.wr_done.value:
+                self.done.append(int(d.wr_err.value))
 
     async def _serve_reads(self):
         ri = self.ram.read_if
@@ -164,7 +167,10 @@ class TB:
         return bytes(fr.tdata)
 
     async def write(self, addr, length, payload_rows, stride=0):
+        """One write descriptor; returns when ``wr_busy`` drops, after checking that exactly
+        one ``wr_done`` pulse came, no earlier than the last B response; its ``wr_err``."""
         bb = len(self.dut.m_axi_wdata) // 8
+        before = len(self.done)
         await self.desc("wr", addr, length, stride, len(payload_rows))
         data = b""
         for row in payload_rows:
@@ -175,6 +181,10 @@ class TB:
             await RisingEdge(self.dut.clk)
             if not self.dut.wr_busy.value and self.wr.idle():
                 break
+            assert len(self.done) == before, "wr_done before the last B response"
+        await RisingEdge(self.dut.clk)
+        assert len(self.done) == before + 1, "one wr_done per descriptor"
+        return self.done[-1]
 
 
 def expected_rows(mem: bytes, addr, length, stride, count):
@@ -226,7 +236,7 @@ async def dma(dut):
             cases.append((addr, length, stride, count))
         for addr, length, stride, count in cases:
             rows = [bytes(rng.getrandbits(8) for _ in range(length)) for _ in range(count)]
-            await tb.write(base + addr, length, rows, stride)
+            assert await tb.write(base + addr, length, rows, stride) == 0
             for i, row in enumerate(rows):
                 shadow[addr + i * stride: addr + i * stride + length] = row
             assert tb.ram.read(base, 1 << 16) == bytes(shadow), f"write {addr},{length} bad"
@@ -251,8 +261,10 @@ async def dma(dut):
         assert st(dut)["rd_last_resp"] == AxiResp.DECERR
         tb.decerr_read = set()
         tb.bad_write = {0x8000}
-        await tb.write(0x8000 - 8, 64, [bytes(range(64))])
+        assert await tb.write(0x8000 - 8, 64, [bytes(range(64))]) == 1   # wr_err with done
         assert st(dut)["wr_errors"] == 1
+        tb.bad_write = set()
+        assert await tb.write(0x8000 - 8, 64, [bytes(range(64))]) == 0   # error not sticky
         assert st(dut)["wr_last_resp"] == AxiResp.SLVERR
     if "reject" in tests:
         before = st(dut)["rd_rejects"]

@@ -197,17 +197,21 @@ def all_done(n):
     return check
 
 
-def random_records(rng, queue, n, *, p_bad=0.05, kvs=(0, 1, 2, 3)):
+def random_records(rng, queue, n, *, p_bad=0.05, kvs=(0, 1, 2, 3), p_never=0.0):
+    """Random records of every class ``queue`` runs; ``p_bad``: bad at run time; ``p_never``:
+    a wait nothing satisfies (kv_id 9 never lands, or a counter threshold out of reach)."""
     classes = [c for c in RecordClass if queue in {Queue.COMPUTE} or
                c in (RecordClass.NOP, RecordClass.SEND, RecordClass.WAIT, RecordClass.MARK)]
     out = []
     for _ in range(n):
         cls = rng.choice(classes)
-        kv = rng.choice(kvs)
-        wait = rng.choice([0, 0, 1, 2, 3])
+        never = rng.random() < p_never
+        kv = 9 if never else rng.choice(kvs)
+        wait = rng.choice([1, 2] if never else [0, 0, 1, 2, 3])
         arg = rng.getrandbits(32)
         if cls is RecordClass.WAIT:
             arg = rng.randrange(N_CNT)
+            wait = 1000 if never else wait
         elif cls is RecordClass.MARK:
             arg = rng.getrandbits(N_CNT) if rng.random() < 0.5 else 0
         elif cls is RecordClass.DIR:
@@ -249,7 +253,7 @@ def check_order(model, records, queue):
 def test_random_streams_lockstep(queue, seed):
     rng = random.Random(seed)
     n = 400
-    records = random_records(rng, queue, n)
+    records = random_records(rng, queue, n, p_never=0.04)
     env = Env(queue, records, seed=seed, p_idle=0.3, p_bp=0.3, lat=(1, 12), p_land=0.3,
               kvs=(0, 1, 2, 3), p_cnt=0.2, p_disable=0.05, timeout=150,
               skip_delay=rng.randint(0, 5))
@@ -260,10 +264,12 @@ def test_random_streams_lockstep(queue, seed):
     runs = {c.value for c in RecordClass if queue in CLASS_QUEUES[c]}
     assert runs <= {field(r, "cls") for r in records}
     assert st["wait_cycles"] > 0 and st["bad_runtime"] > 0 and st["marks"] > 0
+    assert st["timeouts"] == st["skipped"] > 0
     # irq pulses: one per executed (not bad, not skipped) irq record, the cycle after it retired
     pulses = [t for t, (_, out) in enumerate(trace) if out.irq_mark]
     expect = [t + 1 for t, i in model.retired_log if field(records[i], "flags") & 1
-              and not _unexecuted(model, records, i) and i not in model.skipped_log]
+              and not _unexecuted(model, records, i) and i not in model.skipped_log
+              and t + 1 < len(trace)]
     assert pulses == expect
     # landed waits: a record is first offered only when the directory said landed ≥ wait
     for t, (inp, out) in enumerate(trace):
@@ -273,6 +279,35 @@ def test_random_streams_lockstep(queue, seed):
                 if RecordClass(field(raw, "cls")) in LANDED_WAIT_CLASSES:
                     assert inp.dir_landed >= field(raw, "wait")
     print(f"queue {queue.name}: {n} records in {len(trace)} cycles, {st['timeouts']} halts")
+
+
+@pytest.mark.parametrize("queue", list(Queue))
+def test_random_abort(queue):
+    """An abort at a random moment of a random stream under backpressure: every record either
+    retires or is dropped, the queue runs again after run is cleared and set."""
+    rng = random.Random(7 + queue.value)
+    n = 200
+    records = random_records(rng, queue, n, p_never=0.02)
+    env = Env(queue, records, seed=3, p_idle=0.2, p_bp=0.4, lat=(1, 20), p_land=0.3,
+              p_cnt=0.2, timeout=60, skip_delay=3)
+    t_abort = rng.randint(150, 300)
+    orig = env.inputs
+
+    def inputs(t, streams, done_streams):
+        env.run_bit = not t_abort + 40 <= t < t_abort + 45
+        inp = orig(t, streams, done_streams)
+        inp.abort = t == t_abort
+        return inp
+    env.inputs = inputs
+    tail = [rec(RecordClass.MARK, queue, irq=True) for _ in range(5)]
+    env.records = records + tail
+    model, trace = lockstep(queue, records, env, max_cycles=20_000,
+                            until=all_done(n + len(tail)))
+    st = model.st
+    assert st["aborted"] > 0 and st["retired"] + st["aborted"] == n + len(tail)
+    # nothing after the abort's end was dropped: the tail ran
+    assert [i for _, i in model.retired_log[-5:]] == list(range(n, n + 5))
+    check_order(model, env.records, queue)
 
 
 def _unexecuted(model, records, i):
@@ -410,3 +445,64 @@ def test_engine_records_outstanding_and_irq():
     assert emit_t > ret[5] and iss[7][0] > ret[6]
     pulses = [t for t, (_, o) in enumerate(trace) if o.irq_mark]
     assert pulses == [ret[1] + 1, ret[6] + 1]
+
+
+@pytest.mark.parametrize("settle", [0, 1])
+def test_with_directory(settle):
+    """The sequencer against the real ``Directory``: the DIR stream feeds ``Directory.op``, the
+    read port answers the landed waits. A FREE that brings kv 5 from 4 to 2 packets must hold
+    a following SEND that waits for 3 until a third packet lands again: true with
+    ``dir_settle = 1`` (the directory's update reaches its read ports 2 cycles after the op is
+    accepted); with ``dir_settle = 0`` the SEND would go on the stale count."""
+    from amaranth import Module
+    from amaranth.lib import wiring
+
+    from mcf.hdl.node.directory import Directory
+
+    top = Module()
+    top.submodules.seq = seq = QueueSequencer(Queue.COMPUTE, dir_settle=settle)
+    top.submodules.dir = dr = Directory(kv_count=16, n_read=1)
+    wiring.connect(top, seq.dir, dr.op)
+    top.d.comb += [dr.read0.kv_id.eq(seq.dir_kv_id), seq.dir_landed.eq(dr.read0.landed),
+                   seq.enable.eq(dr.ready)]
+    records = [rec(RecordClass.DIR, kv=5, wait=2, arg=DirOp.FREE.value),
+               rec(RecordClass.SEND, kv=5, wait=3)]
+    log = {}
+
+    async def land(ctx, kv):
+        ctx.set(dr.land.payload.kv_id, kv)
+        ctx.set(dr.land.valid, 1)
+        await ctx.tick().until(dr.land.ready)
+        ctx.set(dr.land.valid, 0)
+
+    async def bench(ctx):
+        ctx.set(seq.send.ready, 1)
+        await ctx.tick().until(dr.ready)
+        for _ in range(4):
+            await land(ctx, 5)
+        for raw in records:
+            ctx.set(seq.rec.payload.as_value(), raw)
+            ctx.set(seq.rec.valid, 1)
+            await ctx.tick().until(seq.rec.ready)
+        ctx.set(seq.rec.valid, 0)
+        for t in range(40):
+            if ctx.get(seq.send.valid):
+                log.setdefault("send", t)
+            await ctx.tick()
+        log["early"] = "send" in log
+        await land(ctx, 5)
+        for t in range(10):
+            if ctx.get(seq.send.valid):
+                log.setdefault("late", t)
+            await ctx.tick()
+        log["status"] = ctx.get(dr.status.frees)
+
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert log["status"] == 1
+    if settle:
+        assert not log["early"] and "late" in log
+    else:
+        assert log["early"]          # the hazard dir_settle exists for

@@ -40,7 +40,7 @@ from cocotbext.axi import (
 from mcf.abi.kv import AttnMode, attn_status_layout, pack_kv_block
 from mcf.abi.kv_reader import KV_READER_STATUS, KvBlockReq, block_address
 from mcf.abi.landing import LandingConfig, kv_address, per_token_land_off
-from mcf.golden.attention import KVBlock, random_blocks, random_query
+from mcf.golden.attention import KVBlock, attend_max, random_blocks, random_query
 from mcf.sim.benches.attention_common import (
     Job,
     expected_ends,
@@ -140,14 +140,16 @@ class TB:
     def submit(self, job: Job, reqs: list[KvBlockReq], direct: bool):
         self.src["job"].send_nowait(AxiStreamFrame([job_word(job, G)]))
         self.src["q"].send_nowait(AxiStreamFrame(q_words(job, L)))
+        k_only = job.mode == AttnMode.MAX       # phase 1 needs only the K rows
         for n, (req, blk) in enumerate(zip(reqs, job.blocks)):
             if direct:
                 self.src["k"].send_nowait(AxiStreamFrame(k_words(blk, L)))
-                self.src["v"].send_nowait(AxiStreamFrame(v_words(blk, L)))
+                if not k_only:
+                    self.src["v"].send_nowait(AxiStreamFrame(v_words(blk, L)))
             else:
                 last = n == len(reqs) - 1
                 self.src["blocks"].send_nowait(AxiStreamFrame([
-                    KvBlockReq(req.addr, req.tokens, req.pos0, last).pack()]))
+                    KvBlockReq(req.addr, req.tokens, req.pos0, last, k_only).pack()]))
 
     async def run(self, jobs, direct: bool = False) -> dict:
         """Submit every job at once and check each output word against the golden model;
@@ -217,6 +219,10 @@ def decode_jobs(landed: Landed, rng, kv_ids: int) -> list:
         heads = int(rng.integers(1, G + 1))
         q, sq = random_query(rng, heads, D, sigma=1.5)
         jobs.append((Job(AttnMode.SINGLE, q, sq, blocks), reqs))
+        if n_blocks == 3:       # the two-phase split on the same shard: K-only reads, then FIXED
+            jobs.append((Job(AttnMode.MAX, q, sq, blocks), reqs))
+            jobs.append((Job(AttnMode.FIXED, q, sq, blocks, m_fix=attend_max(q, sq, blocks)),
+                         reqs))
     return jobs
 
 
@@ -246,8 +252,9 @@ async def prefill_causal(dut):
 
 @cocotb.test()
 async def decode_states(dut):
-    """Decode states over random shards (partial blocks, empty shards), then a rejected
-    request (0 tokens) is counted and the next job still runs."""
+    """Decode states over random shards (partial blocks, empty shards), the two-phase split
+    (MAX over K-only reads, FIXED), then rejected requests (0 and max_block + 1 tokens) are
+    counted and the next jobs still run."""
     if not _enabled("decode_states"):
         return
     seed = P.get("seed", 1) + 1
@@ -257,6 +264,9 @@ async def decode_states(dut):
     landed = land(tb.ram, rng, kv_ids=4)
     jobs = decode_jobs(landed, rng, 4)
     await tb.run(jobs)
+    assert any(j.mode == AttnMode.MAX for j, _ in jobs)
+    n_blocks = sum(len(j.blocks) for j, _ in jobs)
+    assert tb.reader_status()["blocks"] == n_blocks
     tb.src["blocks"].send_nowait(AxiStreamFrame([KvBlockReq(KV_BASE, 0).pack()]))
     tb.src["blocks"].send_nowait(AxiStreamFrame([KvBlockReq(KV_BASE, T + 1).pack()]))
     await tb.run(decode_jobs(landed, rng, 4)[:2])

@@ -19,6 +19,8 @@ from amaranth import Module
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcf.abi.framing import beat_layout
 from mcf.abi.kv import (
@@ -250,6 +252,23 @@ def test_bus_error_counted_framing_kept():
     assert got_k == [w for kb, _ in want for w in kb]
     assert got_v == [w for _, vb in want for w in vb]
     assert info["status"]["bus_errors"] == 1 and info["status"]["blocks"] == 3
+
+
+@settings(max_examples=12)
+@given(geom=st.sampled_from([(16, 4), (16, 16), (32, 8), (64, 16)]),
+       lens=st.lists(st.integers(1, 12), min_size=1, max_size=5),
+       offset=st.integers(0, 4095), seed=st.integers(0, 1 << 16))
+def test_reader_any_alignment(geom, lens, offset, seed):
+    """Any start address (byte alignment, 4 KiB position) and block lengths: beats bit-exact."""
+    d, lanes = geom
+    rng = np.random.default_rng(seed)
+    mem, blocks = _landed(rng, d, lens, base=0x4000_0000 + offset, gap=int(rng.integers(0, 70)))
+    reqs = [KvBlockReq(a, len(b), int(b.pos[0])) for a, b, _ in blocks]
+    got_k, got_v, _ = simulate(KvReader(d, lanes, 12, v_blocks=1), mem, reqs, k_bp=0.3,
+                               v_bp=0.3, r_pause=0.3, seed=seed)
+    want = [block_beats(data, d, lanes, int(b.pos[0])) for _, b, data in blocks]
+    assert got_k == [w for kb, _ in want for w in kb]
+    assert got_v == [w for _, vb in want for w in vb]
 
 
 @pytest.mark.parametrize("d,lanes", [(16, 4), (128, 64)])

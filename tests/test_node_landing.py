@@ -14,9 +14,12 @@ import random
 from collections import deque
 
 import pytest
+from amaranth import Elaboratable, Module
+from amaranth.lib import stream, wiring
 from amaranth.sim import Simulator
 
 from mcf.abi.axi import AxiResp
+from mcf.abi.directory import DIR_OP, DirectoryModel, DirEntry, DirOp, DirState
 from mcf.abi.framing import parsed_layout
 from mcf.abi.landing import (
     LAND_OFF_ENTRIES,
@@ -27,8 +30,11 @@ from mcf.abi.landing import (
     land_decision,
     land_off_entry,
 )
-from mcf.abi.meta import Meta, Op
+from mcf.abi.local_sink import LocalSinkModel, SinkBeat
+from mcf.abi.meta import InvalidateKind, Meta, Op
+from mcf.hdl.node.directory import Directory
 from mcf.hdl.node.landing import LandingEngine
+from mcf.hdl.node.local_sink import LocalSink
 from mcf.sim.benches.node_landing import KV_CAPACITY, make_traffic
 
 PARSED = parsed_layout(64)
@@ -45,6 +51,54 @@ def _beats(meta: Meta, payload: bytes) -> list[int]:
     return [_beat(meta=raw, data=int.from_bytes(payload[k:k + 8], "little"),
                   keep=(1 << len(payload[k:k + 8])) - 1, last=int(k + 8 >= len(payload)))
             for k in range(0, len(payload), 8)]
+
+
+def axi_slave(bus, rng, mem: dict, aws: list, bad_beats=(), wpause=0.0, b_latency=(1, 6)):
+    """An in-test AXI4 write slave (a testbench): stores strobed bytes in ``mem``, records
+    ``(address, beats)`` of each AW in ``aws``, W pauses with probability ``wpause``, B after
+    ``b_latency`` cycles, SLVERR for a burst containing a beat in ``bad_beats``."""
+
+    async def slave(ctx):
+        ctx.set(bus.awready, 1)
+        bursts: deque = deque()      # (addr, beats, error)
+        bq: deque = deque()          # (due cycle, resp)
+        cycle = 0
+        beat_i = 0
+        err = False
+        while True:
+            ctx.set(bus.wready, int(rng.random() >= wpause))
+            if bq and bq[0][0] <= cycle:
+                ctx.set(bus.bvalid, 1)
+                ctx.set(bus.bresp, bq[0][1])
+            else:
+                ctx.set(bus.bvalid, 0)
+            (_, _, awv, awa, awl, wv, wr, wd, ws, wl, bv, br) = await ctx.tick().sample(
+                bus.awvalid, bus.awaddr, bus.awlen, bus.wvalid, bus.wready, bus.wdata,
+                bus.wstrb, bus.wlast, bus.bvalid, bus.bready)
+            cycle += 1
+            if awv:
+                bursts.append((awa, awl + 1))
+                aws.append((awa, awl + 1))
+            if wv and wr:
+                addr, n = bursts[0]
+                a = addr + 16 * beat_i
+                if a in bad_beats:
+                    err = True
+                else:
+                    for b in range(16):
+                        if ws >> b & 1:
+                            mem[a + b] = (wd >> (8 * b)) & 0xFF
+                beat_i += 1
+                assert bool(wl) == (beat_i == n), "wlast misplaced"
+                if wl:
+                    bursts.popleft()
+                    bq.append((cycle + rng.randint(*b_latency),
+                               AxiResp.SLVERR.value if err else AxiResp.OKAY.value))
+                    beat_i, err = 0, False
+            if bv and br:
+                bq.popleft()
+
+    return slave
 
 
 def simulate(packets, cfg: LandingConfig, land_off, *, kv_count=KV_CAPACITY, bad_beats=(),
@@ -91,45 +145,7 @@ def simulate(packets, cfg: LandingConfig, land_off, *, kv_count=KV_CAPACITY, bad
                 ctx.set(dut.i.valid, 0)
         finished[0] = True
 
-    async def slave(ctx):
-        ctx.set(bus.awready, 1)
-        bursts: deque = deque()      # (addr, beats, error)
-        bq: deque = deque()          # (due cycle, resp)
-        cycle = 0
-        beat_i = 0
-        err = False
-        while True:
-            ctx.set(bus.wready, int(rng.random() >= wpause))
-            if bq and bq[0][0] <= cycle:
-                ctx.set(bus.bvalid, 1)
-                ctx.set(bus.bresp, bq[0][1])
-            else:
-                ctx.set(bus.bvalid, 0)
-            (_, _, awv, awa, awl, wv, wr, wd, ws, wl, bv, br) = await ctx.tick().sample(
-                bus.awvalid, bus.awaddr, bus.awlen, bus.wvalid, bus.wready, bus.wdata,
-                bus.wstrb, bus.wlast, bus.bvalid, bus.bready)
-            cycle += 1
-            if awv:
-                bursts.append((awa, awl + 1))
-                aws.append((awa, awl + 1))
-            if wv and wr:
-                addr, n = bursts[0]
-                a = addr + 16 * beat_i
-                if a in bad_beats:
-                    err = True
-                else:
-                    for b in range(16):
-                        if ws >> b & 1:
-                            mem[a + b] = (wd >> (8 * b)) & 0xFF
-                beat_i += 1
-                assert bool(wl) == (beat_i == n), "wlast misplaced"
-                if wl:
-                    bursts.popleft()
-                    bq.append((cycle + rng.randint(*b_latency),
-                               AxiResp.SLVERR.value if err else AxiResp.OKAY.value))
-                    beat_i, err = 0, False
-            if bv and br:
-                bq.popleft()
+    slave = axi_slave(bus, rng, mem, aws, bad_beats, wpause, b_latency)
 
     async def checker(ctx):
         cycles = 0
@@ -272,6 +288,192 @@ def test_events_back_to_back():
                                            ev_stall=stall, local_id=5)
         assert events == [(m.kv_id, False) for m, _ in packets]
         assert status["packets"] == len(packets)
+
+
+# --- the landing path: LocalSink -> LandingEngine -> Directory ------------------------------
+
+class _LandingPath(Elaboratable):
+    """The node's local landing path as the top will wire it: ``LocalSink.kv`` →
+    ``LandingEngine.i``, ``LandingEngine.landed`` → ``Directory.land``; ``Directory.op`` takes
+    the sink's DRAINs first, else the sequencer's FREEs (``free``, driven by the test)."""
+
+    def __init__(self, kv_count):
+        self.sink = LocalSink()
+        self.lander = LandingEngine(kv_count=kv_count)
+        self.dir = Directory(kv_count=kv_count, n_read=1)
+        self.free = stream.Signature(DIR_OP).create()
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.sink, m.submodules.lander = self.sink, self.lander
+        m.submodules.dir = self.dir
+        wiring.connect(m, self.sink.kv, self.lander.i)
+        wiring.connect(m, self.lander.landed, self.dir.land)
+        op = self.dir.op
+        with m.If(self.sink.dir_op.valid):
+            m.d.comb += [op.valid.eq(1), op.payload.eq(self.sink.dir_op.payload),
+                         self.sink.dir_op.ready.eq(op.ready)]
+        with m.Else():
+            m.d.comb += [op.valid.eq(self.free.valid), op.payload.eq(self.free.payload),
+                         self.free.ready.eq(op.ready)]
+        return m
+
+
+def _path_traffic(seed):
+    """make_traffic's KV fragments and malformed packets (every op among them) plus DRAIN
+    notices (some with a payload), FREE-kind INVALIDATEs, CONTROL, FETCH_REQUEST, QUERY."""
+    t = make_traffic(seed=seed, n=160, kv_count=24, bad_fraction=0.3)
+    rng = random.Random(seed)
+    extra = []
+    for _ in range(50):
+        kind = rng.randrange(5)
+        kv_id = 3 * rng.randrange(9) if kind < 2 else rng.randrange(26)   # some stay VALID
+        length = rng.choice([0, 0, rng.randrange(1, 40)])
+        meta = Meta(op=[Op.INVALIDATE, Op.INVALIDATE, Op.CONTROL, Op.FETCH_REQUEST,
+                        Op.QUERY][kind], kv_id=kv_id, length=length,
+                    seq=int(InvalidateKind.FREE) if kind == 1 else 0, src=rng.randrange(2))
+        extra.append((meta, bytes(rng.randrange(256) for _ in range(length))))
+    packets = t.packets + extra
+    rng.shuffle(packets)
+    return t, packets
+
+
+@pytest.mark.parametrize("seed,stall", [(31, 0.0), (32, 0.5)])
+def test_landing_path(seed, stall):
+    """Random local traffic through LocalSink → LandingEngine (in-test AXI slave) →
+    Directory, with FREEs interleaved and the directory's reset walk under way at the start:
+    DDR bytes = LandingModel, land events = its events, DRAINs = LocalSinkModel's, the
+    directory's entries and counters = DirectoryModel fed the accepted events in order."""
+    t, packets = _path_traffic(seed)
+    local_id = 1
+    top = _LandingPath(KV_CAPACITY)
+    sink, lander, dirc = top.sink, top.lander, top.dir
+    rng = random.Random(seed)
+    mem: dict[int, int] = {}
+    aws: list = []
+    bad = {t.bad_addr}
+    slave = axi_slave(lander.m_axi, rng, mem, aws, bad, wpause=stall)
+    accepted: list = []
+    decoded: list = []
+    finished = [False, False]
+    out: dict = {}
+
+    async def producer(ctx):
+        ctx.set(lander.cfg.as_value(), t.cfg.pack())
+        ctx.set(lander.local_id, local_id)
+        for seq, off in enumerate(t.land_off):
+            ctx.set(lander.land_off_we, 1)
+            ctx.set(lander.land_off_seq, seq)
+            ctx.set(lander.land_off_data.as_value(), land_off_entry(off))
+            await ctx.tick()
+        ctx.set(lander.land_off_we, 0)
+        for meta, payload in packets:
+            for beat in _beats(meta, payload):
+                while rng.random() < 0.2:
+                    await ctx.tick()
+                ctx.set(sink.i.valid, 1)
+                ctx.set(sink.i.payload.as_value(), beat)
+                await ctx.tick().until(sink.i.ready)
+                ctx.set(sink.i.valid, 0)
+        finished[0] = True
+
+    async def freer(ctx):
+        frng = random.Random(seed + 7)
+        for _ in range(60):
+            for _ in range(frng.randrange(5, 80)):
+                await ctx.tick()
+            ctx.set(top.free.valid, 1)
+            ctx.set(top.free.payload.as_value(), DIR_OP.const({
+                "op": DirOp.FREE, "kv_id": frng.randrange(26),
+                "count": frng.choice([0, 1, 1, 2, 3])}).as_bits())
+            await ctx.tick().until(top.free.ready)
+            ctx.set(top.free.valid, 0)
+        finished[1] = True
+
+    async def decode_sink(ctx):
+        drng = random.Random(seed + 9)
+        while True:
+            ctx.set(sink.decode.ready, int(drng.random() >= stall))
+            _, _, v, r, p = await ctx.tick().sample(sink.decode.valid, sink.decode.ready,
+                                                    sink.decode.payload)
+            if v and r:
+                decoded.append(p.as_bits())
+
+    async def monitor(ctx):
+        while True:
+            _, _, lv, lr, lp, ov, orr, op = await ctx.tick().sample(
+                dirc.land.valid, dirc.land.ready, dirc.land.payload, dirc.op.valid,
+                dirc.op.ready, dirc.op.payload)
+            if lv and lr:
+                accepted.append(("land", int(lp.kv_id), bool(lp.owner)))
+            if ov and orr:
+                accepted.append(("op", op.op, int(op.kv_id), int(op.count)))
+
+    async def checker(ctx):
+        bus = lander.m_axi
+        cycles = idle_for = 0
+        while idle_for < 200:
+            await ctx.tick()
+            cycles += 1
+            busy = any(ctx.get(x) for x in (sink.i.valid, bus.awvalid, bus.wvalid, bus.bvalid,
+                                             lander.landed.valid, dirc.op.valid))
+            idle_for = idle_for + 1 if all(finished) and not busy else 0
+            assert cycles < 300_000, "hang"
+        for name, dut in (("land", lander), ("sink", sink), ("dir", dirc)):
+            raw = ctx.get(dut.status.as_value())
+            out[name] = {n: (raw >> f.offset) & ((1 << f.width) - 1)
+                         for n, f in dut.status.shape()}
+        out["entries"] = {}
+        for kv in range(KV_CAPACITY):
+            ctx.set(dirc.read0.kv_id, kv)
+            await ctx.tick()
+            out["entries"][kv] = DirEntry(DirState(ctx.get(dirc.read0.state)),
+                                          ctx.get(dirc.read0.landed))
+
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    for bench in (producer, freer, decode_sink, monitor, slave):
+        sim.add_testbench(bench, background=True)
+    sim.add_testbench(checker)
+    sim.run()
+
+    sink_model = LocalSinkModel()
+    land_model = LandingModel(t.cfg, t.land_off, KV_CAPACITY, local_id)
+    for meta, payload in packets:
+        for raw in _beats(meta, payload):
+            v = PARSED.from_bits(raw)
+            sink_model.beat(SinkBeat(v.meta.as_bits(), int(v.data), int(v.keep), bool(v.last)))
+        if meta.op == Op.KV_REPLICA:
+            land_model.land(meta, payload, t.write_error(meta))
+    assert out["sink"] == sink_model.status
+    assert out["land"] == land_model.status
+    skip = {a for m, _ in packets if m.op == Op.KV_REPLICA and t.write_error(m)
+            for a in t.span(m)}                 # the SLVERR packet's bytes are not modelled
+    assert land_model.status["write_errors"] >= 1
+    assert {a: b for a, b in mem.items() if a not in skip} == \
+        {a: b for a, b in land_model.mem.items() if a not in skip}
+    assert decoded == [_pack_sink(b) for b in sink_model.decode]
+    lands = [(e[1], e[2]) for e in accepted if e[0] == "land"]
+    assert lands == land_model.events
+    drains = [(e[1], e[2]) for e in accepted if e[0] == "op" and e[1] is DirOp.DRAIN]
+    assert drains == sink_model.dir_ops
+    dir_model = DirectoryModel(KV_CAPACITY)
+    dir_model.clear()
+    for e in accepted:
+        if e[0] == "land":
+            dir_model.land(e[1], e[2])
+        else:
+            dir_model.op(e[1], e[2], e[3])
+    assert out["dir"] == dir_model.status
+    assert out["entries"] == {k: dir_model.entry(k) for k in range(KV_CAPACITY)}
+    for key in ("frees", "free_refused_owner", "free_refused_count", "drains"):
+        assert dir_model.status[key] > 0, key
+    assert {e.state for e in out["entries"].values()} == set(DirState)
+
+
+def _pack_sink(b) -> int:
+    return (b.meta << PARSED["meta"].offset | b.data << PARSED["data"].offset |
+            b.keep << PARSED["keep"].offset | int(b.last) << PARSED["last"].offset)
 
 
 # --- cocotb + Verilator bench ---------------------------------------------------------------

@@ -247,3 +247,40 @@ def test_ingress_rate(tmp_path, latency):
     result = json.loads(out.read_text())
     print(f"\ncommand-ring ingress: {result}")
     assert result["records"] == 1024 and result["records_per_cycle"] > 0
+
+
+@pytest.mark.parametrize("queue", list(Queue))
+def test_cmd_check_with_excluded_classes_matches_golden(queue):
+    """A node build that does not execute some classes treats them as malformed (the node top
+    excludes the compute classes until its engines join)."""
+    from amaranth import Module, Signal
+    from amaranth.lib import data
+
+    from mcf.abi.node import CMD, RecordClass
+    from mcf.hdl.node.ingress import cmd_check
+
+    exclude = (RecordClass.JOB, RecordClass.EMIT, RecordClass.ATTEND)
+    m = Module()
+    rec = Signal(CMD)
+    bad = cmd_check(m, data.View(CMD, rec.as_value()), queue, exclude)
+    flag = Signal()
+    m.d.comb += flag.eq(bad)
+    rng = random.Random(7)
+    records = [random_record(rng, queue, 0.3) for _ in range(400)]
+    records += [r for r in records if (r >> CMD["cls"].offset) & 0xF in
+                {c.value for c in exclude}][:50]
+    seen = collections.Counter()
+
+    async def bench(ctx):
+        for raw in records:
+            ctx.set(rec.as_value(), raw)
+            got = bool(ctx.get(flag))
+            assert got == cmd_malformed(raw, queue, exclude), hex(raw)
+            cls = (raw >> CMD["cls"].offset) & 0xF
+            seen[cls in {c.value for c in exclude}, got] += 1
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+    if queue is Queue.COMPUTE:
+        assert seen[True, True] > 0 and seen[True, False] == 0

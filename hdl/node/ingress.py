@@ -35,13 +35,15 @@ STAGE = data.StructLayout({"valid": unsigned(1), "err": unsigned(1), "rec": CMD}
 """One received ring entry between the R channel and the record check."""
 
 
-def cmd_check(m: Module, rec: data.View, queue: Queue) -> Signal:
-    """A 1-bit signal: ``rec`` (a :data:`CMD` view) is malformed for ring ``queue``. The checks
-    of :func:`mcf.abi.node.cmd_malformed`, combinational."""
+def cmd_check(m: Module, rec: data.View, queue: Queue,
+              exclude: tuple[RecordClass, ...] = ()) -> Signal:
+    """A 1-bit signal: ``rec`` (a :data:`CMD` view) is malformed for ring ``queue`` (classes in
+    ``exclude`` included). The checks of :func:`mcf.abi.node.cmd_malformed`, combinational."""
     cls_ok = Signal(name="cls_ok")
     src_ok = Signal(name="src_ok")
     op_ok = Signal(name="op_ok")
-    with m.Switch(rec.cls), m.Case(*(c for c in RecordClass if queue in CLASS_QUEUES[c])):
+    with m.Switch(rec.cls), m.Case(*(c for c in RecordClass
+                                            if queue in CLASS_QUEUES[c] and c not in exclude)):
         m.d.comb += cls_ok.eq(1)
     with m.Switch(rec.src), m.Case(*PayloadSource):
         m.d.comb += src_ok.eq(1)
@@ -64,6 +66,9 @@ class CmdRingReader(wiring.Component):
     independent by design (docs/node.md §2 rejects coupling the queues), so each reader has its
     own FIFO, indices and AXI master (the HP0 burst mux of §4 joins them, one AXI ID each); a
     shared reader would need per-queue state anyway and adds an arbiter inside.
+
+    ``exclude`` lists record classes this node build does not execute: they are malformed here
+    (counted and skipped like any other malformed record).
 
     Members
     -------
@@ -101,12 +106,14 @@ class CmdRingReader(wiring.Component):
     """
 
     def __init__(self, queue: Queue, fifo_depth: int = 32, max_burst: int = 16,
-                 outstanding: int = 2, data_width: int = 128, addr_width: int = CMD_ADDR_BITS):
+                 outstanding: int = 2, data_width: int = 128, addr_width: int = CMD_ADDR_BITS,
+                 exclude: tuple[RecordClass, ...] = ()):
         if data_width != CMD.size:
             raise ValueError(f"one ring entry is one {CMD.size}-bit beat")
         if not 1 <= max_burst <= fifo_depth:
             raise ValueError("a burst must fit in the FIFO")
         self._queue, self._fifo_depth = Queue(queue), fifo_depth
+        self._exclude = tuple(RecordClass(c) for c in exclude)
         self._max_burst, self._outstanding = max_burst, outstanding
         self._addr_width = addr_width
         super().__init__({
@@ -195,7 +202,7 @@ class CmdRingReader(wiring.Component):
         stage = Signal(STAGE)
         m.d.sync += [stage.valid.eq(recv), stage.err.eq(bus.rresp != AxiResp.OKAY),
                      stage.rec.eq(bus.rdata)]
-        bad = cmd_check(m, stage.rec, self._queue)
+        bad = cmd_check(m, stage.rec, self._queue, self._exclude)
         m.d.comb += [q.w_data.eq(stage.rec), q.w_en.eq(stage.valid & ~stage.err & ~bad)]
         with m.If(stage.valid):
             m.d.sync += self.cons.eq(self.cons + 1)

@@ -15,10 +15,11 @@ from .regs import Access, Field, Register, RegisterMap, status_registers
 
 __all__ = ["COUNTER_BITS", "DropCause", "counters", "PARSER_STATUS", "PACKETIZER_STATUS",
            "node_regmap", "nic_regmap", "nic_registers", "node_register", "NODE_MAP_VERSION",
-           "NIC_MAP_VERSION", "NODE_LINKS", "PARSER_PORTS", "compute_registers"]
+           "NIC_MAP_VERSION", "NODE_LINKS", "PARSER_PORTS", "compute_registers",
+           "node_top_registers"]
 
 COUNTER_BITS = 32
-NODE_MAP_VERSION = 0x0200
+NODE_MAP_VERSION = 0x0300
 NIC_MAP_VERSION = 0x0200
 NODE_LINKS = 3  # KR260 PL-side links: one 10G SFP+, two 1G RGMII
 PARSER_PORTS = NODE_LINKS + 1
@@ -106,7 +107,28 @@ def node_regmap() -> RegisterMap:
                         f"parser of link {port - 1}")
     regs.extend(nic_registers())
     regs.extend(compute_registers())
+    regs.extend(node_top_registers())
     return regs
+
+
+def node_top_registers() -> list[Register]:
+    """The registers of the node top's own blocks (docs/node.md §2–§9): configuration word,
+    interrupts, command rings, sequencer, directory, landing, local sink, decode lander, send
+    unit, link map and KV reader — each block's list from its ABI module."""
+    from .decode_land import decode_land_registers
+    from .directory import directory_registers
+    from .kv_reader import kv_reader_registers
+    from .landing import landing_registers
+    from .link_map import link_map_registers
+    from .local_sink import local_sink_registers
+    from .node import dir_land_register, ingress_registers, irq_registers
+    from .node_config import caps_register
+    from .send import send_registers
+    from .sequencer import sequencer_registers
+    return [caps_register(), *irq_registers(), *ingress_registers(), *sequencer_registers(),
+            *directory_registers(), dir_land_register(), *landing_registers(),
+            *local_sink_registers(), *decode_land_registers(), *send_registers(),
+            *link_map_registers(), *kv_reader_registers()]
 
 
 def compute_registers() -> list[Register]:

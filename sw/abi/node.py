@@ -24,7 +24,7 @@ __all__ = [
     "RecordClass", "Queue", "PayloadSource", "CMD_FLAGS", "CMD", "CMD_BYTES", "CMD_RING_MAX_LOG2",
     "CMD_INDEX_BITS", "CMD_ADDR_BITS", "CMD_WAIT_BITS", "CLASS_QUEUES", "Cmd", "cmd_raw",
     "cmd_malformed", "INGRESS_STATUS", "ingress_registers", "N_QUEUES", "IRQ_CAUSES",
-    "irq_registers",
+    "irq_registers", "dir_land_register",
 ]
 
 
@@ -115,15 +115,15 @@ def _field(raw: int, name: str) -> int:
     return (raw >> fld.offset) & ((1 << fld.width) - 1)
 
 
-def cmd_malformed(raw: int, queue: Queue) -> bool:
+def cmd_malformed(raw: int, queue: Queue, exclude: tuple[RecordClass, ...] = ()) -> bool:
     """Golden model of the ring reader's record checks (the ones that need no sequencer state):
     unassigned ``cls``; ``queue`` ≠ the ring's; a class the queue does not run; reserved flag
     bits set; SEND with an unassigned ``src`` or ``meta.op``, ``length > MAX_PAYLOAD``, or HDR
-    with ``length ≠ 0``."""
+    with ``length ≠ 0``; a class in ``exclude`` (one the node build does not execute)."""
     cls, q = _field(raw, "cls"), _field(raw, "queue")
     if cls not in {c.value for c in RecordClass} or q != queue.value:
         return True
-    if queue not in CLASS_QUEUES[RecordClass(cls)]:
+    if queue not in CLASS_QUEUES[RecordClass(cls)] or RecordClass(cls) in exclude:
         return True
     if (_field(raw, "flags") >> CMD_FLAGS["reserved"].offset) != 0:
         return True
@@ -233,3 +233,15 @@ def irq_registers() -> list[Register]:
         Register("IRQ_ENABLE", tuple(Field(n, 1, Access.RW, desc=f"enable: {d}")
                                      for n, d in IRQ_CAUSES), "interrupt enables"),
     ]
+
+
+def dir_land_register() -> Register:
+    """``DIR_LAND``: declare one packet of ``kv_id`` landed, as if the landing engine had
+    written it (a directory land event, :data:`mcf.abi.directory.LAND_EVENT`). For KV the PS
+    placed in DDR itself — a restored checkpoint or a cached prompt prefix — so the sequencer's
+    landed waits see it; one write per packet."""
+    kv_bits = META["kv_id"].width
+    return Register("DIR_LAND", (
+        Field("kv_id", kv_bits, Access.W, desc="kv_id of the packet declared landed"),
+        Field("owner", 1, Access.W, desc="1: this node's own copy (state OWNER), 0: VALID"),
+    ), "directory land event from the PS (one per write)")

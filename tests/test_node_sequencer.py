@@ -235,6 +235,14 @@ def random_records(rng, queue, n, *, p_bad=0.05, kvs=(0, 1, 2, 3), p_never=0.0):
     return out
 
 
+def check_stream_rule(trace):
+    """Once ``valid`` is high it stays high, with the same payload, until ``ready``."""
+    for (inp, out), (_, nxt) in zip(trace, trace[1:]):
+        for name, v in out.valid.items():
+            if v and not inp.ready[name]:
+                assert nxt.valid[name] and nxt.payload[name] == out.payload[name]
+
+
 def check_order(model, records, queue):
     """Independent of the model's internals: retire order is input order; each stream's
     issue order is input order; every issued record went to its class's stream."""
@@ -261,6 +269,7 @@ def test_random_streams_lockstep(queue, seed):
     st = model.st
     assert st["retired"] == n and st["aborted"] == 0
     check_order(model, records, queue)
+    check_stream_rule(trace)
     runs = {c.value for c in RecordClass if queue in CLASS_QUEUES[c]}
     assert runs <= {field(r, "cls") for r in records}
     assert st["wait_cycles"] > 0 and st["bad_runtime"] > 0 and st["marks"] > 0
@@ -308,6 +317,7 @@ def test_random_abort(queue):
     # nothing after the abort's end was dropped: the tail ran
     assert [i for _, i in model.retired_log[-5:]] == list(range(n, n + 5))
     check_order(model, env.records, queue)
+    check_stream_rule(trace)
 
 
 def _unexecuted(model, records, i):

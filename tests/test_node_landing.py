@@ -32,7 +32,7 @@ from mcf.abi.landing import (
 )
 from mcf.abi.local_sink import LocalSinkModel, SinkBeat
 from mcf.abi.meta import InvalidateKind, Meta, Op
-from mcf.hdl.node.directory import Directory
+from mcf.hdl.node.directory import Directory, DirOpArbiter
 from mcf.hdl.node.landing import LandingEngine
 from mcf.hdl.node.local_sink import LocalSink
 from mcf.sim.benches.node_landing import KV_CAPACITY, make_traffic
@@ -294,8 +294,9 @@ def test_events_back_to_back():
 
 class _LandingPath(Elaboratable):
     """The node's local landing path as the top will wire it: ``LocalSink.kv`` →
-    ``LandingEngine.i``, ``LandingEngine.landed`` → ``Directory.land``; ``Directory.op`` takes
-    the sink's DRAINs first, else the sequencer's FREEs (``free``, driven by the test)."""
+    ``LandingEngine.i``, ``LandingEngine.landed`` → ``Directory.land``; ``Directory.op`` is a
+    ``DirOpArbiter`` of the sink's DRAINs and the sequencer's FREEs (``free``, driven by the
+    test)."""
 
     def __init__(self, kv_count):
         self.sink = LocalSink()
@@ -309,13 +310,10 @@ class _LandingPath(Elaboratable):
         m.submodules.dir = self.dir
         wiring.connect(m, self.sink.kv, self.lander.i)
         wiring.connect(m, self.lander.landed, self.dir.land)
-        op = self.dir.op
-        with m.If(self.sink.dir_op.valid):
-            m.d.comb += [op.valid.eq(1), op.payload.eq(self.sink.dir_op.payload),
-                         self.sink.dir_op.ready.eq(op.ready)]
-        with m.Else():
-            m.d.comb += [op.valid.eq(self.free.valid), op.payload.eq(self.free.payload),
-                         self.free.ready.eq(op.ready)]
+        m.submodules.arb = arb = DirOpArbiter(2)
+        wiring.connect(m, self.sink.dir_op, arb.i0)
+        wiring.connect(m, self.free, arb.i1)
+        wiring.connect(m, arb.o, self.dir.op)
         return m
 
 

@@ -24,7 +24,7 @@ from mcf.abi.directory import (
 from mcf.abi.landing import LANDED_BITS
 from mcf.abi.meta import META
 
-__all__ = ["Directory", "DirReadSignature"]
+__all__ = ["Directory", "DirReadSignature", "DirOpArbiter"]
 
 KV_ID_BITS = META["kv_id"].width
 
@@ -204,4 +204,50 @@ class Directory(wiring.Component):
             m.d.comb += [port.addr.eq(bus.kv_id[:abits]), port.en.eq(1),
                          bus.landed.eq(Mux(ok, port.data.landed, 0)),
                          bus.state.eq(Mux(ok, port.data.state, DirState.ABSENT))]
+        return m
+
+
+class DirOpArbiter(wiring.Component):
+    """Merges ``n`` :data:`mcf.abi.directory.DIR_OP` streams into ``Directory.op`` (the
+    sequencer's FREEs and ``LocalSink.dir_op``'s DRAINs), round-robin: after input ``k`` is
+    served, the first valid input after ``k`` wins; no input waits more than ``n − 1``
+    transfers. Latency 0 (combinational ``valid``/``payload``/``ready``); one op per cycle.
+
+    Members
+    -------
+    i{k} : In(stream.Signature(DIR_OP)) for k in range(n)
+    o : Out(stream.Signature(DIR_OP))
+    """
+
+    def __init__(self, n: int = 2):
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        self._n = n
+        super().__init__({**{f"i{k}": In(stream.Signature(DIR_OP)) for k in range(n)},
+                          "o": Out(stream.Signature(DIR_OP))})
+
+    @property
+    def n(self) -> int:
+        return self._n
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self._n
+        ins = [getattr(self, f"i{k}") for k in range(n)]
+        last = Signal(range(n), init=n - 1)             # the input served last
+        grant = Signal(range(n))
+        # the first valid input in the order last+1, last+2, ...: later entries override
+        for rot in range(n):
+            with m.If(last == rot):
+                for step in reversed(range(1, n + 1)):
+                    k = (rot + step) % n
+                    with m.If(ins[k].valid):
+                        m.d.comb += grant.eq(k)
+        with m.Switch(grant):
+            for k, port in enumerate(ins):
+                with m.Case(k):
+                    m.d.comb += [self.o.valid.eq(port.valid), self.o.payload.eq(port.payload),
+                                 port.ready.eq(self.o.ready)]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += last.eq(grant)
         return m

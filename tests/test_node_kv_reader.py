@@ -92,10 +92,14 @@ def test_block_address_is_the_landing_rule():
 # --- amaranth.sim unit tests ----------------------------------------------------------------
 
 def simulate(dut: KvReader, mem: dict, reqs, *, k_bp=0.0, v_bp=0.0, r_pause=0.0,
-             latency=(2, 12), err_beats=(), seed=1, v_lag=0):
+             latency=(2, 12), err_beats=(), seed=1, v_lag=0, pace=1, v_gate=0):
     """Run ``reqs`` (:class:`KvBlockReq`) through ``dut`` against a byte memory; returns the
     ``k`` and ``v`` beats, the status and the cycle count. ``v_lag``: the V sink starts that many
-    K beats late (the engine takes K rows ahead of V)."""
+    K beats late (the engine takes K rows ahead of V). Engine-shaped sinks: ``pace`` — a sink
+    takes a beat at most every ``pace`` cycles (the engine's ``heads`` cycles per beat);
+    ``v_gate`` — V beat ``i`` is taken only after K beat ``(i // v_gate + 1) · v_gate − 1``
+    (a block's V rows after its K rows). ``info["k_starved"]`` / ``["v_starved"]`` count the
+    cycles a sink was ready and no beat was offered, after its first beat."""
     rng = random.Random(seed)
     bus = dut.bus
     got_k, got_v = [], []
@@ -145,30 +149,42 @@ def simulate(dut: KvReader, mem: dict, reqs, *, k_bp=0.0, v_bp=0.0, r_pause=0.0,
                 beat = None
             cycle += 1
 
+    info["k_starved"] = info["v_starved"] = 0
+
     async def k_sink(ctx):
-        cycles = 0
+        cycles, wait = 0, 0
         while len(got_k) < n_k:
-            ready = rng.random() >= k_bp
+            ready = wait == 0 and rng.random() >= k_bp
             ctx.set(dut.k.ready, ready)
             _, _, valid, payload = await ctx.tick().sample(dut.k.valid, dut.k.payload)
             cycles += 1
+            wait = max(0, wait - 1)
             assert cycles < 50_000, "reader hung"
             if valid and ready:
                 got_k.append(payload.as_bits())
+                wait = pace - 1
+            elif ready and got_k:
+                info["k_starved"] += 1
         ctx.set(dut.k.ready, 1)
         info["cycles"] = cycles
 
     async def v_sink(ctx):
         lrng = random.Random(seed + 1)
-        cycles = 0
+        cycles, wait = 0, 0
         while len(got_v) < n_v:
-            ready = len(got_k) >= min(v_lag, n_k) and lrng.random() >= v_bp
+            gate = (len(got_v) // v_gate + 1) * v_gate if v_gate else 0
+            ready = wait == 0 and len(got_k) >= min(max(v_lag, gate), n_k) and \
+                lrng.random() >= v_bp
             ctx.set(dut.v.ready, ready)
             _, _, valid, payload = await ctx.tick().sample(dut.v.valid, dut.v.payload)
             cycles += 1
+            wait = max(0, wait - 1)
             assert cycles < 50_000, "reader hung (V)"
             if valid and ready:
                 got_v.append(payload.as_bits())
+                wait = pace - 1
+            elif ready and got_v:
+                info["v_starved"] += 1
         ctx.set(dut.v.ready, 1)
 
     async def done(ctx):
@@ -285,6 +301,32 @@ def test_reader_rate(d, lanes):
     print(f"reader d={d} lanes={lanes}: {info['cycles'] / (6 * T):.3f} cycles per token "
           f"(bound {per_token})")
     assert info["cycles"] <= 6 * T * per_token + 60, info["cycles"]
+
+
+@pytest.mark.parametrize("heads", [6, 2])
+def test_reader_feeds_kr260_engine(heads):
+    """kr260 geometry (d 128, 64 lanes, 256-token blocks, one HP port at 16 B/cycle with
+    20-cycle read latency) against an engine-shaped consumer: one K beat and one V beat every
+    ``heads`` cycles, a block's V rows only after its K rows. 6:1 GQA (Qwen2.5-1.5B) needs
+    132 B per 12 cycles = 11 B/cycle: after the first beat the consumer never waits. 2:1 needs
+    33 B/cycle, above one port: the reader (bus-bound, 8.25 cycles per token) sets the pace."""
+    d, lanes, T = 128, 64, 256
+    nb = d // lanes
+    rng = np.random.default_rng(heads)
+    mem, blocks = _landed(rng, d, [T] * 3, gap=0)
+    reqs = [KvBlockReq(a, len(b), int(b.pos[0])) for a, b, _ in blocks]
+    got_k, got_v, info = simulate(KvReader(d, lanes, T), mem, reqs, latency=(20, 20),
+                                  pace=heads, v_gate=T * nb, seed=heads)
+    want = [block_beats(data, d, lanes, int(b.pos[0])) for _, b, data in blocks]
+    assert got_k == [w for kb, _ in want for w in kb]
+    assert got_v == [w for _, vb in want for w in vb]
+    need = kv_token_bytes(d) / (heads * nb)
+    print(f"kr260 heads={heads}: {need:.1f} B/cycle needed, {info['cycles']} cycles for "
+          f"{3 * T} tokens, consumer waited {info['k_starved']} (K) {info['v_starved']} (V)")
+    if need <= BB:
+        assert info["k_starved"] == 0 and info["v_starved"] == 0
+    else:
+        assert info["cycles"] <= 3 * T * kv_token_bytes(d) / BB + 100
 
 
 # --- cocotb + Verilator end to end -----------------------------------------------------------

@@ -185,25 +185,37 @@ class ReduceFormal(wiring.Component):
             with m.If(second):
                 m.d.comb += Assume(meta.as_value() == pmeta)
 
-        # ---- shadow: contributions per tag since its last result or watchdog trip ------------
+        # ---- shadow: contributions per tag; a tag is "held" from its k-th contribution until
+        # its result's last beat left (docs/node.md §6 rule 2: meanwhile its contributions are
+        # dropped, so they do not count) ---------------------------------------------------
         since = [Signal(3, name=f"since{t}") for t in range(self.K_TAGS)]
+        held = [Signal(name=f"held{t}") for t in range(self.K_TAGS)]
+        pheld = Signal()        # the contribution in S0 arrived while its tag was held
         o_mid = o_prev_mid(m, o)
         head = i.valid & i.ready & ~second & good     # malformed contributions do not count
         o_start = o.valid & o.ready & ~o_mid
+        o_end = o.valid & o.ready & o.payload.last
         n_slots = len(p.s_tag)
+        held_in = Signal()
+        m.d.comb += held_in.eq(Mux(meta.kv_id[:self._tag_bits] == 1, held[1], held[0]))
+        with m.If(i.valid & i.ready & ~second):
+            m.d.sync += pheld.eq(held_in)
         for t in range(self.K_TAGS):
-            base = Signal(3, name=f"base{t}")
             tripped = Cat(p.trips[s] & (p.s_tag[s].kv_id == t) for s in range(n_slots)).any()
-            emitted = o_start & (o.payload.meta.kv_id == t)
-            m.d.comb += base.eq(since[t])
-            with m.If(emitted):
-                m.d.comb += Assert(since[t] >= k_const, f"result for tag {t} before k arrived")
-            with m.If(emitted | tripped):
-                m.d.comb += base.eq(0)
-            with m.If(head & (meta.kv_id == t)):
+            is_t = o.payload.meta.kv_id == t
+            with m.If(o_start & is_t):
+                m.d.comb += Assert(held[t], f"result for tag {t} before k arrived")
+            base = Mux(tripped, 0, since[t])
+            with m.If(o_end & is_t):
+                m.d.sync += [since[t].eq(0), held[t].eq(0)]
+            with m.Elif(head & (meta.kv_id == t) & ~held[t]):
                 m.d.sync += since[t].eq(base + 1)
+                with m.If(base + 1 >= k_const):
+                    m.d.sync += held[t].eq(1)
             with m.Else():
                 m.d.sync += since[t].eq(base)
+        # the input never waits on the output (rule 2): ready is high in every state
+        m.d.comb += Assert(i.ready, "input ready does not depend on o.ready")
 
         # ---- the status reports every trip: counter + 1 per freed slot, tag of the last ------
         st = e.status
@@ -220,9 +232,10 @@ class ReduceFormal(wiring.Component):
                                        "last_trip names the freed tag")
 
         if self._invariants_on:
-            self._invariants(m, p, since, k_const, configured, second, pmeta, o_mid)
+            self._invariants(m, p, since, held, pheld, k_const, configured, second, pmeta,
+                             o_mid)
         if self._covers:
-            self._cover(m, p, k_const, o_start, o_mid)
+            self._cover(m, p, k_const, o_start, o_mid, pheld)
         return m
 
     def _good(self, meta):
@@ -237,62 +250,93 @@ class ReduceFormal(wiring.Component):
         n = meta.length
         return (n == 0) | (n[:2] != 0) | (n > self.LENGTH)
 
-    def _invariants(self, m, p, since, k_const, configured, second, pmeta, o_mid):
+    def _invariants(self, m, p, since, held, pheld, k_const, configured, second, pmeta, o_mid):
         """Strengthening invariants for k-induction, asserted (hence proved) every cycle."""
         s1, s2 = p.s1, p.s2
-        s1_meta, s2_meta = META(s1["meta"]), META(s2["meta"])
+        bb = len(s1["addr"]) - (len(p.s_tag) - 1).bit_length() - 1   # beat-index bits
+        n_slots = len(p.s_tag)
+        assert n_slots == 2
+
+        def slot_of(addr):
+            return addr[bb:]
+
         h1 = s1["valid"] & s1["head"]
         t1 = s1["valid"] & ~s1["head"]
         h2 = s2["valid"] & ~s2["last"]
-        t2 = s2["valid"] & s2["last"]
         in_pkt = p.in_pkt
-        # S0 inside a well-formed contribution: the next beat entering S1 will be its tail
+        pm = META(pmeta)
+        # S0 inside a well-formed contribution it accepted: the next beat entering S1 is its tail
         in_good = in_pkt & ~p.c_drop
         inv = [
             # configuration entry 0 holds k once written
             (_implies(configured, p.k_in == k_const), "configured k"),
             # framing: the beats in S2, S1 and the next expected input alternate head / tail
             (in_pkt == second, "S0 packet state"),
-            (_implies(in_pkt, p.c_drop == ~self._good(META(pmeta))), "S0 drops malformed only"),
+            (_implies(in_pkt, p.c_drop == (~self._good(pm) | pheld)),
+             "S0 drops malformed and held-tag contributions only"),
             (~s1["valid"] | (s1["last"] == ~s1["head"]), "S1 2-beat framing"),
             (~s1["valid"] | (s1["head"] == in_good), "S1 vs S0 framing"),
             (~(s2["valid"] & s1["valid"]) | (s2["last"] == s1["head"]), "S2 vs S1 framing"),
             (_implies(s2["valid"] & ~s1["valid"], h2 == in_good), "S2 vs S0 framing"),
-            # a packet's beats carry the final flag of its head
-            (_implies(h1, s1["final"] == p.c_final), "S1 head final"),
-            (_implies(h2 & t1, s2["final"] == s1["final"]), "S2 / S1 final"),
-            (_implies(h2 & ~s1["valid"], s2["final"] == p.c_final), "S2 / S0 final"),
-            # the output is inside a result iff a result's head left and its tail did not
-            (o_mid == ((t2 & s2["final"]) | (~s2["valid"] & t1 & s1["final"])
-                       | (~s2["valid"] & ~s1["valid"] & in_good & p.c_final)), "o_mid"),
+            # a packet's beats carry the final flag and the slot of its head
+            (_implies(h1, (s1["final"] == p.c_final)
+                      & (slot_of(s1["addr"]) == p.c_slot)), "S1 head / S0"),
+            (_implies(h2 & t1, (s2["final"] == s1["final"])
+                      & (slot_of(s2["addr"]) == slot_of(s1["addr"]))), "S2 / S1"),
+            (_implies(h2 & ~s1["valid"], (s2["final"] == p.c_final)
+                      & (slot_of(s2["addr"]) == p.c_slot)), "S2 / S0"),
+            # the output register: inside a result iff its head left; the reader follows it
+            (o_mid == (p.o_valid & p.o_last), "o_mid"),
+            (_implies(p.rd_busy, p.o_valid & ~p.o_last & (p.o_slot == p.rd_slot)
+                      & (p.rd_beat == 1)), "reader busy: beat 0 on o"),
+            (_implies(p.o_valid & ~p.o_last, p.rd_busy), "beat 0 on o: reader busy"),
+            (p.q_level <= n_slots, "queue level"),
+            (_implies(p.q_level == 2, p.q[0] != p.q[1]), "queue entries distinct"),
         ]
-        n_slots = len(p.s_tag)
+        in_tag = pm.kv_id
         for s in range(n_slots):
             tag = p.s_tag[s]
-            inv.append((_implies(
-                p.s_valid[s],
-                (tag.route_id == 0) & (tag.seq == 0) & (tag.kv_id < self.K_TAGS)
-                & (p.s_op[s] == self._op_of(tag.kv_id)) & (p.s_len[s] == self.LENGTH)
-                & (p.s_k[s] == k_const) & (p.s_cnt[s] >= 1) & (p.s_cnt[s] < k_const)),
-                f"open slot {s}: tag, op, length, k, 1 <= count < k"))
+            tag_ok = ((tag.route_id == 0) & (tag.seq == 0) & (tag.kv_id < self.K_TAGS)
+                      & (p.s_op[s] == self._op_of(tag.kv_id)) & (p.s_len[s] == self.LENGTH)
+                      & (p.s_k[s] == k_const))
+            is_open = p.s_valid[s] & ~p.s_done[s]
+            done = p.s_done[s]
+            wr = ((in_good & p.c_final & (p.c_slot == s))
+                  | (s1["valid"] & s1["final"] & (slot_of(s1["addr"]) == s))
+                  | (s2["valid"] & s2["final"] & (slot_of(s2["addr"]) == s)))
+            queued = (((p.q_level > 0) & (p.q[0] == s)) | ((p.q_level > 1) & (p.q[1] == s)))
+            reading = (p.rd_busy & (p.rd_slot == s)) | (p.o_valid & (p.o_slot == s))
+            inv += [
+                (_implies(done, p.s_valid[s]), f"slot {s}: complete implies busy"),
+                (_implies(is_open, tag_ok & (p.s_cnt[s] >= 1) & (p.s_cnt[s] < k_const)),
+                 f"open slot {s}: tag, op, length, k, 1 <= count < k"),
+                (_implies(done, tag_ok & (p.s_rmeta[s].kv_id == tag.kv_id)),
+                 f"complete slot {s}: tag, result meta"),
+                (done == (wr | queued | reading), f"complete slot {s}: written, queued or read"),
+                (~(wr & queued) & ~(wr & reading) & ~(queued & reading),
+                 f"slot {s}: one place at a time"),
+                (_implies(in_good & (p.c_slot == s), p.s_valid[s] & (tag.kv_id == in_tag)
+                          & (p.c_final == done)), f"S0 contribution in slot {s}"),
+            ]
+        inv.append((_implies(p.o_valid, Mux(p.o_slot == 1, p.s_done[1], p.s_done[0])
+                             & (META(p.o_meta.as_value()).kv_id
+                                == Mux(p.o_slot == 1, p.s_tag[1].kv_id, p.s_tag[0].kv_id))),
+                    "o carries a complete slot's result"))
         for t in range(self.K_TAGS):
             owns = [p.s_valid[s] & (p.s_tag[s].kv_id == t) for s in range(n_slots)]
-            # a final contribution was accepted, its result's head has not left on o
-            pend = ((h2 & s2["final"] & (s2_meta.kv_id == t))
-                    | (h1 & s1["final"] & (s1_meta.kv_id == t)))
-            assert n_slots == 2
+            opens = [o_ & ~p.s_done[s] for s, o_ in enumerate(owns)]
+            dones = [o_ & p.s_done[s] for s, o_ in enumerate(owns)]
             inv += [
-                (~(owns[0] & owns[1]), f"at most one open slot for tag {t}"),
-                (~(pend & (owns[0] | owns[1])), f"no open slot for tag {t} while its result "
-                                                f"is pending"),
-                (since[t] == Mux(owns[0], p.s_cnt[0], Mux(owns[1], p.s_cnt[1],
-                                                          Mux(pend, k_const, 0))),
-                 f"shadow count of tag {t} = slot count / k if pending / 0"),
+                (~(owns[0] & owns[1]), f"at most one slot for tag {t}"),
+                (held[t] == (dones[0] | dones[1]), f"tag {t} held iff its slot is complete"),
+                (since[t] == Mux(held[t], k_const, Mux(opens[0], p.s_cnt[0],
+                                                       Mux(opens[1], p.s_cnt[1], 0))),
+                 f"shadow count of tag {t} = k if held / open slot count / 0"),
             ]
         for cond, name in inv:
             m.d.comb += Assert(cond, name)
 
-    def _cover(self, m, p, k_const, o_start, o_mid):
+    def _cover(self, m, p, k_const, o_start, o_mid, pheld):
         """Reachability of what the proof is about (``mode="cover"`` fails on a miss)."""
         o = self.o
         stalled = _prev(m, o.valid & ~o.ready, "o_stall")
@@ -311,6 +355,10 @@ class ReduceFormal(wiring.Component):
             Cover(o_start & (k_const == 2) & (o.payload.meta.reduce_op == ReduceOp.SOFTMAX_MERGE),
                   "k = 2 softmax-merge result"),
             Cover(o.valid & o.ready & o_mid & (o.payload.meta.kv_id == 1), "result tail"),
+            Cover(p.in_pkt & p.c_drop & pheld & (k_const == 2),
+                  "a contribution of a held tag dropped"),
+            Cover(self.i.valid & o.valid & ~o.ready & (p.s_cnt[0] == 1) & ~p.s_done[0]
+                  & p.s_valid[0] & (k_const == 3), "merging while a result waits"),
         ]
 
 

@@ -17,7 +17,8 @@ from mcf.golden.nic import ReduceModel, beats_to_packet, parsed_beats, softmax_p
 from mcf.golden.packet import packet_beats
 from mcf.hdl.nic.reduce import ReduceEngine
 from mcf.hdl.packet.parser import Parser
-from mcf.sim.benches.nic_amsim import drive, sink_process, split_packets, unpack_fields
+from mcf.sim.benches.nic_amsim import drive, split_packets, unpack_fields
+from mcf.sim.benches.nic_reduce import HeldReduceModel, replay
 from mcf.sim.benches.nic_traffic import K_OF_ROUTE, contribution, make_stream
 from mcf.sim.benches.packet_streams import run_parser
 
@@ -35,23 +36,24 @@ async def configure(ctx, dut, configs=None):
 
 
 def run_engine(contribs, *, n_slots=4, timeout=3000, ready=0.7, idle=0.2, seed=1,
-               tail_cycles=0, max_payload=128, configs=None):
+               tail_cycles=0, max_payload=128, configs=None, block=0):
+    """Run ``contribs`` through the engine with random idle input and output backpressure;
+    the expected results come from :class:`HeldReduceModel` replayed at the recorded head and
+    result-end cycles (a result holds its slot until its last beat left). ``block``: cycles
+    from the start during which ``o.ready`` is held low; every cycle ``i.ready`` was low is
+    counted in ``status["i_stalls"]``."""
     dut = ReduceEngine(data_width=DW, n_slots=n_slots, max_payload=max_payload)
-    model = ReduceModel(n_slots, max_payload, local_id=3)
+    model = HeldReduceModel(n_slots, max_payload, local_id=3)
     configs = configs or {rid: reduce_config(k) for rid, k in K_OF_ROUTE.items()}
     for rid, entry in configs.items():
         model.write_config(rid, entry)
-    expected = []
-    for meta, payload in contribs:
-        r = model.contribute(meta, payload)
-        if not isinstance(r, str) and r is not None:
-            expected.append(r)
     got = []
     status = {}
+    heads, ends = [], []
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    sim.add_process(sink_process(dut.o, got, random.Random(seed), ready))
-    n_exp_beats = sum(len(parsed_beats(p.meta, p.payload, DW)) for p in expected)
+    sim.add_process(sink_process(dut.o, got, random.Random(seed), ready, block))
+    sim.add_process(handshake_log(dut, heads, ends, status))
 
     async def tb(ctx):
         ctx.set(dut.local_id, 3)
@@ -59,26 +61,64 @@ def run_engine(contribs, *, n_slots=4, timeout=3000, ready=0.7, idle=0.2, seed=1
         await configure(ctx, dut, configs)
         beats = [b for meta, p in contribs for b in parsed_beats(meta, p, DW)]
         await drive(ctx, dut.i, beats, random.Random(seed + 1), idle)
-        for _ in range(20000):
-            if len(got) >= n_exp_beats:
-                break
-            await ctx.tick()
-        for _ in range(tail_cycles + 10):
+        quiet = 0
+        while quiet < 50:          # until the output has been idle for 50 cycles
+            _, _, valid = await ctx.tick().sample(dut.o.valid)
+            quiet = 0 if valid else quiet + 1
+        for _ in range(tail_cycles):
             await ctx.tick()
         status.update(unpack_fields(REDUCE_STATUS, ctx.get(dut.status.as_value())))
 
+    status["i_stalls"] = 0
     sim.add_testbench(tb)
     sim.run()
+    expected = replay(model, contribs, heads, ends)
     return dut, model, expected, got, status
 
 
+def sink_process(stream, out, rng, ready, block=0):
+    """Collect beats from ``stream``: ``ready`` low for ``block`` cycles, then random."""
+    layout = stream.payload.shape()
+
+    async def proc(ctx):
+        cycle = 0
+        while True:
+            r = 0 if cycle < block else int(ready >= 1.0 or rng.random() < ready)
+            ctx.set(stream.ready, r)
+            _, _, valid, raw = await ctx.tick().sample(stream.valid, stream.payload.as_value())
+            cycle += 1
+            if valid and r:
+                out.append(unpack_fields(layout, raw))
+    return proc
+
+
+def handshake_log(dut, heads, ends, status):
+    """A process recording the cycles of input heads and output last beats, and counting the
+    cycles in which ``i.ready`` was low (``status["i_stalls"]``)."""
+    async def proc(ctx):
+        cycle, in_pkt = 0, False
+        async for _, _, iv, ir, il, ov, o_r, ol in ctx.tick().sample(
+                dut.i.valid, dut.i.ready, dut.i.payload.last,
+                dut.o.valid, dut.o.ready, dut.o.payload.last):
+            cycle += 1
+            status["i_stalls"] = status.get("i_stalls", 0) + (not ir)
+            if iv and ir:
+                if not in_pkt:
+                    heads.append(cycle)
+                in_pkt = not il
+            if ov and o_r and ol:
+                ends.append(cycle)
+    return proc
+
+
 def counters_only(d):
-    return {k: v for k, v in d.items() if k != "last_trip"}
+    return {k: v for k, v in d.items() if k not in ("last_trip", "i_stalls")}
 
 
 def test_reduce_random_interleaved_bit_exact():
+    # two slots more than open tags: results held by backpressure rarely take the last slot
     contribs = make_stream(seed=7, n_tags=100, window=4)
-    dut, model, expected, got, status = run_engine(contribs)
+    dut, model, expected, got, status = run_engine(contribs, n_slots=6)
     results = [beats_to_packet(b, DW) for b in split_packets(got)]
     assert results == expected
     assert len(expected) > 80
@@ -150,54 +190,84 @@ def test_softmax_merge_matches_float_attention():
     assert worst <= 2.0 ** -9, worst
 
 
-def test_watchdog_pauses_while_result_waits_for_output():
-    """An open slot must not be freed because the engine itself was stalled: a result held by
-    ``o.ready = 0`` for 10x the timeout also holds the open tag's contributors off, so its
-    timer pauses; the missing contribution then completes the tag."""
-    k2 = next(r for r, k in K_OF_ROUTE.items() if k == 2)
+def _round_robin(rng, tags, k_route, ops, length):
+    """Contributions of ``tags`` interleaved: every tag's first, then every tag's second..."""
+    per_tag = [[contribution(rng, t, k_route, ops[j % len(ops)], length, s)
+                for s in range(K_OF_ROUTE[k_route])] for j, t in enumerate(tags)]
+    return [c for group in zip(*per_tag) for c in group]
+
+
+def test_input_never_waits_on_output():
+    """docs/node.md §6 rule 2: with ``o.ready`` low for 3,000 cycles the input keeps taking a
+    beat every cycle. Three tags complete and their results wait in their slots while a fourth
+    tag keeps merging; a contribution to a held tag and a fifth tag (every slot busy) are
+    NO_SLOT drops. Then the output opens: nothing else is lost, the results are bit-exact and
+    in completion order, and further tags reuse the freed slots."""
+    rng = np.random.default_rng(21)
+    k3 = next(r for r, k in K_OF_ROUTE.items() if k == 3)
+    ops = [ReduceOp.SUM, ReduceOp.MAX, ReduceOp.SOFTMAX_MERGE]
+    done = _round_robin(rng, [10, 11, 12], k3, ops, 40)
+    other = _round_robin(rng, [13], k3, ops, 40)
+    held_again = [contribution(rng, 11, k3, ReduceOp.MAX, 40, 7)]
+    fifth = [contribution(rng, 14, k3, ReduceOp.SUM, 40, 0)]
+    later = _round_robin(rng, [20, 21, 22, 23], k3, ops, 24)
+    contribs = done + other[:2] + held_again + fifth + other[2:] + later
+    # 'later' arrives while the output is still blocked: its tags find no slot until the
+    # results leave, so feed it only after the block (second run below)
+    dut, model, expected, got, status = run_engine(
+        done + other[:2] + held_again + fifth + other[2:], n_slots=4, ready=0.6, idle=0.0,
+        block=3000)
+    results = [beats_to_packet(b, DW) for b in split_packets(got)]
+    assert status["i_stalls"] == 0
+    assert results == expected and len(expected) == 4
+    assert [r.meta.kv_id for r in results] == [10, 11, 12, 13]
+    assert status["drop_no_slot"] == 2 and status["tx_results"] == 4
+    assert counters_only(status) == counters_only(model.counters)
+    # blocked output with traffic that fits, then the output opens and more tags follow
+    dut, model, expected, got, status = run_engine(contribs, n_slots=4, ready=0.5, idle=0.1,
+                                                   block=600)
+    results = [beats_to_packet(b, DW) for b in split_packets(got)]
+    assert status["i_stalls"] == 0
+    assert results == expected
+    assert counters_only(status) == counters_only(model.counters)
+    assert status["drop_no_slot"] >= 2
+
+
+def test_held_result_is_not_freed_by_the_watchdog():
+    """A complete result waiting for ``o.ready`` keeps its slot whatever the timeout (the
+    watchdog guards open slots only); an open slot whose contributor never comes is freed
+    meanwhile, since the input kept running."""
     k1 = next(r for r, k in K_OF_ROUTE.items() if k == 1)
+    k2 = next(r for r, k in K_OF_ROUTE.items() if k == 2)
     rng = np.random.default_rng(5)
-    first = contribution(rng, 1, k2, ReduceOp.SUM, 16, 0)
-    lone = contribution(rng, 2, k1, ReduceOp.MAX, 16, 1)     # k = 1: a result at once
-    second = contribution(rng, 1, k2, ReduceOp.SUM, 16, 2)
-    timeout = 40
-    dut = ReduceEngine(data_width=DW, n_slots=2, max_payload=64)
-    got = []
-
-    async def tb(ctx):
-        ctx.set(dut.timeout, timeout)
-        await configure(ctx, dut)
-        ctx.set(dut.o.ready, 0)
-        for meta, payload in (first, lone):
-            await drive(ctx, dut.i, parsed_beats(meta, payload, DW), random.Random(0))
-        started["second"] = True
-        for _ in range(10 * timeout):                   # output blocked: the engine stalls
-            await ctx.tick()
-        ctx.set(dut.o.ready, 1)
-        for _ in range(3 * timeout):
-            _, _, valid, raw = await ctx.tick().sample(dut.o.valid, dut.o.payload.as_value())
-            if valid:
-                got.append(unpack_fields(dut.o.payload.shape(), raw))
-        status.update(unpack_fields(REDUCE_STATUS, ctx.get(dut.status.as_value())))
-
-    async def contributor(ctx):       # offers the second contribution while the engine stalls
-        while "second" not in started:
-            await ctx.tick()
-        await drive(ctx, dut.i, parsed_beats(*second, DW), random.Random(0))
-
-    status, started = {}, {}
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(tb)
-    sim.add_testbench(contributor, background=True)
-    sim.run()
-    model = ReduceModel(2, 64, local_id=0)
-    for rid, k in K_OF_ROUTE.items():
-        model.write_config(rid, reduce_config(k))
-    expected = [r for r in (model.contribute(m, p) for m, p in (first, lone, second))
-                if r is not None]
+    lone = contribution(rng, 2, k1, ReduceOp.MAX, 16, 1)      # k = 1: a result at once
+    stranded = contribution(rng, 1, k2, ReduceOp.SUM, 16, 0)  # its partner never arrives
+    dut, model, expected, got, status = run_engine([lone, stranded], n_slots=2, timeout=40,
+                                                   block=400)
     assert [beats_to_packet(b, DW) for b in split_packets(got)] == expected
-    assert len(expected) == 2 and status["watchdog_trips"] == 0 and status["tx_results"] == 2
+    assert len(expected) == 1 and status["tx_results"] == 1 and status["i_stalls"] == 0
+    assert status["watchdog_trips"] == 1
+    trip = REDUCE_TAG.from_bits(status["last_trip"])
+    assert int(trip.kv_id) == 1
+
+
+def test_twelve_slots_in_flight():
+    """The kr260 configuration (docs/node.md §7): 12 slots = H_q of Qwen2.5-1.5B. Twelve tags
+    are open at once (contributions round robin), all complete, bit-exact, no drop; a 13th
+    tag while all twelve are open is a NO_SLOT drop."""
+    rng = np.random.default_rng(12)
+    k2 = next(r for r, k in K_OF_ROUTE.items() if k == 2)
+    ops = [ReduceOp.SUM, ReduceOp.MAX, ReduceOp.SOFTMAX_MERGE]
+    rr = _round_robin(rng, list(range(100, 112)), k2, ops, 64)
+    extra = contribution(rng, 112, k2, ReduceOp.SUM, 64, 0)
+    contribs = rr[:12] + [extra] + rr[12:]
+    dut, model, expected, got, status = run_engine(contribs, n_slots=12, max_payload=128,
+                                                   ready=0.7, idle=0.1)
+    assert dut.n_slots == 12
+    results = [beats_to_packet(b, DW) for b in split_packets(got)]
+    assert results == expected and len(expected) == 12
+    assert status["drop_no_slot"] == 1 and status["tx_results"] == 12
+    assert counters_only(status) == counters_only(model.counters)
 
 
 def test_final_result_is_forwarded_not_reduced_again():

@@ -10,6 +10,7 @@ from amaranth.hdl import Fragment
 
 from mcf import sim
 from mcf.abi.csrmap import nic_registers, nic_regmap, node_regmap
+from mcf.abi.node_config import KR260, SIM
 from mcf.hdl.flat import FlatTop
 from mcf.hdl.nic.top import NicCsrTop, NicTop, nic_axis_names
 
@@ -23,7 +24,7 @@ def test_nic_registers_are_a_part_of_the_node_map():
 
 
 def test_every_nic_register_reaches_the_nic():
-    top = NicCsrTop(NicTop(n_links=2))
+    top = NicCsrTop(NicTop(n_links=2, reduce_slots=SIM.reduce_slots))
     bank_regs = set(top.bank.signature.members["regs"].signature.members)
     nic_regs = set(top.nic.signature.members["regs"].signature.members)
     assert bank_regs == nic_regs
@@ -33,13 +34,24 @@ def test_every_nic_register_reaches_the_nic():
 
 def test_nic_rejects_more_links_than_the_board_has():
     with pytest.raises(ValueError, match="n_links"):
-        NicTop(n_links=4)
+        NicTop(n_links=4, reduce_slots=SIM.reduce_slots)
+
+
+def test_nic_takes_the_configurations_reduction_slots():
+    """The slot count comes from the caller (docs/node.md §7): kr260 12, sim 4."""
+    for cfg in (KR260, SIM):
+        nic = NicTop(reduce_slots=cfg.reduce_slots)
+        assert nic.reduce.n_slots == cfg.reduce_slots
+        Fragment.get(nic, None)
+    assert KR260.reduce_slots == 12
+    with pytest.raises(TypeError):
+        NicTop()                        # no default: the configuration decides
 
 
 def run_nic_block(**traffic):
     # the block as registered for `mcf verilog`, with smaller buffers (the Verilator build of
     # the 1 KiB-payload instance takes minutes): max payload 256 B, 64-byte parts
-    nic = NicTop(max_payload=256, a2a_part_max=64)
+    nic = NicTop(max_payload=256, a2a_part_max=64, reduce_slots=SIM.reduce_slots)
     top = FlatTop(NicCsrTop(nic), nic_axis_names(nic.n_links, nic.n_inject))
     sim.run(sim.build(top, "mcf_nic", width_warnings=True), "mcf.sim.benches.nic_top", params={
         "data_width": 64, "n_links": nic.n_links, "n_inject": nic.n_inject,

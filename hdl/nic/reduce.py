@@ -43,7 +43,10 @@ class ReduceEngine(wiring.Component):
     Parameters
     ----------
     data_width:  payload bits per beat; ``data_width // 32`` lanes are reduced per cycle.
-    n_slots:     tags that may be open at once (each holds one accumulator buffer).
+    n_slots:     tags that may be open or waiting to be sent at once (each holds one
+                 ``max_payload`` accumulator buffer); the configuration's (docs/node.md §7:
+                 kr260 12 = H_q of Qwen2.5-1.5B, sim 4; default
+                 :data:`mcf.abi.limits.REDUCE_SLOTS`).
     max_payload: largest contribution in bytes (default :data:`mcf.abi.framing.MAX_PAYLOAD`).
 
     Members
@@ -70,23 +73,33 @@ class ReduceEngine(wiring.Component):
     Behaviour: a contribution whose tag matches an open slot is merged into it; otherwise it
     opens a free slot (stored unchanged). Contributions are merged in arrival order with
     :func:`mcf.abi.softmax.merge_state` (``SOFTMAX_MERGE``, payload ``m, l, o[..]``) or
-    :func:`mcf.abi.softmax.reduce_lanes` (``MAX`` signed, ``SUM`` wrapping). The result is
-    emitted while the k-th contribution streams in — never before: the emit decision is taken
-    when the k-th contribution's head is accepted. Malformed contributions (bad length, op NONE,
-    unconfigured k, op/length differing from the slot's, no free slot) are dropped whole and
-    counted (:class:`mcf.abi.nic.ReduceDrop`). An open slot that receives nothing for
-    ``timeout`` cycles (counting only cycles in which the engine accepts input: the timer
-    pauses while a result waits for ``o.ready``) is freed and counted (``watchdog_trips``,
-    ``last_trip``): a missing contributor never hangs the engine.
+    :func:`mcf.abi.softmax.reduce_lanes` (``MAX`` signed, ``SUM`` wrapping). The k-th
+    contribution completes the slot (the decision is taken when its head is accepted): its
+    merged lanes are written back and the slot is marked complete. **The input never waits on
+    the output** (docs/node.md §6 rule 2): a complete result stays in its slot, busy, until
+    its last beat has left on ``o``; results leave in completion order. Meanwhile
+    contributions to other slots keep merging at full rate. Malformed contributions (bad
+    length, op NONE, unconfigured k, op/length differing from the open slot's) are dropped
+    whole and counted (:class:`mcf.abi.nic.ReduceDrop`); so is a contribution that finds no
+    slot (``NO_SLOT``): a new tag while every slot is busy (open or complete), or a
+    contribution of a tag whose complete result still waits in its slot. An open slot that
+    receives nothing for ``timeout`` cycles is freed and counted (``watchdog_trips``,
+    ``last_trip``): a missing contributor never hangs the engine. A complete slot is never
+    freed by the watchdog (its result waits only for the router).
 
-    Latency / rate: 1 beat (all lanes) per cycle, no bubbles between packets; a result beat
-    leaves 2 cycles after the matching input beat. ``ready`` of ``i`` is low only while a
-    result beat waits for ``o.ready``.
+    Latency / rate: ``i.ready`` is constantly high: 1 beat (all lanes) per cycle in, whatever
+    ``o`` does. A result's first beat is on ``o`` 4 cycles after the k-th contribution's last
+    beat was accepted (store and forward through the slot); results leave at 1 beat per cycle,
+    back to back when several are complete.
 
     Observability: each call of :meth:`elaborate` records the internal state signals of the
     module it returns in ``self.probe`` (a namespace: configured ``k_in`` read for the current
     head, slot table ``s_valid``/``s_tag``/``s_op``/``s_len``/``s_k``/``s_cnt``, watchdog
-    ``trips``, head state ``in_pkt``/``c_drop``/``c_final``, pipeline registers ``s1``/``s2``).
+    ``trips``, head state ``in_pkt``/``c_drop``/``c_final``/``c_slot``, pipeline registers
+    ``s1``/``s2``).
+    It also names ``s_done`` (complete slots), ``s_rmeta`` (their results' meta), the
+    completion queue ``q``/``q_level`` and the output reader (``rd_busy``, ``rd_slot``,
+    ``rd_beat``, ``o_valid``, ``o_slot``, ``o_last``, ``o_meta``).
     Nothing in the design reads it; a formal harness that asserts on them elaborates the engine
     itself and instantiates the returned module (``tests/test_nic_formal.py``).
     """
@@ -142,8 +155,11 @@ class ReduceEngine(wiring.Component):
         tag_layout = reduce_tag_layout(self._meta_layout)
 
         # ---- slot table ------------------------------------------------------------------------
+        # s_valid: slot busy; s_done: its result is complete (final contribution accepted) and
+        # waits, in the slot, until the output has sent its last beat (docs/node.md §6 rule 2)
         kbits = len(k_in)
         s_valid = Signal(S)
+        s_done = Signal(S)
         s_tag = [Signal(tag_layout, name=f"tag{s}") for s in range(S)]
         s_op = [Signal(ReduceOp, name=f"op{s}") for s in range(S)]
         s_len = [Signal.like(meta.length, name=f"len{s}") for s in range(S)]
@@ -151,41 +167,39 @@ class ReduceEngine(wiring.Component):
         s_cnt = [Signal(kbits, name=f"cnt{s}") for s in range(S)]
         s_m = [Signal(signed(LANE_BITS), name=f"m{s}") for s in range(S)]
         s_timer = [Signal(WATCHDOG_BITS, name=f"timer{s}") for s in range(S)]
+        s_open = Signal(S)
+        m.d.comb += s_open.eq(s_valid & ~s_done)
 
         tag_in = Signal(tag_layout)
         m.d.comb += [tag_in.kv_id.eq(meta.kv_id), tag_in.seq.eq(meta.seq),
                      tag_in.route_id.eq(meta.route_id)]
 
         # ---- pipeline registers ----------------------------------------------------------------
-        adv = Signal()            # the whole pipeline advances this cycle
         in_pkt = Signal()         # S0 is inside a packet (head already taken)
         c_drop = Signal()
         c_slot = Signal(range(S))
         c_fresh = Signal()
         c_final = Signal()
         c_op = Signal(ReduceOp)
-        c_rfinal = Signal()                         # the result is final (config of the head)
-        c_rroute = Signal.like(meta.route_id)       # its route id
         bidx = Signal(self._beat_bits)
 
         s1 = {n: Signal(w, name=f"s1_{n}") for n, w in (
-            ("valid", 1), ("head", 1), ("fresh", 1), ("final", 1), ("op", 2), ("first_beat", 1),
-            ("addr", S.bit_length() + self._beat_bits), ("data", self._dw),
-            ("keep", self._dw // 8), ("last", 1), ("meta", self._meta_layout.size))}
+            ("valid", 1), ("head", 1), ("fresh", 1), ("final", 1), ("op", 2),
+            ("addr", S.bit_length() + self._beat_bits), ("data", self._dw), ("last", 1),
+            ("meta", self._meta_layout.size))}
         s1_da = Signal(LANE_BITS + 1)       # m_new − m_acc (≥ 0)
         s1_db = Signal(LANE_BITS + 1)       # m_new − m_in  (≥ 0)
         s1_mnew = Signal(signed(LANE_BITS))
         s2 = {n: Signal(w, name=f"s2_{n}") for n, w in (
-            ("valid", 1), ("final", 1), ("write", 1), ("addr", len(s1["addr"])),
-            ("data", self._dw), ("keep", self._dw // 8), ("last", 1),
-            ("meta", self._meta_layout.size))}
-
-        m.d.comb += adv.eq(~(s2["valid"] & s2["final"] & ~o_s.ready))
+            ("valid", 1), ("final", 1), ("addr", len(s1["addr"])), ("data", self._dw),
+            ("last", 1), ("meta", self._meta_layout.size))}
 
         # ---- S0: head decode -------------------------------------------------------------------
-        hits = Signal(S)
-        m.d.comb += hits.eq(Cat(s_valid[s] & (s_tag[s].as_value() == tag_in.as_value())
-                                for s in range(S)))
+        match = Signal(S)
+        m.d.comb += match.eq(Cat(s_valid[s] & (s_tag[s].as_value() == tag_in.as_value())
+                                 for s in range(S)))
+        hits = match & ~s_done          # an open slot of this tag
+        held = (match & s_done) != 0    # this tag's result still waits in its slot
         hit = hits != 0
         hit_idx = Signal(range(S))
         free_idx = Signal(range(S))
@@ -204,14 +218,15 @@ class ReduceEngine(wiring.Component):
         hit_op = Signal(ReduceOp)
         hit_len = Signal.like(length)
         hit_cnt = Signal(kbits)
+        hit_k = Signal(kbits)
         hit_m = Signal(signed(LANE_BITS))
         with m.Switch(hit_idx):
             for s in range(S):
                 with m.Case(s):
                     m.d.comb += [hit_op.eq(s_op[s]), hit_len.eq(s_len[s]), hit_cnt.eq(s_cnt[s]),
-                                 hit_m.eq(s_m[s])]
+                                 hit_k.eq(s_k[s]), hit_m.eq(s_m[s])]
         mismatch = hit & ((hit_op != meta.reduce_op) | (hit_len != length))
-        no_slot = ~hit & ~any_free
+        no_slot = held | (~hit & ~any_free)
         cause = Signal(len(ReduceDrop))        # one-hot, first matching cause only
         m.d.comb += cause.eq(Cat(
             bad_len, ~bad_len & bad_op, ~bad_len & ~bad_op & no_cfg,
@@ -220,11 +235,6 @@ class ReduceEngine(wiring.Component):
         head_drop = cause != 0
         slot_sel = Mux(hit, hit_idx, free_idx)
         cnt_before = Mux(hit, hit_cnt, 0)
-        hit_k = Signal(kbits)
-        with m.Switch(hit_idx):
-            for s in range(S):
-                with m.Case(s):
-                    m.d.comb += hit_k.eq(s_k[s])
         k_use = Mux(hit, hit_k, k_in)
         final = (cnt_before + 1) >= k_use
 
@@ -232,9 +242,10 @@ class ReduceEngine(wiring.Component):
         m_new = Signal(signed(LANE_BITS))
         m.d.comb += m_new.eq(Mux(hit & (hit_m > m_in), hit_m, m_in))
 
-        head_fire = i_s.valid & i_s.ready & ~in_pkt
-        fire = i_s.valid & i_s.ready
-        m.d.comb += i_s.ready.eq(adv)
+        # rule 2: the input never waits on the output
+        m.d.comb += i_s.ready.eq(1)
+        fire = i_s.valid
+        head_fire = fire & ~in_pkt
 
         # state for the packet in S0
         with m.If(fire):
@@ -244,8 +255,7 @@ class ReduceEngine(wiring.Component):
                 m.d.sync += [in_pkt.eq(1), bidx.eq(bidx + 1)]
         with m.If(head_fire):
             m.d.sync += [c_drop.eq(head_drop), c_slot.eq(slot_sel), c_fresh.eq(~hit),
-                         c_final.eq(final), c_op.eq(meta.reduce_op),
-                         c_rfinal.eq(cr.data.final), c_rroute.eq(cr.data.result_route)]
+                         c_final.eq(final), c_op.eq(meta.reduce_op)]
 
         cur_drop = Mux(in_pkt, c_drop, head_drop)
         cur_slot = Mux(in_pkt, c_slot, slot_sel)
@@ -253,14 +263,19 @@ class ReduceEngine(wiring.Component):
         cur_final = Mux(in_pkt, c_final, final)
         cur_op = Mux(in_pkt, c_op, meta.reduce_op)
         cur_bidx = Mux(in_pkt, bidx, 0)
+
         # a final result leaves as reduce_op NONE, MULTICAST, route_id = result_route (ABI rule,
-        # mcf.abi.nic.reduce_config_layout): no engine reduces it again
+        # mcf.abi.nic.reduce_config_layout): no engine reduces it again. The result's meta is
+        # the final contribution's head meta, kept per slot until the result leaves.
         res_meta = Signal(self._meta_layout)
         m.d.comb += res_meta.eq(meta)
-        with m.If(Mux(in_pkt, c_rfinal, cr.data.final)):
+        with m.If(cr.data.final):
             m.d.comb += [res_meta.reduce_op.eq(ReduceOp.NONE),
                          res_meta.collective.eq(Collective.MULTICAST),
-                         res_meta.route_id.eq(Mux(in_pkt, c_rroute, cr.data.result_route))]
+                         res_meta.route_id.eq(cr.data.result_route)]
+        # registers, not a memory: S x meta bits, and the formal proof can name them
+        s_rmeta = [Signal(self._meta_layout, name=f"rmeta{s}") for s in range(S)]
+        accept = head_fire & ~head_drop
 
         # ---- accumulator buffer ----------------------------------------------------------------
         depth = S << self._beat_bits
@@ -268,47 +283,108 @@ class ReduceEngine(wiring.Component):
         bw = buf.write_port()
         br = buf.read_port(transparent_for=(bw,))
         rd_addr = Cat(cur_bidx, cur_slot)
-        m.d.comb += [br.addr.eq(rd_addr), br.en.eq(adv)]
+        m.d.comb += br.addr.eq(rd_addr)
 
-        with m.If(adv):
+        m.d.sync += [
+            s1["valid"].eq(fire & ~cur_drop),
+            s1["head"].eq(~in_pkt),
+            s1["fresh"].eq(cur_fresh), s1["final"].eq(cur_final), s1["op"].eq(cur_op),
+            s1["addr"].eq(rd_addr), s1["data"].eq(i_s.payload.data),
+            s1["last"].eq(i_s.payload.last), s1["meta"].eq(meta.as_value()),
+        ]
+        with m.If(head_fire):
             m.d.sync += [
-                s1["valid"].eq(fire & ~cur_drop),
-                s1["head"].eq(~in_pkt),
-                s1["fresh"].eq(cur_fresh), s1["final"].eq(cur_final), s1["op"].eq(cur_op),
-                s1["addr"].eq(rd_addr), s1["data"].eq(i_s.payload.data),
-                s1["keep"].eq(i_s.payload.keep), s1["last"].eq(i_s.payload.last),
-                s1["meta"].eq(res_meta.as_value()),
+                s1_da.eq((m_new - hit_m)[:LANE_BITS + 1]),
+                s1_db.eq((m_new - m_in)[:LANE_BITS + 1]),
+                s1_mnew.eq(m_new),
             ]
-            with m.If(head_fire):
-                m.d.sync += [
-                    s1_da.eq((m_new - hit_m)[:LANE_BITS + 1]),
-                    s1_db.eq((m_new - m_in)[:LANE_BITS + 1]),
-                    s1_mnew.eq(m_new),
-                ]
+
+        # ---- output side: completed slots in completion order ----------------------------------
+        # completion queue of slot numbers (registers: at most S entries, one per slot)
+        q = [Signal(range(S), name=f"q{j}") for j in range(S)]
+        q_level = Signal(range(S + 1))
+        q_push = Signal()
+        q_pop = Signal()
+        q_in = Signal(range(S))
+        lvl_after_pop = q_level - q_pop
+        for j in range(S):
+            nxt = q[j + 1] if j + 1 < S else q[j]
+            with m.If(q_push & (lvl_after_pop == j)):
+                m.d.sync += q[j].eq(q_in)
+            with m.Elif(q_pop):
+                m.d.sync += q[j].eq(nxt)
+        m.d.sync += q_level.eq(q_level + q_push - q_pop)
+        rd_busy = Signal()                  # a result is being read out of rd_slot
+        rd_slot = Signal(range(S))
+        rd_beat = Signal(self._beat_bits)
+        o_slot = Signal(range(S))           # slot of the beat on o
+        o_valid = Signal()
+        o_last = Signal()
+        o_keep = Signal(self._dw // 8)
+        o_meta = Signal(self._meta_layout)
+        nxt_slot = Mux(rd_busy, rd_slot, q[0])
+        have = rd_busy | (q_level != 0)
+        nxt_len = Signal.like(meta.length)
+        with m.Switch(nxt_slot):
+            for s in range(S):
+                with m.Case(s):
+                    m.d.comb += nxt_len.eq(s_len[s])
+        bpb = self._dw // 8
+        byte_bits = (bpb - 1).bit_length()
+        nxt_lastb = ((nxt_len - 1) >> byte_bits)[:self._beat_bits]   # index of the last beat
+        beat_now = Mux(rd_busy, rd_beat, 0)
+        issue_last = beat_now == nxt_lastb
+        rem = nxt_len[:byte_bits]
+        last_keep = Mux(rem == 0, (1 << bpb) - 1, (Const(1, bpb + 1) << rem) - 1)
+        nxt_meta = Signal(self._meta_layout)
+        with m.Switch(nxt_slot):
+            for s in range(S):
+                with m.Case(s):
+                    m.d.comb += nxt_meta.eq(s_rmeta[s])
+        obr = buf.read_port()               # sync: its data register is the output stage
+        step = ~o_valid | o_s.ready
+        m.d.comb += [obr.addr.eq(Cat(beat_now, nxt_slot)), obr.en.eq(step),
+                     q_pop.eq(step & ~rd_busy & (q_level != 0))]
+        with m.If(step):
+            m.d.sync += [o_valid.eq(have), o_slot.eq(nxt_slot), o_last.eq(issue_last),
+                         o_keep.eq(Mux(issue_last, last_keep, (1 << bpb) - 1)),
+                         o_meta.eq(nxt_meta)]
+            with m.If(have):
+                m.d.sync += [rd_busy.eq(~issue_last), rd_slot.eq(nxt_slot),
+                             rd_beat.eq(beat_now + 1)]
+        o_free = o_valid & o_s.ready & o_last     # the result's last beat leaves: slot free
+        m.d.comb += [
+            o_s.valid.eq(o_valid),
+            o_s.payload.meta.eq(o_meta),
+            o_s.payload.meta.src.eq(self.local_id),
+            o_s.payload.data.eq(obr.data),
+            o_s.payload.keep.eq(o_keep),
+            o_s.payload.last.eq(o_last),
+        ]
 
         # ---- slot table updates + watchdog -----------------------------------------------------
-        accept = head_fire & ~head_drop
         trips = Signal(S)
         for s in range(S):
             active = (in_pkt & (c_slot == s)) | (accept & (slot_sel == s))
-            # the watchdog counts cycles the engine could accept in: it pauses (and cannot trip)
-            # while a result waits for o.ready, since that stall also holds the contributors off
-            m.d.comb += trips[s].eq(s_valid[s] & ~active & (self.timeout != 0) & adv
+            # the watchdog guards open slots only: a complete result waits for the output
+            m.d.comb += trips[s].eq(s_open[s] & ~active & (self.timeout != 0)
                                     & (s_timer[s] >= self.timeout))
             with m.If(accept & (slot_sel == s)):
                 m.d.sync += [s_timer[s].eq(0), s_cnt[s].eq(cnt_before + 1), s_m[s].eq(m_new)]
-                with m.If(final):
-                    m.d.sync += s_valid[s].eq(0)
-                with m.Elif(~hit):
+                with m.If(~hit):
                     m.d.sync += [s_valid[s].eq(1), s_tag[s].eq(tag_in),
                                  s_op[s].eq(meta.reduce_op), s_len[s].eq(length),
                                  s_k[s].eq(k_in)]
+                with m.If(final):
+                    m.d.sync += [s_done[s].eq(1), s_rmeta[s].eq(res_meta)]
+            with m.Elif(o_free & (o_slot == s)):
+                m.d.sync += [s_valid[s].eq(0), s_done[s].eq(0)]
             with m.Elif(active):
                 m.d.sync += s_timer[s].eq(0)
             with m.Elif(trips[s]):
                 m.d.sync += [s_valid[s].eq(0), s_timer[s].eq(0),
                              self.status.last_trip.eq(s_tag[s])]
-            with m.Elif(s_valid[s] & adv):
+            with m.Elif(s_open[s]):
                 m.d.sync += s_timer[s].eq(s_timer[s] + 1)
 
         # ---- S1: factors, lane arithmetic ------------------------------------------------------
@@ -329,12 +405,12 @@ class ReduceEngine(wiring.Component):
         fb_h = exp2neg(s1_db, "fb_head")
         fa = Mux(s1["head"], fa_h, fa_r)
         fb = Mux(s1["head"], fb_h, fb_r)
-        with m.If(adv & s1["valid"] & s1["head"]):
+        with m.If(s1["valid"] & s1["head"]):
             m.d.sync += [fa_r.eq(fa_h), fb_r.eq(fb_h)]
 
         # forwarding: S2 writes the address S1 read one cycle too late for the read port
         acc = Signal(self._dw)
-        m.d.comb += acc.eq(Mux(s2["valid"] & s2["write"] & (s2["addr"] == s1["addr"]),
+        m.d.comb += acc.eq(Mux(s2["valid"] & (s2["addr"] == s1["addr"]),
                                s2["data"], br.data))
         word0 = s1["head"]      # beat 0 of a packet holds m (lane 0) and l (lane 1)
         result = Signal(self._dw)
@@ -368,26 +444,15 @@ class ReduceEngine(wiring.Component):
             with m.Elif(s1["op"] == SUM):
                 m.d.comb += r.eq(a + b)
 
-        with m.If(adv):
-            m.d.sync += [
-                s2["valid"].eq(s1["valid"]), s2["final"].eq(s1["final"]),
-                s2["write"].eq(~s1["final"]), s2["addr"].eq(s1["addr"]),
-                s2["data"].eq(result), s2["keep"].eq(s1["keep"]), s2["last"].eq(s1["last"]),
-                s2["meta"].eq(s1["meta"]),
-            ]
-        m.d.comb += [bw.addr.eq(s2["addr"]), bw.data.eq(s2["data"]),
-                     bw.en.eq(s2["valid"] & s2["write"])]
-
-        # ---- S2: output ------------------------------------------------------------------------
-        out_meta = self._meta_layout(s2["meta"])
-        m.d.comb += [
-            o_s.valid.eq(s2["valid"] & s2["final"]),
-            o_s.payload.meta.eq(out_meta),
-            o_s.payload.meta.src.eq(self.local_id),
-            o_s.payload.data.eq(s2["data"]),
-            o_s.payload.keep.eq(s2["keep"]),
-            o_s.payload.last.eq(s2["last"]),
+        m.d.sync += [
+            s2["valid"].eq(s1["valid"]), s2["final"].eq(s1["final"]), s2["addr"].eq(s1["addr"]),
+            s2["data"].eq(result), s2["last"].eq(s1["last"]), s2["meta"].eq(s1["meta"]),
         ]
+        # S2 writes every beat (a final result stays in its slot); the final contribution's
+        # last beat queues the slot for the output
+        m.d.comb += [bw.addr.eq(s2["addr"]), bw.data.eq(s2["data"]), bw.en.eq(s2["valid"]),
+                     q_in.eq(s2["addr"][self._beat_bits:]),
+                     q_push.eq(s2["valid"] & s2["final"] & s2["last"])]
 
         # ---- counters --------------------------------------------------------------------------
         st = self.status
@@ -402,7 +467,10 @@ class ReduceEngine(wiring.Component):
             m.d.sync += st.tx_results.eq(st.tx_results + 1)
 
         self.probe = SimpleNamespace(
-            k_in=k_in, s_valid=s_valid, s_tag=s_tag, s_op=s_op, s_len=s_len, s_k=s_k,
+            k_in=k_in, s_valid=s_valid, s_done=s_done, s_tag=s_tag, s_op=s_op, s_len=s_len, s_k=s_k,
             s_cnt=s_cnt, trips=trips, in_pkt=in_pkt, c_drop=c_drop, c_final=c_final,
-            s1=s1, s2=s2)
+            c_slot=c_slot,
+            s1=s1, s2=s2, q=q, q_level=q_level, s_rmeta=s_rmeta, o_valid=o_valid, o_last=o_last,
+            o_meta=o_meta, rd_busy=rd_busy, rd_slot=rd_slot, rd_beat=rd_beat,
+            o_slot=o_slot, head_drop=head_drop, cause=cause)
         return m

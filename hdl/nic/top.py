@@ -18,8 +18,8 @@ from amaranth.lib.wiring import In, Out
 
 from mcf.abi.csrmap import NODE_LINKS, nic_registers, nic_regmap, node_register
 from mcf.abi.framing import MAX_PAYLOAD, beat_layout, parsed_layout
-from mcf.abi.limits import REDUCE_SLOTS
 from mcf.abi.nic import Topology
+from mcf.abi.node_config import SIM
 
 from ..csr.bank import CsrBank, register_signature
 from .all_to_all import AllToAll
@@ -42,7 +42,9 @@ class NicTop(wiring.Component):
     Parameters: ``data_width``; ``n_links`` (network ports = links, ≤ ``NODE_LINKS`` on a
     KR260); ``topology`` (router bubble rule); ``n_inject`` (router local inputs);
     ``max_payload`` (router, link RX, reduction; default :data:`mcf.abi.framing.MAX_PAYLOAD`);
-    ``reduce_slots``; ``a2a_max_nodes``, ``a2a_part_max`` (default: the all-to-all engine's,
+    ``reduce_slots`` (required: the configuration's ``mcf.abi.node_config.NodeConfig``
+    ``reduce_slots`` — kr260 12 = H_q of Qwen2.5-1.5B, sim 4; docs/node.md §7);
+    ``a2a_max_nodes``, ``a2a_part_max`` (default: the all-to-all engine's,
     ``MAX_PAYLOAD // a2a_max_nodes``), ``a2a_slots``.
 
     Members (streams are ``parsed_layout`` unless marked wire = ``beat_layout``)
@@ -74,7 +76,7 @@ class NicTop(wiring.Component):
 
     def __init__(self, *, data_width: int = 64, n_links: int = NODE_LINKS,
                  topology: Topology = Topology.RING, n_inject: int = 3,
-                 max_payload: int = MAX_PAYLOAD, reduce_slots: int = REDUCE_SLOTS,
+                 max_payload: int = MAX_PAYLOAD, reduce_slots: int,
                  a2a_max_nodes: int = 8, a2a_part_max: int | None = None,
                  a2a_slots: int = 2):
         if not 1 <= n_links <= NODE_LINKS:
@@ -195,12 +197,12 @@ class NicCsrTop(wiring.Component):
     """:class:`NicTop` behind an AXI-Lite :class:`CsrBank` of :func:`nic_regmap`.
 
     Members: ``s_axi_ctrl`` (``Out(AxiLiteSignature.flip())`` — the bank's bus) and every
-    stream member of the wrapped :class:`NicTop` under the same name. Latency: the bank's and
-    the engines'.
+    stream member of the wrapped :class:`NicTop` under the same name (default: a NicTop with
+    the ``sim`` configuration's reduction slots). Latency: the bank's and the engines'.
     """
 
     def __init__(self, nic: NicTop | None = None):
-        self.nic = nic if nic is not None else NicTop()
+        self.nic = nic if nic is not None else NicTop(reduce_slots=SIM.reduce_slots)
         self.bank = CsrBank(nic_regmap(self.nic.n_links))
         members = {"s_axi_ctrl": Out(self.bank.s_axi_ctrl.signature)}
         for name, member in self.nic.signature.members.items():

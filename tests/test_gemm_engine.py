@@ -9,7 +9,13 @@ import pytest
 from amaranth.hdl import Value
 from amaranth.sim import Simulator
 
-from mcf.abi.compute import GEMM_STATUS, GemmJob, gemm_w_stream, gemm_x_stream
+from mcf.abi.compute import (
+    GEMM_STATUS,
+    GemmJob,
+    gemm_w_stream,
+    gemm_w_stripes,
+    gemm_x_stream,
+)
 from mcf.abi.quant import ACT, ACT_FRAC
 from mcf.golden.gemm import gemm
 from mcf.hdl.compute.gemm import GemmEngine
@@ -38,7 +44,7 @@ def run_jobs(cases, k_max, m_max, seed=0, stall=False, bad=(), rows=ROWS, lanes=
         jobs.append(GemmJob.for_shape(m_tok, n, k, qw.e, rows, lanes).pack())
         xb += beats(gemm_x_stream(gemm_x_blob(xq, x_m, x_e, bb), m_tok, k, bb), bb)
         wb += beats(gemm_w_stream(gemm_tile_blob(qw, rows, lanes, bias), k // lanes,
-                                  n // rows, rows, lanes, wbb), wbb)
+                                  n // rows, rows, lanes, wbb, group), wbb)
         n_out.append(m_tok * n * 4 // bb)
     out, status = [], {}
     rng = np.random.default_rng(seed)
@@ -196,16 +202,36 @@ def test_token_parallel_rate():
     assert cycles[4] < cycles[1]
 
 
-@pytest.mark.parametrize("stall", [False, True])
-def test_wide_w_in_padding(stall):
-    """A 4 × 8 array with a two-beat ``w_in``: an odd number of groups leaves the scale and
-    bias section half a word short — the padding beat is dropped and the next tile is still
-    read from the start of a word."""
+@pytest.mark.parametrize("rows,lanes,w_width,stall", [(4, 8, 128, False), (4, 8, 128, True),
+                                                      (8, 4, 64, True)])
+def test_wide_w_in_padding(rows, lanes, w_width, stall):
+    """Two-beat ``w_in`` words. 4 × 8: a word holds two groups' scale words, so an odd number
+    of groups leaves the scales half a word short — the padding is dropped and the bias and the
+    next tile are still read from the start of a word. 8 × 4: a scale word spans two words,
+    the bias four."""
     rng = np.random.default_rng(51)
-    cases = [random_case(rng, m, n, k, group=16) for m, n, k in ((3, 8, 16), (5, 12, 48),
-                                                                 (1, 4, 32), (6, 8, 16))]
-    ys, st = run_jobs(cases, k_max=64, m_max=8, seed=3, stall=stall, rows=4, lanes=8,
-                      group=16, arrays=4, w_width=128)
+    group = 2 * lanes
+    cases = [random_case(rng, m, n, k, group=group)
+             for m, n, k in ((3, 8, group), (5, 16, 3 * group), (1, 8, 2 * group),
+                             (6, 8, group))]
+    ys, st = run_jobs(cases, k_max=8 * lanes, m_max=8, seed=3, stall=stall, rows=rows,
+                      lanes=lanes, group=group, arrays=4, w_width=w_width)
     for case, y in zip(cases, ys):
-        np.testing.assert_array_equal(y, golden(case, group=16))
+        np.testing.assert_array_equal(y, golden(case, group=group))
     assert st["jobs_done"] == len(cases)
+
+
+def test_w_stream_padding_and_stripes():
+    """``gemm_w_stream`` pads a tile's scales and bias to whole words only where needed;
+    ``gemm_w_stripes`` interleaves back to the stream beat by beat."""
+    rng = np.random.default_rng(61)
+    for groups, padded in ((2, False), (1, True)):
+        case = random_case(rng, 1, 32, 128 * groups, group=128)
+        qw, bias = case[3], case[4]
+        blob = gemm_tile_blob(qw, 16, 16, bias)
+        ws = gemm_w_stream(blob, 8 * groups, 2, 16, 16, 64, 128)
+        assert (ws != blob) == padded and len(ws) % 64 == 0
+        stripes = gemm_w_stripes(ws, 4, 16)
+        again = b"".join(stripes[p][i:i + 16] for i in range(0, len(stripes[0]), 16)
+                         for p in range(4))
+        assert again == ws

@@ -80,7 +80,8 @@ class GemmEngine(wiring.Component):
     (+ 1/8 for scales at group 128): 64 bits/cycle for the kr260's 64-token chunk (16 × 16,
     4 arrays) — a 128-bit ``w_in`` suffices from ``m ≥ 32``; below that (decode, ``m = 1``:
     1,024 bits per step) the engine runs at the ``w_in`` rate, which is why the kr260 widens
-    ``w_in`` to 512 bits (a k-step every 2 cycles at ``m = 1``).
+    ``w_in`` to 512 bits (a k-step every 2 cycles at ``m = 1``). ``chain``: lanes per
+    post-adder chain of the arrays (:class:`GemmArray`), a resource choice only.
 
     Members
     -------
@@ -98,8 +99,10 @@ class GemmEngine(wiring.Component):
     w_in : In(stream)
         Per job, ``n_tiles`` tile blobs (:func:`mcf.quant.gemm_tile_blob`): ``k_steps · rows /
         2`` weight beats, ``K / group · rows · 16 / beat`` scale beats, ``rows · 32 / beat``
-        bias beats, in ``w_width``-bit words: a tile's scales and bias are padded to a whole
-        word (:func:`mcf.abi.compute.gemm_w_stream`; no padding when ``w_width`` is the beat).
+        bias beats, in ``w_width``-bit words: a tile's scales and its bias each padded to a
+        whole word (:func:`mcf.abi.compute.gemm_w_stream`; no padding when ``w_width`` is the
+        beat, nor at 16 × 16 with 512 bits and an even number of groups). Weights and scales
+        take one word per cycle, the bias one beat per cycle.
         Two tile banks (ping-pong) shared across jobs: a tile — also the next job's
         first — loads while the previous one computes. ``ready`` is low while no job is
         queued for it or both banks are held.
@@ -122,7 +125,7 @@ class GemmEngine(wiring.Component):
 
     def __init__(self, rows: int = 16, lanes: int = 16, group: int = GROUP_SIZE,
                  k_max: int = 8960, m_max: int = 64, jobs: int = 4, arrays: int = 1,
-                 w_width: int | None = None):
+                 w_width: int | None = None, chain: int = 1):
         beat = lanes * XQ.width
         w_width = beat if w_width is None else w_width
         if (rows * SCALE_MANT_BITS) % beat or (rows * ACT.width) % beat or beat % 32:
@@ -134,12 +137,15 @@ class GemmEngine(wiring.Component):
             raise ValueError("the job queue depth must be a power of 2, at least 2")
         if arrays < 1 or arrays & (arrays - 1):
             raise ValueError("arrays must be a power of 2")
-        if w_width % beat or (rows * lanes * WEIGHT.width) % w_width:
-            raise ValueError("w_width must be a multiple of the beat dividing rows·lanes·4")
+        s_word = rows * SCALE_MANT_BITS
+        if (w_width % beat or (rows * lanes * WEIGHT.width) % w_width or
+                (s_word % w_width and w_width % s_word)):
+            raise ValueError("w_width must be a multiple of the beat dividing rows·lanes·4, "
+                             "and divide or be a multiple of rows·16")
         self.rows, self.lanes, self.group = rows, lanes, group
         self.k_max, self.m_max, self.beat, self.jobs = k_max, m_max, beat, jobs
         self.n_arrays, self.w_width = arrays, w_width
-        self.arrays = [GemmArray(rows, lanes, group) for _ in range(arrays)]
+        self.arrays = [GemmArray(rows, lanes, group, chain) for _ in range(arrays)]
         self.array = self.arrays[0]
         super().__init__({
             "job": In(stream.Signature(GEMM_JOB)),
@@ -177,7 +183,10 @@ class GemmEngine(wiring.Component):
         w_beats = w_word // W                       # w_in words per weight word
         nsub = W // B                               # beats per w_in word (scales, bias)
         s_word = R * SCALE_MANT_BITS
-        s_beats = s_word // B
+        s_beats = max(1, s_word // W)               # w_in words per scale word
+        spw = max(1, W // s_word)                   # scale words per w_in word
+        lg_spw = spw.bit_length() - 1
+        se_max = -(-g_max // spw)                   # scale entries per bank
 
         # activation sub-bank a holds tokens a, a + A, …: row (t // A)·k_steps + step
         xmems = [memory.Memory(shape=unsigned(B), depth=2 * XD, init=[]) for _ in range(A)]
@@ -189,7 +198,8 @@ class GemmEngine(wiring.Component):
         m.submodules.tmem = tmem = memory.Memory(shape=unsigned(B), depth=2 * TD, init=[])
         m.submodules.wmem = wmem = memory.Memory(shape=unsigned(w_word), depth=2 * ks_max,
                                                  init=[])
-        m.submodules.smem = smem = memory.Memory(shape=unsigned(s_word), depth=2 * g_max,
+        m.submodules.smem = smem = memory.Memory(shape=unsigned(s_word * spw),
+                                                 depth=2 * se_max,
                                                  init=[])
         m.submodules.bmem = bmem = memory.Memory(shape=unsigned(B), depth=2 * BT, init=[])
 
@@ -268,34 +278,34 @@ class GemmEngine(wiring.Component):
         sw = smem.write_port()
         bw = bmem.write_port()
         phase = Signal(2)        # 0 weights, 1 scales, 2 bias
-        wcnt = Signal(range(max(ks_max, g_max, BT) + 1))
+        wcnt = Signal(range(max(ks_max, se_max, BT) + 1))
         sub = Signal(range(max(w_beats, s_beats, 2) + 1))
         asm = Signal(max(w_word, s_word))
         l_k = jk[slot(lp)]
         w_ok = Signal()
-        # scales and bias come one beat at a time: beat ws of the w_in word; the word is
-        # taken at its last beat or at the end of the tile (padding)
+        # weights and scales come a w_in word at a time (a scale entry = spw scale words);
+        # bias one beat at a time: beat ws of the word, taken at its last beat or at the end
+        # of the tile (padding)
         ws = Signal(range(max(nsub, 2)))
         part = self.w_in.payload.word_select(ws, B) if nsub > 1 else self.w_in.payload
         new_asm = Signal.like(asm)
-        new_asm_s = Signal.like(asm)
         tile_end = Signal()
         m.d.comb += [
             new_asm.eq(Cat(asm[W:], self.w_in.payload)),
-            new_asm_s.eq(Cat(asm[B:], part)),
             tile_end.eq((phase == 2) & (wcnt == BT - 1)),
             w_ok.eq((lp != wp) & ~full.bit_select(lb, 1)),
-            self.w_in.ready.eq(w_ok & ((phase == 0) | (ws == nsub - 1) | tile_end)
+            self.w_in.ready.eq(w_ok & ((phase != 2) | (ws == nsub - 1) | tile_end)
                                if nsub > 1 else w_ok),
             ww.addr.eq(wcnt + Mux(lb, ks_max, 0)), ww.data.eq(new_asm[len(asm) - w_word:]),
-            sw.addr.eq(wcnt + Mux(lb, g_max, 0)), sw.data.eq(new_asm_s[len(asm) - s_word:]),
+            sw.addr.eq(wcnt + Mux(lb, se_max, 0)),
+            sw.data.eq(new_asm[len(asm) - s_word:] if spw == 1 else self.w_in.payload),
             bw.addr.eq(wcnt + Mux(lb, BT, 0)), bw.data.eq(part),
         ]
         with m.If(self.w_in.valid & self.w_in.ready):
             m.d.sync += st.w_beats.eq(st.w_beats + 1)
         with m.If(self.w_in.valid & w_ok):
             if nsub > 1:
-                with m.If(phase != 0):
+                with m.If(phase == 2):
                     m.d.sync += ws.eq(Mux((ws == nsub - 1) | tile_end, 0, ws + 1))
             with m.If(phase == 0):
                 m.d.sync += asm.eq(new_asm)
@@ -307,11 +317,13 @@ class GemmEngine(wiring.Component):
                 with m.Else():
                     m.d.sync += sub.eq(sub + 1)
             with m.Elif(phase == 1):
-                m.d.sync += asm.eq(new_asm_s)
+                m.d.sync += asm.eq(new_asm)
                 with m.If(sub == s_beats - 1):
                     m.d.comb += sw.en.eq(1)
                     m.d.sync += [sub.eq(0), wcnt.eq(wcnt + 1)]
-                    with m.If(wcnt == (l_k >> lg_spg) - 1):
+                    n_se = (l_k >> lg_spg) if spw == 1 else \
+                        ((l_k >> lg_spg) + (spw - 1)) >> lg_spw
+                    with m.If(wcnt == n_se - 1):
                         m.d.sync += [phase.eq(2), wcnt.eq(0)]
                 with m.Else():
                     m.d.sync += sub.eq(sub + 1)
@@ -348,16 +360,20 @@ class GemmEngine(wiring.Component):
             x_ok.eq((xp != ip) | (x_tok > t_last) | ((x_tok == t_last) & (x_step > si))),
             wr.en.eq(go), sr.en.eq(go),
             wr.addr.eq(si + Mux(ib, ks_max, 0)),
-            sr.addr.eq((si >> lg_spg) + Mux(ib, g_max, 0))]
+            sr.addr.eq((si >> lg_spg + lg_spw) + Mux(ib, se_max, 0))]
         for xr in xrs:
             m.d.comb += [xr.en.eq(go), xr.addr.eq(xrow + si + Mux(ip[0], XD, 0))]
         v0, g0, l0 = Signal(A), Signal(), Signal()
+        s_sel = Signal(max(lg_spw, 1))              # scale word of the entry read
+        s_data = sr.data.word_select(s_sel, s_word) if spw > 1 else sr.data
         last_group = Signal()
         m.d.comb += last_group.eq(mi + A >= i_m)
         with m.If(go):
             m.d.sync += [v0.eq(Cat(*[(issuing & x_ok & (mi + a < i_m)) if a else issuing & x_ok
                                      for a in range(A)])),
                          g0.eq(gi == spg - 1), l0.eq(si == i_k - 1)]
+            if spw > 1:
+                m.d.sync += s_sel.eq((si >> lg_spg)[:lg_spw])
             with m.If(issuing & x_ok):
                 m.d.sync += [si.eq(si + 1), gi.eq(gi + 1)]
                 with m.If(gi == spg - 1):
@@ -375,7 +391,7 @@ class GemmEngine(wiring.Component):
         for a, (arr_a, xr) in enumerate(zip(arrs, xrs)):
             m.d.comb += [arr_a.i.valid.eq(v0[a] & go if A > 1 else v0[a]),
                          arr_a.i.payload.w.eq(wr.data),
-                         arr_a.i.payload.a.eq(xr.data), arr_a.i.payload.scale.eq(sr.data),
+                         arr_a.i.payload.a.eq(xr.data), arr_a.i.payload.scale.eq(s_data),
                          arr_a.i.payload.glast.eq(g0), arr_a.i.payload.last.eq(l0)]
         taken = [Signal(name=f"taken{a}") for a in range(A)]
         m.d.comb += [t.eq(arr_a.i.valid & arr_a.i.ready) for t, arr_a in zip(taken, arrs)]

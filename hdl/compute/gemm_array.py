@@ -54,22 +54,32 @@ class GemmArray(wiring.Component):
     o : Out(stream.Signature(result_layout))
         ``rows`` 48-bit accumulators per dot product.
 
-    Latency: ``3 + ceil(log2(lanes)) + rows / scalers`` cycles from the ``last`` step to
-    ``o.valid``. Throughput: one step per cycle. The whole pipeline stalls (``i.ready`` low)
-    only while a result waits on ``o.ready``.
+    ``chain`` (a power of 2 dividing ``lanes``; default 1): lanes summed by a chain of
+    ``chain`` post-adders instead of the first ``log2(chain)`` adder-tree levels — lane ``j``
+    of a chain takes its inputs ``j`` cycles late and adds its product to the previous lane's
+    registered sum, the form of a DSP48E2 ``P = A·B + PCIN`` cascade, so synthesis can put the
+    sums into the DSPs that compute the products.
+
+    Latency: ``3 + log2(lanes) + rows / scalers`` cycles from the ``last`` step to
+    ``o.valid``, ``+ chain − log2(chain)`` with a chain. Throughput: one step per cycle. The
+    whole pipeline stalls (``i.ready`` low) only while a result waits on ``o.ready``.
     """
 
-    def __init__(self, rows: int = 16, lanes: int = 16, group: int = GROUP_SIZE):
+    def __init__(self, rows: int = 16, lanes: int = 16, group: int = GROUP_SIZE,
+                 chain: int = 1):
         if rows % 2 or group % lanes:
             raise ValueError("rows must be even and lanes must divide the group")
-        self.rows, self.lanes, self.group = rows, lanes, group
+        if lanes % chain or chain & (chain - 1):
+            raise ValueError("chain must be a power of 2 dividing lanes")
+        self.rows, self.lanes, self.group, self.chain = rows, lanes, group, chain
         steps = group // lanes
         self.scalers = max(1, -(-rows // steps))
         while rows % self.scalers:
             self.scalers += 1
         self.k = pack_shift(group)
         self.tree_levels = (lanes - 1).bit_length()
-        self.latency = 3 + self.tree_levels + rows // self.scalers
+        self.latency = (3 + self.tree_levels + rows // self.scalers +
+                        (chain - (chain - 1).bit_length() if chain > 1 else 0))
         super().__init__({
             "i": In(stream.Signature(step_layout(rows, lanes))),
             "o": Out(stream.Signature(result_layout(rows))),
@@ -90,11 +100,28 @@ class GemmArray(wiring.Component):
         with m.If(en):
             m.d.sync += [s1.eq(self.i.payload), v1.eq(self.i.valid)]
 
+        C = self.chain
+        # lane l's inputs delayed l mod chain cycles (the chain's skew)
+        w_l, a_l = [], []
+        for l_ in range(L):
+            wv = Cat(*[s1.w[(r * L + l_) * 4:(r * L + l_) * 4 + 4] for r in range(R)])
+            av = s1.a[l_ * 8:l_ * 8 + 8]
+            for d in range(l_ % C):
+                wd = Signal(len(wv), name=f"wskew{l_}_{d}")
+                ad = Signal(8, name=f"askew{l_}_{d}")
+                with m.If(en):
+                    m.d.sync += [wd.eq(wv), ad.eq(av)]
+                wv, av = wd, ad
+            w_l.append(wv)
+            a_l.append(av)
+
         def wnib(r, l_):
-            return s1.w[(r * L + l_) * 4:(r * L + l_) * 4 + 4].as_signed()
+            if l_ % C == 0:
+                return s1.w[(r * L + l_) * 4:(r * L + l_) * 4 + 4].as_signed()
+            return w_l[l_][r * 4:r * 4 + 4].as_signed()
 
         def act(l_):
-            return s1.a[l_ * 8:l_ * 8 + 8].as_signed()
+            return a_l[l_].as_signed() if l_ % C else s1.a[l_ * 8:l_ * 8 + 8].as_signed()
 
         # stage 2: packed products (DSP: multiplicand w1·2^k + w0, multiplier a)
         prod_w = k + 4 + XQ.width
@@ -114,11 +141,39 @@ class GemmArray(wiring.Component):
                     m.d.sync += prods[p][l_].eq(packed * act(l_))
             m.d.sync += [v2.eq(v1), g2.eq(s1.glast & v1), l2.eq(s1.last & v1), sc2.eq(s1.scale)]
 
-        # adder tree over lanes, one register per level
         level = prods
         vt, gt, lt, sct = v2, g2, l2, sc2
         width = prod_w
-        for lv in range(self.tree_levels):
+
+        def delay_flags(vt, gt, lt, sct):
+            nv, ng, nl, nsc = Signal(), Signal(), Signal(), Signal(R * SCALE_MANT_BITS)
+            with m.If(en):
+                m.d.sync += [nv.eq(vt), ng.eq(gt), nl.eq(lt), nsc.eq(sct)]
+            return nv, ng, nl, nsc
+
+        if C > 1:
+            # post-adder chains: sum_j = prod_j + sum_{j−1} (registered), chain output C
+            # registers after lane 0's product
+            width = prod_w + (C - 1).bit_length()
+            nxt = []
+            for p in range(P):
+                outs = []
+                for q in range(L // C):
+                    prev = None
+                    for j in range(C):
+                        s_ = Signal(signed(width), name=f"ch{p}_{q}_{j}")
+                        with m.If(en):
+                            m.d.sync += s_.eq(level[p][q * C + j] if prev is None
+                                              else level[p][q * C + j] + prev)
+                        prev = s_
+                    outs.append(prev)
+                nxt.append(outs)
+            level = nxt
+            for _ in range(C):
+                vt, gt, lt, sct = delay_flags(vt, gt, lt, sct)
+
+        # adder tree over the remaining lanes (chain outputs), one register per level
+        for lv in range((L // C - 1).bit_length()):
             width += 1
             nxt = []
             for p in range(P):
@@ -131,10 +186,7 @@ class GemmArray(wiring.Component):
                     out.append(s)
                 nxt.append(out)
             level = nxt
-            nv, ng, nl, nsc = Signal(), Signal(), Signal(), Signal(R * SCALE_MANT_BITS)
-            with m.If(en):
-                m.d.sync += [nv.eq(vt), ng.eq(gt), nl.eq(lt), nsc.eq(sct)]
-            vt, gt, lt, sct = nv, ng, nl, nsc
+            vt, gt, lt, sct = delay_flags(vt, gt, lt, sct)
         sums = [level[p][0] for p in range(P)]
 
         # packed group accumulator

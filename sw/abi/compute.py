@@ -13,7 +13,7 @@ from amaranth.hdl import signed, unsigned
 from amaranth.lib import data
 
 from .csrmap import counters
-from .quant import SCALE_EXP_BITS
+from .quant import GROUP_SIZE, SCALE_EXP_BITS, SCALE_MANT_BITS
 
 __all__ = [
     "DMA_ADDR_BITS", "DMA_LENGTH_BITS", "DMA_STRIDE_BITS", "DMA_COUNT_BITS", "dma_desc_layout",
@@ -129,20 +129,25 @@ def gemm_x_stream(x_blob: bytes, m: int, k: int, beat_bytes: int) -> bytes:
 
 
 def gemm_w_stream(tile_blob: bytes, k_steps: int, n_tiles: int, rows: int, lanes: int,
-                  word_bytes: int) -> bytes:
+                  word_bytes: int, group: int = GROUP_SIZE) -> bytes:
     """The engine's weight stream for a ``w_in`` of ``word_bytes`` bytes from
-    :func:`mcf.quant.gemm_tile_blob`: per tile, the weight words, then the scale and bias
-    beats padded with zeros to a whole ``w_in`` word (the engine drops the padding). Unchanged
-    when the tile is already a whole number of words (always for ``word_bytes`` = the beat;
-    for 64 B at 16 × 16 when ``K / group`` is even)."""
+    :func:`mcf.quant.gemm_tile_blob`: per tile, the weight words, then the scale words and then
+    the bias, each of the two padded with zeros to a whole ``w_in`` word (the engine drops the
+    padding). Equal to the tile blob when each part is already whole words (always for
+    ``word_bytes`` = the beat; for 64 B at 16 × 16 when ``K / group`` is even)."""
     tile = len(tile_blob) // n_tiles
     w_bytes = k_steps * rows * lanes // 2
-    if tile * n_tiles != len(tile_blob) or w_bytes % word_bytes:
-        raise ValueError("blob is not n_tiles tiles of whole weight words")
+    s_bytes = k_steps * lanes // group * rows * SCALE_MANT_BITS // 8
+    if tile * n_tiles != len(tile_blob) or w_bytes % word_bytes or tile <= w_bytes + s_bytes:
+        raise ValueError("blob is not n_tiles tiles of whole weight words, scales and bias")
+
+    def pad(b: bytes) -> bytes:
+        return b + bytes((-len(b)) % word_bytes)
+
     out = bytearray()
     for t in range(n_tiles):
         blob = tile_blob[t * tile:(t + 1) * tile]
-        out += blob + bytes((-len(blob)) % word_bytes)
+        out += blob[:w_bytes] + pad(blob[w_bytes:w_bytes + s_bytes]) + pad(blob[w_bytes + s_bytes:])
     return bytes(out)
 
 

@@ -374,10 +374,11 @@ def test_framing_guard():
 BENCH = "mcf.sim.benches.node_decode_land"
 
 
-def lander_built():
+def lander_built(head_dim: int = HEAD_DIM):
     from mcf.hdl.flat import FlatTop
     from mcf.sim import build
-    return build(FlatTop(DecodeLander(HEAD_DIM), {"i": "s_axis"}), "node_decode_land")
+    name = "node_decode_land" if head_dim == HEAD_DIM else f"node_decode_land_{head_dim}"
+    return build(FlatTop(DecodeLander(head_dim), {"i": "s_axis"}), name)
 
 
 @pytest.mark.parametrize("idle,pause", [(0.0, 0.0), (0.3, 0.3), (0.0, 0.6)])
@@ -387,14 +388,23 @@ def test_decode_land_bench(idle, pause):
                                        "pause": pause, "tests": ["random_mix"]})
 
 
-def test_decode_land_rate(tmp_path):
-    """Full input rate, no pauses: the figure is reported (printed with ``-s``), not asserted;
-    the bench's scoreboard checks every landed byte and counter."""
+@pytest.mark.parametrize("head_dim", [HEAD_DIM, 128])
+def test_decode_land_rate(tmp_path, head_dim):
+    """Full input rate, no pauses, at the sim and the kr260 head_dim: the figure is reported
+    (printed with ``-s``), not asserted; the bench's scoreboard checks every landed byte and
+    counter."""
     from mcf.sim import run
     out = tmp_path / "rate.json"
-    run(lander_built(), BENCH, params={"seed": 2, "rate_n": 80, "tests": ["rate"],
-                                       "out": str(out)})
+    run(lander_built(head_dim), BENCH, params={"seed": 2, "rate_n": 80, "tests": ["rate"],
+                                               "head_dim": head_dim, "out": str(out)})
     result = json.loads(out.read_text())
     for r in result:
-        print("decode landing rate:", r)
+        print(f"decode landing rate (head_dim {head_dim}):", r)
     assert [r["mix"] for r in result] == ["states", "queries", "mixed"]
+
+
+@pytest.mark.slow
+def test_decode_land_bench_long():
+    from mcf.sim import run
+    run(lander_built(), BENCH, params={"seed": 23, "n": 1500, "idle": 0.5, "pause": 0.5,
+                                       "tests": ["random_mix"]})

@@ -205,8 +205,18 @@ class DmaReader(wiring.Component):
         m.d.comb += final_keep.eq(Mux(rem == 0, (1 << bb) - 1,
                                       (Const(1, bb + 1) << rem) - 1))
 
-        def emit(nxt, nxt_err):
-            shifted = Cat(prev, nxt).bit_select(cur.off * 8, DW)
+        # row bytes from lane 0: the beat pair shifted down by ``off`` lanes, one fixed slice
+        # per offset (no operand wider than the beat)
+        nxt_raw = Signal(DW)
+        m.d.comb += nxt_raw.eq(Mux(raw_seen < raw_cnt, raw.r_data[:DW], 0))
+        both = Cat(prev, nxt_raw)
+        shifted = Signal(DW)
+        with m.Switch(cur.off):
+            for k in range(bb):
+                with m.Case(k):
+                    m.d.comb += shifted.eq(both[k * 8:k * 8 + DW])
+
+        def emit(nxt_err):
             is_final = out_sent == out_cnt - 1
             m.d.sync += [self.o.valid.eq(1), self.o.payload.data.eq(shifted),
                          self.o.payload.keep.eq(Mux(is_final, final_keep, (1 << bb) - 1)),
@@ -225,9 +235,9 @@ class DmaReader(wiring.Component):
                     m.d.sync += [prev.eq(raw.r_data[:DW]), prev_err.eq(raw.r_data[DW]),
                                  have_prev.eq(1), raw_seen.eq(raw_seen + 1)]
                     with m.If(have_prev):
-                        emit(raw.r_data[:DW], raw.r_data[DW])
+                        emit(raw.r_data[DW])
             with m.Elif(out_sent < out_cnt):
-                emit(Const(0, DW), 0)
+                emit(0)
         return m
 
 

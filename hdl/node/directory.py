@@ -78,8 +78,10 @@ class Directory(wiring.Component):
     0.5 each when ``land`` and ``op`` are both always valid). ``land.ready`` / ``op.ready``
     depend on ``valid`` of the other stream only (arbitration), never on their own ``valid``.
 
-    Resources: one memory of ``kv_count`` × 12 bits with ``n_read + 1`` read ports; synthesis
-    replicates it per read port (plan: 4 URAM per copy at 65,536 entries).
+    Resources: one memory of ``kv_count`` × 12 bits with ``n_read + 1`` read ports, which
+    synthesis replicates per read port. Measured at 65,536 entries (yosys ``synth_xilinx
+    -family xcup -uram``, ``mcf.sim.synth.resources``): ``n_read=0`` 4 URAM, 286 LUT, 368 FF;
+    ``n_read=3`` 16 URAM, 516 LUT, 415 FF (4 URAM per copy).
     """
 
     def __init__(self, kv_count: int = 256, n_read: int = 3):

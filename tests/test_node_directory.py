@@ -11,6 +11,8 @@ import random
 
 import pytest
 from amaranth.sim import Simulator
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcf.abi.directory import (
     DIR_ENTRY,
@@ -67,6 +69,42 @@ def test_model_semantics():
     for _ in range(LANDED_MAX + 3):
         d.land(5, owner=False)
     assert d.entry(5).landed == LANDED_MAX and d.status["saturated"] == 3
+
+
+_EVENTS = st.lists(st.tuples(st.sampled_from(["land", "own", "free", "drain"]),
+                             st.integers(0, 3), st.integers(0, 4)), max_size=200)
+
+
+@given(_EVENTS)
+@settings(max_examples=200, deadline=None)
+def test_model_invariants(events):
+    """docs/node.md §5 as properties: an OWNER entry stays OWNER; an entry is ABSENT exactly
+    when nothing has landed since it was last freed to zero (and no DRAIN came); the count is
+    the lands minus the FREEs applied, never negative; every event is counted once."""
+    d = DirectoryModel(4)
+    lands = dict.fromkeys(range(4), 0)
+    for kind, kv, count in events:
+        before = d.entry(kv)
+        if kind in ("land", "own"):
+            d.land(kv, kind == "own")
+            lands[kv] += 1
+        elif kind == "free":
+            d.free(kv, count)
+            if d.entry(kv) != before:
+                lands[kv] -= count
+        else:
+            d.drain(kv)
+        after = d.entry(kv)
+        if before.state is DirState.OWNER:
+            assert after.state is DirState.OWNER
+        assert after.landed == lands[kv] >= 0
+        if after.state is DirState.ABSENT:
+            assert after.landed == 0
+    s = d.status
+    assert s["landed"] == sum(k in ("land", "own") for k, _, _ in events)
+    assert s["frees"] + s["free_refused_owner"] + s["free_refused_count"] == \
+        sum(k == "free" for k, _, _ in events)
+    assert s["drains"] + s["drain_refused_owner"] == sum(k == "drain" for k, _, _ in events)
 
 
 def test_layouts_and_registers():

@@ -268,3 +268,14 @@ def test_send_rate(tmp_path):
     print("send rate:", r)
     assert r["payload_beats_per_cycle"] >= 0.9
     assert MEM > 0
+
+
+def test_send_registers():
+    """One read-only ``send_<counter>`` register per SEND_STATUS field, widths from the ABI."""
+    from mcf.abi.regs import Access
+    from mcf.abi.send import send_registers
+    regs = send_registers()
+    assert [r.name for r in regs] == [f"send_{n}" for n, _ in SEND_STATUS]
+    for r, (_, f) in zip(regs, SEND_STATUS):
+        assert [fl.access for fl in r.fields] == [Access.R]
+        assert sum(fl.width for fl in r.fields) == f.width

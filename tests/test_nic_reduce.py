@@ -18,7 +18,7 @@ from mcf.golden.packet import packet_beats
 from mcf.hdl.nic.reduce import ReduceEngine
 from mcf.hdl.packet.parser import Parser
 from mcf.sim.benches.nic_amsim import drive, split_packets, unpack_fields
-from mcf.sim.benches.nic_reduce import HeldReduceModel, replay
+from mcf.sim.benches.nic_reduce import HeldReduceModel, replay, trip_key
 from mcf.sim.benches.nic_traffic import K_OF_ROUTE, contribution, make_stream
 from mcf.sim.benches.packet_streams import run_parser
 
@@ -49,11 +49,11 @@ def run_engine(contribs, *, n_slots=4, timeout=3000, ready=0.7, idle=0.2, seed=1
         model.write_config(rid, entry)
     got = []
     status = {}
-    heads, ends = [], []
+    heads, ends, trips = [], [], []
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     sim.add_process(sink_process(dut.o, got, random.Random(seed), ready, block))
-    sim.add_process(handshake_log(dut, heads, ends, status))
+    sim.add_process(handshake_log(dut, heads, ends, trips, status))
 
     async def tb(ctx):
         ctx.set(dut.local_id, 3)
@@ -72,7 +72,7 @@ def run_engine(contribs, *, n_slots=4, timeout=3000, ready=0.7, idle=0.2, seed=1
     status["i_stalls"] = 0
     sim.add_testbench(tb)
     sim.run()
-    expected = replay(model, contribs, heads, ends)
+    expected = replay(model, contribs, heads, ends, trips)
     return dut, model, expected, got, status
 
 
@@ -92,14 +92,16 @@ def sink_process(stream, out, rng, ready, block=0):
     return proc
 
 
-def handshake_log(dut, heads, ends, status):
-    """A process recording the cycles of input heads and output last beats, and counting the
-    cycles in which ``i.ready`` was low (``status["i_stalls"]``)."""
+def handshake_log(dut, heads, ends, trips, status):
+    """A process recording the cycles of input heads, output last beats and watchdog trips
+    (``(cycle, key)``; the counter changes one edge after the trip), and counting the cycles
+    in which ``i.ready`` was low (``status["i_stalls"]``)."""
     async def proc(ctx):
-        cycle, in_pkt = 0, False
-        async for _, _, iv, ir, il, ov, o_r, ol in ctx.tick().sample(
+        cycle, in_pkt, n_trips = 0, False, 0
+        async for _, _, iv, ir, il, ov, o_r, ol, n, tag in ctx.tick().sample(
                 dut.i.valid, dut.i.ready, dut.i.payload.last,
-                dut.o.valid, dut.o.ready, dut.o.payload.last):
+                dut.o.valid, dut.o.ready, dut.o.payload.last,
+                dut.status.watchdog_trips, dut.status.last_trip.as_value()):
             cycle += 1
             status["i_stalls"] = status.get("i_stalls", 0) + (not ir)
             if iv and ir:
@@ -108,6 +110,10 @@ def handshake_log(dut, heads, ends, status):
                 in_pkt = not il
             if ov and o_r and ol:
                 ends.append(cycle)
+            if n != n_trips:
+                assert n == n_trips + 1, "two trips in one cycle"
+                n_trips = n
+                trips.append((cycle - 1, trip_key(tag)))
     return proc
 
 
@@ -135,8 +141,9 @@ def test_reduce_full_rate_and_no_slot_drops():
                                                    tail_cycles=600)
     results = [beats_to_packet(b, DW) for b in split_packets(got)]
     assert results == expected
-    trips = model.expire_all()
-    assert status["drop_no_slot"] > 0 and trips > 0
+    # the trips were replayed at their cycles: the model has no open slot left either
+    assert model.expire_all() == 0
+    assert status["drop_no_slot"] > 0 and status["watchdog_trips"] > 0
     assert counters_only(status) == counters_only(model.counters)
 
 

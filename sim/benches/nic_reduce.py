@@ -1,7 +1,7 @@
 """cocotb bench of the NIC reduction engine (flat top ``nic_reduce``): cocotbext-axi source and
 sink, idle × backpressure, MAX / SUM / softmax-merge contributions in random arrival order with
-interleaved tags and malformed ones mixed in; results and counters from
-mcf.golden.nic.ReduceModel, bit for bit.
+interleaved tags and malformed ones mixed in, new tags issued on credits as MARS does; results
+and counters from mcf.golden.nic.ReduceModel, bit for bit.
 
 The engine keeps a finished result in its slot until its last beat has left (docs/node.md §6
 rule 2), so which contributions find a slot depends on when the output took the results.
@@ -16,11 +16,11 @@ import random
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, RisingEdge, SimTimeoutError, with_timeout
+from cocotb.triggers import ClockCycles, RisingEdge
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStreamSource
 
 from mcf.abi.meta import META, Meta, ReduceOp
-from mcf.abi.nic import LANE_BYTES, REDUCE_STATUS, ReduceDrop, reduce_config
+from mcf.abi.nic import LANE_BYTES, REDUCE_STATUS, REDUCE_TAG, ReduceDrop, reduce_config
 from mcf.golden.nic import Packet, ReduceModel, reduce_key
 from mcf.sim.benches import nic_traffic as t
 from mcf.sim.benches.pauses import set_pauses
@@ -67,6 +67,16 @@ class HeldReduceModel(ReduceModel):
         self.slots[next(i for i, s in enumerate(self.slots)
                         if isinstance(s, _Held) and s.key == ("held", key))] = None
 
+    def expire(self, key) -> None:
+        """The watchdog freed the open slot of ``key`` (route_id, kv_id, seq)."""
+        idx = next(i for i, s in enumerate(self.slots)
+                   if s is not None and not isinstance(s, _Held) and s.key == key)
+        self.slots[idx] = None
+        self.counters["watchdog_trips"] += 1
+        route_id, kv_id, seq = key
+        self.counters["last_trip"] = REDUCE_TAG.const(
+            {"kv_id": kv_id, "seq": seq, "route_id": route_id}).as_bits()
+
     def expire_all(self) -> int:
         n = sum(s is not None and not isinstance(s, _Held) for s in self.slots)
         self.slots = [s if isinstance(s, _Held) else None for s in self.slots]
@@ -74,16 +84,22 @@ class HeldReduceModel(ReduceModel):
         return n
 
 
-def replay(model: HeldReduceModel, contribs, heads: list[int], ends: list[int]) -> list:
+def replay(model: HeldReduceModel, contribs, heads: list[int], ends: list[int],
+           trips=()) -> list:
     """Feed ``contribs`` to ``model`` at the cycles their heads were accepted (``heads``),
     releasing the oldest held result at each cycle in ``ends`` (a result's last beat left; it
-    frees the slot for heads of later cycles). Returns the model's results in order."""
+    frees the slot for heads of later cycles) and freeing the open slot of ``key`` at each
+    ``(cycle, key)`` of ``trips`` (a watchdog trip; likewise for later heads). Returns the
+    model's results in order."""
     assert len(heads) == len(contribs)
-    events = sorted([(c, 0, i) for i, c in enumerate(heads)] + [(c, 1, 0) for c in ends])
+    events = sorted([(c, 0, i) for i, c in enumerate(heads)] + [(c, 1, 0) for c in ends]
+                    + [(c, 2, k) for c, k in trips])
     out = []
     for _, kind, i in events:
-        if kind:
+        if kind == 1:
             model.release()
+        elif kind == 2:
+            model.expire(i)
         else:
             r = model.contribute(*contribs[i])
             if isinstance(r, Packet):
@@ -91,16 +107,43 @@ def replay(model: HeldReduceModel, contribs, heads: list[int], ends: list[int]) 
     return out
 
 
+async def send_with_credits(clk, source, contribs, frame, model: HeldReduceModel,
+                            results: list) -> None:
+    """Send ``contribs`` (``frame(meta, payload)`` makes the source's frame) the way MARS
+    issues reductions (docs/node.md §7): a well-formed contribution that opens a new tag waits
+    until fewer than ``model.n_slots`` tags are open or held — tags opened minus ``results``
+    received (a result is received after its last beat left, when its slot is free). The
+    stream's own order is kept; without the credit a sustained slow output would make the
+    engine drop (NO_SLOT), which the replay models but which leaves little to check."""
+    opened = set()
+    for meta, payload in contribs:
+        key = reduce_key(meta)
+        if model._well_formed(meta) and key not in opened:
+            while len(opened) - len(results) >= model.n_slots:
+                await RisingEdge(clk)
+            opened.add(key)
+        await source.send(frame(meta, payload))
+
+
+def trip_key(last_trip: int) -> tuple[int, int, int]:
+    """The (route_id, kv_id, seq) key of a ``last_trip`` status value."""
+    tag = REDUCE_TAG.from_bits(last_trip)
+    return int(tag.route_id), int(tag.kv_id), int(tag.seq)
+
+
 class HandshakeLog:
     """Cycle numbers of stream transfers seen at a clock edge: ``heads`` (first beats of
-    packets on the input) and ``ends`` (last beats on the output)."""
+    packets on the input) and ``ends`` (last beats on the output); with the status signal,
+    ``trips`` — ``(cycle, key)`` of every watchdog trip (the counter and ``last_trip`` change
+    one edge after the trip; two slots never trip in one cycle, their last activity differs)."""
 
     def __init__(self):
         self.heads: list[int] = []
         self.ends: list[int] = []
+        self.trips: list = []
 
-    async def run(self, clk, i_valid, i_ready, i_last, o_valid, o_ready, o_last):
-        cycle, in_pkt = 0, False
+    async def run(self, clk, i_valid, i_ready, i_last, o_valid, o_ready, o_last, status=None):
+        cycle, in_pkt, n_trips = 0, False, 0
         while True:
             await RisingEdge(clk)
             cycle += 1
@@ -110,6 +153,13 @@ class HandshakeLog:
                 in_pkt = not int(i_last.value)
             if int(o_valid.value) and int(o_ready.value) and int(o_last.value):
                 self.ends.append(cycle)
+            if status is not None:
+                raw = int(status.value)
+                st = {n: (raw >> f.offset) & ((1 << f.width) - 1) for n, f in REDUCE_STATUS}
+                if st["watchdog_trips"] != n_trips:
+                    assert st["watchdog_trips"] == n_trips + 1, "two trips in one cycle"
+                    n_trips += 1
+                    self.trips.append((cycle - 1, trip_key(st["last_trip"])))
 
 
 async def run_test(dut, idle, backpressure, seed, n_tags):
@@ -123,7 +173,7 @@ async def run_test(dut, idle, backpressure, seed, n_tags):
     dut.rst.value = 1
     dut.cfg_wr_en.value = 0
     dut.local_id.value = 3
-    dut.timeout.value = 0
+    dut.timeout.value = prm.get("timeout", 1500)
     await ClockCycles(dut.clk, 3)
     dut.rst.value = 0
     for rid, k in t.K_OF_ROUTE.items():
@@ -140,23 +190,32 @@ async def run_test(dut, idle, backpressure, seed, n_tags):
         model.write_config(rid, reduce_config(k))
     log = HandshakeLog()
     cocotb.start_soon(log.run(dut.clk, dut.s_axis_tvalid, dut.s_axis_tready, dut.s_axis_tlast,
-                              dut.m_axis_tvalid, dut.m_axis_tready, dut.m_axis_tlast))
-    for meta, payload in contribs:
-        await src.send(AxiStreamFrame(payload or bytes(8), tkeep=None if payload else [0] * 8,
-                                      tuser=meta.pack()))
-    await src.wait()
+                              dut.m_axis_tvalid, dut.m_axis_tready, dut.m_axis_tlast,
+                              dut.status))
     got = []
-    while True:       # results drain: the sink saw nothing new for 1000 cycles
-        try:
-            f = await with_timeout(sink.recv(compact=False), 10, "us")
-        except SimTimeoutError:
-            break
-        data = bytes(b for b, k in zip(f.tdata, f.tkeep) if k)
-        metas = set(f.tuser)
-        assert len(metas) == 1
-        got.append(Packet(Meta.unpack(metas.pop() & ((1 << META.size) - 1)), data))
-    expected = replay(model, contribs, log.heads, log.ends)
-    assert len(got) == len(expected) and len(expected) > n_tags // 2, (len(got), len(expected))
+
+    async def collect():
+        while True:
+            f = await sink.recv(compact=False)
+            data = bytes(b for b, k in zip(f.tdata, f.tkeep) if k)
+            metas = set(f.tuser)
+            assert len(metas) == 1
+            got.append(Packet(Meta.unpack(metas.pop() & ((1 << META.size) - 1)), data))
+
+    def frame(meta, payload):
+        return AxiStreamFrame(payload or bytes(8), tkeep=None if payload else [0] * 8,
+                              tuser=meta.pack())
+
+    cocotb.start_soon(collect())
+    await send_with_credits(dut.clk, src, contribs, frame, model, got)
+    await src.wait()
+    n = -1
+    while n != len(got):        # results drain: nothing new for 1000 cycles
+        n = len(got)
+        await ClockCycles(dut.clk, 1000)
+    await ClockCycles(dut.clk, 2 * prm.get("timeout", 1500))    # stranded slots trip
+    expected = replay(model, contribs, log.heads, log.ends, log.trips)
+    assert len(got) == len(expected) and len(expected) > 0.9 * n_tags, (len(got), len(expected))
     for g, exp in zip(got, expected):
         assert g == exp, "result differs from the golden model"
     assert sink.empty()

@@ -55,7 +55,7 @@ from mcf.abi.nic import (
 )
 from mcf.golden.nic import A2AModel, LinkRxModel, Packet, RouterModel, link_frame
 from mcf.sim.benches import nic_traffic as traffic
-from mcf.sim.benches.nic_reduce import HandshakeLog, HeldReduceModel, replay
+from mcf.sim.benches.nic_reduce import HandshakeLog, HeldReduceModel, replay, send_with_credits
 from mcf.sim.benches.pauses import set_pauses
 from mcf.sim.toolchain import bench_params
 
@@ -269,7 +269,16 @@ async def run(dut, seed, n_router, n_tags, n_gathers):
 
     for i, s in enumerate(tb.router_inputs):
         cocotb.start_soon(send_all(s, [(p.meta, p.payload) for p in sends[i]]))
-    cocotb.start_soon(send_all(tb.reduce_in, contribs))
+    got_results = []
+
+    async def collect_results():
+        while True:
+            got_results.append(await tb.recv_parsed(tb.reduce_out))
+
+    cocotb.start_soon(collect_results())
+    # new reduction tags on credits, as MARS issues them (slots free once a result left)
+    cocotb.start_soon(send_with_credits(dut.clk, tb.reduce_in, contribs, tb.parsed_frame,
+                                        redmodel, got_results))
     cocotb.start_soon(send_all(tb.a2a_scatter, scatters))
     cocotb.start_soon(send_all(tb.a2a_in, parts))
 
@@ -322,13 +331,6 @@ async def run(dut, seed, n_router, n_tags, n_gathers):
 
     tasks = [cocotb.start_soon(link(p)) for p in range(tb.links)]
     tasks.append(cocotb.start_soon(deliver()))
-    got_results = []
-
-    async def collect_results():
-        while True:
-            got_results.append(await tb.recv_parsed(tb.reduce_out))
-
-    cocotb.start_soon(collect_results())
     got_net = [await tb.recv_parsed(tb.a2a_net) for _ in exp_net]
     got_gathers = [await tb.recv_parsed(tb.a2a_out) for _ in exp_gathers]
     for t in tasks:
@@ -364,7 +366,7 @@ async def run(dut, seed, n_router, n_tags, n_gathers):
     await ClockCycles(dut.clk, 200)
     exp_results = replay(redmodel, [*contribs, (meta, payload)], red_log.heads, red_log.ends)
     assert got_results == exp_results, "reduction results differ from the golden model"
-    assert len(exp_results) > n_tags // 2
+    assert len(exp_results) > 0.9 * n_tags
     redmodel.expire_all()
     a2amodel.counters["watchdog_trips"] += 1
     redmodel.counters["last_trip"] = REDUCE_TAG.const(

@@ -319,3 +319,40 @@ def test_final_result_is_forwarded_not_reduced_again():
                                  expected_beats=sum(len(r.payload) // 8 for r in results))
     assert pstatus["tx_forward"] == 2 and pstatus["tx_reduction"] == 1
     assert sum(pstatus[f"drop_{c.name.lower()}"] for c in DropCause) == 0
+
+
+def test_result_latency_and_back_to_back_results():
+    """The docstring's figures: a result's first beat is on ``o`` 4 cycles after the k-th
+    contribution's last beat was accepted; results complete together leave back to back."""
+    k1 = next(r for r, k in K_OF_ROUTE.items() if k == 1)
+    rng = np.random.default_rng(4)
+    parts = [contribution(rng, 30 + j, k1, ReduceOp.SUM, 24, 0) for j in range(3)]
+    dut = ReduceEngine(data_width=DW, n_slots=4, max_payload=64)
+    rec = {"in_last": [], "o_valid": []}
+
+    async def tb(ctx):
+        await configure(ctx, dut)
+        ctx.set(dut.o.ready, 1)
+        beats = [b for meta, p in parts for b in parsed_beats(meta, p, DW)]
+        await drive(ctx, dut.i, beats, random.Random(0))
+        for _ in range(20):
+            await ctx.tick()
+
+    async def monitor(ctx):
+        cycle = 0
+        async for _, _, iv, il, ov in ctx.tick().sample(dut.i.valid, dut.i.payload.last,
+                                                         dut.o.valid):
+            if iv and il:
+                rec["in_last"].append(cycle)
+            if ov:
+                rec["o_valid"].append(cycle)
+            cycle += 1
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_process(monitor)
+    sim.add_testbench(tb)
+    sim.run()
+    assert rec["o_valid"][0] == rec["in_last"][0] + 4
+    # 3 results x 3 beats, input back to back: the output never pauses once it started
+    assert rec["o_valid"] == list(range(rec["o_valid"][0], rec["o_valid"][0] + 9))

@@ -248,7 +248,7 @@ BENCH = "mcf.sim.benches.axi_mux"
 def mux_built():
     from mcf.sim import build
     from mcf.sim.benches.axi_mux import harness
-    return build(harness(), "axi_mux_dma")
+    return build(harness(), "axi_mux_dma", width_warnings=True)
 
 
 @pytest.mark.parametrize("seed,pause,bp", [(1, 0.0, 0.0), (2, 0.3, 0.3), (3, 0.6, 0.5)])

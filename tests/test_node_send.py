@@ -40,7 +40,7 @@ def staged_beats(payload: bytes) -> list[int]:
 
 
 def simulate(sc: Scenario, *, idle=0.0, bp=0.0, rpause=0.0, seed=1, bad_beats=(),
-             max_cycles=400_000):
+             max_cycles=400_000, staged_delay=0):
     """Run the unit; returns (packets as (Meta, payload bytes, beats ok), status, cycles,
     first/last payload-beat cycles)."""
     dut = SendUnit()
@@ -81,6 +81,7 @@ def simulate(sc: Scenario, *, idle=0.0, bp=0.0, rpause=0.0, seed=1, bad_beats=()
         port = dut.staged_attn if src is PayloadSource.ATTN else dut.staged_emit
 
         async def run(ctx):
+            await ctx.tick().repeat(staged_delay + 1)
             for payload in sc.staged[src]:
                 for beat in staged_beats(payload):
                     while rng.random() < idle:
@@ -134,7 +135,7 @@ def simulate(sc: Scenario, *, idle=0.0, bp=0.0, rpause=0.0, seed=1, bad_beats=()
             if pv and pr:
                 out["beats"].append((int(pp.data), int(pp.keep), int(pp.last)))
                 out["beat_cycles"].append(cycle)
-            busy = mv or pv or not all(done[:2])
+            busy = mv or pv or not all(done)
             idle_for = 0 if busy else idle_for + 1
             assert cycle < max_cycles, "hang"
         raw = ctx.get(dut.status.as_value())
@@ -279,3 +280,19 @@ def test_send_registers():
     for r, (_, f) in zip(regs, SEND_STATUS):
         assert [fl.access for fl in r.fields] == [Access.R]
         assert sum(fl.width for fl in r.fields) == f.width
+
+
+def test_staged_wait_does_not_block_other_queue():
+    """Rule 3: an ATTN record whose staged packet is not there yet is not taken, so the NET
+    queue's KV sends behind it in time all leave first; then the ATTN packet follows."""
+    from mcf.abi.node import RecordClass, cmd_raw
+    sc = make_scenario(8, n=12, bad_fraction=0.0, staged=False)
+    sc.records[0] = sc.records[0][:12]
+    attn = Meta(length=100, route_id=9).pack()
+    sc.records[1] = [cmd_raw(cls=RecordClass.SEND.value, queue=1,
+                             src=PayloadSource.ATTN.value, meta=attn)]
+    sc.staged = {PayloadSource.ATTN: [bytes(range(100))], PayloadSource.EMIT: []}
+    exp, status = _expected(sc)
+    packets, got_status, _, _ = simulate(sc, staged_delay=4000, seed=8)
+    assert [(m, p) for m, p, _ in packets] == exp[0] + exp[1]
+    assert got_status == status

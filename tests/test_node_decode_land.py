@@ -318,12 +318,12 @@ def test_random_mix():
 
 def test_normaliser_kr260_head_dim():
     """head_dim 128 (the kr260 attention engine's): edge states (l = 0, one LSB, top bit set,
-    saturating o) and merged random states, bit-exact against mcf.abi.softmax.normalize, rows
-    crossing a 4 KiB page (two bursts)."""
+    saturating o) and merged random states, bit-exact against mcf.abi.softmax.normalize; a
+    whole 12-head query and two rows crossing a 4 KiB page (two bursts each)."""
     hd = 128
     rng = random.Random(4)
     g = np.random.default_rng(4)
-    cfg = DecodeLandConfig(0x40, 0x1000 - 3 * 512 + 8, 2048, 12, 12 * 40)
+    cfg = DecodeLandConfig(0x7F00 - 12 * 2048, 0x1000 - 3 * 512 + 8, 2048, 12, 12 * 40)
     states = edge_states(g, hd) + [random_state(g, hd, n) for n in (1, 2, 3, 4, 5, 6)]
     packets = [state_packet(rng, cfg, s, h % 12, h // 12) for h, s in enumerate(states)]
     packets.insert(3, query_packet(rng, cfg, hd, 40, 1, 0, 12))
@@ -333,7 +333,8 @@ def test_normaliser_kr260_head_dim():
     assert status == model.status and mem == model.mem
     for h, s in enumerate(states):
         assert np.array_equal(model.row(h // 12, h % 12), normalize(s[1], s[2]))
-    assert len(aws) > len(packets)          # some rows crossed a 4 KiB page
+    assert len(aws) == len(packets) + 3     # the query, rows 2 and 10 crossed a 4 KiB page
+    assert (0x7F00, 16) in aws and (0xE00, 32) in aws and (0x1E00, 32) in aws
 
 
 def test_back_to_back_full_rate():

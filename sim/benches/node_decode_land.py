@@ -143,7 +143,7 @@ def state_packet(rng: random.Random, cfg: DecodeLandConfig, state, head: int,
 
 def make_traffic(seed: int, n: int, head_dim: int = HEAD_DIM, q_heads: int = 6,
                  max_payload: int = 64, bad_fraction: float = 0.25,
-                 qbuf_base: int = 0x1008, obuf_base: int = 0x8_0004, k: int = 4099,
+                 qbuf_base: int = 0xF18, obuf_base: int = 0x7_FF44, k: int = 4099,
                  bad_write: bool = True) -> Traffic:
     """``n`` packets (queries, final states; ``bad_fraction`` of them malformed), for decode
     token ``k`` (``TAG_BASE = k · q_heads``); queries cut at ``max_payload`` bytes."""

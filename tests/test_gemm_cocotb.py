@@ -1,7 +1,8 @@
 """Runner of the GEMM engine's cocotb + Verilator bench (sim/benches/gemm_engine.py): the
-16 × 16 array of the KR260 configuration, sequences of jobs back to back — tiny-model shapes
-and Qwen2.5-1.5B shapes (K = 1536 and K = 8960, small M and N) — bit-exact for every job, with
-and without random source idle and sink backpressure."""
+16 × 16 array, and the kr260 node's four token-parallel arrays with a 512-bit weight stream
+(docs/node.md §11), sequences of jobs back to back — tiny-model shapes and Qwen2.5-1.5B shapes
+(K = 1536 and K = 8960, small M and N; M = 1, 3, 5: not multiples of the four arrays) —
+bit-exact for every job, with and without random source idle and sink backpressure."""
 
 import pytest
 
@@ -15,9 +16,12 @@ CFG = {"rows": 16, "lanes": 16, "group": GROUP_SIZE}
 AXIS = {"job": "job", "x_in": "s_axis_x", "w_in": "s_axis_w", "o": "m_axis_y"}
 
 
-def gemm_built(m_max=8, k_max=8960):
-    top = FlatTop(GemmEngine(**CFG, k_max=k_max, m_max=m_max), AXIS)
-    return build(top, f"gemm_engine_m{m_max}")
+def gemm_built(m_max=8, k_max=8960, arrays=1, w_bytes=16):
+    top = FlatTop(GemmEngine(**CFG, k_max=k_max, m_max=m_max, arrays=arrays,
+                             w_width=8 * w_bytes), AXIS)
+    if arrays == 1 and w_bytes == 16:
+        return build(top, f"gemm_engine_m{m_max}")
+    return build(top, f"gemm_engine_x{arrays}_w{8 * w_bytes}_m{m_max}")
 
 
 TINY = {"name": "tiny", "jobs": [
@@ -37,6 +41,15 @@ def test_gemm_bench(idle, bp):
     seqs = [TINY, QWEN] if idle == 0 else [TINY, {**QWEN, "jobs": QWEN["jobs"][::2]}]
     run(gemm_built(), BENCH, params={**CFG, "sequences": seqs, "idle": idle,
                                      "backpressure": bp, "seed": 3})
+
+
+@pytest.mark.parametrize("idle,bp", [(0.0, 0.0), (0.3, 0.5)])
+def test_gemm_bench_kr260(idle, bp):
+    """Four arrays, 512-bit ``w_in`` (tiles of K = 128 end mid-word: padded)."""
+    seqs = [TINY, QWEN] if idle == 0 else [TINY, {**QWEN, "jobs": QWEN["jobs"][::2]}]
+    run(gemm_built(arrays=4, w_bytes=64), BENCH,
+        params={**CFG, "w_bytes": 64, "sequences": seqs, "idle": idle, "backpressure": bp,
+                "seed": 4})
 
 
 @pytest.mark.slow

@@ -107,8 +107,8 @@ class GemmArray(wiring.Component):
             wv = Cat(*[s1.w[(r * L + l_) * 4:(r * L + l_) * 4 + 4] for r in range(R)])
             av = s1.a[l_ * 8:l_ * 8 + 8]
             for d in range(l_ % C):
-                wd = Signal(len(wv), name=f"wskew{l_}_{d}")
-                ad = Signal(8, name=f"askew{l_}_{d}")
+                wd = Signal(len(wv), name=f"wskew{l_}_{d}", reset_less=True)
+                ad = Signal(8, name=f"askew{l_}_{d}", reset_less=True)
                 with m.If(en):
                     m.d.sync += [wd.eq(wv), ad.eq(av)]
                 wv, av = wd, ad

@@ -24,8 +24,16 @@ the full run also the Q and the down prefill jobs each alone, for contrast.
   its AR (pipelined like DDR): bytes delivered (checked) over (cycles × 16 B).
 * ``macs_per_dsp`` — 256 MACs/cycle over the DSP48E2s of the GEMM engine (and of the array).
 * ``resources`` — :func:`mcf.sim.synth.resources` of :class:`MatrixEngine` (defaults, URAM
-  inference) and of the GEMM parts, LUTs mapped with yosys ``abc`` (``abc9=False``: the
-  bundled ABC9 fails on the packed dot-product array); no fmax is claimed.
+  inference), of the kr260's ``MatrixEngine(arrays=4)`` (``matrix_engine_kr260``) and of the
+  GEMM parts, LUTs mapped with yosys ``abc`` (``abc9=False``: the bundled ABC9 fails on the
+  packed dot-product array); no fmax is claimed.
+* ``kr260`` — the kr260 node's GEMM (docs/node.md §11): :class:`GemmEngine` with
+  :data:`KR260_ARRAYS` token-parallel arrays (1,024 MACs/cycle) and a 512-bit ``w_in`` (four
+  HP ports in lockstep, §4), run on the same sequences with N four times as large (so a job
+  still computes about as long as the next job's activations take to load, as on one array;
+  real N, 1536–8960, is larger still). ``macs_per_cycle`` (whole prefill sequence) and
+  ``steady_macs_per_cycle`` (first to last result) count the k-steps of all arrays × 256;
+  utilisations divide by 1,024; the decode port efficiency by 64 B/cycle.
 
 ``small=True`` runs 16-token chunks (without the down projection in the prefill sequence, see
 :func:`sequences`), half the decode slices and a shorter DMA read (CI).
@@ -43,30 +51,33 @@ from mcf.abi.compute import GEMM_STATUS
 from mcf.abi.quant import GROUP_SIZE
 from mcf.sim.bench import BenchRefused, refuse_unplanned, resource_table
 
-__all__ = ["collect", "render", "sequences", "ROWS", "LANES"]
+__all__ = ["collect", "render", "sequences", "ROWS", "LANES", "KR260_ARRAYS"]
 
 ROWS, LANES = 16, 16
 BEAT_BYTES = LANES
 HIDDEN, INTER = 1536, 8960
 M_CHUNK, M_SMALL = 64, 16
 DMA_LATENCY = 100
+KR260_ARRAYS, KR260_W_BYTES, KR260_N_SCALE = 4, 64, 4   # docs/node.md §4, §11
 # N of each projection in the sequences (slices of 1536 / 256 / 256 / 8960 / 8960 / 1536)
 SLICES = (("q", HIDDEN, 128), ("k", HIDDEN, 64), ("v", HIDDEN, 64), ("gate", HIDDEN, 64),
           ("up", HIDDEN, 96), ("down", INTER, 32))
 
 
-def sequences(small: bool = False) -> list[dict]:
+def sequences(small: bool = False, n_scale: int = 1) -> list[dict]:
     """The job sequences the bench runs: ``prefill`` (M = chunk) and ``decode`` (M = 1).
 
     The small prefill sequence leaves out the down projection: one K = 8960 tile takes 4,624
     weight beats to load, which hides behind the previous tile's ``M · 96`` cycles only for
-    M ≥ 48 (the full run's 64-token chunk does; 16 tokens do not)."""
+    M ≥ 48 (the full run's 64-token chunk does; 16 tokens do not). ``n_scale`` multiplies
+    every N (the kr260 run)."""
     m = M_SMALL if small else M_CHUNK
     out = []
     for name, tokens, seed in (("prefill", m, 10), ("decode", 1, 20)):
         slices = SLICES[:-1] if small and name == "prefill" else SLICES
         half = small and name == "decode"          # CI: half the decode weights
-        jobs = [{"proj": p, "m": tokens, "n": n // 2 if half else n, "k": k, "seed": seed + i}
+        jobs = [{"proj": p, "m": tokens, "n": (n // 2 if half else n) * n_scale, "k": k,
+                 "seed": seed + i}
                 for i, (p, k, n) in enumerate(slices)]
         out.append({"name": name, "jobs": jobs})
     if not small:   # each prefill shape alone, for contrast (first descriptor to last result)
@@ -87,18 +98,23 @@ def _refuse_sequence(r: dict, planned_bad: int = 0) -> None:
                      {"jobs_done": len(r["jobs"]), "steps": r["planned_steps"]})
 
 
-def gemm_sequences(small: bool, sabotage: list[dict] | None = None) -> list[dict]:
+def gemm_sequences(small: bool, sabotage: list[dict] | None = None, arrays: int = 1,
+                   w_bytes: int = BEAT_BYTES, n_scale: int = 1) -> list[dict]:
     from mcf.hdl.compute.gemm import GemmEngine
     from mcf.hdl.flat import FlatTop
     from mcf.sim import build, run
 
     axis = {"job": "job", "x_in": "s_axis_x", "w_in": "s_axis_w", "o": "m_axis_y"}
-    top = FlatTop(GemmEngine(ROWS, LANES, GROUP_SIZE, k_max=INTER, m_max=M_CHUNK), axis)
-    built = build(top, f"gemm_engine_m{M_CHUNK}")
+    top = FlatTop(GemmEngine(ROWS, LANES, GROUP_SIZE, k_max=INTER, m_max=M_CHUNK,
+                             arrays=arrays, w_width=8 * w_bytes), axis)
+    name = f"gemm_engine_m{M_CHUNK}" if arrays == 1 and w_bytes == BEAT_BYTES else \
+        f"gemm_engine_x{arrays}_w{8 * w_bytes}_m{M_CHUNK}"
+    built = build(top, name)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "gemm.json"
-        params = {"rows": ROWS, "lanes": LANES, "group": GROUP_SIZE,
-                  "sequences": sequences(small), "out": str(out), "sabotage": sabotage}
+        params = {"rows": ROWS, "lanes": LANES, "group": GROUP_SIZE, "w_bytes": w_bytes,
+                  "sequences": sequences(small, n_scale), "out": str(out),
+                  "sabotage": sabotage}
         try:
             run(built, "mcf.sim.benches.gemm_engine", params=params)
         except AssertionError as exc:
@@ -138,15 +154,40 @@ def dma_read(small: bool) -> dict:
     return r
 
 
-def _figures(r: dict) -> dict:
+def _figures(r: dict, arrays: int = 1, w_bytes: int = BEAT_BYTES) -> dict:
     macs = ROWS * LANES
     steady_steps = r["steps"] - r["steps_at_first_out"]
-    return {
+    steady_cycles = r["cycles"] - r["first_out"]
+    out = {
         "macs": r["steps"] * macs,
-        "mac_utilization": round(r["steps"] / r["cycles"], 4),
-        "steady_mac_utilization": round(steady_steps / (r["cycles"] - r["first_out"]), 4),
-        "port_efficiency": round(r["w_bytes"] / (r["cycles"] * BEAT_BYTES), 4),
+        "mac_utilization": round(r["steps"] / (r["cycles"] * arrays), 4),
+        "steady_mac_utilization": round(steady_steps / (steady_cycles * arrays), 4),
+        "port_efficiency": round(r["w_bytes"] / (r["cycles"] * w_bytes), 4),
         "input_bytes_per_cycle": round((r["x_bytes"] + r["w_bytes"]) / r["cycles"], 3),
+    }
+    if arrays > 1:
+        out["macs_per_cycle"] = round(r["steps"] * macs / r["cycles"], 1)
+        out["steady_macs_per_cycle"] = round(steady_steps * macs / steady_cycles, 1)
+    return out
+
+
+def kr260_gemm(small: bool) -> dict:
+    """The kr260 GEMM (see the module docstring) on the bench's sequences, N × 4."""
+    seqs = gemm_sequences(small, arrays=KR260_ARRAYS, w_bytes=KR260_W_BYTES,
+                          n_scale=KR260_N_SCALE)
+    for r in seqs:
+        r.update(_figures(r, KR260_ARRAYS, KR260_W_BYTES))
+    by = {r["name"]: r for r in seqs}
+    pre = by["prefill"]
+    return {
+        "arrays": KR260_ARRAYS, "macs_per_cycle_peak": KR260_ARRAYS * ROWS * LANES,
+        "w_bytes": KR260_W_BYTES, "n_scale": KR260_N_SCALE,
+        "macs_per_cycle": pre["macs_per_cycle"],
+        "steady_macs_per_cycle": pre["steady_macs_per_cycle"],
+        "mac_utilization": pre["mac_utilization"],
+        "steady_mac_utilization": pre["steady_mac_utilization"],
+        "decode_port_efficiency": by["decode"]["port_efficiency"],
+        "sequences": seqs,
     }
 
 
@@ -160,6 +201,9 @@ def synth_figures() -> dict:
     res = {
         "matrix_engine": resources(FlatTop(MatrixEngine()), "mcf_matrix_engine", uram=True,
                                    abc9=False),
+        "matrix_engine_kr260": resources(
+            FlatTop(MatrixEngine(arrays=KR260_ARRAYS, k_max=INTER, m_max=M_CHUNK)),
+            "mcf_matrix_engine_x4", uram=True, abc9=False),
         # DSPs do not depend on buffer depths: a small-buffer engine gives them quickly
         "gemm_engine_dsp": resources(GemmEngine(ROWS, LANES, GROUP_SIZE, k_max=1024,
                                                 m_max=4), "mcf_gemm_dsp", abc9=False),
@@ -171,6 +215,8 @@ def synth_figures() -> dict:
         "resources": res,
         "k26_fraction": {k: round(v, 4)
                          for k, v in utilization(res["matrix_engine"]).items()},
+        "k26_fraction_kr260": {k: round(v, 4)
+                               for k, v in utilization(res["matrix_engine_kr260"]).items()},
         "macs_per_dsp": round(macs / res["gemm_engine_dsp"]["DSP"], 3),
         "macs_per_array_dsp": round(macs / res["gemm_array"]["DSP"], 3),
     }
@@ -186,6 +232,7 @@ def collect(small: bool = False, synth: bool = True, *,
         r.update(_figures(r))
     by = {r["name"]: r for r in seqs}
     dma = dma_read(small)
+    kr260 = kr260_gemm(small)
     out = {
         "gemm_sequence_mac_utilization": by["prefill"]["mac_utilization"],
         "gemm_steady_mac_utilization": by["prefill"]["steady_mac_utilization"],
@@ -196,6 +243,7 @@ def collect(small: bool = False, synth: bool = True, *,
         "sequences": seqs,
         "dma": dma,
         "status_layout": [n for n, _ in GEMM_STATUS],
+        "kr260": kr260,
     }
     if synth:
         out.update(synth_figures())
@@ -240,4 +288,29 @@ def render(result: dict) -> str:
                      f"{result['macs_per_array_dsp']} ({res['gemm_array']['DSP']} DSP)")
         lines += resource_table(res, "resources (matrix_engine: MatrixEngine() with -uram; "
                                       "LUTs of the three mapped by abc)")
+    if "kr260" in result:
+        lines += render_kr260(result)
     return "\n".join(lines)
+
+
+def render_kr260(result: dict) -> list[str]:
+    k = result["kr260"]
+    lines = ["", f"kr260 GEMM: {k['arrays']} token-parallel {ROWS}x{LANES} arrays sharing the "
+             f"weight word ({k['macs_per_cycle_peak']} MAC/cycle peak), w_in {k['w_bytes']} "
+             f"B/cycle, N x {k['n_scale']}; every result bit-exact vs mcf.golden.gemm",
+             f"{'sequence':10} {'MACs':>12} {'cycles':>8} {'MAC/cyc':>8} {'util':>7} "
+             f"{'steady':>7} {'w-port eff':>10}"]
+    for r in k["sequences"]:
+        lines.append(f"{r['name']:10} {r['macs']:>12,} {r['cycles']:>8,} "
+                     f"{r['macs_per_cycle']:>8.1f} {r['mac_utilization']:>7.2%} "
+                     f"{r['steady_mac_utilization']:>7.2%} {r['port_efficiency']:>10.2%}")
+    lines.append(f"prefill: {k['macs_per_cycle']:.1f} MAC/cycle whole sequence, "
+                 f"{k['steady_macs_per_cycle']:.1f} steady; decode w-port efficiency "
+                 f"{k['decode_port_efficiency']:.2%}")
+    if "matrix_engine_kr260" in result.get("resources", {}):
+        r4, r1 = result["resources"]["matrix_engine_kr260"], result["resources"]["matrix_engine"]
+        f4 = result["k26_fraction_kr260"]
+        lines.append("MatrixEngine(arrays=4) vs MatrixEngine(): " + ", ".join(
+            f"{key} {r4[key]:,} ({r4[key] - r1[key]:+,}; {f4[key]:.1%} of K26)"
+            for key in ("LUT", "FF", "DSP", "BRAM36", "URAM") if key in f4))
+    return lines

@@ -2,7 +2,9 @@
 descriptors, activation and tile streams from cocotbext-axi sources, results into a sink), every
 job bit-exact against :func:`mcf.golden.gemm.gemm` (paper §5: ping-pong loading).
 
-Params: ``rows``, ``lanes``, ``group``; ``sequences``: list of ``{"name", "jobs": [{m, n, k,
+Params: ``rows``, ``lanes``, ``group``, ``w_bytes`` (optional: bytes per ``w_in`` word, when
+wider than the beat — the weight stream is then :func:`mcf.abi.compute.gemm_w_stream`);
+``sequences``: list of ``{"name", "jobs": [{m, n, k,
 seed}, ...]}`` — each sequence's job descriptors are queued at once and its streams sent
 without gaps; ``idle`` and ``backpressure`` (pause probabilities of the sources / the sink);
 ``seed``; ``sabotage`` (optional list of ``{"sequence", "job", "kind"}``: ``"weights"`` checks
@@ -25,7 +27,13 @@ from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge, with_timeout
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStreamSource
 
-from mcf.abi.compute import GEMM_STATUS, GemmJob, gemm_x_stream, status_values
+from mcf.abi.compute import (
+    GEMM_STATUS,
+    GemmJob,
+    gemm_w_stream,
+    gemm_x_stream,
+    status_values,
+)
 from mcf.golden.gemm import gemm
 from mcf.quant import QuantWeight, gemm_tile_blob, gemm_x_blob
 from mcf.sim import bench_params
@@ -87,7 +95,10 @@ async def run_sequence(tb, seq, p, sabotage):
         descs.append(GemmJob.for_shape(m, qw.q.shape[0], k, qw.e, rows, lanes))
     xblobs = [gemm_x_stream(gemm_x_blob(xq, x_m, x_e, bb), xq.shape[0], xq.shape[1], bb)
               for xq, x_m, x_e, _, _ in jobs]
-    wblobs = [gemm_tile_blob(qw, rows, lanes, bias) for _, _, _, qw, bias in jobs]
+    wbb = p.get("w_bytes") or bb
+    wblobs = [gemm_w_stream(gemm_tile_blob(qw, rows, lanes, bias), xq.shape[1] // lanes,
+                            qw.q.shape[0] // rows, rows, lanes, wbb, group)
+              for xq, _, _, qw, bias in jobs]
     t0 = tb.cycle
 
     async def push_jobs():

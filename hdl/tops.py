@@ -102,3 +102,15 @@ def _nic() -> FlatTop:
 
 
 TOPS["mcf_nic"] = _nic  # NIC engines + links behind the AXI-Lite NIC registers (docs/nic.md)
+
+
+def _node(config_name: str) -> Callable[[], FlatTop]:
+    def make() -> FlatTop:
+        from ..abi.node_config import NODE_CONFIGS
+        from .node.top import NodeTop
+        return FlatTop(NodeTop(NODE_CONFIGS[config_name]), clock="aclk", resetn="aresetn")
+    return make
+
+
+TOPS["mcf_node"] = _node("kr260")      # one KR260 node, kr260 configuration (docs/node.md)
+TOPS["mcf_node_sim"] = _node("sim")    # the same ports, the sim configuration (docs/node.md §12)

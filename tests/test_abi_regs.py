@@ -55,3 +55,15 @@ def test_node_map_has_every_status_counter():
     assert pynq["NODE"]["fields"]["num_nodes"]["bit_offset"] == 5
     text = regmap_text(regs)
     assert "parser1_drop_truncated" in text and "0x0000" in text
+
+
+def test_register_pack_unpack_round_trip():
+    from mcf.abi.csrmap import node_regmap
+    reg = node_regmap().register("NODE")
+    word = reg.pack(local_id=3, num_nodes=4)
+    assert reg.unpack(word) == {"local_id": 3, "num_nodes": 4}
+    assert reg.pack() == reg.reset
+    with pytest.raises(ValueError):
+        reg.pack(bogus=1)
+    with pytest.raises(ValueError):
+        reg.pack(local_id=1 << 16)

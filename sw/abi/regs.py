@@ -71,6 +71,24 @@ class Register:
     def reset(self) -> int:
         return sum(f.reset << off for f, off in self.offsets())
 
+    def pack(self, **values: int) -> int:
+        """The 32-bit word writing ``values`` (field name → value); unnamed fields take their
+        reset value. Raises on an unknown field or a value that does not fit."""
+        names = {f.name for f in self.fields}
+        if unknown := set(values) - names:
+            raise ValueError(f"register {self.name} has no field {sorted(unknown)[0]!r}")
+        word = 0
+        for f, off in self.offsets():
+            v = int(values.get(f.name, f.reset))
+            if not 0 <= v < (1 << f.width):
+                raise ValueError(f"{self.name}.{f.name}={v} does not fit in {f.width} bits")
+            word |= v << off
+        return word
+
+    def unpack(self, word: int) -> dict[str, int]:
+        """Field name → value of a 32-bit word read from the register."""
+        return {f.name: (word >> off) & ((1 << f.width) - 1) for f, off in self.offsets()}
+
 
 def status_registers(prefix: str, layout: data.StructLayout, desc: str = "") -> list[Register]:
     """One read-only register ``<prefix>_<field>`` per field of a status layout; a field that

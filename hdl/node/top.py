@@ -1,0 +1,375 @@
+"""The node top: one KR260's programmable logic behind flat Xilinx ports (docs/node.md, issue #11;
+paper §5, Fig. 2: the PS pushes metadata, the PL moves and lands every tensor).
+
+This is the communication half of the node: command rings → two in-order sequencers → send unit
+→ packetizer → parser 0 → router; three links (through the ``LINK_MAP`` crossbar) → LinkRx →
+parsers 1..3; every local output merged packet by packet into the local sink → landing engine
+(KV slots), decode lander (QBUF/OBUF), directory (DRAIN) and the barrier counter. The compute
+engines (GEMM, attention, K/V emitter) and the KV reader join through the COMPUTE sequencer's
+``job``/``emit``/``attend`` streams; until they do, this top's ring readers treat JOB, EMIT and
+ATTEND records as malformed for this build (counted in ``cmd1_bad_records``, skipped) —
+``CAPS`` says what the build executes.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Module, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from mcf.abi.csrmap import NODE_LINKS, PARSER_PORTS, node_regmap
+from mcf.abi.directory import DIR_OP, LAND_EVENT
+from mcf.abi.framing import beat_layout, parsed_layout
+from mcf.abi.meta import Port
+from mcf.abi.node import IRQ_CAUSES, Queue, RecordClass
+from mcf.abi.node_config import (
+    AXI_WIDTH,
+    PACKET_WIDTH,
+    SIM,
+    TOP_ADDR_BITS,
+    TOP_ID_BITS,
+    NodeConfig,
+)
+from mcf.abi.sequencer import SeqCounter
+
+from ..csr.axil import AxiLiteSignature
+from ..csr.bank import CsrBank
+from ..mem.axi import AXI4Signature
+from ..mem.axi_mux import AxiPortMux
+from ..nic.top import NicTop
+from ..packet.packetizer import Packetizer
+from ..packet.parser import Parser, port_member_name
+from .arbiter import PacketArbiter
+from .decode_land import DecodeLander
+from .directory import Directory
+from .ingress import CmdRingReader
+from .landing import LandingEngine
+from .link_map import LinkMap
+from .local_sink import LocalSink
+from .send import SendUnit
+from .sequencer import QueueSequencer
+
+__all__ = ["NodeTop", "node_axis_names", "COMPUTE_CLASSES"]
+
+COMPUTE_CLASSES = (RecordClass.JOB, RecordClass.EMIT, RecordClass.ATTEND)
+"""Record classes of the compute engines, not yet joined to this top."""
+
+
+def node_axis_names(links: int = NODE_LINKS) -> dict[str, str]:
+    """FlatTop prefixes of the link streams (the members already carry them)."""
+    return {n: n for lk in range(links) for n in (f"m_axis_link{lk}", f"s_axis_link{lk}")}
+
+
+def _one_beat(layout) -> data.StructLayout:
+    """A single-beat record as a 'packet' (for :class:`PacketArbiter`)."""
+    return data.StructLayout({"rec": layout, "last": 1})
+
+
+class NodeTop(wiring.Component):
+    """One node: CSR bank, rings, sequencers, send path, NIC, links, local sinks, AXI ports.
+
+    Parameters
+    ----------
+    config : :class:`mcf.abi.node_config.NodeConfig` (``SIM`` or ``KR260``).
+
+    Members (the flat names of docs/node.md §10 under :class:`mcf.hdl.flat.FlatTop`)
+    -------------------------------------------------------------------------------------
+    s_axi_ctrl : In(AxiLiteSignature(addr 12, data 32)) — :func:`mcf.abi.csrmap.node_regmap`.
+    m_axi_hp{0..3} : Out(AXI4Signature(49, 128, id 6)) — HP0: the two ring readers; HP1: the
+        KV reader (not yet joined: idle); HP2: landing engine and decode lander (writes);
+        HP3: the send unit's DDR reads. IDs: the port multiplexer's client index.
+    m_axis_link{l} / s_axis_link{l} : wire-format frames (``beat_layout(64)``) to / from the
+        MAC wrapper of physical link ``l`` (0 SFP+, 1 and 2 RGMII).
+    irq : Out(1) — OR of ``IRQ_STATUS & IRQ_ENABLE``.
+
+    Latency: the blocks' own (each block's docstring); the register paths add the bank's.
+    """
+
+    def __init__(self, config: NodeConfig = SIM):
+        self.config = config
+        self.regmap = node_regmap()
+        self.bank = CsrBank(self.regmap)
+        axi = AXI4Signature(TOP_ADDR_BITS, AXI_WIDTH, TOP_ID_BITS)
+        wire = stream.Signature(beat_layout(PACKET_WIDTH))
+        members = {"s_axi_ctrl": In(AxiLiteSignature(self.bank.addr_width, 32))}
+        for p in range(config.hp_ports):
+            members[f"m_axi_hp{p}"] = Out(axi)
+        for lk in range(config.links):
+            members[f"m_axis_link{lk}"] = Out(wire)
+            members[f"s_axis_link{lk}"] = In(wire)
+        members["irq"] = Out(1)
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        m.submodules.bank = bank = self.bank
+        wiring.connect(m, wiring.flipped(self.s_axi_ctrl), bank.s_axi_ctrl)
+        regs = bank.regs
+        local_id, num_nodes = regs.NODE.local_id, regs.NODE.num_nodes
+
+        def status(prefix: str, value) -> None:
+            for name, _ in value.shape():
+                m.d.comb += bank.port(f"{prefix}_{name}").eq(value[name])
+
+        # ---- configuration word ----------------------------------------------------------------
+        caps = cfg.caps()
+        for fld, off in self.regmap.register("CAPS").offsets():
+            m.d.comb += getattr(regs.CAPS, fld.name).eq((caps >> off) & ((1 << fld.width) - 1))
+
+        # ---- command rings and sequencers ------------------------------------------------------
+        rings, seqs = [], []
+        for q in Queue:
+            ring = CmdRingReader(q, fifo_depth=cfg.ring_fifo,
+                                 max_burst=min(16, cfg.ring_fifo), exclude=COMPUTE_CLASSES)
+            seq = QueueSequencer(q)
+            m.submodules[f"ring{q.value}"] = ring
+            m.submodules[f"seq{q.value}"] = seq
+            rings.append(ring)
+            seqs.append(seq)
+            r = f"CMD{q.value}"
+            m.d.comb += [
+                ring.base.eq(Cat(bank.port(f"{r}_BASE_LO"), bank.port(f"{r}_BASE_HI"))),
+                ring.size.eq(bank.port(f"{r}_SIZE")),
+                ring.doorbell.payload.eq(bank.port(f"{r}_PROD").value),
+                ring.doorbell.valid.eq(bank.port(f"{r}_PROD").stb),
+                bank.port(f"{r}_HEAD").eq(ring.prod),
+                bank.port(f"{r}_CONS").eq(ring.cons),
+            ]
+            status(f"cmd{q.value}", ring.status)
+            wiring.connect(m, ring.o, seq.rec)
+            ctrl = getattr(regs, f"SEQ{q.value}_CTRL")
+            m.d.comb += [seq.timeout.eq(bank.port("SEQ_TIMEOUT")),
+                         seq.skip.eq(_pulse(ctrl.skip)), seq.abort.eq(_pulse(ctrl.abort))]
+            status(f"seq{q.value}", seq.status)
+
+        # ---- directory -------------------------------------------------------------------------
+        m.submodules.directory = dirx = Directory(cfg.kv_count, n_read=len(seqs))
+        m.d.comb += [dirx.clear.eq(_pulse(regs.DIR_CTRL.clear)),
+                     regs.DIR_READY.ready.eq(dirx.ready)]
+        status("dir", dirx.status)
+        for q, seq in enumerate(seqs):
+            port = getattr(dirx, f"read{q}")
+            m.d.comb += [port.kv_id.eq(seq.dir_kv_id), seq.dir_landed.eq(port.landed),
+                         seq.enable.eq(dirx.ready & getattr(regs, f"SEQ{q}_CTRL").run)]
+
+        # ---- send path: sequencers → send unit → packetizer → parser 0 -------------------------
+        m.submodules.send = send = SendUnit()
+        m.submodules.pkt = pkt = Packetizer(PACKET_WIDTH)
+        for q, seq in enumerate(seqs):
+            wiring.connect(m, seq.send, getattr(send, f"req{q}"))
+        wiring.connect(m, send.o_meta, pkt.i_meta)
+        wiring.connect(m, send.o_payload, pkt.i_payload)
+        status("send", send.status)
+        status("pkt", pkt.status)
+
+        parsers = [Parser(PACKET_WIDTH, max_payload=cfg.max_payload)
+                   for _ in range(PARSER_PORTS)]
+        for i, prs in enumerate(parsers):
+            m.submodules[f"parser{i}"] = prs
+            m.d.comb += [prs.local_id.eq(local_id), prs.num_nodes.eq(num_nodes)]
+            status(f"parser{i}", prs.status)
+        wiring.connect(m, pkt.o_packet, parsers[0].i_packet)
+
+        # ---- NIC and links ---------------------------------------------------------------------
+        m.submodules.nic = nic = NicTop(data_width=PACKET_WIDTH, n_links=cfg.links,
+                                        n_inject=3, max_payload=cfg.max_payload,
+                                        reduce_slots=cfg.reduce_slots)
+        for reg in nic.regs.signature.members:      # NODE + the NIC registers, by name
+            wiring.connect(m, getattr(bank.regs, reg), getattr(nic.regs, reg))
+        m.submodules.link_map = lmap = LinkMap(cfg.links, beat_layout(PACKET_WIDTH))
+        m.d.comb += lmap.map.eq(Cat(*(getattr(regs.LINK_MAP, f"port{p}_link")
+                                      for p in range(cfg.links))))
+        status("link_map", lmap.status)
+        for p in range(cfg.links):
+            wiring.connect(m, getattr(nic, f"mac_tx{p}"), getattr(lmap, f"mac_tx{p}"))
+            wiring.connect(m, getattr(lmap, f"mac_rx{p}"), getattr(nic, f"mac_rx{p}"))
+            wiring.connect(m, getattr(lmap, f"link_tx{p}"),
+                           wiring.flipped(getattr(self, f"m_axis_link{p}")))
+            wiring.connect(m, wiring.flipped(getattr(self, f"s_axis_link{p}")),
+                           getattr(lmap, f"link_rx{p}"))
+            wiring.connect(m, getattr(nic, f"link_rx{p}"), parsers[1 + p].i_packet)
+            wiring.connect(m, getattr(parsers[1 + p], port_member_name(Port.FORWARD)),
+                           getattr(nic, f"net_in{p}"))
+        wiring.connect(m, getattr(parsers[0], port_member_name(Port.FORWARD)), nic.inject0)
+        wiring.connect(m, nic.reduce_out, nic.inject1)
+        wiring.connect(m, nic.a2a_net, nic.inject2)
+        m.d.comb += nic.a2a_scatter.valid.eq(0)   # scatter source: the compute half (not yet)
+
+        parsed = parsed_layout(PACKET_WIDTH)
+        n_par = len(parsers)
+        m.submodules.arb_reduce = arb_red = PacketArbiter(n_par, parsed)
+        m.submodules.arb_a2a = arb_a2a = PacketArbiter(n_par, parsed)
+        local_srcs = ([getattr(prs, port_member_name(Port.LOCAL)) for prs in parsers] +
+                      [getattr(prs, port_member_name(Port.CONTROL)) for prs in parsers] +
+                      [nic.deliver, nic.a2a_out])
+        m.submodules.arb_local = arb_loc = PacketArbiter(len(local_srcs), parsed)
+        for i, prs in enumerate(parsers):
+            wiring.connect(m, getattr(prs, port_member_name(Port.REDUCTION)),
+                           getattr(arb_red, f"i{i}"))
+            wiring.connect(m, getattr(prs, port_member_name(Port.ALL_TO_ALL)),
+                           getattr(arb_a2a, f"i{i}"))
+        for i, src in enumerate(local_srcs):
+            wiring.connect(m, src, getattr(arb_loc, f"i{i}"))
+        wiring.connect(m, arb_red.o, nic.reduce_in)
+        wiring.connect(m, arb_a2a.o, nic.a2a_in)
+
+        # ---- local sinks -----------------------------------------------------------------------
+        m.submodules.lsink = lsink = LocalSink()
+        m.submodules.landing = land = LandingEngine(kv_count=cfg.kv_count)
+        m.submodules.decode = dec = DecodeLander(cfg.attn_head_dim)
+        wiring.connect(m, arb_loc.o, lsink.i)
+        wiring.connect(m, lsink.kv, land.i)
+        wiring.connect(m, lsink.decode, dec.i)
+        status("lsink", lsink.status)
+        status("land", land.status)
+        status("dec", dec.status)
+        kv_cfg = [
+            land.cfg.kv_base.eq(Cat(bank.port("KV_BASE_LO"), bank.port("KV_BASE_HI"))),
+            land.cfg.kv_slot.eq(bank.port("KV_SLOT")),
+            land.cfg.kv_count.eq(bank.port("KV_COUNT")),
+        ]
+        m.d.comb += kv_cfg
+        m.d.comb += send.cfg.eq(land.cfg)
+        for unit in (land, send):
+            m.d.comb += [
+                unit.land_off_we.eq(regs.LAND_OFF_WR.seq.stb),
+                unit.land_off_seq.eq(regs.LAND_OFF_WR.seq.value),
+                unit.land_off_data.eq(Cat(regs.LAND_OFF_DATA.offset, regs.LAND_OFF_DATA.valid)),
+            ]
+        m.d.comb += land.local_id.eq(local_id)
+        qbuf_base = Cat(bank.port("QBUF_BASE_LO"), bank.port("QBUF_BASE_HI"))
+        m.d.comb += [
+            dec.cfg.qbuf_base.eq(qbuf_base),
+            dec.cfg.obuf_base.eq(Cat(bank.port("OBUF_BASE_LO"), bank.port("OBUF_BASE_HI"))),
+            dec.cfg.q_slot.eq(bank.port("QBUF_SLOT")),
+            dec.cfg.q_heads.eq(bank.port("DEC_Q_HEADS")),
+            dec.cfg.tag_base.eq(bank.port("DEC_TAG_BASE")),
+            send.qbuf_base.eq(qbuf_base),
+        ]
+        for staged in (send.staged_attn, send.staged_emit):   # the compute half (not yet)
+            m.d.comb += staged.valid.eq(0)
+
+        # directory inputs: land events (landing engine, DIR_LAND), ops (FREE, DRAIN)
+        one_land, one_op = _one_beat(LAND_EVENT), _one_beat(DIR_OP)
+        m.submodules.arb_land = arb_land = PacketArbiter(2, one_land)
+        m.submodules.arb_dirop = arb_op = PacketArbiter(2, one_op)
+        _feed(m, land.landed, arb_land.i0)
+        ps_land = _strobe_source(m, LAND_EVENT, regs.DIR_LAND.kv_id.stb | regs.DIR_LAND.owner.stb,
+                                 Cat(regs.DIR_LAND.kv_id.value, regs.DIR_LAND.owner.value))
+        _feed(m, ps_land, arb_land.i1)
+        _feed(m, seqs[Queue.COMPUTE.value].dir, arb_op.i0)
+        _feed(m, lsink.dir_op, arb_op.i1)
+        _drain(m, arb_land.o, dirx.land)
+        _drain(m, arb_op.o, dirx.op)
+
+        # counters the sequencers' WAITs test
+        for q, seq in enumerate(seqs):
+            other = seqs[1 - q]
+            m.d.comb += [
+                seq.counters[SeqCounter.RESULTS_LANDED.value].eq(dec.status.results_landed),
+                seq.counters[SeqCounter.QUERIES_LANDED.value].eq(dec.status.queries_landed),
+                seq.counters[SeqCounter.CONTROL.value].eq(lsink.control),
+                seq.counters[SeqCounter.OTHER_RETIRED.value].eq(other.retired),
+            ]
+        comp = seqs[Queue.COMPUTE.value]
+        for name in ("job", "emit", "attend"):     # excluded at the ring: never issued
+            m.d.comb += [getattr(comp, name).ready.eq(0), getattr(comp, f"{name}_done").eq(0)]
+
+        # ---- AXI: HP-port multiplexers ---------------------------------------------------------
+        clients = {0: [r.bus for r in rings], 1: [], 2: [land.m_axi, dec.bus], 3: [send.bus]}
+        for p in range(cfg.hp_ports):
+            _hp_port(m, f"hp{p}", clients[p], getattr(self, f"m_axi_hp{p}"))
+
+        # ---- interrupts ------------------------------------------------------------------------
+        causes = {
+            "mark0": seqs[0].irq_mark, "mark1": seqs[1].irq_mark,
+            "halt0": _rose(m, seqs[0].halted), "halt1": _rose(m, seqs[1].halted),
+            "bad_record": _bumped(m, [r.status.bad_records for r in rings]),
+            "overrun": _bumped(m, [r.status.overruns for r in rings]),
+            "bus_error": _bumped(m, [*(r.status.read_errors for r in rings),
+                                     land.status.write_errors, dec.status.write_errors,
+                                     send.status.read_errors]),
+            "drop": _bumped(m, [land.status.drop_unmapped, land.status.drop_bad_seq,
+                                land.status.drop_op, lsink.status.drop_op,
+                                lsink.status.drop_invalidate,
+                                dec.status.drop_op, dec.status.drop_reduce_op,
+                                dec.status.drop_length, dec.status.drop_slot,
+                                send.status.drop_unmapped, send.status.drop_bad_seq,
+                                send.status.drop_bad_record]),
+        }
+        pending = []
+        for name, _ in IRQ_CAUSES:
+            m.d.comb += getattr(regs.IRQ_STATUS, name).set.eq(causes[name])
+            pending.append(getattr(regs.IRQ_STATUS, name).value &
+                           getattr(regs.IRQ_ENABLE, name))
+        m.d.comb += self.irq.eq(Cat(*pending).any())
+        return m
+
+
+def _pulse(field) -> Signal:
+    """A one-bit ``W`` field as a command: a write of 1 (the bank strobes on any write of the
+    register's byte, so ``run`` can be written without aborting)."""
+    return field.stb & field.value
+
+
+def _feed(m: Module, src: stream.Interface, dst: stream.Interface) -> None:
+    """A single-beat record stream into a :func:`_one_beat` arbiter input."""
+    m.d.comb += [dst.valid.eq(src.valid), dst.payload.rec.eq(src.payload), dst.payload.last.eq(1),
+                 src.ready.eq(dst.ready)]
+
+
+def _drain(m: Module, src: stream.Interface, dst: stream.Interface) -> None:
+    m.d.comb += [dst.valid.eq(src.valid), dst.payload.eq(src.payload.rec),
+                 src.ready.eq(dst.ready)]
+
+
+def _strobe_source(m: Module, layout, stb, value) -> stream.Interface:
+    """A register write strobe as a one-entry stream (held until taken; a strobe while one is
+    held replaces nothing — AXI-Lite writes are several cycles apart and the arbiter grants
+    within two)."""
+    out = stream.Signature(layout).create()
+    with m.If(stb & ~out.valid):
+        m.d.sync += [out.valid.eq(1), out.payload.eq(value)]
+    with m.Elif(out.ready):
+        m.d.sync += out.valid.eq(0)
+    return out
+
+
+def _rose(m: Module, sig) -> Signal:
+    prev = Signal()
+    m.d.sync += prev.eq(sig)
+    return sig & ~prev
+
+
+def _bumped(m: Module, counters) -> Signal:
+    """1 in the cycle after any of ``counters`` changed (an event counted)."""
+    bumps = []
+    for c in counters:
+        prev = Signal.like(c)
+        m.d.sync += prev.eq(c)
+        bumps.append(prev != c)
+    hit = Signal()
+    m.d.comb += hit.eq(Cat(*bumps).any())
+    return hit
+
+
+def _hp_port(m: Module, name: str, clients, port) -> None:
+    """Join ``clients`` (AXI4 masters, 40-bit) onto the top's HP port (49-bit, 6-bit IDs)."""
+    if not clients:
+        for sig in ("arvalid", "awvalid", "wvalid"):
+            m.d.comb += getattr(port, sig).eq(0)
+        m.d.comb += [port.rready.eq(1), port.bready.eq(1)]
+        return
+    mux = AxiPortMux(len(clients), addr_width=clients[0].signature.addr_width,
+                     data_width=AXI_WIDTH)
+    m.submodules[f"{name}_mux"] = mux
+    for i, c in enumerate(clients):
+        wiring.connect(m, c, getattr(mux, f"s{i}"))
+    mm = mux.m
+    for member, desc in AXI4Signature(TOP_ADDR_BITS, AXI_WIDTH, TOP_ID_BITS).members.items():
+        inner, outer = getattr(mm, member), getattr(port, member)
+        if desc.flow == Out:
+            m.d.comb += outer.eq(inner)     # zero-extends addresses and IDs
+        else:
+            m.d.comb += inner.eq(outer)     # truncates returned IDs to the mux's width

@@ -1,0 +1,116 @@
+"""N node tops cabled as a KR260 ring, in one simulation (docs/node.md §9, §13; issue #11 tests,
+the cluster issue's single-process back end).
+
+Each cable is two :class:`mcf.hdl.nic.link_model.LinkModel` (one per direction) between the
+physical links :func:`mcf.abi.link_map.link_map_for` assigns: board ``a``'s "next" link to board
+``a+1``'s "prev" link. A cable is SFP+ (10G) when it joins link 0 to link 0, else RGMII (1G); its
+rate in bytes per ``aclk`` cycle and its latency in cycles follow the MARS link parameters at the
+assumed clock (:data:`CLOCK_HZ`, no fmax claimed). A physical link no cable uses is left
+unplugged: its TX frames are taken and lost, its RX is idle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In
+
+from mcf.abi.link_map import LINK_SFP, link_map_for
+from mcf.abi.node_config import SIM, NodeConfig
+from mcf.hdl.nic.link_model import LinkModel
+from mcf.hdl.node.top import NodeTop
+from mcf.mars.cluster import RGMII_1G, SFP_10G, LinkParams
+
+__all__ = ["ClusterTop", "Cable", "ring_cables", "CLOCK_HZ"]
+
+CLOCK_HZ = 300e6
+"""The ``aclk`` every cycle figure assumes (docs/node.md: MARS's cost model's clock)."""
+
+
+@dataclass(frozen=True)
+class Cable:
+    """A full-duplex cable: ``(node, link)`` ↔ ``(node, link)``."""
+    a: tuple[int, int]
+    b: tuple[int, int]
+
+    @property
+    def params(self) -> LinkParams:
+        return SFP_10G if self.a[1] == LINK_SFP and self.b[1] == LINK_SFP else RGMII_1G
+
+
+def ring_cables(n: int) -> list[Cable]:
+    """The KR260 ring of ``n`` boards (``n`` = 2: two cables between the same pair)."""
+    if n < 2:
+        return []
+    maps = [link_map_for(v, n, "ring") for v in range(n)]
+    cables = []
+    for a in range(n if n > 2 else 2):
+        src, dst = (a, (a + 1) % n) if n > 2 else ((0, 1) if a == 0 else (1, 0))
+        cables.append(Cable((src, maps[src][0]), (dst, maps[dst][1])))
+    return cables
+
+
+def link_rate(params: LinkParams, clock_hz: float = CLOCK_HZ) -> tuple[int, int]:
+    """Bytes per cycle as ``(num, den)``."""
+    r = Fraction(params.rate_bps / 8 / clock_hz).limit_denominator(64)
+    return r.numerator, r.denominator
+
+
+class ClusterTop(wiring.Component):
+    """``n`` :class:`NodeTop` (configuration ``config``) and the ring's link models.
+
+    Members: per node ``i`` its ``s_axi_ctrl``, ``m_axi_hp{p}`` and ``irq`` as ``n{i}_<name>``
+    (so :class:`mcf.hdl.flat.FlatTop` yields ``n0_s_axi_ctrl_awaddr`` …). Link latency in
+    cycles is ``latency_cycles`` when given (benches shorten it), else the MARS link latency at
+    :data:`CLOCK_HZ`."""
+
+    def __init__(self, n: int, config: NodeConfig = SIM, *, latency_cycles: int | None = None,
+                 clock_hz: float = CLOCK_HZ):
+        self.n, self.config = n, config
+        self.nodes = [NodeTop(config) for _ in range(n)]
+        self.cables = ring_cables(n)
+        self.links = []
+        for c in self.cables:
+            p = c.params
+            lat = latency_cycles if latency_cycles is not None else round(p.latency_s * clock_hz)
+            for src, dst in ((c.a, c.b), (c.b, c.a)):
+                self.links.append((src, dst, LinkModel(latency=lat, rate=link_rate(p, clock_hz),
+                                                       depth=lat + 64)))
+        members = {}
+        for i, node in enumerate(self.nodes):
+            for name, member in node.signature.members.items():
+                if name.startswith(("s_axi_ctrl", "m_axi_hp", "irq")):
+                    members[f"n{i}_{name}"] = member
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        used_tx, used_rx = set(), set()
+        for i, node in enumerate(self.nodes):
+            m.submodules[f"node{i}"] = node
+            for name, member in node.signature.members.items():
+                if not name.startswith(("s_axi_ctrl", "m_axi_hp", "irq")):
+                    continue
+                outer = getattr(self, f"n{i}_{name}")
+                if name == "irq":
+                    m.d.comb += outer.eq(node.irq)
+                elif member.flow == In:
+                    wiring.connect(m, wiring.flipped(outer), getattr(node, name))
+                else:
+                    wiring.connect(m, getattr(node, name), wiring.flipped(outer))
+        for k, ((sn, sl), (dn, dl), model) in enumerate(self.links):
+            m.submodules[f"link{k}_{sn}_{sl}_to_{dn}_{dl}"] = model
+            wiring.connect(m, getattr(self.nodes[sn], f"m_axis_link{sl}"), model.i)
+            wiring.connect(m, model.o, getattr(self.nodes[dn], f"s_axis_link{dl}"))
+            used_tx.add((sn, sl))
+            used_rx.add((dn, dl))
+        for i, node in enumerate(self.nodes):
+            for ln in range(self.config.links):
+                if (i, ln) not in used_tx:
+                    m.d.comb += getattr(node, f"m_axis_link{ln}").ready.eq(1)
+                if (i, ln) not in used_rx:
+                    m.d.comb += getattr(node, f"s_axis_link{ln}").valid.eq(0)
+        return m

@@ -114,9 +114,11 @@ class SendUnit(wiring.Component):
     bus : Out(AXI4Signature(addr_width, axi_width)) — AR/R only (AW/W/B tied off).
     status : Out(:data:`mcf.abi.send.SEND_STATUS`)
 
-    Timing: a record takes 4 cycles from its handshake to its ``Meta``/descriptor/payload job
-    (table read, slot multiply, checks, issue), so the front handles a record every 4 cycles
-    (header-only packets: 4 cycles per packet). The ``Meta`` runs ahead of its payload by up
+    Timing: the front takes a record (``LAND_OFF[seq]`` read and ``kv_id · KV_SLOT`` in the
+    same cycle), checks it in the next and offers its ``Meta``/descriptor/payload job from the
+    cycle after, while it takes the next record: one record every 2 cycles (header-only
+    packets: 2 cycles per packet) while the packetizer, the reader and the job FIFO take them.
+    The ``Meta`` runs ahead of its payload by up
     to ``job_depth`` packets while payloads stream back to back: DDR packets are read ahead by
     the ``DmaReader`` (the next descriptor is accepted once the previous one's bursts are
     issued). Measured (``tests/test_node_send.py::test_send_rate``, cocotbext-axi ``AxiRam``,
@@ -183,15 +185,18 @@ class SendUnit(wiring.Component):
         for s in staged:
             m.d.sync += pend[s].eq(pend[s] + pend_inc[s] - pend_dec[s])
 
-        # --- front: take (round robin) → table read / multiply → checks → issue --------
+        # --- front: take (round robin, table read, multiply) → checks → issue ----------
         cur = Signal(CMD)
         meta = data.View(META, cur.meta)
         rr = Signal(range(N_QUEUES))         # the queue served last
         elig = Signal(N_QUEUES)
+        job_pend = Signal()
+        job = Signal(job_l)
         for q, r in enumerate(reqs):
             ok = Const(1)
-            for s, (port, _) in staged.items():
-                ok = ok & ((r.payload.src != s) | (port.valid & (pend[s] == 0)))
+            for s, (port, kind) in staged.items():   # the source's previous packet is done
+                idle = (pend[s] == 0) & ~(job_pend & (job.kind == kind))
+                ok = ok & ((r.payload.src != s) | (port.valid & idle))
             m.d.comb += elig[q].eq(r.valid & ok)
         pick = Signal(range(N_QUEUES))
         # priority: the queue after the last served one (two queues: the other one)
@@ -204,7 +209,15 @@ class SendUnit(wiring.Component):
                             m.d.comb += pick.eq(q)
 
         prod = Signal(META["kv_id"].width + LANDING_CONFIG["kv_slot"].shape.width)
-        m.d.comb += lo_rd.addr.eq(meta.seq)
+        picked = Signal(CMD)                 # the request TAKE would take
+        with m.Switch(pick):
+            for q, r in enumerate(reqs):
+                with m.Case(q):
+                    m.d.comb += picked.eq(r.payload)
+        picked_meta = data.View(META, picked.meta)
+        in_take = Signal()
+        # LAND_OFF[seq] is read in the TAKE cycle (the picked record's seq), so CHECK sees it
+        m.d.comb += lo_rd.addr.eq(Mux(in_take, picked_meta.seq, meta.seq))
 
         # decision signals (valid in CHECK)
         lo = data.View(LAND_OFF_ENTRY, lo_rd.data)
@@ -231,8 +244,6 @@ class SendUnit(wiring.Component):
         # issue: registered valids, each cleared by its handshake
         meta_pend = Signal()
         desc_pend = Signal()
-        job_pend = Signal()
-        job = Signal(job_l)
         desc = self.reader.desc
         m.d.comb += [self.o_meta.valid.eq(meta_pend), self.o_meta.payload.eq(meta),
                      desc.valid.eq(desc_pend), desc.payload.length.eq(meta.length),
@@ -249,18 +260,17 @@ class SendUnit(wiring.Component):
             for s in staged:
                 m.d.comb += pend_inc[s].eq(job.kind == staged[s][1])
 
+        free = Signal()         # the previous record's issue completes this cycle (or did)
+        m.d.comb += free.eq((~meta_pend | self.o_meta.ready) & (~desc_pend | desc.ready) &
+                            (~job_pend | jobs.w_rdy))
         with m.FSM():
-            with m.State("TAKE"), m.If(elig.any()):
-                m.d.comb += [r.ready.eq(pick == q) for q, r in enumerate(reqs)]
-                with m.Switch(pick):
-                    for q, r in enumerate(reqs):
-                        with m.Case(q):
-                            m.d.sync += cur.eq(r.payload)
-                m.d.sync += rr.eq(pick)
-                m.next = "LOOKUP"
-            with m.State("LOOKUP"):         # LAND_OFF[seq] read, kv_id · KV_SLOT
-                m.d.sync += prod.eq(meta.kv_id * cfg.kv_slot)
-                m.next = "CHECK"
+            with m.State("TAKE"):
+                m.d.comb += in_take.eq(1)
+                with m.If(elig.any() & free):
+                    m.d.comb += [r.ready.eq(pick == q) for q, r in enumerate(reqs)]
+                    m.d.sync += [cur.eq(picked), rr.eq(pick),
+                                 prod.eq(picked_meta.kv_id * cfg.kv_slot)]
+                    m.next = "CHECK"
             with m.State("CHECK"):
                 kv = src == PayloadSource.KV
                 with m.If(bad_record):
@@ -282,9 +292,6 @@ class SendUnit(wiring.Component):
                                                      _Job.DDR))),
                                  st.packets.eq(st.packets + 1),
                                  st.bytes.eq(st.bytes + meta.length)]
-                m.next = "ISSUE"
-            with m.State("ISSUE"), m.If((~meta_pend | self.o_meta.ready) &
-                                        (~desc_pend | desc.ready) & (~job_pend | jobs.w_rdy)):
                 m.next = "TAKE"
 
         # --- payload streamer ----------------------------------------------------------

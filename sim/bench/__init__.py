@@ -1,6 +1,6 @@
 """``mcf bench``: the project's measured figures (cycles from simulation, resources from
 :mod:`mcf.sim.synth`), one module per bench: :mod:`.packet`, :mod:`.nic`, :mod:`.compute`,
-:mod:`.attention`, :mod:`.csr`, :mod:`.plan` (MARS cost model).
+:mod:`.attention`, :mod:`.csr`, :mod:`.plan` (MARS cost model), :mod:`.node` (node tops).
 
 Contract of a bench module:
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 __all__ = ["BENCHES", "BenchRefused", "refuse_unplanned", "resource_table"]
 
-BENCHES = ("packet", "nic", "compute", "attention", "csr", "plan")
+BENCHES = ("packet", "nic", "compute", "attention", "csr", "plan", "node")
 
 
 class BenchRefused(RuntimeError):

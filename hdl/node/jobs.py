@@ -1,0 +1,230 @@
+"""Template walker: JOB records → the matrix engine's descriptor streams and settings, read from
+the template table in DDR (issue #11 §1.2, docs/node.md §3 "Job templates"; formats in
+:mod:`mcf.abi.jobs`). It does in the PL what ``sim/benches/gemm_layer.py`` does from the PS."""
+
+from __future__ import annotations
+
+from amaranth import Cat, Module, Signal
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from mcf.abi.compute import GEMM_JOB
+from mcf.abi.jobs import (
+    ENTRY_BYTES,
+    JOB_ARG,
+    JOB_INDEX_BITS,
+    JOBS_STATUS,
+    ROUTE,
+    TEMPLATE_ENTRY,
+    TEMPLATE_REF,
+    VEC_CFG,
+    EntryKind,
+)
+from mcf.abi.node import CMD
+from mcf.abi.quant import ReadDest, VectorOp, WriteSrc
+
+from ..mem.axi import ADDR_BITS, AXI4Signature, descriptor_layout
+from ..mem.dma import DmaReader
+
+__all__ = ["JobWalker", "connect_engine"]
+
+SETTLE = 2   # cycles the engine must look idle before a fence passes (its busy flags lag by 1)
+
+
+class JobWalker(wiring.Component):
+    """Plays one template per JOB record into the matrix engine.
+
+    Members
+    -------
+    rec : In(stream.Signature(:data:`mcf.abi.node.CMD`))
+        JOB records (the sequencer's ``job`` stream); ``arg`` is :data:`mcf.abi.jobs.JOB_ARG`.
+        One is taken when the walker is idle.
+    done : Out(1)
+        One pulse per JOB: after its last entry completed (final fence), or at once for a bad
+        index, an unknown entry kind or a read error (counted; the rest is skipped).
+    table_base, table_len : In
+        ``JOBS_TABLE`` byte address and ``JOBS_TABLE_LEN`` (:func:`mcf.abi.jobs.jobs_registers`).
+    m_axi : Out(AXI4Signature)
+        Read master for table rows and entries (AW/W/B idle).
+    rd_desc0, rd_desc1, wr_desc, gemm_job : Out(stream)
+        To the engine's members of the same names; each behind a ``queue``-deep FIFO so the
+        walker runs ahead of a busy stream.
+    rd_dest0, rd_dest1, wr_src, vec_op, vec_n_beats, vec_eps : Out
+        The engine's routing and vector configuration (held between ROUTE / VEC entries).
+    wr_busy, gemm_busy : In(1)
+        From the engine; a fence waits for both low, the queues empty, for ``SETTLE`` cycles.
+    status : Out(:data:`mcf.abi.jobs.JOBS_STATUS`)
+
+    The members named like :class:`mcf.hdl.compute.gemm_top.MatrixEngine`'s connect 1:1 with
+    ``wiring.connect`` (build with the engine's ``vec_n_max`` and ``data_width``).
+
+    Latency: table row read, then the entries stream from one read descriptor; one entry per
+    cycle while the target queue has room and no fence waits; a fence costs ``SETTLE`` + 1
+    cycles after the engine is idle. Throughput: one JOB at a time.
+    """
+
+    def __init__(self, vec_n_max=8960, data_width=128, addr_width=ADDR_BITS, queue=8):
+        self.queue = queue
+        self.reader = DmaReader(data_width, addr_width, outstanding=2, fifo_depth=256)
+        dma = stream.Signature(descriptor_layout(addr_width))
+        super().__init__({
+            "rec": In(stream.Signature(CMD)), "done": Out(1),
+            "table_base": In(addr_width), "table_len": In(JOB_INDEX_BITS),
+            "m_axi": Out(AXI4Signature(addr_width, data_width)),
+            "rd_desc0": Out(dma), "rd_desc1": Out(dma), "wr_desc": Out(dma),
+            "gemm_job": Out(stream.Signature(GEMM_JOB)),
+            "rd_dest0": Out(ReadDest), "rd_dest1": Out(ReadDest), "wr_src": Out(WriteSrc),
+            "vec_op": Out(VectorOp),
+            "vec_n_beats": Out(range(vec_n_max // (data_width // 32) + 1)),
+            "vec_eps": Out(32),
+            "wr_busy": In(1), "gemm_busy": In(1),
+            "status": Out(JOBS_STATUS),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.reader = rd = self.reader
+        wiring.connect(m, rd.bus, wiring.flipped(self.m_axi))
+        st = self.status
+
+        outs = {EntryKind.RD0: self.rd_desc0, EntryKind.RD1: self.rd_desc1,
+                EntryKind.WR: self.wr_desc, EntryKind.GEMM: self.gemm_job}
+        queues = {}
+        for kind, port in outs.items():
+            q = fifo.SyncFIFOBuffered(width=port.payload.shape().size, depth=self.queue)
+            m.submodules[f"q_{kind.name.lower()}"] = queues[kind] = q
+            m.d.comb += [port.valid.eq(q.r_rdy), port.payload.eq(q.r_data),
+                         q.r_en.eq(port.ready)]
+
+        # fence: queues empty and the engine idle for SETTLE cycles
+        idle_now = Signal()
+        m.d.comb += idle_now.eq(~self.wr_busy & ~self.gemm_busy &
+                                ~Cat(q.level != 0 for q in queues.values()).any())
+        quiet = Signal(range(SETTLE + 1))
+        m.d.sync += quiet.eq(0)
+        with m.If(idle_now):
+            m.d.sync += quiet.eq(quiet + (quiet != SETTLE))
+        idle = Signal()
+        m.d.comb += idle.eq(idle_now & (quiet == SETTLE))
+
+        index = Signal(JOB_INDEX_BITS)
+        ref = data.View(TEMPLATE_REF, rd.o.payload.data)
+        ent = data.View(TEMPLATE_ENTRY, rd.o.payload.data)
+        ent_addr = Signal.like(rd.desc.payload.addr)
+        ent_count = Signal(JOB_INDEX_BITS)
+        m.d.sync += self.done.eq(0)
+
+        def retire():
+            m.d.sync += [self.done.eq(1), st.jobs.eq(st.jobs + 1)]
+
+        def abort():
+            with m.If(rd.o.payload.last):
+                retire()
+                m.next = "IDLE"
+            with m.Else():
+                m.next = "DRAIN"
+
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.rec.ready.eq(1)
+                with m.If(self.rec.valid):
+                    tmpl = data.View(JOB_ARG, self.rec.payload.arg).template
+                    m.d.sync += index.eq(tmpl)
+                    with m.If(tmpl >= self.table_len):
+                        m.d.sync += st.bad_index.eq(st.bad_index + 1)
+                        retire()
+                    with m.Else():
+                        m.next = "TABLE"
+            with m.State("TABLE"):
+                m.d.comb += [rd.desc.valid.eq(1),
+                             rd.desc.payload.addr.eq(self.table_base + index * ENTRY_BYTES),
+                             rd.desc.payload.length.eq(ENTRY_BYTES),
+                             rd.desc.payload.count.eq(1)]
+                with m.If(rd.desc.ready):
+                    m.next = "ROW"
+            with m.State("ROW"):
+                m.d.comb += rd.o.ready.eq(1)
+                with m.If(rd.o.valid):
+                    m.d.sync += [ent_addr.eq(ref.addr), ent_count.eq(ref.count)]
+                    with m.If(rd.o.payload.err):
+                        m.d.sync += st.read_errors.eq(st.read_errors + 1)
+                        retire()
+                        m.next = "IDLE"
+                    with m.Elif(ref.count == 0):
+                        m.next = "FINAL"
+                    with m.Else():
+                        m.next = "ENTRIES_REQ"
+            with m.State("ENTRIES_REQ"):
+                m.d.comb += [rd.desc.valid.eq(1), rd.desc.payload.addr.eq(ent_addr),
+                             rd.desc.payload.length.eq(ent_count * ENTRY_BYTES),
+                             rd.desc.payload.count.eq(1)]
+                with m.If(rd.desc.ready):
+                    m.next = "ENTRIES"
+            with m.State("ENTRIES"):
+                fences = Signal()
+                take = Signal()
+                m.d.comb += fences.eq(ent.fence | (ent.kind == EntryKind.ROUTE.value) |
+                                      (ent.kind == EntryKind.VEC.value))
+                with m.If(rd.o.valid):
+                    with m.If(rd.o.payload.err):
+                        m.d.comb += take.eq(1)
+                        m.d.sync += st.read_errors.eq(st.read_errors + 1)
+                        abort()
+                    with m.Elif(fences & ~idle):
+                        m.d.sync += st.fence_cycles.eq(st.fence_cycles + 1)
+                    with m.Else():
+                        with m.Switch(ent.kind):
+                            for kind, q in queues.items():
+                                with m.Case(kind.value):
+                                    m.d.comb += [q.w_en.eq(1), q.w_data.eq(ent.body),
+                                                 take.eq(q.w_rdy)]
+                            with m.Case(EntryKind.ROUTE.value):
+                                r = data.View(ROUTE, ent.body[:ROUTE.size])
+                                m.d.sync += [self.rd_dest0.eq(r.rd_dest0),
+                                             self.rd_dest1.eq(r.rd_dest1),
+                                             self.wr_src.eq(r.wr_src)]
+                                m.d.comb += take.eq(1)
+                            with m.Case(EntryKind.VEC.value):
+                                v = data.View(VEC_CFG, ent.body[:VEC_CFG.size])
+                                m.d.sync += [self.vec_op.eq(v.op),
+                                             self.vec_n_beats.eq(v.n_beats),
+                                             self.vec_eps.eq(v.eps)]
+                                m.d.comb += take.eq(1)
+                            with m.Default():
+                                m.d.comb += take.eq(1)
+                                m.d.sync += st.bad_entries.eq(st.bad_entries + 1)
+                                abort()
+                        with m.If(take & (ent.kind <= EntryKind.VEC.value)):
+                            m.d.sync += st.entries.eq(st.entries + 1)
+                            with m.If(fences):
+                                m.d.sync += st.fences.eq(st.fences + 1)
+                            with m.If(rd.o.payload.last):
+                                m.next = "FINAL"
+                m.d.comb += rd.o.ready.eq(take)
+            with m.State("DRAIN"):
+                # an aborted JOB: skip the rest of its entries, retire at once
+                m.d.comb += rd.o.ready.eq(1)
+                with m.If(rd.o.valid & rd.o.payload.last):
+                    retire()
+                    m.next = "IDLE"
+            with m.State("FINAL"):
+                with m.If(idle):
+                    m.d.sync += st.fences.eq(st.fences + 1)
+                    retire()
+                    m.next = "IDLE"
+                with m.Else():
+                    m.d.sync += st.fence_cycles.eq(st.fence_cycles + 1)
+        return m
+
+
+STREAMS = ("rd_desc0", "rd_desc1", "wr_desc", "gemm_job")
+SETTINGS = ("rd_dest0", "rd_dest1", "wr_src", "vec_op", "vec_n_beats", "vec_eps")
+
+
+def connect_engine(m: Module, walker: JobWalker, engine) -> None:
+    """Wire ``walker`` to a :class:`~mcf.hdl.compute.gemm_top.MatrixEngine`: the descriptor
+    streams with ``wiring.connect``, the settings and busy flags member to member."""
+    for name in STREAMS:
+        wiring.connect(m, getattr(walker, name), getattr(engine, name))
+    m.d.comb += [getattr(engine, n).eq(getattr(walker, n)) for n in SETTINGS]
+    m.d.comb += [walker.wr_busy.eq(engine.wr_busy), walker.gemm_busy.eq(engine.gemm_busy)]

@@ -1,0 +1,220 @@
+"""ATTEND executor: the ATTEND record, its block list in DDR, the query and output formats, the
+status counters, registers and the bit-exact golden model (docs/node.md §3 "ATTEND's block list
+lives in DDR, one list per step", §5, §7; issue #11 §1.2–1.4).
+
+**The record** (:class:`~mcf.abi.node.RecordClass` ``ATTEND``, COMPUTE queue):
+
+* ``meta``: a :data:`mcf.abi.meta.META` whose ``kv_id`` is the first block's ``kv_id`` — the
+  sequencer issues the record once ``landed(meta.kv_id) ≥ wait``. The unit ignores ``meta``.
+* ``wait``: that landed count (0: no wait). Per-block landed waits are **not** supported: the
+  driver orders the ATTEND behind the landings of every block it names (docs/node.md §7).
+* ``arg`` = :data:`ATTEND_ARG`: ``list`` — the list's 16-byte entry index in the list table
+  (list address ``ATT_LIST_BASE + list · 16``), ``blocks`` — block entries (1..``max_list``),
+  ``mode`` (:class:`AttendMode`), ``heads`` — query heads sharing the KV head (1..``max_heads``).
+
+**The list** (16-byte entries, little-endian): entry 0 is the header :data:`ATTEND_HEADER`
+(``q_addr``: the query record; ``out_addr``: PREFILL's ``o/l`` row, ignored in DECODE), then
+``blocks`` entries :data:`ATTEND_BLOCK` (``addr`` of the block's first token record — the
+landing rule, :func:`mcf.abi.kv_reader.block_address` —, ``tokens`` 1..``max_block``,
+``pos0``). Reserved bits must be 0 (not checked).
+
+**The query** at ``q_addr`` (any alignment) is one :func:`mcf.abi.query.pack_query` record of
+exactly ``heads`` heads: its header ``pos`` is the query position (causal mask in PREFILL).
+DECODE: the QBUF slot the decode lander wrote (:func:`mcf.abi.decode_land.qbuf_address`).
+PREFILL: the token's row in the driver's query region of ACT, :func:`prefill_query_address`,
+written in the same format (the vector unit's requantised Q head rows).
+
+**Outputs.** DECODE (SINGLE mode, not normalised): per query head one payload, the state
+``(m, l, o)`` (:func:`mcf.abi.softmax.pack_state`, ``state_bytes(d)``), staged whole in the send
+unit's ``staged_attn`` FIFO for the SEND records (``src = ATTN``) that follow; the record is
+done when all ``heads`` payloads are in the FIFO. PREFILL (SINGLE, normalised, causal):
+``heads · d`` ATTN_OUT words ``o/l`` written at ``out_addr`` (any alignment); done after
+the write's B responses.
+
+**Bad records** (counted, retired with ``done``, nothing emitted): undefined ``mode``,
+``heads`` outside 1..``max_heads``, ``blocks`` 0 or above ``max_list`` (``bad_record``); a read
+error on the list or the query, a block entry with ``tokens`` outside 1..``max_block``, a query
+whose header ``heads`` differs from ``arg.heads`` (``bad_list``). A write error on ``o/l`` is
+counted (``write_errors``) and the record retires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from amaranth.hdl import unsigned
+from amaranth.lib import data, enum
+
+from .compute import DMA_ADDR_BITS
+from .csrmap import counters
+from .decode_land import query_slot_bytes
+from .kv import KV_POS_BITS, AttnMode, kv_token_bytes
+from .kv_reader import KV_BLOCK_TOKENS_BITS
+from .query import QUERY_HEADER, QUERY_HEADER_BYTES, unpack_query
+from .regs import Access, Register, status_registers
+from .softmax import pack_state
+
+__all__ = [
+    "AttendMode", "ATTEND_ARG", "ATTEND_HEADER", "ATTEND_BLOCK", "ATT_ENTRY_BYTES",
+    "ATTEND_STATUS", "AttendArg", "AttendBlock", "AttendHeader",
+    "attend_list_bytes", "prefill_query_address", "attend_registers", "AttendResult",
+    "attend_model", "ENGINE_MODE",
+]
+
+ATT_ENTRY_BYTES = 16
+"""A list entry: one 128-bit beat."""
+
+
+class AttendMode(enum.Enum, shape=2):
+    """What an ATTEND computes (codes 2, 3 are undefined: a bad record)."""
+    DECODE = 0    # per-head states (m, l, o) → staged for SEND src=ATTN
+    PREFILL = 1   # causal, o/l → DDR at out_addr
+
+
+ENGINE_MODE = AttnMode.SINGLE
+"""The engine mode of every ATTEND job (both modes use the online softmax)."""
+
+ATTEND_ARG = data.StructLayout({
+    "list": unsigned(16),
+    "blocks": unsigned(8),
+    "mode": unsigned(2),
+    "heads": unsigned(4),
+    "reserved": unsigned(2),
+})
+"""``CMD.arg`` of an ATTEND record."""
+
+ATTEND_HEADER = data.StructLayout({
+    "q_addr": unsigned(DMA_ADDR_BITS),
+    "out_addr": unsigned(DMA_ADDR_BITS),
+    "reserved": unsigned(128 - 2 * DMA_ADDR_BITS),
+})
+"""List entry 0."""
+
+ATTEND_BLOCK = data.StructLayout({
+    "addr": unsigned(DMA_ADDR_BITS),
+    "tokens": unsigned(KV_BLOCK_TOKENS_BITS),
+    "pos0": unsigned(KV_POS_BITS),
+    "reserved": unsigned(128 - DMA_ADDR_BITS - KV_BLOCK_TOKENS_BITS - KV_POS_BITS),
+})
+"""List entries 1..blocks: one KV block (token records of one KV head)."""
+
+if ATTEND_HEADER.size != 8 * ATT_ENTRY_BYTES or ATTEND_BLOCK.size != 8 * ATT_ENTRY_BYTES:
+    raise AssertionError("list entries are one 128-bit beat")  # pragma: no cover
+
+ATTEND_STATUS = counters("records", "blocks", "bad_record", "bad_list", "write_errors")
+"""Records done (good ones), blocks requested, records rejected on their ``arg``, records
+rejected on their list/query (read error, bad entry, heads mismatch), ``o/l``
+writes answered with an error. Registers ``att_<field>``."""
+
+
+@dataclass(frozen=True)
+class AttendArg:
+    list: int
+    blocks: int
+    mode: int
+    heads: int
+
+    def pack(self) -> int:
+        return ATTEND_ARG.const({"list": self.list, "blocks": self.blocks, "mode": self.mode,
+                                 "heads": self.heads}).as_bits()
+
+
+@dataclass(frozen=True)
+class AttendHeader:
+    q_addr: int
+    out_addr: int = 0
+
+    def pack(self) -> bytes:
+        raw = ATTEND_HEADER.const({"q_addr": self.q_addr, "out_addr": self.out_addr})
+        return raw.as_bits().to_bytes(ATT_ENTRY_BYTES, "little")
+
+
+@dataclass(frozen=True)
+class AttendBlock:
+    addr: int
+    tokens: int
+    pos0: int = 0
+
+    def pack(self) -> bytes:
+        raw = ATTEND_BLOCK.const({"addr": self.addr, "tokens": self.tokens,
+                                  "pos0": self.pos0 & ((1 << KV_POS_BITS) - 1)})
+        return raw.as_bits().to_bytes(ATT_ENTRY_BYTES, "little")
+
+
+def attend_list_bytes(header: AttendHeader, blocks: list[AttendBlock]) -> bytes:
+    """The list as the driver writes it at ``ATT_LIST_BASE + list · 16``."""
+    return header.pack() + b"".join(b.pack() for b in blocks)
+
+
+def prefill_query_address(q_base: int, token: int, heads: int, head_dim: int) -> int:
+    """PREFILL query row of chunk token ``token`` (0-based) in the driver's ACT query region:
+    ``q_base + token · query_slot_bytes(heads, head_dim)`` (slots 16-byte aligned)."""
+    return q_base + token * query_slot_bytes(heads, head_dim)
+
+
+def attend_registers() -> list[Register]:
+    """Configuration (the list table's 40-bit base over two words) and status ``att_*``.
+    Not yet part of :func:`mcf.abi.csrmap.node_regmap`."""
+    hi = DMA_ADDR_BITS - 32
+    return [
+        Register.single("ATT_LIST_BASE_LO", 32, Access.RW,
+                        desc="ATTEND list table base, bits 31..0"),
+        Register.single("ATT_LIST_BASE_HI", hi, Access.RW,
+                        desc=f"ATTEND list table base, bits {DMA_ADDR_BITS - 1}..32"),
+    ] + status_registers("att", ATTEND_STATUS, "ATTEND executor")
+
+
+@dataclass
+class AttendResult:
+    """What one record produces: ``payloads`` (DECODE: one state per head), ``write``
+    (PREFILL: ``(out_addr, bytes)``), or ``bad`` (the counter it increments)."""
+    payloads: list[bytes]
+    write: tuple[int, bytes] | None = None
+    bad: str | None = None
+    blocks: int = 0
+
+
+def attend_model(arg: int, list_base: int, read: Callable[[int, int], bytes], head_dim: int,
+                 max_heads: int, max_block: int, max_list: int) -> AttendResult:
+    """Golden model of one ATTEND record: ``arg`` (:data:`ATTEND_ARG` bits) and the bytes
+    ``read(addr, n)`` returns for the list, the query and the KV token records.
+    Uses :func:`mcf.golden.attention.attend_single` / ``normalize_state``."""
+    from mcf.golden.attention import KVBlock, attend_single, normalize_state
+
+    from .kv import unpack_kv_block
+    from .query import query_bytes
+
+    a = ATTEND_ARG.from_bits(arg)
+    mode, heads, nb = int(a.mode), int(a.heads), int(a.blocks)
+    if mode not in (m.value for m in AttendMode) or not 1 <= heads <= max_heads \
+            or not 1 <= nb <= max_list:
+        return AttendResult([], bad="bad_record")
+    lst = read(list_base + int(a.list) * ATT_ENTRY_BYTES, (1 + nb) * ATT_ENTRY_BYTES)
+    hdr = ATTEND_HEADER.from_bits(int.from_bytes(lst[:ATT_ENTRY_BYTES], "little"))
+    ents = [ATTEND_BLOCK.from_bits(int.from_bytes(lst[i * 16:(i + 1) * 16], "little"))
+            for i in range(1, nb + 1)]
+    q_addr, out_addr = int(hdr.q_addr), int(hdr.out_addr)
+    if any(not 1 <= int(e.tokens) <= max_block for e in ents):
+        return AttendResult([], bad="bad_list")
+    raw_q = read(q_addr, query_bytes(heads, head_dim))
+    hfld = QUERY_HEADER["heads"]
+    if int.from_bytes(raw_q[:QUERY_HEADER_BYTES], "little") >> hfld.offset \
+            & ((1 << hfld.width) - 1) != heads:
+        return AttendResult([], bad="bad_list")
+    qr = unpack_query(raw_q, head_dim)
+    blocks = []
+    rec = kv_token_bytes(head_dim)
+    for e in ents:
+        n, p0 = int(e.tokens), int(e.pos0)
+        k4, sk, v4, sv = unpack_kv_block(read(int(e.addr), n * rec), head_dim)
+        pos = (p0 + np.arange(n, dtype=np.int64)) % (1 << KV_POS_BITS)
+        blocks.append(KVBlock(k4, sk, v4, sv, pos))
+    causal = mode == AttendMode.PREFILL.value
+    st = attend_single(qr.codes, qr.scales, blocks, qr.pos, causal)
+    if causal:
+        words = normalize_state(st).ravel().astype(np.int64) & 0xFFFF_FFFF
+        return AttendResult([], write=(out_addr, words.astype("<u4").tobytes()), blocks=nb)
+    return AttendResult([pack_state(st.m[h], st.l[h], st.o[h]) for h in range(heads)],
+                        blocks=nb)

@@ -1,0 +1,288 @@
+"""EMIT executor (mcf.hdl.node.emit, docs/node.md §3 EMIT row, §6 rule 3): amaranth.sim unit tests
+of ``EmitUnit`` against the golden model (:class:`mcf.abi.emit.EmitModel`) with an in-test AXI
+read slave — the tee's two outputs bit-exact, backpressure on each independently, replicate on
+and off, bad records and read errors counted and retired, staged copies offered only when
+complete — and the runner of the cocotb + Verilator bench (``sim/benches/node_emit.py``).
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+
+from mcf.abi.emit import (
+    EMIT_ARG,
+    EMIT_STATUS,
+    EmitArg,
+    EmitConfig,
+    EmitModel,
+    emit_registers,
+    kv_pair_bytes,
+    max_fragment_tokens,
+)
+from mcf.abi.kv import kv_token_bytes, pack_kv_block, quantize_kv_rows, unpack_kv_block
+from mcf.abi.meta import META, Collective, Meta, Op, Stage
+from mcf.abi.node import Cmd, Queue, RecordClass
+from mcf.abi.node_config import SIM
+from mcf.hdl.node.emit import EmitUnit
+
+BB = 16
+D = SIM.attn_head_dim
+H_KV = 2
+BASE = 0x2_0000_0100
+LOCAL_ID = 5
+
+
+def act_memory(rng, rows, head_dim=D, heads=H_KV, stride_pad=32, big=False):
+    """ACT K/V buffer image: ``rows`` token rows of ``heads`` K/V pairs (plus padding)."""
+    stride = heads * kv_pair_bytes(head_dim) + stride_pad
+    lim = 1 << 24 if big else 1 << 18
+    words = rng.integers(-lim, lim, size=(rows * stride) // 4, dtype=np.int64)
+    zero = rng.integers(0, rows)              # one all-zero row pair (scale 1, zero codes)
+    words[zero * stride // 4:(zero * stride + kv_pair_bytes(head_dim)) // 4] = 0
+    return words.astype("<i4").tobytes(), EmitConfig(kv_base=BASE, row_stride=stride)
+
+
+def frag_meta(kv_id, seq, tokens, head_dim=D, op=Op.KV_REPLICA, length=None):
+    return Meta(stage=Stage.PREFILL, op=op, collective=Collective.MULTICAST, src=1, dst=2,
+                route_id=3, kv_id=kv_id, seq=seq,
+                length=tokens * kv_token_bytes(head_dim) if length is None else length)
+
+
+def cmd(meta, arg, replicate):
+    raw = Cmd(cls=RecordClass.EMIT, queue=Queue.COMPUTE, meta=meta.pack(), arg=arg.pack(),
+              replicate=bool(replicate)).pack()
+    return int.from_bytes(raw, "little")
+
+
+def _payload(beats):
+    out = bytearray()
+    for data_, keep in beats:
+        out += bytes((data_ >> (8 * i)) & 0xFF for i in range(8) if keep >> i & 1)
+    return bytes(out)
+
+
+def simulate(dut, mem, cfg, recs, *, l_bp=0.0, s_bp=0.0, r_pause=0.0, err_rows=(), seed=1,
+             staged_hold=0):
+    """Run ``recs`` (raw CMD ints) through ``dut``; returns local packets ``[(meta, payload)]``,
+    staged payloads, the number of ``done`` strobes, the status and cycles. ``err_rows``: byte
+    addresses whose 16-byte beat answers SLVERR. ``staged_hold``: the staged sink takes
+    nothing for that many cycles."""
+    rng = random.Random(seed)
+    bus = dut.bus
+    got_l, got_s, info = [], [], {"done": 0, "early": 0}
+    cur_l, cur_s = [], []
+
+    async def host(ctx):
+        ctx.set(dut.cfg.kv_base, cfg.kv_base)
+        ctx.set(dut.cfg.row_stride, cfg.row_stride)
+        ctx.set(dut.local_id, LOCAL_ID)
+        for r in recs:
+            ctx.set(dut.rec.valid, 1)
+            ctx.set(dut.rec.payload.as_value(), r)
+            await ctx.tick().until(dut.rec.ready)
+            ctx.set(dut.rec.valid, 0)
+            for _ in range(rng.randrange(3)):
+                await ctx.tick()
+
+    async def slave(ctx):
+        ars = collections.deque()
+        cur, beat, cycle = None, None, 0
+        while True:
+            ctx.set(bus.arready, rng.random() >= 0.2)
+            if beat is None:
+                if cur is None and ars and ars[0][0] <= cycle:
+                    _, a, n = ars.popleft()
+                    cur = [a, n]
+                if cur is not None and rng.random() >= r_pause:
+                    a = cur[0]
+                    off = a - BASE
+                    word = int.from_bytes(mem[off:off + BB].ljust(BB, b"\xee"), "little")
+                    beat = (word, 2 if a in err_rows else 0, cur[1] == 1)
+                    cur = None if cur[1] == 1 else [a + BB, cur[1] - 1]
+            if beat is not None:
+                ctx.set(bus.rvalid, 1)
+                ctx.set(bus.rdata, beat[0])
+                ctx.set(bus.rresp, beat[1])
+                ctx.set(bus.rlast, beat[2])
+            else:
+                ctx.set(bus.rvalid, 0)
+            _, _, arv, arr, ara, arl, rready = await ctx.tick().sample(
+                bus.arvalid, bus.arready, bus.araddr, bus.arlen, bus.rready)
+            if arv and arr:
+                ars.append((cycle + rng.randint(2, 12), ara, arl + 1))
+            if beat is not None and rready:
+                beat = None
+            cycle += 1
+
+    async def l_sink(ctx):
+        lrng = random.Random(seed + 1)
+        while True:
+            ready = lrng.random() >= l_bp
+            ctx.set(dut.local.ready, ready)
+            _, _, valid, p = await ctx.tick().sample(dut.local.valid, dut.local.payload)
+            if valid and ready:
+                cur_l.append((p.meta.as_value().value, int(p.data), int(p.keep)))
+                if p.last:
+                    metas = {c[0] for c in cur_l}
+                    assert len(metas) == 1, "meta must stay beside every beat"
+                    got_l.append((Meta.unpack(metas.pop()),
+                                  _payload([(c[1], c[2]) for c in cur_l])))
+                    cur_l.clear()
+
+    async def s_sink(ctx):
+        srng = random.Random(seed + 2)
+        cycle = 0
+        while True:
+            ready = cycle >= staged_hold and srng.random() >= s_bp
+            ctx.set(dut.staged.ready, ready)
+            _, _, valid, p, staged = await ctx.tick().sample(
+                dut.staged.valid, dut.staged.payload, dut.status.staged)
+            cycle += 1
+            if valid and not cur_s and staged <= len(got_s):
+                info["early"] += 1          # offered before its copy was complete
+            if valid and ready:
+                cur_s.append((int(p.data), int(p.keep)))
+                if p.last:
+                    got_s.append(_payload(cur_s))
+                    cur_s.clear()
+
+    async def done(ctx):
+        cycles = 0
+        while info["done"] < len(recs):
+            _, _, d = await ctx.tick().sample(dut.done)
+            info["done"] += d
+            cycles += 1
+            assert cycles < 200_000, "emitter hung"
+        info["cycles"] = cycles
+        # drain the outputs; nothing more may retire
+        for _ in range(200 + max(0, staged_hold + 100 - cycles)):
+            _, _, d = await ctx.tick().sample(dut.done)
+            assert not d
+        info["status"] = {n: int(ctx.get(dut.status[n])) for n, _ in EMIT_STATUS}
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    for tb in (host, slave, l_sink, s_sink):
+        sim.add_testbench(tb, background=True)
+    sim.add_testbench(done)
+    sim.run()
+    return got_l, got_s, info
+
+
+def run_model(mem, cfg, plan, err_recs=()):
+    model = EmitModel(cfg, D, LOCAL_ID, mem, base=BASE)
+    for i, (meta, arg, rep) in enumerate(plan):
+        model.run(meta, arg, rep, read_error=i in err_recs)
+    return model
+
+
+def fragment_plan(rng, n, rows):
+    """MARS-numbered fragments of a slice (``seq = f·H_kv + h``, tokens_per_fragment 3)."""
+    tpf, plan = 3, []
+    for i in range(n):
+        h = rng.randrange(H_KV)
+        f = rng.randrange(rows // tpf)
+        tokens = rng.randint(1, tpf)
+        plan.append((frag_meta(kv_id=40 + i, seq=f * H_KV + h, tokens=tokens),
+                     EmitArg(row=f * tpf, head=h, tokens=tokens), rng.random() < 0.6))
+    return plan
+
+
+# --- golden model ----------------------------------------------------------------------------
+
+def test_golden_fragment_is_pack_kv_block():
+    rng = np.random.default_rng(1)
+    mem, cfg = act_memory(rng, 8)
+    model = EmitModel(cfg, D, LOCAL_ID, mem, base=BASE)
+    meta = frag_meta(9, 3, 4)
+    res = model.run(meta, EmitArg(row=2, head=1, tokens=4), True)
+    words = np.frombuffer(mem, dtype="<i4").astype(np.int64)
+    pair = kv_pair_bytes(D) // 4
+    rows = [words[(r * cfg.row_stride) // 4 + pair:][:pair] for r in range(2, 6)]
+    k = np.stack([r[:D] for r in rows])
+    v = np.stack([r[D:] for r in rows])
+    k4, sk = quantize_kv_rows(k)
+    v4, sv = quantize_kv_rows(v)
+    assert res.local == (meta.replace(src=LOCAL_ID), pack_kv_block(k4, sk, v4, sv))
+    assert res.staged == res.local[1]
+    assert unpack_kv_block(res.staged, D)[0].shape == (4, D)
+    bad = model.run(frag_meta(9, 3, 4, length=7), EmitArg(row=2, head=1, tokens=4), True)
+    assert bad.bad and bad.local is None
+    assert model.status["records"] == 2 and model.status["bad_record"] == 1
+
+
+def test_abi_shapes():
+    assert EMIT_ARG.size == 32
+    names = {r.name for r in emit_registers()}
+    assert {"EMIT_KV_BASE_LO", "EMIT_ROW_STRIDE", "emit_bad_record"} <= names
+    assert max_fragment_tokens(D) * kv_token_bytes(D) <= 2048
+    assert META["src"].width >= LOCAL_ID.bit_length()
+
+
+# --- HDL -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("l_bp,s_bp,r_pause", [(0.0, 0.0, 0.0), (0.5, 0.0, 0.3),
+                                               (0.0, 0.6, 0.0), (0.4, 0.7, 0.5)])
+def test_tee_bit_exact(l_bp, s_bp, r_pause):
+    seed = int(10 * (l_bp + 2 * s_bp + 4 * r_pause))
+    rng = random.Random(seed)
+    mem, cfg = act_memory(np.random.default_rng(seed), 12)
+    plan = fragment_plan(rng, 7, 12)
+    plan.append((frag_meta(90, 0, 9), EmitArg(row=1, head=0, tokens=9), True))   # 9 beats
+    model = run_model(mem, cfg, plan)
+    got_l, got_s, info = simulate(EmitUnit(D), mem, cfg, [cmd(*p) for p in plan],
+                                  l_bp=l_bp, s_bp=s_bp, r_pause=r_pause, seed=seed)
+    assert got_l == model.local
+    assert got_s == model.staged
+    assert info["done"] == len(plan) and info["early"] == 0
+    assert info["status"] == model.status
+
+
+def test_replicate_off_stages_nothing():
+    rng = random.Random(4)
+    mem, cfg = act_memory(np.random.default_rng(4), 9)
+    plan = [(m, a, False) for m, a, _ in fragment_plan(rng, 4, 9)]
+    model = run_model(mem, cfg, plan)
+    got_l, got_s, info = simulate(EmitUnit(D), mem, cfg, [cmd(*p) for p in plan], seed=4)
+    assert got_l == model.local and got_s == [] and info["status"]["staged"] == 0
+
+
+def test_staged_held_local_flows():
+    """The send unit takes nothing for a long time: local packets (and ``done``) of the first
+    replicated fragment and of unreplicated ones still flow; staged copies arrive later, whole."""
+    rng = random.Random(6)
+    mem, cfg = act_memory(np.random.default_rng(6), 12)
+    plan = [(m, a, i == 0) for i, (m, a, _) in enumerate(fragment_plan(rng, 5, 12))]
+    model = run_model(mem, cfg, plan)
+    got_l, got_s, info = simulate(EmitUnit(D), mem, cfg, [cmd(*p) for p in plan], seed=6,
+                                  staged_hold=3000)
+    assert info["cycles"] < 3000          # every record retired while staged was held
+    assert got_l == model.local and got_s == model.staged and info["early"] == 0
+
+
+def test_bad_records_and_read_error():
+    rng = random.Random(8)
+    mem, cfg = act_memory(np.random.default_rng(8), 12, big=True)
+    good = fragment_plan(rng, 4, 12)
+    plan = [
+        good[0],
+        (frag_meta(50, 1, 2, length=41), EmitArg(row=0, head=1, tokens=2), True),   # length
+        (frag_meta(51, 1, 2, op=Op.QUERY), EmitArg(row=0, head=1, tokens=2), False),  # op
+        (frag_meta(52, 1, 0), EmitArg(row=0, head=1, tokens=0), True),             # 0 tokens
+        good[1],
+        (frag_meta(53, 0, 3), EmitArg(row=3, head=0, tokens=3), True),             # read error
+        good[2], good[3],
+    ]
+    err_at = cfg.pair_address(D, 4, 0) + BB       # second beat of the error fragment's row 4
+    model = run_model(mem, cfg, plan, err_recs=(5,))
+    got_l, got_s, info = simulate(EmitUnit(D), mem, cfg, [cmd(*p) for p in plan], seed=8,
+                                  err_rows=(err_at,), l_bp=0.3, s_bp=0.3)
+    assert info["status"]["bad_record"] == 3 and info["status"]["read_errors"] == 1
+    assert info["status"]["scale_sat"] > 0
+    assert got_l == model.local and got_s == model.staged
+    assert info["status"] == model.status and info["done"] == len(plan)

@@ -1,0 +1,1 @@
+"""Board platforms: the pin tables the constraints are generated from, and the Vivado flow."""

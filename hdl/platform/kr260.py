@@ -1,0 +1,274 @@
+"""The KR260 (Kria K26 SOM, XCK26-SFVC784-2LV-C) as an Amaranth :class:`XilinxPlatform`: the one
+pin table of the board resources the design uses, the XDC generated from it, and the Vivado
+block-design script that makes the node top a PYNQ overlay.
+
+Every pin and I/O standard comes from ``shared/design/platform.md``:
+
+* ``sfp`` 0 — the SFP+ cage's GTH lane (quad 224, lane 2): ``tx`` R4/R3, ``rx`` T2/T1 (P/N in
+  that order). Transceiver pins: a package pin only, no ``IOSTANDARD`` (Vivado places the GT
+  channel from them).
+* ``sfp_refclk`` 0 — MGTREFCLK0 of quad 224, Y6/Y5, 156.25 MHz (``create_clock -period 6.400``).
+* ``sfp_ctl`` 0 — SFP sideband, LVCMOS33: ``tx_disable`` Y10 (out), ``tx_fault`` A10, ``rx_los``
+  J12, ``mod_abs`` W10 (in).
+* ``sfp_i2c`` 0 — the SFP module's I2C, LVCMOS33: ``scl`` AB11, ``sda`` AC11.
+* ``led`` 0/1 — user LEDs F8/E8; ``sfp_led`` 0/1 — SFP LEDs G8/F7; LVCMOS18.
+* ``fan`` 0 — ``fan_en_b`` A12, active low (a PWM or a level from the PL). platform.md gives the
+  pin but not its I/O standard; LVCMOS33 is the one the public KR260 designs use — unconfirmed.
+
+Not declared, because platform.md does not give their pins: the two PL RGMII PHYs (TI DP83867,
+U79/U80 on J10B/J10A — TX/RX data, ctl, clocks, MDIO, reset) and so their RX clock constraints.
+Add them to platform.md from the KR260 carrier's schematic / master XDC, then here.
+
+:func:`kr260_xdc` writes the constraints from :data:`KR260Platform.resources`; port names are
+``<resource><number>_<subsignal>``, ``_p``/``_n`` for differential pairs, ``_b`` for active-low
+pins, ``[i]`` for buses (``sfp_ctl0_tx_disable``, ``sfp0_tx_p``, ``fan0_b``). A block-design port
+(or a top-level port of the wrapper) with that name gets the pin. :func:`vivado_tcl` writes the
+project/block-design script (docs/board.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from amaranth.build import Attrs, Clock, DiffPairs, Pins, PinsN, Resource, Subsignal
+from amaranth.vendor import XilinxPlatform
+from amaranth_boards.resources import I2CResource, LEDResources
+
+from mcf.abi.node_config import AXI_WIDTH
+from mcf.abi.platform import HP_PORTS
+
+__all__ = ["KR260Platform", "BoardPin", "board_pins", "kr260_xdc", "vivado_tcl", "top_interfaces",
+           "PART", "BOARD_PART", "BOARD_CONNECTIONS", "MODULE_REF_VLNV"]
+
+PART = "xck26-sfvc784-2LV-c"
+BOARD_PART = "xilinx.com:kr260_som:part0:1.1"
+BOARD_CONNECTIONS = ("som240_1_connector xilinx.com:kr260_carrier:som240_1_connector:1.0 "
+                     "som240_2_connector xilinx.com:kr260_carrier:som240_2_connector:1.0")
+MODULE_REF_VLNV = "xilinx.com:module_ref:{name}:1.0"
+"""The VLNV a module-reference cell of module ``name`` has in the ``.hwh`` (a driver's bindto)."""
+
+GT_RESOURCES = frozenset({"sfp", "sfp_refclk"})
+"""Resources on transceiver pins: package pins only, no I/O standard."""
+
+
+class KR260Platform(XilinxPlatform):
+    """The KR260: K26 SOM on the KR260 carrier. Resources as in the module docstring."""
+
+    device = "xck26"
+    package = "sfvc784"
+    speed = "2LV-c"
+    default_clk = None
+    resources = [
+        Resource("sfp", 0,
+                 Subsignal("tx", DiffPairs("R4", "R3", dir="o")),
+                 Subsignal("rx", DiffPairs("T2", "T1", dir="i"))),
+        Resource("sfp_refclk", 0, DiffPairs("Y6", "Y5", dir="i"), Clock(156.25e6)),
+        Resource("sfp_ctl", 0,
+                 Subsignal("tx_disable", Pins("Y10", dir="o")),
+                 Subsignal("tx_fault", Pins("A10", dir="i")),
+                 Subsignal("rx_los", Pins("J12", dir="i")),
+                 Subsignal("mod_abs", Pins("W10", dir="i")),
+                 Attrs(IOSTANDARD="LVCMOS33")),
+        I2CResource("sfp_i2c", 0, scl="AB11", sda="AC11", attrs=Attrs(IOSTANDARD="LVCMOS33")),
+        *LEDResources(pins="F8 E8", attrs=Attrs(IOSTANDARD="LVCMOS18")),
+        *LEDResources("sfp_led", pins="G8 F7", attrs=Attrs(IOSTANDARD="LVCMOS18")),
+        Resource("fan", 0, PinsN("A12", dir="o"), Attrs(IOSTANDARD="LVCMOS33")),
+    ]
+    connectors = []
+
+
+@dataclass(frozen=True)
+class BoardPin:
+    """One package pin of the table: the port it constrains, its attributes, its clock."""
+
+    port: str
+    pin: str
+    resource: str
+    attrs: tuple[tuple[str, str], ...]
+    clock_hz: float | None = None
+
+
+def _walk(sub: Subsignal, base: str, attrs: dict, resource: str) -> Iterator[BoardPin]:
+    attrs = {**attrs, **{k: v for k, v in sub.attrs.items() if v is not None}}
+    clock = sub.clock.frequency if sub.clock is not None else None
+    for io in sub.ios:
+        if isinstance(io, Subsignal):
+            yield from _walk(io, f"{base}_{io.name}", attrs, resource)
+        elif isinstance(io, Pins):
+            yield from _pins(io, base + ("_b" if io.invert else ""), attrs, clock, resource)
+        elif isinstance(io, DiffPairs):
+            yield from _pins(io.p, f"{base}_p", attrs, clock, resource)
+            yield from _pins(io.n, f"{base}_n", attrs, None, resource)
+
+
+def _pins(pins: Pins, port: str, attrs: dict, clock, resource) -> Iterator[BoardPin]:
+    names = pins.names
+    a = tuple(sorted(attrs.items()))
+    for i, pin in enumerate(names):
+        yield BoardPin(port if len(names) == 1 else f"{port}[{i}]", pin, resource, a,
+                       clock if i == 0 else None)
+
+
+def board_pins(platform: XilinxPlatform | None = None) -> list[BoardPin]:
+    """Every pin of ``platform``'s resource table, in declaration order. Raises ``ValueError``
+    on a pin used twice or a non-transceiver pin without an ``IOSTANDARD``."""
+    platform = platform or KR260Platform()
+    pins: list[BoardPin] = []
+    for (name, number), res in platform.resources.items():
+        pins.extend(_walk(res, f"{name}{number}", {}, name))
+    seen: dict[str, str] = {}
+    for p in pins:
+        if p.pin in seen:
+            raise ValueError(f"pin {p.pin} used by {seen[p.pin]} and {p.port}")
+        seen[p.pin] = p.port
+        if p.resource not in GT_RESOURCES and "IOSTANDARD" not in dict(p.attrs):
+            raise ValueError(f"{p.port} ({p.pin}) has no IOSTANDARD")
+    return pins
+
+
+def kr260_xdc(platform: XilinxPlatform | None = None) -> str:
+    """The XDC of the whole pin table: ``PACKAGE_PIN`` and attributes per port,
+    ``create_clock`` per clock input. Generated — never edit the output by hand."""
+    lines = ["# Generated by mcf.hdl.platform.kr260.kr260_xdc from the KR260 pin table.",
+             "# Do not edit: change hdl/platform/kr260.py and regenerate (mcf build).", ""]
+    clocks = []
+    for p in board_pins(platform):
+        lines.append(f"set_property PACKAGE_PIN {p.pin} [get_ports {{{p.port}}}]")
+        for k, v in p.attrs:
+            lines.append(f"set_property {k} {v} [get_ports {{{p.port}}}]")
+        if p.clock_hz:
+            clocks.append(f"create_clock -name {p.port.removesuffix('_p')} "
+                          f"-period {1e9 / p.clock_hz:.3f} [get_ports {{{p.port}}}]")
+    return "\n".join(lines + [""] + clocks) + "\n"
+
+
+_HP_RE = re.compile(r"m_axi_hp(\d+)_")
+
+
+def top_interfaces(port_names: Iterable[str]) -> dict[str, list[str]]:
+    """The block-design connections of a node top, from its port names: ``clock``/``resetn``/
+    ``irq`` pins, the ``ctrl`` AXI-Lite slave, the ``hp`` masters (index order) and the
+    ``link`` stream interfaces. Raises ``ValueError`` when the top lacks one."""
+    names = set(port_names)
+    for need in ("aclk", "aresetn", "irq", "s_axi_ctrl_awaddr"):
+        if need not in names:
+            raise ValueError(f"the top has no port {need}")
+    hp = sorted({int(m.group(1)) for n in names if (m := _HP_RE.match(n))})
+    if hp != list(range(len(hp))) or not 0 < len(hp) <= HP_PORTS:
+        raise ValueError(f"HP masters {hp}: expected m_axi_hp0..{HP_PORTS - 1}")
+    links = sorted({m.group(1) for n in names
+                    if (m := re.match(r"([ms]_axis_link\d+)_t", n))})
+    return {"ctrl": ["s_axi_ctrl"], "hp": [f"m_axi_hp{i}" for i in hp], "links": links}
+
+
+def vivado_tcl(*, name: str, top: str, verilog: str, xdc: str, ports: Iterable[str],
+               jobs: int) -> str:
+    """The Vivado batch script (paths relative to the script's folder; see docs/board.md)."""
+    itf = top_interfaces(ports)
+    bd = f"{name}_bd"
+    ps_cfg = [f"CONFIG.PSU__USE__S_AXI_GP{2 + i} {{{int(i < len(itf['hp']))}}}"
+              + (f" CONFIG.PSU__SAXIGP{2 + i}__DATA_WIDTH {{{AXI_WIDTH}}}"
+                 if i < len(itf["hp"]) else "")
+              for i in range(HP_PORTS)]
+    ps_cfg = " \\\n    ".join(ps_cfg)
+    hp_links = "\n".join(
+        f"connect_bd_intf_net [get_bd_intf_pins node/{m}] [get_bd_intf_pins ps/S_AXI_HP{i}_FPD]"
+        for i, m in enumerate(itf["hp"]))
+    hp_clks = " \\\n    ".join(f"[get_bd_pins ps/saxihp{i}_fpd_aclk]"
+                               for i in range(len(itf["hp"])))
+    links = "\n".join(f"#   node/{s}" for s in itf["links"]) or "#   (none)"
+    return f"""\
+# Generated by `mcf build --board kr260` (mcf.hdl.platform.kr260.vivado_tcl). Do not edit.
+# Builds the PYNQ overlay {name}.bit + {name}.hwh from {verilog} and {xdc}.
+# Run: vivado -mode batch -source {name}.tcl   (from any folder; paths are the script's)
+set here [file normalize [file dirname [info script]]]
+set name {name}
+set bd {bd}
+set jobs {jobs}
+set proj_dir [file join $here project]
+
+create_project $name $proj_dir -part {PART} -force
+set_property board_part {BOARD_PART} [current_project]
+set_property board_connections {{{BOARD_CONNECTIONS}}} [current_project]
+add_files -norecurse [file join $here {verilog}]
+# The board pin table (generated from hdl/platform/kr260.py). No block-design port uses a board
+# pin until the MAC wrappers land (SFP+/RGMII), so it is added disabled: enable it with them.
+add_files -fileset constrs_1 -norecurse [file join $here {xdc}]
+set_property is_enabled false [get_files {xdc}]
+update_compile_order -fileset sources_1
+
+create_bd_design $bd
+# Zynq UltraScale+ PS with the KR260 board preset; HPM0_FPD for control, HP0..3 for the DMA.
+create_bd_cell -type ip -vlnv xilinx.com:ip:zynq_ultra_ps_e ps
+apply_bd_automation -rule xilinx.com:bd_rule:zynq_ultra_ps_e -config {{apply_board_preset "1"}} \\
+    [get_bd_cells ps]
+set_property -dict [list CONFIG.PSU__USE__M_AXI_GP0 {{1}} CONFIG.PSU__USE__M_AXI_GP1 {{0}} \\
+    CONFIG.PSU__USE__M_AXI_GP2 {{0}} \\
+    {ps_cfg} \\
+    CONFIG.PSU__FPGA_PL0_ENABLE {{1}} CONFIG.PSU__USE__IRQ0 {{1}}] [get_bd_cells ps]
+
+# The node top as a module reference: xilinx.com:module_ref:{top}:1.0 in the .hwh. Vivado
+# infers s_axi_ctrl (AXI4-Lite), m_axi_hp* (AXI4) and the link streams from the port prefixes.
+create_bd_cell -type module -reference {top} node
+
+create_bd_cell -type ip -vlnv xilinx.com:ip:smartconnect ctrl_smc
+set_property -dict [list CONFIG.NUM_SI {{1}} CONFIG.NUM_MI {{1}}] [get_bd_cells ctrl_smc]
+create_bd_cell -type ip -vlnv xilinx.com:ip:proc_sys_reset rst
+
+# Clock and reset: pl_clk0 -> aclk of everything; pl_resetn0 -> proc_sys_reset -> aresetn.
+connect_bd_net [get_bd_pins ps/pl_clk0] [get_bd_pins node/aclk] [get_bd_pins ctrl_smc/aclk] \\
+    [get_bd_pins rst/slowest_sync_clk] [get_bd_pins ps/maxihpm0_fpd_aclk] \\
+    {hp_clks}
+connect_bd_net [get_bd_pins ps/pl_resetn0] [get_bd_pins rst/ext_reset_in]
+connect_bd_net [get_bd_pins rst/peripheral_aresetn] [get_bd_pins node/aresetn] \\
+    [get_bd_pins ctrl_smc/aresetn]
+
+# Control: M_AXI_HPM0_FPD -> SmartConnect -> node/s_axi_ctrl (AXI4-Lite, 4 KiB).
+connect_bd_intf_net [get_bd_intf_pins ps/M_AXI_HPM0_FPD] [get_bd_intf_pins ctrl_smc/S00_AXI]
+connect_bd_intf_net [get_bd_intf_pins ctrl_smc/M00_AXI] [get_bd_intf_pins node/s_axi_ctrl]
+
+# DMA: the node's AXI4 masters on S_AXI_HP0..3_FPD (S_AXI_GP2..5 in the PS configuration).
+{hp_links}
+
+# Interrupt: IRQ_STATUS & IRQ_ENABLE -> pl_ps_irq0[0].
+connect_bd_net [get_bd_pins node/irq] [get_bd_pins ps/pl_ps_irq0]
+
+# Link streams: left unconnected until the MAC wrappers land (SFP+ 10GBASE-R, 2x RGMII).
+# Vivado ties the unconnected s_axis_link*_tvalid / m_axis_link*_tready inputs to 0: no
+# frame arrives and the node's link transmitters are held (a single node sends none).
+{links}
+
+assign_bd_address
+validate_bd_design
+save_bd_design
+set wrapper [make_wrapper -files [get_files $bd.bd] -top]
+add_files -norecurse $wrapper
+set_property top ${{bd}}_wrapper [current_fileset]
+update_compile_order -fileset sources_1
+
+launch_runs impl_1 -to_step write_bitstream -jobs $jobs
+wait_on_run impl_1
+if {{[get_property PROGRESS [get_runs impl_1]] ne "100%"}} {{
+    error "impl_1 did not finish: see [file join $proj_dir $name.runs impl_1]"
+}}
+
+# PYNQ: <name>.bit and <name>.hwh side by side.
+file copy -force [file join $proj_dir $name.runs impl_1 ${{bd}}_wrapper.bit] \\
+    [file join $here $name.bit]
+set hwh [glob -nocomplain [file join $proj_dir $name.gen sources_1 bd $bd hw_handoff $bd.hwh] \\
+    [file join $proj_dir $name.srcs sources_1 bd $bd hw_handoff $bd.hwh]]
+if {{[llength $hwh] == 0}} {{ error "no $bd.hwh under $proj_dir" }}
+file copy -force [lindex $hwh 0] [file join $here $name.hwh]
+puts "wrote [file join $here $name.bit] and [file join $here $name.hwh]"
+"""
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m mcf.hdl.platform.kr260 [path]`
+    import sys
+    from pathlib import Path
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "constraints/kr260.xdc")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(kr260_xdc())
+    print(out)

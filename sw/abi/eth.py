@@ -1,0 +1,204 @@
+"""Ethernet encapsulation of link frames (issue #13 item 1; ``docs/eth.md``).
+
+A link frame of :class:`mcf.hdl.nic.link.LinkTx` (link header, Meta, payload, CRC-32 — the kept
+bytes of its ``beat_layout`` beats in order) travels as the payload of one Ethernet II frame::
+
+    dst MAC (6) | src MAC (6) | ETH_TYPE (2, big-endian) | link frame | zero padding | FCS (4)
+
+* :data:`ETH_TYPE` is ``0x88B5``, IEEE 802 "Local Experimental EtherType 1": reserved for
+  private protocols, never assigned to a public one, so a switch forwards it and no host stack
+  claims it. ``0x88B6`` stays free for a later MCF control protocol (link management).
+* MAC addresses are locally administered unicast (:func:`mac_of`): ``02:4D:43:46`` ("MCF") and
+  the node id in the low 16 bits. The sender puts its peer's address in ``dst`` (the node at
+  the other end of that cable, or behind the switch); a receiver keeps only frames whose ``dst``
+  is its own address.
+* The Ethernet payload is padded with zero bytes to :data:`MIN_PAYLOAD` (46). The link frame
+  delimits itself: its length is ``LINK_OVERHEAD + Meta.length`` (header 8, Meta 8, CRC 4), so
+  the receiver strips the padding without a length field of its own, and rebuilds the 64-bit
+  beat structure (header beat, Meta beat, payload beats, CRC beat) from the same length.
+* FCS: CRC-32 (IEEE 802.3, reflected 0x04C11DB7, the NIC's :func:`mcf.abi.nic.crc32`) over
+  dst..padding, sent least significant byte first.
+
+Receive checks, in priority order (the first that applies names the drop, :class:`EthDrop`):
+PHY error (``rx_er`` in the frame), overflow (receive buffer lacks room for a largest frame),
+runt (< 64 bytes with FCS), oversize (> :data:`MAX_FRAME`), bad FCS, wrong EtherType, foreign
+destination MAC, bad length (the Ethernet payload is not exactly ``max(46, link length)`` bytes,
+or the link length exceeds :data:`MAX_LINK_FRAME`). The NIC's own CRC and sequence checks stay
+the end-to-end guarantee.
+"""
+
+from __future__ import annotations
+
+import enum as py_enum
+from dataclasses import dataclass, field
+
+from amaranth.hdl import unsigned
+from amaranth.lib import data
+
+from .csrmap import counters
+from .framing import MAX_PAYLOAD
+from .meta import META
+from .nic import CRC_BYTES, crc32
+from .regs import Access, Field, Register, status_registers
+
+__all__ = [
+    "ETH_TYPE", "MAC_OUI", "mac_of", "mac_bytes", "HEADER_BYTES", "FCS_BYTES", "MIN_PAYLOAD",
+    "MIN_FRAME", "LINK_OVERHEAD", "MAX_LINK_FRAME", "MAX_FRAME", "PREAMBLE", "SFD", "IFG_BYTES",
+    "EthDrop", "ETH_STATUS", "ETH_EVENT", "eth_registers", "link_length", "encap", "decap",
+    "EthModel", "wire_bytes", "link_beats", "LENGTH_OFFSET", "LENGTH_SHIFT", "LENGTH_BYTES",
+    "NODE_BITS",
+    "RX_COUNTER",
+]
+
+ETH_TYPE = 0x88B5
+MAC_OUI = 0x024D4346            # 02 (locally administered, unicast) 4D 43 46 ("MCF")
+HEADER_BYTES = 14
+FCS_BYTES = 4
+MIN_PAYLOAD = 46
+MIN_FRAME = HEADER_BYTES + MIN_PAYLOAD + FCS_BYTES            # 64
+LINK_OVERHEAD = 8 + 8 + CRC_BYTES                             # link header, Meta, CRC-32
+MAX_LINK_FRAME = LINK_OVERHEAD + MAX_PAYLOAD                  # 2,068
+MAX_FRAME = HEADER_BYTES + MAX_LINK_FRAME + FCS_BYTES         # 2,086 (a jumbo frame)
+PREAMBLE = bytes([0x55] * 7)
+SFD = 0xD5
+IFG_BYTES = 12
+NODE_BITS = META["dst"].width
+LENGTH_BIT = 64 + META["length"].offset          # bit of Meta.length in the link frame
+LENGTH_OFFSET = LENGTH_BIT // 8                   # first byte holding it
+LENGTH_SHIFT = LENGTH_BIT % 8
+LENGTH_BYTES = (LENGTH_SHIFT + META["length"].width + 7) // 8
+assert NODE_BITS <= 16 and LENGTH_OFFSET + LENGTH_BYTES <= 16
+
+
+def mac_of(node: int) -> int:
+    """The 48-bit MAC address of node ``node`` (locally administered unicast)."""
+    if not 0 <= node < (1 << NODE_BITS):
+        raise ValueError(f"node {node} out of range")
+    return MAC_OUI << 16 | node
+
+
+def mac_bytes(node: int) -> bytes:
+    return mac_of(node).to_bytes(6, "big")
+
+
+def wire_bytes(frame_len: int) -> int:
+    """Bytes a frame occupies on the wire: preamble + SFD, frame, inter-frame gap."""
+    return len(PREAMBLE) + 1 + frame_len + IFG_BYTES
+
+
+class EthDrop(py_enum.IntEnum):
+    """Outcome of a received frame (``ETH_EVENT.cause``); 0 is delivered."""
+    OK = 0
+    PHY_ERROR = 1
+    OVERFLOW = 2
+    RUNT = 3
+    OVERSIZE = 4
+    FCS = 5
+    ETHERTYPE = 6
+    FOREIGN = 7
+    BAD_LENGTH = 8
+
+
+ETH_EVENT = data.StructLayout({"cause": unsigned(4), "bytes": unsigned(16)})
+"""One record per received (``cause`` :class:`EthDrop`) or sent (``cause`` 0, or
+``PHY_ERROR`` for a transmit underrun) frame, crossing from the MAC's clock to ``aclk`` where
+:data:`ETH_STATUS` counts it. ``bytes``: frame bytes dst..FCS (saturates at 65535)."""
+
+ETH_STATUS = counters(
+    "tx_frames", "tx_bytes", "tx_underruns",
+    "rx_frames", "rx_bytes", "rx_phy_errors", "rx_overflow", "rx_runts", "rx_oversize",
+    "rx_fcs_errors", "rx_wrong_ethertype", "rx_foreign_dst", "rx_bad_length",
+)
+"""Per-link MAC counters: frames/bytes sent and delivered (bytes dst..FCS), transmit
+underruns, and one counter per :class:`EthDrop` cause."""
+
+RX_COUNTER = {EthDrop.PHY_ERROR: "rx_phy_errors", EthDrop.OVERFLOW: "rx_overflow",
+              EthDrop.RUNT: "rx_runts", EthDrop.OVERSIZE: "rx_oversize",
+              EthDrop.FCS: "rx_fcs_errors", EthDrop.ETHERTYPE: "rx_wrong_ethertype",
+              EthDrop.FOREIGN: "rx_foreign_dst", EthDrop.BAD_LENGTH: "rx_bad_length"}
+
+
+def eth_registers(link: int) -> list[Register]:
+    """Registers of the MAC on link ``link``: the peer's node id (its MAC is ``mac_of(peer)``)
+    and the :data:`ETH_STATUS` counters. The local address is ``mac_of(NODE.local_id)``."""
+    return [Register(f"ETH{link}_CFG", (
+        Field("peer_id", NODE_BITS, Access.RW, 0, "node at the far end: destination MAC"),
+    ), f"link {link} Ethernet MAC configuration"),
+        *status_registers(f"eth{link}", ETH_STATUS, f"link {link} MAC")]
+
+
+def link_length(link: bytes) -> int | None:
+    """Length of the link frame that starts ``link`` (from its Meta), or None if too short."""
+    end = LENGTH_OFFSET + LENGTH_BYTES
+    if len(link) < end:
+        return None
+    raw = int.from_bytes(link[LENGTH_OFFSET:end], "little") >> LENGTH_SHIFT
+    raw &= (1 << META["length"].width) - 1
+    return LINK_OVERHEAD + raw
+
+
+def encap(link: bytes, src: int, dst: int) -> bytes:
+    """The Ethernet frame (dst..FCS) carrying link frame ``link`` from node ``src`` to ``dst``."""
+    body = mac_bytes(dst) + mac_bytes(src) + ETH_TYPE.to_bytes(2, "big") + link
+    body += bytes(max(0, HEADER_BYTES + MIN_PAYLOAD - len(body)))
+    return body + crc32(body).to_bytes(4, "little")
+
+
+def decap(frame: bytes, local: int, *, phy_error: bool = False,
+          overflow: bool = False) -> tuple[EthDrop, bytes]:
+    """Receive decision for ``frame`` (dst..FCS) at node ``local``: (cause, link frame bytes;
+    empty unless delivered)."""
+    n = len(frame)
+    checks = (
+        (phy_error, EthDrop.PHY_ERROR), (overflow, EthDrop.OVERFLOW),
+        (n < MIN_FRAME, EthDrop.RUNT), (n > MAX_FRAME, EthDrop.OVERSIZE),
+    )
+    for bad, cause in checks:
+        if bad:
+            return cause, b""
+    if crc32(frame[:-4]) != int.from_bytes(frame[-4:], "little"):
+        return EthDrop.FCS, b""
+    if int.from_bytes(frame[12:14], "big") != ETH_TYPE:
+        return EthDrop.ETHERTYPE, b""
+    if frame[:6] != mac_bytes(local):
+        return EthDrop.FOREIGN, b""
+    payload = frame[HEADER_BYTES:-FCS_BYTES]
+    ll = link_length(payload)
+    if ll is None or ll > MAX_LINK_FRAME or len(payload) != max(MIN_PAYLOAD, ll):
+        return EthDrop.BAD_LENGTH, b""
+    return EthDrop.OK, payload[:ll]
+
+
+def link_beats(link: bytes) -> list[tuple[int, int, int]]:
+    """The ``beat_layout(64)`` beats ``(data, keep, last)`` of link frame ``link`` (its length
+    from its Meta): header beat, Meta beat, payload beats (the last one partial), CRC beat."""
+    ll = link_length(link)
+    if ll is None or ll != len(link):
+        raise ValueError("not a whole link frame")
+    cuts = [0, 8, *range(16, ll - CRC_BYTES, 8), ll - CRC_BYTES, ll]
+    cuts = sorted(set(cuts))
+    return [(int.from_bytes(link[a:b], "little"), (1 << (b - a)) - 1, int(b == ll))
+            for a, b in zip(cuts, cuts[1:])]
+
+
+@dataclass
+class EthModel:
+    """Counting golden model of one MAC: :data:`ETH_STATUS` after ``send``/``receive``."""
+    local: int
+    peer: int
+    status: dict = field(default_factory=lambda: {n: 0 for n, _ in ETH_STATUS})
+
+    def send(self, link: bytes) -> bytes:
+        frame = encap(link, self.local, self.peer)
+        self.status["tx_frames"] += 1
+        self.status["tx_bytes"] += len(frame)
+        return frame
+
+    def receive(self, frame: bytes, **kw) -> bytes | None:
+        cause, link = decap(frame, self.local, **kw)
+        if cause == EthDrop.OK:
+            self.status["rx_frames"] += 1
+            self.status["rx_bytes"] += len(frame)
+            return link
+        self.status[RX_COUNTER[cause]] += 1
+        return None

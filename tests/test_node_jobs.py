@@ -330,6 +330,8 @@ def test_bench_layer_from_templates(tmp_path):
     run(build(FlatTop(MatrixEngine(k_max=256, m_max=8, vec_n_max=256)), "matrix_engine_tiny"),
         BENCH, params={"seed": 0, "tokens": 8, "mode": "ps", "out": str(ps)})
     t, p = json.loads(tpl.read_text()), json.loads(ps.read_text())
-    print(f"\ntiny layer linear parts: templated {t['cycles']} cycles "
-          f"({t['cycles_job']} per JOB), PS-driven {p['cycles']} cycles")
-    assert t["cycles"] < 1.1 * p["cycles"]
+    print(f"\ntiny layer linear parts: templated {t['cycles']} cycles ({t['cycles_job']} per "
+          f"JOB, {t['entries']} entries, {t['fence_cycles']} fence-wait cycles), PS-driven "
+          f"{p['cycles']} cycles ({p['cycles_job']} per phase, {p['transfers']} transfers)")
+    # measured: 20327 templated vs 20314 PS-driven (seed 0, 8 tokens)
+    assert t["cycles"] < 1.05 * p["cycles"]

@@ -29,6 +29,12 @@ acknowledged, every GEMM job done). ROUTE and VEC always fence (the engine's rou
 configuration change only between transfers). The end of a template is a fence: ``done`` means
 the JOB's results are in DDR. An unknown ``kind`` or a read error aborts the JOB: counted, the
 rest of its entries are skipped and it retires at once (no final fence).
+
+**Ordering rule.** The walker plays entries in order into per-stream queues (``queue`` deep); it
+stalls while the target queue is full. A template must therefore list the descriptors one engine
+operation needs close together (a GEMM job, its activation, weight and result descriptors — as
+:class:`TemplateBuilder` does), never a long run on one stream that the engine can only drain
+once a later entry on another stream arrives (that stalls until the sequencer's watchdog).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ("abi", "verilog", "plan", "bench", "tables")
+SUBCOMMANDS = ("abi", "verilog", "plan", "bench", "tables", "build")
 
 
 class UsageError(Exception):

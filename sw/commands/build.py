@@ -1,0 +1,99 @@
+"""``mcf build --board kr260 [--out DIR] [--vivado PATH] [--jobs N] [--name TOP]``: the Vivado
+flow of a PYNQ overlay.
+
+Writes, into ``--out`` (default ``build/<board>``): ``<name>.v`` (the top, through the same code
+path as ``mcf verilog``), ``<board>.xdc`` (generated from the board's pin table) and ``<name>.tcl``
+(project, block design, synthesis → implementation → bitstream, then ``<name>.bit`` +
+``<name>.hwh`` copied side by side). Runs Vivado when it is found (``--vivado`` or ``vivado`` on
+``PATH``), else prints the exact command and exits 0. docs/board.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+__all__ = ["BOARDS", "verilog_ports", "vivado_command", "register"]
+
+BOARDS = ("kr260",)
+
+_PORT = re.compile(r"^\s*(?:input|output|inout)\b(?:\s*(?:wire|reg))?\s*(?:\[[^\]]+\])?"
+                   r"\s*(\w+)\s*;", re.M)
+
+
+def verilog_ports(text: str) -> list[str]:
+    """The port names declared in a Verilog module (``input [..] name;`` style, as Amaranth
+    writes them)."""
+    return _PORT.findall(text)
+
+
+def vivado_command(vivado: str, tcl: Path) -> list[str]:
+    """The batch command that runs ``tcl`` (from its own folder)."""
+    return [vivado, "-mode", "batch", "-nojournal", "-log", "vivado.log", "-source", tcl.name]
+
+
+def run(args) -> int:
+    from ..cli import UsageError
+
+    if args.board not in BOARDS:
+        raise UsageError(f"unknown board {args.board!r}; known: {', '.join(BOARDS)}")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
+    vivado = None
+    if args.vivado is not None:
+        path = Path(args.vivado)
+        if not (path.is_file() and shutil.which(str(path))):
+            raise UsageError(f"--vivado {args.vivado}: not an executable file")
+        vivado = str(path.resolve())
+    from mcf.hdl.tops import TOPS
+    if args.name not in TOPS:
+        raise UsageError(f"unknown top {args.name!r}; known: {', '.join(sorted(TOPS))}")
+
+    from mcf.hdl.platform.kr260 import kr260_xdc, top_interfaces, vivado_tcl
+
+    from . import verilog
+    out = Path(args.out or f"build/{args.board}")
+    verilog.run(argparse.Namespace(out=str(out), only=[args.name]))
+    v_path = out / f"{args.name}.v"
+    ports = verilog_ports(v_path.read_text())
+    try:
+        top_interfaces(ports)
+    except ValueError as exc:
+        raise UsageError(f"top {args.name} is not a node top: {exc}") from None
+    xdc_path = out / f"{args.board}.xdc"
+    xdc_path.write_text(kr260_xdc())
+    print(xdc_path)
+    tcl_path = out / f"{args.name}.tcl"
+    tcl_path.write_text(vivado_tcl(name=args.name, top=args.name, verilog=v_path.name,
+                                   xdc=xdc_path.name, ports=ports, jobs=args.jobs))
+    print(tcl_path)
+
+    vivado = vivado or shutil.which("vivado")
+    cmd = vivado_command(vivado or "vivado", tcl_path)
+    if vivado is None:
+        print("Vivado not found (--vivado or PATH); to build the bitstream run:")
+        print(f"  cd {shlex.quote(str(out))} && {shlex.join(cmd)}")
+        return 0
+    print(f"running: cd {shlex.quote(str(out))} && {shlex.join(cmd)}")
+    rc = subprocess.run(cmd, cwd=out).returncode
+    if rc != 0:
+        print(f"mcf build: vivado exited {rc}; see {out / 'vivado.log'}")
+        return 1
+    print(f"{out / (args.name + '.bit')}\n{out / (args.name + '.hwh')}")
+    return 0
+
+
+def register(subs) -> None:
+    p = subs.add_parser("build", help="Verilog + XDC + Vivado Tcl of a board overlay; "
+                        "runs Vivado when found")
+    p.add_argument("--board", required=True, help=f"target board ({', '.join(BOARDS)})")
+    p.add_argument("--out", default=None, help="output folder (default build/<board>)")
+    p.add_argument("--vivado", default=None, help="path of the vivado executable "
+                   "(default: vivado on PATH)")
+    p.add_argument("--jobs", type=int, default=2, help="Vivado run jobs (default %(default)s)")
+    p.add_argument("--name", default="mcf_node", help="top to build (default %(default)s)")
+    p.set_defaults(handler=run)

@@ -1,0 +1,195 @@
+"""``mcf build --board kr260`` without Vivado: the three files, the printed command, the Tcl
+against the generated Verilog's ports, the Tcl run under a Tcl interpreter, bad arguments.
+
+The Tcl is *executed* by ``tclsh`` with the Vivado commands defined as recorders (they log
+their arguments; getters return the object name they were given; ``get_property`` reports the
+run finished). That checks the script is valid Tcl that runs to the end, which ports and pins
+it names, what it connects to what, and that it copies ``<name>.bit``/``<name>.hwh`` from the
+paths Vivado writes — not Vivado's own semantics (no Vivado here).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import stat
+import subprocess
+
+import pytest
+
+from mcf.abi.node_config import AXI_WIDTH, TOP_ADDR_BITS, TOP_ID_BITS
+from mcf.abi.platform import HP_PORTS
+from mcf.cli import main
+
+NAME = "mcf_node"
+TCLSH = shutil.which("tclsh")
+_DECL = re.compile(r"^\s*(input|output)\s*(?:\[(\d+):0\])?\s*(\w+)\s*;", re.M)
+
+
+def _ports(verilog: str) -> dict[str, tuple[str, int]]:
+    """name → (direction, width), parsed from the module's declarations."""
+    return {n: (d, int(w) + 1 if w else 1) for d, w, n in _DECL.findall(verilog)}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("kr260")
+    empty = tmp_path_factory.mktemp("nobin")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PATH", str(empty))                   # no vivado to find
+    try:
+        import io
+        from contextlib import redirect_stdout
+        buf = io.StringIO()
+        with redirect_stdout(buf):
+            rc = main(["build", "--board", "kr260", "--out", str(out), "--jobs", "3"])
+    finally:
+        mp.undo()
+    return out, rc, buf.getvalue()
+
+
+def test_writes_three_files_and_prints_command(built):
+    out, rc, stdout = built
+    assert rc == 0
+    assert sorted(p.name for p in out.iterdir()) == ["kr260.xdc", f"{NAME}.tcl", f"{NAME}.v"]
+    assert f"cd {out} && vivado -mode batch -nojournal -log vivado.log -source {NAME}.tcl" \
+        in stdout
+    assert (out / "kr260.xdc").read_text().count("PACKAGE_PIN") == 17
+    assert "set jobs 3\n" in (out / f"{NAME}.tcl").read_text()
+
+
+def test_tcl_names_every_interface_of_the_top(built):
+    out, _, _ = built
+    ports = _ports((out / f"{NAME}.v").read_text())
+    tcl = (out / f"{NAME}.tcl").read_text()
+    # the top has the ports the block design connects, with the HP and control widths
+    for i in range(HP_PORTS):
+        p = f"m_axi_hp{i}"
+        assert ports[f"{p}_wdata"] == ("output", AXI_WIDTH)
+        assert ports[f"{p}_araddr"] == ("output", TOP_ADDR_BITS)
+        assert ports[f"{p}_awid"] == ("output", TOP_ID_BITS)
+        assert ports[f"{p}_rdata"] == ("input", AXI_WIDTH)
+        assert f"[get_bd_intf_pins node/{p}] [get_bd_intf_pins ps/S_AXI_HP{i}_FPD]" in tcl
+    assert ports["s_axi_ctrl_wdata"] == ("input", 32)
+    assert ports["s_axi_ctrl_awaddr"][0] == "input"
+    assert "[get_bd_intf_pins node/s_axi_ctrl]" in tcl
+    for pin in ("aclk", "aresetn", "irq"):
+        assert ports[pin][1] == 1
+        assert f"[get_bd_pins node/{pin}]" in tcl
+    # everything the Tcl names on the node is a port or an interface prefix of the top
+    for kind, ref in re.findall(r"get_bd_(pins|intf_pins) node/(\w+)", tcl):
+        if kind == "pins":
+            assert ref in ports, ref
+        else:
+            assert any(p.startswith(ref + "_") for p in ports), ref
+
+
+_RECORDER = r"""
+set ::calls {}
+foreach cmd {create_project set_property add_files update_compile_order create_bd_design
+             create_bd_cell apply_bd_automation connect_bd_net connect_bd_intf_net
+             assign_bd_address validate_bd_design save_bd_design launch_runs wait_on_run} {
+    proc $cmd args [format {lappend ::calls [list %s {*}$args]; return ""} $cmd]
+}
+foreach cmd {get_bd_cells get_bd_pins get_bd_intf_pins get_files get_runs} {
+    proc $cmd args [format {lappend ::calls [list %s {*}$args]; return [lindex $args end]} $cmd]
+}
+proc current_project {} { return project }
+proc current_fileset {} { return sources_1 }
+proc get_property {prop obj} { return "100%" }
+proc make_wrapper args { lappend ::calls [list make_wrapper {*}$args]; return wrapper.v }
+source [lindex $argv 0]
+foreach c $::calls { puts "CALL $c" }
+"""
+
+
+@pytest.mark.skipif(TCLSH is None, reason="tclsh (Debian tcl) not installed")
+def test_tcl_runs_to_the_end_and_connects(built, tmp_path):
+    out, _, _ = built
+    for f in out.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    bd = f"{NAME}_bd"
+    proj = tmp_path / "project"
+    bit = proj / f"{NAME}.runs" / "impl_1" / f"{bd}_wrapper.bit"
+    hwh = proj / f"{NAME}.gen" / "sources_1" / "bd" / bd / "hw_handoff" / f"{bd}.hwh"
+    for f, body in ((bit, "BIT"), (hwh, "<HWH/>")):
+        f.parent.mkdir(parents=True)
+        f.write_text(body)
+    (tmp_path / "rec.tcl").write_text(_RECORDER)
+    res = subprocess.run([TCLSH, str(tmp_path / "rec.tcl"), str(tmp_path / f"{NAME}.tcl")],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / f"{NAME}.bit").read_text() == "BIT"
+    assert (tmp_path / f"{NAME}.hwh").read_text() == "<HWH/>"
+    lines = res.stdout.splitlines()
+    assert f"wrote {tmp_path / NAME}.bit and {tmp_path / NAME}.hwh" in lines
+    calls = [c.removeprefix("CALL ") for c in lines if c.startswith("CALL ")]
+    assert calls[0].startswith(f"create_project {NAME} {proj} -part xck26-sfvc784-2LV-c")
+    assert any(c.startswith("set_property board_part xilinx.com:kr260_som:part0:1.1")
+               for c in calls)
+    assert f"create_bd_cell -type module -reference {NAME} node" in calls
+    assert "launch_runs impl_1 -to_step write_bitstream -jobs 3" in calls
+    nets = [c.split()[1:] for c in calls if c.startswith("connect_bd_net ")]
+    intf = [c.split()[1:] for c in calls if c.startswith("connect_bd_intf_net ")]
+
+    def net_of(pin):
+        return next(set(n) for n in nets if pin in n)
+
+    assert {"node/aclk", "ctrl_smc/aclk", "rst/slowest_sync_clk", "ps/maxihpm0_fpd_aclk",
+            *(f"ps/saxihp{i}_fpd_aclk" for i in range(HP_PORTS))} <= net_of("ps/pl_clk0")
+    assert net_of("node/aresetn") == {"rst/peripheral_aresetn", "node/aresetn",
+                                      "ctrl_smc/aresetn"}
+    assert net_of("node/irq") == {"node/irq", "ps/pl_ps_irq0"}
+    assert ["ctrl_smc/M00_AXI", "node/s_axi_ctrl"] in intf
+    assert ["ps/M_AXI_HPM0_FPD", "ctrl_smc/S00_AXI"] in intf
+    for i in range(HP_PORTS):
+        assert [f"node/m_axi_hp{i}", f"ps/S_AXI_HP{i}_FPD"] in intf
+    assert not any("link" in " ".join(n) for n in nets + intf)  # links: left for the MACs
+    ps_cfg = next(c for c in calls if c.startswith("set_property -dict") and "PSU__" in c)
+    for i in range(HP_PORTS):
+        assert f"CONFIG.PSU__USE__S_AXI_GP{2 + i} 1" in ps_cfg
+        assert f"CONFIG.PSU__SAXIGP{2 + i}__DATA_WIDTH {AXI_WIDTH}" in ps_cfg
+    assert "CONFIG.PSU__USE__IRQ0 1" in ps_cfg and "CONFIG.PSU__USE__M_AXI_GP0 1" in ps_cfg
+    assert calls.index("assign_bd_address") < calls.index(
+        "launch_runs impl_1 -to_step write_bitstream -jobs 3")
+
+
+def test_runs_vivado_when_given(tmp_path, capsys):
+    """``--vivado PATH``: the batch command runs in the output folder (a stand-in executable
+    records its arguments and working directory, then fails: exit 1)."""
+    fake = tmp_path / "vivado"
+    fake.write_text('#!/bin/sh\necho "$PWD $*" > "$PWD/ran.txt"\nexit 3\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    out = tmp_path / "out"
+    rc = main(["build", "--board", "kr260", "--out", str(out), "--vivado", str(fake)])
+    assert (out / "ran.txt").read_text().split() == [
+        str(out.resolve()), "-mode", "batch", "-nojournal", "-log", "vivado.log",
+        "-source", f"{NAME}.tcl"]
+    assert rc == 1                                      # Vivado's failure is the build's
+    assert "vivado exited 3" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--board", "kr261"], "unknown board 'kr261'; known: kr260"),
+    (["--board", "kr260", "--jobs", "0"], "--jobs must be at least 1, not 0"),
+    (["--board", "kr260", "--vivado", "/nonexistent/vivado"], "not an executable file"),
+    (["--board", "kr260", "--name", "no_such_top"], "unknown top 'no_such_top'"),
+])
+def test_bad_arguments_exit_2(argv, message, capsys, tmp_path):
+    assert main(["build", "--out", str(tmp_path / "o"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_non_node_top_exit_2(capsys, tmp_path):
+    assert main(["build", "--board", "kr260", "--out", str(tmp_path), "--name",
+                 "mcf_kv_quantizer"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a node top: the top has no port aclk" in err[0]
+
+
+def test_help_lists_build(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["build", "--help"])
+    assert exc.value.code == 0 and "--board" in capsys.readouterr().out

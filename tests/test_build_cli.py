@@ -150,6 +150,8 @@ def test_tcl_runs_to_the_end_and_connects(built, tmp_path):
         assert f"CONFIG.PSU__USE__S_AXI_GP{2 + i} 1" in ps_cfg
         assert f"CONFIG.PSU__SAXIGP{2 + i}__DATA_WIDTH {AXI_WIDTH}" in ps_cfg
     assert "CONFIG.PSU__USE__IRQ0 1" in ps_cfg and "CONFIG.PSU__USE__M_AXI_GP0 1" in ps_cfg
+    for off in ("M_AXI_GP1", "M_AXI_GP2", "S_AXI_GP0", "S_AXI_GP1", "S_AXI_GP6"):
+        assert f"CONFIG.PSU__USE__{off} 0" in ps_cfg
     assert calls.index("assign_bd_address") < calls.index(
         "launch_runs impl_1 -to_step write_bitstream -jobs 3")
 

@@ -200,12 +200,14 @@ set_property is_enabled false [get_files {xdc}]
 update_compile_order -fileset sources_1
 
 create_bd_design $bd
-# Zynq UltraScale+ PS with the KR260 board preset; HPM0_FPD for control, HP0..3 for the DMA.
+# Zynq UltraScale+ PS with the KR260 board preset; HPM0_FPD for control, HP0..3 for the DMA;
+# every other PL-facing AXI port off (an enabled port with no clock fails validation).
 create_bd_cell -type ip -vlnv xilinx.com:ip:zynq_ultra_ps_e ps
 apply_bd_automation -rule xilinx.com:bd_rule:zynq_ultra_ps_e -config {{apply_board_preset "1"}} \\
     [get_bd_cells ps]
 set_property -dict [list CONFIG.PSU__USE__M_AXI_GP0 {{1}} CONFIG.PSU__USE__M_AXI_GP1 {{0}} \\
-    CONFIG.PSU__USE__M_AXI_GP2 {{0}} \\
+    CONFIG.PSU__USE__M_AXI_GP2 {{0}} CONFIG.PSU__USE__S_AXI_GP0 {{0}} \\
+    CONFIG.PSU__USE__S_AXI_GP1 {{0}} CONFIG.PSU__USE__S_AXI_GP6 {{0}} \\
     {ps_cfg} \\
     CONFIG.PSU__FPGA_PL0_ENABLE {{1}} CONFIG.PSU__USE__IRQ0 {{1}}] [get_bd_cells ps]
 

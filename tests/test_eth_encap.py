@@ -263,3 +263,18 @@ def test_overflow():
     delivered = [lks[0]]
     assert status["rx_overflow"] == 4 and status["rx_frames"] == 1
     assert out == [b for lk in delivered for b in link_beats(lk)]
+
+
+def test_abi_registers_and_sizes():
+    from mcf.abi.csrmap import COUNTER_BITS
+    from mcf.abi.eth import MAX_LINK_FRAME, MIN_FRAME, eth_registers, mac_of
+    from mcf.abi.regs import RegisterMap
+    regs = eth_registers(1)
+    assert regs[0].name == "ETH1_CFG" and regs[0].fields[0].name == "peer_id"
+    assert [r.name for r in regs[1:]] == [f"eth1_{n}" for n, _ in ETH_STATUS]
+    assert ETH_STATUS.size == len(regs[1:]) * COUNTER_BITS
+    rm = RegisterMap("t", 1)
+    rm.extend(regs)
+    assert MIN_FRAME == 64 and MAX_LINK_FRAME == 2068 and MAX_FRAME == 2086
+    assert mac_of(0) >> 40 & 0x03 == 0x02          # locally administered, unicast
+    assert len({mac_of(n) for n in range(32)}) == 32

@@ -214,6 +214,11 @@ set_property -dict [list CONFIG.PSU__USE__M_AXI_GP0 {{1}} CONFIG.PSU__USE__M_AXI
 # The node top as a module reference: xilinx.com:module_ref:{top}:1.0 in the .hwh. Vivado
 # infers s_axi_ctrl (AXI4-Lite), m_axi_hp* (AXI4) and the link streams from the port prefixes.
 create_bd_cell -type module -reference {top} node
+# UG994: an AXI interface of a module reference needs an associated clock. Without the
+# X_INTERFACE_PARAMETER attribute on aclk, validate_bd_design names the unassociated interfaces.
+if {{[get_property CONFIG.ASSOCIATED_BUSIF [get_bd_pins node/aclk]] eq ""}} {{
+    puts "WARNING: node/aclk has no ASSOCIATED_BUSIF (see docs/board.md, section 3)"
+}}
 
 create_bd_cell -type ip -vlnv xilinx.com:ip:smartconnect ctrl_smc
 set_property -dict [list CONFIG.NUM_SI {{1}} CONFIG.NUM_MI {{1}}] [get_bd_cells ctrl_smc]

@@ -56,11 +56,19 @@ class EmitUnit(wiring.Component):
         record, ``tokens`` rows of ``kv_pair_bytes(head_dim)`` bytes.
     status : Out(:data:`mcf.abi.emit.EMIT_STATUS`)
 
-    Latency / throughput: the DMA beats (4 ACT codes each) feed the quantizer directly; the
-    quantizer (PER_TOKEN) takes ``≈ head_dim + 14`` cycles per token; its output fills the
-    fragment buffer (``MAX_PAYLOAD`` bytes); then the buffer is read out at one beat per cycle
-    to ``local`` and, through a second read port, to the staging FIFO, each at its own pace.
-    The next record is taken after ``done``. Bad input never hangs: bad records are dropped
+    Latency / throughput: the DMA beats (4 ACT codes each) feed the quantizer directly; its
+    output fills the fragment buffer (``MAX_PAYLOAD`` bytes); then the buffer is read out at
+    one beat per cycle to ``local`` and, through a second read port, to the staging FIFO, each
+    at its own pace. The next record is taken after ``done``. The quantizer sets the rate
+    (PER_TOKEN, one token at a time): measured at head_dim 16 (cocotb, no pauses, every record
+    replicated, 10- and 32-token fragments): 33–34 cycles per token, 0.073–0.076 payload beats
+    per cycle; the per-fragment overhead (descriptor, read latency, buffer read-out) is ~16
+    cycles (2 % of a 32-token fragment, 5 % of a 10-token one).
+
+    Resources (``mcf.sim.synth.resources``, yosys ``synth_xilinx``): head_dim 16: 4,069 LUT,
+    120 LUTRAM, 1,730 FF, 27 DSP, 7 BRAM36; head_dim 128: 4,072 LUT, 192 LUTRAM, 1,736 FF,
+    27 DSP, 7 BRAM36 (the quantizer's ~24 DSP, the DmaReader FIFO, the fragment buffer — one
+    copy per read port — and the staging FIFO). Bad input never hangs: bad records are dropped
     before any bus access, a read error still runs the fragment through (framing kept) and
     drops it at the end.
     """

@@ -27,8 +27,6 @@ from amaranth.lib.wiring import Out
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, Combine, RisingEdge
 from cocotbext.axi import (
-    AxiBus,
-    AxiRam,
     AxiStreamBus,
     AxiStreamFrame,
     AxiStreamSink,
@@ -38,6 +36,7 @@ from cocotbext.axi import (
 from mcf.hdl.mem.axi import AXI4Signature
 from mcf.hdl.mem.axi_mux import AxiPortMux
 from mcf.hdl.mem.dma import DmaReader, DmaWriter
+from mcf.sim.benches.ddr import ddr_ram
 from mcf.sim.benches.dma_desc import send_descriptor
 from mcf.sim.benches.pauses import pattern
 from mcf.sim.toolchain import bench_params
@@ -103,13 +102,7 @@ class TB:
         self.dut = dut
         cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
         dut.rst.value = 1
-        self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=MEM)
-        for side in (self.ram.read_if, self.ram.write_if):
-            side.log.setLevel(logging.WARNING)
-        if pause:
-            ri, wi = self.ram.read_if, self.ram.write_if
-            for ch in (ri.ar_channel, ri.r_channel, wi.aw_channel, wi.w_channel, wi.b_channel):
-                ch.set_pause_generator(pattern(pause, rng))
+        self.ram = ddr_ram(dut, "m_axi", dut.clk, dut.rst, size=MEM, pause=pause, rng=rng)
         self.rd = []
         for i in range(N_RD):
             s = AxiStreamSink(AxiStreamBus.from_prefix(dut, f"m_axis_rd{i}"), dut.clk, dut.rst)

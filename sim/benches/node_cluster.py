@@ -35,7 +35,7 @@ import random
 import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge, SimTimeoutError, with_timeout
-from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
+from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 from cocotbext.axi.constants import AxiResp
 
 from mcf.abi.csrmap import node_regmap
@@ -51,17 +51,13 @@ from mcf.node.program import (
     route_writes,
     step_program,
 )
+from mcf.sim.benches.ddr import ddr_ram
 from mcf.sim.toolchain import bench_params
 
 MEM = 1 << 20
 FILL = 0x5A
 PERIOD_NS = 10
 POLL = 32             # cycles between two status polls of a waiting host
-
-
-def _pauses(rng: random.Random, duty: float):
-    while True:
-        yield int(rng.random() < duty)
 
 
 class Host:
@@ -74,16 +70,9 @@ class Host:
                                   dut.aresetn, reset_active_level=False)
         self.mem = mmap.mmap(-1, MEM)
         self.mem.write(bytes([FILL]) * MEM)
-        self.rams = []
-        for p in range(4):
-            ram = AxiRam(AxiBus.from_prefix(dut, f"n{i}_m_axi_hp{p}"), dut.aclk, dut.aresetn,
-                         reset_active_level=False, size=MEM, mem=self.mem)
-            if pause:
-                for ch in (ram.write_if.aw_channel, ram.write_if.w_channel,
-                           ram.write_if.b_channel, ram.read_if.ar_channel,
-                           ram.read_if.r_channel):
-                    ch.set_pause_generator(_pauses(random.Random(rng.random()), pause))
-            self.rams.append(ram)
+        self.rams = [ddr_ram(dut, f"n{i}_m_axi_hp{p}", dut.aclk, dut.aresetn,
+                             reset_active_level=False, size=MEM, mem=self.mem, pause=pause,
+                             rng=random.Random(rng.random())) for p in range(4)]
         self.irq = getattr(dut, f"n{i}_irq")
         self.prod = [0, 0]
         self.net_retired = 0

@@ -33,7 +33,7 @@ import cocotb
 import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
-from cocotbext.axi import AxiBus, AxiRam, AxiStreamBus, AxiStreamFrame, AxiStreamSource
+from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSource
 
 from mcf.abi.decode_land import (
     DECODE_LAND_STATUS,
@@ -50,6 +50,7 @@ from mcf.abi.meta import META, Collective, Meta, Op, ReduceOp, Stage
 from mcf.abi.quant import SCALE_EXP_BITS, SCALE_MANT_BITS
 from mcf.abi.query import QUERY_HEADER, pack_query, query_bytes, query_fragments
 from mcf.abi.softmax import M_EMPTY, STATE_L, STATE_O, merge_states, pack_state
+from mcf.sim.benches.ddr import WRITE, ddr_ram
 from mcf.sim.benches.pauses import pattern
 from mcf.sim.toolchain import bench_params
 
@@ -221,22 +222,9 @@ class TB:
         self.dut = dut
         cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
         dut.rst.value = 1
-        self.ram = AxiRam(AxiBus.from_prefix(dut, "bus"), dut.clk, dut.rst, size=MEM)
-        self.ram.write(0, bytes([FILL]) * MEM)
-        for side in (self.ram.read_if, self.ram.write_if):
-            side.log.setLevel(logging.WARNING)
         self.bad_write: set[int] = set()
-        wi = self.ram.write_if
-        orig_write = wi._write
-
-        async def write(address, data):     # any strobed byte of a bad 16-B beat raises
-            if any(address < b + 16 and b < address + len(data) for b in self.bad_write):
-                raise OSError("injected write error")
-            await orig_write(address, data)
-        wi._write = write
-        if pause:
-            for ch in (wi.aw_channel, wi.w_channel, wi.b_channel):
-                ch.set_pause_generator(pattern(pause, rng))
+        self.ram = ddr_ram(dut, "bus", dut.clk, dut.rst, size=MEM, fill=FILL, pause=pause,
+                           rng=rng, channels=WRITE, bad_write=self.bad_write)
         self.src = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis"), dut.clk, dut.rst)
         self.src.log.setLevel(logging.WARNING)
         if idle:

@@ -29,7 +29,6 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 from cocotbext.axi import (
-    AxiBus,
     AxiRam,
     AxiStreamBus,
     AxiStreamFrame,
@@ -50,6 +49,7 @@ from mcf.sim.benches.attention_common import (
     q_words,
     v_words,
 )
+from mcf.sim.benches.ddr import READ, ddr_ram
 from mcf.sim.benches.pauses import pattern
 from mcf.sim.toolchain import bench_params
 
@@ -103,13 +103,8 @@ class TB:
         self.dut = dut
         cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
         rng = random.Random(seed)
-        self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=MEM)
-        self.ram.write(0, bytes([0x5A]) * MEM)
-        for side in (self.ram.read_if, self.ram.write_if):
-            side.log.setLevel(logging.WARNING)
-        if pause:
-            for ch in (self.ram.read_if.ar_channel, self.ram.read_if.r_channel):
-                ch.set_pause_generator(pattern(pause, rng))
+        self.ram = ddr_ram(dut, "m_axi", dut.clk, dut.rst, size=MEM, fill=0x5A, pause=pause,
+                           rng=rng, channels=READ)
         self.src = {}
         for name in ("blocks", "job", "q", "k", "v"):
             s = AxiStreamSource(AxiStreamBus.from_prefix(dut, f"s_axis_{name}"), dut.clk,

@@ -31,7 +31,7 @@ import cocotb
 import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
-from cocotbext.axi import AxiBus, AxiRam, AxiStreamBus, AxiStreamFrame, AxiStreamSource
+from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSource
 
 from mcf.abi.framing import MAX_PAYLOAD, payload_beats
 from mcf.abi.kv import pack_kv_block
@@ -44,6 +44,7 @@ from mcf.abi.landing import (
     per_token_land_off,
 )
 from mcf.abi.meta import META, Collective, Meta, Op
+from mcf.sim.benches.ddr import WRITE, ddr_ram
 from mcf.sim.benches.pauses import pattern
 from mcf.sim.toolchain import bench_params
 
@@ -148,22 +149,9 @@ class TB:
         self.dut = dut
         cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
         dut.rst.value = 1
-        self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=MEM)
-        self.ram.write(0, bytes([FILL]) * MEM)
-        for side in (self.ram.read_if, self.ram.write_if):
-            side.log.setLevel(logging.WARNING)
         self.bad_write: set[int] = set()
-        wi = self.ram.write_if
-        orig_write = wi._write
-
-        async def write(address, data):     # any strobed byte of a bad 16-B beat raises
-            if any(address < b + 16 and b < address + len(data) for b in self.bad_write):
-                raise OSError("injected write error")
-            await orig_write(address, data)
-        wi._write = write
-        if pause:
-            for ch in (wi.aw_channel, wi.w_channel, wi.b_channel):
-                ch.set_pause_generator(pattern(pause, rng))
+        self.ram = ddr_ram(dut, "m_axi", dut.clk, dut.rst, size=MEM, fill=FILL, pause=pause,
+                           rng=rng, channels=WRITE, bad_write=self.bad_write)
         self.events: list[tuple[int, bool]] = []
         cocotb.start_soon(self._events(pattern(pause, rng) if pause else None))
         self.src = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis"), dut.clk, dut.rst)

@@ -33,8 +33,6 @@ from amaranth.lib.wiring import In, Out
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 from cocotbext.axi import (
-    AxiBus,
-    AxiRam,
     AxiStreamBus,
     AxiStreamFrame,
     AxiStreamSink,
@@ -48,6 +46,7 @@ from mcf.abi.meta import META, Collective, Meta, Op
 from mcf.abi.node import CMD, PayloadSource, Queue, RecordClass, cmd_raw
 from mcf.abi.send import SEND_STATUS, STAGED_SOURCES, SendModel
 from mcf.hdl.mem.axi import AXI4Signature
+from mcf.sim.benches.ddr import READ, ddr_ram
 from mcf.sim.benches.pauses import pattern
 from mcf.sim.toolchain import bench_params
 
@@ -224,12 +223,8 @@ class TB:
         self.dut = dut
         cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
         dut.rst.value = 1
-        self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=MEM)
-        for side in (self.ram.read_if, self.ram.write_if):
-            side.log.setLevel(logging.WARNING)
-        if pause:
-            for ch in (self.ram.read_if.ar_channel, self.ram.read_if.r_channel):
-                ch.set_pause_generator(pattern(pause, rng))
+        self.ram = ddr_ram(dut, "m_axi", dut.clk, dut.rst, size=MEM, pause=pause, rng=rng,
+                           channels=READ)
         self.src = {}
         for name in ("req0", "req1", "attn", "emit"):
             s = AxiStreamSource(AxiStreamBus.from_prefix(dut, f"s_axis_{name}"), dut.clk,

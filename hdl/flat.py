@@ -44,6 +44,20 @@ class FlatTop(Elaboratable):
         self.ports: list[Signal] = [] if clock is None else [self.clock, self.resetn]
         for name, member in inner.signature.members.items():
             self._flatten(getattr(inner, name), member, [name], flipped=False)
+        if clock is not None:
+            self._associate(clock, resetn)
+
+    def _associate(self, clock: str, resetn: str) -> None:
+        """Vivado's module-reference attributes: ``clock`` is the clock of every bus interface
+        (each top-level interface member, by its flat prefix) and ``resetn`` its active-low
+        reset, so the block design needs no manual association."""
+        busif = [self._axis.get(name, name) for name, member in
+                 self.inner.signature.members.items() if not member.is_port]
+        self.clock.attrs["X_INTERFACE_INFO"] = f"xilinx.com:signal:clock:1.0 {clock} CLK"
+        self.clock.attrs["X_INTERFACE_PARAMETER"] = (
+            f"ASSOCIATED_BUSIF {':'.join(busif)}, ASSOCIATED_RESET {resetn}")
+        self.resetn.attrs["X_INTERFACE_INFO"] = f"xilinx.com:signal:reset:1.0 {resetn} RST"
+        self.resetn.attrs["X_INTERFACE_PARAMETER"] = "POLARITY ACTIVE_LOW"
 
     def _add(self, flat_name: str, inner_value, is_input: bool) -> None:
         sig = Signal(Shape.cast(inner_value.shape()).width if not isinstance(

@@ -121,3 +121,21 @@ def test_configuration_writes_name_real_registers():
     decl = owner_declarations(p, 1, 0)
     assert len(decl) == p.model.layers * packets_per_kv(p, 1, 0)
     assert {rm.register("DIR_LAND").unpack(w.value)["owner"] for w in decl} == {1}
+
+
+def test_node_top_declares_its_clock_and_reset_for_vivado():
+    """``aclk`` is associated with every bus interface of the top and ``aresetn`` is its
+    active-low reset (module-reference attributes), so the block design needs no manual step."""
+    from amaranth.back import verilog
+
+    from mcf.hdl.tops import TOPS
+
+    top = TOPS["mcf_node_sim"]()
+    text = verilog.convert(top, name="mcf_node_sim", ports=top.ports, emit_src=False)
+    line = next(x for x in text.splitlines() if "ASSOCIATED_BUSIF" in x)
+    busif = line.split("ASSOCIATED_BUSIF ")[1].split(",")[0].split(":")
+    want = {"s_axi_ctrl", *(f"m_axi_hp{p}" for p in range(4)),
+            *(f"{d}_axis_link{ln}" for d in "ms" for ln in range(3))}
+    assert set(busif) == want
+    assert "ASSOCIATED_RESET aresetn" in line
+    assert 'X_INTERFACE_PARAMETER = "POLARITY ACTIVE_LOW"' in text

@@ -1,0 +1,297 @@
+"""ATTEND executor of the node (docs/node.md §3, §5, §7; issue #11 §1.2–1.4): an ATTEND record →
+its block list and query read from DDR → the attention engine's ``job``/``q`` streams and the KV
+reader's block requests → the engine's output staged for SEND (decode) or written to DDR
+(prefill). Formats and the golden model: :mod:`mcf.abi.attend`.
+"""
+
+from __future__ import annotations
+
+from amaranth import Array, Module, Mux, Signal
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from mcf.abi.attend import (
+    ATT_ENTRY_BYTES,
+    ATTEND_ARG,
+    ATTEND_BLOCK,
+    ATTEND_HEADER,
+    ATTEND_STATUS,
+    ENGINE_MODE,
+    AttendMode,
+)
+from mcf.abi.compute import DMA_ADDR_BITS
+from mcf.abi.framing import beat_layout
+from mcf.abi.kv import attn_job_layout, q_beat_layout
+from mcf.abi.kv_reader import KV_BLOCK_REQ
+from mcf.abi.node import CMD
+from mcf.abi.query import (
+    QUERY_HEADER,
+    QUERY_HEADER_BYTES,
+    QUERY_SCALE,
+    query_bytes,
+    query_head_bytes,
+)
+from mcf.abi.softmax import state_words
+
+from ..mem.axi import ADDR_BITS, AXI4Signature
+from ..mem.dma import DmaReader, DmaWriter
+
+__all__ = ["AttendUnit"]
+
+
+class AttendUnit(wiring.Component):
+    """One ATTEND record at a time: list → query → job, query beats, block requests → outputs.
+
+    Members
+    -------
+    rec : In(stream.Signature(CMD))
+        ATTEND records from the COMPUTE sequencer (``arg`` = :data:`mcf.abi.attend.ATTEND_ARG`).
+        Taken only when the unit is idle (the previous record is done).
+    done : Out(1)
+        One strobe per record, in order: DECODE when all ``heads`` state payloads are in the
+        staging FIFO, PREFILL one cycle after the ``o/l`` write's ``desc_done``, a bad record
+        one cycle after it is found bad.
+    list_base : In(DMA_ADDR_BITS)
+        ``ATT_LIST_BASE`` (configuration register).
+    job : Out(stream.Signature(attn_job_layout(max_heads)))
+        To :class:`~mcf.hdl.compute.attention.AttentionEngine` ``job``: SINGLE mode,
+        ``normalize = causal = PREFILL``, ``heads``, ``n_blocks``, ``q_pos`` = the query's pos.
+    q : Out(stream.Signature(q_beat_layout(lanes)))
+        To the engine's ``q``: ``heads · head_dim/lanes`` beats from the query record.
+    blocks : Out(stream.Signature(KV_BLOCK_REQ))
+        To :class:`~mcf.hdl.node.kv_reader.KvReader` ``blocks`` (the reader is outside the unit:
+        it has its own AXI port): one request per list entry, ``last`` on the final one, after
+        the job and its query beats.
+    o : In(stream.Signature(beat_layout(64)))
+        The engine's ``o``.
+    staged : Out(stream.Signature(beat_layout(64)))
+        DECODE state payloads (``last``-terminated, one per head) for the send unit's
+        ``staged_attn``; a payload is offered only once all its beats are in the staging FIFO
+        (docs/node.md §6 rule 3). The FIFO holds ``max_heads`` states.
+    rd_bus : Out(AXI4Signature(addr_width, 128)) — the :class:`DmaReader` (list and query).
+    wr_bus : Out(AXI4Signature(addr_width, 128)) — the :class:`DmaWriter` (PREFILL ``o/l``).
+    status : Out(:data:`mcf.abi.attend.ATTEND_STATUS`)
+    busy : Out(1) — a record is in progress.
+
+    Latency per record (no pauses): list read (AR + ``2 + blocks`` beats), query read, then the
+    job, ``heads·head_dim/lanes`` query beats and ``blocks`` requests at one per cycle; the
+    engine then runs the blocks (the KV reader prefetches up to 4). Records are not overlapped:
+    the next record's list is read after ``done``. Bad input never hangs: bad records are
+    counted and retired; no engine job is issued for them.
+    """
+
+    def __init__(self, head_dim: int = 128, lanes: int = 16, max_heads: int = 6,
+                 max_block: int = 256, *, max_list: int = 64, addr_width: int = ADDR_BITS,
+                 data_width: int = 128, out_width: int = 64):
+        if data_width != 2 * out_width:
+            raise ValueError("the o/l packer pairs two output beats per bus beat")
+        self.head_dim, self.lanes, self.max_heads = head_dim, lanes, max_heads
+        self.max_block, self.max_list = max_block, max_list
+        self.addr_width, self.data_width, self.out_width = addr_width, data_width, out_width
+        bb = data_width // 8
+        self.q_beats = -(-query_bytes(max_heads, head_dim) // bb)
+        self.stage_depth = max_heads * -(-4 * state_words(head_dim) // (out_width // 8))
+        super().__init__({
+            "rec": In(stream.Signature(CMD)),
+            "done": Out(1),
+            "list_base": In(DMA_ADDR_BITS),
+            "job": Out(stream.Signature(attn_job_layout(max_heads))),
+            "q": Out(stream.Signature(q_beat_layout(lanes))),
+            "blocks": Out(stream.Signature(KV_BLOCK_REQ)),
+            "o": In(stream.Signature(beat_layout(out_width))),
+            "staged": Out(stream.Signature(beat_layout(out_width))),
+            "rd_bus": Out(AXI4Signature(addr_width, data_width)),
+            "wr_bus": Out(AXI4Signature(addr_width, data_width)),
+            "status": Out(ATTEND_STATUS),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        D, L, G = self.head_dim, self.lanes, self.max_heads
+        NB = D // L
+        DW = self.data_width
+        st = self.status
+
+        m.submodules.rd = rd = DmaReader(DW, self.addr_width)
+        m.submodules.wr = wr = DmaWriter(DW, self.addr_width)
+        wiring.connect(m, rd.bus, wiring.flipped(self.rd_bus))
+        wiring.connect(m, wr.bus, wiring.flipped(self.wr_bus))
+        m.submodules.bfifo = bfifo = fifo.SyncFIFOBuffered(width=ATTEND_BLOCK.size,
+                                                           depth=self.max_list)
+        olay = beat_layout(self.out_width)
+        m.submodules.stage = stage = fifo.SyncFIFOBuffered(width=olay.size,
+                                                           depth=self.stage_depth)
+
+        arg = Signal(ATTEND_ARG)
+        hdr = Signal(ATTEND_HEADER)
+        prefill = Signal()
+        bad = Signal()
+        idx = Signal(range(max(self.max_list, self.q_beats) + 2))
+        qbuf = Signal(DW * self.q_beats)
+        qhdr = data.View(QUERY_HEADER, qbuf[:QUERY_HEADER.size])
+        done = Signal()
+        m.d.sync += self.done.eq(done)
+
+        # ---- query beat extraction: head h, chunk c of the pack_query record ---------------
+        P = query_head_bytes(D)
+        h_cnt = Signal(range(G + 1))
+        c_cnt = Signal(range(NB))
+        scales = Array(qbuf[8 * (QUERY_HEADER_BYTES + h * P):][:QUERY_SCALE.size]
+                       for h in range(G))
+        codes = Array(qbuf[8 * (QUERY_HEADER_BYTES + h * P + 4 + c * L):][:8 * L]
+                      for h in range(G) for c in range(NB))
+        sc = data.View(QUERY_SCALE, scales[h_cnt])
+        qp = self.q.payload
+        m.d.comb += [qp.data.eq(codes[h_cnt * NB + c_cnt]), qp.scale_m.eq(sc.m),
+                     qp.scale_e.eq(sc.e), qp.m_fix.eq(0)]
+
+        jp = self.job.payload
+        m.d.comb += [jp.mode.eq(ENGINE_MODE), jp.normalize.eq(prefill), jp.causal.eq(prefill),
+                     jp.heads.eq(arg.heads), jp.n_blocks.eq(arg.blocks), jp.q_pos.eq(qhdr.pos)]
+
+        ent = data.View(ATTEND_BLOCK, bfifo.r_data)
+        bp = self.blocks.payload
+        m.d.comb += [bp.addr.eq(ent.addr), bp.tokens.eq(ent.tokens), bp.pos0.eq(ent.pos0),
+                     bp.last.eq(idx == arg.blocks - 1), bp.k_only.eq(0)]
+
+        # ---- outputs: decode → staging FIFO (whole packets), prefill → 64→128 packer → writer
+        pkts = Signal(range(self.stage_depth + 1))
+        rec_pkts = Signal(range(G + 1))
+        op = self.o.payload
+        push_last = Signal()
+        pop_last = Signal()
+        m.d.comb += [stage.w_data.eq(op.as_value()),
+                     push_last.eq(stage.w_en & stage.w_rdy & op.last),
+                     pop_last.eq(self.staged.valid & self.staged.ready
+                                 & self.staged.payload.last)]
+        m.d.sync += pkts.eq(pkts + push_last - pop_last)
+        m.d.comb += [self.staged.payload.eq(stage.r_data),
+                     self.staged.valid.eq(stage.r_rdy & (pkts != 0)),
+                     stage.r_en.eq(self.staged.ready & (pkts != 0))]
+        wbuf = Signal(DW)
+        wval = Signal()
+        half = Signal()
+        m.d.comb += [wr.i.payload.eq(wbuf), wr.i.valid.eq(wval)]
+        with m.If(wr.i.ready):
+            m.d.sync += wval.eq(0)
+        with m.If(prefill):
+            m.d.comb += self.o.ready.eq(~wval)
+            with m.If(self.o.valid & ~wval):
+                with m.If(half):
+                    m.d.sync += [wbuf[self.out_width:].eq(op.data), wval.eq(1), half.eq(0)]
+                with m.Else():
+                    m.d.sync += [wbuf[:self.out_width].eq(op.data), wval.eq(op.last),
+                                 half.eq(~op.last)]
+        with m.Else():
+            m.d.comb += [self.o.ready.eq(stage.w_rdy), stage.w_en.eq(self.o.valid)]
+            with m.If(push_last):
+                m.d.sync += rec_pkts.eq(rec_pkts + 1)
+
+        # ---- record sequencing -------------------------------------------------------------
+        rin = data.View(ATTEND_ARG, self.rec.payload.arg)
+        rd_d, wr_d = rd.desc.payload, wr.desc.payload
+        # (the read descriptor's constant fields are set in the states that present it: a
+        # constant-only ``always @*`` never runs in Verilator)
+        m.d.comb += [wr_d.stride.eq(0), wr_d.count.eq(1),
+                     wr_d.addr.eq(hdr.out_addr), wr_d.length.eq(arg.heads * (4 * D))]
+        beat = rd.o.payload
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.rec.ready.eq(1)
+                with m.If(self.rec.valid):
+                    m.d.sync += [arg.eq(rin), prefill.eq(rin.mode == AttendMode.PREFILL),
+                                 bad.eq(0), idx.eq(0), rec_pkts.eq(0), half.eq(0)]
+                    with m.If((rin.mode > AttendMode.PREFILL.value) | (rin.heads == 0)
+                              | (rin.heads > G) | (rin.blocks == 0)
+                              | (rin.blocks > self.max_list)):
+                        m.d.sync += st.bad_record.eq(st.bad_record + 1)
+                        m.d.comb += done.eq(1)
+                    with m.Else():
+                        m.next = "LIST_REQ"
+            with m.State("LIST_REQ"):
+                m.d.comb += [rd.desc.valid.eq(1), rd_d.count.eq(1), rd_d.stride.eq(0),
+                             rd_d.addr.eq(self.list_base + arg.list * ATT_ENTRY_BYTES),
+                             rd_d.length.eq((arg.blocks + 1) * ATT_ENTRY_BYTES)]
+                with m.If(rd.desc.ready):
+                    m.next = "LIST_RX"
+            with m.State("LIST_RX"):
+                m.d.comb += rd.o.ready.eq(1)
+                bent = data.View(ATTEND_BLOCK, beat.data)
+                with m.If(rd.o.valid):
+                    m.d.sync += idx.eq(idx + 1)
+                    with m.If(beat.err):
+                        m.d.sync += bad.eq(1)
+                    with m.If(idx == 0):
+                        m.d.sync += hdr.eq(beat.data)
+                    with m.Else():
+                        m.d.comb += [bfifo.w_en.eq(1), bfifo.w_data.eq(beat.data)]
+                        with m.If((bent.tokens == 0) | (bent.tokens > self.max_block)):
+                            m.d.sync += bad.eq(1)
+                    with m.If(beat.last):
+                        m.d.sync += idx.eq(0)
+                        m.next = "Q_REQ"
+            with m.State("Q_REQ"):
+                m.d.comb += [rd.desc.valid.eq(1), rd_d.count.eq(1), rd_d.stride.eq(0),
+                             rd_d.addr.eq(hdr.q_addr),
+                             rd_d.length.eq(QUERY_HEADER_BYTES + arg.heads * P)]
+                with m.If(rd.desc.ready):
+                    m.next = "Q_RX"
+            with m.State("Q_RX"):
+                m.d.comb += rd.o.ready.eq(1)
+                with m.If(rd.o.valid):
+                    m.d.sync += idx.eq(idx + 1)
+                    for i in range(self.q_beats):
+                        with m.If(idx == i):
+                            m.d.sync += qbuf[DW * i:DW * (i + 1)].eq(beat.data)
+                    with m.If(beat.err):
+                        m.d.sync += bad.eq(1)
+                    with m.If(beat.last):
+                        m.d.sync += idx.eq(0)
+                        m.next = "CHECK"
+            with m.State("CHECK"):
+                with m.If(bad | (qhdr.heads != arg.heads)):
+                    m.next = "DRAIN"
+                with m.Else():
+                    m.next = "JOB"
+            with m.State("DRAIN"):
+                m.d.comb += bfifo.r_en.eq(1)
+                with m.If(~bfifo.r_rdy):
+                    m.d.sync += st.bad_list.eq(st.bad_list + 1)
+                    m.d.comb += done.eq(1)
+                    m.next = "IDLE"
+            with m.State("JOB"):
+                m.d.comb += self.job.valid.eq(1)
+                with m.If(self.job.ready):
+                    m.d.sync += [h_cnt.eq(0), c_cnt.eq(0)]
+                    m.next = "W_DESC"
+            with m.State("W_DESC"):
+                m.d.comb += wr.desc.valid.eq(prefill)
+                with m.If(~prefill | wr.desc.ready):
+                    m.next = "Q_OUT"
+            with m.State("Q_OUT"):
+                m.d.comb += self.q.valid.eq(1)
+                with m.If(self.q.ready):
+                    m.d.sync += c_cnt.eq(Mux(c_cnt == NB - 1, 0, c_cnt + 1))
+                    with m.If(c_cnt == NB - 1):
+                        m.d.sync += h_cnt.eq(h_cnt + 1)
+                        with m.If(h_cnt == arg.heads - 1):
+                            m.next = "BLOCKS"
+            with m.State("BLOCKS"):
+                m.d.comb += [self.blocks.valid.eq(bfifo.r_rdy), bfifo.r_en.eq(self.blocks.ready)]
+                with m.If(self.blocks.valid & self.blocks.ready):
+                    m.d.sync += [idx.eq(idx + 1), st.blocks.eq(st.blocks + 1)]
+                    with m.If(idx == arg.blocks - 1):
+                        m.next = "OUT"
+            with m.State("OUT"):
+                with m.If(prefill), m.If(wr.desc_done):
+                    m.d.sync += [st.records.eq(st.records + 1),
+                                 st.write_errors.eq(st.write_errors + wr.desc_err)]
+                    m.d.comb += done.eq(1)
+                    m.next = "IDLE"
+                with m.Elif(rec_pkts == arg.heads):
+                    m.d.sync += st.records.eq(st.records + 1)
+                    m.d.comb += done.eq(1)
+                    m.next = "IDLE"
+        m.d.comb += self.busy.eq(~self.rec.ready)
+        return m

@@ -1,0 +1,305 @@
+"""cocotb bench of the ATTEND executor (docs/node.md §3, §7; the flat top ``node_attend`` built by
+``tests/test_node_attend.py``: ``AttendUnit`` + ``KvReader`` + ``AttentionEngine`` behind one
+``AxiPortMux`` to an ``AxiRam``), bit-exact against :func:`mcf.abi.attend.attend_model`.
+
+The RAM holds landed KV (random INT4 token records written with :func:`mcf.abi.kv.pack_kv_block`
+at :func:`mcf.abi.kv_reader.block_address`), the block lists (at ``ATT_LIST_BASE + list·16``),
+queries (:func:`mcf.abi.query.pack_query`, in QBUF slots for decode, at
+:func:`mcf.abi.attend.prefill_query_address` for prefill). Records go in on ``s_axis_rec``;
+decode states come out on ``m_axis_staged`` (checked payload by payload), prefill ``o/l`` rows
+are read back from the RAM. Pauses (``pause``) on the RAM's AR, R, AW, W, B channels and the
+staged sink.
+
+Tests: ``decode`` (records of 1–2 heads over 1–5 blocks, partial blocks), ``prefill`` (causal
+over the chunks so far), ``bad`` (bad records counted and retired, then good ones), ``rate``
+(one decode ATTEND over 8 whole blocks: the engine's busy fraction from the record's accept to
+its ``done``; JSON to ``out``). Params: ``seed``, ``pause``, ``tests``, ``out``, geometry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+import cocotb
+import numpy as np
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, RisingEdge, SimTimeoutError, with_timeout
+from cocotbext.axi import (
+    AxiBus,
+    AxiRam,
+    AxiStreamBus,
+    AxiStreamFrame,
+    AxiStreamSink,
+    AxiStreamSource,
+)
+
+from mcf.abi.attend import (
+    ATTEND_STATUS,
+    AttendArg,
+    AttendBlock,
+    AttendHeader,
+    AttendMode,
+    attend_list_bytes,
+    attend_model,
+    prefill_query_address,
+)
+from mcf.abi.decode_land import query_slot_bytes
+from mcf.abi.kv import attn_status_layout, pack_kv_block
+from mcf.abi.kv_reader import block_address
+from mcf.abi.landing import KvLayout, LandingConfig
+from mcf.abi.node import Cmd, Queue, RecordClass
+from mcf.abi.query import pack_query
+from mcf.golden.attention import random_blocks, random_query
+from mcf.sim.benches.pauses import pattern
+from mcf.sim.toolchain import bench_params
+
+P = bench_params()
+D, L, G, T, NL = P["head_dim"], P["lanes"], P["max_heads"], P["max_block"], P["max_list"]
+MEM = 1 << 20
+KV_BASE = 0x1_0000
+SLICE = 32
+KV_IDS = 4
+LIST_BASE = 0x8_0000
+QBUF = 0x9_0000
+QACT = 0xA_0000
+OUT = 0xC_0000
+
+
+def _cmd(arg: AttendArg) -> int:
+    raw = Cmd(cls=RecordClass.ATTEND, queue=Queue.COMPUTE, arg=arg.pack()).pack()
+    return int.from_bytes(raw, "little")
+
+
+class TB:
+    def __init__(self, dut, seed: int, pause: float = 0.0):
+        self.dut = dut
+        cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
+        self.rng = np.random.default_rng(seed)
+        prng = random.Random(seed)
+        self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=MEM)
+        self.ram.write(0, bytes([0x5A]) * MEM)
+        for side in (self.ram.read_if, self.ram.write_if):
+            side.log.setLevel(logging.DEBUG if P.get("debug") else logging.WARNING)
+        if pause:
+            for ch in (self.ram.read_if.ar_channel, self.ram.read_if.r_channel,
+                       self.ram.write_if.aw_channel, self.ram.write_if.w_channel,
+                       self.ram.write_if.b_channel):
+                ch.set_pause_generator(pattern(pause, prng))
+        self.src = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis_rec"), dut.clk,
+                                   dut.rst, byte_lanes=1)
+        self.sink = AxiStreamSink(AxiStreamBus.from_prefix(dut, "m_axis_staged"), dut.clk,
+                                  dut.rst)
+        for x in (self.src, self.sink):
+            x.log.setLevel(logging.WARNING)
+        if pause:
+            self.sink.set_pause_generator(pattern(pause / 2, prng))
+        dut.list_base.value = LIST_BASE
+        self.dones = 0
+        self.ars, self.rbeats = [], 0
+        self.busy = 0
+        self.cycles = 0
+        self.n_lists = 0
+        self.layout = KvLayout(head_stride=SLICE * (4 + D), kv_slot=2 * SLICE * (4 + D),
+                               land_off=(0,))
+        self.cfg = LandingConfig(KV_BASE, self.layout.kv_slot, KV_IDS)
+
+    async def reset(self):
+        self.dut.rst.value = 1
+        await ClockCycles(self.dut.clk, 4)
+        self.dut.rst.value = 0
+        await RisingEdge(self.dut.clk)
+        cocotb.start_soon(self._monitor())
+
+    async def _monitor(self):
+        busy_bit = attn_status_layout()["busy"].offset
+        while True:
+            await RisingEdge(self.dut.clk)
+            self.dones += int(self.dut.done.value)
+            self.cycles += 1
+            if int(self.dut.m_axi_arvalid.value) and int(self.dut.m_axi_arready.value):
+                self.ars.append((int(self.dut.m_axi_araddr.value),
+                                 int(self.dut.m_axi_arlen.value)))
+            if int(self.dut.m_axi_rvalid.value) and int(self.dut.m_axi_rready.value):
+                self.rbeats += 1
+            self.busy += int(self.dut.engine_status.value.to_unsigned() >> busy_bit & 1)
+
+    def status(self) -> dict:
+        raw = self.dut.status.value.to_unsigned()
+        return {n: (raw >> f.offset) & ((1 << f.width) - 1) for n, f in ATTEND_STATUS}
+
+    def land(self):
+        """Random KV for every (kv_id, KV head): kv_id k holds positions k·SLICE.."""
+        self.kv = {}
+        for kv_id in range(KV_IDS):
+            for h in range(2):
+                (blk,) = random_blocks(self.rng, [SLICE], D, pos0=kv_id * SLICE)
+                self.kv[(kv_id, h)] = blk
+                self.ram.write(block_address(self.cfg, kv_id, h, self.layout),
+                               pack_kv_block(blk.k, blk.sk, blk.v, blk.sv))
+
+    def block(self, kv_id, h, t0, n) -> AttendBlock:
+        return AttendBlock(block_address(self.cfg, kv_id, h, self.layout, t0, D), n,
+                           kv_id * SLICE + t0)
+
+    def record(self, mode, heads, blocks, q_addr, q_pos, out_addr=0, q_heads=None) -> AttendArg:
+        """Write a query (``q_heads`` heads in its header) and a list; the record's arg."""
+        q, sq = random_query(self.rng, q_heads or heads, D, sigma=1.5)
+        self.ram.write(q_addr, pack_query(q, sq, q_pos, layer=0))
+        lst = attend_list_bytes(AttendHeader(q_addr, out_addr), blocks)
+        idx = self.n_lists
+        self.ram.write(LIST_BASE + idx * 16, lst)
+        self.n_lists += len(lst) // 16
+        return AttendArg(idx, len(blocks), mode, heads)
+
+    def model(self, arg: AttendArg):
+        return attend_model(arg.pack(), LIST_BASE, self.ram.read, D, G, T, NL)
+
+    async def run(self, args: list[AttendArg], limit: int = 200_000):
+        """Submit all records; check staged payloads in order and prefill rows at the end
+        (a hang fails after ``limit`` cycles with the counters)."""
+        try:
+            return await with_timeout(self._run(args), 4 * limit, "ns")
+        except SimTimeoutError:
+            eng = self.dut.engine_status.value.to_unsigned()
+            raise AssertionError(f"hang: dones {self.dones}, status {self.status()}, engine "
+                                 f"status {eng:#x}, unit busy {self.dut.busy.value}, ARs "
+                                 f"{[(hex(a), n) for a, n in self.ars]}, R beats {self.rbeats}"
+                                 ) from None
+
+    async def _run(self, args: list[AttendArg]):
+        want = [self.model(a) for a in args]
+        start = self.dones
+        for a in args:
+            self.src.send_nowait(AxiStreamFrame([_cmd(a)]))
+        for n, res in enumerate(want):
+            for h, exp in enumerate(res.payloads):
+                frame = await self.sink.recv()
+                assert bytes(frame.tdata) == exp, f"record {n} head {h}: state differs"
+        while self.dones - start < len(args):
+            await RisingEdge(self.dut.clk)
+        for n, res in enumerate(want):
+            if res.write:
+                addr, exp = res.write
+                assert self.ram.read(addr, len(exp)) == exp, f"record {n}: o/l row differs"
+        assert self.sink.empty()
+        return want
+
+
+def decode_records(tb: TB, count: int) -> list[AttendArg]:
+    args = []
+    for i in range(count):
+        heads = int(tb.rng.integers(1, G + 1))
+        blocks = []
+        for _ in range(int(tb.rng.integers(1, 6))):
+            kv_id, h = int(tb.rng.integers(KV_IDS)), int(tb.rng.integers(2))
+            t0 = int(tb.rng.integers(SLICE)) if tb.rng.random() < 0.4 else 0
+            n = int(tb.rng.integers(1, SLICE - t0 + 1)) if t0 else SLICE
+            blocks.append(tb.block(kv_id, h, t0, n))
+        q_addr = QBUF + (i % 8) * query_slot_bytes(G, D)
+        args.append(tb.record(AttendMode.DECODE.value, heads, blocks, q_addr, q_pos=0))
+    return args
+
+
+def prefill_records(tb: TB, chunks: int) -> list[AttendArg]:
+    args, row = [], 0
+    for c in range(chunks):
+        g = c % 2
+        blocks = [tb.block(k, g, 0, SLICE) for k in range(c + 1)]
+        for tok in sorted({0, SLICE - 1, int(tb.rng.integers(SLICE))}):
+            q_addr = prefill_query_address(QACT, row, G, D)
+            out = OUT + row * G * D * 4
+            args.append(tb.record(AttendMode.PREFILL.value, G, blocks, q_addr,
+                                  q_pos=c * SLICE + tok, out_addr=out))
+            row += 1
+    return args
+
+
+def _enabled(name: str) -> bool:
+    return name in P.get("tests", [name])
+
+
+async def _setup(dut, seed_off: int):
+    tb = TB(dut, P.get("seed", 1) + seed_off, P.get("pause", 0.0))
+    await tb.reset()
+    tb.land()
+    return tb
+
+
+@cocotb.test()
+async def decode(dut):
+    """Decode states over random block lists, bit-exact per head."""
+    if not _enabled("decode"):
+        return
+    tb = await _setup(dut, 0)
+    args = decode_records(tb, 8)
+    want = await tb.run(args)
+    st = tb.status()
+    assert st["records"] == len(args) and st["blocks"] == sum(r.blocks for r in want)
+    assert st["bad_record"] == st["bad_list"] == st["write_errors"] == 0
+
+
+@cocotb.test()
+async def prefill(dut):
+    """Causal prefill over chunks 0..c: o/l rows bit-exact in DDR."""
+    if not _enabled("prefill"):
+        return
+    tb = await _setup(dut, 1)
+    args = prefill_records(tb, 3)
+    await tb.run(args)
+    st = tb.status()
+    assert st["records"] == len(args) and st["write_errors"] == 0
+
+
+@cocotb.test()
+async def bad(dut):
+    """Bad records (undefined mode, heads 0 / above max, no blocks, too many blocks, a block of
+    0 tokens or above max_block, a query of the wrong head count) are counted and retire with
+    ``done``; good records around them still run bit-exact."""
+    if not _enabled("bad"):
+        return
+    tb = await _setup(dut, 2)
+    good = tb.block(0, 0, 0, SLICE)
+    q = QBUF
+    args = decode_records(tb, 1)
+    base = tb.record(AttendMode.DECODE.value, 1, [good], q + 0x400, 0)
+    args += [
+        AttendArg(base.list, 1, 2, 1), AttendArg(base.list, 1, 3, 1),
+        AttendArg(base.list, 1, 0, 0), AttendArg(base.list, 1, 0, G + 1),
+        AttendArg(base.list, 0, 0, 1), AttendArg(base.list, NL + 1, 0, 1),
+    ]
+    n_bad_rec = len(args) - 1
+    args.append(tb.record(AttendMode.DECODE.value, 1, [good, tb.block(1, 0, 0, 0)], q + 0x800, 0))
+    args.append(tb.record(AttendMode.DECODE.value, 1, [AttendBlock(good.addr, T + 1)],
+                          q + 0xC00, 0))
+    args.append(tb.record(AttendMode.DECODE.value, 2, [good], q + 0x1000, 0, q_heads=1))
+    args += decode_records(tb, 2)
+    want = await tb.run(args)
+    assert [w.bad for w in want].count("bad_record") == n_bad_rec
+    assert [w.bad for w in want].count("bad_list") == 3
+    st = tb.status()
+    assert st["bad_record"] == n_bad_rec and st["bad_list"] == 3 and st["records"] == 3
+
+
+@cocotb.test()
+async def rate(dut):
+    """One decode ATTEND over 8 whole blocks (G heads): engine busy fraction."""
+    if not _enabled("rate"):
+        return
+    tb = await _setup(dut, 3)
+    results = []
+    for heads in (G, 1):
+        blocks = [tb.block(int(tb.rng.integers(KV_IDS)), 0, 0, SLICE) for _ in range(8)]
+        arg = tb.record(AttendMode.DECODE.value, heads, blocks, QBUF, 0)
+        while int(tb.dut.busy.value):
+            await RisingEdge(dut.clk)
+        c0, b0 = tb.cycles, tb.busy
+        await tb.run([arg])
+        cycles, busy = tb.cycles - c0, tb.busy - b0
+        results.append({"heads": heads, "blocks": 8, "keys": 8 * SLICE, "cycles": cycles,
+                        "engine_busy": busy, "busy_fraction": round(busy / cycles, 4)})
+        dut._log.info("attend rate: %s", results[-1])
+    if P.get("out"):
+        with open(P["out"], "w") as fh:
+            json.dump(results, fh)

@@ -26,7 +26,7 @@ FIGURES = {
                   "prefill_cycles_per_qk", "kv_rel_error_outliers"],
     "csr": ["maps.mcf_node.registers"],
     "plan": ["rows"],
-    "node": ["meta_records_per_cycle", "prefill_comm_step_cycles", "macs_per_cycle"],
+    "node": ["meta_records_per_cycle", "prefill_comm_step_cycles"],
 }
 
 

@@ -198,13 +198,18 @@ class TB:
                     if rng.random() < p_set else 0
 
     def random_addr(self) -> int:
-        """80 % mapped (half of those on registers software can write, so W strobes and RW1C
-        clears are covered however large the map), 20 % unmapped."""
+        """80 % mapped (half of those on registers software can write, and 60 % of those
+        on RW1C registers, so W strobes and set/clear races are covered however large the map),
+        20 % unmapped."""
         rng = self.rng
         if rng.random() < 0.8:
             writable = [addr for addr, reg in REGMAP
                         if any(f.access is not Access.R for f in reg.fields)]
+            sticky = [addr for addr, reg in REGMAP
+                      if any(f.access is Access.RW1C for f in reg.fields)]
             if writable and rng.random() < 0.5:
+                if sticky and rng.random() < 0.6:
+                    return rng.choice(sticky)
                 return rng.choice(writable)
             return rng.randrange(len(REGMAP)) * WORD_BYTES
         return rng.randrange(len(REGMAP) * WORD_BYTES, 1 << self.addr_width) & ~(WORD_BYTES - 1)

@@ -114,8 +114,9 @@ class EthEncap(wiring.Component):
                     m.d.sync += fcs_idx.eq(fcs_idx + 1)
                     with m.If(fcs_idx == FCS_BYTES - 1):
                         m.d.sync += [crc.eq(CRC32_INIT), cnt.eq(0)]
-                        m.d.comb += [self.event.valid.eq(1),
-                                     self.event.payload.bytes.eq(cnt + 1)]
+                        m.d.comb += [self.event.valid.eq(1),     # cause 0: a sent frame
+                                     self.event.payload.cause.eq(0),  # (assigned beside the
+                                     self.event.payload.bytes.eq(cnt + 1)]  # count: ALWNEVER)
                         m.next = "HDR"
                     with m.Else():
                         m.d.sync += cnt.eq(Mux(cnt.all(), cnt, cnt + 1))

@@ -4,8 +4,8 @@ unpacker, EthEncap, EthDecap, the 8 → 64 packer and EthCounters against the go
 
 * ``test_loopback_lengths``: link frames with payloads 0..96 bytes and every 61st length up
   to MAX_PAYLOAD (``-m slow``: every length 0..MAX_PAYLOAD, ~40 min of amaranth.sim) through
-  unpack → encap → decap → pack; the Ethernet bytes between encap and decap equal ``encap()``, the beats out equal
-  ``link_beats()``, the counters equal ``EthModel``'s.
+  unpack → encap → decap → pack; the Ethernet bytes between encap and decap equal
+  ``encap()``, the beats out equal ``link_beats()``, the counters equal ``EthModel``'s.
 * ``test_bad_frames``: good frames interleaved with each drop class (PHY error, runt,
   oversize, bad FCS, wrong EtherType, foreign MAC, bad length) fed to the decapsulator: only
   the good frames come out, bit-exact, and each class is counted once per frame.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections import deque
 
 import numpy as np
 import pytest
@@ -18,7 +17,6 @@ from amaranth.sim import Simulator
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from mcf.abi.axi import AxiResp
 from mcf.abi.decode_land import (
     DECODE_LAND_CONFIG,
     DECODE_LAND_STATUS,
@@ -40,6 +38,7 @@ from mcf.abi.meta import Collective, Meta, Op, ReduceOp
 from mcf.abi.query import QUERY_HEADER, QUERY_HEADER_BYTES, query_bytes, query_head_bytes
 from mcf.abi.softmax import normalize, pack_state
 from mcf.hdl.node.decode_land import DecodeLander, PacketUpsizer
+from mcf.sim.axi_slave import write_slave
 from mcf.sim.benches.node_decode_land import (
     HEAD_DIM,
     edge_states,
@@ -95,45 +94,7 @@ def simulate(packets, cfg: DecodeLandConfig, *, head_dim=HEAD_DIM, bad_beats=(),
                 ctx.set(dut.i.valid, 0)
         finished[0] = True
 
-    async def slave(ctx):
-        ctx.set(bus.awready, 1)
-        bursts: deque = deque()      # (addr, beats)
-        bq: deque = deque()          # (due cycle, resp)
-        cycle = 0
-        beat_i = 0
-        err = False
-        while True:
-            ctx.set(bus.wready, int(rng.random() >= wpause))
-            if bq and bq[0][0] <= cycle:
-                ctx.set(bus.bvalid, 1)
-                ctx.set(bus.bresp, bq[0][1])
-            else:
-                ctx.set(bus.bvalid, 0)
-            (_, _, awv, awa, awl, wv, wr, wd, ws, wl, bv, br) = await ctx.tick().sample(
-                bus.awvalid, bus.awaddr, bus.awlen, bus.wvalid, bus.wready, bus.wdata,
-                bus.wstrb, bus.wlast, bus.bvalid, bus.bready)
-            cycle += 1
-            if awv:
-                bursts.append((awa, awl + 1))
-                aws.append((awa, awl + 1))
-            if wv and wr:
-                addr, n = bursts[0]
-                a = addr + 16 * beat_i
-                if a in bad_beats:
-                    err = True
-                else:
-                    for b in range(16):
-                        if ws >> b & 1:
-                            mem[a + b] = (wd >> (8 * b)) & 0xFF
-                beat_i += 1
-                assert bool(wl) == (beat_i == n), "wlast misplaced"
-                if wl:
-                    bursts.popleft()
-                    bq.append((cycle + rng.randint(*b_latency),
-                               AxiResp.SLVERR.value if err else AxiResp.OKAY.value))
-                    beat_i, err = 0, False
-            if bv and br:
-                bq.popleft()
+    slave = write_slave(bus, rng, mem, aws, bad_beats, wpause, b_latency)
 
     async def checker(ctx):
         cycles = 0

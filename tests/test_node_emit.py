@@ -7,7 +7,6 @@ complete — and the runner of the cocotb + Verilator bench (``sim/benches/node_
 
 from __future__ import annotations
 
-import collections
 import json
 import random
 
@@ -39,6 +38,7 @@ from mcf.abi.node_config import SIM
 from mcf.hdl.mem.axi import ADDR_BITS, AXI4Signature
 from mcf.hdl.node.emit import EmitUnit
 from mcf.hdl.node.landing import LandingEngine
+from mcf.sim.axi_slave import read_slave
 
 BB = 16
 D = SIM.attn_head_dim
@@ -99,35 +99,8 @@ def simulate(dut, mem, cfg, recs, *, l_bp=0.0, s_bp=0.0, r_pause=0.0, err_rows=(
             for _ in range(rng.randrange(3)):
                 await ctx.tick()
 
-    async def slave(ctx):
-        ars = collections.deque()
-        cur, beat, cycle = None, None, 0
-        while True:
-            ctx.set(bus.arready, rng.random() >= 0.2)
-            if beat is None:
-                if cur is None and ars and ars[0][0] <= cycle:
-                    _, a, n = ars.popleft()
-                    cur = [a, n]
-                if cur is not None and rng.random() >= r_pause:
-                    a = cur[0]
-                    off = a - BASE
-                    word = int.from_bytes(mem[off:off + BB].ljust(BB, b"\xee"), "little")
-                    beat = (word, 2 if a in err_rows else 0, cur[1] == 1)
-                    cur = None if cur[1] == 1 else [a + BB, cur[1] - 1]
-            if beat is not None:
-                ctx.set(bus.rvalid, 1)
-                ctx.set(bus.rdata, beat[0])
-                ctx.set(bus.rresp, beat[1])
-                ctx.set(bus.rlast, beat[2])
-            else:
-                ctx.set(bus.rvalid, 0)
-            _, _, arv, arr, ara, arl, rready = await ctx.tick().sample(
-                bus.arvalid, bus.arready, bus.araddr, bus.arlen, bus.rready)
-            if arv and arr:
-                ars.append((cycle + rng.randint(2, 12), ara, arl + 1))
-            if beat is not None and rready:
-                beat = None
-            cycle += 1
+    slave = read_slave(bus, rng, lambda a: mem[a - BASE:a - BASE + BB].ljust(BB, b"\xee"),
+                       r_pause=r_pause, is_error=set(err_rows).__contains__)
 
     async def l_sink(ctx):
         lrng = random.Random(seed + 1)

@@ -34,6 +34,7 @@ from mcf.abi.jobs import (
 from mcf.abi.node import CMD
 from mcf.abi.quant import ReadDest, VectorOp, WriteSrc
 from mcf.hdl.node.jobs import SETTINGS, STREAMS, JobWalker
+from mcf.sim.axi_slave import read_slave
 
 BB = 16
 TABLE = 0x1_0000_0400
@@ -83,36 +84,9 @@ def simulate(templates, args, *, seed=1, err_addrs=(), lat=(1, 30), ready_p=0.7,
             for _ in range(rng.randrange(4)):
                 await ctx.tick()
 
-    async def slave(ctx):
-        srng = random.Random(seed + 7)
-        ars = collections.deque()
-        cur, beat, cycle = None, None, 0
-        while True:
-            ctx.set(bus.arready, srng.random() >= 0.2)
-            if beat is None:
-                if cur is None and ars and ars[0][0] <= cycle:
-                    _, a, k = ars.popleft()
-                    cur = [a, k]
-                if cur is not None and srng.random() >= r_pause:
-                    a = cur[0]
-                    word = int.from_bytes(bytes(mem.get(a + i, 0xEE) for i in range(BB)),
-                                          "little")
-                    beat = (word, 2 if a in err_addrs else 0, cur[1] == 1)
-                    cur = None if cur[1] == 1 else [a + BB, cur[1] - 1]
-            if beat is not None:
-                ctx.set(bus.rvalid, 1)
-                ctx.set(bus.rdata, beat[0])
-                ctx.set(bus.rresp, beat[1])
-                ctx.set(bus.rlast, beat[2])
-            else:
-                ctx.set(bus.rvalid, 0)
-            _, _, arv, arr, ara, arl, rready = await ctx.tick().sample(
-                bus.arvalid, bus.arready, bus.araddr, bus.arlen, bus.rready)
-            if arv and arr:
-                ars.append((cycle + srng.randint(2, 10), ara, arl + 1))
-            if beat is not None and rready:
-                beat = None
-            cycle += 1
+    slave = read_slave(bus, random.Random(seed + 7),
+                       lambda a: bytes(mem.get(a + i, 0xEE) for i in range(BB)), latency=(2, 10),
+                       r_pause=r_pause, is_error=err_addrs.__contains__)
 
     async def engine(ctx):
         erng = random.Random(seed + 3)

@@ -9,7 +9,6 @@ Busy-fraction report: ``pytest tests/test_node_kv_reader.py -k rate -s``.
 
 from __future__ import annotations
 
-import collections
 import json
 import random
 
@@ -44,6 +43,7 @@ from mcf.golden.attention import random_blocks
 from mcf.hdl.compute.attention import AttentionEngine
 from mcf.hdl.mem.axi import ADDR_BITS, AXI4Signature
 from mcf.hdl.node.kv_reader import KvReader
+from mcf.sim.axi_slave import read_slave
 from mcf.sim.benches.attention_common import k_words, v_words
 
 BB = 16
@@ -118,36 +118,12 @@ def simulate(dut: KvReader, mem: dict, reqs, *, k_bp=0.0, v_bp=0.0, r_pause=0.0,
             for _ in range(rng.randrange(3)):
                 await ctx.tick()
 
-    async def slave(ctx):
-        ars = collections.deque()
-        cur, beat, cycle = None, None, 0
-        while True:
-            ctx.set(bus.arready, rng.random() >= 0.2)
-            if beat is None:
-                if cur is None and ars and ars[0][0] <= cycle:
-                    _, a, n = ars.popleft()
-                    cur = [a, n]
-                if cur is not None and rng.random() >= r_pause:
-                    a = cur[0]
-                    word = int.from_bytes(bytes(mem.get(a + i, 0xEE) for i in range(BB)),
-                                          "little")
-                    beat = (word, 2 if a in err_beats else 0, cur[1] == 1)
-                    cur = None if cur[1] == 1 else [a + BB, cur[1] - 1]
-            if beat is not None:
-                ctx.set(bus.rvalid, 1)
-                ctx.set(bus.rdata, beat[0])
-                ctx.set(bus.rresp, beat[1])
-                ctx.set(bus.rlast, beat[2])
-            else:
-                ctx.set(bus.rvalid, 0)
-            _, _, arv, arr, ara, arl, rready = await ctx.tick().sample(
-                bus.arvalid, bus.arready, bus.araddr, bus.arlen, bus.rready)
-            if arv and arr:
-                assert ara % BB == 0 and ara // 4096 == (ara + BB * (arl + 1) - 1) // 4096
-                ars.append((cycle + rng.randint(*latency), ara, arl + 1))
-            if beat is not None and rready:
-                beat = None
-            cycle += 1
+    def check_burst(addr, beats):
+        assert addr % BB == 0 and addr // 4096 == (addr + BB * beats - 1) // 4096
+
+    slave = read_slave(bus, rng, lambda a: bytes(mem.get(a + i, 0xEE) for i in range(BB)),
+                       latency=latency, r_pause=r_pause, is_error=set(err_beats).__contains__,
+                       on_ar=check_burst)
 
     info["k_starved"] = info["v_starved"] = 0
 

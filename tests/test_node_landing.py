@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import random
-from collections import deque
 
 import pytest
 from amaranth import Elaboratable, Module
 from amaranth.lib import stream, wiring
 from amaranth.sim import Simulator
 
-from mcf.abi.axi import AxiResp
 from mcf.abi.directory import DIR_OP, DirectoryModel, DirEntry, DirOp, DirState
 from mcf.abi.framing import parsed_layout
 from mcf.abi.landing import (
@@ -35,6 +33,7 @@ from mcf.abi.meta import InvalidateKind, Meta, Op
 from mcf.hdl.node.directory import Directory, DirOpArbiter
 from mcf.hdl.node.landing import LandingEngine
 from mcf.hdl.node.local_sink import LocalSink
+from mcf.sim.axi_slave import write_slave
 from mcf.sim.benches.node_landing import KV_CAPACITY, make_traffic
 
 PARSED = parsed_layout(64)
@@ -51,54 +50,6 @@ def _beats(meta: Meta, payload: bytes) -> list[int]:
     return [_beat(meta=raw, data=int.from_bytes(payload[k:k + 8], "little"),
                   keep=(1 << len(payload[k:k + 8])) - 1, last=int(k + 8 >= len(payload)))
             for k in range(0, len(payload), 8)]
-
-
-def axi_slave(bus, rng, mem: dict, aws: list, bad_beats=(), wpause=0.0, b_latency=(1, 6)):
-    """An in-test AXI4 write slave (a testbench): stores strobed bytes in ``mem``, records
-    ``(address, beats)`` of each AW in ``aws``, W pauses with probability ``wpause``, B after
-    ``b_latency`` cycles, SLVERR for a burst containing a beat in ``bad_beats``."""
-
-    async def slave(ctx):
-        ctx.set(bus.awready, 1)
-        bursts: deque = deque()      # (addr, beats, error)
-        bq: deque = deque()          # (due cycle, resp)
-        cycle = 0
-        beat_i = 0
-        err = False
-        while True:
-            ctx.set(bus.wready, int(rng.random() >= wpause))
-            if bq and bq[0][0] <= cycle:
-                ctx.set(bus.bvalid, 1)
-                ctx.set(bus.bresp, bq[0][1])
-            else:
-                ctx.set(bus.bvalid, 0)
-            (_, _, awv, awa, awl, wv, wr, wd, ws, wl, bv, br) = await ctx.tick().sample(
-                bus.awvalid, bus.awaddr, bus.awlen, bus.wvalid, bus.wready, bus.wdata,
-                bus.wstrb, bus.wlast, bus.bvalid, bus.bready)
-            cycle += 1
-            if awv:
-                bursts.append((awa, awl + 1))
-                aws.append((awa, awl + 1))
-            if wv and wr:
-                addr, n = bursts[0]
-                a = addr + 16 * beat_i
-                if a in bad_beats:
-                    err = True
-                else:
-                    for b in range(16):
-                        if ws >> b & 1:
-                            mem[a + b] = (wd >> (8 * b)) & 0xFF
-                beat_i += 1
-                assert bool(wl) == (beat_i == n), "wlast misplaced"
-                if wl:
-                    bursts.popleft()
-                    bq.append((cycle + rng.randint(*b_latency),
-                               AxiResp.SLVERR.value if err else AxiResp.OKAY.value))
-                    beat_i, err = 0, False
-            if bv and br:
-                bq.popleft()
-
-    return slave
 
 
 def simulate(packets, cfg: LandingConfig, land_off, *, kv_count=KV_CAPACITY, bad_beats=(),
@@ -145,7 +96,7 @@ def simulate(packets, cfg: LandingConfig, land_off, *, kv_count=KV_CAPACITY, bad
                 ctx.set(dut.i.valid, 0)
         finished[0] = True
 
-    slave = axi_slave(bus, rng, mem, aws, bad_beats, wpause, b_latency)
+    slave = write_slave(bus, rng, mem, aws, bad_beats, wpause, b_latency)
 
     async def checker(ctx):
         cycles = 0
@@ -350,7 +301,7 @@ def test_landing_path(seed, stall):
     mem: dict[int, int] = {}
     aws: list = []
     bad = {t.bad_addr}
-    slave = axi_slave(lander.m_axi, rng, mem, aws, bad, wpause=stall)
+    slave = write_slave(lander.m_axi, rng, mem, aws, bad, wpause=stall)
     accepted: list = []
     decoded: list = []
     finished = [False, False]

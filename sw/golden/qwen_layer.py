@@ -141,16 +141,25 @@ def _linear(xa, qw: QuantWeight, bias=None):
     return G.gemm(xq, xm, xe, qw.q, qw.m, qw.e, bias, qw.group)
 
 
-def layer_fixed(x, ql: QuantLayer, cfg: LayerConfig, positions=None):
-    """The engine's arithmetic: returns ACT codes of the layer output."""
-    xa = to_act(x)
+def layer_fixed(x, ql: QuantLayer, cfg: LayerConfig, positions=None, *, attn=None,
+                act_in: bool = False):
+    """The engine's arithmetic: returns ACT codes of the layer output.
+
+    ``attn(q, k, v, positions)`` (optional) replaces the float64 attention: it takes the ACT
+    codes of the post-RoPE Q ``[T, heads·d]``, K and V ``[T, kv_heads·d]`` and returns the ACT
+    codes ``[T, heads·d]`` of the attention output (e.g. the integer attention over a KV cache
+    of :mod:`mcf.model.golden`). ``act_in``: ``x`` already holds ACT codes (not floats)."""
+    xa = np.asarray(x, dtype=np.int64) if act_in else to_act(x)
     pos = np.arange(xa.shape[0]) if positions is None else positions
     cos, sin = rope_table(pos, cfg.head_dim, cfg.theta)
     n1 = V.rmsnorm(xa, ql.gamma["g1"], cfg.eps)
     q = V.rope(_linear(n1, ql.qw["q"], ql.bias["q"]), cos, sin, cfg.head_dim)
     k = V.rope(_linear(n1, ql.qw["k"], ql.bias["k"]), cos, sin, cfg.head_dim)
     v = _linear(n1, ql.qw["v"], ql.bias["v"])
-    att = to_act(attention(from_act(q), from_act(k), from_act(v), cfg, np.float64))
+    if attn is None:
+        att = to_act(attention(from_act(q), from_act(k), from_act(v), cfg, np.float64))
+    else:
+        att = np.asarray(attn(q, k, v, pos), dtype=np.int64)
     h = V.residual_add(xa, _linear(att, ql.qw["o"]))
     n2 = V.rmsnorm(h, ql.gamma["g2"], cfg.eps)
     mlp = V.silu_mul(_linear(n2, ql.qw["gate"]), _linear(n2, ql.qw["up"]))

@@ -169,3 +169,19 @@ def test_quantize_rejects_ungrouped_widths():
                       num_key_value_heads=1, head_dim=32, intermediate_size=192, vocab_size=16)
     with pytest.raises(ValueError, match="multiple of the weight group"):
         quantize_model(cfg, random_checkpoint(cfg, 0))
+
+
+def test_qwen25_1p5b_config_is_the_golden_geometry():
+    """A Qwen2.5-1.5B-style config.json (as published; sliding window present but off) maps to
+    mcf.golden.qwen_layer.QWEN25_1P5B."""
+    from mcf.golden.qwen_layer import QWEN25_1P5B
+
+    d = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+         "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+         "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936,
+         "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "tie_word_embeddings": True,
+         "max_position_embeddings": 32768, "sliding_window": 32768, "max_window_layers": 21,
+         "use_sliding_window": False, "torch_dtype": "bfloat16"}
+    cfg = Qwen2Config.from_hf(d)
+    assert cfg.layer == QWEN25_1P5B and cfg.num_hidden_layers == 28
+    assert expected_shapes(cfg)["model.embed_tokens.weight"] == (151936, 1536)

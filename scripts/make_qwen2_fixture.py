@@ -9,12 +9,13 @@ Run it in a throwaway venv, never inside the repo and never as a project depende
     /tmp/hfvenv/bin/python scripts/make_qwen2_fixture.py
 
 It builds the checkpoint with :func:`mcf.model.random_checkpoint` (``TINY_MODEL``, seed
-``SEED``), writes it with :func:`mcf.model.save_checkpoint` as f32 and as bf16 into a temporary
-directory, loads each with ``Qwen2ForCausalLM.from_pretrained`` (float32 compute, eager
-attention), and records for a fixed prompt of ``PROMPT_LEN`` tokens the logits after every
-prompt token and ``DECODE`` greedy tokens with the logits that chose them (full forward per
-step, no cache). It first checks that :func:`mcf.model.checkpoint.to_bf16` rounds every tensor
-exactly as torch's ``.to(torch.bfloat16)``.
+:data:`mcf.model.checkpoint.TINY_SEED`) and writes it with :func:`mcf.model.save_checkpoint`
+as f32 and as bf16 into a temporary directory. It loads each with
+``Qwen2ForCausalLM.from_pretrained`` (float32 compute, eager attention) and records, for a
+fixed prompt of ``PROMPT_LEN`` tokens, the logits after every prompt token and ``DECODE``
+greedy tokens with the logits that chose them (full forward per step, no cache). It first
+checks that :func:`mcf.model.checkpoint.to_bf16` rounds every tensor exactly as torch's
+``.to(torch.bfloat16)``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-SEED = 0
 PROMPT_SEED = 1
 PROMPT_LEN = 16
 DECODE = 4
@@ -88,6 +88,7 @@ def main(argv=None) -> int:
     import transformers
 
     from mcf.model import TINY_MODEL, random_checkpoint, save_checkpoint
+    from mcf.model.checkpoint import TINY_SEED as SEED
 
     cfg = TINY_MODEL
     tensors = random_checkpoint(cfg, SEED)

@@ -185,3 +185,21 @@ def test_qwen25_1p5b_config_is_the_golden_geometry():
     cfg = Qwen2Config.from_hf(d)
     assert cfg.layer == QWEN25_1P5B and cfg.num_hidden_layers == 28
     assert expected_shapes(cfg)["model.embed_tokens.weight"] == (151936, 1536)
+
+
+def test_model_from_spec(tmp_path: Path):
+    from mcf.model import model_from_spec
+
+    cfg, t = model_from_spec("tiny")
+    assert cfg == TINY_MODEL
+    ref = random_checkpoint(TINY_MODEL, 0)
+    assert all(np.array_equal(t[n], ref[n]) for n in ref)
+    save_checkpoint(tmp_path, TINY_MODEL, random_checkpoint(TINY_MODEL, 9), dtype="f32")
+    cfg2, t2 = model_from_spec(str(tmp_path))
+    assert cfg2 == TINY_MODEL and np.array_equal(
+        t2[NORM_NAME], random_checkpoint(TINY_MODEL, 9)[NORM_NAME])
+    with pytest.raises(CheckpointError, match="not a directory"):
+        model_from_spec(str(tmp_path / "tinyy"))
+
+
+NORM_NAME = "model.norm.weight"

@@ -8,6 +8,7 @@ from .checkpoint import (
     CheckpointError,
     expected_shapes,
     load_checkpoint,
+    model_from_spec,
     random_checkpoint,
     save_checkpoint,
 )
@@ -16,5 +17,6 @@ from .golden import IntGeneration, IntModel, QuantModel, embed_codes, quantize_m
 from .reference import FloatModel, Generation
 
 __all__ = ["Qwen2Config", "ConfigError", "TINY_MODEL", "CheckpointError", "expected_shapes",
-           "random_checkpoint", "save_checkpoint", "load_checkpoint", "FloatModel", "Generation",
+           "random_checkpoint", "save_checkpoint", "load_checkpoint", "model_from_spec",
+           "FloatModel", "Generation",
            "QuantModel", "quantize_model", "embed_codes", "IntModel", "IntGeneration"]

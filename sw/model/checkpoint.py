@@ -29,7 +29,7 @@ from .config import ConfigError, Qwen2Config
 
 __all__ = ["CheckpointError", "EMBED_STD", "layer_names", "expected_shapes",
            "random_checkpoint", "save_checkpoint", "load_checkpoint", "to_bf16", "from_bf16",
-           "layer_weights", "SAFETENSORS_METADATA"]
+           "layer_weights", "SAFETENSORS_METADATA", "TINY_SEED", "model_from_spec"]
 
 EMBED_STD = 0.25
 """Standard deviation of the random embedding table: with a unit-RMS final hidden state the
@@ -259,3 +259,17 @@ def load_checkpoint(directory) -> tuple[Qwen2Config, dict[str, np.ndarray]]:
         tensors.update(_read_file(f, set(shapes)))
     _check(shapes, tensors)
     return cfg, tensors
+
+
+TINY_SEED = 0
+"""The seed of the ``tiny`` model named on command lines (the fixture's seed too)."""
+
+
+def model_from_spec(spec: str, seed: int = TINY_SEED) -> tuple[Qwen2Config, dict]:
+    """``"tiny"`` → (:data:`mcf.model.TINY_MODEL`, :func:`random_checkpoint` of ``seed``);
+    anything else is a checkpoint directory for :func:`load_checkpoint`."""
+    from .config import TINY_MODEL
+
+    if spec == "tiny":
+        return TINY_MODEL, random_checkpoint(TINY_MODEL, seed)
+    return load_checkpoint(spec)

@@ -48,6 +48,11 @@ __all__ = [
     "EthModel", "wire_bytes", "link_beats", "LENGTH_OFFSET", "LENGTH_SHIFT", "LENGTH_BYTES",
     "NODE_BITS",
     "RX_COUNTER",
+    "XGMII_IDLE", "XGMII_START", "XGMII_TERM", "XGMII_ERROR", "XGMII_SEQ", "XGMII_SIG",
+    "CONTROL_CODES", "O_CODES", "SYNC_DATA", "SYNC_CTRL", "BLOCK_FORMATS", "BLOCK_FIELDS",
+    "SCRAMBLER_TAPS", "LOCK_GOOD_HEADERS", "LOCK_BAD_HEADERS", "PCS_CLOCK_HZ", "BER_WINDOW_S",
+    "BER_WINDOW", "HI_BER_COUNT", "SLIP_HOLDOFF", "XGMII_MIN_IFG", "DIC_MAX", "PCS_STATUS",
+    "xgmii_period_bytes",
 ]
 
 ETH_TYPE = 0x88B5
@@ -118,13 +123,17 @@ RX_COUNTER = {EthDrop.PHY_ERROR: "rx_phy_errors", EthDrop.OVERFLOW: "rx_overflow
               EthDrop.FOREIGN: "rx_foreign_dst", EthDrop.BAD_LENGTH: "rx_bad_length"}
 
 
-def eth_registers(link: int) -> list[Register]:
+def eth_registers(link: int, *, pcs: bool = False) -> list[Register]:
     """Registers of the MAC on link ``link``: the peer's node id (its MAC is ``mac_of(peer)``)
-    and the :data:`ETH_STATUS` counters. The local address is ``mac_of(NODE.local_id)``."""
-    return [Register(f"ETH{link}_CFG", (
+    and the :data:`ETH_STATUS` counters. The local address is ``mac_of(NODE.local_id)``.
+    ``pcs``: a 10GBASE-R link, whose :data:`PCS_STATUS` (block lock, BER monitor) follows."""
+    regs = [Register(f"ETH{link}_CFG", (
         Field("peer_id", NODE_BITS, Access.RW, 0, "node at the far end: destination MAC"),
     ), f"link {link} Ethernet MAC configuration"),
         *status_registers(f"eth{link}", ETH_STATUS, f"link {link} MAC")]
+    if pcs:
+        regs += status_registers(f"eth{link}", PCS_STATUS, f"link {link} 10GBASE-R PCS")
+    return regs
 
 
 def link_length(link: bytes) -> int | None:
@@ -202,3 +211,86 @@ class EthModel:
             return link
         self.status[RX_COUNTER[cause]] += 1
         return None
+
+
+# ---- 10GBASE-R (IEEE 802.3 clauses 46 and 49) -------------------------------------------------
+
+XGMII_IDLE = 0x07
+XGMII_START = 0xFB
+XGMII_TERM = 0xFD
+XGMII_ERROR = 0xFE
+XGMII_SEQ = 0x9C                # /Q/ ordered set (link fault signalling)
+XGMII_SIG = 0x5C                # /Fsig/ ordered set
+XGMII_MIN_IFG = 12              # bytes from /T/ (included) to the next /S/, on average
+DIC_MAX = 3                     # deficit idle count range 0..3 (clause 46.3.1.4)
+
+CONTROL_CODES = {0x07: 0x00, 0x06: 0x06, 0xFE: 0x1E, 0x1C: 0x2D, 0x3C: 0x33, 0x7C: 0x4B,
+                 0xBC: 0x55, 0xDC: 0x66, 0xF7: 0x78}
+"""XGMII control character → 7-bit 10GBASE-R control code (Table 49-1): idle, LPI, error and
+the reserved characters. /S/, /T/ and the ordered sets have no 7-bit code."""
+O_CODES = {XGMII_SEQ: 0x0, XGMII_SIG: 0xF}
+"""Ordered-set control character in lane 0/4 → 4-bit O code."""
+
+SYNC_DATA = 0b10                # sync header, bit 0 sent first: "01" on the wire
+SYNC_CTRL = 0b01                # "10" on the wire
+
+BLOCK_FORMATS = {
+    0x1E: "CCCCCCCC", 0x2D: "CCCCODDD", 0x33: "CCCCSDDD", 0x66: "ODDDSDDD",
+    0x55: "ODDDODDD", 0x78: "SDDDDDDD", 0x4B: "ODDDCCCC", 0x87: "TCCCCCCC",
+    0x99: "DTCCCCCC", 0xAA: "DDTCCCCC", 0xB4: "DDDTCCCC", 0xCC: "DDDDTCCC",
+    0xD2: "DDDDDTCC", 0xE1: "DDDDDDTC", 0xFF: "DDDDDDDT",
+}
+"""Control block type → what each XGMII lane 0..7 holds (Figure 49-7): D data, C control
+code, O ordered-set code, S start, T terminate. Priority is the dict order (all distinct)."""
+
+
+def _fields(kind: str) -> tuple[tuple[str, int, int], ...]:
+    """The payload fields after the type byte, in bit order: (``D``/``C``/``O``/``Z``, lane,
+    width); ``Z`` is unused (zero) bits. Clause 49's layouts: in blocks starting with an
+    ordered set the data lanes 1..3 come before O0."""
+    width = {"D": 8, "C": 7, "O": 4}
+    if kind[0] == "O":
+        first = [("D", 1, 8), ("D", 2, 8), ("D", 3, 8), ("O", 0, 4)]
+        rest = range(4, 8)
+    else:
+        first, rest = [], range(8)
+    out = list(first)
+    for lane in rest:
+        k = kind[lane]
+        if k == "S":
+            out.append(("Z", lane, 4) if lane == 4 else ("Z", lane, 0))
+        elif k == "T":
+            out.append(("Z", lane, 7 - lane))
+        else:
+            out.append((k, lane, width[k]))
+    out = tuple(f for f in out if f[2])
+    assert sum(f[2] for f in out) == 56, kind
+    return out
+
+
+BLOCK_FIELDS = {t: _fields(k) for t, k in BLOCK_FORMATS.items()}
+"""Control block type → payload fields after the type byte (see :func:`_fields`)."""
+
+SCRAMBLER_TAPS = (39, 58)       # G(x) = 1 + x^39 + x^58, self-synchronising (clause 49.2.6)
+LOCK_GOOD_HEADERS = 64          # valid sync headers in a row to gain block lock
+LOCK_BAD_HEADERS = 16           # invalid ones among 64 that lose it
+SLIP_HOLDOFF = 2                # blocks ignored after a slip (the gearbox realigns)
+PCS_CLOCK_HZ = 156_250_000      # 10.3125 Gb/s / 66: one 66-bit block per cycle
+BER_WINDOW_S = 125e-6           # clause 49.2.14: hi_ber over a 125 µs window
+BER_WINDOW = round(BER_WINDOW_S * PCS_CLOCK_HZ)     # 19,531 blocks
+HI_BER_COUNT = 16               # invalid sync headers in one window that set hi_ber
+
+PCS_STATUS = data.StructLayout({
+    "block_lock": unsigned(1), "hi_ber": unsigned(1),
+    "ber_count": unsigned(32), "errored_blocks": unsigned(32), "lock_losses": unsigned(32),
+})
+"""10GBASE-R PCS status: live ``block_lock`` / ``hi_ber``, and counters of invalid sync
+headers seen while locked (the BER monitor's count), blocks decoded as errors, and losses of
+block lock."""
+
+
+def xgmii_period_bytes(frame_len: int) -> float:
+    """Average bytes a frame of ``frame_len`` (dst..FCS) occupies on XGMII at line rate:
+    start + preamble + SFD (8), the frame, and on average ``XGMII_MIN_IFG`` (the deficit idle
+    count keeps the average at 12 with starts aligned to lanes 0/4)."""
+    return 8 + frame_len + XGMII_MIN_IFG

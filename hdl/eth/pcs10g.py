@@ -1,0 +1,355 @@
+"""10GBASE-R PCS (IEEE 802.3 clause 49; issue #13 item 3; ``docs/eth.md`` §5).
+
+Transmit: XGMII word → :class:`Encoder` (64b/66b) → :class:`Scrambler` → :class:`GearboxTx`
+(66-bit blocks → the GTH's ``width``-bit TXDATA). Receive: RXDATA → :class:`GearboxRx`
+(``slip`` from :class:`BlockLock`) → :class:`Descrambler` → :class:`Decoder` → XGMII word;
+:class:`BerMonitor` watches the sync headers. Formats (block types, control codes, sync
+headers, lock and BER constants) come from :mod:`mcf.abi.eth`; the bit-exact reference is
+:mod:`mcf.golden.eth10g`.
+
+Clocking: the GT runs without its internal PCS or gearbox at 10.3125 Gb/s; with a ``width``-bit
+user interface its user clock is 10.3125 GHz / ``width`` (161.13 MHz at 64 bits). A block is
+66 bits, so the transmit chain before :class:`GearboxTx` advances only in cycles where
+``GearboxTx.ready`` is high (32 of 33 at 64 bits; the wrapper gates it with an
+``EnableInserter``), and the receive chain carries a ``valid`` beside every block.
+"""
+
+
+from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from mcf.abi.eth import (
+    BER_WINDOW,
+    BLOCK_FIELDS,
+    BLOCK_FORMATS,
+    CONTROL_CODES,
+    HI_BER_COUNT,
+    LOCK_BAD_HEADERS,
+    LOCK_GOOD_HEADERS,
+    O_CODES,
+    SCRAMBLER_TAPS,
+    SLIP_HOLDOFF,
+    SYNC_CTRL,
+    SYNC_DATA,
+    XGMII_ERROR,
+    XGMII_START,
+    XGMII_TERM,
+)
+
+__all__ = ["Encoder", "Decoder", "Scrambler", "Descrambler", "GearboxTx", "GearboxRx",
+           "BlockLock", "BerMonitor", "ERROR_DATA"]
+
+ERROR_DATA = int.from_bytes(bytes([XGMII_ERROR] * 8), "little")
+_A, _B = SCRAMBLER_TAPS
+
+
+def _lookup(m, value, table: dict, width: int, name: str):
+    """(mapped value, hit) of ``value`` through ``table`` as a comb case."""
+    out = Signal(width, name=f"{name}_v")
+    hit = Signal(name=f"{name}_ok")
+    with m.Switch(value):
+        for k, v in table.items():
+            with m.Case(k):
+                m.d.comb += [out.eq(v), hit.eq(1)]
+    return out, hit
+
+
+class Encoder(wiring.Component):
+    """64b/66b encoder (clause 49.2.4.4): one XGMII word per cycle → one block.
+
+    Members: ``data``/``ctrl`` — ``In(64)``/``In(8)`` the XGMII word; ``header``/``payload`` —
+    ``Out(2)``/``Out(64)`` the block (registered, latency 1). A data word gives a data block;
+    a word whose lanes match a control block format (``BLOCK_FORMATS``) that block; anything
+    else an error block (type 0x1E, all /E/)."""
+
+    data: In(64)
+    ctrl: In(8)
+    header: Out(2)
+    payload: Out(64)
+
+    def elaborate(self, platform):
+        m = Module()
+        lanes = [self.data.word_select(k, 8) for k in range(8)]
+        kind = {"D": [], "C": [], "O": [], "S": [], "T": []}
+        code7, ocode = [], []
+        for k, b in enumerate(lanes):
+            c = self.ctrl[k]
+            v7, ok7 = _lookup(m, b, CONTROL_CODES, 7, f"c{k}")
+            v4, ok4 = _lookup(m, b, O_CODES, 4, f"o{k}")
+            code7.append(v7)
+            ocode.append(v4)
+            kind["D"].append(~c)
+            kind["C"].append(c & ok7)
+            kind["O"].append(c & ok4)
+            kind["S"].append(c & (b == XGMII_START))
+            kind["T"].append(c & (b == XGMII_TERM))
+        hdr = Signal(2)
+        pay = Signal(64)
+        err_type = next(t for t, f in BLOCK_FORMATS.items() if f == "C" * 8)
+        err_code = CONTROL_CODES[XGMII_ERROR]
+        m.d.comb += [hdr.eq(SYNC_CTRL),
+                     pay.eq(Cat(Const(err_type, 8), *[Const(err_code, 7)] * 8))]
+        with m.If(self.ctrl == 0):
+            m.d.comb += [hdr.eq(SYNC_DATA), pay.eq(self.data)]
+        for btype, fmt in BLOCK_FORMATS.items():
+            match = Cat(*[kind[f][k] for k, f in enumerate(fmt)]).all()
+            fields = [Const(btype, 8)]
+            for f, lane, width in BLOCK_FIELDS[btype]:
+                fields.append({"D": lanes[lane], "C": code7[lane], "O": ocode[lane],
+                               "Z": Const(0, width)}[f])
+            with m.Elif(match):
+                m.d.comb += pay.eq(Cat(*fields))
+        m.d.sync += [self.header.eq(hdr), self.payload.eq(pay)]
+        return m
+
+
+class Decoder(wiring.Component):
+    """64b/66b decoder (clause 49.2.11): one block → one XGMII word.
+
+    Members: ``header``/``payload``/``valid`` — ``In`` the descrambled block; ``data``/
+    ``ctrl``/``o_valid`` — ``Out`` the XGMII word (registered, latency 1); ``error`` —
+    ``Out(1)`` this word replaced an invalid block (bad sync header, unknown type, invalid
+    control or O code) by all-/E/; ``force_error`` — ``In(1)``: send all-/E/ (no block lock).
+    """
+
+    header: In(2)
+    payload: In(64)
+    valid: In(1)
+    force_error: In(1)
+    data: Out(64)
+    ctrl: Out(8)
+    o_valid: Out(1)
+    error: Out(1)
+
+    def elaborate(self, platform):
+        m = Module()
+        code_of = {v: k for k, v in CONTROL_CODES.items()}
+        oset_of = {v: k for k, v in O_CODES.items()}
+        p = self.payload
+        data = Signal(64)
+        ctrl = Signal(8)
+        bad = Signal()
+        m.d.comb += [data.eq(ERROR_DATA), ctrl.eq(0xFF), bad.eq(1)]
+        with m.If(self.header == SYNC_DATA):
+            m.d.comb += [data.eq(p), ctrl.eq(0), bad.eq(0)]
+        with m.Elif(self.header == SYNC_CTRL), m.Switch(p[:8]):
+            for btype, fmt in BLOCK_FORMATS.items():
+                with m.Case(btype):
+                    lanes = [Signal(8, name=f"t{btype:02x}_l{k}") for k in range(8)]
+                    oks = []
+                    pos = 8
+                    ctl = 0
+                    for lane, f in enumerate(fmt):
+                        if f == "S":
+                            m.d.comb += lanes[lane].eq(XGMII_START)
+                        elif f == "T":
+                            m.d.comb += lanes[lane].eq(XGMII_TERM)
+                        ctl |= (f != "D") << lane
+                    for f, lane, width in BLOCK_FIELDS[btype]:
+                        v = p[pos:pos + width]
+                        pos += width
+                        if f == "D":
+                            m.d.comb += lanes[lane].eq(v)
+                        elif f in "CO":
+                            table = code_of if f == "C" else oset_of
+                            b, ok = _lookup(m, v, table, 8, f"t{btype:02x}_{f}{lane}")
+                            m.d.comb += lanes[lane].eq(b)
+                            oks.append(ok)
+                    valid = Cat(*oks).all() if oks else Const(1)
+                    with m.If(valid):
+                        m.d.comb += [data.eq(Cat(*lanes)), ctrl.eq(ctl), bad.eq(0)]
+        with m.If(self.force_error):
+            m.d.comb += [data.eq(ERROR_DATA), ctrl.eq(0xFF)]
+        m.d.sync += [self.o_valid.eq(self.valid), self.error.eq(self.valid & bad
+                                                                  & ~self.force_error)]
+        with m.If(self.valid):
+            m.d.sync += [self.data.eq(data), self.ctrl.eq(ctrl)]
+        return m
+
+
+class Scrambler(wiring.Component):
+    """Self-synchronising scrambler G(x) = 1 + x^39 + x^58 over the 64-bit payload, bit 0
+    first (clause 49.2.6); the sync header passes unscrambled.
+
+    Members: ``header``/``payload`` — ``In``; ``o_header``/``o_payload`` — ``Out``
+    (registered, latency 1). The 58-bit state resets to all ones (any value works)."""
+
+    header: In(2)
+    payload: In(64)
+    o_header: Out(2)
+    o_payload: Out(64)
+
+    def elaborate(self, platform):
+        m = Module()
+        hist = Signal(_B, init=(1 << _B) - 1)       # bit j: output bit j - 58 (57 newest)
+        full = [hist[j] for j in range(_B)]
+        for i in range(64):
+            full.append(self.payload[i] ^ full[i + _B - _A] ^ full[i])
+        out = Cat(*full[_B:])
+        m.d.sync += [hist.eq(out[64 - _B:]), self.o_payload.eq(out),
+                     self.o_header.eq(self.header)]
+        return m
+
+
+class Descrambler(wiring.Component):
+    """Inverse of :class:`Scrambler`; self-synchronising (right after 58 bits).
+
+    Members: ``header``/``payload``/``valid`` — ``In``; ``o_header``/``o_payload``/
+    ``o_valid`` — ``Out`` (registered, latency 1); state advances on ``valid`` blocks only."""
+
+    header: In(2)
+    payload: In(64)
+    valid: In(1)
+    o_header: Out(2)
+    o_payload: Out(64)
+    o_valid: Out(1)
+
+    def elaborate(self, platform):
+        m = Module()
+        hist = Signal(_B)
+        full = [hist[j] for j in range(_B)] + [self.payload[i] for i in range(64)]
+        out = Cat(*[self.payload[i] ^ full[i + _B - _A] ^ full[i] for i in range(64)])
+        m.d.sync += self.o_valid.eq(self.valid)
+        with m.If(self.valid):
+            m.d.sync += [hist.eq(self.payload[64 - _B:]), self.o_payload.eq(out),
+                         self.o_header.eq(self.header)]
+        return m
+
+
+class GearboxTx(wiring.Component):
+    """66-bit blocks → ``width``-bit GT words (``width`` 32 or 64), bit 0 sent first.
+
+    Members: ``header``/``payload`` — ``In`` the block offered; ``ready`` — ``Out(1)`` the
+    block is taken this cycle (comb of a register: the upstream chain advances on it);
+    ``data`` — ``Out(width)`` TXDATA (registered). A block is taken in 32 of 33 cycles at 64
+    bits, 16 of 33 at 32. Latency: a block's first bit leaves in the cycle after it is taken.
+    """
+
+    def __init__(self, width: int = 64):
+        if width not in (32, 64):
+            raise ValueError("the GTH user width is 32 or 64")
+        self._width = width
+        super().__init__({"header": In(2), "payload": In(64), "ready": Out(1),
+                          "data": Out(width)})
+
+    def elaborate(self, platform):
+        m = Module()
+        w = self._width
+        buf = Signal(w + 66)
+        cnt = Signal(range(w + 67))          # bits held in buf
+        m.d.comb += self.ready.eq(cnt < w)
+        merged = Signal(w + 66)
+        total = Signal(range(w + 67))
+        with m.If(self.ready):
+            m.d.comb += [merged.eq(buf | (Cat(self.header, self.payload) << cnt)),
+                         total.eq(cnt + 66)]
+        with m.Else():
+            m.d.comb += [merged.eq(buf), total.eq(cnt)]
+        m.d.sync += [self.data.eq(merged[:w]), buf.eq(merged[w:]), cnt.eq(total - w)]
+        return m
+
+
+class GearboxRx(wiring.Component):
+    """``width``-bit GT words → 66-bit blocks, bit 0 first.
+
+    Members: ``data`` — ``In(width)`` RXDATA, one word per cycle; ``slip`` — ``In(1)``:
+    drop one bit (block alignment moves by one); ``header``/``payload``/``valid`` — ``Out``
+    the blocks (registered), ``valid`` in 32 of 33 cycles at 64 bits (16 of 33 at 32)."""
+
+    def __init__(self, width: int = 64):
+        if width not in (32, 64):
+            raise ValueError("the GTH user width is 32 or 64")
+        self._width = width
+        super().__init__({"data": In(width), "slip": In(1), "header": Out(2),
+                          "payload": Out(64), "valid": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        w = self._width
+        buf = Signal(66 + w)
+        cnt = Signal(range(66 + w + 1))      # bits held (< 66 between cycles)
+        merged = Signal(66 + w)
+        total = Signal(range(66 + w + 1))
+        m.d.comb += [merged.eq((buf | (self.data << cnt)) >> self.slip),
+                     total.eq(cnt + w - self.slip)]
+        with m.If(total >= 66):
+            m.d.sync += [self.valid.eq(1), self.header.eq(merged[:2]),
+                         self.payload.eq(merged[2:66]), buf.eq(merged >> 66),
+                         cnt.eq(total - 66)]
+        with m.Else():
+            m.d.sync += [self.valid.eq(0), buf.eq(merged), cnt.eq(total)]
+        return m
+
+
+class BlockLock(wiring.Component):
+    """Block lock (clause 49.2.13, Figure 49-14) on the sync headers of valid blocks.
+
+    Members: ``header``/``valid`` — ``In``; ``block_lock`` — ``Out(1)``; ``slip`` —
+    ``Out(1)`` one-cycle pulse to :class:`GearboxRx` (registered); ``lost`` — ``Out(1)``
+    pulse when lock is lost. Unlocked: any invalid header (00/11) slips; ``LOCK_GOOD_HEADERS``
+    valid headers in a row lock. Locked: ``LOCK_BAD_HEADERS`` invalid ones within a window of
+    64 unlock and slip. ``SLIP_HOLDOFF`` blocks after a slip are not tested."""
+
+    header: In(2)
+    valid: In(1)
+    block_lock: Out(1)
+    slip: Out(1)
+    lost: Out(1)
+
+    def elaborate(self, platform):
+        m = Module()
+        sh_cnt = Signal(range(LOCK_GOOD_HEADERS + 1))
+        bad_cnt = Signal(range(LOCK_BAD_HEADERS + 1))
+        holdoff = Signal(range(SLIP_HOLDOFF + 1))
+        good = (self.header == SYNC_DATA) | (self.header == SYNC_CTRL)
+        m.d.sync += [self.slip.eq(0), self.lost.eq(0)]
+        with m.If(self.valid):
+            with m.If(holdoff != 0):
+                m.d.sync += holdoff.eq(holdoff - 1)
+            with m.Elif(~good & ((bad_cnt == LOCK_BAD_HEADERS - 1) | ~self.block_lock)):
+                m.d.sync += [self.slip.eq(1), self.lost.eq(self.block_lock),
+                             self.block_lock.eq(0), sh_cnt.eq(0), bad_cnt.eq(0),
+                             holdoff.eq(SLIP_HOLDOFF)]
+            with m.Elif(sh_cnt == LOCK_GOOD_HEADERS - 1):
+                m.d.sync += [sh_cnt.eq(0), bad_cnt.eq(0)]
+                with m.If((bad_cnt == 0) & good):
+                    m.d.sync += self.block_lock.eq(1)
+            with m.Else():
+                m.d.sync += [sh_cnt.eq(sh_cnt + 1), bad_cnt.eq(bad_cnt + ~good)]
+        return m
+
+
+class BerMonitor(wiring.Component):
+    """BER monitor (clause 49.2.14, Figure 49-15) over valid blocks while locked.
+
+    Members: ``header``/``valid``/``block_lock`` — ``In``; ``hi_ber`` — ``Out(1)``: set when
+    ``HI_BER_COUNT`` invalid sync headers fall in one window of ``window`` blocks (default
+    :data:`mcf.abi.eth.BER_WINDOW`, 125 µs at 156.25 MHz), cleared at the end of a window
+    with fewer; ``ber_count`` — ``Out(32)`` invalid headers seen while locked (saturates)."""
+
+    def __init__(self, window: int = BER_WINDOW):
+        self._window = window
+        super().__init__({"header": In(2), "valid": In(1), "block_lock": In(1),
+                          "hi_ber": Out(1), "ber_count": Out(32)})
+
+    def elaborate(self, platform):
+        m = Module()
+        timer = Signal(range(self._window))
+        cnt = Signal(range(HI_BER_COUNT + 1))
+        bad = (self.header != SYNC_DATA) & (self.header != SYNC_CTRL)
+        cnt_next = Mux(bad & (cnt != HI_BER_COUNT), cnt + 1, cnt)
+        with m.If(~self.block_lock):
+            m.d.sync += [timer.eq(0), cnt.eq(0)]
+        with m.Elif(self.valid):
+            with m.If(bad & ~self.ber_count.all()):
+                m.d.sync += self.ber_count.eq(self.ber_count + 1)
+            with m.If(cnt_next == HI_BER_COUNT):
+                m.d.sync += self.hi_ber.eq(1)
+            with m.If(timer == self._window - 1):
+                m.d.sync += [timer.eq(0), cnt.eq(0)]
+                with m.If(cnt_next != HI_BER_COUNT):
+                    m.d.sync += self.hi_ber.eq(0)
+            with m.Else():
+                m.d.sync += [timer.eq(timer + 1), cnt.eq(cnt_next)]
+        return m

@@ -37,6 +37,15 @@ def test_two_nodes_run_mars_prefill_steps(pair, tmp_path):
     assert all(p > 0 for p in got["kv_packets_landed"])
 
 
+def test_two_nodes_run_the_layer_program(pair, tmp_path):
+    out = tmp_path / "layer.json"
+    run(pair, BENCH, testcase="layer", params={
+        "nodes": 2, "seq_len": 64, "chunk": 32, "seed": 2, "pause": 0.1, "out": str(out)})
+    got = json.loads(out.read_text())
+    assert len(got["step_cycles"]) == 2
+    assert all(e["att_records"] == 2 * 2 * 16 * 2 for e in got["engines"].values())
+
+
 def test_bad_input_is_counted_and_good_traffic_lands(pair):
     run(pair, BENCH, testcase="bad_input", params={"nodes": 2, "seed": 5})
 

@@ -12,7 +12,6 @@ from mcf.abi.meta import Meta, Op
 from mcf.abi.node import CMD_BYTES, Queue, RecordClass, cmd_malformed
 from mcf.abi.node_config import KR260, SIM
 from mcf.abi.sequencer import SeqCounter
-from mcf.hdl.node.top import COMPUTE_CLASSES
 from mcf.mars import ClusterSpec, get_model, make_topology, plan
 from mcf.node.layout import REGION_ALIGN, NodeLayout
 from mcf.node.program import (
@@ -66,8 +65,7 @@ def test_step_programs_follow_the_driver_rule(name):
             for q, cmds in ((Queue.NET, prog.net), (Queue.COMPUTE, prog.compute)):
                 assert cmds[-1].cls is RecordClass.MARK and cmds[-1].irq
                 for c in cmds:
-                    assert not cmd_malformed(int.from_bytes(c.pack(), "little"), q,
-                                             COMPUTE_CLASSES)
+                    assert not cmd_malformed(int.from_bytes(c.pack(), "little"), q)
             # NET: MARS's plan phase, in MARS's order
             plan_metas = [r.meta for r in mine if r.phase == "plan"]
             assert [Meta.unpack(c.meta) for c in prog.net[:-1]] == plan_metas

@@ -1,14 +1,13 @@
 """The node top: one KR260's programmable logic behind flat Xilinx ports (docs/node.md, issue #11;
 paper §5, Fig. 2: the PS pushes metadata, the PL moves and lands every tensor).
 
-This is the communication half of the node: command rings → two in-order sequencers → send unit
-→ packetizer → parser 0 → router; three links (through the ``LINK_MAP`` crossbar) → LinkRx →
-parsers 1..3; every local output merged packet by packet into the local sink → landing engine
-(KV slots), decode lander (QBUF/OBUF), directory (DRAIN) and the barrier counter. The compute
-engines (GEMM, attention, K/V emitter) and the KV reader join through the COMPUTE sequencer's
-``job``/``emit``/``attend`` streams; until they do, this top's ring readers treat JOB, EMIT and
-ATTEND records as malformed for this build (counted in ``cmd1_bad_records``, skipped) —
-``CAPS`` says what the build executes.
+Command rings → two in-order sequencers (NET, COMPUTE). The COMPUTE queue's JOB, EMIT and
+ATTEND records drive the compute half (:class:`~mcf.hdl.node.compute.NodeCompute`: template
+walker + matrix engine, K/V emitter, ATTEND executor + KV reader + attention engine); SEND
+records of both queues → send unit → packetizer → parser 0 → router; three links (through the
+``LINK_MAP`` crossbar) → LinkRx → parsers 1..3; every local output (and EMIT's local fragments)
+merged packet by packet into the local sink → landing engine (KV slots), decode lander
+(QBUF/OBUF), directory (DRAIN) and the barrier counter.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from mcf.abi.csrmap import NODE_LINKS, PARSER_PORTS, node_regmap
 from mcf.abi.directory import DIR_OP, LAND_EVENT
 from mcf.abi.framing import beat_layout, parsed_layout
 from mcf.abi.meta import Port
-from mcf.abi.node import IRQ_CAUSES, Queue, RecordClass
+from mcf.abi.node import IRQ_CAUSES, Queue
 from mcf.abi.node_config import (
     AXI_WIDTH,
     PACKET_WIDTH,
@@ -40,6 +39,7 @@ from ..nic.top import NicTop
 from ..packet.packetizer import Packetizer
 from ..packet.parser import Parser, port_member_name
 from .arbiter import PacketArbiter
+from .compute import COMPUTE_BUSES, NodeCompute
 from .decode_land import DecodeLander
 from .directory import Directory
 from .ingress import CmdRingReader
@@ -49,10 +49,15 @@ from .local_sink import LocalSink
 from .send import SendUnit
 from .sequencer import QueueSequencer
 
-__all__ = ["NodeTop", "node_axis_names", "COMPUTE_CLASSES"]
+__all__ = ["NodeTop", "node_axis_names", "HP_CLIENTS"]
 
-COMPUTE_CLASSES = (RecordClass.JOB, RecordClass.EMIT, RecordClass.ATTEND)
-"""Record classes of the compute engines, not yet joined to this top."""
+HP_CLIENTS: dict[int, tuple[str, ...]] = {
+    0: ("ring0", "ring1", "walker", "mat0"),
+    1: ("mat1", "kvr"),
+    2: ("land", "dec", "att_wr"),
+    3: ("send", "emit", "att_rd"),
+}
+"""The AXI4 masters on each HP port, in client (AXI ID) order (docs/node.md §4)."""
 
 
 def node_axis_names(links: int = NODE_LINKS) -> dict[str, str]:
@@ -75,9 +80,9 @@ class NodeTop(wiring.Component):
     Members (the flat names of docs/node.md §10 under :class:`mcf.hdl.flat.FlatTop`)
     -------------------------------------------------------------------------------------
     s_axi_ctrl : In(AxiLiteSignature(addr 12, data 32)) — :func:`mcf.abi.csrmap.node_regmap`.
-    m_axi_hp{0..3} : Out(AXI4Signature(49, 128, id 6)) — HP0: the two ring readers; HP1: the
-        KV reader (not yet joined: idle); HP2: landing engine and decode lander (writes);
-        HP3: the send unit's DDR reads. IDs: the port multiplexer's client index.
+    m_axi_hp{0..3} : Out(AXI4Signature(49, 128, id 6)) — the clients of :data:`HP_CLIENTS`
+        behind one :class:`~mcf.hdl.mem.axi_mux.AxiPortMux` per port; the ID's top bits are
+        the client index.
     m_axis_link{l} / s_axis_link{l} : wire-format frames (``beat_layout(64)``) to / from the
         MAC wrapper of physical link ``l`` (0 SFP+, 1 and 2 RGMII).
     irq : Out(1) — OR of ``IRQ_STATUS & IRQ_ENABLE``.
@@ -120,8 +125,7 @@ class NodeTop(wiring.Component):
         # ---- command rings and sequencers ------------------------------------------------------
         rings, seqs = [], []
         for q in Queue:
-            ring = CmdRingReader(q, fifo_depth=cfg.ring_fifo,
-                                 max_burst=min(16, cfg.ring_fifo), exclude=COMPUTE_CLASSES)
+            ring = CmdRingReader(q, fifo_depth=cfg.ring_fifo, max_burst=min(16, cfg.ring_fifo))
             seq = QueueSequencer(q)
             m.submodules[f"ring{q.value}"] = ring
             m.submodules[f"seq{q.value}"] = seq
@@ -163,6 +167,30 @@ class NodeTop(wiring.Component):
         status("send", send.status)
         status("pkt", pkt.status)
 
+        # ---- compute half: JOB, EMIT, ATTEND ---------------------------------------------------
+        m.submodules.compute = comp = NodeCompute(cfg)
+        cseq = seqs[Queue.COMPUTE.value]
+        for name in ("job", "emit", "attend"):
+            wiring.connect(m, getattr(cseq, name), getattr(comp, name))
+            m.d.comb += getattr(cseq, f"{name}_done").eq(getattr(comp, f"{name}_done"))
+
+        def addr(reg: str):
+            return Cat(bank.port(f"{reg}_LO"), bank.port(f"{reg}_HI"))
+
+        m.d.comb += [
+            comp.jobs_table.eq(addr("JOBS_TABLE")),
+            comp.jobs_table_len.eq(bank.port("JOBS_TABLE_LEN")),
+            comp.emit_cfg.kv_base.eq(addr("EMIT_KV_BASE")),
+            comp.emit_cfg.row_stride.eq(bank.port("EMIT_ROW_STRIDE")),
+            comp.att_list_base.eq(addr("ATT_LIST_BASE")),
+            comp.local_id.eq(local_id),
+        ]
+        wiring.connect(m, comp.staged_emit, send.staged_emit)
+        wiring.connect(m, comp.staged_attn, send.staged_attn)
+        for prefix in ("jobs", "emit", "att", "kvr", "dma0", "dma1", "gemm", "vector", "attn",
+                       "cmp"):
+            status(prefix, getattr(comp, f"{prefix}_status"))
+
         parsers = [Parser(PACKET_WIDTH, max_payload=cfg.max_payload)
                    for _ in range(PARSER_PORTS)]
         for i, prs in enumerate(parsers):
@@ -202,7 +230,7 @@ class NodeTop(wiring.Component):
         m.submodules.arb_a2a = arb_a2a = PacketArbiter(n_par, parsed)
         local_srcs = ([getattr(prs, port_member_name(Port.LOCAL)) for prs in parsers] +
                       [getattr(prs, port_member_name(Port.CONTROL)) for prs in parsers] +
-                      [nic.deliver, nic.a2a_out])
+                      [nic.deliver, nic.a2a_out, comp.local])
         m.submodules.arb_local = arb_loc = PacketArbiter(len(local_srcs), parsed)
         for i, prs in enumerate(parsers):
             wiring.connect(m, getattr(prs, port_member_name(Port.REDUCTION)),
@@ -247,8 +275,6 @@ class NodeTop(wiring.Component):
             dec.cfg.tag_base.eq(bank.port("DEC_TAG_BASE")),
             send.qbuf_base.eq(qbuf_base),
         ]
-        for staged in (send.staged_attn, send.staged_emit):   # the compute half (not yet)
-            m.d.comb += staged.valid.eq(0)
 
         # directory inputs: land events (landing engine, DIR_LAND), ops (FREE, DRAIN)
         one_land, one_op = _one_beat(LAND_EVENT), _one_beat(DIR_OP)
@@ -272,24 +298,31 @@ class NodeTop(wiring.Component):
                 seq.counters[SeqCounter.CONTROL.value].eq(lsink.control),
                 seq.counters[SeqCounter.OTHER_RETIRED.value].eq(other.retired),
             ]
-        comp = seqs[Queue.COMPUTE.value]
-        for name in ("job", "emit", "attend"):     # excluded at the ring: never issued
-            m.d.comb += [getattr(comp, name).ready.eq(0), getattr(comp, f"{name}_done").eq(0)]
 
         # ---- AXI: HP-port multiplexers ---------------------------------------------------------
-        clients = {0: [r.bus for r in rings], 1: [], 2: [land.m_axi, dec.bus], 3: [send.bus]}
+        buses = {"ring0": rings[0].bus, "ring1": rings[1].bus, "land": land.m_axi,
+                 "dec": dec.bus, "send": send.bus,
+                 **{b: getattr(comp, f"m_axi_{b}") for b in COMPUTE_BUSES}}
         for p in range(cfg.hp_ports):
-            _hp_port(m, f"hp{p}", clients[p], getattr(self, f"m_axi_hp{p}"))
+            _hp_port(m, f"hp{p}", [buses[b] for b in HP_CLIENTS[p]],
+                     getattr(self, f"m_axi_hp{p}"))
 
         # ---- interrupts ------------------------------------------------------------------------
         causes = {
             "mark0": seqs[0].irq_mark, "mark1": seqs[1].irq_mark,
             "halt0": _rose(m, seqs[0].halted), "halt1": _rose(m, seqs[1].halted),
-            "bad_record": _bumped(m, [r.status.bad_records for r in rings]),
+            "bad_record": _bumped(m, [*(r.status.bad_records for r in rings),
+                                      comp.jobs_status.bad_index, comp.jobs_status.bad_entries,
+                                      comp.emit_status.bad_record, comp.att_status.bad_record,
+                                      comp.att_status.bad_list, comp.kvr_status.rejects]),
             "overrun": _bumped(m, [r.status.overruns for r in rings]),
             "bus_error": _bumped(m, [*(r.status.read_errors for r in rings),
                                      land.status.write_errors, dec.status.write_errors,
-                                     send.status.read_errors]),
+                                     send.status.read_errors, comp.jobs_status.read_errors,
+                                     comp.emit_status.read_errors, comp.att_status.write_errors,
+                                     comp.kvr_status.bus_errors,
+                                     *(getattr(comp, f"dma{i}_status")[f"{d}_errors"]
+                                       for i in (0, 1) for d in ("rd", "wr"))]),
             "drop": _bumped(m, [land.status.drop_unmapped, land.status.drop_bad_seq,
                                 land.status.drop_op, lsink.status.drop_op,
                                 lsink.status.drop_invalidate,

@@ -1,15 +1,15 @@
 """Node bench (``mcf bench node``; issue #11 §3): two ``sim``-configuration node tops in a KR260
 ring (:class:`mcf.sim.cluster.ClusterTop`, links at 10G/1G rates of a 300 MHz ``aclk``, latency
-:data:`LINK_LATENCY` cycles) run MARS's own prefill chunk steps of the ``tiny`` model, every KV byte
-checked at every planned receiver; the metadata ingress rate through the whole node; the kr260
-GEMM's MACs/cycle (:func:`mcf.sim.bench.compute.kr260_gemm`, bit-exact); yosys resources of both
-node tops and of the kr260 compute engines that are built but not yet joined to the top.
+:data:`LINK_LATENCY` cycles) run MARS's prefill chunk steps of the ``tiny`` model twice: with the
+KV placed by the PS (the communication alone, every KV byte checked at every planned receiver)
+and as the **layer program** (every node computes its slices on its own engines: JOB, EMIT tee,
+ATTEND, bit-exact against :func:`mcf.node.layer.golden_prefill`); the metadata ingress rate
+through the whole node; the kr260 GEMM's MACs/cycle (:func:`mcf.sim.bench.compute.kr260_gemm`,
+bit-exact); yosys resources of both node tops.
 
-What is not measured yet, and why, is in the result's ``not_measured``: the node top's compute
-half (JOB template walker, EMIT tee, ATTEND executor) is not joined, so a prefill step here is its
-communication (MARS's plan, store and free phases) and there is no decode step or compute-busy
-fraction to report. A cocotb assertion (a byte that did not land, any drop or bad-record counter)
-makes the bench refuse.
+What is not measured yet, and why, is in the result's ``not_measured``. A cocotb assertion (a
+byte that did not land or differs from the golden model, any drop or bad-record counter) makes
+the bench refuse.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ LINK_LATENCY = 64
 model's steps are not all wire time)."""
 
 NOT_MEASURED = {
-    "decode_step_cycles": "the ATTEND executor (attention states) is not joined to the node top",
-    "compute_busy_fraction": "the GEMM and attention engines are not joined to the node top",
+    "decode_step_cycles": "the decode step (query multicast, ATTEND DECODE, reduction to the "
+                          "root) is not yet programmed on the node top",
 }
 
 
@@ -60,6 +60,16 @@ def prefill(small: bool) -> dict:
             "link_latency_cycles": LINK_LATENCY, **got}
 
 
+def layer(small: bool) -> dict:
+    seq_len = 64 if small else 128
+    got = _run(_cluster(2), "layer", {"nodes": 2, "seq_len": seq_len, "chunk": 32, "seed": 1,
+                                      "pause": 0.0})
+    busy = [e["cmp_busy_cycles"] / sum(got["step_cycles"]) for e in got["engines"].values()]
+    return {"nodes": 2, "model": "tiny", "seq_len": seq_len, "chunk": 32,
+            "link_latency_cycles": LINK_LATENCY, "compute_busy_fraction": round(min(busy), 4),
+            **got}
+
+
 def ingress(small: bool) -> dict:
     n = 256 if small else 2048
     return _run(_cluster(2), "ingress_rate", {"nodes": 2, "records": n, "seed": 2,
@@ -67,48 +77,30 @@ def ingress(small: bool) -> dict:
 
 
 def synth_figures() -> dict:
-    from mcf.abi.node_config import KR260
-    from mcf.hdl.compute.attention import AttentionEngine
-    from mcf.hdl.compute.gemm_top import MatrixEngine
-    from mcf.hdl.flat import FlatTop
-    from mcf.hdl.node.kv_reader import KvReader
     from mcf.hdl.tops import TOPS
-    from mcf.sim.bench.compute import INTER, KR260_ARRAYS, M_CHUNK
     from mcf.sim.synth import resources
-
-    tops = {
+    return {"resources": {
         "mcf_node (kr260)": resources(TOPS["mcf_node"](), "mcf_node", uram=True, abc9=False),
         "mcf_node_sim": resources(TOPS["mcf_node_sim"](), "mcf_node_sim", abc9=False),
-    }
-    engines = {
-        "MatrixEngine(arrays=4)": resources(
-            FlatTop(MatrixEngine(arrays=KR260_ARRAYS, k_max=INTER, m_max=M_CHUNK)),
-            "mcf_matrix_engine_x4", uram=True, abc9=False),
-        "AttentionEngine(64 lanes)": resources(
-            FlatTop(AttentionEngine(KR260.attn_head_dim, KR260.attn_lanes, KR260.attn_heads,
-                                    KR260.attn_block)), "mcf_attention_kr260", abc9=False),
-        "KvReader (kr260)": resources(
-            FlatTop(KvReader(KR260.attn_head_dim, KR260.attn_lanes, KR260.attn_block)),
-            "mcf_kv_reader_kr260", abc9=False),
-    }
-    total = {k: tops["mcf_node (kr260)"][k] + sum(e[k] for e in engines.values())
-             for k in tops["mcf_node (kr260)"]}
-    return {"resources": tops, "engines_to_join": engines,
-            "kr260_with_engines": total}
+    }}
 
 
 def collect(small: bool = False, synth: bool = True) -> dict:
     from mcf.sim.bench.compute import kr260_gemm
     pre = prefill(small)
+    lay = layer(small)
     rate = ingress(small)
     gemm = kr260_gemm(small)
     out = {
         "prefill_comm_step_cycles": pre["step_cycles"],
+        "prefill_layer_step_cycles": lay["step_cycles"],
+        "compute_busy_fraction": lay["compute_busy_fraction"],
         "meta_records_per_cycle": round(rate["records_per_cycle"], 4),
         "macs_per_cycle": gemm["macs_per_cycle"],
         "steady_macs_per_cycle": gemm["steady_macs_per_cycle"],
         "not_measured": NOT_MEASURED,
         "prefill": pre,
+        "layer": lay,
         "ingress": rate,
     }
     if synth:
@@ -125,6 +117,11 @@ def render(result: dict) -> str:
         "receiver",
         "communication of each chunk step (cycles, doorbell to last landing): "
         + ", ".join(str(c) for c in result["prefill_comm_step_cycles"]),
+        f"layer program ({result['layer']['model']} model, {result['layer']['seq_len']} "
+        "tokens, every layer computed on the nodes, bit-exact): cycles of each chunk step "
+        + ", ".join(str(c) for c in result["prefill_layer_step_cycles"])
+        + f"; compute busy {result['compute_busy_fraction']:.1%} of the step cycles (the lower "
+        "node: cycles with a JOB, EMIT or ATTEND in progress)",
         f"metadata ingress: {result['ingress']['records']} records (header-only CONTROL sends "
         f"through one node, ring to local sink) in {result['ingress']['cycles']} cycles = "
         f"{result['meta_records_per_cycle']} records/cycle",
@@ -135,7 +132,5 @@ def render(result: dict) -> str:
     ]
     if "resources" in result:
         lines += [""]
-        rows = {**result["resources"], **result["engines_to_join"],
-                "kr260 node + engines (sum)": result["kr260_with_engines"]}
-        lines += resource_table(rows, "Node tops, and the kr260 engines not yet joined")
+        lines += resource_table(result["resources"], "Node tops")
     return "\n".join(lines)

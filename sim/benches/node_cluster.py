@@ -21,6 +21,14 @@ Tests (pick one with the runner's ``testcase``):
   unmapped ``kv_id``, a header-only KV packet the receiver must drop, a ring overrun, and a FREE
   whose KV never arrives (watchdog halt → interrupt → ``skip``); each counted where the design
   says, and a good KV send behind them still lands.
+* ``layer`` — the layer program (:mod:`mcf.node.layer`) of the tiny model (``TINY`` geometry,
+  random INT4 weights, random prompt) in MARS's prefill steps: every node computes its slice of
+  every chunk on its own engines — JOB, EMIT (local copy + the store phase's sends as a tee),
+  block barriers, ATTEND over the landed KV, JOB — driven only by its two rings. Checked after
+  every step, bit for bit against :func:`mcf.node.layer.golden_prefill`: every layer's output
+  rows of every node, and the INT4 KV records of every block each node attended to (its own
+  and the ones it received); no bad record, drop, bus error or timeout anywhere. Reports the
+  cycles of each step and the engines' busy counters (``out``).
 * ``registers`` — every register of the node map on node 0 through AXI-Lite: RW fields written
   with random values and read back, W fields read 0, R registers readable, ``ID``/``CAPS``
   values, an unmapped address answers SLVERR and counts in ``BUS_ERRORS``.
@@ -33,17 +41,23 @@ import mmap
 import random
 
 import cocotb
+import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge, SimTimeoutError, with_timeout
 from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 from cocotbext.axi.constants import AxiResp
 
 from mcf.abi.csrmap import node_regmap
+from mcf.abi.kv import kv_token_bytes
+from mcf.abi.kv_reader import block_address
 from mcf.abi.meta import META, Meta, Op
 from mcf.abi.node import CMD_BYTES, Cmd, PayloadSource, Queue, RecordClass
 from mcf.abi.node_config import NODE_CONFIGS
 from mcf.abi.regs import WORD_BYTES, Access
+from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
 from mcf.mars import ClusterSpec, get_model, make_topology, plan
+from mcf.mars.model import ModelSpec
+from mcf.node.layer import ModelImage, golden_prefill, read_act, read_set, slice_positions
 from mcf.node.layout import NodeLayout
 from mcf.node.program import (
     configure,
@@ -51,6 +65,7 @@ from mcf.node.program import (
     route_writes,
     step_program,
 )
+from mcf.quant import to_act
 from mcf.sim.benches.ddr import ddr_ram
 from mcf.sim.toolchain import bench_params
 
@@ -109,9 +124,15 @@ class Host:
         return out
 
 
-def tiny_plan(nodes: int, seq_len: int, chunk: int):
+def tiny_plan(nodes: int, seq_len: int, chunk: int, model=None):
     cl = ClusterSpec(nodes, 1 << 20, 1 << 20, make_topology("kr260-ring", nodes))
-    return plan(get_model("tiny"), cl, seq_len, chunk, "mars", alpha=0.5)
+    return plan(model or get_model("tiny"), cl, seq_len, chunk, "mars", alpha=0.5)
+
+
+def tiny_model_spec(layers: int = 2) -> ModelSpec:
+    """MARS's view of the golden ``TINY`` layer geometry."""
+    return ModelSpec("tiny", layers=layers, q_heads=TINY.heads, kv_heads=TINY.kv_heads,
+                     head_dim=TINY.head_dim, hidden=TINY.hidden, intermediate=TINY.intermediate)
 
 
 def kv_slot_bytes(layout: NodeLayout, kv_id: int, seed: int) -> bytes:
@@ -125,13 +146,16 @@ def planned_receivers(p, index: int) -> dict[tuple, set[int]]:
     return out
 
 
-async def _setup(dut, params):
+async def _setup(dut, params, spec=None, model_of=None):
+    """Reset, identity checks, ``configure`` every node. ``model_of(plan, layout, config)``
+    builds a :class:`ModelImage`: it is written into every node's DDR and configured."""
     cfg = NODE_CONFIGS[params.get("config", "sim")]
     n = params["nodes"]
-    p = tiny_plan(n, params.get("seq_len", 64), params.get("chunk", 32))
+    p = tiny_plan(n, params.get("seq_len", 64), params.get("chunk", 32), spec)
     regmap = node_regmap()
     layout = NodeLayout.for_plan(p, cfg, base=params.get("base", 0x1000),
                                  cmd_log2=params.get("cmd_log2", 10))
+    model = model_of(p, layout, cfg) if model_of else None
     rng = random.Random(params.get("seed", 1))
     hosts = [Host(dut, i, regmap, layout, rng, params.get("pause", 0.0)) for i in range(n)]
     cocotb.start_soon(Clock(dut.aclk, PERIOD_NS, "ns").start())
@@ -149,7 +173,13 @@ async def _setup(dut, params):
             await ClockCycles(dut.aclk, 32)
         else:
             raise AssertionError(f"node {h.i}: DIR_READY never rose")
-        await h.apply(configure(p, layout, h.i, seq_timeout=params.get("timeout", 0)))
+        if model is not None:
+            for addr, raw in model.image.items():
+                h.mem[addr: addr + len(raw)] = raw
+        await h.apply(configure(p, layout, h.i, seq_timeout=params.get("timeout", 0),
+                                model=model))
+    if model_of:
+        return p, layout, hosts, model
     return p, layout, hosts
 
 
@@ -288,6 +318,119 @@ async def prefill(dut):
         with open(out, "w") as f:
             json.dump({"nodes": n, "step_cycles": step_cycles,
                        "kv_packets_landed": expect_packets}, f)
+
+
+def _act_rows(mem, addr: int, rows: int, cols: int) -> np.ndarray:
+    return read_act(bytes(mem[addr: addr + rows * cols * 4]), rows, cols)
+
+
+@cocotb.test()
+async def layer(dut):
+    params = bench_params()
+    seed = params.get("seed", 1)
+    spec = tiny_model_spec(params.get("layers", 2))
+    qls = [quantize_layer(random_layer(TINY, seed + 10 * i), TINY) for i in range(spec.layers)]
+
+    def model_of(p, layout, cfg):
+        return ModelImage(TINY, qls, cfg, layout, tokens=slice_positions(p, 1, 0)[1])
+
+    p, layout, hosts, model = await _setup(dut, params, spec, model_of)
+    enc, n, S = p.encoder, len(hosts), p.num_chunks * p.chunk
+    x = np.random.default_rng(seed).standard_normal((S, TINY.hidden)).astype(np.float32)
+    slices = [slice_positions(p, b, s) for b in range(1, p.num_chunks + 1) for s in range(n)]
+    gold = golden_prefill(x, qls, TINY, slices)
+    rec = kv_token_bytes(TINY.head_dim)
+    m = model.tokens
+    cycle = [0]
+
+    async def count():
+        while True:
+            await RisingEdge(dut.aclk)
+            cycle[0] += 1
+
+    cocotb.start_soon(count())
+    step_cycles, expect_packets = [], [0] * n
+    for step in p.steps:
+        idx = step.index
+        progs = []
+        for h in hosts:
+            p0, _ = slice_positions(p, idx, h.i)
+            for addr, raw in model.step_writes(np.arange(p0, p0 + m),
+                                               to_act(x[p0:p0 + m])).items():
+                h.mem[addr: addr + len(raw)] = raw
+            await h.apply(route_writes(step.routes.entries, h.i))
+            prog = step_program(p, idx, h.i, h.net_retired, model=model)
+            for addr, raw in prog.lists.items():
+                h.mem[addr: addr + len(raw)] = raw
+            h.net_retired += len(prog.net)
+            h.put(Queue.NET, prog.net)
+            h.put(Queue.COMPUTE, prog.compute)
+            progs.append(prog)
+            expect_packets[h.i] += p.model.layers * len(enc.fragments(m))   # EMIT local copies
+        receivers = planned_receivers(p, idx)
+        for prog in progs:
+            for meta in prog.kv_sends:
+                _, block, slice_ = enc.kv_key(meta.kv_id)
+                for d in receivers[(meta.src, block, slice_, meta.route_id)]:
+                    expect_packets[d] += 1
+        t0 = cycle[0]
+        for h in hosts:
+            for q in Queue:
+                await h.doorbell(q)
+        limit = params.get("step_limit", 3_000_000)
+        await _wait_marks(dut, hosts, [idx] * n, limit)
+        for h in hosts:
+            while await h.read("land_packets") < expect_packets[h.i]:
+                assert cycle[0] - t0 < limit, (f"step {idx} node {h.i}: packets missing; "
+                                                f"counters {await snapshot(hosts)}")
+                await ClockCycles(dut.aclk, POLL)
+        step_cycles.append(cycle[0] - t0)
+        for h in hosts:
+            p0, _ = slice_positions(p, idx, h.i)
+            for li, lb in enumerate(model.bufs):
+                want = gold[li]
+                att = _act_rows(h.mem, lb.buf["att"], m, TINY.heads * TINY.head_dim)
+                bad = np.argwhere(att != want.att[p0:p0 + m])
+                assert bad.size == 0, (f"step {idx} node {h.i} layer {li}: attention output "
+                                       f"differs at {len(bad)} places, first {bad[0]}")
+                y = _act_rows(h.mem, lb.buf["y"], m, TINY.hidden)
+                bad = np.argwhere(y != want.y[p0:p0 + m])
+                assert bad.size == 0, (f"step {idx} node {h.i} layer {li}: output differs at "
+                                       f"{len(bad)} places, first {bad[0]}")
+                for b, s in read_set(p, idx, h.i):
+                    q0, qn = slice_positions(p, b, s)
+                    for g in range(TINY.kv_heads):
+                        a = block_address(layout.kv, enc.kv_id(li, b, s), g, layout.kv_layout)
+                        got = bytes(h.mem[a: a + qn * rec])
+                        assert got == want.kv[g][q0 * rec:(q0 + qn) * rec], (
+                            f"step {idx} node {h.i} layer {li}: KV of block {b} slice {s} "
+                            f"head {g} differs")
+            c = await h.counters("land_")
+            assert c["land_packets"] == expect_packets[h.i], (h.i, c)
+            assert all(v == 0 for k, v in c.items() if k not in ("land_packets", "land_bytes")), c
+            for prefix, good in (("emit_", ("records", "tokens", "local", "staged")),
+                                 ("att_", ("records", "blocks")),
+                                 ("jobs_", ("jobs", "entries", "fences", "fence_cycles")),
+                                 ("kvr_", ("blocks", "tokens", "jobs"))):
+                cnt = await h.counters(prefix)
+                assert all(v == 0 for k, v in cnt.items()
+                           if k[len(prefix):] not in good), (h.i, cnt)
+            for q in range(2):
+                assert await h.read(f"cmd{q}_bad_records") == 0
+                assert await h.read(f"seq{q}_bad_runtime") == 0
+                assert await h.read(f"seq{q}_timeouts") == 0
+            for prs in range(4):
+                drops = await h.counters(f"parser{prs}_drop_")
+                assert not any(drops.values()), (h.i, prs, drops)
+    out = params.get("out")
+    if out:
+        engines = {h.i: {k: await h.read(k) for k in (
+            "gemm_active_cycles", "gemm_steps", "att_records", "att_blocks", "kvr_tokens",
+            "emit_tokens", "jobs_fence_cycles", "cmp_job_cycles", "cmp_emit_cycles",
+            "cmp_attend_cycles", "cmp_busy_cycles")} for h in hosts}
+        with open(out, "w") as f:
+            json.dump({"nodes": n, "step_cycles": step_cycles, "cycles": cycle[0],
+                       "engines": engines, "kv_packets_landed": expect_packets}, f)
 
 
 @cocotb.test()

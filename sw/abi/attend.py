@@ -155,8 +155,7 @@ def prefill_query_address(q_base: int, token: int, heads: int, head_dim: int) ->
 
 
 def attend_registers() -> list[Register]:
-    """Configuration (the list table's 40-bit base over two words) and status ``att_*``.
-    Not yet part of :func:`mcf.abi.csrmap.node_regmap`."""
+    """Configuration (the list table's 40-bit base over two words) and status ``att_*``."""
     hi = DMA_ADDR_BITS - 32
     return [
         Register.single("ATT_LIST_BASE_LO", 32, Access.RW,

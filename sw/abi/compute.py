@@ -19,6 +19,7 @@ __all__ = [
     "DMA_ADDR_BITS", "DMA_LENGTH_BITS", "DMA_STRIDE_BITS", "DMA_COUNT_BITS", "dma_desc_layout",
     "DMA_DESC", "DmaDesc", "GEMM_JOB", "GemmJob", "GEMM_JOB_FIELD_BITS",
     "DMA_READ_STATUS", "DMA_WRITE_STATUS", "DMA_STATUS", "GEMM_STATUS", "VECTOR_STATUS",
+    "COMPUTE_BUSY_STATUS",
     "status_values", "gemm_x_stream", "gemm_w_stream", "gemm_w_stripes",
 ]
 
@@ -182,6 +183,12 @@ taken. ``steps / active_cycles`` is the MAC utilisation over a run of back-to-ba
 
 VECTOR_STATUS = counters("tokens", "beats_in", "beats_out")
 """Vector unit: tokens completed, operand beats taken (``a`` and ``b``), result beats sent."""
+
+
+COMPUTE_BUSY_STATUS = counters("job_cycles", "emit_cycles", "attend_cycles", "busy_cycles")
+"""The node's compute half (:class:`mcf.hdl.node.compute.NodeCompute`): cycles with a JOB, an
+EMIT, an ATTEND record in progress (taken, ``done`` not yet), and with any of them. Registers
+``cmp_<field>``; ``busy_cycles`` over a step's cycles is the step's compute-busy fraction."""
 
 
 def status_values(layout: data.StructLayout, raw: int) -> dict[str, int]:

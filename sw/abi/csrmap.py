@@ -19,7 +19,7 @@ __all__ = ["COUNTER_BITS", "DropCause", "counters", "PARSER_STATUS", "PACKETIZER
            "node_top_registers"]
 
 COUNTER_BITS = 32
-NODE_MAP_VERSION = 0x0300
+NODE_MAP_VERSION = 0x0400
 NIC_MAP_VERSION = 0x0200
 NODE_LINKS = 3  # KR260 PL-side links: one 10G SFP+, two 1G RGMII
 PARSER_PORTS = NODE_LINKS + 1
@@ -114,9 +114,13 @@ def node_regmap() -> RegisterMap:
 def node_top_registers() -> list[Register]:
     """The registers of the node top's own blocks (docs/node.md §2–§9): configuration word,
     interrupts, command rings, sequencer, directory, landing, local sink, decode lander, send
-    unit, link map and KV reader — each block's list from its ABI module."""
+    unit, link map, KV reader and the compute half's units (template walker, K/V emitter, ATTEND
+    executor) — each block's list from its ABI module."""
+    from .attend import attend_registers
     from .decode_land import decode_land_registers
     from .directory import directory_registers
+    from .emit import emit_registers
+    from .jobs import jobs_registers
     from .kv_reader import kv_reader_registers
     from .landing import landing_registers
     from .link_map import link_map_registers
@@ -128,14 +132,15 @@ def node_top_registers() -> list[Register]:
     return [caps_register(), *irq_registers(), *ingress_registers(), *sequencer_registers(),
             *directory_registers(), dir_land_register(), *landing_registers(),
             *local_sink_registers(), *decode_land_registers(), *send_registers(),
-            *link_map_registers(), *kv_reader_registers()]
+            *link_map_registers(), *kv_reader_registers(), *jobs_registers(),
+            *emit_registers(), *attend_registers()]
 
 
 def compute_registers() -> list[Register]:
     """Status counters of the compute half of the node: one DMA loader per HP port, the GEMM
     engine, the vector unit, the attention engine and the K/V emitter (:mod:`mcf.abi.compute`,
     :mod:`mcf.abi.kv`)."""
-    from .compute import DMA_STATUS, GEMM_STATUS, VECTOR_STATUS
+    from .compute import COMPUTE_BUSY_STATUS, DMA_STATUS, GEMM_STATUS, VECTOR_STATUS
     from .kv import attn_status_layout, kvq_status_layout
     from .platform import HP_PORTS
     regs = []
@@ -145,6 +150,7 @@ def compute_registers() -> list[Register]:
     regs += status_registers("vector", VECTOR_STATUS, "vector unit")
     regs += status_registers("attn", attn_status_layout(), "attention engine")
     regs += status_registers("kvq", kvq_status_layout(), "K/V emitter")
+    regs += status_registers("cmp", COMPUTE_BUSY_STATUS, "compute half")
     return regs
 
 

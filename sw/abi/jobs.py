@@ -115,7 +115,7 @@ the table or entries. Registers ``jobs_<field>``."""
 
 def jobs_registers() -> list[Register]:
     """``JOBS_TABLE_LO/HI`` (template table byte address), ``JOBS_TABLE_LEN`` (rows), and the
-    status registers ``jobs_<field>`` (:data:`JOBS_STATUS`). Not yet in the node map."""
+    status registers ``jobs_<field>`` (:data:`JOBS_STATUS`)."""
     return [Register.single("JOBS_TABLE_LO", 32, Access.RW,
                             desc="template table byte address, bits 31:0"),
             Register.single("JOBS_TABLE_HI", DMA_ADDR_BITS - 32, Access.RW,
@@ -215,6 +215,13 @@ class TemplateBuilder:
         for t in range(m):
             wr += [(xq + t * n, n, 0, 1), (xq + m * n + 4 * t, 4, 0, 1)]
         self.transfer([(a, n * 4, n * 4, m)], [], wr)
+
+    def requant_to(self, n, m, a, a_stride, wr):
+        """REQUANT of ``m`` vectors of ``n`` ACT words read at ``a`` (row stride ``a_stride``)
+        with the caller's write descriptors ``wr`` (per vector: the codes, then the scale
+        word — e.g. into query records, :mod:`mcf.abi.query`)."""
+        self._vec(VectorOp.REQUANT, n)
+        self.transfer([(a, n * 4, a_stride, m)], [], wr)
 
     def gemms(self, jobs):
         """``jobs``: ``(xq, m, k, (blob_addr, blob_bytes), QuantWeight, out)`` as the bench's."""

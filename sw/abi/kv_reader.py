@@ -124,7 +124,6 @@ def block_beats(records: bytes, head_dim: int, lanes: int, pos0: int = 0,
 
 def kv_reader_registers() -> list[Register]:
     """The KV reader's status counters ``kvr_*`` (:data:`KV_READER_STATUS`); it has no
-    configuration (its addresses come with each request). Not yet part of
-    :func:`mcf.abi.csrmap.node_regmap`."""
+    configuration (its addresses come with each request)."""
     return status_registers("kvr", KV_READER_STATUS, "KV reader")
 

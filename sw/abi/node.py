@@ -216,7 +216,8 @@ IRQ_CAUSES: tuple[tuple[str, str], ...] = (
     ("mark1", "a COMPUTE record with flags.irq retired"),
     ("halt0", "the NET queue halted (watchdog): see its SEQ status"),
     ("halt1", "the COMPUTE queue halted (watchdog): see its SEQ status"),
-    ("bad_record", "a ring reader skipped a malformed record"),
+    ("bad_record", "a ring reader skipped a malformed record, or a compute unit rejected one"
+                   " (JOB index/entry, EMIT, ATTEND arg/list, KV block request)"),
     ("overrun", "a doorbell overran its ring and was ignored"),
     ("bus_error", "a DMA read or write answered SLVERR/DECERR"),
     ("drop", "a local packet was dropped (unmapped kv_id, bad seq, bad op)"),

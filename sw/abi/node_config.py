@@ -76,9 +76,12 @@ class NodeConfig:
 
 
 KR260 = NodeConfig(name="kr260", top="mcf_node")
-SIM = NodeConfig(name="sim", top="mcf_node_sim", gemm_arrays=1, group=64, gemm_k_max=128,
-                 gemm_m_max=16, vec_n_max=128, attn_head_dim=16, attn_lanes=4, attn_heads=2,
-                 attn_block=32, reduce_slots=4, kv_count=256, ring_fifo=8)
+SIM = NodeConfig(name="sim", top="mcf_node_sim", gemm_arrays=1, gemm_k_max=256, gemm_m_max=16,
+                 vec_n_max=256, attn_head_dim=32, attn_lanes=4, attn_heads=2, attn_block=32,
+                 reduce_slots=4, kv_count=256, ring_fifo=8)
+"""The tiny model's geometry (:data:`mcf.golden.qwen_layer.TINY`: hidden 128, head_dim 32,
+intermediate 256, 2 query heads per KV head) on one 16 × 16 GEMM array and a 4-lane attention
+engine."""
 NODE_CONFIGS: dict[str, NodeConfig] = {c.name: c for c in (KR260, SIM)}
 
 _CAPS_FIELDS: tuple[tuple[str, int, str], ...] = (

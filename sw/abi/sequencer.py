@@ -11,7 +11,7 @@ start; ``meta.kv_id`` is always the bits of ``mcf.abi.META["kv_id"]`` in ``CMD.m
 ======  ==========================  ==========================================  ====================
 class   wait operand                ``arg``                                     issued on / retires
 ======  ==========================  ==========================================  ====================
-NOP     —                           —                                           — / when it leaves
+NOP     landed wait (0: none)       —                                           — / when it leaves
 SEND    landed wait on the packet   — (``meta`` is the packet's ``Meta``,       ``send`` / at the
         ``meta.kv_id``              ``src`` the payload source)                 transfer
 DIR     landed wait; also the count ``mcf.abi.directory.DirOp`` code           ``dir`` (a
@@ -104,7 +104,11 @@ class HaltCause(enum.Enum, shape=2):
 
 
 ENGINE_CLASSES = (RecordClass.JOB, RecordClass.EMIT, RecordClass.ATTEND)
-LANDED_WAIT_CLASSES = (RecordClass.SEND, RecordClass.DIR, RecordClass.EMIT, RecordClass.ATTEND)
+LANDED_WAIT_CLASSES = (RecordClass.NOP, RecordClass.SEND, RecordClass.DIR, RecordClass.EMIT,
+                       RecordClass.ATTEND)
+"""Classes whose ``wait`` is a landed wait on ``meta.kv_id``. A NOP with ``wait ≠ 0`` is a
+*block barrier*: the driver puts one per KV block an ATTEND reads before the ATTENDs (the record
+itself waits on one block only)."""
 STREAM_OF: dict[RecordClass, str] = {
     RecordClass.SEND: "send", RecordClass.DIR: "dir", RecordClass.JOB: "job",
     RecordClass.EMIT: "emit", RecordClass.ATTEND: "attend",

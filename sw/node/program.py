@@ -13,9 +13,11 @@ A prefill chunk step of node ``n`` becomes two record lists:
   FREEs of the step's fetched copies (each waits for its copy to land: the step's data-driven
   end), then a MARK.
 
-The compute records (JOB, EMIT, ATTEND) of the layer program join here when the node top's
-compute half does; until then a step's own blocks are the ones the PS placed in DDR and declared
-with ``DIR_LAND`` (:func:`owner_declarations`).
+With a model image (:mod:`mcf.node.layer`) the COMPUTE ring carries the layer program instead of
+the store phase's sends: per layer JOB → EMIT (tee: the first store-phase send of each fragment
+rides it) → the layer's other store records → block barriers → ATTEND → JOB. Without one, a
+step's own blocks are the ones the PS placed in DDR and declared with ``DIR_LAND``
+(:func:`owner_declarations`).
 """
 
 from __future__ import annotations
@@ -53,10 +55,13 @@ def _split40(regmap, stem: str, addr: int) -> list[Write]:
 
 
 def configure(plan, layout: NodeLayout, node: int, *, topology: str = "ring",
-              seq_timeout: int = 0, regmap: RegisterMap | None = None) -> list[Write]:
+              seq_timeout: int = 0, regmap: RegisterMap | None = None,
+              model=None) -> list[Write]:
     """The writes that prepare ``node`` for ``plan`` (before any doorbell): identity, link map,
     unicast routes, the KV rule and its ``LAND_OFF`` table, QBUF/OBUF, the rings, the
-    watchdog, every interrupt cause enabled, both queues running."""
+    watchdog, every interrupt cause enabled, both queues running; with ``model`` (a
+    :class:`mcf.node.layer.ModelImage`) also the template table, the ACT K/V rows and the
+    ATTEND list table."""
     rm = regmap or node_regmap()
     n = plan.cluster.nodes
     out = [_w(rm, "NODE", local_id=node, num_nodes=n)]
@@ -79,6 +84,13 @@ def configure(plan, layout: NodeLayout, node: int, *, topology: str = "ring",
     for q in Queue:
         out += _split40(rm, f"CMD{q.value}_BASE", layout.cmd_base[q.value])
         out.append(_w(rm, f"CMD{q.value}_SIZE", **{f"CMD{q.value}_SIZE": layout.cmd_log2}))
+    if model is not None:
+        out += _split40(rm, "JOBS_TABLE", model.table)
+        out.append(_w(rm, "JOBS_TABLE_LEN", JOBS_TABLE_LEN=model.table_len))
+        emit = model.emit_config()
+        out += _split40(rm, "EMIT_KV_BASE", emit.kv_base)
+        out.append(_w(rm, "EMIT_ROW_STRIDE", EMIT_ROW_STRIDE=emit.row_stride))
+        out += _split40(rm, "ATT_LIST_BASE", model.lists)
     out.append(_w(rm, "SEQ_TIMEOUT", SEQ_TIMEOUT=seq_timeout))
     irq = rm.register("IRQ_ENABLE")
     out.append(Write("IRQ_ENABLE", irq.pack(**{f.name: 1 for f in irq.fields})))
@@ -115,6 +127,7 @@ class StepProgram:
     net: list[Cmd] = field(default_factory=list)
     compute: list[Cmd] = field(default_factory=list)
     kv_sends: list = field(default_factory=list)       # the KV_REPLICA Metas this node sends
+    lists: dict = field(default_factory=dict)          # ATTEND lists: {address: bytes}
 
 
 def _send(meta, packets: int, queue: Queue) -> Cmd:
@@ -124,27 +137,40 @@ def _send(meta, packets: int, queue: Queue) -> Cmd:
     return Cmd(RecordClass.SEND, queue, meta=meta.pack(), src=PayloadSource.HDR)
 
 
-def step_program(plan, index: int, node: int, net_retired_before: int = 0) -> StepProgram:
+def step_program(plan, index: int, node: int, net_retired_before: int = 0,
+                 model=None) -> StepProgram:
     """``node``'s records of prefill step ``index`` (docs/node.md §3). ``net_retired_before``:
     NET records the node retired before this step (the COMPUTE queue's WAIT before MARS's FREEs
-    counts NET records since reset)."""
+    counts NET records since reset). ``model``: a :class:`mcf.node.layer.ModelImage` — the
+    step then computes its own KV with the layer program (:func:`mcf.node.layer.layer_records`,
+    whose EMITs tee the store phase's first send of every fragment; its ATTEND lists go to
+    ``prog.lists``); without it, the owners' KV is the PS's (:func:`owner_declarations`)."""
     enc = plan.encoder
     tokens = block_tokens(plan)
     step = plan.steps[index - 1]
     prog = StepProgram()
-    for rec in plan.step_records(index):
-        if rec.node != node:
-            continue
-        meta = rec.meta
+
+    def send(meta, queue=Queue.COMPUTE) -> Cmd:
         _, block, slice_ = enc.kv_key(meta.kv_id)
-        if rec.phase == "free":
-            continue                    # below, after the store phase
         packets = packets_per_kv(plan, block, slice_, tokens) if meta.op == Op.KV_REPLICA \
             else 0
-        queue = Queue.NET if rec.phase == "plan" else Queue.COMPUTE
-        (prog.net if queue is Queue.NET else prog.compute).append(_send(meta, packets, queue))
-        if meta.op == Op.KV_REPLICA:
-            prog.kv_sends.append(meta)
+        return _send(meta, packets, queue)
+
+    store = []
+    for rec in plan.step_records(index):
+        if rec.node != node or rec.phase == "free":
+            continue                    # the free phase: below, after the store phase
+        if rec.phase == "plan":
+            prog.net.append(send(rec.meta, Queue.NET))
+        elif model is None:
+            prog.compute.append(send(rec.meta))
+        else:
+            store.append(rec.meta)
+        if rec.meta.op == Op.KV_REPLICA:
+            prog.kv_sends.append(rec.meta)
+    if model is not None:
+        from .layer import layer_records
+        prog.compute, prog.lists = layer_records(plan, index, node, model, store, send)
     frees = [r.meta for r in plan.step_records(index)
              if r.node == node and r.phase == "free" and r.meta.op == Op.INVALIDATE]
     if frees:

@@ -1,0 +1,167 @@
+"""The compute half of the node top (docs/node.md §3, §4, §11; paper §5, Fig. 2): the COMPUTE
+sequencer's JOB, EMIT and ATTEND records become GEMM/vector work, K/V fragments and attention
+jobs, each unit reading what it needs from DDR itself."""
+
+from __future__ import annotations
+
+from amaranth import Cat, Module, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from mcf.abi.attend import ATTEND_STATUS
+from mcf.abi.compute import (
+    COMPUTE_BUSY_STATUS,
+    DMA_ADDR_BITS,
+    DMA_STATUS,
+    GEMM_STATUS,
+    VECTOR_STATUS,
+)
+from mcf.abi.emit import EMIT_CONFIG, EMIT_STATUS
+from mcf.abi.framing import beat_layout, parsed_layout
+from mcf.abi.jobs import JOB_INDEX_BITS, JOBS_STATUS
+from mcf.abi.kv import attn_status_layout
+from mcf.abi.kv_reader import KV_READER_STATUS
+from mcf.abi.meta import META
+from mcf.abi.node import CMD
+from mcf.abi.node_config import AXI_WIDTH, PACKET_WIDTH, NodeConfig
+
+from ..compute.attention import AttentionEngine
+from ..compute.gemm_top import MatrixEngine
+from ..mem.axi import ADDR_BITS, AXI4Signature
+from .attend import AttendUnit
+from .emit import EmitUnit
+from .jobs import JobWalker, connect_engine
+from .kv_reader import KvReader
+
+__all__ = ["NodeCompute", "COMPUTE_BUSES"]
+
+COMPUTE_BUSES = ("walker", "mat0", "mat1", "emit", "att_rd", "att_wr", "kvr")
+"""The AXI4 masters of the compute half (members ``m_axi_<name>``); the node top places each
+on an HP port (docs/node.md §4)."""
+
+
+class NodeCompute(wiring.Component):
+    """JOB walker + matrix engine, K/V emitter, ATTEND executor + KV reader + attention engine.
+
+    Parameters
+    ----------
+    config : :class:`mcf.abi.node_config.NodeConfig` — the engines' geometry.
+
+    Members
+    -------
+    job, emit, attend : In(stream.Signature(:data:`mcf.abi.node.CMD`))
+        The COMPUTE sequencer's record streams of the same names.
+    job_done, emit_done, attend_done : Out(1)
+        One strobe per record retired (to the sequencer).
+    jobs_table, jobs_table_len, emit_cfg, att_list_base, local_id : In
+        Configuration from the registers ``JOBS_TABLE_*``, ``EMIT_*``, ``ATT_LIST_BASE_*`` and
+        ``NODE.local_id``.
+    local : Out(stream.Signature(parsed_layout(64)))
+        EMIT's local K/V fragments (to the local sink, packet by packet).
+    staged_emit, staged_attn : Out(stream.Signature(beat_layout(64)))
+        EMIT's replica payloads and ATTEND's decode states, to the send unit's staged FIFOs.
+    m_axi_<bus> : Out(AXI4Signature(40, 128)) for each of :data:`COMPUTE_BUSES`
+        walker (template rows, R only), mat0 (activations R, results W), mat1 (weights R),
+        emit (ACT K/V rows R), att_rd (lists and queries R), att_wr (PREFILL ``o/l`` W),
+        kvr (K/V token records R).
+    jobs_status, emit_status, att_status, kvr_status, dma0_status, dma1_status, gemm_status,
+    vector_status, attn_status : Out — every unit's counters.
+    cmp_status : Out(:data:`mcf.abi.compute.COMPUTE_BUSY_STATUS`) — busy cycles per record
+        stream and in all (a record is in progress from its transfer to its ``done``).
+
+    Latency: each unit's own (their docstrings); the three record streams run concurrently,
+    each one record at a time.
+    """
+
+    def __init__(self, config: NodeConfig):
+        c = self.config = config
+        self.walker = JobWalker(vec_n_max=c.vec_n_max, data_width=AXI_WIDTH)
+        self.matrix = MatrixEngine(rows=c.gemm_rows, lanes=c.gemm_lanes, group=c.group,
+                                   k_max=c.gemm_k_max, m_max=c.gemm_m_max,
+                                   vec_n_max=c.vec_n_max, data_width=AXI_WIDTH,
+                                   arrays=c.gemm_arrays)
+        self.emitter = EmitUnit(c.attn_head_dim)
+        self.attender = AttendUnit(c.attn_head_dim, c.attn_lanes, c.attn_heads, c.attn_block,
+                                   out_width=PACKET_WIDTH, data_width=AXI_WIDTH)
+        self.reader = KvReader(c.attn_head_dim, c.attn_lanes, c.attn_block)
+        self.engine = AttentionEngine(c.attn_head_dim, c.attn_lanes, c.attn_heads,
+                                      c.attn_block, data_width=PACKET_WIDTH,
+                                      kv_format=c.kv_format)
+        rec = stream.Signature(CMD)
+        axi = AXI4Signature(ADDR_BITS, AXI_WIDTH)
+        super().__init__({
+            "job": In(rec), "emit": In(rec), "attend": In(rec),
+            "job_done": Out(1), "emit_done": Out(1), "attend_done": Out(1),
+            "jobs_table": In(DMA_ADDR_BITS), "jobs_table_len": In(JOB_INDEX_BITS),
+            "emit_cfg": In(EMIT_CONFIG), "att_list_base": In(DMA_ADDR_BITS),
+            "local_id": In(META["src"].shape),
+            "local": Out(stream.Signature(parsed_layout(PACKET_WIDTH))),
+            "staged_emit": Out(stream.Signature(beat_layout(PACKET_WIDTH))),
+            "staged_attn": Out(stream.Signature(beat_layout(PACKET_WIDTH))),
+            **{f"m_axi_{b}": Out(axi) for b in COMPUTE_BUSES},
+            "jobs_status": Out(JOBS_STATUS), "emit_status": Out(EMIT_STATUS),
+            "att_status": Out(ATTEND_STATUS), "kvr_status": Out(KV_READER_STATUS),
+            "dma0_status": Out(DMA_STATUS), "dma1_status": Out(DMA_STATUS),
+            "gemm_status": Out(GEMM_STATUS), "vector_status": Out(VECTOR_STATUS),
+            "attn_status": Out(attn_status_layout()),
+            "cmp_status": Out(COMPUTE_BUSY_STATUS),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.walker = w = self.walker
+        m.submodules.matrix = x = self.matrix
+        m.submodules.emitter = e = self.emitter
+        m.submodules.attender = a = self.attender
+        m.submodules.reader = r = self.reader
+        m.submodules.engine = g = self.engine
+
+        # JOB: walker → matrix engine
+        wiring.connect(m, wiring.flipped(self.job), w.rec)
+        connect_engine(m, w, x)
+        m.d.comb += [self.job_done.eq(w.done), w.table_base.eq(self.jobs_table),
+                     w.table_len.eq(self.jobs_table_len)]
+
+        # EMIT: ACT K/V rows → fragments (local, staged)
+        wiring.connect(m, wiring.flipped(self.emit), e.rec)
+        wiring.connect(m, e.local, wiring.flipped(self.local))
+        wiring.connect(m, e.staged, wiring.flipped(self.staged_emit))
+        m.d.comb += [self.emit_done.eq(e.done), e.cfg.eq(self.emit_cfg),
+                     e.local_id.eq(self.local_id)]
+
+        # ATTEND: lists → KV reader + attention engine → o/l or staged states
+        wiring.connect(m, wiring.flipped(self.attend), a.rec)
+        wiring.connect(m, a.job, g.job)
+        wiring.connect(m, a.q, g.q)
+        wiring.connect(m, a.blocks, r.blocks)
+        wiring.connect(m, r.k, g.k)
+        wiring.connect(m, r.v, g.v)
+        wiring.connect(m, g.o, a.o)
+        wiring.connect(m, a.staged, wiring.flipped(self.staged_attn))
+        m.d.comb += [self.attend_done.eq(a.done), a.list_base.eq(self.att_list_base)]
+
+        buses = {"walker": w.m_axi, "mat0": x.m_axi0, "mat1": x.m_axi1, "emit": e.bus,
+                 "att_rd": a.rd_bus, "att_wr": a.wr_bus, "kvr": r.bus}
+        for name, bus in buses.items():
+            wiring.connect(m, bus, wiring.flipped(getattr(self, f"m_axi_{name}")))
+
+        m.d.comb += [self.jobs_status.eq(w.status), self.emit_status.eq(e.status),
+                     self.att_status.eq(a.status), self.kvr_status.eq(r.status),
+                     self.dma0_status.eq(x.dma0_status), self.dma1_status.eq(x.dma1_status),
+                     self.gemm_status.eq(x.gemm_status), self.vector_status.eq(x.vec_status),
+                     self.attn_status.eq(g.status)]
+
+        # busy cycles: a record is in progress from its transfer to its done strobe
+        st = self.cmp_status
+        flags = []
+        for name, done in (("job", w.done), ("emit", e.done), ("attend", a.done)):
+            rec = getattr(self, name)
+            busy = Signal(name=f"{name}_busy")
+            with m.If(rec.valid & rec.ready):
+                m.d.sync += busy.eq(1)
+            with m.Elif(done):
+                m.d.sync += busy.eq(0)
+            m.d.sync += st[f"{name}_cycles"].eq(st[f"{name}_cycles"] + busy)
+            flags.append(busy)
+        m.d.sync += st.busy_cycles.eq(st.busy_cycles + Cat(*flags).any())
+        return m

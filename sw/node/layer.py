@@ -1,0 +1,404 @@
+"""The layer program of a prefill step (docs/node.md §3 "Who goes where", issue #11 §1.2): one
+node's slice of a chunk runs every layer of the model on the node's own engines, driven by the
+COMPUTE ring only — the PS writes the model, the templates, the step's query headers and ATTEND
+lists, never a tensor on the way.
+
+Per layer ``l`` the node's COMPUTE records are:
+
+1. ``JOB 2l`` — RMSNorm, requantise, Q/K/V projections (Q and K rows in RoPE pair order), RoPE on
+   Q; RoPE on K per KV head straight into the ACT K/V pair rows the emitter reads (V copied
+   there by the vector unit); Q requantised per query head into the step's query records
+   (:func:`mcf.abi.attend.prefill_query_address`; the driver wrote their headers).
+2. ``EMIT`` per fragment of the node's own block (always landed locally; ``replicate`` when
+   MARS's store phase sends the fragment, followed by ``SEND src=EMIT`` with MARS's Meta).
+3. A **block barrier** (NOP with a landed wait) per KV block the attention reads.
+4. ``ATTEND`` (PREFILL) per slice token and KV head over the blocks at or before the token, in
+   ``(block, slice)`` order; ``o/l`` rows land in the layer's attention buffer.
+5. ``JOB 2l+1`` — requantise, O projection, residual, RMSNorm, gate/up, SiLU·mul, down,
+   residual: the layer output, the next layer's input.
+
+The same numbers on the host: :func:`golden_prefill` (the engines' golden models chained in the
+same order and block partition), against which the RTL is compared bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..abi.attend import (
+    ATT_ENTRY_BYTES,
+    AttendArg,
+    AttendBlock,
+    AttendHeader,
+    AttendMode,
+    attend_list_bytes,
+    prefill_query_address,
+)
+from ..abi.decode_land import query_slot_bytes
+from ..abi.emit import EmitArg, EmitConfig, kv_pair_bytes
+from ..abi.jobs import JOB_ARG, TemplateBuilder, template_image
+from ..abi.kv import kv_token_bytes, pack_kv_block, quantize_kv_rows
+from ..abi.kv_reader import block_address
+from ..abi.meta import Collective, Meta, Op, Stage
+from ..abi.node import Cmd, PayloadSource, Queue, RecordClass
+from ..abi.node_config import NodeConfig
+from ..abi.quant import (
+    VectorOp,
+    norm_eps_code,
+    requantize,
+    rope_pair_order,
+    rope_words,
+)
+from ..abi.query import QUERY_HEADER, QUERY_HEADER_BYTES, query_head_bytes
+from ..golden.attention import KVBlock, attend_single, normalize_state
+from ..golden.qwen_layer import LayerConfig, QuantLayer, layer_fixed
+from ..quant import QuantWeight, gemm_tile_blob, to_act
+from .layout import REGION_ALIGN, NodeLayout
+
+__all__ = ["ModelImage", "LayerBuffers", "layer_records", "golden_prefill", "act_bytes",
+           "read_act", "slice_positions", "read_set"]
+
+ZERO_ROW = 0
+
+
+def act_bytes(a) -> bytes:
+    """ACT codes → little-endian 32-bit words."""
+    return (np.asarray(a, dtype=np.int64) & 0xFFFF_FFFF).astype("<u4").tobytes()
+
+
+def read_act(raw: bytes, rows: int, cols: int) -> np.ndarray:
+    return np.frombuffer(raw[:rows * cols * 4], dtype="<i4").astype(np.int64).reshape(rows, cols)
+
+
+class _Alloc:
+    def __init__(self, base: int):
+        self.at = base
+
+    def __call__(self, n: int, align: int = 64) -> int:
+        a = -(-self.at // align) * align
+        self.at = a + n
+        return a
+
+
+def _permuted(qw: QuantWeight, perm) -> QuantWeight:
+    return QuantWeight(qw.q[perm], qw.m[perm], qw.e, qw.group)
+
+
+def pair_ordered(ql: QuantLayer, cfg: LayerConfig) -> dict[str, tuple[QuantWeight, object]]:
+    """The seven projections as the node stores them: Q and K rows (and biases) in RoPE pair
+    order (:func:`mcf.abi.quant.rope_pair_order`), the others as quantised."""
+    pq = rope_pair_order(cfg.heads * cfg.head_dim, cfg.head_dim)
+    pk = rope_pair_order(cfg.kv_heads * cfg.head_dim, cfg.head_dim)
+    return {"q": (_permuted(ql.qw["q"], pq), ql.bias["q"][pq]),
+            "k": (_permuted(ql.qw["k"], pk), ql.bias["k"][pk]),
+            "v": (ql.qw["v"], ql.bias["v"]), "o": (ql.qw["o"], None),
+            "gate": (ql.qw["gate"], None), "up": (ql.qw["up"], None),
+            "down": (ql.qw["down"], None)}
+
+
+@dataclass
+class LayerBuffers:
+    """Addresses of one layer's weights and activation buffers in a node's DDR."""
+    blobs: dict[str, tuple[int, int]]
+    g1: int
+    g2: int
+    x: int                      # input rows (layer 0: the host's; layer l: layer l-1's ``y``)
+    buf: dict[str, int]
+    xq: dict[int, int]
+    kv: int                     # ACT K/V pair rows (EMIT_KV_BASE of this layer)
+    qrec: int                   # query records, one per (token, KV head)
+    templates: tuple[int, int] = (0, 0)
+
+
+@dataclass
+class ModelImage:
+    """One node's copy of the model and its per-slice buffers: everything the layer program
+    reads and writes, laid out after the node's :class:`NodeLayout` regions.
+
+    ``tokens``: the slice's token count (every step's slice has it); ``positions`` are written
+    per step (:meth:`step_writes`)."""
+    cfg: LayerConfig
+    layers: list[QuantLayer]
+    config: NodeConfig
+    layout: NodeLayout
+    tokens: int
+    max_blocks: int = 8           # KV blocks one ATTEND list may name (list region size)
+    image: dict[int, bytes] = field(default_factory=dict)
+    bufs: list[LayerBuffers] = field(default_factory=list)
+
+    def __post_init__(self):
+        cfg, m = self.cfg, self.tokens
+        hd, h, inter = cfg.head_dim, cfg.hidden, cfg.intermediate
+        nq, nkv = cfg.heads * hd, cfg.kv_heads * hd
+        rep = cfg.heads // cfg.kv_heads
+        if rep > self.config.attn_heads or hd != self.config.attn_head_dim:
+            raise ValueError(f"the {self.config.name} attention engine does not fit this model")
+        alloc = self.alloc = _Alloc(self.layout.base + self.layout.size)
+
+        def put(raw: bytes) -> int:
+            a = alloc(len(raw))
+            self.image[a] = raw
+            return a
+
+        self.zero = put(bytes(hd * 4))
+        self.rq = alloc(m * nq * 4)
+        self.rk = alloc(m * hd * 4)
+        self.row_stride = cfg.kv_heads * kv_pair_bytes(hd)
+        self.q_slot = query_slot_bytes(rep, hd)
+        x = alloc(m * h * 4)
+        self.x0 = x
+        self.kv = alloc(len(self.layers) * m * self.row_stride, REGION_ALIGN)
+        for ql in self.layers:
+            blobs = {}
+            for name, (qw, b) in pair_ordered(ql, cfg).items():
+                raw = gemm_tile_blob(qw, self.config.gemm_rows, self.config.gemm_lanes, b)
+                blobs[name] = (put(raw), len(raw))
+            g1 = put(act_bytes(ql.gamma["g1"] & 0xFFFF))
+            g2 = put(act_bytes(ql.gamma["g2"] & 0xFFFF))
+            buf = {name: alloc(m * n * 4) for name, n in (
+                ("n1", h), ("q", nq), ("k", nkv), ("v", nkv), ("qr", nq), ("att", nq),
+                ("o", h), ("h", h), ("n2", h), ("g", inter), ("u", inter), ("s", inter),
+                ("d", h), ("y", h))}
+            xq = {n: alloc(m * n + 64) for n in (h, nq, inter)}
+            kv = self.kv + len(self.bufs) * m * self.row_stride
+            qrec = alloc(m * cfg.kv_heads * self.q_slot)
+            self.bufs.append(LayerBuffers(blobs, g1, g2, x, buf, xq, kv, qrec))
+            x = buf["y"]
+        templates = []
+        for lb in self.bufs:
+            templates += self._templates(lb)
+        self.table = alloc(16 * (1 + sum(len(t) for t in templates)), REGION_ALIGN)
+        raw, self.table_len = template_image(templates, self.table)
+        self.image[self.table] = raw
+        blocks = self.max_blocks
+        self.lists = alloc(len(self.layers) * m * cfg.kv_heads * (1 + blocks) * ATT_ENTRY_BYTES,
+                           REGION_ALIGN)
+        self.size = self.alloc.at - self.layout.base
+
+    # ---- templates ----------------------------------------------------------------------------
+    def _templates(self, lb: LayerBuffers):
+        cfg, m, c = self.cfg, self.tokens, self.config
+        hd, h, inter = cfg.head_dim, cfg.hidden, cfg.intermediate
+        nq, nkv = cfg.heads * hd, cfg.kv_heads * hd
+        rep = cfg.heads // cfg.kv_heads
+        pair = kv_pair_bytes(hd)
+        mats = pair_ordered(self.layers[self.bufs.index(lb)], cfg)
+        buf, xq = lb.buf, lb.xq
+
+        def mm(names, k, xa):
+            return [(xq[xa], m, k, lb.blobs[n], mats[n][0], buf[s]) for n, s in names]
+
+        t0 = TemplateBuilder(norm_eps_code(cfg.eps), c.gemm_rows, c.gemm_lanes, c.vec_lanes)
+        t0.vector(VectorOp.RMSNORM, h, m, lb.x, lb.g1, buf["n1"])
+        t0.requant(h, m, buf["n1"], xq[h])
+        t0.gemms(mm((("q", "q"), ("k", "k"), ("v", "v")), h, h))
+        t0.vector(VectorOp.ROPE, nq, m, buf["q"], self.rq, buf["qr"], b_stride=nq * 4)
+        for g in range(cfg.kv_heads):
+            t0.vector(VectorOp.ROPE, hd, m, buf["k"] + g * hd * 4, self.rk,
+                      lb.kv + g * pair, a_stride=nkv * 4, b_stride=hd * 4,
+                      out_stride=self.row_stride)
+            t0.vector(VectorOp.ADD, hd, m, buf["v"] + g * hd * 4, self.zero,
+                      lb.kv + g * pair + hd * 4, a_stride=nkv * 4, b_stride=0,
+                      out_stride=self.row_stride)
+        hb = query_head_bytes(hd)
+        for hq in range(cfg.heads):
+            g, i = divmod(hq, rep)
+            wr = []
+            for t in range(m):
+                head = self.query_address(lb, t, g) + QUERY_HEADER_BYTES + i * hb
+                wr += [(head + 4, hd, 0, 1), (head, 4, 0, 1)]
+            t0.requant_to(hd, m, buf["qr"] + hq * hd * 4, nq * 4, wr)
+
+        t1 = TemplateBuilder(norm_eps_code(cfg.eps), c.gemm_rows, c.gemm_lanes, c.vec_lanes)
+        t1.requant(nq, m, buf["att"], xq[nq])
+        t1.gemms(mm((("o", "o"),), nq, nq))
+        t1.vector(VectorOp.ADD, h, m, lb.x, buf["o"], buf["h"], b_stride=h * 4)
+        t1.vector(VectorOp.RMSNORM, h, m, buf["h"], lb.g2, buf["n2"])
+        t1.requant(h, m, buf["n2"], xq[h])
+        t1.gemms(mm((("gate", "g"), ("up", "u")), h, h))
+        t1.vector(VectorOp.SILU_MUL, inter, m, buf["g"], buf["u"], buf["s"],
+                  b_stride=inter * 4)
+        t1.requant(inter, m, buf["s"], xq[inter])
+        t1.gemms(mm((("down", "d"),), inter, inter))
+        t1.vector(VectorOp.ADD, h, m, lb.x, buf["d"], buf["y"], b_stride=h * 4)
+        return [t0.entries, t1.entries]
+
+    def query_address(self, lb: LayerBuffers, token: int, kv_head: int) -> int:
+        """Query record of slice token ``token`` for the query heads of ``kv_head``."""
+        return prefill_query_address(lb.qrec + kv_head * self.tokens * self.q_slot, token,
+                                     self.cfg.heads // self.cfg.kv_heads, self.cfg.head_dim)
+
+    def emit_config(self) -> EmitConfig:
+        """``EMIT_KV_BASE``/``EMIT_ROW_STRIDE``: one buffer, row ``layer · tokens + t``."""
+        return EmitConfig(self.kv, self.row_stride)
+
+    # ---- per step ------------------------------------------------------------------------------
+    def step_writes(self, positions, x0=None) -> dict[int, bytes]:
+        """DDR writes before a step: RoPE words of the slice's positions, the query headers,
+        and (``x0``, ACT rows) the first layer's input."""
+        cfg, pos = self.cfg, np.asarray(positions)
+        rep = cfg.heads // cfg.kv_heads
+        out = {self.rq: act_bytes(rope_words(pos, cfg.heads * cfg.head_dim, cfg.head_dim,
+                                             cfg.theta)),
+               self.rk: act_bytes(rope_words(pos, cfg.head_dim, cfg.head_dim, cfg.theta))}
+        for layer, lb in enumerate(self.bufs):
+            for t, p in enumerate(pos):
+                for g in range(cfg.kv_heads):
+                    hdr = QUERY_HEADER.const({"pos": int(p), "layer": layer, "head0": g * rep,
+                                              "heads": rep}).as_bits()
+                    out[self.query_address(lb, t, g)] = hdr.to_bytes(QUERY_HEADER_BYTES,
+                                                                     "little")
+        if x0 is not None:
+            out[self.x0] = act_bytes(x0)
+        return out
+
+
+def slice_positions(plan, block: int, slice_: int) -> tuple[int, int]:
+    """First position and token count of slice ``slice_`` of chunk ``block`` (1-based)."""
+    per = -(-plan.chunk // plan.cluster.nodes)
+    p0 = (block - 1) * plan.chunk + slice_ * per
+    return p0, max(0, min(per, plan.chunk - slice_ * per))
+
+
+def read_set(plan, block: int, node: int) -> list[tuple[int, int]]:
+    """The ``(block, slice)`` KV blocks node ``node``'s queries of chunk ``block`` attend to,
+    in list order: every slice that starts at or before the node's last query."""
+    p0, n = slice_positions(plan, block, node)
+    last = p0 + n - 1
+    out = []
+    for b in range(1, block + 1):
+        for s in range(plan.cluster.nodes):
+            q0, qn = slice_positions(plan, b, s)
+            if qn and q0 <= last:
+                out.append((b, s))
+    return out
+
+
+def _fragment_meta(plan, node: int, kv_id: int, seq: int, length: int) -> Meta:
+    return Meta(stage=Stage.PREFILL, op=Op.KV_REPLICA, collective=Collective.P2P, src=node,
+                dst=node, route_id=0, kv_id=kv_id, length=length, seq=seq)
+
+
+def layer_records(plan, index: int, node: int, model: ModelImage, store: list[Meta],
+                  send) -> tuple[list[Cmd], dict[int, bytes]]:
+    """COMPUTE records of the layer program of chunk ``index`` on ``node`` (module docstring)
+    and the ATTEND lists to write (``{address: bytes}``, list table at ``model.lists``).
+    ``store``: the node's MARS store-phase Metas; per layer, the first send of each own
+    fragment rides the EMIT tee, every other one becomes ``send(meta)`` (a SEND from DDR with
+    the relay wait, or a header-only request) after the layer's EMITs."""
+    enc, cfg, lay = plan.encoder, model.cfg, model.layout
+    list_base = model.lists
+    hd, rep = cfg.head_dim, cfg.heads // cfg.kv_heads
+    p0, m = slice_positions(plan, index, node)
+    if m != model.tokens:
+        raise ValueError(f"slice of {m} tokens; the model image was built for {model.tokens}")
+    frags = enc.fragments(m)
+    rec_bytes = kv_token_bytes(hd)
+    blocks = read_set(plan, index, node)
+    if len(blocks) > model.max_blocks:
+        raise ValueError(f"{len(blocks)} KV blocks per ATTEND; the image holds "
+                         f"{model.max_blocks}")
+    cmds: list[Cmd] = []
+    lists: dict[int, bytes] = {}
+    teed: set[int] = set()
+    per_list = 1 + len(blocks)
+    n_list = 0
+    for layer in range(plan.model.layers):
+        cmds.append(Cmd(RecordClass.JOB, Queue.COMPUTE,
+                        arg=JOB_ARG.const({"template": 2 * layer}).as_bits()))
+        kv_id = enc.kv_id(layer, index, node)
+        for seq, length in enumerate(frags):
+            head, t0 = enc.fragment_tokens(seq)
+            first = next((i for i, s in enumerate(store) if s.op == Op.KV_REPLICA
+                          and s.kv_id == kv_id and s.seq == seq), None)
+            meta = store[first] if first is not None else \
+                _fragment_meta(plan, node, kv_id, seq, length)
+            arg = EmitArg(row=layer * m + t0, head=head, tokens=length // rec_bytes)
+            cmds.append(Cmd(RecordClass.EMIT, Queue.COMPUTE, meta=meta.pack(), arg=arg.pack(),
+                            replicate=first is not None))
+            if first is not None:
+                cmds.append(Cmd(RecordClass.SEND, Queue.COMPUTE, meta=meta.pack(),
+                                src=PayloadSource.EMIT))
+                teed.add(first)
+        cmds += [send(s) for i, s in enumerate(store)
+                 if i not in teed and enc.kv_key(s.kv_id)[0] == layer]
+        for b, s in blocks:
+            kid = enc.kv_id(layer, b, s)
+            cmds.append(Cmd(RecordClass.NOP, Queue.COMPUTE,
+                            meta=_fragment_meta(plan, node, kid, 0, 0).pack(),
+                            wait=len(enc.fragments(slice_positions(plan, b, s)[1]))))
+        lb = model.bufs[layer]
+        for t in range(m):
+            for g in range(cfg.kv_heads):
+                ents = []
+                for b, s in blocks:
+                    q0, qn = slice_positions(plan, b, s)
+                    if q0 > p0 + t:
+                        continue
+                    ents.append(AttendBlock(block_address(lay.kv, enc.kv_id(layer, b, s), g,
+                                                          lay.kv_layout), qn, q0))
+                hdr = AttendHeader(model.query_address(lb, t, g),
+                                   lb.buf["att"] + (t * cfg.heads + g * rep) * hd * 4)
+                lists[list_base + n_list * ATT_ENTRY_BYTES] = attend_list_bytes(hdr, ents)
+                cmds.append(Cmd(RecordClass.ATTEND, Queue.COMPUTE,
+                                arg=AttendArg(n_list, len(ents), AttendMode.PREFILL,
+                                              rep).pack()))
+                n_list += per_list
+        cmds.append(Cmd(RecordClass.JOB, Queue.COMPUTE,
+                        arg=JOB_ARG.const({"template": 2 * layer + 1}).as_bits()))
+    return cmds, lists
+
+
+# ---- golden ----------------------------------------------------------------------------------
+
+
+@dataclass
+class GoldenLayer:
+    """One layer's results over the whole prompt: ``y`` (output ACT rows), ``att`` (attention
+    output rows), ``kv`` (per KV head, every token's INT4 record with K in RoPE pair order —
+    the bytes the node lands)."""
+    y: np.ndarray
+    att: np.ndarray
+    kv: list[bytes]
+
+
+def golden_prefill(x, layers: list[QuantLayer], cfg: LayerConfig,
+                   block_slices) -> list[GoldenLayer]:
+    """The layer program's arithmetic over the whole prompt: ``x`` float rows ``[S, hidden]``;
+    ``block_slices`` = ``[(p0, tokens), ...]`` the KV blocks in list order (MARS's slices).
+    :func:`mcf.golden.qwen_layer.layer_fixed` with the engines' attention: K/V quantised per
+    token and head as the emitter does, Q per head as the vector unit does, each query over
+    the blocks at or before it (causal inside), block by block, as the ATTEND executor does.
+    (Q and K in pair order on the node give the same scores: the permutation is shared.)"""
+    hd, rep = cfg.head_dim, cfg.heads // cfg.kv_heads
+    pk = rope_pair_order(hd, hd)
+    out: list[GoldenLayer] = []
+    xa = to_act(x)
+    for ql in layers:
+        kept = {}
+
+        def attn(q, k, v, pos, kept=kept):
+            S = q.shape[0]
+            att = np.zeros_like(q)
+            kept["kv"] = []
+            for g in range(cfg.kv_heads):
+                k4, sk = quantize_kv_rows(k[:, g * hd:(g + 1) * hd])
+                v4, sv = quantize_kv_rows(v[:, g * hd:(g + 1) * hd])
+                kept["kv"].append(pack_kv_block(k4[:, pk], sk, v4, sv))
+                blocks = [KVBlock(k4[p0:p0 + n], sk[p0:p0 + n], v4[p0:p0 + n],
+                                  sv[p0:p0 + n], pos[p0:p0 + n]) for p0, n in block_slices]
+                hs = slice(g * rep * hd, (g + 1) * rep * hd)
+                for t in range(S):
+                    qc, qm, qe = requantize(q[t, hs].reshape(rep, hd))
+                    use = [b for b, (p0, _) in zip(blocks, block_slices) if p0 <= pos[t]]
+                    st = attend_single(qc, np.stack([qm, qe], axis=-1), use, int(pos[t]),
+                                       causal=True)
+                    att[t, hs] = normalize_state(st).ravel()
+            kept["att"] = att
+            return att
+
+        xa = layer_fixed(xa, ql, cfg, attn=attn, act_in=True)
+        out.append(GoldenLayer(xa, kept["att"], kept["kv"]))
+    return out

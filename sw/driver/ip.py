@@ -1,0 +1,307 @@
+"""The PYNQ driver of one node top (issue #12 item 1; docs/board.md "The driver").
+
+``NodeDriver`` is a :class:`pynq.DefaultIP` bound by the module reference's VLNV
+(``xilinx.com:module_ref:<top>:1.0`` for both tops of :data:`mcf.abi.node_config.NODE_CONFIGS`).
+Its ``register_map`` is the ABI's node map, injected into ``description["registers"]`` before
+``DefaultIP.__init__`` (the hook PYNQ's own ``pynq.lib.cmac`` uses); on bind it reads ``ID`` and
+``CAPS`` and refuses a node that does not match the ABI. The methods are the MARS runtime's:
+configuration from a :class:`mcf.node.layout.NodeLayout` (:mod:`mcf.node.program`), reduction
+configurations, command rings with their doorbells, sequencer run/stop, waits with a timeout that
+names the stuck queue, and :meth:`NodeDriver.snapshot` of every status register.
+
+Completion is polled (``seq<q>_marks``, ``IRQ_STATUS``): the block design wires ``irq`` straight
+to ``pl_ps_irq0`` with no AXI interrupt controller, so PYNQ exposes no ``Interrupt`` for it.
+Time is measured by the device's ``clock`` when it has one (the simulated board's: simulated
+seconds), else by the wall clock.
+
+PYNQ is only needed to *use* the class: without it this module still imports (the board
+runtime's check runs on plain Python) and ``NodeDriver`` raises :class:`ImportError` when made.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Protocol
+
+from ..abi.csrmap import node_regmap
+from ..abi.nic import reduce_config
+from ..abi.node import Cmd, Queue
+from ..abi.regs import WORD_BYTES
+from .node_map import (
+    BindError,
+    CommandRing,
+    DriverError,
+    StepTimeout,
+    check_identity,
+    config_for_top,
+    snapshot_from,
+    status_registers,
+    unpack_halt,
+)
+
+try:
+    from pynq import DefaultIP as _Base
+    HAVE_PYNQ = True
+except ImportError:       # the board runtime's own check runs without PYNQ
+    HAVE_PYNQ = False
+
+    class _Base:          # noqa: D101 - placeholder base; NodeDriver() raises below
+        def __init__(self, description):
+            raise ImportError("mcf.driver.NodeDriver needs PYNQ (pip install 'mcf[board]')")
+
+__all__ = ["NodeDriver", "Clock", "WallClock", "node_vlnvs", "module_ref_vlnv", "HAVE_PYNQ"]
+
+
+def _vlnv_template() -> str:
+    # The Vivado flow's constant; mcf.abi is where the board runtime can import it from.
+    try:
+        from ..abi.platform import MODULE_REF_VLNV  # type: ignore[attr-defined]
+    except ImportError:
+        from ..hdl.platform.kr260 import MODULE_REF_VLNV
+    return MODULE_REF_VLNV
+
+
+def module_ref_vlnv(top: str) -> str:
+    """The VLNV Vivado gives the module reference of Verilog module ``top``."""
+    return _vlnv_template().format(name=top)
+
+
+def node_vlnvs() -> list[str]:
+    """The module-reference VLNV of every node top (``mcf_node``, ``mcf_node_sim``)."""
+    from ..abi.node_config import NODE_CONFIGS
+    return [module_ref_vlnv(cfg.top) for cfg in NODE_CONFIGS.values()]
+
+
+class Clock(Protocol):
+    """Where waits take their time from: seconds since an arbitrary origin, and a pause."""
+
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class WallClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def _top_of(vlnv: str) -> str:
+    parts = vlnv.split(":")
+    if len(parts) != 4:
+        raise BindError(f"not a VLNV: {vlnv!r}")
+    return parts[2]
+
+
+class NodeDriver(_Base):
+    """One node top behind an AXI-Lite window (``s_axi_ctrl``).
+
+    ``description``: PYNQ's IP description (``ip_dict`` entry). Raises :class:`BindError` if
+    ``ID`` or ``CAPS`` disagree with the ABI. After :meth:`attach`, the rings live in the given
+    host buffer (a ``pynq.allocate`` buffer covering the :class:`NodeLayout`)."""
+
+    bindto = node_vlnvs() if HAVE_PYNQ else []
+
+    def __init__(self, description):
+        self.regmap = node_regmap()
+        description = dict(description)
+        description["registers"] = self.regmap.pynq_registers()
+        super().__init__(description)
+        self.config = config_for_top(_top_of(description.get("type", "")))
+        self.clock: Clock = getattr(self.device, "clock", None) or WallClock()
+        self.buffer = None
+        self.layout = None
+        self.rings: list[CommandRing] = []
+        self.net_retired = 0
+        check_identity(self.read_reg("ID"), self.read_reg("CAPS"), self.config, self.regmap)
+
+    # --- registers by name -------------------------------------------------------------------
+
+    def read_reg(self, name: str) -> int:
+        return int(self.read(self.regmap.addr(name)))
+
+    def write_reg(self, name: str, value: int) -> None:
+        self.write(self.regmap.addr(name), int(value))
+
+    def write_fields(self, name: str, **fields: int) -> None:
+        """Write register ``name`` packed from its fields (others at their reset values)."""
+        self.write_reg(name, self.regmap.register(name).pack(**fields))
+
+    def read_fields(self, name: str) -> dict[str, int]:
+        return self.regmap.register(name).unpack(self.read_reg(name))
+
+    def apply(self, writes: Iterable) -> None:
+        """Apply :class:`mcf.node.program.Write` s in order."""
+        for w in writes:
+            self.write_reg(w.reg, w.value)
+
+    # --- configuration -------------------------------------------------------------------------
+
+    def attach(self, buffer, layout) -> None:
+        """Use ``buffer`` (physically contiguous, e.g. ``pynq.allocate``) for ``layout``'s
+        regions: ``layout.base`` must be the buffer's physical address."""
+        if int(buffer.device_address) != layout.base:
+            raise DriverError(f"layout base {layout.base:#x} is not the buffer's physical "
+                              f"address {int(buffer.device_address):#x}")
+        if buffer.nbytes < layout.size:
+            raise DriverError(f"buffer of {buffer.nbytes} B is smaller than the layout "
+                              f"({layout.size} B)")
+        self.buffer, self.layout = buffer, layout
+
+    def configure(self, plan, node: int, *, topology: str = "ring", seq_timeout: int = 0,
+                  ready_timeout: float = 1e-3) -> None:
+        """Prepare the node as ``node`` of ``plan`` (:func:`mcf.node.program.configure`:
+        identity, link map, routes, KV rule and ``LAND_OFF``, QBUF/OBUF, rings, watchdog,
+        interrupt enables, both sequencers running), once the directory is cleared
+        (``DIR_READY``). The rings continue from the hardware's accepted producer index
+        (``CMDq_HEAD``)."""
+        from ..node.program import configure
+        if self.layout is None:
+            raise DriverError("attach(buffer, layout) before configure()")
+        self.wait_counter("DIR_READY", 1, timeout=ready_timeout)
+        self.apply(configure(plan, self.layout, node, topology=topology,
+                             seq_timeout=seq_timeout, regmap=self.regmap))
+        self.rings = [CommandRing(q, self.layout.cmd_base[q.value] - self.layout.base,
+                                  self.layout.cmd_log2, self.read_reg(f"CMD{q.value}_HEAD"))
+                      for q in Queue]
+        self.net_retired = self.read_reg("seq0_retired")
+
+    def write_routes(self, entries, node: int) -> None:
+        """Route-table entries ``(node, route_id, entry)`` that belong to ``node``."""
+        from ..node.program import route_writes
+        self.apply(route_writes(entries, node, self.regmap))
+
+    def write_reduce_config(self, route_id: int, k: int, *, final: bool = False,
+                            result_route: int = 0) -> None:
+        """One reduction-engine configuration (:func:`mcf.abi.nic.reduce_config`)."""
+        self.write_fields("REDUCE_CFG_WR", route_id=route_id,
+                          config=reduce_config(k, final=final, result_route=result_route))
+
+    def declare_owned(self, plan, index: int, node: int) -> None:
+        """``DIR_LAND`` the node's own KV of chunk ``index`` (placed in DDR by the host)."""
+        from ..node.program import owner_declarations
+        self.apply(owner_declarations(plan, index, node, self.regmap))
+
+    # --- rings and sequencers --------------------------------------------------------------------
+
+    def put(self, queue: Queue, cmds: list[Cmd]) -> None:
+        """Write records into ring ``queue`` after the producer index (no doorbell)."""
+        if self.buffer is None or not self.rings:
+            raise DriverError("configure() the node before writing a ring")
+        ring = self.rings[queue.value]
+        cons = self.read_reg(f"CMD{queue.value}_CONS")
+        ring.put(memoryview(self.buffer).cast("B"), cmds, cons)
+        flush = getattr(self.buffer, "flush", None)
+        if flush is not None:
+            flush()
+
+    def doorbell(self, queue: Queue) -> None:
+        """Publish everything :meth:`put` wrote: one write of ``CMDq_PROD``."""
+        q = queue.value
+        self.write_fields(f"CMD{q}_PROD", **{f"CMD{q}_PROD": self.rings[q].prod})
+
+    def push(self, queue: Queue, cmds: list[Cmd]) -> None:
+        """:meth:`put` then :meth:`doorbell`."""
+        self.put(queue, cmds)
+        self.doorbell(queue)
+
+    def run_step(self, plan, index: int, node: int) -> object:
+        """Program prefill step ``index`` of ``plan`` on ``node`` (routes, both rings, both
+        doorbells; :func:`mcf.node.program.step_program`) and return the
+        :class:`mcf.node.program.StepProgram` written. Wait with :meth:`wait_marks`."""
+        from ..node.program import step_program
+        self.write_routes(plan.steps[index - 1].routes.entries, node)
+        prog = step_program(plan, index, node, self.net_retired)
+        self.net_retired += len(prog.net)
+        self.put(Queue.NET, prog.net)
+        self.put(Queue.COMPUTE, prog.compute)
+        for q in Queue:
+            self.doorbell(q)
+        return prog
+
+    def set_running(self, queue: Queue, run: bool) -> None:
+        self.write_fields(f"SEQ{queue.value}_CTRL", run=int(run))
+
+    def start(self) -> None:
+        for q in Queue:
+            self.set_running(q, True)
+
+    def stop(self) -> None:
+        for q in Queue:
+            self.set_running(q, False)
+
+    def skip(self, queue: Queue) -> None:
+        """Retire a halted queue's waiting record unexecuted (the queue keeps running)."""
+        self.write_fields(f"SEQ{queue.value}_CTRL", run=1, skip=1)
+
+    def irq_status(self, clear: bool = True) -> dict[str, int]:
+        """``IRQ_STATUS`` by cause; ``clear`` writes the set bits back (RW1C)."""
+        word = self.read_reg("IRQ_STATUS")
+        if clear and word:
+            self.write_reg("IRQ_STATUS", word)
+        return self.regmap.register("IRQ_STATUS").unpack(word)
+
+    # --- waits -----------------------------------------------------------------------------------
+
+    def queue_state(self, queue: Queue) -> dict[str, int]:
+        """The ring and sequencer registers of one queue (``CMDq_*``, ``cmdq_*``, ``seqq_*``)."""
+        q = queue.value
+        prefixes = (f"CMD{q}_", f"cmd{q}_", f"seq{q}_")
+        out = {r.name: self.read_reg(r.name) for r in status_registers(self.regmap)
+               if r.name.startswith(prefixes)}
+        out[f"CMD{q}_PROD(host)"] = self.rings[q].prod if self.rings else 0
+        return out
+
+    def wait_marks(self, marks: dict[Queue, int] | int, *, timeout: float = 1.0,
+                   poll: float = 1e-5) -> None:
+        """Wait until ``seq<q>_marks`` reaches ``marks[q]`` (an int: the same for both
+        queues). Raises :class:`StepTimeout` naming the first queue still short after
+        ``timeout`` seconds of :attr:`clock`, with its ring and sequencer counters and the
+        unpacked halt word."""
+        want = marks if isinstance(marks, dict) else {q: marks for q in Queue}
+        deadline = self.clock.now() + timeout
+        while True:
+            short = [q for q, m in want.items() if self.read_reg(f"seq{q.value}_marks") < m]
+            if not short:
+                return
+            if self.clock.now() >= deadline:
+                q = short[0]
+                state = self.queue_state(q)
+                halt = unpack_halt(state[f"seq{q.value}_halt"])
+                inflight = (state[f"CMD{q.value}_HEAD"] - state[f"CMD{q.value}_CONS"]) % 65536
+                raise StepTimeout(
+                    f"queue {q.name} (CMD{q.value}/SEQ{q.value}) stuck after {timeout:g} s: "
+                    f"seq{q.value}_marks {state[f'seq{q.value}_marks']} of {want[q]}, "
+                    f"{inflight} records accepted but not consumed (CONS "
+                    f"{state[f'CMD{q.value}_CONS']}, HEAD {state[f'CMD{q.value}_HEAD']}), "
+                    f"retired {state[f'seq{q.value}_retired']}, wait cycles "
+                    f"{state[f'seq{q.value}_wait_cycles']}, halt {halt}", q, state)
+            self.clock.sleep(poll)
+
+    def wait_counter(self, name: str, at_least: int, *, timeout: float = 1.0,
+                     poll: float = 1e-5) -> int:
+        """Wait until status register ``name`` ≥ ``at_least``; :class:`StepTimeout` (queue
+        ``None``) with the register's value otherwise."""
+        deadline = self.clock.now() + timeout
+        while True:
+            v = self.read_reg(name)
+            if v >= at_least:
+                return v
+            if self.clock.now() >= deadline:
+                raise StepTimeout(f"{name} = {v} after {timeout:g} s, want ≥ {at_least}",
+                                  None, {name: v})
+            self.clock.sleep(poll)
+
+    # --- status ----------------------------------------------------------------------------------
+
+    def snapshot(self):
+        """Every read-only register, as the generated ``NodeSnapshot`` dataclass."""
+        names = [r.name for r in status_registers(self.regmap)]
+        return snapshot_from({n: self.read_reg(n) for n in names}, self.regmap)
+
+    @property
+    def window_bytes(self) -> int:
+        return len(self.regmap) * WORD_BYTES

@@ -1,0 +1,145 @@
+"""What the PYNQ driver knows about one node, as pure functions of the ABI (no PYNQ here).
+
+Everything comes from :func:`mcf.abi.csrmap.node_regmap`, :mod:`mcf.abi.node` and
+:mod:`mcf.abi.node_config`: the status snapshot type is generated from the map (one ``int`` per
+read-only register, in map order), the bind-time identity check compares the ``ID`` and ``CAPS``
+words with the ABI, and :class:`CommandRing` is the producer side of one command ring
+(docs/node.md §2). The driver class (:mod:`mcf.driver.ip`) is a thin layer over these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+from ..abi.csrmap import node_regmap
+from ..abi.node import CMD_BYTES, CMD_RING_MAX_LOG2, Cmd, Queue
+from ..abi.node_config import NODE_CONFIGS, NodeConfig
+from ..abi.regs import Access, Register, RegisterMap
+from ..abi.sequencer import SEQ_HALT
+
+__all__ = ["DriverError", "BindError", "RingFull", "StepTimeout", "status_registers",
+           "snapshot_type", "snapshot_from", "check_identity", "config_for_top", "CommandRing",
+           "INDEX_BITS", "unpack_halt"]
+
+INDEX_BITS = 16
+"""Ring indices are free-running 16-bit counters (``CMDq_PROD``/``CMDq_CONS``)."""
+
+
+class DriverError(RuntimeError):
+    """Base of every error the node driver raises."""
+
+
+class BindError(DriverError):
+    """The IP at the address does not answer as the node the ABI describes."""
+
+
+class RingFull(DriverError):
+    """More records than the ring has free entries."""
+
+
+class StepTimeout(DriverError):
+    """A wait ran out of time. ``queue`` is the stuck queue (``None``: a counter wait),
+    ``counters`` the registers read when it gave up (name → value)."""
+
+    def __init__(self, message: str, queue: Queue | None, counters: dict[str, int]):
+        super().__init__(message)
+        self.queue = queue
+        self.counters = counters
+
+
+def status_registers(regmap: RegisterMap) -> list[Register]:
+    """Every register whose fields are all read-only (counters, flags, indices, ``ID``,
+    ``CAPS``), in map order."""
+    return [reg for _, reg in regmap if all(f.access is Access.R for f in reg.fields)]
+
+
+@functools.lru_cache(maxsize=4)
+def _snapshot_type(names: tuple[str, ...]) -> type:
+    return dataclasses.make_dataclass(
+        "NodeSnapshot", [(n, int) for n in names], frozen=True,
+        namespace={"__doc__": "Every read-only register of the node map (generated from "
+                              "mcf.abi.csrmap.node_regmap); 32-bit counters wrap.",
+                   "as_dict": lambda self: dataclasses.asdict(self)})
+
+
+def snapshot_type(regmap: RegisterMap | None = None) -> type:
+    """The frozen dataclass with one ``int`` field per status register of ``regmap``."""
+    rm = regmap or node_regmap()
+    return _snapshot_type(tuple(r.name for r in status_registers(rm)))
+
+
+def snapshot_from(values: dict[str, int], regmap: RegisterMap | None = None):
+    """A snapshot from register values read by name (every status register must be there)."""
+    cls = snapshot_type(regmap)
+    return cls(**{f.name: int(values[f.name]) for f in dataclasses.fields(cls)})
+
+
+def config_for_top(top: str) -> NodeConfig:
+    """The node configuration whose Verilog top is ``top`` (``mcf_node``, ``mcf_node_sim``)."""
+    for cfg in NODE_CONFIGS.values():
+        if cfg.top == top:
+            return cfg
+    raise BindError(f"no node configuration builds a top named {top!r} "
+                    f"(known: {sorted(c.top for c in NODE_CONFIGS.values())})")
+
+
+def check_identity(id_word: int, caps_word: int, config: NodeConfig,
+                   regmap: RegisterMap | None = None) -> None:
+    """Raise :class:`BindError` unless ``ID`` equals the map's identification word and ``CAPS``
+    equals ``config``'s generate-time sizes."""
+    rm = regmap or node_regmap()
+    if id_word != rm.id_word:
+        got, want = rm.register("ID").unpack(id_word), rm.register("ID").unpack(rm.id_word)
+        raise BindError(f"node ID register reads {id_word:#010x} (ident {got['ident']:#06x}, "
+                        f"version {got['version']:#06x}); this driver speaks ident "
+                        f"{want['ident']:#06x} version {want['version']:#06x} — the bitstream "
+                        "and the mcf package do not match")
+    if caps_word != config.caps():
+        caps = rm.register("CAPS")
+        got, want = caps.unpack(caps_word), caps.unpack(config.caps())
+        diff = ", ".join(f"{k}={got[k]} (want {want[k]})" for k in got if got[k] != want[k])
+        raise BindError(f"node CAPS {caps_word:#010x} does not match the {config.name!r} "
+                        f"configuration: {diff}")
+
+
+def unpack_halt(word: int) -> dict[str, int]:
+    """``seq<q>_halt`` → its :data:`mcf.abi.sequencer.SEQ_HALT` fields."""
+    return {name: (word >> fld.offset) & ((1 << fld.width) - 1) for name, fld in SEQ_HALT}
+
+
+@dataclass
+class CommandRing:
+    """The producer side of ring ``queue``: ``2^log2`` entries of :data:`CMD_BYTES` at byte
+    ``offset`` of a host buffer; ``prod`` is the free-running producer index (the value the
+    next doorbell writes)."""
+    queue: Queue
+    offset: int
+    log2: int
+    prod: int = 0
+
+    def __post_init__(self):
+        if not 1 <= self.log2 <= CMD_RING_MAX_LOG2:
+            raise ValueError(f"ring size 2^{self.log2} outside 2^1..2^{CMD_RING_MAX_LOG2}")
+
+    @property
+    def entries(self) -> int:
+        return 1 << self.log2
+
+    def free(self, cons: int) -> int:
+        """Entries the producer may still write, given the hardware's consumer index."""
+        return self.entries - ((self.prod - cons) % (1 << INDEX_BITS))
+
+    def put(self, mem, cmds: list[Cmd], cons: int) -> int:
+        """Write ``cmds`` after the producer index into ``mem`` (a writable byte view of the
+        buffer holding the ring); return the new producer index. Raises :class:`RingFull`
+        (nothing written) if they do not fit beside the ``PROD − cons`` entries in flight."""
+        if len(cmds) > self.free(cons):
+            raise RingFull(f"CMD{self.queue.value} ({self.queue.name}): {len(cmds)} records, "
+                           f"{self.free(cons)} of {self.entries} entries free")
+        for cmd in cmds:
+            at = self.offset + (self.prod % self.entries) * CMD_BYTES
+            mem[at: at + CMD_BYTES] = cmd.pack()
+            self.prod = (self.prod + 1) % (1 << INDEX_BITS)
+        return self.prod

@@ -7,7 +7,7 @@ import pytest
 from mcf.cli import main
 
 PAPER = ["plan", "--model", "qwen2.5-1.5b", "--seq-len", "16384", "--chunk", "1024",
-         "--kv-budget-mib", "64", "--alpha", "0.5"]
+         "--setting", "paper"]
 
 
 def run_json(capsys, *args):
@@ -20,6 +20,10 @@ def test_paper_settings_json_invariants(capsys, nodes):
     out = run_json(capsys, *PAPER, "--nodes", str(nodes))
     budget = 64 * 2 ** 20
     assert out["m_token_bytes"] == 7168
+    assert out["setting"] == {"name": "paper", "alpha": 0.5, "kv_budget_mib": 64.0,
+                              "source": "the paper's evaluation"}
+    assert out["alpha"] == 0.5 and out["kv_budget_bytes"] == budget
+    assert out["node_config"] == "kr260" and out["reduce_slots"] == 12 and out["bidirectional"]
     assert out["chunk_size"] == 1024 and out["num_chunks"] == 16
     chunks = out["chunks"]
     assert [c["index"] for c in chunks] == list(range(1, 17))
@@ -38,9 +42,11 @@ def test_paper_settings_json_invariants(capsys, nodes):
     assert out["max_payload_bytes"] == pl["max_payload_bytes"] == 2048
     assert (pl["kv_tokens_per_fragment"], pl["kv_fragment_bytes"]) == (15, 1980)
     assert (pl["query_record_bytes"], pl["state_bytes"]) == (1592, 520)
-    assert pl["query_waves"] == [[[0, 4]], [[4, 4]], [[8, 4]]]
+    assert pl["query_waves"] == [[[0, 12]]]       # kr260: 12 reduction slots, one wave
     t = out["totals"]
     assert t["final_owner_only"] is True
+    assert t["converged"] == sum(c["converged"] for c in chunks) > 0
+    assert t["pressure_drains"] == sum(c["drained"] for c in chunks)
     assert t["peak_node_kv_bytes"] <= budget
     assert t["comm_bytes"] == t["rep_bytes"] + t["access_bytes"] + t["handoff_bytes"]
     assert t["ttft_s"] == pytest.approx(sum(c["t_chunk_s"] for c in chunks))
@@ -61,7 +67,25 @@ def test_baseline_policies_json(capsys):
     assert got["zigzag"]["ttft_s"] <= got["ring"]["ttft_s"]     # causal load balance
     assert got["mars"]["ttft_s"] <= got["zigzag"]["ttft_s"]
     assert got["full"]["memory_ok"] is False                     # 112 MiB per node > 64 MiB
+    assert got["full"]["access_bytes"] == 0
     assert got["pd"]["handoff_bytes"] > 0
+    one_way = run_json(capsys, *PAPER, "--nodes", "4", "--policy", "ring", "--one-way")
+    assert not one_way["bidirectional"]
+    assert one_way["totals"]["comm_bytes"] == got["ring"]["comm_bytes"]   # same bytes x hops
+
+
+def test_board_setting_and_sim_node(capsys):
+    out = run_json(capsys, *PAPER, "--nodes", "4", "--setting", "board", "--node-config", "sim")
+    st = out["setting"]
+    assert st["name"] == "board" and st["alpha"] == 0.5
+    assert st["kv_budget_mib"] == pytest.approx(4096 - 1024 - 807_962_112 / 2 ** 20)
+    assert out["kv_budget_bytes"] == int(st["kv_budget_mib"] * 2 ** 20)
+    assert out["reduce_slots"] == 4 and out["payloads"]["query_waves"] == [[[0, 4]], [[4, 4]],
+                                                                            [[8, 4]]]
+    assert out["totals"]["pressure_drains"] == 0           # 112 MiB of KV fit every node
+    flags = run_json(capsys, *PAPER, "--nodes", "4", "--alpha", "1", "--kv-budget-mib", "40")
+    assert flags["setting"]["name"] == "given" and flags["alpha"] == 1.0
+    assert flags["kv_budget_bytes"] == 40 * 2 ** 20
 
 
 def test_auto_chunk_explains_its_bound(capsys):
@@ -101,8 +125,13 @@ def test_human_table(capsys):
      "one KV token record (132 B per token and KV head) exceeds the largest payload (100 B)"),
     (["--max-payload", "400", "--nodes", "8", "--seq-len", "1024"],
      "one head's softmax state (520 B"),
-    (["--reduce-slots", "5", "--nodes", "8", "--seq-len", "1024"],
-     "reduction slots must lie in 1..4"),
+    (["--reduce-slots", "13", "--nodes", "8", "--seq-len", "1024"],
+     "reduction slots must lie in 1..12 (the kr260 node's reduction engine)"),
+    (["--reduce-slots", "5", "--node-config", "sim", "--nodes", "8", "--seq-len", "1024"],
+     "reduction slots must lie in 1..4 (the sim node's reduction engine)"),
+    (["--node-config", "u280", "--nodes", "8", "--seq-len", "1024"],
+     "unknown node configuration 'u280'"),
+    (["--setting", "cloud", "--nodes", "8", "--seq-len", "1024"], "unknown setting 'cloud'"),
 ])
 def test_bad_input_one_line_exit_2(capsys, args, message):
     assert main(["plan", *args]) == 2
@@ -123,11 +152,17 @@ def test_plan_sweep_prints_assumptions_and_rows(capsys, tmp_path):
                      "--plot", str(png)]) == 0
     text = capsys.readouterr().out
     assert "assumptions" in text and "Tops/s" in text and "TTFT covers" in text
+    assert "ring = Ring Attention, double-buffered, bidirectional, same B" in text
     rows = [ln.split() for ln in text.splitlines() if ln.split()[:1] in (["mars"], ["ring"],
                                                                           ["zigzag"])]
     assert [(r[0], int(r[1])) for r in rows] == [(p, n) for n in (2, 4)
                                                   for p in ("mars", "ring", "zigzag")]
+    assert "MARS speedup" in text and "vs the best fair baseline" in text
     assert png.stat().st_size > 1000
-    assert mod.main(["--seq-len", "4096", "--chunk", "512", "--nodes", "4", "--json"]) == 0
+    assert mod.main(["--seq-len", "4096", "--chunk", "512", "--nodes", "4", "--json",
+                     "--schemes", "mars", "ring-unchunked", "full", "--setting", "board"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert {r["policy"] for r in data["rows"]} == {"mars", "ring", "zigzag"}
+    assert [r["scheme"] for r in data["rows"]] == ["mars", "ring-unchunked", "full"]
+    assert data["rows"][1]["chunk"] == 4096 and data["spec"]["setting"] == "board"
+    assert mod.main(["--schemes", "ring2", "--nodes", "2", "--seq-len", "1024"]) == 2
+    assert "unknown scheme 'ring2'" in capsys.readouterr().err

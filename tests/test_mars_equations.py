@@ -28,8 +28,8 @@ def test_eq1_m_token():
     assert q.m_token == 2 * 28 * 2 * 128 // 2 == 7168
     assert get_model("qwen2.5-1.5b", "int8").m_token == 2 * 28 * 2 * 128 * 1 == 14336
     assert get_model("qwen2.5-1.5b", "fp16").m_token == 2 * 28 * 2 * 128 * 2 == 28672
-    # tiny: 2 · 2 · 2 · 16 · 0.5 = 64 bytes
-    assert get_model("tiny").m_token == 64
+    # tiny (the golden TINY layer, 2 layers): 2 · 2 · 2 · 32 · 0.5 = 128 bytes
+    assert get_model("tiny").m_token == 128
     assert q.kv_bytes == Fraction(1, 2)
 
 
@@ -80,7 +80,8 @@ def test_eq16_eq29_final_factor():
 
 def test_eq6_attention_time():
     q = get_model("qwen2.5-1.5b")
-    cl = make_cluster(8, dsps=1000, clock_hz=250e6)   # P = 4·1000·250e6 = 1e12 ops/s
+    cl = make_cluster(8, 64, node_config="kr260", dsps=1000,
+                      clock_hz=250e6)                 # P = 4·1000·250e6 = 1e12 ops/s
     assert cl.p_node == 1e12
     # 4·L·H_q·d·B·cB / (N·P) = 4·28·12·128 · 1024 · 2·1024 / (8·1e12)
     expect = 4 * 28 * 12 * 128 * 1024 * 2048 / 8e12
@@ -116,7 +117,7 @@ def test_eq8_chunk_is_the_smallest_that_hides_propagation():
     from mcf.mars import choose_chunk, r_mem, r_reuse, replica_factor, t_prop
     from mcf.mars.chunking import chunk_candidates
     q = get_model("qwen2.5-1.5b")
-    cl = make_cluster(4, kv_budget_mib=64, buffer_mib=512, topology="switch")
+    cl = make_cluster(4, 64, node_config="kr260", buffer_mib=512, topology="switch")
     ch = choose_chunk(q, cl, 16384, 0.5)
     assert ch.bound == "overlap" and ch.overlap_ok
 
@@ -133,7 +134,7 @@ def test_eq8_chunk_is_the_smallest_that_hides_propagation():
     assert hides(ch.chunk) and not any(hides(b) for b in smaller)
     # eq 5 binds on the KR260 ring (1G links): no B within 8 MiB hides propagation, so the
     # largest buffer-feasible B is taken: ⌊8 MiB / 7168 B⌋ = 1170 tokens -> divisor 1024
-    ring = make_cluster(8, kv_budget_mib=64, buffer_mib=8, topology="kr260-ring")
+    ring = make_cluster(8, 64, node_config="kr260", buffer_mib=8, topology="kr260-ring")
     ch = choose_chunk(q, ring, 16384, 0.5)
     assert ch.bound == "buffer" and ch.chunk == 1024 and ch.buffer_max_tokens == 1170
     assert not ch.overlap_ok and "buffer bound" in ch.explanation
@@ -142,7 +143,8 @@ def test_eq8_chunk_is_the_smallest_that_hides_propagation():
 def test_eq7_propagation_time_on_a_switch():
     from mcf.mars import t_prop
     q = get_model("qwen2.5-1.5b")
-    cl = make_cluster(4, topology="switch", link_gbps=10, link_latency_us=2)
+    cl = make_cluster(4, 64, node_config="kr260", topology="switch", link_gbps=10,
+                      link_latency_us=2)
     # r = 2 on a 4-node switch: each owner sends its 256-token slice (256·7168 B) once up its
     # uplink and the switch once down to its replica holder; the busiest link carries one slice:
     # 1,835,008 B / (10e9/8 · 0.9 B/s) = 1.6311 ms, plus uplink + downlink latency 4 µs

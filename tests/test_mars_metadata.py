@@ -8,10 +8,11 @@ import pytest
 from mcf.abi import META, Collective, Meta, Op, ReduceOp, Stage
 from mcf.abi.framing import MAX_PAYLOAD
 from mcf.abi.limits import REDUCE_SLOTS
+from mcf.abi.node_config import KR260
 from mcf.abi.query import query_bytes
 from mcf.abi.route import ROUTE_ENTRY, ROUTE_TABLE_DEPTH
 from mcf.mars import SWITCH, ClusterSpec, InvalidateKind, get_model, make_topology, pack_fast, plan
-from mcf.mars.metadata import payloads
+from mcf.mars.metadata import MAX_REDUCE_SLOTS, payloads
 
 TINY = get_model("tiny")
 
@@ -111,13 +112,19 @@ def test_stream_content_and_order():
     drained_any = False
     for step in p.steps:
         recs = p.step_records(step.index)
-        phases = [r.phase for r in recs]
+        # the last step ends with the convergence FREEs (eq 29), one per layer and replica
+        tail = TINY.layers * len(step.converge)
+        assert bool(tail) == (step.index == p.num_chunks)
+        assert all(r.phase == "free" and r.meta.seq == InvalidateKind.FREE
+                   for r in recs[len(recs) - tail:])
+        phases = [r.phase for r in recs[:len(recs) - tail]]
         order = {"plan": 0, "free": 1, "store": 2}
         assert phases == sorted(phases, key=order.__getitem__)
-        for node in range(p.cluster.nodes):   # each node's store phase is layer-major
-            layers = [enc.kv_key(r.meta.kv_id)[0] for r in recs
-                      if r.phase == "store" and r.node == node]
-            assert layers == sorted(layers)
+        for node in range(p.cluster.nodes):   # every phase of every node is layer-major
+            for ph in ("plan", "free", "store"):
+                layers = [enc.kv_key(r.meta.kv_id)[0] for r in recs[:len(recs) - tail]
+                          if r.phase == ph and r.node == node]
+                assert layers == sorted(layers)
         for r in recs:
             m = r.meta
             assert m.src == r.node
@@ -190,7 +197,7 @@ def test_id_space_limits_are_clear_errors():
     cl = ClusterSpec(16, 64 << 20, 8 << 20, make_topology("switch", 16))
     # L·C·N = 28 · 256 · 16 = 114,688 KV ids > 2^16
     with pytest.raises(PlanError, match="kv_id"):
-        plan(q, cl, 16384, 64)
+        plan(q, cl, 16384, 64, "mars", 0.5)
     assert SWITCH == -1
 
 
@@ -232,20 +239,21 @@ def test_route_bank_overflow_falls_back_to_unicast():
 
 
 def test_fragments_respect_the_nic_max_payload():
-    # tiny INT4 token record: sk, sv (4 B) + K/V rows of 16 INT4 (16 B) = 20 B per KV head
-    cl = ClusterSpec(3, 1 << 20, 1 << 20, make_topology("ring", 3), max_payload=300)
+    # tiny INT4 token record: sk, sv (4 B) + K/V rows of 32 INT4 (32 B) = 36 B per KV head;
+    # 400 B packets hold 11 token records (396 B)
+    cl = ClusterSpec(3, 1 << 20, 1 << 20, make_topology("ring", 3), max_payload=400)
     p = plan(TINY, cl, 48 * 4, 48, "mars", alpha=1)
     enc = p.encoder
-    assert enc.token_record_bytes == 20 and enc.tokens_per_fragment == 15
+    assert enc.token_record_bytes == 36 and enc.tokens_per_fragment == 11
     lengths = [m.length for s in p.steps for ms in p.step_metadata(s.index).values()
                for m in ms if m.op == Op.KV_REPLICA]
-    assert max(lengths) == 300 and all(x % 20 == 0 and 0 < x <= 300 for x in lengths)
-    # 16 tokens per slice -> per KV head fragments of 15 and 1 tokens; seq = group * H_kv + head
-    assert enc.fragments(16) == [300, 300, 20, 20]
-    assert [enc.fragment_tokens(s) for s in range(4)] == [(0, 0), (1, 0), (0, 15), (1, 15)]
+    assert max(lengths) == 396 and all(x % 36 == 0 and 0 < x <= 400 for x in lengths)
+    # 16 tokens per slice -> per KV head fragments of 11 and 5 tokens; seq = group * H_kv + head
+    assert enc.fragments(16) == [396, 396, 180, 180]
+    assert [enc.fragment_tokens(s) for s in range(4)] == [(0, 0), (1, 0), (0, 11), (1, 11)]
 
 
-@pytest.mark.parametrize("n, chunk, max_payload", [(3, 48, 300), (4, 64, 2048), (2, 40, 79)])
+@pytest.mark.parametrize("n, chunk, max_payload", [(3, 48, 300), (4, 64, 2048), (2, 40, 140)])
 def test_kv_packets_tile_every_head_of_every_slice(n, chunk, max_payload):
     """Every (layer, block, slice) is sent as packets that cover each KV head's tokens exactly
     once, at token-record boundaries, each within the payload limit."""
@@ -261,9 +269,10 @@ def test_kv_packets_tile_every_head_of_every_slice(n, chunk, max_payload):
                 continue
             assert 0 < m.length <= max_payload and m.length % rec == 0
             head, first = enc.fragment_tokens(m.seq)
-            sends.setdefault((r.node, m.kv_id), []).append((head, first, m.length // rec))
+            sends.setdefault((r.node, m.kv_id, m.dst), []).append(
+                (head, first, m.length // rec))
         assert sends
-        for (_, kv_id), frags in sends.items():
+        for (_, kv_id, _), frags in sends.items():
             _, block, slice_ = enc.kv_key(kv_id)
             want = tokens[(block, slice_)]
             for h in range(TINY.kv_heads):
@@ -291,13 +300,17 @@ def test_qwen_payload_cuts():
     (dict(max_payload=0), "must lie in 1..2048"),
     (dict(max_payload=131), "one KV token record (132 B"),
     (dict(max_payload=519), "one head's softmax state (520 B"),
-    (dict(reduce_slots=REDUCE_SLOTS + 1), "reduction slots must lie in 1..4"),
+    (dict(reduce_slots=KR260.reduce_slots + 1), "reduction slots must lie in 1..12 (the kr260"),
+    (dict(reduce_slots=0), "reduction slots must lie in 1..12 (the kr260"),
 ])
 def test_records_that_cannot_fit_are_rejected(kw, message):
     from mcf.mars import PlanError, make_cluster
     with pytest.raises(PlanError, match=re.escape(message)):
-        cl = make_cluster(4, **kw)
-        plan(get_model("qwen2.5-1.5b"), cl, 4096, 1024)
+        cl = make_cluster(4, 64, node_config=KR260, **kw)
+        plan(get_model("qwen2.5-1.5b"), cl, 4096, 1024, "mars", 0.5)
+    if "reduce_slots" in kw:        # the engine's own bound: the CAPS field
+        kw = {"reduce_slots": MAX_REDUCE_SLOTS + 1 if kw["reduce_slots"] else 0}
+        message = f"reduction slots must lie in 1..{MAX_REDUCE_SLOTS}"
     with pytest.raises(ValueError, match=re.escape(message)):
         payloads(get_model("qwen2.5-1.5b"), **kw)
 

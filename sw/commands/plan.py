@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import math
 
-from ..abi.framing import MAX_PAYLOAD
-from ..abi.limits import REDUCE_SLOTS
+from ..abi.node_config import NODE_CONFIGS
 from ..abi.platform import K26
 from ..cli import UsageError
 
 FLOAT_ARGS = ("kv_budget_mib", "buffer_mib", "alpha", "link_gbps", "link_latency_us", "mhz",
               "compute_eff", "gamma")
+DEFAULT_NODE_CONFIG = "kr260"
 
 PROGRESS_MIN_CHUNKS = 64
 
@@ -30,6 +30,7 @@ def _dims(text: str | None):
 def run(args) -> int:
     from ..mars import POLICIES, PlanError, get_model, make_cluster, plan
     from ..mars.report import plan_dict, plan_table
+    from ..mars.setting import SETTINGS, Setting, get_setting
 
     try:
         model = get_model(args.model, args.kv_dtype)
@@ -37,8 +38,13 @@ def run(args) -> int:
         raise UsageError(str(exc)) from None
     if args.policy not in POLICIES:
         raise UsageError(f"unknown policy {args.policy!r} (one of {', '.join(POLICIES)})")
+    if args.setting not in SETTINGS:
+        raise UsageError(f"unknown setting {args.setting!r} (one of {', '.join(SETTINGS)})")
+    if args.node_config not in NODE_CONFIGS:
+        raise UsageError(f"unknown node configuration {args.node_config!r} "
+                         f"(one of {', '.join(NODE_CONFIGS)})")
     for name in FLOAT_ARGS:
-        if not math.isfinite(getattr(args, name)):
+        if getattr(args, name) is not None and not math.isfinite(getattr(args, name)):
             raise UsageError(f"--{name.replace('_', '-')} must be a finite number")
     if args.nodes < 1:
         raise UsageError(f"--nodes must be >= 1 (got {args.nodes})")
@@ -46,14 +52,21 @@ def run(args) -> int:
         raise UsageError(f"--seq-len must be >= 1 (got {args.seq_len})")
     if args.chunk is not None and (args.chunk < 1 or args.seq_len % args.chunk):
         raise UsageError(f"--seq-len {args.seq_len} is not a multiple of --chunk {args.chunk}")
+    setting = get_setting(args.setting, model)
+    if args.alpha is not None or args.kv_budget_mib is not None:
+        setting = Setting("given", setting.alpha if args.alpha is None else args.alpha,
+                          setting.kv_budget_mib if args.kv_budget_mib is None
+                          else args.kv_budget_mib, f"flags over the {setting.name} setting")
+    cfg = NODE_CONFIGS[args.node_config]
     try:
         cluster = make_cluster(
-            args.nodes, kv_budget_mib=args.kv_budget_mib, buffer_mib=args.buffer_mib,
+            args.nodes, setting.kv_budget_mib, node_config=cfg, buffer_mib=args.buffer_mib,
             topology=args.topology, link_gbps=args.link_gbps,
             link_latency_us=args.link_latency_us, mesh_dims=_dims(args.mesh_dims),
             dsps=args.dsps, clock_hz=args.mhz * 1e6, compute_eff=args.compute_eff,
-            gamma=args.gamma, scope=args.scope, max_payload=args.max_payload,
-            reduce_slots=args.reduce_slots)
+            gamma=args.gamma, scope=args.scope,
+            max_payload=cfg.max_payload if args.max_payload is None else args.max_payload,
+            reduce_slots=cfg.reduce_slots if args.reduce_slots is None else args.reduce_slots)
         total = args.seq_len // args.chunk if args.chunk else 0
         progress = None
         if not args.json and (total == 0 or total >= PROGRESS_MIN_CHUNKS):
@@ -67,7 +80,8 @@ def run(args) -> int:
                     state["bar"].update(1)
                     if done == n:
                         state["bar"].close()
-        p = plan(model, cluster, args.seq_len, args.chunk, args.policy, args.alpha, progress)
+        p = plan(model, cluster, args.seq_len, args.chunk, args.policy, setting.alpha, progress,
+                 keep_fetched=args.keep_fetched, bidirectional=not args.one_way)
     except PlanError as exc:
         raise UsageError(str(exc)) from None
     if args.emit_metadata:
@@ -75,8 +89,9 @@ def run(args) -> int:
         if not args.json:
             print(f"wrote {len(files)} files to {args.emit_metadata}")
     if args.json:
-        print(json.dumps(plan_dict(p, args.detail)))
+        print(json.dumps(plan_dict(p, args.detail) | {"setting": setting.__dict__}))
     else:
+        print(setting.describe())
         print(plan_table(p))
     return 0
 
@@ -89,12 +104,25 @@ def register(subs) -> None:
     p.add_argument("--nodes", type=int, required=True, help="number of nodes N")
     p.add_argument("--chunk", type=int, default=None,
                    help="chunk size B in tokens (default: B* by eq 8)")
-    p.add_argument("--kv-budget-mib", type=float, default=64.0,
-                   help="per-node KV budget S_node in MiB")
+    p.add_argument("--setting", default="paper",
+                   help="alpha and S_node: paper (0.5, 64 MiB; default) or board (the KR260's "
+                        "DDR after the weights)")
+    p.add_argument("--kv-budget-mib", type=float, default=None,
+                   help="per-node KV budget S_node in MiB (default: the setting's)")
     p.add_argument("--buffer-mib", type=float, default=8.0,
                    help="KV propagation buffer M_buf in MiB (eq 5)")
-    p.add_argument("--alpha", type=float, default=0.5, help="reuse aggressiveness (eq 15)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="reuse aggressiveness (eq 15; default: the setting's)")
     p.add_argument("--policy", default="mars", help="mars, ring, zigzag, full or pd")
+    p.add_argument("--node-config", default=DEFAULT_NODE_CONFIG,
+                   help="node configuration whose reduction slots and payload limit the plan "
+                        f"follows: {', '.join(NODE_CONFIGS)} (default {DEFAULT_NODE_CONFIG})")
+    p.add_argument("--keep-fetched", action="store_true",
+                   help="MARS: keep fetched blocks as replicas where the budget has room "
+                        "(an extension; the paper replicates only on propagation)")
+    p.add_argument("--one-way", action="store_true",
+                   help="ring/zigzag/pd: stream history one way round the ring (default: both "
+                        "ways on the full-duplex links)")
     p.add_argument("--topology", default="kr260-ring",
                    help="kr260-ring (default), kr260-switch, ring, mesh, torus or switch")
     p.add_argument("--mesh-dims", default=None, help="XxY for mesh/torus (default: squarest)")
@@ -108,12 +136,12 @@ def register(subs) -> None:
     p.add_argument("--gamma", type=float, default=1.0, help="overlap safety factor (eq 8)")
     p.add_argument("--scope", default="model",
                    help="what T_comp (and TTFT) covers: model (default) or attention")
-    p.add_argument("--max-payload", type=int, default=MAX_PAYLOAD,
-                   help=f"largest packet payload in bytes, 1..{MAX_PAYLOAD} "
-                        f"(default: mcf.abi.framing.MAX_PAYLOAD)")
-    p.add_argument("--reduce-slots", type=int, default=REDUCE_SLOTS,
-                   help=f"open reductions per reduction engine, 1..{REDUCE_SLOTS} "
-                        f"(default: mcf.abi.limits.REDUCE_SLOTS)")
+    p.add_argument("--max-payload", type=int, default=None,
+                   help="largest packet payload in bytes (default and maximum: the node "
+                        "configuration's)")
+    p.add_argument("--reduce-slots", type=int, default=None,
+                   help="open reductions per reduction engine (default and maximum: the node "
+                        "configuration's reduce_slots)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--detail", action="store_true",
                    help="with --json: list every transfer (source, destinations, route id)")

@@ -7,11 +7,13 @@ the per-node ABI metadata streams and route-table programming, and the cost mode
 with the ring / zigzag / full-replication / PD-disaggregation baselines.
 
     from mcf.mars import plan, get_model, make_cluster
-    p = plan(get_model("qwen2.5-1.5b"), make_cluster(8, kv_budget_mib=64), 16384, chunk=1024)
+    p = plan(get_model("qwen2.5-1.5b"), make_cluster(8, 64, node_config="kr260"), 16384,
+             chunk=1024, policy="mars", alpha=0.5)
 """
 
 from __future__ import annotations
 
+from ..abi.node_config import NODE_CONFIGS, NodeConfig
 from .chunking import ChunkChoice, choose_chunk, t_prop
 from .cluster import (
     RGMII_1G,
@@ -39,6 +41,7 @@ from .plan import Plan, Totals, plan
 from .replicas import m_node_avg, r_feasible, r_mem, r_reuse, replica_factor
 from .routes import RouteAllocator, RouteError
 from .schedule import POLICIES, PlanError, Step, Transfer
+from .setting import Setting, board_setting, get_setting, paper_setting
 
 __all__ = [
     "plan", "Plan", "Totals", "Step", "Transfer", "PlanError", "POLICIES",
@@ -52,25 +55,38 @@ __all__ = [
     "MetaEncoder", "Record", "InvalidateKind", "pack_fast", "Payloads", "payloads",
     "ReduceEntry",
     "RouteAllocator", "RouteError",
+    "Setting", "paper_setting", "board_setting", "get_setting",
 ]
 
 MIB = 2 ** 20
 
 
-def make_cluster(nodes: int, kv_budget_mib: float = 64, buffer_mib: float = 8,
-                 topology: str = "kr260-ring", link_gbps: float = 10.0,
+def make_cluster(nodes: int, kv_budget_mib: float, *, node_config: str | NodeConfig,
+                 buffer_mib: float = 8, topology: str = "kr260-ring", link_gbps: float = 10.0,
                  link_latency_us: float = 2.0, mesh_dims: tuple[int, int] | None = None,
                  **kw) -> ClusterSpec:
-    """A :class:`ClusterSpec` from everyday units (MiB, Gb/s, µs). ``link_*`` apply to the
-    uniform topologies (``ring``, ``mesh``, ``torus``, ``switch``); ``kr260-*`` use the board's
-    own links. Extra keywords go to :class:`ClusterSpec` (``dsps``, ``clock_hz``, ``scope``, …)."""
+    """A :class:`ClusterSpec` from everyday units (MiB, Gb/s, µs). ``kv_budget_mib`` is
+    ``S_node`` (eq 10; :mod:`mcf.mars.setting` has the paper's and the board's);
+    ``node_config`` (a :class:`mcf.abi.node_config.NodeConfig` or its name) gives the
+    reduction engine's slots and the largest payload (``reduce_slots`` / ``max_payload`` may
+    lower them). ``link_*`` apply to the uniform topologies (``ring``, ``mesh``, ``torus``,
+    ``switch``); ``kr260-*`` use the board's own links. Extra keywords go to
+    :class:`ClusterSpec` (``dsps``, ``clock_hz``, ``scope``, …)."""
     if nodes < 1:
         raise PlanError(f"N must be >= 1 (got {nodes})")
     if not (0 < kv_budget_mib < float("inf") and 0 < buffer_mib < float("inf")):
         raise PlanError("the KV budget and the buffer must be positive and finite")
+    if isinstance(node_config, str):
+        if node_config not in NODE_CONFIGS:
+            raise PlanError(f"unknown node configuration {node_config!r} "
+                            f"(one of {', '.join(NODE_CONFIGS)})")
+        node_config = NODE_CONFIGS[node_config]
+    kw.setdefault("reduce_slots", node_config.reduce_slots)
+    kw.setdefault("max_payload", node_config.max_payload)
     try:
         topo = make_topology(topology, nodes, LinkParams(link_gbps * 1e9, link_latency_us * 1e-6,
                                                          f"{link_gbps:g}G"), mesh_dims)
-        return ClusterSpec(nodes, int(kv_budget_mib * MIB), int(buffer_mib * MIB), topo, **kw)
+        return ClusterSpec(nodes, int(kv_budget_mib * MIB), int(buffer_mib * MIB), topo,
+                           node_config=node_config.name, **kw)
     except ValueError as exc:
         raise PlanError(str(exc)) from None

@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..abi.framing import MAX_PAYLOAD
-from ..abi.limits import REDUCE_SLOTS
 from ..abi.meta import META
+from ..abi.node_config import NODE_CONFIGS, SIM
 from ..abi.platform import K26
 from ..abi.route import NET_PORTS, MeshPort, RingPort, SwitchPort
+from .metadata import MAX_REDUCE_SLOTS
 
 __all__ = ["SWITCH", "LinkParams", "Tree", "Topology", "ClusterSpec", "TOPOLOGIES",
            "make_topology", "SFP_10G", "RGMII_1G"]
@@ -270,7 +271,10 @@ class ClusterSpec:
     t_meta_s: float = 0.5e-6       # PS -> PL metadata push per record (AXI-Lite)
     scope: str = "model"           # "model": linear + attention of all layers; "attention"
     max_payload: int = MAX_PAYLOAD  # largest packet payload (B), at most the ABI's MAX_PAYLOAD
-    reduce_slots: int = REDUCE_SLOTS  # open reductions per reduction engine, at most the ABI's
+    # open reductions per reduction engine: the node configuration's (``make_cluster`` takes it
+    # from the configuration it is given; a bare ClusterSpec describes sim nodes)
+    reduce_slots: int = SIM.reduce_slots
+    node_config: str = SIM.name
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -285,9 +289,14 @@ class ClusterSpec:
         if not 1 <= self.max_payload <= MAX_PAYLOAD:
             raise ValueError(f"the largest payload must lie in 1..{MAX_PAYLOAD} B "
                              f"(mcf.abi.framing.MAX_PAYLOAD), got {self.max_payload}")
-        if not 1 <= self.reduce_slots <= REDUCE_SLOTS:
-            raise ValueError(f"reduction slots must lie in 1..{REDUCE_SLOTS} "
-                             f"(mcf.abi.limits.REDUCE_SLOTS), got {self.reduce_slots}")
+        cfg = NODE_CONFIGS.get(self.node_config)
+        if cfg is None:
+            raise ValueError(f"unknown node configuration {self.node_config!r} "
+                             f"(one of {', '.join(NODE_CONFIGS)})")
+        cap = min(cfg.reduce_slots, MAX_REDUCE_SLOTS)
+        if not 1 <= self.reduce_slots <= cap:
+            raise ValueError(f"reduction slots must lie in 1..{cap} (the {cfg.name} node's "
+                             f"reduction engine), got {self.reduce_slots}")
         if not self.p_node > 0:
             raise ValueError("the compute rate must be positive (DSPs, clock, efficiency)")
         if not 0 < self.link_eff <= 1 or not self.gamma > 0 or self.t_meta_s < 0:

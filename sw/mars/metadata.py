@@ -8,7 +8,11 @@ the packetizer's metadata FIFO, one record per packet:
    history reads (sources; ring baselines: each node forwards to its ring successor);
 2. ``free``  (when chunk c−1 has finished): local FREE invalidations of drained replicas;
 3. ``store`` (after chunk c's KV is computed): the owner's replica multicast, then the
-   diagonal-block requests and sends.
+   diagonal-block requests and sends;
+4. last step only, ``free`` again: the convergence FREEs of every replica left (eq 29).
+
+Each phase is layer-major (every record of layer ``l`` before any of layer ``l + 1``), the order
+the node top executes.
 
 Every payload MARS plans fits :data:`mcf.abi.framing.MAX_PAYLOAD` (or a smaller
 ``max_payload``); :func:`payloads` fixes the cuts once per plan and rejects a configuration whose
@@ -58,7 +62,7 @@ from ..abi.query import query_bytes, query_fragments
 from ..abi.softmax import LANE_BITS, state_words
 
 __all__ = ["InvalidateKind", "Record", "ReduceEntry", "Payloads", "payloads", "MetaEncoder",
-           "pack_fast", "by_node", "PHASES"]
+           "pack_fast", "by_node", "PHASES", "max_open_reductions"]
 
 PHASES = ("plan", "free", "store", "handoff", "decode")
 
@@ -94,6 +98,17 @@ class ReduceEntry(NamedTuple):
     def to_dict(self) -> dict:
         return self._asdict() | {"entry": self.entry()}
 
+
+def _max_reduce_slots() -> int:
+    from ..abi.node_config import caps_register
+    width = {f.name: f.width for f in caps_register().fields}["reduce_slots"]
+    return (1 << width) - 1
+
+
+MAX_REDUCE_SLOTS = _max_reduce_slots()
+"""The most reduction slots a node configuration can declare (its ``CAPS.reduce_slots``
+field). The planner takes the actual count from the node configuration
+(:attr:`mcf.abi.node_config.NodeConfig.reduce_slots`)."""
 
 _ENUMS = ("stage", "op", "collective", "reduce_op")
 
@@ -158,9 +173,9 @@ def payloads(model, max_payload: int = MAX_PAYLOAD,
     if not 1 <= max_payload <= MAX_PAYLOAD:
         raise ValueError(f"the largest payload must lie in 1..{MAX_PAYLOAD} B "
                          f"(mcf.abi.framing.MAX_PAYLOAD), got {max_payload}")
-    if not 1 <= reduce_slots <= REDUCE_SLOTS:
-        raise ValueError(f"reduction slots must lie in 1..{REDUCE_SLOTS} "
-                         f"(mcf.abi.limits.REDUCE_SLOTS), got {reduce_slots}")
+    if not 1 <= reduce_slots <= MAX_REDUCE_SLOTS:
+        raise ValueError(f"reduction slots must lie in 1..{MAX_REDUCE_SLOTS} "
+                         f"(CAPS.reduce_slots), got {reduce_slots}")
     if model.kv_dtype == "int4":
         from ..abi.kv import kv_token_bytes  # the ABI's INT4 KV token record
         record = kv_token_bytes(model.head_dim)
@@ -193,8 +208,12 @@ class MetaEncoder:
     """Ids, fragment sizes and record generation for one plan."""
 
     def __init__(self, model, nodes: int, num_chunks: int, max_payload: int = MAX_PAYLOAD,
-                 reduce_slots: int = REDUCE_SLOTS):
+                 reduce_slots: int = REDUCE_SLOTS, strict: bool = True):
+        """``strict=False`` (cost-only plans, e.g. the unchunked baselines): ids and fragment
+        counts may exceed ``Meta.kv_id`` / ``Meta.seq``; such a plan counts records but must
+        not emit them."""
         self.model, self.nodes, self.num_chunks = model, nodes, num_chunks
+        self.strict = strict
         self.payloads = payloads(model, max_payload, reduce_slots)
         self.max_payload = self.payloads.max_payload
         self.token_record_bytes = self.payloads.token_record_bytes
@@ -202,7 +221,7 @@ class MetaEncoder:
         self.tokens_per_fragment = self.payloads.tokens_per_fragment
         need = model.layers * num_chunks * nodes
         self.kv_id_capacity = 1 << META["kv_id"].width
-        if need > self.kv_id_capacity:
+        if need > self.kv_id_capacity and strict:
             raise ValueError(f"the plan needs {need} KV ids (L·C·N = {model.layers}·"
                              f"{num_chunks}·{nodes}) but Meta.kv_id names only "
                              f"{self.kv_id_capacity}; use a larger chunk")
@@ -226,7 +245,7 @@ class MetaEncoder:
         tpf = self.tokens_per_fragment
         groups = [tpf] * (tokens // tpf) + ([tokens % tpf] if tokens % tpf else [])
         out = [n * self.token_record_bytes for n in groups for _ in range(self.model.kv_heads)]
-        if len(out) > self.seq_capacity:
+        if len(out) > self.seq_capacity and self.strict:
             raise ValueError(f"a slice of {tokens} tokens needs {len(out)} KV packets per layer "
                              f"({self.model.kv_heads} KV heads x {len(groups)} fragments of "
                              f"<= {tpf} tokens); Meta.seq counts {self.seq_capacity}: use a "
@@ -274,8 +293,8 @@ class MetaEncoder:
                     dst=t.src, route_id=unicast(t.src),
                     kv_id=self.kv_id(layer, t.block, t.slice)))
 
-    def _invalidate(self, key, src, dst, kind, phase, unicast):
-        for layer in range(self.model.layers):
+    def _invalidate(self, key, src, dst, kind, phase, unicast, layers=None):
+        for layer in range(self.model.layers) if layers is None else layers:
             yield Record(src, phase, Meta(
                 stage=Stage.PREFILL, op=Op.INVALIDATE, collective=Collective.P2P, src=src,
                 dst=dst, route_id=unicast(dst), kv_id=self.kv_id(layer, *key),
@@ -283,22 +302,28 @@ class MetaEncoder:
 
     def step_records(self, step, unicast) -> list[Record]:
         """All records of one chunk step, in issue order. A slice's id is its owner node
-        (``key = (block, owner)``), so the owner sends the DRAIN notices."""
+        (``key = (block, owner)``), so the owner sends the DRAIN notices. Every phase is
+        layer-major — all of layer ``l`` before any of layer ``l + 1`` — so hardware that
+        executes a stream in order never holds a later layer's record in front of an earlier
+        one (docs/node.md, section 6). The last step ends with the convergence FREEs."""
         out: list[Record] = []
-        for key, node in step.drains:
-            out += self._invalidate(key, key[1], node, InvalidateKind.DRAIN, "plan", unicast)
+        L = range(self.model.layers)
         plan = [t for t in step.transfers if t.phase == "plan"]
         store = [t for t in step.transfers if t.phase == "store"]
-        for t in plan:
-            out += self._requests(t, unicast)
-        for t in plan:
-            out += self._sends(t)
-        for key, node in step.frees:
-            out += self._invalidate(key, node, node, InvalidateKind.FREE, "free", unicast)
-        # The store phase sends KV the step has just computed, layer by layer: layer-major
-        # order, so that in-order hardware never holds a send of layer l+1 (which waits for
-        # that layer's compute) in front of one of layer l (docs/node.md, section 6).
-        for layer in range(self.model.layers):
+        for layer in L:
+            for key, node in step.drains:
+                out += self._invalidate(key, key[1], node, InvalidateKind.DRAIN, "plan",
+                                        unicast, [layer])
+            for t in plan:
+                out += self._requests(t, unicast, [layer])
+            for t in plan:
+                out += self._sends(t, [layer])
+        for layer in L:
+            for key, node in step.frees:
+                out += self._invalidate(key, node, node, InvalidateKind.FREE, "free", unicast,
+                                        [layer])
+        # The store phase sends KV the step has just computed, layer by layer.
+        for layer in L:
             for t in store:
                 if t.kind == "replica":
                     out += self._sends(t, [layer])
@@ -308,6 +333,10 @@ class MetaEncoder:
             for t in store:
                 if t.kind != "replica":
                     out += self._sends(t, [layer])
+        for layer in L:
+            for key, node in step.converge:
+                out += self._invalidate(key, node, node, InvalidateKind.FREE, "free", unicast,
+                                        [layer])
         return out
 
     def handoff_records(self, handoff, unicast) -> list[Record]:
@@ -323,7 +352,7 @@ class MetaEncoder:
         L, n = self.model.layers, [0] * self.nodes
         for key, _node in step.drains:
             n[key[1]] += L
-        for _key, node in step.frees:
+        for _key, node in list(step.frees) + list(step.converge):
             n[node] += L
         for t in step.transfers:
             n[t.src] += L * len(self.fragments(t.tokens))
@@ -360,7 +389,28 @@ class MetaEncoder:
                             kv_id=self.decode_tag(k, head), length=self.state_bytes,
                             seq=layer)))
                 done += len(heads)
+        worst = max_open_reductions(out, self.nodes)
+        if worst > self.payloads.reduce_slots:
+            raise ValueError(f"decode token {k} would open {worst} reductions in one engine; "
+                             f"the engine holds {self.payloads.reduce_slots}")
         return out
+
+
+def max_open_reductions(records, nodes: int) -> int:
+    """The most reduction tags ``(kv_id, seq)`` open at once in any engine when ``records``
+    (one decode token, issue order) run with their waits: a tag opens with its first state and
+    closes when the root has the result; a query that waits for earlier results closes every
+    tag before it. With one node every contribution completes on arrival (1 at a time)."""
+    if nodes == 1:
+        return 1 if records else 0
+    worst, open_tags = 0, set()
+    for r in records:
+        if r.meta.op == Op.QUERY and r.wait:
+            open_tags = set()
+        elif r.meta.op == Op.PARTIAL_STATE:
+            open_tags.add((r.meta.kv_id, r.meta.seq))
+            worst = max(worst, len(open_tags))
+    return worst
 
 
 def by_node(records, nodes: int) -> dict[int, list[Meta]]:

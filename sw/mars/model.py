@@ -32,6 +32,7 @@ class ModelSpec:
     kv_dtype: str = "int4"
     hidden: int = 0       # model width (linear-layer compute model; 0 = attention only)
     intermediate: int = 0  # MLP width (SiLU-gated: three hidden×intermediate matrices)
+    vocab: int = 0        # embedding rows (tied LM head); weight memory only
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_ELEMENT_BYTES:
@@ -83,19 +84,42 @@ class ModelSpec:
                 + 3 * self.hidden * self.intermediate)
 
     @property
+    def weight_params(self) -> int:
+        """Every weight the node stores: the linear layers of all layers plus the (tied)
+        embedding."""
+        return self.layers * self.linear_params_per_layer + self.vocab * self.hidden
+
+    @property
     def linear_ops_per_token(self) -> int:
         """Linear-layer operations per token over all layers (2 per weight)."""
         return 2 * self.layers * self.linear_params_per_layer
 
 
-MODELS: dict[str, ModelSpec] = {
-    # Qwen2.5-1.5B (see /work/shared/design/platform.md): INT4 KV -> M_token = 7168 B.
-    "qwen2.5-1.5b": ModelSpec("qwen2.5-1.5b", layers=28, q_heads=12, kv_heads=2, head_dim=128,
-                              kv_dtype="int4", hidden=1536, intermediate=8960),
-    # A tiny INT4 model for tests and the cluster simulation.
-    "tiny": ModelSpec("tiny", layers=2, q_heads=4, kv_heads=2, head_dim=16, kv_dtype="int4",
-                      hidden=64, intermediate=128),
-}
+TINY_LAYERS = 2
+"""Layers of the ``tiny`` model (the golden layer is one layer; MARS needs more than one)."""
+
+
+def _from_golden(name: str, cfg, layers: int, vocab: int = 0) -> ModelSpec:
+    """A preset with the geometry of a golden :class:`mcf.golden.qwen_layer.LayerConfig`, so
+    MARS, the golden models and the RTL share one shape."""
+    return ModelSpec(name, layers=layers, q_heads=cfg.heads, kv_heads=cfg.kv_heads,
+                     head_dim=cfg.head_dim, kv_dtype="int4", hidden=cfg.hidden,
+                     intermediate=cfg.intermediate, vocab=vocab)
+
+
+def _presets() -> dict[str, ModelSpec]:
+    from ..golden.qwen_layer import QWEN25_1P5B, TINY
+    return {
+        # Qwen2.5-1.5B (/work/shared/design/platform.md): 28 layers, vocab 151,936; INT4 KV ->
+        # M_token = 7168 B.
+        "qwen2.5-1.5b": _from_golden("qwen2.5-1.5b", QWEN25_1P5B, 28, vocab=151_936),
+        # The golden models' and the sim node's tiny layer (hidden 128, 4 query heads, 2 KV
+        # heads, head_dim 32, intermediate 256), two layers: tests and the cluster simulation.
+        "tiny": _from_golden("tiny", TINY, TINY_LAYERS),
+    }
+
+
+MODELS: dict[str, ModelSpec] = _presets()
 
 
 def get_model(name: str, kv_dtype: str | None = None) -> ModelSpec:

@@ -1,8 +1,8 @@
 """``mcf.mars.plan``: schedule a prefill, cost it, expose its metadata streams and route tables.
 
     from mcf.mars import plan, get_model, make_cluster
-    p = plan(get_model("qwen2.5-1.5b"), make_cluster(8, kv_budget_mib=64), seq_len=16384,
-             chunk=1024, policy="mars", alpha=0.5)
+    p = plan(get_model("qwen2.5-1.5b"), make_cluster(8, 64, node_config="kr260"),
+             seq_len=16384, chunk=1024, policy="mars", alpha=0.5)
     p.totals.ttft_s, p.steps[0].cost.t_chunk
     p.step_metadata(3)          # {node: [Meta, ...]} for chunk step 3
     p.static_routes()           # [(node, route_id, entry)] programmed once
@@ -45,6 +45,8 @@ class Totals:
     route_fallbacks: int
     draining_reads: int
     metadata_records: int
+    pressure_drains: int         # replicas drained before the deadline (budget)
+    converged: int               # replicas drained at the deadline (after chunk C)
     closed_form: dict = field(default_factory=dict)
 
 
@@ -59,6 +61,7 @@ class Plan:
     scheduler: Scheduler
     encoder: MetaEncoder
     totals: Totals | None = None
+    streams: bool = True         # False: a cost-only plan (ids may exceed the ABI's fields)
 
     @property
     def chunk(self) -> int:
@@ -79,6 +82,8 @@ class Plan:
     # --- metadata ----------------------------------------------------------------------------
     def step_records(self, index: int) -> list[Record]:
         """Records of chunk step ``index`` (1-based), in issue order, tagged with node/phase."""
+        if not self.streams:
+            raise PlanError("a cost-only plan (streams=False) has no metadata streams")
         step = self.steps[index - 1]
         return self.encoder.step_records(step, self.scheduler.routes.unicast)
 
@@ -279,13 +284,20 @@ def _finish(p: Plan) -> None:
         route_fallbacks=sum(s.routes.fallbacks for s in p.steps),
         draining_reads=sum(s.draining_reads for s in p.steps),
         metadata_records=recs_total,
+        pressure_drains=sum(len(s.drains) for s in p.steps),
+        converged=sum(len(s.converge) for s in p.steps),
         closed_form=_closed_form(p))
 
 
-def plan(model: ModelSpec, cluster: ClusterSpec, seq_len: int, chunk: int | None = None,
-         policy: str = "mars", alpha: float = 0.5, progress=None) -> Plan:
-    """Schedule and cost a prefill of ``seq_len`` tokens. ``chunk=None`` picks ``B*`` by eq 8.
-    ``progress``: optional callable ``(done, total)``. Raises :class:`PlanError` on bad input."""
+def plan(model: ModelSpec, cluster: ClusterSpec, seq_len: int, chunk: int | None,
+         policy: str, alpha: float, progress=None, *, keep_fetched: bool = False,
+         bidirectional: bool = True, streams: bool = True) -> Plan:
+    """Schedule and cost a prefill of ``seq_len`` tokens. ``chunk=None`` picks ``B*`` by eq 8;
+    ``alpha`` is eq 15's and the cluster's ``kv_budget`` is ``S_node`` (both explicit: see
+    :mod:`mcf.mars.setting`). ``keep_fetched`` / ``bidirectional``: see
+    :mod:`mcf.mars.schedule`. ``streams=False`` builds a cost-only plan whose ids may exceed
+    ``Meta.kv_id`` / ``Meta.seq`` (the unchunked baselines). ``progress``: optional callable
+    ``(done, total)``. Raises :class:`PlanError` on bad input."""
     if seq_len < 1:
         raise PlanError("seq-len must be >= 1")
     if not (alpha >= 0 and alpha < float("inf")):
@@ -297,15 +309,16 @@ def plan(model: ModelSpec, cluster: ClusterSpec, seq_len: int, chunk: int | None
         choice = choose_chunk(model, cluster, seq_len, alpha, chunk)
     except ValueError as exc:
         raise PlanError(str(exc)) from None
-    sched = Scheduler(model, cluster, seq_len, choice.chunk, policy, alpha)
+    sched = Scheduler(model, cluster, seq_len, choice.chunk, policy, alpha,
+                      keep_fetched=keep_fetched, bidirectional=bidirectional)
     try:
         encoder = MetaEncoder(model, cluster.nodes, seq_len // choice.chunk,
-                              cluster.max_payload, cluster.reduce_slots)
+                              cluster.max_payload, cluster.reduce_slots, strict=streams)
         encoder.fragments(-(-choice.chunk // len(sched.pool)))
     except ValueError as exc:
         raise PlanError(str(exc)) from None
     total = sched.num_chunks
     sched.run(None if progress is None else (lambda c: progress(c, total)))
-    p = Plan(model, cluster, policy, alpha, seq_len, choice, sched, encoder)
+    p = Plan(model, cluster, policy, alpha, seq_len, choice, sched, encoder, streams=streams)
     _finish(p)
     return p

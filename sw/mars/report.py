@@ -21,7 +21,7 @@ def assumptions_text(cl) -> str:
     return (f"compute P_node = {cl.ops_per_dsp_cycle} ops x {cl.dsps} DSP x "
             f"{cl.clock_hz / 1e6:g} MHz x {cl.compute_eff:g} = {cl.p_node / 1e12:.3f} Tops/s "
             f"per node; network {cl.topology.describe()}; link efficiency {cl.link_eff:g}; "
-            f"KV budget S_node = {cl.kv_budget / MIB:g} MiB, buffer M_buf = "
+            f"KV budget S_node = {cl.kv_budget / MIB:.1f} MiB, buffer M_buf = "
             f"{cl.buffer / MIB:g} MiB; gamma = {cl.gamma:g}; metadata push "
             f"{cl.t_meta_s * 1e6:g} us/record")
 
@@ -46,6 +46,8 @@ def _step_dict(p, s, detail: bool = False) -> dict:
         "active_replica_factor": round(s.active_replica_factor, 4),
         "drained": len(s.drains),
         "freed": len(s.frees),
+        "converged": len(s.converge),
+        "kept_fetched": len(s.kept),
         "draining_reads": s.draining_reads,
         "per_node_kv_bytes": list(s.node_kv_bytes),
         "rep_bytes": c.rep_bytes,
@@ -75,6 +77,10 @@ def plan_dict(p, detail: bool = False) -> dict:
         "topology": cl.topology.kind,
         "seq_len": p.seq_len,
         "alpha": p.alpha,
+        "node_config": cl.node_config,
+        "reduce_slots": cl.reduce_slots,
+        "keep_fetched": p.scheduler.keep_fetched,
+        "bidirectional": p.scheduler.bidirectional,
         "m_token_bytes": m.m_token,
         "chunk_size": p.chunk,
         "num_chunks": p.num_chunks,
@@ -106,6 +112,7 @@ def plan_dict(p, detail: bool = False) -> dict:
             "owned_gap_bytes": t.owned_gap_bytes, "max_slice_bytes": t.max_slice_bytes,
             "memory_ok": t.memory_ok, "route_fallbacks": t.route_fallbacks,
             "draining_reads": t.draining_reads, "metadata_records": t.metadata_records,
+            "pressure_drains": t.pressure_drains, "converged": t.converged,
             "closed_form": t.closed_form,
         },
     }
@@ -165,7 +172,9 @@ def plan_table(p) -> str:
         f"({'within' if t.memory_ok else 'OVER'} budget); final layout "
         f"{'owner-only' if t.final_owner_only else 'NOT owner-only'}, owned bytes spread "
         f"{t.owned_gap_bytes} B (one slice = {t.max_slice_bytes} B)",
-        f"metadata records {t.metadata_records}; route fallbacks {t.route_fallbacks}; reads "
-        f"served by draining replicas {t.draining_reads}",
+        f"replicas drained under memory pressure {t.pressure_drains}, at the convergence "
+        f"deadline {t.converged}; reads served by draining replicas {t.draining_reads}",
+        f"metadata records {t.metadata_records}; route fallbacks {t.route_fallbacks}; "
+        f"node configuration {cl.node_config} ({cl.reduce_slots} reduction slots)",
     ]
     return "\n".join(lines)

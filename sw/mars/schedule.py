@@ -2,21 +2,38 @@
 
 One step per chunk ``c = 1..C``, in three phases (the pipeline that lets MARS prefetch ahead):
 
-1. **plan(c)** — while chunk ``c−1`` still computes: pick ``r(c)`` (eq 11–16, 29); replicas above
-   it, or needed to keep every node within ``S_node`` once block ``c`` arrives, are marked
-   DRAINING (they keep serving chunk ``c−1``); the history reads of chunk ``c`` are scheduled from
-   owner/VALID copies only: local where a copy is on the node, else fetched from the nearest copy
-   (mesh-aware multicast tree per source), or streamed around the ring for the baselines.
+1. **plan(c)** — while chunk ``c−1`` still computes: pick ``r(c)`` for the new block (eq 11–16,
+   29). Every historical block ``i`` keeps the replica factor ``r(i)`` it was created with (eq 19
+   charges block ``i`` for ``N − r(i)`` remote reads in every later chunk); a replica is drained
+   only when memory pressure requires it — a node whose own slice of block ``c`` would not fit
+   ``S_node`` drains replicas, cheapest first (the least increase of the remaining access cost
+   of eq 19 per byte freed). Drained copies are DRAINING: they keep serving chunk ``c−1``. The
+   history reads of chunk ``c`` are then scheduled from owner/VALID copies only: local where a
+   copy is on the node, else fetched from the nearest copy (mesh-aware multicast tree per
+   source), or streamed round the ring for the baselines.
 2. **complete(c−1)** — chunk ``c−1`` finishes: its reads are served (from VALID, OWNER or
    DRAINING copies); DRAINING copies with no dependants left are freed.
 3. **store(c)** — chunk ``c`` computes its KV block: every node stores the slice it owns, the
-   owner multicasts it to the ``r(c)−1`` replica holders (memory-checked per node), and the
-   diagonal-block reads of chunk ``c`` are scheduled.
+   owner multicasts it to ``r(c)−1`` replica holders with room (a full node is skipped, never
+   emptied for a newer block), and the diagonal-block reads of chunk ``c`` are scheduled.
 
-Policies: ``mars``; ``ring`` and ``zigzag`` (r = 1, KV streamed hop by hop around the logical
-ring every chunk; contiguous vs zigzag token layout); ``full`` (r = N, no budget, replicas
-dropped after prefill); ``pd`` (prefill pool of ⌊N/2⌋ nodes running zigzag, then every slice is
-handed off to the decode pool).
+The convergence deadline (eq 29, ``r(C) = 1`` for the layout decode starts from) comes after the
+last chunk: every replica still VALID is drained once chunk ``C`` has read it and freed
+(``Step.converge`` of the last step), so decode starts owner-only.
+
+A fetched copy is **not** kept as a replica by default: the paper creates replicas only by the
+owner's propagation (eq 17) and gives each block one factor ``r(i)`` (eq 16), so a copy kept by
+a reader would exceed it. ``keep_fetched=True`` keeps a fetched copy as a VALID replica when the
+reader's budget has room (an extension, off in every reported figure).
+
+Policies: ``mars``; ``ring`` and ``zigzag`` (r = 1, every chunk the owner's copy of each
+history slice is streamed hop by hop round the logical ring; contiguous vs zigzag token layout;
+``bidirectional`` (default) sends it both ways round on the full-duplex links, half of the
+receivers each way, so every slice crosses each link at most once per direction and the chain is
+``⌈(P−1)/2⌉`` hops — on a switch, where both ways would share the owner's one uplink, the
+stream stays one way); ``full`` (r = N for every block, no budget, replicas dropped at the
+deadline); ``pd`` (prefill pool of ⌊N/2⌋ nodes running zigzag, then every slice is handed off
+to the decode pool).
 """
 
 from __future__ import annotations
@@ -28,7 +45,7 @@ from .cluster import ClusterSpec, Tree
 from .directory import CopyState, Directory, InvariantError
 from .layout import chunk_ranges
 from .model import ModelSpec
-from .placement import assign_sources, holder_set
+from .placement import access_cost, assign_sources, holder_set
 from .replicas import r_mem, r_reuse, replica_factor
 from .routes import RouteAllocator, StepRoutes
 
@@ -68,11 +85,16 @@ class Step:
     replicas: dict = field(default_factory=dict)     # slice owner -> replica holders (block c)
     drains: list = field(default_factory=list)       # ((block, slice), node) marked at plan(c)
     frees: list = field(default_factory=list)        # ((block, slice), node) freed before store
+    converge: list = field(default_factory=list)     # last step: ((block, slice), node) drained
+                                                     # and freed at the deadline (after chunk C)
+    kept: list = field(default_factory=list)         # keep_fetched: ((block, slice), node) kept
     transfers: list = field(default_factory=list)
     node_kv_bytes: list = field(default_factory=list)
     draining_reads: int = 0             # reads of chunk c served by copies that began
                                         # DRAINING while it was in flight
     active_replica_factor: float = 1.0  # mean copies per slice after store(c)
+    pressure: dict = field(default_factory=dict)     # node -> bytes over S_node the drains of
+                                                     # plan(c) had to free
     routes: StepRoutes | None = None
     cost: object = None                 # mcf.mars.cost.StepCost
 
@@ -87,8 +109,13 @@ class Handoff:
 
 
 class Scheduler:
+    """Builds the steps of one prefill. ``alpha`` (eq 15) and the cluster's ``kv_budget``
+    (``S_node``, eq 10) are the inputs the replica factors depend on; ``keep_fetched`` and
+    ``bidirectional`` are the options described in the module docstring."""
+
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, seq_len: int, chunk: int,
-                 policy: str = "mars", alpha: float = 0.5):
+                 policy: str, alpha: float, *, keep_fetched: bool = False,
+                 bidirectional: bool = True):
         if policy not in POLICIES:
             raise PlanError(f"unknown policy {policy!r} (one of {', '.join(POLICIES)})")
         n = cluster.nodes
@@ -98,6 +125,8 @@ class Scheduler:
             raise PlanError("alpha must be a finite number >= 0")
         self.model, self.cluster, self.topo = model, cluster, cluster.topology
         self.seq_len, self.chunk, self.policy, self.alpha = seq_len, chunk, policy, alpha
+        self.keep_fetched = keep_fetched and policy == "mars"
+        self.bidirectional = bidirectional
         self.num_chunks = seq_len // chunk
         if policy == "pd":
             if n < 2:
@@ -160,7 +189,37 @@ class Scheduler:
             return rm, n, n
         return rm, 1, 1
 
+    def remaining_reads(self, c: int) -> int:
+        """Chunks that still read every block ``i ≤ c`` once plan(c) starts: ``c..C``."""
+        return self.num_chunks - c + 1
+
+    def drain_cost(self, key, node: int, c: int) -> int:
+        """Eq 19's remaining access cost (bytes × hops over chunks ``c..C``) that draining the
+        copy of ``key`` on ``node`` adds: every later chunk's non-holders read from one copy
+        fewer."""
+        held = self.dir.schedulable(key)
+        rest = [h for h in held if h != node]
+        return (self.remaining_reads(c) * self.dir.size[key]
+                * (access_cost(self.topo, rest) - access_cost(self.topo, held)))
+
     # --- reads -------------------------------------------------------------------------------
+    def _ring_chains(self, owner: int) -> list[list[int]]:
+        """The node orders a slice of ``owner`` is streamed along: one chain round the logical
+        ring, or (bidirectional) one each way, half of the receivers each (owners alternate
+        which way takes the odd receiver, so both directions carry the same load)."""
+        pool, k = self.pool, self.pool.index(owner)
+        p = len(pool)
+        if p < 2:
+            return []
+        if not self.bidirectional or self.topo.base_kind == "switch":
+            # (on a switch both ways would leave on the owner's one uplink: one chain)
+            return [[pool[(k + j) % p] for j in range(p)]]
+        fwd = (p - 1 + (k % 2 == 0)) // 2 if (p - 1) % 2 else (p - 1) // 2
+        back = p - 1 - fwd
+        chains = [[pool[(k + j) % p] for j in range(fwd + 1)],
+                  [pool[(k - j) % p] for j in range(back + 1)]]
+        return [ch for ch in chains if len(ch) > 1]
+
     def _schedule_reads(self, c: int, keys, phase: str, out: list) -> None:
         """Every pool node reads every slice in ``keys`` for chunk ``c``."""
         topo, d = self.topo, self.dir
@@ -171,14 +230,13 @@ class Scheduler:
             owner = d.owner(key)
             if streaming:
                 # Ring streaming: the owner's copy travels hop by hop round the logical ring.
-                k = self.pool.index(owner)
-                order = self.pool[k:] + self.pool[:k]
-                lat = 0.0
-                for a, b in zip(order, order[1:]):
-                    tree = topo.tree(a, [b])
-                    lat += tree.latency_s
-                    out.append(Transfer("access", phase, key[0], key[1], tokens, nbytes, a, (b,),
-                                        tree, lat, chain=True))
+                for order in self._ring_chains(owner):
+                    lat = 0.0
+                    for a, b in zip(order, order[1:]):
+                        tree = topo.tree(a, [b])
+                        lat += tree.latency_s
+                        out.append(Transfer("access", phase, key[0], key[1], tokens, nbytes, a,
+                                            (b,), tree, lat, chain=True))
                 d.register_read(key, owner, c)     # every pool node reads the streamed owner copy
                 continue
             sources = d.schedulable(key)
@@ -192,27 +250,41 @@ class Scheduler:
                                     tree.dests, tree, tree.latency_s))
                 d.register_read(key, src, c)
 
+    def _keep_fetched(self, step: Step, transfers, reserve) -> None:
+        """``keep_fetched``: a fetched copy stays as a VALID replica where the reader has room
+        (``reserve``: bytes per node still to arrive this step, e.g. its own slice)."""
+        d = self.dir
+        for t in transfers:
+            if t.kind != "access" or t.chain:
+                continue
+            key = (t.block, t.slice)
+            for node in t.dests:
+                if d.state(key, node) is None and \
+                        d.used[node] + max(reserve[node], 0) + d.size[key] <= d.budget:
+                    d.add_replica(key, node)
+                    step.kept.append((key, node))
+
     # --- phases ------------------------------------------------------------------------------
     def _plan(self, step: Step) -> None:
         c, d = step.index, self.dir
-        target = step.replica_factor
         history = [k for k in d.slices() if k[0] < c]
         if self.policy == "mars":
-            for key in history:
-                sched = d.schedulable(key)
-                if len(sched) > target:
-                    owner = d.owner(key)
-                    keep = holder_set(self.topo, owner, target, frozenset(sched))
-                    for node in sched:
-                        if node not in keep:
-                            d.mark_draining(key, node)
-                            step.drains.append((key, node))
             self._relieve_pressure(step, history)
+        start = len(step.transfers)
         self._schedule_reads(c, history, "plan", step.transfers)
+        if self.keep_fetched:
+            own = [self.tokens(rg) * self.model.m_token for rg in step.ranges]
+            draining = [sum(d.size[k] for k in history if d.state(k, n) is CopyState.DRAINING)
+                        for n in range(self.cluster.nodes)]
+            # a kept copy must leave room for the node's own slice once its drains are freed
+            self._keep_fetched(step, step.transfers[start:],
+                               [own[n] - draining[n] for n in range(self.cluster.nodes)])
 
     def _relieve_pressure(self, step: Step, history) -> None:
-        """Drain more replicas on any node that would exceed S_node once block c arrives."""
-        d, budget = self.dir, self.cluster.kv_budget
+        """Drain replicas on any node that would exceed ``S_node`` once its own slice of block
+        ``c`` arrives: the copies whose loss adds the least remaining access cost (eq 19) per
+        byte freed, older blocks first on ties. Nothing else drains before the deadline."""
+        d, budget, c = self.dir, self.cluster.kv_budget, step.index
         for node in range(self.cluster.nodes):
             draining = sum(d.size[k] for k in history
                            if d.state(k, node) is CopyState.DRAINING)
@@ -220,17 +292,17 @@ class Scheduler:
                 self.tokens(step.ranges[node]) * self.model.m_token
             if projected <= budget:
                 continue
-            victims = sorted((k for k in history if d.state(k, node) is CopyState.VALID),
-                             key=lambda k: (-len(d.schedulable(k)), k))
-            for key in victims:
-                if projected <= budget:
-                    break
+            step.pressure[node] = projected - budget
+            while projected > budget:
+                victims = [k for k in history if d.state(k, node) is CopyState.VALID]
+                if not victims:
+                    raise InvariantError(f"node {node} cannot fit block {c} "
+                                         f"even after draining every replica")
+                key = min(victims, key=lambda k: (
+                    self.drain_cost(k, node, c) / d.size[k], k))
                 d.mark_draining(key, node)
                 step.drains.append((key, node))
                 projected -= d.size[key]
-            if projected > budget:
-                raise InvariantError(f"node {node} cannot fit block {step.index} "
-                                     f"even after draining every replica")
 
     def _complete(self, c: int, step: Step | None) -> list:
         served = self.dir.serve_reads(c)
@@ -269,11 +341,21 @@ class Scheduler:
                     step.transfers.append(Transfer("replica", "store", c, owner,
                                                    size // m_token, size, owner, tree.dests,
                                                    tree, tree.latency_s))
+        start = len(step.transfers)
         self._schedule_reads(c, new_keys, "store", step.transfers)
+        if self.keep_fetched:
+            self._keep_fetched(step, step.transfers[start:], [0] * self.cluster.nodes)
         d.check()
         step.node_kv_bytes = list(d.used)
         copies = [len(cps) for cps in d.copies.values()]
         step.active_replica_factor = sum(copies) / len(copies) if copies else 1.0
+
+    def _converge(self, last: Step) -> None:
+        """The deadline (eq 29): once chunk ``C`` has read them, every replica drains."""
+        for key in self.dir.slices():
+            for node in self.dir.holders(key, CopyState.VALID):
+                self.dir.mark_draining(key, node)
+                last.converge.append((key, node))
 
     # --- driver ------------------------------------------------------------------------------
     def run(self, progress=None) -> None:
@@ -291,12 +373,7 @@ class Scheduler:
             prev = step
             if progress is not None:
                 progress(c)
-        if self.policy == "full":
-            last = self.steps[-1]
-            for key in self.dir.slices():
-                for node in self.dir.holders(key, CopyState.VALID):
-                    self.dir.mark_draining(key, node)
-                    last.drains.append((key, node))
+        self._converge(self.steps[-1])
         self.final_frees = self._complete(C, prev)
         if self.policy == "pd":
             self._handoff()
@@ -314,11 +391,15 @@ class Scheduler:
                                  f"than one slice ({slice_max} B)")
 
     def _handoff(self) -> None:
-        """PD disaggregation: each slice moves to a decode-pool node, round robin (balanced)."""
+        """PD disaggregation: each slice moves to the decode-pool node holding the fewest bytes
+        so far (ties: lowest id), so owned bytes end within one slice of each other."""
         d, topo, dp = self.dir, self.topo, self.decode_pool
         transfers, frees = [], []
-        for i, key in enumerate(sorted(d.slices())):
-            src, dst = d.owner(key), dp[i % len(dp)]
+        load = dict.fromkeys(dp, 0)
+        for key in sorted(d.slices()):
+            src = d.owner(key)
+            dst = min(dp, key=lambda x: (load[x], x))
+            load[dst] += d.size[key]
             tree = topo.tree(src, [dst])
             transfers.append(Transfer("handoff", "handoff", key[0], key[1],
                                       d.size[key] // self.model.m_token, d.size[key], src,

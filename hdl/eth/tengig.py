@@ -1,0 +1,218 @@
+"""The 10G SFP+ link (issue #13 items 3–5; ``docs/eth.md`` §5): :class:`TenGigMac` (the XGMII
+MAC between the node's 64-bit link streams and an XGMII port) and :class:`TenGigLink` (the MAC
+plus the 10GBASE-R PCS, facing the GTH transceiver's user data).
+
+Clock domains: ``sync`` is the node clock (aclk); ``xg_tx`` is clocked by ``tx_clk`` (the GT's
+TX user clock, 10.3125 GHz / ``width``: 161.13 MHz at 64 bits, or any XGMII clock for the MAC
+alone), ``xg_rx`` by ``rx_clk`` (the GT's recovered RX user clock). Each domain's reset is the
+aclk reset through a :class:`~amaranth.lib.cdc.ResetSynchronizer`; frames, events and status
+cross through :class:`~amaranth.lib.fifo.AsyncFIFO` s; ``local_id``/``peer_id`` are
+quasi-static (set before traffic) and cross through ``FFSynchronizer`` s.
+"""
+
+from amaranth import ClockDomain, ClockSignal, Module, ResetSignal, Signal
+from amaranth.hdl import DomainRenamer, EnableInserter
+from amaranth.lib import stream, wiring
+from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
+from amaranth.lib.fifo import AsyncFIFO
+from amaranth.lib.wiring import In, Out
+
+from mcf.abi.eth import ETH_EVENT, ETH_STATUS, NODE_BITS, PCS_STATUS
+from mcf.abi.framing import beat_layout
+
+from .encap import EthCounters
+from .pcs10g import (
+    BerMonitor,
+    BlockLock,
+    Decoder,
+    Descrambler,
+    Encoder,
+    GearboxRx,
+    GearboxTx,
+    Scrambler,
+)
+from .rgmii import FrameGate
+from .xgmii import EthEncap64, XgmiiDecap, XgmiiRx, XgmiiTx
+
+__all__ = ["TenGigMac", "TenGigLink"]
+
+
+def _fifo(m, name, width, depth, w_domain, r_domain):
+    m.submodules[name] = f = AsyncFIFO(width=width, depth=depth, w_domain=w_domain,
+                                       r_domain=r_domain)
+    return f
+
+
+class TenGigMac(wiring.Component):
+    """Link frames ↔ XGMII (64 bits).
+
+    TX: ``s_axis`` → :class:`~mcf.hdl.eth.xgmii.EthEncap64` (aclk) → ``AsyncFIFO(16)`` →
+    :class:`~mcf.hdl.eth.rgmii.FrameGate` (whole frames, so the transmitter never runs dry)
+    → :class:`~mcf.hdl.eth.xgmii.XgmiiTx` (advancing only while ``tx_ce``) → ``xgmii_txd``/
+    ``xgmii_txc``. RX: ``xgmii_rxd``/``xgmii_rxc`` (words with ``xgmii_rx_valid``) →
+    :class:`~mcf.hdl.eth.xgmii.XgmiiRx` → :class:`~mcf.hdl.eth.xgmii.XgmiiDecap` (4 KiB) →
+    ``AsyncFIFO(16)`` → ``m_axis``. One :data:`~mcf.abi.eth.ETH_EVENT` per frame and
+    direction crosses to aclk for :class:`~mcf.hdl.eth.encap.EthCounters` (``status``).
+
+    Members (aclk unless named): ``s_axis``/``m_axis`` — link frames (``beat_layout(64)``,
+    the node top's ``s_axis_link``/``m_axis_link``); ``local_id``/``peer_id`` —
+    ``In(NODE_BITS)``; ``status`` — ``Out(ETH_STATUS)``; ``tx_clk``/``rx_clk`` — ``In(1)``
+    the ``xg_tx``/``xg_rx`` clocks; ``tx_ce`` — ``In(1)`` (``xg_tx``) the transmitter
+    advances (1 without a gearbox); ``xgmii_txd``/``xgmii_txc`` — ``Out`` (``xg_tx``);
+    ``xgmii_rxd``/``xgmii_rxc``/``xgmii_rx_valid`` — ``In`` (``xg_rx``).
+
+    Throughput: line rate both ways (a frame of n bytes every 8 + n + 12 bytes on average)
+    while aclk carries 8 bytes per beat at ≥ 156.25 MHz (plus one cycle per frame).
+    """
+
+    def __init__(self):
+        super().__init__({
+            "s_axis": In(stream.Signature(beat_layout(64))),
+            "m_axis": Out(stream.Signature(beat_layout(64))),
+            "local_id": In(NODE_BITS), "peer_id": In(NODE_BITS),
+            "status": Out(ETH_STATUS),
+            "tx_clk": In(1), "rx_clk": In(1), "tx_ce": In(1),
+            "xgmii_txd": Out(64), "xgmii_txc": Out(8),
+            "xgmii_rxd": In(64), "xgmii_rxc": In(8), "xgmii_rx_valid": In(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.domains.xg_tx = ClockDomain("xg_tx", async_reset=True)
+        m.domains.xg_rx = ClockDomain("xg_rx", async_reset=True)
+        m.d.comb += [ClockSignal("xg_tx").eq(self.tx_clk), ClockSignal("xg_rx").eq(self.rx_clk)]
+        m.submodules.rst_tx = ResetSynchronizer(ResetSignal("sync"), domain="xg_tx")
+        m.submodules.rst_rx = ResetSynchronizer(ResetSignal("sync"), domain="xg_rx")
+        beat = beat_layout(64)
+        ce = self.tx_ce
+
+        # ---- TX ------------------------------------------------------------------------------
+        m.submodules.encap = enc = EthEncap64()
+        wiring.connect(m, wiring.flipped(self.s_axis), enc.i)
+        m.d.comb += [enc.local_id.eq(self.local_id), enc.peer_id.eq(self.peer_id)]
+        txf = _fifo(m, "tx_fifo", beat.size, 16, "sync", "xg_tx")
+        m.d.comb += [txf.w_data.eq(enc.o.payload), txf.w_en.eq(enc.o.valid),
+                     enc.o.ready.eq(txf.w_rdy)]
+        gate = FrameGate()
+        m.submodules.gate = DomainRenamer("xg_tx")(gate)
+        m.d.comb += [gate.i.payload.eq(txf.r_data), gate.i.valid.eq(txf.r_rdy),
+                     txf.r_en.eq(gate.i.ready)]
+        xtx = XgmiiTx()
+        m.submodules.xgmii_tx = DomainRenamer("xg_tx")(EnableInserter(ce)(xtx))
+        m.d.comb += [xtx.i.payload.eq(gate.o.payload), xtx.i.valid.eq(gate.o.valid),
+                     gate.o.ready.eq(xtx.i.ready & ce),
+                     self.xgmii_txd.eq(xtx.txd), self.xgmii_txc.eq(xtx.txc)]
+
+        # ---- RX ------------------------------------------------------------------------------
+        xrx, dec = XgmiiRx(), XgmiiDecap()
+        m.submodules.xgmii_rx = DomainRenamer("xg_rx")(xrx)
+        m.submodules.decap = DomainRenamer("xg_rx")(dec)
+        m.d.comb += [xrx.rxd.eq(self.xgmii_rxd), xrx.rxc.eq(self.xgmii_rxc),
+                     xrx.valid.eq(self.xgmii_rx_valid), xrx.o.ready.eq(1),
+                     dec.i.payload.eq(xrx.o.payload), dec.i.valid.eq(xrx.o.valid)]
+        m.submodules.local_rx = FFSynchronizer(self.local_id, dec.local_id, o_domain="xg_rx")
+        rxf = _fifo(m, "rx_fifo", beat.size, 16, "xg_rx", "sync")
+        m.d.comb += [rxf.w_data.eq(dec.o.payload), rxf.w_en.eq(dec.o.valid),
+                     dec.o.ready.eq(rxf.w_rdy),
+                     self.m_axis.payload.eq(rxf.r_data), self.m_axis.valid.eq(rxf.r_rdy),
+                     rxf.r_en.eq(self.m_axis.ready)]
+
+        # ---- counters --------------------------------------------------------------------------
+        m.submodules.counters = cnt = EthCounters()
+        txe = _fifo(m, "tx_events", ETH_EVENT.size, 4, "xg_tx", "sync")
+        m.d.comb += [txe.w_data.eq(xtx.event.payload), txe.w_en.eq(xtx.event.valid & ce),
+                     cnt.tx_event.payload.eq(txe.r_data), cnt.tx_event.valid.eq(txe.r_rdy),
+                     txe.r_en.eq(cnt.tx_event.ready)]
+        rxe = _fifo(m, "rx_events", ETH_EVENT.size, 4, "xg_rx", "sync")
+        m.d.comb += [rxe.w_data.eq(dec.event.payload), rxe.w_en.eq(dec.event.valid),
+                     cnt.rx_event.payload.eq(rxe.r_data), cnt.rx_event.valid.eq(rxe.r_rdy),
+                     rxe.r_en.eq(cnt.rx_event.ready)]
+        m.d.comb += self.status.eq(cnt.status)
+        return m
+
+
+class TenGigLink(wiring.Component):
+    """The SFP+ link: :class:`TenGigMac` + the 10GBASE-R PCS on a GTH in raw mode.
+
+    TX (``xg_tx``): MAC → :class:`~mcf.hdl.eth.pcs10g.Encoder` →
+    :class:`~mcf.hdl.eth.pcs10g.Scrambler` → :class:`~mcf.hdl.eth.pcs10g.GearboxTx` →
+    ``gt_txdata``; everything before the gearbox advances on its ``ready``. RX (``xg_rx``):
+    ``gt_rxdata`` → :class:`~mcf.hdl.eth.pcs10g.GearboxRx` (slipped by
+    :class:`~mcf.hdl.eth.pcs10g.BlockLock`) → :class:`~mcf.hdl.eth.pcs10g.Descrambler` →
+    :class:`~mcf.hdl.eth.pcs10g.Decoder` (all /E/ while not locked or ``hi_ber``) → MAC;
+    :class:`~mcf.hdl.eth.pcs10g.BerMonitor` on the sync headers.
+
+    Members: as :class:`TenGigMac` for ``s_axis``/``m_axis``/``local_id``/``peer_id``/
+    ``status``/``tx_clk``/``rx_clk``; ``pcs_status`` — ``Out(PCS_STATUS)`` (aclk; counted in
+    ``xg_rx``, copied across by an ``AsyncFIFO`` of snapshots, a few cycles behind);
+    ``gt_txdata`` — ``Out(width)`` (``xg_tx``); ``gt_rxdata`` — ``In(width)`` (``xg_rx``).
+    ``width``: the GTH user data width, 32 or 64.
+    """
+
+    def __init__(self, width: int = 64, *, ber_window: int | None = None):
+        self._width = width
+        self._ber_window = ber_window
+        super().__init__({
+            "s_axis": In(stream.Signature(beat_layout(64))),
+            "m_axis": Out(stream.Signature(beat_layout(64))),
+            "local_id": In(NODE_BITS), "peer_id": In(NODE_BITS),
+            "status": Out(ETH_STATUS), "pcs_status": Out(PCS_STATUS),
+            "tx_clk": In(1), "rx_clk": In(1),
+            "gt_txdata": Out(width), "gt_rxdata": In(width),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        w = self._width
+        m.submodules.mac = mac = TenGigMac()
+        wiring.connect(m, wiring.flipped(self.s_axis), mac.s_axis)
+        wiring.connect(m, mac.m_axis, wiring.flipped(self.m_axis))
+        m.d.comb += [mac.local_id.eq(self.local_id), mac.peer_id.eq(self.peer_id),
+                     self.status.eq(mac.status), mac.tx_clk.eq(self.tx_clk),
+                     mac.rx_clk.eq(self.rx_clk)]
+
+        # ---- TX ------------------------------------------------------------------------------
+        gbx = GearboxTx(w)
+        m.submodules.gearbox_tx = DomainRenamer("xg_tx")(gbx)
+        enc, scr = Encoder(), Scrambler()
+        m.submodules.encoder = DomainRenamer("xg_tx")(EnableInserter(gbx.ready)(enc))
+        m.submodules.scrambler = DomainRenamer("xg_tx")(EnableInserter(gbx.ready)(scr))
+        m.d.comb += [mac.tx_ce.eq(gbx.ready),
+                     enc.data.eq(mac.xgmii_txd), enc.ctrl.eq(mac.xgmii_txc),
+                     scr.header.eq(enc.header), scr.payload.eq(enc.payload),
+                     gbx.header.eq(scr.o_header), gbx.payload.eq(scr.o_payload),
+                     self.gt_txdata.eq(gbx.data)]
+
+        # ---- RX ------------------------------------------------------------------------------
+        grx, lock, des, dec = GearboxRx(w), BlockLock(), Descrambler(), Decoder()
+        ber = BerMonitor() if self._ber_window is None else BerMonitor(self._ber_window)
+        for name, c in (("gearbox_rx", grx), ("block_lock", lock), ("descrambler", des),
+                        ("decoder", dec), ("ber", ber)):
+            m.submodules[name] = DomainRenamer("xg_rx")(c)
+        m.d.comb += [grx.data.eq(self.gt_rxdata), grx.slip.eq(lock.slip),
+                     lock.header.eq(grx.header), lock.valid.eq(grx.valid),
+                     ber.header.eq(grx.header), ber.valid.eq(grx.valid),
+                     ber.block_lock.eq(lock.block_lock),
+                     des.header.eq(grx.header), des.payload.eq(grx.payload),
+                     des.valid.eq(grx.valid),
+                     dec.header.eq(des.o_header), dec.payload.eq(des.o_payload),
+                     dec.valid.eq(des.o_valid), dec.force_error.eq(~lock.block_lock | ber.hi_ber),
+                     mac.xgmii_rxd.eq(dec.data), mac.xgmii_rxc.eq(dec.ctrl),
+                     mac.xgmii_rx_valid.eq(dec.o_valid)]
+
+        # ---- PCS status: counted in xg_rx, snapshots to aclk ------------------------------------
+        errored = Signal(32)
+        losses = Signal(32)
+        with m.If(dec.error & ~errored.all()):
+            m.d.xg_rx += errored.eq(errored + 1)
+        with m.If(lock.lost & ~losses.all()):
+            m.d.xg_rx += losses.eq(losses + 1)
+        st = Signal(PCS_STATUS)
+        m.d.comb += [st.block_lock.eq(lock.block_lock), st.hi_ber.eq(ber.hi_ber),
+                     st.ber_count.eq(ber.ber_count), st.errored_blocks.eq(errored),
+                     st.lock_losses.eq(losses)]
+        snap = _fifo(m, "pcs_status_fifo", PCS_STATUS.size, 4, "xg_rx", "sync")
+        m.d.comb += [snap.w_data.eq(st), snap.w_en.eq(1), snap.r_en.eq(1)]
+        with m.If(snap.r_rdy):
+            m.d.sync += self.pcs_status.eq(snap.r_data)
+        return m

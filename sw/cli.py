@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ("abi", "verilog", "plan", "bench", "tables", "build")
+SUBCOMMANDS = ("abi", "verilog", "plan", "bench", "tables", "build", "deploy")
 
 
 class UsageError(Exception):

@@ -76,7 +76,10 @@ def _keep_count(m, keep, name):
 def _crc_n(m, crc, word, n, name):
     """CRC-32 register after the first ``n`` (0..8) bytes of ``word``."""
     out = Signal(32, name=name)
-    m.d.comb += out.eq(crc)
+    c = Signal(32, name=f"{name}_in")           # one net, not an expression per XOR term
+    w = Signal(64, name=f"{name}_data")
+    m.d.comb += [c.eq(crc), w.eq(word), out.eq(c)]
+    crc, word = c, w
     with m.Switch(n):
         for k in range(1, 9):
             with m.Case(k):

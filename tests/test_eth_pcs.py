@@ -31,6 +31,7 @@ from mcf.golden.eth10g import (
     gearbox_tx,
     scramble,
     word,
+    xgmii_tx,
 )
 from mcf.hdl.eth.pcs10g import (
     BerMonitor as BerMonitorHdl,
@@ -306,3 +307,91 @@ def test_ber_monitor():
     per_window = [any(seen[w * window:(w + 1) * window]) for w in range(6)]
     assert per_window == [False, True, True, False, True, True]
     assert HI_BER_COUNT == 16
+
+
+def test_pcs_loopback_slip_and_errors():
+    """The whole PCS in a loop: XGMII words (golden frames) → Encoder → Scrambler → GearboxTx
+    (the encoder and scrambler advance on its ``ready``) → channel → GearboxRx ⇄ BlockLock →
+    Descrambler → Decoder. The channel starts 29 bits in, later loses 7 bits (a slip: lock
+    lost and regained), and flips one payload bit and one sync-header bit while locked. After
+    each lock the decoded words are the sent words in order; the payload bit error changes the
+    words it reaches through the descrambler (x^39, x^58: at most 2) and nothing else; the
+    header error gives one all-/E/ word flagged ``error``; lock holds through both."""
+    from amaranth.hdl import EnableInserter
+
+    rng = random.Random(17)
+    frames = [rng.randbytes(rng.randrange(60, 200)) for _ in range(100)]
+    words, _ = xgmii_tx(frames, idle_words=4)
+    n_cycles = len(words) * 33 // 32 + 40
+    enc, scr, gtx = Encoder(), Scrambler(), GearboxTx(64)
+    grx, lock, des, dec = GearboxRx(64), BlockLockHdl(), Descrambler(), Decoder()
+    m = Module()
+    m.submodules.enc = EnableInserter(gtx.ready)(enc)
+    m.submodules.scr = EnableInserter(gtx.ready)(scr)
+    m.submodules += [gtx, grx, lock, des, dec]
+    m.d.comb += [scr.header.eq(enc.header), scr.payload.eq(enc.payload),
+                 gtx.header.eq(scr.o_header), gtx.payload.eq(scr.o_payload),
+                 grx.slip.eq(lock.slip), lock.header.eq(grx.header), lock.valid.eq(grx.valid),
+                 des.header.eq(grx.header), des.payload.eq(grx.payload),
+                 des.valid.eq(grx.valid), dec.header.eq(des.o_header),
+                 dec.payload.eq(des.o_payload), dec.valid.eq(des.o_valid),
+                 dec.force_error.eq(~lock.block_lock)]
+    sim = Simulator(m)
+    sim.add_clock(6.2e-9)
+    got: list[tuple[int, tuple[int, int], int]] = []      # (cycle, word, error)
+    marks: dict[str, int] = {}
+    lock_log: list[tuple[int, int]] = []
+
+    async def bench(ctx):
+        k = 0
+        bits, nbits, pos = 0, 0, 29
+        was = 0
+        for cyc in range(n_cycles):
+            d, c = words[min(k, len(words) - 1)]
+            ctx.set(enc.data, d)
+            ctx.set(enc.ctrl, c)
+            k += ctx.get(gtx.ready)
+            if nbits - pos >= 64:
+                ctx.set(grx.data, bits >> pos & ((1 << 64) - 1))
+                pos += 64
+            await ctx.tick()
+            bits |= ctx.get(gtx.data) << nbits
+            nbits += 64
+            lk = ctx.get(lock.block_lock)
+            if lk != was:
+                lock_log.append((cyc, lk))
+                was = lk
+            if lk and "slip" not in marks and cyc > n_cycles * 2 // 5:
+                pos += 7                                   # 7 bits lost on the line
+                marks["slip"] = cyc
+            # while locked again: flip payload bit 30 of one block, 40 cycles later header bit
+            # 0 of another (blocks sit on a 66-bit grid of the TX stream)
+            j = -(-pos // 66)
+            for what, bit, after in (("flip", 2 + 30, 300), ("flip_sh", 0, 340)):
+                if lk and len(lock_log) == 3 and what not in marks \
+                        and cyc > lock_log[2][0] + after and 66 * j + 66 <= nbits:
+                    bits ^= 1 << (66 * j + bit)
+                    marks[what] = cyc
+            if ctx.get(dec.o_valid) and lk:
+                got.append((cyc, (ctx.get(dec.data), ctx.get(dec.ctrl)), ctx.get(dec.error)))
+
+    sim.add_testbench(bench)
+    sim.run()
+    assert [lk for _, lk in lock_log] == [1, 0, 1], lock_log
+    assert {"slip", "flip", "flip_sh"} <= set(marks)
+    relock = lock_log[2][0]
+
+    def check_run(run):
+        at = words.index(run[0])
+        want = words[at:at + len(run)]
+        return [i for i, (a, b) in enumerate(zip(run, want)) if a != b]
+
+    first = [w for c, w, _ in got if lock_log[0][0] < c < marks["slip"]]
+    assert len(first) > 200 and check_run(first[5:]) == []
+    second = [(w, e) for c, w, e in got if c > relock + 5]
+    diffs = check_run([w for w, _ in second])
+    errs = [i for i, (_, e) in enumerate(second) if e]
+    assert len(errs) == 1 and second[errs[0]][0] == ERROR_WORD
+    assert errs[0] in diffs
+    rest = [i for i in diffs if i != errs[0]]
+    assert 1 <= len(rest) <= 2 and rest[-1] - rest[0] <= 1, diffs

@@ -1,0 +1,606 @@
+"""The decode step on the node top (issue #11 §1.4, docs/node.md §7; paper §4, KV-stationary
+decode): after a MARS prefill has left the prompt's KV with its owners, one decode token ``k``
+runs every layer on the cluster from the rings alone — the root (MARS's
+:meth:`~mcf.mars.plan.Plan.decode_owner`) computes the token, every node attends over the KV it
+holds, the reduction engines merge the per-node states along MARS's tree and the root's decode
+lander normalises the result into ``OBUF``, the O-projection's input.
+
+Per layer ``l`` the COMPUTE records are (:func:`decode_program`):
+
+* **root** — ``JOB`` (template ``2L + 2l``, one token: RMSNorm, Q/K/V, RoPE; K/V into the
+  token's ACT K/V row; Q requantised per query head into the root's query records, one record
+  per KV head); the **query multicast**: MARS's query records, cut at KV-head groups (below),
+  each a ``SEND src=QBUF`` of its record; one ``EMIT`` per KV head — the new token's K/V landed
+  locally only (decode KV is owner-only at the root), in the root's **decode block**; a NOP
+  barrier until the EMITs have landed.
+* **every node** (the root too) — per KV head ``g``: (holders) ``WAIT(QUERIES_LANDED ≥ n)``
+  for the payload that carries ``g``'s heads, ``ATTEND`` (DECODE, ``H_q/H_kv`` heads) over the
+  KV blocks the node owns in list order (the root's list ends with its decode block), then one
+  ``SEND src=ATTN`` per query head with MARS's ``PARTIAL_STATE`` Meta. A node that owns no KV
+  sends the empty state from DDR (``SEND src=QBUF`` of a constant payload).
+* **root** — ``WAIT(RESULTS_LANDED ≥ H_q·(l+1))``, then ``JOB`` (template ``2L + 2l + 1``:
+  requantise the layer parity's ``OBUF`` rows, O projection, residual, RMSNorm, SwiGLU MLP,
+  residual) — the next layer's input.
+
+The token's COMPUTE ring ends with a ``MARK`` (interrupt) whose clear mask re-bases
+``RESULTS_LANDED`` and ``QUERIES_LANDED``: the next token counts from zero (the first token
+counts from reset — a prefill lands no query and no result). The NET ring holds a ``MARK``.
+
+**Where decode KV lives.** MARS names no ``kv_id`` for decode-appended KV; this module gives
+the root's decode tokens **decode blocks**: block ``C + 1 + b`` of the root's slice in MARS's
+formula (``kv_id = ((block − 1)·N + slice)·L + layer``), each a normal KV slot of ``⌈B/N⌉``
+tokens per KV head. :func:`decode_layout` is :meth:`NodeLayout.for_plan` with those slots added
+to the KV region and one ``LAND_OFF`` entry per (token, KV head) of a decode block after the
+prefill's fragments (:func:`decode_seq`).
+
+**Queries at KV-head granularity.** An ATTEND reads one query record of exactly ``H_q/H_kv``
+heads (its header's ``heads``), so each MARS query fragment is sent as one payload per KV head
+(:func:`query_payloads`: same Meta, ``kv_id = decode_tag(k, head0)``, the length of ``H_q/H_kv``
+heads); a holder's payloads land in QBUF slots ``(l mod 2)·H_q + g·H_q/H_kv``.
+
+**The golden** (:func:`golden_decode`) follows the hardware: per node the ATTEND's
+single-pass online softmax over its block list (:func:`mcf.golden.attention.attend_single`), the
+state payloads merged per node in the reduction engine's order — its own state, then its
+children's results (``merge_state`` of two states is commutative bit for bit, so with ≤ 2
+contributions per engine, as on N = 2, the result does not depend on arrival order; with 3 it
+does, and the golden's order is own, then children by id) — and the root's lander's
+``normalize``. Neither of :class:`mcf.model.golden.IntModel`'s decode modes is this: ``single``
+is one list over every block (this golden equals it, and the prefill of one more token, when one
+node holds every block), ``two_phase`` uses a global maximum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..abi.attend import (
+    ATT_ENTRY_BYTES,
+    AttendArg,
+    AttendBlock,
+    AttendHeader,
+    AttendMode,
+    attend_list_bytes,
+)
+from ..abi.csrmap import node_regmap
+from ..abi.decode_land import normalized_row, obuf_row_bytes
+from ..abi.emit import EmitArg
+from ..abi.jobs import JOB_ARG, TemplateBuilder, template_image
+from ..abi.kv import kv_token_bytes, pack_kv_block, quantize_kv_rows, unpack_kv_block
+from ..abi.kv_reader import block_address
+from ..abi.landing import LAND_OFF_ENTRIES, KvLayout, LandingConfig
+from ..abi.meta import Collective, Meta, Op, Stage
+from ..abi.node import Cmd, PayloadSource, Queue, RecordClass
+from ..abi.quant import VectorOp, norm_eps_code, requantize, rope_pair_order, rope_words
+from ..abi.query import (
+    QUERY_HEADER,
+    QUERY_HEADER_BYTES,
+    pack_query,
+    query_bytes,
+    query_head_bytes,
+)
+from ..abi.regs import RegisterMap
+from ..abi.sequencer import SeqCounter
+from ..abi.softmax import empty_state, pack_state
+from ..golden.attention import KVBlock, attend_single
+from ..golden.nic import softmax_payload_merge
+from ..golden.qwen_layer import LayerConfig, QuantLayer, layer_fixed
+from .layer import ModelImage, act_bytes, pair_ordered, slice_positions
+from .layout import REGION_ALIGN, NodeLayout
+from .program import Write, route_writes
+
+__all__ = ["DecodeImage", "DecodeBuffers", "DecodeProgram", "decode_layout", "decode_kv_id",
+           "decode_seq", "decode_slot", "owned_blocks", "query_payloads", "decode_writes",
+           "decode_program", "GoldenDecodeLayer", "golden_decode", "prompt_blocks",
+           "reduction_parents", "COUNTER_CLEAR"]
+
+COUNTER_CLEAR = (1 << SeqCounter.RESULTS_LANDED.value) | (1 << SeqCounter.QUERIES_LANDED.value)
+"""The clear mask of a decode token's last MARK."""
+
+
+def _slice_tokens(plan) -> int:
+    return -(-plan.chunk // plan.cluster.nodes)
+
+
+def _prefill_seqs(plan) -> int:
+    return len(plan.encoder.fragments(_slice_tokens(plan)))
+
+
+def decode_seq(plan, token: int, kv_head: int) -> int:
+    """``Meta.seq`` of token ``token`` (0-based in its decode block) of KV head ``kv_head``: the
+    ``LAND_OFF`` entries after the prefill's fragments."""
+    seq = _prefill_seqs(plan) + token * plan.model.kv_heads + kv_head
+    if not 0 <= token < _slice_tokens(plan) or seq >= LAND_OFF_ENTRIES:
+        raise ValueError(f"decode token {token} of KV head {kv_head} has no LAND_OFF entry "
+                         f"({LAND_OFF_ENTRIES} entries, {_slice_tokens(plan)} tokens a block)")
+    return seq
+
+
+def decode_kv_id(plan, layer: int, node: int, block: int = 0) -> int:
+    """``kv_id`` of ``node``'s decode block ``block`` (0-based) in ``layer``: MARS's formula for
+    block ``C + 1 + block`` of slice ``node``."""
+    return plan.encoder.kv_id(layer, plan.num_chunks + 1 + block, node)
+
+
+def decode_layout(plan, config, base: int = 0, cmd_log2: int = 10,
+                  decode_blocks: int = 1) -> NodeLayout:
+    """:meth:`NodeLayout.for_plan` with ``decode_blocks`` decode blocks per node added to the KV
+    region (``KV_COUNT = L·(C + decode_blocks)·N``; QBUF and OBUF move up) and the
+    ``LAND_OFF`` entries of :func:`decode_seq`."""
+    if decode_blocks < 1:
+        raise ValueError("decode_blocks must be at least 1")
+    lay = NodeLayout.for_plan(plan, config, base, cmd_log2)
+    n, layers = plan.cluster.nodes, plan.model.layers
+    count = layers * (plan.num_chunks + decode_blocks) * n
+    if count > config.kv_count:
+        raise ValueError(f"{count} kv_ids with {decode_blocks} decode blocks; the "
+                         f"{config.name} node's directory holds {config.kv_count}")
+    kvl = lay.kv_layout
+    table = list(kvl.land_off)
+    rec = kv_token_bytes(plan.model.head_dim)
+    for t in range(_slice_tokens(plan)):
+        for g in range(plan.model.kv_heads):
+            table[decode_seq(plan, t, g)] = g * kvl.head_stride + t * rec
+
+    def end(c: int) -> int:
+        a = lay.kv.kv_base + c * lay.kv.kv_slot
+        return -(-a // REGION_ALIGN) * REGION_ALIGN
+
+    shift = end(count) - end(lay.kv.kv_count)
+    return replace(lay, kv=LandingConfig(lay.kv.kv_base, lay.kv.kv_slot, count),
+                   kv_layout=KvLayout(kvl.head_stride, kvl.kv_slot, tuple(table)),
+                   qbuf_base=lay.qbuf_base + shift, obuf_base=lay.obuf_base + shift,
+                   size=lay.size + shift)
+
+
+def decode_slot(plan, k: int) -> tuple[int, int]:
+    """``(root, j)``: token ``k``'s owner and its index among the owner's decode tokens."""
+    root = plan.decode_owner(k)
+    return root, sum(plan.decode_owner(i) == root for i in range(k))
+
+
+def _decode_tokens(plan, k: int, node: int) -> list[int]:
+    """Decode tokens ``≤ k`` whose KV ``node`` holds, in its order (KV-stationary)."""
+    return [i for i in range(k + 1) if plan.decode_owner(i) == node]
+
+
+def owned_blocks(plan) -> dict[int, list[tuple[int, int]]]:
+    """The prompt's ``(block, slice)`` KV blocks each node owns after the prefill (MARS's
+    directory), in ``(block, slice)`` order: what a node's decode ATTEND lists name."""
+    d = plan.scheduler.dir
+    out: dict[int, list] = {n: [] for n in range(plan.cluster.nodes)}
+    for key in sorted(d.slices()):
+        out[d.owner(key)].append(key)
+    return out
+
+
+def query_payloads(plan, k: int, rep: int) -> list[tuple[int, Meta, int]]:
+    """The root's query payloads of token ``k`` in issue order: MARS's query records
+    (:meth:`~mcf.mars.plan.Plan.decode_records`) cut into one payload per KV head of ``rep``
+    query heads — ``(wait, meta, head0)``, ``wait`` being MARS's ``Record.wait`` on the first
+    payload of a record. Raises ``ValueError`` if a MARS fragment splits a KV-head group."""
+    enc, hd = plan.encoder, plan.model.head_dim
+    tag0 = enc.decode_tag(k, 0)
+    out = []
+    for r in plan.decode_records(k):
+        if r.meta.op != Op.QUERY:
+            continue
+        head0 = (r.meta.kv_id - tag0) % (1 << 16)
+        count = (r.meta.length - QUERY_HEADER_BYTES) // query_head_bytes(hd)
+        if head0 % rep or count % rep:
+            raise ValueError(f"query fragment of heads {head0}..{head0 + count - 1} splits a "
+                             f"group of {rep} query heads (one ATTEND reads whole groups)")
+        for i, h0 in enumerate(range(head0, head0 + count, rep)):
+            meta = replace(r.meta, kv_id=enc.decode_tag(k, h0), length=query_bytes(rep, hd))
+            out.append((r.wait if i == 0 else 0, meta, h0))
+    return out
+
+
+def reduction_parents(plan, root: int) -> dict[int, int]:
+    """Parent of every other node on ``root``'s reduction tree (MARS's routes)."""
+    routes = plan.scheduler.routes
+    return {n: routes.parent(root, n) for n in range(plan.cluster.nodes) if n != root}
+
+
+# ---- the node's decode image -------------------------------------------------------------------
+
+
+@dataclass
+class DecodeBuffers:
+    """One layer's one-token buffers: input row ``x``, the same named rows as the prefill's
+    :class:`~mcf.node.layer.LayerBuffers`, requantised rows ``xq``, the token's ACT K/V row
+    ``kv`` (EMIT row ``row``) and the root's query records ``qrec`` (one per KV head)."""
+    x: int
+    buf: dict[str, int]
+    xq: dict[int, int]
+    kv: int
+    row: int
+    qrec: int
+
+
+@dataclass
+class DecodeImage(ModelImage):
+    """:class:`~mcf.node.layer.ModelImage` plus what a decode token needs: one-token buffers
+    per layer (:class:`DecodeBuffers`), the decode position's RoPE words, the constant empty
+    state, two more templates per layer (``2L + 2l``, ``2L + 2l + 1``; the table is rebuilt
+    with the prefill's first) and a list region, one list per (layer, KV head) of up to
+    ``max_blocks`` prompt blocks plus the decode blocks. Build it on a :func:`decode_layout`."""
+    decode_blocks: int = 1
+    dbufs: list[DecodeBuffers] = field(default_factory=list)
+
+    def __post_init__(self):
+        super().__post_init__()
+        cfg, alloc = self.cfg, self.alloc
+        hd, h, inter = cfg.head_dim, cfg.hidden, cfg.intermediate
+        nq, nkv, L = cfg.heads * hd, cfg.kv_heads * hd, len(self.layers)
+
+        def put(raw: bytes) -> int:
+            a = alloc(len(raw))
+            self.image[a] = raw
+            return a
+
+        self.drq = alloc(nq * 4)
+        self.drk = alloc(hd * 4)
+        self.empty = put(pack_state(*empty_state(hd)))
+        if self.empty < self.layout.qbuf_base:
+            raise ValueError("the image must lie above QBUF (SEND src=QBUF offsets)")
+        stride = self.row_stride
+        a = alloc(L * stride + stride)
+        kv0 = a + (-(a - self.kv)) % stride
+        x = alloc(h * 4)
+        self.dx0 = x
+        for layer in range(L):
+            buf = {name: alloc(n * 4) for name, n in (
+                ("n1", h), ("q", nq), ("k", nkv), ("v", nkv), ("qr", nq), ("o", h), ("h", h),
+                ("n2", h), ("g", inter), ("u", inter), ("s", inter), ("d", h), ("y", h))}
+            xq = {n: alloc(n + 64) for n in (h, nq, inter)}
+            row = (kv0 - self.kv) // stride + layer
+            qrec = alloc(cfg.kv_heads * self.q_slot)
+            self.dbufs.append(DecodeBuffers(x, buf, xq, kv0 + layer * stride, row, qrec))
+            x = buf["y"]
+        self.template0 = 2 * L
+        templates = [t for lb in self.bufs for t in self._templates(lb)]
+        for layer in range(L):
+            templates += self._decode_templates(layer)
+        del self.image[self.table]
+        self.table = alloc(16 * (1 + sum(len(t) for t in templates)), REGION_ALIGN)
+        raw, self.table_len = template_image(templates, self.table)
+        self.image[self.table] = raw
+        self.per_list = 1 + self.max_blocks + self.decode_blocks
+        self.dlists = alloc(L * cfg.kv_heads * self.per_list * ATT_ENTRY_BYTES, REGION_ALIGN)
+        last = (self.dlists - self.lists) // ATT_ENTRY_BYTES + L * cfg.kv_heads * self.per_list
+        if last > 1 << 16 or self.dbufs[-1].row >= 1 << 16:
+            raise ValueError("decode lists or K/V rows beyond the ATTEND/EMIT index range")
+        self.size = alloc.at - self.layout.base
+
+    def _decode_templates(self, layer: int):
+        cfg, c = self.cfg, self.config
+        hd, h, inter = cfg.head_dim, cfg.hidden, cfg.intermediate
+        nq, nkv = cfg.heads * hd, cfg.kv_heads * hd
+        rep, pair = cfg.heads // cfg.kv_heads, 2 * hd * 4
+        lb, db = self.bufs[layer], self.dbufs[layer]
+        mats = pair_ordered(self.layers[layer], cfg)
+        buf, xq = db.buf, db.xq
+
+        def mm(names, k, xa):
+            return [(xq[xa], 1, k, lb.blobs[n], mats[n][0], buf[s]) for n, s in names]
+
+        eps = norm_eps_code(cfg.eps)
+        t0 = TemplateBuilder(eps, c.gemm_rows, c.gemm_lanes, c.vec_lanes)
+        t0.vector(VectorOp.RMSNORM, h, 1, db.x, lb.g1, buf["n1"])
+        t0.requant(h, 1, buf["n1"], xq[h])
+        t0.gemms(mm((("q", "q"), ("k", "k"), ("v", "v")), h, h))
+        t0.vector(VectorOp.ROPE, nq, 1, buf["q"], self.drq, buf["qr"], b_stride=nq * 4)
+        for g in range(cfg.kv_heads):
+            t0.vector(VectorOp.ROPE, hd, 1, buf["k"] + g * hd * 4, self.drk, db.kv + g * pair,
+                      a_stride=nkv * 4, b_stride=hd * 4, out_stride=self.row_stride)
+            t0.vector(VectorOp.ADD, hd, 1, buf["v"] + g * hd * 4, self.zero,
+                      db.kv + g * pair + hd * 4, a_stride=nkv * 4, b_stride=0,
+                      out_stride=self.row_stride)
+        hb = query_head_bytes(hd)
+        for hq in range(cfg.heads):
+            g, i = divmod(hq, rep)
+            head = db.qrec + g * self.q_slot + QUERY_HEADER_BYTES + i * hb
+            t0.requant_to(hd, 1, buf["qr"] + hq * hd * 4, nq * 4,
+                          [(head + 4, hd, 0, 1), (head, 4, 0, 1)])
+
+        t1 = TemplateBuilder(eps, c.gemm_rows, c.gemm_lanes, c.vec_lanes)
+        t1.requant(nq, 1, self.obuf_rows(layer), xq[nq])
+        t1.gemms(mm((("o", "o"),), nq, nq))
+        t1.vector(VectorOp.ADD, h, 1, db.x, buf["o"], buf["h"], b_stride=h * 4)
+        t1.vector(VectorOp.RMSNORM, h, 1, buf["h"], lb.g2, buf["n2"])
+        t1.requant(h, 1, buf["n2"], xq[h])
+        t1.gemms(mm((("gate", "g"), ("up", "u")), h, h))
+        t1.vector(VectorOp.SILU_MUL, inter, 1, buf["g"], buf["u"], buf["s"], b_stride=inter * 4)
+        t1.requant(inter, 1, buf["s"], xq[inter])
+        t1.gemms(mm((("down", "d"),), inter, inter))
+        t1.vector(VectorOp.ADD, h, 1, buf["h"], buf["d"], buf["y"], b_stride=h * 4)
+        return [t0.entries, t1.entries]
+
+    def obuf_rows(self, layer: int) -> int:
+        """First OBUF row of ``layer``'s parity: ``H_q`` rows in head order = the attention
+        output row the O projection reads."""
+        return self.layout.obuf_base + (layer & 1) * self.cfg.heads * \
+            obuf_row_bytes(self.cfg.head_dim)
+
+    def query_record(self, layer: int, kv_head: int) -> int:
+        """The root's query record of ``kv_head``'s query heads in ``layer``."""
+        return self.dbufs[layer].qrec + kv_head * self.q_slot
+
+    def qbuf_slot(self, layer: int, kv_head: int) -> int:
+        """Where a holder's decode lander puts that record (QBUF slot)."""
+        rep = self.cfg.heads // self.cfg.kv_heads
+        lay = self.layout
+        return lay.qbuf_base + ((layer & 1) * lay.q_heads + kv_head * rep) * lay.qbuf_slot
+
+    def list_index(self, layer: int, kv_head: int) -> int:
+        """ATTEND list index (entries from ``ATT_LIST_BASE`` = :attr:`lists`)."""
+        first = (self.dlists - self.lists) // ATT_ENTRY_BYTES
+        return first + (layer * self.cfg.kv_heads + kv_head) * self.per_list
+
+    def decode_writes(self, position: int, x=None) -> dict[int, bytes]:
+        """The root's DDR writes before a token at ``position``: RoPE words, the headers of
+        its query records, and (``x``: one ACT row) the first layer's input."""
+        cfg = self.cfg
+        rep = cfg.heads // cfg.kv_heads
+        pos = np.array([position])
+        out = {self.drq: act_bytes(rope_words(pos, cfg.heads * cfg.head_dim, cfg.head_dim,
+                                              cfg.theta)),
+               self.drk: act_bytes(rope_words(pos, cfg.head_dim, cfg.head_dim, cfg.theta))}
+        for layer in range(len(self.layers)):
+            for g in range(cfg.kv_heads):
+                hdr = QUERY_HEADER.const({"pos": position, "layer": layer, "head0": g * rep,
+                                          "heads": rep}).as_bits()
+                out[self.query_record(layer, g)] = hdr.to_bytes(QUERY_HEADER_BYTES, "little")
+        if x is not None:
+            out[self.dx0] = act_bytes(np.asarray(x).reshape(1, -1))
+        return out
+
+
+# ---- records -----------------------------------------------------------------------------------
+
+
+@dataclass
+class DecodeProgram:
+    """One node's records for one decode token and what the host writes before the doorbells:
+    ``writes`` (registers), ``ddr`` (``{address: bytes}``: ATTEND lists; the root's RoPE words
+    and query headers — its input row is the caller's, :meth:`DecodeImage.decode_writes`)."""
+    root: int
+    position: int
+    net: list[Cmd] = field(default_factory=list)
+    compute: list[Cmd] = field(default_factory=list)
+    writes: list[Write] = field(default_factory=list)
+    ddr: dict[int, bytes] = field(default_factory=dict)
+
+
+def decode_writes(plan, k: int, node: int, regmap: RegisterMap | None = None) -> list[Write]:
+    """Register writes of token ``k`` on ``node``: ``DEC_TAG_BASE`` (``decode_tag(k, 0)``), the
+    decode bank's routes (MARS's broadcast and reduction trees) and the node's
+    ``REDUCE_CFG_WR`` entry for the root's tree."""
+    rm = regmap or node_regmap()
+
+    def _w(reg: str, **fields: int) -> Write:
+        return Write(reg, rm.register(reg).pack(**fields))
+
+    out = [_w("DEC_TAG_BASE", DEC_TAG_BASE=plan.encoder.decode_tag(k, 0))]
+    out += route_writes(plan.decode_routes()[2].entries, node, rm)
+    for e in plan.decode_reduce_configs(k):
+        if e.node == node:
+            out.append(_w("REDUCE_CFG_WR", route_id=e.route_id, config=e.entry()))
+    return out
+
+
+def _cmd(cls: RecordClass, **kw) -> Cmd:
+    return Cmd(cls, Queue.COMPUTE, **kw)
+
+
+def decode_program(plan, k: int, node: int, image: DecodeImage) -> DecodeProgram:
+    """``node``'s records of decode token ``k`` (module docstring) on a :class:`DecodeImage`
+    built over :func:`decode_layout`."""
+    enc, cfg, lay = plan.encoder, image.cfg, image.layout
+    L, hd, H = plan.model.layers, cfg.head_dim, cfg.heads
+    rep, rec = cfg.heads // cfg.kv_heads, kv_token_bytes(cfg.head_dim)
+    if (plan.model.q_heads, plan.model.kv_heads, plan.model.head_dim) != \
+            (cfg.heads, cfg.kv_heads, hd):
+        raise ValueError("the plan's model and the image's layer geometry differ")
+    root, j = decode_slot(plan, k)
+    T = _slice_tokens(plan)
+    if j // T >= image.decode_blocks:
+        raise ValueError(f"decode token {k} is the root's {j + 1}th; the image holds "
+                         f"{image.decode_blocks} decode block(s) of {T} tokens")
+    position = plan.num_chunks * plan.chunk + k
+    prog = DecodeProgram(root, position, writes=decode_writes(plan, k, node))
+    tag0 = enc.decode_tag(k, 0)
+    queries = query_payloads(plan, k, rep)
+    through = {}                                   # (layer, kv head) -> payloads landed by then
+    for i, (_, meta, h0) in enumerate(queries):
+        through[(meta.seq, h0 // rep)] = i + 1
+    states = [r.meta for r in plan.decode_records(k)
+              if r.node == node and r.meta.op == Op.PARTIAL_STATE]
+    owned = owned_blocks(plan)[node]
+    mine = _decode_tokens(plan, k, node)
+    out = prog.compute
+    waited = 0
+    for layer in range(L):
+        if node == root:
+            out.append(_cmd(RecordClass.JOB, arg=JOB_ARG.const(
+                {"template": image.template0 + 2 * layer}).as_bits()))
+            for wait, meta, h0 in (q for q in queries if q[1].seq == layer):
+                if wait > waited:
+                    out.append(_cmd(RecordClass.WAIT, arg=SeqCounter.RESULTS_LANDED.value,
+                                    wait=wait))
+                    waited = wait
+                out.append(_cmd(RecordClass.SEND, meta=meta.pack(), src=PayloadSource.QBUF,
+                                arg=image.query_record(layer, h0 // rep) - lay.qbuf_base))
+            kv_id = decode_kv_id(plan, layer, root, j // T)
+            for g in range(cfg.kv_heads):
+                meta = Meta(stage=Stage.DECODE, op=Op.KV_REPLICA, collective=Collective.P2P,
+                            src=node, dst=node, route_id=0, kv_id=kv_id,
+                            seq=decode_seq(plan, j % T, g), length=rec)
+                out.append(_cmd(RecordClass.EMIT, meta=meta.pack(),
+                                arg=EmitArg(image.dbufs[layer].row, g, 1).pack()))
+            out.append(_cmd(RecordClass.NOP, meta=Meta(kv_id=kv_id).pack(),
+                            wait=cfg.kv_heads * (j % T + 1)))
+        for meta in (s for s in states if s.seq == layer):
+            head = (meta.kv_id - tag0) % (1 << 16)
+            g, i = divmod(head, rep)
+            if i == 0:
+                ents = _list_blocks(plan, image, node, layer, g, owned, mine)
+                if node != root:
+                    out.append(_cmd(RecordClass.WAIT, arg=SeqCounter.QUERIES_LANDED.value,
+                                    wait=through[(layer, g)]))
+                if ents:
+                    q = image.query_record(layer, g) if node == root else \
+                        image.qbuf_slot(layer, g)
+                    idx = image.list_index(layer, g)
+                    prog.ddr[image.lists + idx * ATT_ENTRY_BYTES] = \
+                        attend_list_bytes(AttendHeader(q), ents)
+                    out.append(_cmd(RecordClass.ATTEND, arg=AttendArg(
+                        idx, len(ents), AttendMode.DECODE.value, rep).pack()))
+            if ents:
+                out.append(_cmd(RecordClass.SEND, meta=meta.pack(), src=PayloadSource.ATTN))
+            else:
+                out.append(_cmd(RecordClass.SEND, meta=meta.pack(), src=PayloadSource.QBUF,
+                                arg=image.empty - lay.qbuf_base))
+        if node == root:
+            waited = H * (layer + 1)
+            out.append(_cmd(RecordClass.WAIT, arg=SeqCounter.RESULTS_LANDED.value,
+                            wait=waited))
+            out.append(_cmd(RecordClass.JOB, arg=JOB_ARG.const(
+                {"template": image.template0 + 2 * layer + 1}).as_bits()))
+    out.append(_cmd(RecordClass.MARK, irq=True, arg=COUNTER_CLEAR))
+    prog.net.append(Cmd(RecordClass.MARK, Queue.NET, irq=True))
+    if node == root:
+        prog.ddr.update(image.decode_writes(position))
+    return prog
+
+
+def _list_blocks(plan, image: DecodeImage, node: int, layer: int, g: int, owned, mine):
+    """The ATTEND list entries of ``node`` for ``layer`` and KV head ``g``: its prompt blocks,
+    then its decode blocks (``mine``: the decode tokens it holds)."""
+    lay, enc = image.layout, plan.encoder
+    if len(owned) > image.max_blocks:
+        raise ValueError(f"node {node} owns {len(owned)} prompt blocks; the image's lists "
+                         f"hold {image.max_blocks}")
+    ents = []
+    for b, s in owned:
+        q0, qn = slice_positions(plan, b, s)
+        ents.append(AttendBlock(block_address(lay.kv, enc.kv_id(layer, b, s), g, lay.kv_layout),
+                                qn, q0))
+    T = _slice_tokens(plan)
+    p0 = plan.num_chunks * plan.chunk
+    for blk in range(-(-len(mine) // T)):
+        toks = mine[blk * T:(blk + 1) * T]
+        ents.append(AttendBlock(block_address(lay.kv, decode_kv_id(plan, layer, node, blk), g,
+                                              lay.kv_layout), len(toks), p0 + toks[0]))
+    return ents
+
+
+# ---- golden ------------------------------------------------------------------------------------
+
+
+@dataclass
+class GoldenDecodeLayer:
+    """One layer of a decode token: ``y`` (the layer output row, ACT), ``att`` (the root's OBUF
+    rows ``[H_q·d]``: the normalised merged states), ``kv`` (per KV head the new token's INT4
+    record, K in RoPE pair order — what the root's EMIT lands), ``states`` (per node, per query
+    head: the state payload its ATTEND stages), ``merged`` (per query head: the root's final
+    state payload) and ``queries`` (per KV head: the query payload the root's JOB writes and
+    multicasts, Q in RoPE pair order)."""
+    y: np.ndarray
+    att: np.ndarray
+    kv: list[bytes]
+    states: dict[int, list[bytes]]
+    merged: list[bytes]
+    queries: list[bytes]
+
+
+def _merge_tree(states: dict[int, bytes], root: int, parents: dict[int, int]) -> bytes:
+    children: dict[int, list[int]] = {}
+    for n, p in sorted(parents.items()):
+        children.setdefault(p, []).append(n)
+
+    def result(v: int) -> bytes:
+        acc = states[v]
+        for c in children.get(v, []):
+            acc = softmax_payload_merge(acc, result(c))
+        return acc
+
+    return result(root)
+
+
+def golden_decode(x, layers: list[QuantLayer], cfg: LayerConfig, position: int, root: int,
+                  parents: dict[int, int], blocks_of) -> list[GoldenDecodeLayer]:
+    """The decode step's arithmetic for the root's input row ``x`` (ACT codes ``[hidden]``) at
+    ``position``. ``parents``: every non-root node's parent on the reduction tree
+    (:func:`reduction_parents`; ``{}`` for one node). ``blocks_of(node, layer, g)``: the
+    :class:`~mcf.golden.attention.KVBlock` list (K in RoPE pair order) ``node``'s ATTEND names
+    before the new token, in list order (:func:`prompt_blocks`). Each node's state: one
+    ``attend_single`` over its list (the root's ends with the new token); merged per engine as
+    its own state, then each child's result in id order; the root's ``normalize``d."""
+    hd, rep = cfg.head_dim, cfg.heads // cfg.kv_heads
+    pk = rope_pair_order(hd, hd)
+    nodes = sorted({root, *parents})
+    out: list[GoldenDecodeLayer] = []
+    xa = np.asarray(x, dtype=np.int64).reshape(1, -1)
+    for li, ql in enumerate(layers):
+        kept = {}
+
+        def attn(q, k, v, pos, li=li, kept=kept):
+            kv, queries, states = [], [], {n: [None] * cfg.heads for n in nodes}
+            for g in range(cfg.kv_heads):
+                k4, sk = quantize_kv_rows(k[:, g * hd:(g + 1) * hd])
+                v4, sv = quantize_kv_rows(v[:, g * hd:(g + 1) * hd])
+                kv.append(pack_kv_block(k4[:, pk], sk, v4, sv))
+                new = KVBlock(k4[:, pk], sk, v4, sv, np.asarray(pos, dtype=np.int64))
+                qc, qm, qe = requantize(q[0, g * rep * hd:(g + 1) * rep * hd].reshape(rep, hd))
+                sq = np.stack([qm, qe], axis=-1)
+                queries.append(pack_query(qc[:, pk], sq, int(pos[0]), li, g * rep))
+                for n in nodes:
+                    blocks = list(blocks_of(n, li, g)) + ([new] if n == root else [])
+                    if blocks:
+                        st = attend_single(qc[:, pk], sq, blocks, int(pos[0]), causal=False)
+                        pay = [pack_state(st.m[h], st.l[h], st.o[h]) for h in range(rep)]
+                    else:
+                        pay = [pack_state(*empty_state(hd))] * rep
+                    states[n][g * rep:(g + 1) * rep] = pay
+            merged = [_merge_tree({n: states[n][h] for n in nodes}, root, parents)
+                      for h in range(cfg.heads)]
+            att = np.concatenate([np.frombuffer(normalized_row(m, hd), dtype="<i4")
+                                  for m in merged]).astype(np.int64)
+            kept.update(kv=kv, states=states, merged=merged, att=att, queries=queries)
+            return att.reshape(1, -1)
+
+        xa = layer_fixed(xa, ql, cfg, np.array([position]), attn=attn, act_in=True)
+        out.append(GoldenDecodeLayer(xa[0].copy(), kept["att"], kept["kv"], kept["states"],
+                                     kept["merged"], kept["queries"]))
+    return out
+
+
+def prompt_blocks(plan, prefill, extra=None):
+    """``blocks_of`` for :func:`golden_decode` from :func:`mcf.node.layer.golden_prefill`'s
+    layers (``prefill[layer].kv[g]``: every prompt token's record): each node's owned prompt
+    blocks (:func:`owned_blocks`), then its earlier decode tokens ``extra[node] = (records,
+    positions)`` (``records[layer][g]``: their INT4 records in order) cut into decode blocks of
+    ``⌈B/N⌉`` tokens, as the node's list names them."""
+    owned = owned_blocks(plan)
+    hd = plan.model.head_dim
+    rec = kv_token_bytes(hd)
+    T = _slice_tokens(plan)
+
+    def blocks_of(node: int, layer: int, g: int) -> list[KVBlock]:
+        out = []
+        for b, s in owned[node]:
+            p0, n = slice_positions(plan, b, s)
+            k4, sk, v4, sv = unpack_kv_block(prefill[layer].kv[g][p0 * rec:(p0 + n) * rec], hd)
+            out.append(KVBlock(k4, sk, v4, sv, p0 + np.arange(n, dtype=np.int64)))
+        if extra and extra.get(node):
+            raw, pos = extra[node]
+            k4, sk, v4, sv = unpack_kv_block(raw[layer][g], hd)
+            for a in range(0, len(pos), T):
+                out.append(KVBlock(k4[a:a + T], sk[a:a + T], v4[a:a + T], sv[a:a + T],
+                                   np.asarray(pos[a:a + T], dtype=np.int64)))
+        return out
+
+    return blocks_of

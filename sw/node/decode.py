@@ -24,7 +24,9 @@ Per layer ``l`` the COMPUTE records are (:func:`decode_program`):
 
 The token's COMPUTE ring ends with a ``MARK`` (interrupt) whose clear mask re-bases
 ``RESULTS_LANDED`` and ``QUERIES_LANDED``: the next token counts from zero (the first token
-counts from reset — a prefill lands no query and no result). The NET ring holds a ``MARK``.
+counts from reset — a prefill lands no query and no result); at the root it is the token's end.
+The NET ring holds one ``MARK`` without interrupt (decode sends nothing from NET; the two
+queues' MARK counts stay equal).
 
 **Where decode KV lives.** MARS names no ``kv_id`` for decode-appended KV; this module gives
 the root's decode tokens **decode blocks**: block ``C + 1 + b`` of the root's slice in MARS's
@@ -470,7 +472,7 @@ def decode_program(plan, k: int, node: int, image: DecodeImage) -> DecodeProgram
             out.append(_cmd(RecordClass.JOB, arg=JOB_ARG.const(
                 {"template": image.template0 + 2 * layer + 1}).as_bits()))
     out.append(_cmd(RecordClass.MARK, irq=True, arg=COUNTER_CLEAR))
-    prog.net.append(Cmd(RecordClass.MARK, Queue.NET, irq=True))
+    prog.net.append(Cmd(RecordClass.MARK, Queue.NET))
     if node == root:
         prog.ddr.update(image.decode_writes(position))
     return prog

@@ -1,0 +1,241 @@
+"""cocotb bench: one decode step on two node tops (:class:`mcf.sim.cluster.ClusterTop`, ``sim``
+configuration; issue #11 "then one decode step: the root's merged state bit-exact", docs/node.md
+§7). Runs on the build of :mod:`mcf.sim.benches.node_cluster` and reuses its host side
+(:class:`~mcf.sim.benches.node_cluster.Host`, ``_setup``, ``snapshot``, ``_wait_marks``).
+
+``decode`` — the tiny model (``TINY`` geometry, random INT4 weights): the prefill layer program
+of a short prompt in MARS's steps (as the ``layer`` testcase runs it), then ONE decode token
+from the rings alone (:func:`mcf.node.decode.decode_program`): the root's one-token JOBs, the
+query multicast, ATTEND DECODE on both nodes over the KV each owns (the root's list ends with
+the new token, EMITted into its decode block), the states merged by the reduction engines
+along MARS's tree, the root's final state normalised into OBUF by its decode lander, the
+root's O-projection/MLP JOB. Checked bit for bit against :func:`mcf.node.decode.golden_decode`:
+the root's OBUF rows and output row of every layer, the new token's INT4 KV; the decode
+counters (queries and results landed, states reduced); no drop, bad record, error or timeout
+counter moved on any node. Reports ``decode_step_cycles``: from the root's COMPUTE doorbell to
+its last MARK's interrupt (``out``).
+
+The node's layout is :func:`mcf.node.decode.decode_layout` (decode blocks in the KV region):
+``_setup`` configures :class:`~mcf.node.layout.NodeLayout.for_plan`'s, so the bench applies
+``configure`` again with the decode layout before the first doorbell.
+"""
+
+from __future__ import annotations
+
+import json
+
+import cocotb
+import numpy as np
+from cocotb.triggers import ClockCycles, RisingEdge, SimTimeoutError, with_timeout
+
+from mcf.abi.node import Queue
+from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
+from mcf.node.decode import (
+    DecodeImage,
+    decode_kv_id,
+    decode_layout,
+    decode_program,
+    decode_seq,
+    golden_decode,
+    owned_blocks,
+    prompt_blocks,
+    reduction_parents,
+)
+from mcf.node.layer import act_bytes, golden_prefill, read_act, slice_positions
+from mcf.node.program import configure, route_writes, step_program
+from mcf.quant import to_act
+from mcf.sim.benches.node_cluster import (
+    PERIOD_NS,
+    POLL,
+    _setup,
+    _wait_marks,
+    planned_receivers,
+    snapshot,
+    tiny_model_spec,
+)
+from mcf.sim.toolchain import bench_params
+
+BAD_WORDS = ("drop", "bad", "error", "timeouts", "overrun", "reject", "sat", "unmapped")
+CONFIG_REGS = ("reduce_timeout", "a2a_timeout")
+
+
+def _rows(mem, addr: int, cols: int) -> np.ndarray:
+    return read_act(bytes(mem[addr: addr + cols * 4]), 1, cols)[0]
+
+
+async def _bad_counters(h) -> dict[str, int]:
+    out = {}
+    for _, reg in h.regmap:
+        n = reg.name
+        if n.islower() and n not in CONFIG_REGS and any(w in n for w in BAD_WORDS):
+            v = await h.read(n)
+            if v:
+                out[n] = v
+    return out
+
+
+@cocotb.test()
+async def decode(dut):
+    params = bench_params()
+    seed = params.get("seed", 1)
+    spec = tiny_model_spec(params.get("layers", 2))
+    qls = [quantize_layer(random_layer(TINY, seed + 10 * i), TINY) for i in range(spec.layers)]
+    made = {}
+
+    def model_of(p, layout, cfg):
+        made["layout"] = decode_layout(p, cfg, layout.base, layout.cmd_log2)
+        assert made["layout"].cmd_base == layout.cmd_base
+        return DecodeImage(TINY, qls, cfg, made["layout"], tokens=slice_positions(p, 1, 0)[1])
+
+    p, _, hosts, image = await _setup(dut, params, spec, model_of)
+    lay = made["layout"]
+    for h in hosts:                       # the decode layout: decode blocks, QBUF/OBUF moved
+        h.layout = lay
+        await h.apply(configure(p, lay, h.i, seq_timeout=params.get("timeout", 0),
+                                model=image))
+    enc, n, L = p.encoder, len(hosts), spec.layers
+    S = p.num_chunks * p.chunk
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((S + 1, TINY.hidden)).astype(np.float32)
+    slices = [slice_positions(p, b, s) for b in range(1, p.num_chunks + 1) for s in range(n)]
+    prefill = golden_prefill(x[:S], qls, TINY, slices)
+    m = image.tokens
+    cycle = [0]
+
+    async def count():
+        while True:
+            await RisingEdge(dut.aclk)
+            cycle[0] += 1
+
+    cocotb.start_soon(count())
+    limit = params.get("step_limit", 3_000_000)
+
+    # ---- the prompt: MARS's prefill steps with the layer program -------------------------------
+    expect_packets = [0] * n
+    prefill_cycles = []
+    for step in p.steps:
+        idx = step.index
+        progs = []
+        for h in hosts:
+            p0, _ = slice_positions(p, idx, h.i)
+            for addr, raw in image.step_writes(np.arange(p0, p0 + m),
+                                               to_act(x[p0:p0 + m])).items():
+                h.mem[addr: addr + len(raw)] = raw
+            await h.apply(route_writes(step.routes.entries, h.i))
+            prog = step_program(p, idx, h.i, h.net_retired, model=image)
+            for addr, raw in prog.lists.items():
+                h.mem[addr: addr + len(raw)] = raw
+            h.net_retired += len(prog.net)
+            h.put(Queue.NET, prog.net)
+            h.put(Queue.COMPUTE, prog.compute)
+            progs.append(prog)
+            expect_packets[h.i] += L * len(enc.fragments(m))
+        receivers = planned_receivers(p, idx)
+        for prog in progs:
+            for meta in prog.kv_sends:
+                _, block, slice_ = enc.kv_key(meta.kv_id)
+                for d in receivers[(meta.src, block, slice_, meta.route_id)]:
+                    expect_packets[d] += 1
+        t0 = cycle[0]
+        for h in hosts:
+            for q in Queue:
+                await h.doorbell(q)
+        await _wait_marks(dut, hosts, [idx] * n, limit)
+        for h in hosts:
+            while await h.read("land_packets") < expect_packets[h.i]:
+                assert cycle[0] - t0 < limit, (f"prefill step {idx} node {h.i}: packets "
+                                                f"missing; counters {await snapshot(hosts)}")
+                await ClockCycles(dut.aclk, POLL)
+        prefill_cycles.append(cycle[0] - t0)
+    marks = len(p.steps)
+    for h in hosts:                       # the prompt's KV each node owns, as the golden's
+        for b, s in owned_blocks(p)[h.i]:
+            q0, qn = slice_positions(p, b, s)
+            for li in range(L):
+                for g in range(TINY.kv_heads):
+                    a = lay.kv.kv_base + enc.kv_id(li, b, s) * lay.kv.kv_slot + \
+                        g * lay.kv_layout.head_stride
+                    rec = len(prefill[li].kv[g]) // S
+                    assert bytes(h.mem[a: a + qn * rec]) == \
+                        prefill[li].kv[g][q0 * rec:(q0 + qn) * rec], \
+                        f"node {h.i}: prompt KV of block {b} slice {s} layer {li} head {g}"
+
+    # ---- one decode token ----------------------------------------------------------------------
+    k = params.get("token", 0)
+    assert k == 0, "the bench runs the first decode token (the golden's history is empty)"
+    root = p.decode_owner(k)
+    position = S + k
+    xa = to_act(x[S:S + 1])[0]
+    gold = golden_decode(xa, qls, TINY, position, root, reduction_parents(p, root),
+                         prompt_blocks(p, prefill))
+    progs = {}
+    for h in hosts:
+        prog = decode_program(p, k, h.i, image)
+        assert prog.root == root and prog.position == position
+        await h.apply(prog.writes)
+        for addr, raw in prog.ddr.items():
+            h.mem[addr: addr + len(raw)] = raw
+        if h.i == root:
+            h.mem[image.dx0: image.dx0 + TINY.hidden * 4] = act_bytes(xa.reshape(1, -1))
+        h.put(Queue.NET, prog.net)
+        h.put(Queue.COMPUTE, prog.compute)
+        progs[h.i] = prog
+        assert not h.regmap.register("IRQ_STATUS").unpack(await h.read("IRQ_STATUS"))["mark1"]
+    hr = hosts[root]
+    for h in sorted(hosts, key=lambda h: h.i == root):      # holders first, the root last
+        await h.doorbell(Queue.NET)
+        if h is not hr:
+            await h.doorbell(Queue.COMPUTE)
+    t0 = cycle[0]
+    await hr.doorbell(Queue.COMPUTE)
+    if not int(hr.irq.value):
+        try:
+            await with_timeout(RisingEdge(hr.irq), limit * PERIOD_NS, "ns")
+        except SimTimeoutError:
+            raise AssertionError(f"root {root}: no decode MARK within {limit} cycles; "
+                                 f"counters {await snapshot(hosts)}") from None
+    decode_cycles = cycle[0] - t0
+    marks += 1
+    for h in hosts:
+        while await h.read("seq1_marks") < marks:
+            assert cycle[0] - t0 < limit, (f"node {h.i}: decode MARK missing; counters "
+                                           f"{await snapshot(hosts)}")
+            await ClockCycles(dut.aclk, POLL)
+        assert [await h.read(f"seq{q}_marks") for q in range(2)] == [marks, marks]
+        status = h.regmap.register("IRQ_STATUS").unpack(await h.read("IRQ_STATUS"))
+        assert not {f: v for f, v in status.items() if v and not f.startswith("mark")}, status
+
+    # ---- checks --------------------------------------------------------------------------------
+    mem = hr.mem
+    nq = TINY.heads * TINY.head_dim
+    for li in range(L):
+        obuf = _rows(mem, image.obuf_rows(li), nq)
+        bad = np.flatnonzero(obuf != gold[li].att)
+        assert bad.size == 0, (f"root {root} layer {li}: OBUF differs at {bad.size} of {nq} "
+                               f"words, first {bad[0]}: {obuf[bad[0]]} vs {gold[li].att[bad[0]]}")
+        y = _rows(mem, image.dbufs[li].buf["y"], TINY.hidden)
+        bad = np.flatnonzero(y != gold[li].y)
+        assert bad.size == 0, f"root {root} layer {li}: output differs at {bad.size} places"
+        for g in range(TINY.kv_heads):
+            a = lay.kv_address(decode_kv_id(p, li, root), decode_seq(p, 0, g))
+            assert bytes(mem[a: a + len(gold[li].kv[g])]) == gold[li].kv[g], \
+                f"root {root} layer {li}: new token's KV of head {g}"
+    want_states = L * TINY.heads
+    for h in hosts:
+        assert await h.read("seq0_timeouts") == await h.read("seq1_timeouts") == 0
+        bad = await _bad_counters(h)
+        assert not bad, f"node {h.i}: {bad}"
+        assert await h.read("nic_reduce_rx_packets") == want_states * (
+            1 + sum(par == h.i for par in reduction_parents(p, root).values()))
+        if h.i == root:
+            assert await h.read("dec_results_landed") == want_states
+            assert await h.read("dec_queries_landed") == 0
+        else:
+            assert await h.read("dec_queries_landed") == L * TINY.kv_heads
+    out = params.get("out")
+    if out:
+        with open(out, "w") as f:
+            json.dump({"nodes": n, "root": root, "prefill_step_cycles": prefill_cycles,
+                       "decode_step_cycles": decode_cycles,
+                       "results_landed": want_states,
+                       "att_records": {h.i: await h.read("att_records") for h in hosts}}, f)

@@ -45,11 +45,13 @@ from mcf.cli import main  # noqa: E402
 from mcf.deploy import (  # noqa: E402
     BOARD_PYTHON,
     PROBE,
+    DeployConfig,
     DeployError,
     OverlayFiles,
     board_pynq_requirement,
     check_pynq,
     check_python,
+    deploy,
     evaluate_probe,
     parse_hosts,
     remote_commands,
@@ -271,6 +273,7 @@ class Servers:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.servers = []
+        self.procs = []         # every program a board ran, killed at close if still running
 
     def call(self, coro, timeout=60):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -290,8 +293,7 @@ class Servers:
         board.port = self.call(listen())
         return board.port
 
-    @staticmethod
-    async def _execute(board: Board, process) -> None:
+    async def _execute(self, board: Board, process) -> None:
         argv = shlex.split(process.command or "")
         exe = shutil.which(argv[0], path=str(board.root / "bin")) if argv else None
         if exe is None:
@@ -303,13 +305,19 @@ class Servers:
         proc = await asyncio.create_subprocess_exec(
             exe, *argv[1:], cwd=board.home, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        self.procs.append(proc)
         out, err = await proc.communicate()
-        process.stdout.write(out.decode(errors="replace"))
-        process.stderr.write(err.decode(errors="replace"))
-        process.exit(proc.returncode if proc.returncode >= 0 else 255)
+        with contextlib.suppress(OSError, asyncssh.Error):   # the client may have gone
+            process.stdout.write(out.decode(errors="replace"))
+            process.stderr.write(err.decode(errors="replace"))
+            process.exit(proc.returncode if proc.returncode >= 0 else 255)
 
     def close(self):
         async def stop():
+            for proc in self.procs:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
             for s in self.servers:
                 s.close()
                 await s.wait_closed()
@@ -408,6 +416,26 @@ def test_deploy_hosts_fail_alone(tmp_path, servers, client_key, wheel, board_sit
     for name in ("badkey", "py38", "oldpynq", "stranger"):
         assert not (boards[name].home / "mcf-deploy").exists(), name
     assert "1 of 6 hosts deployed" in out
+
+
+def test_deploy_step_timeout(tmp_path, servers, client_key, wheel):
+    """A board whose python3 never answers fails alone after --timeout, it does not hang."""
+    key_path, key_pub = client_key
+    board = make_board(tmp_path / "stuck", key_pub)
+    (board.root / "bin").mkdir()
+    stuck = board.root / "bin" / "python3"
+    stuck.write_text(f"#!/bin/sh\nexec {shutil.which('sleep')} 60\n")
+    stuck.chmod(0o755)
+    servers.start(board)
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{board.port} {board.host_key.export_public_key().decode()}")
+    cfg = DeployConfig(hosts=tuple(parse_hosts(f"127.0.0.1:{board.port}")),
+                       overlay=write_overlay(tmp_path / "o"), wheel=wheel,
+                       pynq=board_pynq_requirement(wheel), key=key_path, known_hosts=known,
+                       timeout=0.5)
+    (res,) = asyncio.run(deploy(cfg))
+    assert res.error == "python3 --version: no answer within 0.5 s"
+    assert res.steps == ["connect"]
 
 
 # ------------------------------------------------------------------------------------------------

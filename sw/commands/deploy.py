@@ -50,7 +50,7 @@ def _check(args) -> None:
         raise UsageError(f"--timeout must be positive, not {args.timeout:g}")
     for opt in ("key", "known_hosts", "wheel"):
         value = getattr(args, opt)
-        if value is not None and not Path(value).is_file():
+        if value is not None and (not Path(value).exists() or Path(value).is_dir()):
             raise UsageError(f"--{opt.replace('_', '-')} {value}: no such file")
     if args.wheel is not None and not args.wheel.endswith(".whl"):
         raise UsageError(f"--wheel {args.wheel}: not a .whl file")

@@ -93,6 +93,20 @@ async def _run(conn, argv: list[str], step: str, timeout: float) -> str:
     return str(res.stdout)
 
 
+async def _copy(conn, cfg: DeployConfig) -> dict[Path, str]:
+    """``.bit``, ``.hwh`` and wheel into ``cfg.remote_dir`` over SFTP; local → remote path."""
+    async with conn.start_sftp_client() as sftp:
+        await sftp.makedirs(cfg.remote_dir, exist_ok=True)
+        rdir = await sftp.realpath(cfg.remote_dir)
+        remote = {p: posixpath.join(rdir, p.name)
+                  for p in (cfg.overlay.bit, cfg.overlay.hwh, cfg.wheel)}
+        for local, path in remote.items():
+            await sftp.put(str(local), path)
+            if (await sftp.stat(path)).size != local.stat().st_size:
+                raise DeployError(f"copy of {local.name} to {path} is incomplete")
+    return remote
+
+
 async def _deploy(cfg: DeployConfig, spec: HostSpec, res: HostResult) -> None:
     opts = {"known_hosts": str(cfg.known_hosts)} if cfg.known_hosts is not None else {}
     if cfg.key is not None:
@@ -113,15 +127,10 @@ async def _deploy(cfg: DeployConfig, spec: HostSpec, res: HostResult) -> None:
         check_pynq(pynq, cfg.pynq)
         res.steps.append("versions")
 
-        async with conn.start_sftp_client() as sftp:
-            await sftp.makedirs(cfg.remote_dir, exist_ok=True)
-            rdir = await sftp.realpath(cfg.remote_dir)
-            remote = {p: posixpath.join(rdir, p.name)
-                      for p in (cfg.overlay.bit, cfg.overlay.hwh, cfg.wheel)}
-            for local, path in remote.items():
-                await sftp.put(str(local), path)
-                if (await sftp.stat(path)).size != local.stat().st_size:
-                    raise DeployError(f"copy of {local.name} to {path} is incomplete")
+        try:
+            remote = await asyncio.wait_for(_copy(conn, cfg), cfg.timeout)
+        except asyncio.TimeoutError:
+            raise DeployError(f"sftp copy: not done within {cfg.timeout:g} s") from None
         res.overlay = remote[cfg.overlay.bit]
         res.steps.append("copy")
 

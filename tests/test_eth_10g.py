@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
@@ -122,3 +123,15 @@ def test_10g_rate(tmp_path):
     for name in ("tx_64B", "tx_1500B"):
         assert result[name]["line_rate_fraction"] == 1.0, name
     assert result["rx_64B"]["delivered"] == result["rx_64B"]["frames"] == 40
+
+
+@pytest.mark.slow
+def test_10g_pcs_loopback():
+    """TenGigLink looped back at the GT boundary (its own Verilator build, ~19k lines of
+    Verilog: slow): lock, slip and relock, bit errors, hi_ber."""
+    from mcf.hdl.eth.tengig import TenGigLink
+    from mcf.hdl.flat import FlatTop
+    from mcf.sim import build, run
+    built = build(FlatTop(TenGigLink(64), {"s_axis": "s_axis", "m_axis": "m_axis"}),
+                  "eth_10g_pcs")
+    run(built, "mcf.sim.benches.eth_10g_pcs", params={"seed": 1})

@@ -326,7 +326,8 @@ class BerMonitor(wiring.Component):
     Members: ``header``/``valid``/``block_lock`` — ``In``; ``hi_ber`` — ``Out(1)``: set when
     ``HI_BER_COUNT`` invalid sync headers fall in one window of ``window`` blocks (default
     :data:`mcf.abi.eth.BER_WINDOW`, 125 µs at 156.25 MHz), cleared at the end of a window
-    with fewer; ``ber_count`` — ``Out(32)`` invalid headers seen while locked (saturates)."""
+    with fewer and while not locked (BER_MT_INIT); ``ber_count`` — ``Out(32)`` invalid
+    headers seen while locked (saturates)."""
 
     def __init__(self, window: int = BER_WINDOW):
         self._window = window
@@ -340,7 +341,7 @@ class BerMonitor(wiring.Component):
         bad = (self.header != SYNC_DATA) & (self.header != SYNC_CTRL)
         cnt_next = Mux(bad & (cnt != HI_BER_COUNT), cnt + 1, cnt)
         with m.If(~self.block_lock):
-            m.d.sync += [timer.eq(0), cnt.eq(0)]
+            m.d.sync += [timer.eq(0), cnt.eq(0), self.hi_ber.eq(0)]
         with m.Elif(self.valid):
             with m.If(bad & ~self.ber_count.all()):
                 m.d.sync += self.ber_count.eq(self.ber_count + 1)

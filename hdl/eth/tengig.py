@@ -43,6 +43,15 @@ def _fifo(m, name, width, depth, w_domain, r_domain):
     return f
 
 
+def _domains(m, tx_clk, rx_clk):
+    """``xg_tx``/``xg_rx`` clocked by ``tx_clk``/``rx_clk``, resets from aclk's."""
+    m.domains.xg_tx = ClockDomain("xg_tx", async_reset=True)
+    m.domains.xg_rx = ClockDomain("xg_rx", async_reset=True)
+    m.d.comb += [ClockSignal("xg_tx").eq(tx_clk), ClockSignal("xg_rx").eq(rx_clk)]
+    m.submodules.rst_tx = ResetSynchronizer(ResetSignal("sync"), domain="xg_tx")
+    m.submodules.rst_rx = ResetSynchronizer(ResetSignal("sync"), domain="xg_rx")
+
+
 class TenGigMac(wiring.Component):
     """Link frames ↔ XGMII (64 bits).
 
@@ -59,30 +68,31 @@ class TenGigMac(wiring.Component):
     ``In(NODE_BITS)``; ``status`` — ``Out(ETH_STATUS)``; ``tx_clk``/``rx_clk`` — ``In(1)``
     the ``xg_tx``/``xg_rx`` clocks; ``tx_ce`` — ``In(1)`` (``xg_tx``) the transmitter
     advances (1 without a gearbox); ``xgmii_txd``/``xgmii_txc`` — ``Out`` (``xg_tx``);
-    ``xgmii_rxd``/``xgmii_rxc``/``xgmii_rx_valid`` — ``In`` (``xg_rx``).
+    ``xgmii_rxd``/``xgmii_rxc``/``xgmii_rx_valid`` — ``In`` (``xg_rx``). With
+    ``own_domains=False`` (inside :class:`TenGigLink`) there are no clock ports: the parent
+    defines ``xg_tx``/``xg_rx``.
 
     Throughput: line rate both ways (a frame of n bytes every 8 + n + 12 bytes on average)
     while aclk carries 8 bytes per beat at ≥ 156.25 MHz (plus one cycle per frame).
     """
 
-    def __init__(self):
+    def __init__(self, *, own_domains: bool = True):
+        self._own = own_domains
+        clocks = {"tx_clk": In(1), "rx_clk": In(1)} if own_domains else {}
         super().__init__({
             "s_axis": In(stream.Signature(beat_layout(64))),
             "m_axis": Out(stream.Signature(beat_layout(64))),
             "local_id": In(NODE_BITS), "peer_id": In(NODE_BITS),
             "status": Out(ETH_STATUS),
-            "tx_clk": In(1), "rx_clk": In(1), "tx_ce": In(1),
+            **clocks, "tx_ce": In(1),
             "xgmii_txd": Out(64), "xgmii_txc": Out(8),
             "xgmii_rxd": In(64), "xgmii_rxc": In(8), "xgmii_rx_valid": In(1),
         })
 
     def elaborate(self, platform):
         m = Module()
-        m.domains.xg_tx = ClockDomain("xg_tx", async_reset=True)
-        m.domains.xg_rx = ClockDomain("xg_rx", async_reset=True)
-        m.d.comb += [ClockSignal("xg_tx").eq(self.tx_clk), ClockSignal("xg_rx").eq(self.rx_clk)]
-        m.submodules.rst_tx = ResetSynchronizer(ResetSignal("sync"), domain="xg_tx")
-        m.submodules.rst_rx = ResetSynchronizer(ResetSignal("sync"), domain="xg_rx")
+        if self._own:
+            _domains(m, self.tx_clk, self.rx_clk)
         beat = beat_layout(64)
         ce = self.tx_ce
 
@@ -164,12 +174,12 @@ class TenGigLink(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         w = self._width
-        m.submodules.mac = mac = TenGigMac()
+        _domains(m, self.tx_clk, self.rx_clk)
+        m.submodules.mac = mac = TenGigMac(own_domains=False)
         wiring.connect(m, wiring.flipped(self.s_axis), mac.s_axis)
         wiring.connect(m, mac.m_axis, wiring.flipped(self.m_axis))
         m.d.comb += [mac.local_id.eq(self.local_id), mac.peer_id.eq(self.peer_id),
-                     self.status.eq(mac.status), mac.tx_clk.eq(self.tx_clk),
-                     mac.rx_clk.eq(self.rx_clk)]
+                     self.status.eq(mac.status)]
 
         # ---- TX ------------------------------------------------------------------------------
         gbx = GearboxTx(w)

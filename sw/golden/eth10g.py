@@ -240,7 +240,8 @@ class BlockLock:
 @dataclass
 class BerMonitor:
     """Clause 49 BER monitor (Figure 49-15): counts invalid sync headers while locked; 16 in a
-    window of ``BER_WINDOW`` blocks set ``hi_ber``, a window with fewer clears it. ``total``
+    window of ``BER_WINDOW`` blocks set ``hi_ber``, a window with fewer or the loss of block
+    lock clears it. ``total``
     is the saturating count of invalid headers (the status counter)."""
     window: int = BER_WINDOW
     hi_ber: bool = False
@@ -250,8 +251,9 @@ class BerMonitor:
     history: list = field(default_factory=list)
 
     def step(self, header: int, locked: bool) -> None:
-        if not locked:
+        if not locked:                   # BER_MT_INIT
             self.cnt = self.timer = 0
+            self.hi_ber = False
             return
         if header not in (SYNC_DATA, SYNC_CTRL):
             self.total = min(self.total + 1, (1 << 32) - 1)

@@ -417,6 +417,15 @@ def test_deploy_hosts_fail_alone(tmp_path, servers, client_key, wheel, board_sit
         assert not (boards[name].home / "mcf-deploy").exists(), name
     assert "1 of 6 hosts deployed" in out
 
+    # A redeploy of the same version replaces the board's files (here: one damaged by hand).
+    installed[0].write_text("damaged")
+    rc = main(["deploy", "--hosts", hosts["good"], "--overlay", str(overlay.bit), "--key",
+               str(key_path), "--known-hosts", str(known), "--wheel", str(wheel)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert installed[0].read_bytes() == (ROOT / "sw" / "abi" / "csrmap.py").read_bytes()
+    assert "1 of 1 hosts deployed" in out
+
 
 def test_deploy_step_timeout(tmp_path, servers, client_key, wheel):
     """A board whose python3 never answers fails alone after --timeout, it does not hang."""

@@ -395,3 +395,24 @@ def test_pcs_loopback_slip_and_errors():
     assert errs[0] in diffs
     rest = [i for i in diffs if i != errs[0]]
     assert 1 <= len(rest) <= 2 and rest[-1] - rest[0] <= 1, diffs
+
+
+def test_pcs_abi():
+    """The 10G constants and registers: the BER window is 125 µs of 156.25 MHz blocks, every
+    block format is 8 lanes with 56 payload bits after the type, and the 10G link's register
+    list adds PCS_STATUS after the MAC's."""
+    from mcf.abi.eth import (
+        BER_WINDOW,
+        BLOCK_FIELDS,
+        ETH_STATUS,
+        PCS_STATUS,
+        eth_registers,
+    )
+    assert BER_WINDOW == 19531
+    assert all(len(f) == 8 for f in BLOCK_FORMATS.values())
+    assert all(sum(w for _, _, w in fs) == 56 for fs in BLOCK_FIELDS.values())
+    one_g, ten_g = eth_registers(1), eth_registers(0, pcs=True)
+    assert len(one_g) == 1 + len(list(ETH_STATUS))
+    names = [r.name for r in ten_g]
+    assert names[len(one_g):] == [f"eth0_{n}" for n, _ in PCS_STATUS]
+    assert names[0] == "ETH0_CFG"

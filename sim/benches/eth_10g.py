@@ -38,6 +38,7 @@ from mcf.abi.eth import (
     PREAMBLE,
     SFD,
     XGMII_ERROR,
+    XGMII_START,
     EthModel,
     encap,
     link_beats,
@@ -74,6 +75,7 @@ class TB:
     def __init__(self, dut):
         self.dut = dut
         self.out: list[tuple[int, int, int]] = []
+        self.rx_start_lanes: set[int] = set()
         self.sink = XgmiiSink(dut.xgmii_txd, dut.xgmii_txc, dut.tx_clk)
         self.source = XgmiiSource(dut.xgmii_rxd, dut.xgmii_rxc, dut.rx_clk)
         dut.local_id.value = LOCAL
@@ -103,6 +105,16 @@ class TB:
             if d.m_axis_tvalid.value and d.m_axis_tready.value:
                 self.out.append((int(d.m_axis_tdata.value), int(d.m_axis_tkeep.value),
                                  int(d.m_axis_tlast.value)))
+
+    async def watch_rx_starts(self):
+        """Record the lanes /S/ arrives on at the RX port."""
+        d = self.dut
+        while True:
+            await RisingEdge(d.rx_clk)
+            data, ctrl = int(d.xgmii_rxd.value), int(d.xgmii_rxc.value)
+            for lane in range(8):
+                if ctrl >> lane & 1 and data >> 8 * lane & 0xFF == XGMII_START:
+                    self.rx_start_lanes.add(lane)
 
     async def send_links(self, links: list[bytes]):
         d = self.dut
@@ -153,6 +165,7 @@ async def lengths(dut):
     await tb.start()
     cocotb.start_soon(tb.send_links(links))
     rx_links = [link_frame(rng, n) for n in reversed(lens)]
+    cocotb.start_soon(tb.watch_rx_starts())
     for lk in rx_links:
         f = encap(lk, PEER, LOCAL)
         assert tb.model_rx.receive(f) == lk
@@ -162,6 +175,7 @@ async def lengths(dut):
         expect_tx(fr, lk)
     assert {fr.start_lane for fr in frames} == {0, 4}
     await tb.settle(sum(len(link_beats(lk)) for lk in rx_links), 200)
+    assert tb.rx_start_lanes == {0, 4}                      # RX met both start lanes
     assert tb.out == [b for lk in rx_links for b in link_beats(lk)]
     tb.check_status()
 

@@ -36,6 +36,10 @@ def test_driver_on_the_simulated_board(board, tmp_path):
     run(built, BENCH, testcase=["bind_and_registers", "loopback_step"],
         params={"hwh": str(hwh), "wrong_hwh": str(wrong), "seed": 3,
                 "out_registers": str(outs["registers"]), "out": str(outs["step"])})
+    regs = json.loads(Path(outs["registers"]).read_text())
     step = json.loads(Path(outs["step"]).read_text())
+    print(json.dumps({"registers": regs, "step": step}, indent=1))
+    assert regs["written"] > 10 and "CAPS" in regs["wrong_hwh"]
     assert step["node0_frames"] > 0 and step["node1_frames"] > 0
+    assert step["node1_step_cycles"] > 0
     assert "COMPUTE" in step["stall"]

@@ -213,6 +213,7 @@ async def loopback_step(dut):
             assert e.queue is Queue.COMPUTE, e
             first_dir = next(i for i, c in enumerate(prog0.compute) if c.cls is RecordClass.DIR)
             assert e.counters["seq1_retired"] == first_dir, e.counters
+            assert f"waiting at record {first_dir}: DIR wait " in str(e), e
             assert e.counters["seq1_marks"] == 0
         else:
             raise AssertionError("node 0's step finished without node 1's KV")

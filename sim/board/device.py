@@ -23,6 +23,7 @@ skipped (``clock_dict`` is empty): the bench's ``aclk`` is the clock.
 
 from __future__ import annotations
 
+import logging
 import math
 import mmap
 import random
@@ -119,6 +120,8 @@ class SimBoard(Device):
         dut.aresetn.value = 0
         self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axi_ctrl"), dut.aclk,
                                   dut.aresetn, reset_active_level=False)
+        for side in (self.axil.read_if, self.axil.write_if):
+            side.log.setLevel(logging.WARNING)
         self.mem = mmap.mmap(-1, mem_bytes)
         rng = random.Random(seed)
         self.rams = [ddr_ram(dut, f"m_axi_hp{p}", dut.aclk, dut.aresetn,

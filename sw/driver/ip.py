@@ -25,8 +25,9 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from ..abi.csrmap import node_regmap
+from ..abi.meta import META
 from ..abi.nic import reduce_config
-from ..abi.node import Cmd, Queue
+from ..abi.node import CMD_BYTES, Cmd, Queue
 from ..abi.regs import WORD_BYTES
 from .node_map import (
     BindError,
@@ -111,7 +112,9 @@ class NodeDriver(_Base):
         description["registers"] = self.regmap.pynq_registers()
         super().__init__(description)
         self.config = config_for_top(_top_of(description.get("type", "")))
-        self.clock: Clock = getattr(self.device, "clock", None) or WallClock()
+        dev_clock = getattr(self.device, "clock", None)
+        self.clock: Clock = dev_clock if hasattr(dev_clock, "now") and hasattr(
+            dev_clock, "sleep") else WallClock()
         self.buffer = None
         self.layout = None
         self.rings: list[CommandRing] = []
@@ -268,18 +271,30 @@ class NodeDriver(_Base):
             if not short:
                 return
             if self.clock.now() >= deadline:
-                q = short[0]
-                state = self.queue_state(q)
-                halt = unpack_halt(state[f"seq{q.value}_halt"])
-                inflight = (state[f"CMD{q.value}_HEAD"] - state[f"CMD{q.value}_CONS"]) % 65536
-                raise StepTimeout(
-                    f"queue {q.name} (CMD{q.value}/SEQ{q.value}) stuck after {timeout:g} s: "
-                    f"seq{q.value}_marks {state[f'seq{q.value}_marks']} of {want[q]}, "
-                    f"{inflight} records accepted but not consumed (CONS "
-                    f"{state[f'CMD{q.value}_CONS']}, HEAD {state[f'CMD{q.value}_HEAD']}), "
-                    f"retired {state[f'seq{q.value}_retired']}, wait cycles "
-                    f"{state[f'seq{q.value}_wait_cycles']}, halt {halt}", q, state)
+                raise self._stuck(short[0], want[short[0]], timeout)
             self.clock.sleep(poll)
+
+    def _stuck(self, q: Queue, marks: int, timeout: float) -> StepTimeout:
+        state = self.queue_state(q)
+        n = q.value
+        retired = state[f"seq{n}_retired"]
+        head = state[f"CMD{n}_HEAD"]
+        msg = (f"queue {q.name} (CMD{n}/SEQ{n}) stuck after {timeout:g} s: seq{n}_marks "
+               f"{state[f'seq{n}_marks']} of {marks}; {retired} of {head} records retired "
+               f"(ring CONS {state[f'CMD{n}_CONS']}), wait cycles {state[f'seq{n}_wait_cycles']}, "
+               f"halt {unpack_halt(state[f'seq{n}_halt'])}")
+        unretired = (f"seq{n}_skipped", f"seq{n}_aborted", f"cmd{n}_bad_records")
+        if retired < head and not any(state[k] for k in unretired) and self.rings:
+            ring = self.rings[n]         # every record so far retired in order: the next one
+            at = ring.offset + (retired % ring.entries) * CMD_BYTES
+            try:
+                cmd = Cmd.unpack(bytes(memoryview(self.buffer).cast("B")[at: at + CMD_BYTES]))
+                kv_id = (cmd.meta >> META["kv_id"].offset) & ((1 << META["kv_id"].width) - 1)
+                msg += (f"; waiting at record {retired}: {cmd.cls.name} wait {cmd.wait} "
+                        f"kv_id {kv_id} arg {cmd.arg}")
+            except ValueError:
+                pass
+        return StepTimeout(msg, q, state)
 
     def wait_counter(self, name: str, at_least: int, *, timeout: float = 1.0,
                      poll: float = 1e-5) -> int:

@@ -21,7 +21,9 @@ board's ``.hwh``, ``wrong_hwh`` one that names the kr260 top, ``seed``):
   and are checked bit-exact against :func:`mcf.golden.nic.link_frame` (Meta, payload from the
   KV slot, CRC, link sequence); its COMPUTE queue then waits for node 1's copy, which never
   comes — ``wait_marks`` raises :class:`mcf.driver.StepTimeout` naming COMPUTE, with the
-  records retired before the stuck FREE. The overlay is loaded again (PL reset) and the board
+  records retired before the stuck FREE; the watchdog (``SEQ_TIMEOUT``) has halted the queue on
+  that FREE (halt word: LANDED, its ``kv_id``; ``halt1`` interrupt cause), and ``skip`` of
+  each FREE lets the step reach its MARK. The overlay is loaded again (PL reset) and the board
   becomes node 1: the held frames are released into link 0, land, the step completes (both
   MARKs), and every byte of node 1's KV region is checked (node 0's planned bytes at
   :func:`mcf.abi.landing.kv_address`, node 1's own bytes, the fill pattern elsewhere), with the
@@ -40,9 +42,11 @@ from cocotb.task import bridge, resume
 from cocotb.triggers import ClockCycles
 
 from mcf.abi.csrmap import node_regmap
+from mcf.abi.meta import Meta
 from mcf.abi.node import PayloadSource, Queue, RecordClass
 from mcf.abi.node_config import SIM
 from mcf.abi.regs import MCF_ID, WORD_BYTES, Access
+from mcf.abi.sequencer import HaltCause
 from mcf.golden.nic import LinkRxModel, Packet, link_frame
 from mcf.mars import ClusterSpec, get_model, make_topology, plan
 from mcf.node.layout import NodeLayout
@@ -68,7 +72,6 @@ def kv_slot_bytes(slot: int, kv_id: int, seed: int) -> bytes:
 def expected_packets(prog, layout: NodeLayout, seed: int) -> list[Packet]:
     """The packets ``prog``'s SEND records put on the wire, in queue order (COMPUTE after NET:
     in the steps used here NET holds only its MARK)."""
-    from mcf.abi.meta import Meta
     out = []
     for cmd in prog.net + prog.compute:
         if cmd.cls is not RecordClass.SEND:
@@ -201,7 +204,7 @@ async def loopback_step(dut):
         ip = Overlay(params["hwh"], device=board).node
         ip.attach(bufs[0], layouts[0])
         place_own(bufs[0], layouts[0], 0)
-        ip.configure(p, 0)
+        ip.configure(p, 0, seq_timeout=params.get("watchdog", 2000))
         ip.declare_owned(p, index, 0)
         prog0 = ip.run_step(p, index, 0)
         sent0 = expected_packets(prog0, layouts[0], seed)
@@ -218,6 +221,22 @@ async def loopback_step(dut):
         else:
             raise AssertionError("node 0's step finished without node 1's KV")
         assert ip.read_reg("seq0_marks") == 1
+        # the watchdog halted COMPUTE on the first FREE: skip each FREE, the step ends
+        frees = [Meta.unpack(c.meta).kv_id for c in prog0.compute if c.cls is RecordClass.DIR]
+        irq = ip.irq_status()
+        assert irq["mark0"] and irq["halt1"] and not irq["mark1"], irq
+        assert not any(ip.irq_status().values())           # RW1C: cleared
+        for kv_id in frees:
+            while not ip.halt(Queue.COMPUTE)["halted"]:
+                ip.clock.sleep(1e-6)
+            assert ip.halt(Queue.COMPUTE) == {"halted": 1, "queue": Queue.COMPUTE.value,
+                                              "cause": HaltCause.LANDED.value, "kv_id": kv_id}
+            ip.skip(Queue.COMPUTE)
+        ip.wait_marks(1, timeout=1e-4)
+        assert ip.read_reg("seq1_skipped") == len(frees) == ip.read_reg("seq1_timeouts")
+        ip.stop()
+        assert ip.read_fields("SEQ0_CTRL")["run"] == ip.read_fields("SEQ1_CTRL")["run"] == 0
+        out["skipped"] = len(frees)
         check_frames(links.sent[0], sent0)
         out["node0_frames"] = len(sent0)
 

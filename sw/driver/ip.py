@@ -90,6 +90,15 @@ class WallClock:
         time.sleep(seconds)
 
 
+def _halt_text(halt: dict[str, int]) -> str:
+    from ..abi.sequencer import HaltCause
+    if not halt["halted"]:
+        return "not halted by the watchdog"
+    cause = HaltCause(halt["cause"]).name if halt["cause"] in {c.value for c in HaltCause} \
+        else halt["cause"]
+    return f"halted by the watchdog ({cause}, kv_id/counter {halt['kv_id']})"
+
+
 def _top_of(vlnv: str) -> str:
     parts = vlnv.split(":")
     if len(parts) != 4:
@@ -240,6 +249,10 @@ class NodeDriver(_Base):
         """Retire a halted queue's waiting record unexecuted (the queue keeps running)."""
         self.write_fields(f"SEQ{queue.value}_CTRL", run=1, skip=1)
 
+    def halt(self, queue: Queue) -> dict[str, int]:
+        """The queue's watchdog halt word (``seq<q>_halt``: halted, queue, cause, kv_id)."""
+        return unpack_halt(self.read_reg(f"seq{queue.value}_halt"))
+
     def irq_status(self, clear: bool = True) -> dict[str, int]:
         """``IRQ_STATUS`` by cause; ``clear`` writes the set bits back (RW1C)."""
         word = self.read_reg("IRQ_STATUS")
@@ -282,7 +295,7 @@ class NodeDriver(_Base):
         msg = (f"queue {q.name} (CMD{n}/SEQ{n}) stuck after {timeout:g} s: seq{n}_marks "
                f"{state[f'seq{n}_marks']} of {marks}; {retired} of {head} records retired "
                f"(ring CONS {state[f'CMD{n}_CONS']}), wait cycles {state[f'seq{n}_wait_cycles']}, "
-               f"halt {unpack_halt(state[f'seq{n}_halt'])}")
+               f"{_halt_text(unpack_halt(state[f'seq{n}_halt']))}")
         unretired = (f"seq{n}_skipped", f"seq{n}_aborted", f"cmd{n}_bad_records")
         if retired < head and not any(state[k] for k in unretired) and self.rings:
             ring = self.rings[n]         # every record so far retired in order: the next one

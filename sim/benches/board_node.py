@@ -131,7 +131,13 @@ async def bind_and_registers(dut):
         regs.NODE.local_id = 3
         regs.NODE.num_nodes = 5
         assert ip.read_fields("NODE") == {"local_id": 3, "num_nodes": 5}
+        ip.stop()
+        assert [ip.read_fields(f"SEQ{q.value}_CTRL")["run"] for q in Queue] == [0, 0]
+        ip.start()
+        assert [ip.read_fields(f"SEQ{q.value}_CTRL")["run"] for q in Queue] == [1, 1]
         errors = ip.read_reg("BUS_ERRORS")
+        ip.write_reduce_config(5, 2, final=True, result_route=7)     # a W port: reads 0
+        assert ip.read_reg("REDUCE_CFG_WR") == 0 and ip.read_reg("BUS_ERRORS") == errors
         unmapped = len(rm) * WORD_BYTES
         for access in (lambda: ip.read(unmapped), lambda: ip.write(unmapped, 0x1234)):
             try:

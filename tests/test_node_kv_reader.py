@@ -39,6 +39,7 @@ from mcf.abi.kv_reader import (
     kv_reader_registers,
 )
 from mcf.abi.landing import KvLayout, LandingConfig, kv_address
+from mcf.abi.node_config import SIM
 from mcf.golden.attention import random_blocks
 from mcf.hdl.compute.attention import AttentionEngine
 from mcf.hdl.mem.axi import ADDR_BITS, AXI4Signature
@@ -307,7 +308,8 @@ def test_reader_feeds_kr260_engine(heads):
 
 # --- cocotb + Verilator end to end -----------------------------------------------------------
 
-GEOM = {"head_dim": 16, "lanes": 4, "max_heads": 2, "max_block": 32}
+GEOM = {"head_dim": SIM.attn_head_dim, "lanes": SIM.attn_lanes, "max_heads": SIM.attn_heads,
+        "max_block": SIM.attn_block}
 BENCH = "mcf.sim.benches.node_kv_reader"
 
 

@@ -40,16 +40,17 @@ from mcf.abi.framing import payload_beats
 from mcf.abi.landing import LANDING_STATUS, LandingConfig, kv_address, per_token_land_off
 from mcf.abi.meta import Collective, Meta, Op, Stage
 from mcf.abi.node import Cmd, Queue, RecordClass
+from mcf.abi.node_config import SIM
 from mcf.sim.benches.ddr import ddr_ram
 from mcf.sim.benches.pauses import pattern
 from mcf.sim.toolchain import bench_params
 
-MEM = 1 << 20
+MEM = 1 << 21
 FILL = 0xA5
-HEAD_DIM = 16
+HEAD_DIM = SIM.attn_head_dim    # the sim node's emitter, built for MARS's tiny model
 KV_CAPACITY = 256
 LOCAL_ID = 3
-ACT_BASE = 0x8_0040
+ACT_BASE = 0x10_0040        # above the KV region (kv_slot × 200 of the tiny model)
 KV_BASE = 0x1008
 
 

@@ -48,7 +48,7 @@ from mcf.sim.benches.ddr import WRITE, ddr_ram
 from mcf.sim.benches.pauses import pattern
 from mcf.sim.toolchain import bench_params
 
-MEM = 1 << 20
+MEM = 1 << 21
 FILL = 0xA5
 KV_CAPACITY = 256      # the bench's LandingEngine(kv_count=...)
 LOCAL_ID = 1           # the bench's local_id: packets with src 1 are local copies

@@ -222,7 +222,7 @@ class ModelImage:
                   b_stride=inter * 4)
         t1.requant(inter, m, buf["s"], xq[inter])
         t1.gemms(mm((("down", "d"),), inter, inter))
-        t1.vector(VectorOp.ADD, h, m, lb.x, buf["d"], buf["y"], b_stride=h * 4)
+        t1.vector(VectorOp.ADD, h, m, buf["h"], buf["d"], buf["y"], b_stride=h * 4)
         return [t0.entries, t1.entries]
 
     def query_address(self, lb: LayerBuffers, token: int, kv_head: int) -> int:

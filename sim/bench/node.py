@@ -26,10 +26,8 @@ LINK_LATENCY = 64
 """Link latency in cycles (MARS's 2 µs would be 600 cycles at 300 MHz; shortened so the tiny
 model's steps are not all wire time)."""
 
-NOT_MEASURED = {
-    "decode_step_cycles": "the decode step (query multicast, ATTEND DECODE, reduction to the "
-                          "root) is not yet programmed on the node top",
-}
+NOT_MEASURED: dict[str, str] = {}
+"""Figures of issue #11 §3 the bench cannot measure yet, with the reason (none today)."""
 
 
 def _cluster(n: int):
@@ -40,13 +38,13 @@ def _cluster(n: int):
                          resetn="aresetn"), f"node_cluster{n}")
 
 
-def _run(built, testcase: str, params: dict) -> dict:
+def _run(built, testcase: str, params: dict,
+         bench: str = "mcf.sim.benches.node_cluster") -> dict:
     from mcf.sim import run
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
         try:
-            run(built, "mcf.sim.benches.node_cluster", testcase=testcase,
-                params={**params, "out": str(out)})
+            run(built, bench, testcase=testcase, params={**params, "out": str(out)})
         except AssertionError as exc:
             raise BenchRefused(f"node bench {testcase}: {str(exc).splitlines()[0]}") from None
         return json.loads(out.read_text())
@@ -70,6 +68,17 @@ def layer(small: bool) -> dict:
             **got}
 
 
+def decode(small: bool) -> dict:
+    """The prompt through the layer program, then the first decode token: from the root's
+    COMPUTE doorbell to its decode MARK (query multicast, ATTEND DECODE on every holder, the
+    state reduction, the root's O-projection and MLP), every result bit-exact in the bench."""
+    seq_len = 32 if small else 64
+    got = _run(_cluster(2), "decode", {"nodes": 2, "seq_len": seq_len, "chunk": 32, "seed": 1,
+                                       "pause": 0.0}, bench="mcf.sim.benches.node_decode")
+    return {"nodes": 2, "model": "tiny", "seq_len": seq_len, "chunk": 32,
+            "link_latency_cycles": LINK_LATENCY, **got}
+
+
 def ingress(small: bool) -> dict:
     n = 256 if small else 2048
     return _run(_cluster(2), "ingress_rate", {"nodes": 2, "records": n, "seed": 2,
@@ -89,11 +98,13 @@ def collect(small: bool = False, synth: bool = True) -> dict:
     from mcf.sim.bench.compute import kr260_gemm
     pre = prefill(small)
     lay = layer(small)
+    dec = decode(small)
     rate = ingress(small)
     gemm = kr260_gemm(small)
     out = {
         "prefill_comm_step_cycles": pre["step_cycles"],
         "prefill_layer_step_cycles": lay["step_cycles"],
+        "decode_step_cycles": dec["decode_step_cycles"],
         "compute_busy_fraction": lay["compute_busy_fraction"],
         "meta_records_per_cycle": round(rate["records_per_cycle"], 4),
         "macs_per_cycle": gemm["macs_per_cycle"],
@@ -101,6 +112,7 @@ def collect(small: bool = False, synth: bool = True) -> dict:
         "not_measured": NOT_MEASURED,
         "prefill": pre,
         "layer": lay,
+        "decode": dec,
         "ingress": rate,
     }
     if synth:
@@ -122,14 +134,19 @@ def render(result: dict) -> str:
         + ", ".join(str(c) for c in result["prefill_layer_step_cycles"])
         + f"; compute busy {result['compute_busy_fraction']:.1%} of the step cycles (the lower "
         "node: cycles with a JOB, EMIT or ATTEND in progress)",
+        f"decode: one token after a {result['decode']['seq_len']}-token prompt (root "
+        f"{result['decode']['root']}: query multicast, attention on every holder, state "
+        f"reduction to the root, O-projection and MLP there; bit-exact): "
+        f"{result['decode_step_cycles']} cycles from the root's doorbell to its MARK",
         f"metadata ingress: {result['ingress']['records']} records (header-only CONTROL sends "
         f"through one node, ring to local sink) in {result['ingress']['cycles']} cycles = "
         f"{result['meta_records_per_cycle']} records/cycle",
         f"kr260 GEMM (4 arrays): {result['macs_per_cycle']} MACs/cycle over the prefill "
         f"sequence, {result['steady_macs_per_cycle']} steady",
-        "not measured yet: " + "; ".join(f"{k} ({v})"
-                                          for k, v in result["not_measured"].items()),
     ]
+    if result["not_measured"]:
+        lines.append("not measured yet: " + "; ".join(
+            f"{k} ({v})" for k, v in result["not_measured"].items()))
     if "resources" in result:
         lines += [""]
         lines += resource_table(result["resources"], "Node tops")

@@ -229,14 +229,7 @@ async def prefill(dut):
     expect_frees = [0] * n
     expect_sent = [0] * n                     # SEND records (KV and header-only)
     step_cycles = []
-    cycle = [0]
-
-    async def count():
-        while True:
-            await RisingEdge(dut.aclk)
-            cycle[0] += 1
-
-    cocotb.start_soon(count())
+    cycle = cycle_counter(dut)
     for step in p.steps:
         idx = step.index
         progs = []
@@ -324,6 +317,62 @@ def _act_rows(mem, addr: int, rows: int, cols: int) -> np.ndarray:
     return read_act(bytes(mem[addr: addr + rows * cols * 4]), rows, cols)
 
 
+def cycle_counter(dut) -> list[int]:
+    """A one-element list counting ``aclk`` cycles from now (a coroutine increments it)."""
+    cycle = [0]
+
+    async def count():
+        while True:
+            await RisingEdge(dut.aclk)
+            cycle[0] += 1
+
+    cocotb.start_soon(count())
+    return cycle
+
+
+async def run_layer_step(dut, hosts, p, step, model, x, expect_packets: list[int],
+                         cycle: list[int], limit: int) -> int:
+    """One MARS prefill step as the layer program on every node (``model``: the nodes'
+    :class:`~mcf.node.layer.ModelImage` or a subclass; ``x``: the prompt's float rows): the
+    slice's DDR writes, routes, rings and ATTEND lists, both doorbells, then the step's MARKs
+    and every planned landing (``expect_packets`` grows by the EMIT local copies and MARS's
+    sends). Returns the step's cycles, doorbell to the last landing."""
+    enc, m, idx = p.encoder, model.tokens, step.index
+    progs = []
+    for h in hosts:
+        p0, _ = slice_positions(p, idx, h.i)
+        for addr, raw in model.step_writes(np.arange(p0, p0 + m),
+                                           to_act(x[p0:p0 + m])).items():
+            h.mem[addr: addr + len(raw)] = raw
+        await h.apply(route_writes(step.routes.entries, h.i))
+        prog = step_program(p, idx, h.i, h.net_retired, model=model)
+        for addr, raw in prog.lists.items():
+            h.mem[addr: addr + len(raw)] = raw
+        h.net_retired += len(prog.net)
+        h.put(Queue.NET, prog.net)
+        h.put(Queue.COMPUTE, prog.compute)
+        progs.append(prog)
+        expect_packets[h.i] += p.model.layers * len(enc.fragments(m))   # EMIT local copies
+    receivers = planned_receivers(p, idx)
+    for prog in progs:
+        for meta in prog.kv_sends:
+            _, block, slice_ = enc.kv_key(meta.kv_id)
+            for d in receivers[(meta.src, block, slice_, meta.route_id)]:
+                expect_packets[d] += 1
+    t0 = cycle[0]
+    for h in hosts:
+        for q in Queue:
+            await h.doorbell(q)
+    await _wait_marks(dut, hosts, [idx] * len(hosts), limit)
+    for h in hosts:
+        while await h.read("land_packets") < expect_packets[h.i]:
+            assert cycle[0] - t0 < limit, (f"step {idx} node {h.i}: packets missing; "
+                                            f"counters {await snapshot(hosts)}")
+            await ClockCycles(dut.aclk, POLL)
+    return cycle[0] - t0
+
+
+
 @cocotb.test()
 async def layer(dut):
     params = bench_params()
@@ -341,50 +390,12 @@ async def layer(dut):
     gold = golden_prefill(x, qls, TINY, slices)
     rec = kv_token_bytes(TINY.head_dim)
     m = model.tokens
-    cycle = [0]
-
-    async def count():
-        while True:
-            await RisingEdge(dut.aclk)
-            cycle[0] += 1
-
-    cocotb.start_soon(count())
+    cycle = cycle_counter(dut)
     step_cycles, expect_packets = [], [0] * n
     for step in p.steps:
         idx = step.index
-        progs = []
-        for h in hosts:
-            p0, _ = slice_positions(p, idx, h.i)
-            for addr, raw in model.step_writes(np.arange(p0, p0 + m),
-                                               to_act(x[p0:p0 + m])).items():
-                h.mem[addr: addr + len(raw)] = raw
-            await h.apply(route_writes(step.routes.entries, h.i))
-            prog = step_program(p, idx, h.i, h.net_retired, model=model)
-            for addr, raw in prog.lists.items():
-                h.mem[addr: addr + len(raw)] = raw
-            h.net_retired += len(prog.net)
-            h.put(Queue.NET, prog.net)
-            h.put(Queue.COMPUTE, prog.compute)
-            progs.append(prog)
-            expect_packets[h.i] += p.model.layers * len(enc.fragments(m))   # EMIT local copies
-        receivers = planned_receivers(p, idx)
-        for prog in progs:
-            for meta in prog.kv_sends:
-                _, block, slice_ = enc.kv_key(meta.kv_id)
-                for d in receivers[(meta.src, block, slice_, meta.route_id)]:
-                    expect_packets[d] += 1
-        t0 = cycle[0]
-        for h in hosts:
-            for q in Queue:
-                await h.doorbell(q)
-        limit = params.get("step_limit", 3_000_000)
-        await _wait_marks(dut, hosts, [idx] * n, limit)
-        for h in hosts:
-            while await h.read("land_packets") < expect_packets[h.i]:
-                assert cycle[0] - t0 < limit, (f"step {idx} node {h.i}: packets missing; "
-                                                f"counters {await snapshot(hosts)}")
-                await ClockCycles(dut.aclk, POLL)
-        step_cycles.append(cycle[0] - t0)
+        step_cycles.append(await run_layer_step(dut, hosts, p, step, model, x, expect_packets,
+                                                cycle, params.get("step_limit", 3_000_000)))
         for h in hosts:
             p0, _ = slice_positions(p, idx, h.i)
             for li, lb in enumerate(model.bufs):

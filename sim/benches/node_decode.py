@@ -1,7 +1,7 @@
 """cocotb bench: one decode step on two node tops (:class:`mcf.sim.cluster.ClusterTop`, ``sim``
 configuration; issue #11 "then one decode step: the root's merged state bit-exact", docs/node.md
 §7). Runs on the build of :mod:`mcf.sim.benches.node_cluster` and reuses its host side
-(:class:`~mcf.sim.benches.node_cluster.Host`, ``_setup``, ``snapshot``, ``_wait_marks``).
+(:class:`~mcf.sim.benches.node_cluster.Host`, ``_setup``, ``run_layer_step``, ``snapshot``).
 
 ``decode`` — the tiny model (``TINY`` geometry, random INT4 weights): the prefill layer program
 of a short prompt in MARS's steps (as the ``layer`` testcase runs it), then ONE decode token
@@ -42,14 +42,14 @@ from mcf.node.decode import (
     reduction_parents,
 )
 from mcf.node.layer import act_bytes, golden_prefill, read_act, slice_positions
-from mcf.node.program import configure, route_writes, step_program
+from mcf.node.program import configure
 from mcf.quant import to_act
 from mcf.sim.benches.node_cluster import (
     PERIOD_NS,
     POLL,
     _setup,
-    _wait_marks,
-    planned_receivers,
+    cycle_counter,
+    run_layer_step,
     snapshot,
     tiny_model_spec,
 )
@@ -99,54 +99,13 @@ async def decode(dut):
     x = rng.standard_normal((S + 1, TINY.hidden)).astype(np.float32)
     slices = [slice_positions(p, b, s) for b in range(1, p.num_chunks + 1) for s in range(n)]
     prefill = golden_prefill(x[:S], qls, TINY, slices)
-    m = image.tokens
-    cycle = [0]
-
-    async def count():
-        while True:
-            await RisingEdge(dut.aclk)
-            cycle[0] += 1
-
-    cocotb.start_soon(count())
+    cycle = cycle_counter(dut)
     limit = params.get("step_limit", 3_000_000)
 
     # ---- the prompt: MARS's prefill steps with the layer program -------------------------------
     expect_packets = [0] * n
-    prefill_cycles = []
-    for step in p.steps:
-        idx = step.index
-        progs = []
-        for h in hosts:
-            p0, _ = slice_positions(p, idx, h.i)
-            for addr, raw in image.step_writes(np.arange(p0, p0 + m),
-                                               to_act(x[p0:p0 + m])).items():
-                h.mem[addr: addr + len(raw)] = raw
-            await h.apply(route_writes(step.routes.entries, h.i))
-            prog = step_program(p, idx, h.i, h.net_retired, model=image)
-            for addr, raw in prog.lists.items():
-                h.mem[addr: addr + len(raw)] = raw
-            h.net_retired += len(prog.net)
-            h.put(Queue.NET, prog.net)
-            h.put(Queue.COMPUTE, prog.compute)
-            progs.append(prog)
-            expect_packets[h.i] += L * len(enc.fragments(m))
-        receivers = planned_receivers(p, idx)
-        for prog in progs:
-            for meta in prog.kv_sends:
-                _, block, slice_ = enc.kv_key(meta.kv_id)
-                for d in receivers[(meta.src, block, slice_, meta.route_id)]:
-                    expect_packets[d] += 1
-        t0 = cycle[0]
-        for h in hosts:
-            for q in Queue:
-                await h.doorbell(q)
-        await _wait_marks(dut, hosts, [idx] * n, limit)
-        for h in hosts:
-            while await h.read("land_packets") < expect_packets[h.i]:
-                assert cycle[0] - t0 < limit, (f"prefill step {idx} node {h.i}: packets "
-                                                f"missing; counters {await snapshot(hosts)}")
-                await ClockCycles(dut.aclk, POLL)
-        prefill_cycles.append(cycle[0] - t0)
+    prefill_cycles = [await run_layer_step(dut, hosts, p, step, image, x, expect_packets, cycle,
+                                           limit) for step in p.steps]
     marks = len(p.steps)
     for h in hosts:                       # the prompt's KV each node owns, as the golden's
         for b, s in owned_blocks(p)[h.i]:

@@ -66,6 +66,7 @@ from mcf.node.program import (
     step_program,
 )
 from mcf.quant import to_act
+from mcf.sim.benches.cycles import cycle_counter
 from mcf.sim.benches.ddr import ddr_ram
 from mcf.sim.toolchain import bench_params
 
@@ -229,7 +230,7 @@ async def prefill(dut):
     expect_frees = [0] * n
     expect_sent = [0] * n                     # SEND records (KV and header-only)
     step_cycles = []
-    cycle = cycle_counter(dut)
+    cycle = cycle_counter(dut.aclk)
     for step in p.steps:
         idx = step.index
         progs = []
@@ -317,19 +318,6 @@ def _act_rows(mem, addr: int, rows: int, cols: int) -> np.ndarray:
     return read_act(bytes(mem[addr: addr + rows * cols * 4]), rows, cols)
 
 
-def cycle_counter(dut) -> list[int]:
-    """A one-element list counting ``aclk`` cycles from now (a coroutine increments it)."""
-    cycle = [0]
-
-    async def count():
-        while True:
-            await RisingEdge(dut.aclk)
-            cycle[0] += 1
-
-    cocotb.start_soon(count())
-    return cycle
-
-
 async def run_layer_step(dut, hosts, p, step, model, x, expect_packets: list[int],
                          cycle: list[int], limit: int) -> int:
     """One MARS prefill step as the layer program on every node (``model``: the nodes'
@@ -390,7 +378,7 @@ async def layer(dut):
     gold = golden_prefill(x, qls, TINY, slices)
     rec = kv_token_bytes(TINY.head_dim)
     m = model.tokens
-    cycle = cycle_counter(dut)
+    cycle = cycle_counter(dut.aclk)
     step_cycles, expect_packets = [], [0] * n
     for step in p.steps:
         idx = step.index

@@ -44,11 +44,11 @@ from mcf.node.decode import (
 from mcf.node.layer import act_bytes, golden_prefill, read_act, slice_positions
 from mcf.node.program import configure
 from mcf.quant import to_act
+from mcf.sim.benches.cycles import cycle_counter
 from mcf.sim.benches.node_cluster import (
     PERIOD_NS,
     POLL,
     _setup,
-    cycle_counter,
     run_layer_step,
     snapshot,
     tiny_model_spec,
@@ -99,7 +99,7 @@ async def decode(dut):
     x = rng.standard_normal((S + 1, TINY.hidden)).astype(np.float32)
     slices = [slice_positions(p, b, s) for b in range(1, p.num_chunks + 1) for s in range(n)]
     prefill = golden_prefill(x[:S], qls, TINY, slices)
-    cycle = cycle_counter(dut)
+    cycle = cycle_counter(dut.aclk)
     limit = params.get("step_limit", 3_000_000)
 
     # ---- the prompt: MARS's prefill steps with the layer program -------------------------------

@@ -50,6 +50,7 @@ from mcf.abi.meta import META, Collective, Meta, Op, ReduceOp, Stage
 from mcf.abi.quant import SCALE_EXP_BITS, SCALE_MANT_BITS
 from mcf.abi.query import QUERY_HEADER, pack_query, query_bytes, query_fragments
 from mcf.abi.softmax import M_EMPTY, STATE_L, STATE_O, merge_states, pack_state
+from mcf.sim.benches.cycles import cycle_counter
 from mcf.sim.benches.ddr import WRITE, ddr_ram
 from mcf.sim.benches.pauses import pattern
 from mcf.sim.toolchain import bench_params
@@ -307,13 +308,7 @@ async def rate(dut):
         return
     rng = random.Random(p.get("seed", 1))
     tb = TB(dut, rng)
-    cycle = [0]
-
-    async def count():
-        while True:
-            await RisingEdge(dut.clk)
-            cycle[0] += 1
-    cocotb.start_soon(count())
+    cycle = cycle_counter(dut.clk)
     results = []
     for mix in p.get("rate_mixes", ["states", "queries", "mixed"]):
         seed = p.get("seed", 1) + len(results)

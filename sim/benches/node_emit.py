@@ -45,12 +45,12 @@ from mcf.sim.benches.ddr import ddr_ram
 from mcf.sim.benches.pauses import pattern
 from mcf.sim.toolchain import bench_params
 
-MEM = 1 << 21
+MEM = 1 << 20
 FILL = 0xA5
 HEAD_DIM = SIM.attn_head_dim    # the sim node's emitter, built for MARS's tiny model
 KV_CAPACITY = 256
 LOCAL_ID = 3
-ACT_BASE = 0x10_0040        # above the KV region (kv_slot × 200 of the tiny model)
+ACT_GAP = 0x40              # the ACT rows start this far past the 4 KiB page after the KV region
 KV_BASE = 0x1008
 
 
@@ -84,7 +84,8 @@ def make_plan(seed: int, kv_ids: int = 6, slice_tokens: int = 40, max_payload: i
     words[:kv_pair_bytes(HEAD_DIM) // 4] *= 1 << 9      # token 0, head 0: saturating scales
     words[stride // 4:(stride + kv_pair_bytes(HEAD_DIM)) // 4] = 0     # token 1: zero rows
     act = words.astype("<i4").tobytes()
-    emit_cfg = EmitConfig(ACT_BASE, stride)
+    kv_end = land_cfg.kv_base + land_cfg.kv_slot * land_cfg.kv_count
+    emit_cfg = EmitConfig(-(-kv_end // 4096) * 4096 + ACT_GAP, stride)
     rec = enc.token_record_bytes
     records = []
     for kv_id in rng.sample(range(199), kv_ids):
@@ -113,7 +114,7 @@ def make_plan(seed: int, kv_ids: int = 6, slice_tokens: int = 40, max_payload: i
 
 
 def run_model(p: Plan) -> EmitModel:
-    model = EmitModel(p.emit_cfg, HEAD_DIM, LOCAL_ID, p.act, base=ACT_BASE)
+    model = EmitModel(p.emit_cfg, HEAD_DIM, LOCAL_ID, p.act, base=p.emit_cfg.kv_base)
     for i, (meta, arg, rep) in enumerate(p.records):
         model.run(meta, arg, rep, read_error=i == p.err_rec)
     return model
@@ -173,7 +174,7 @@ class TB:
         d.land_cfg.value = p.land_cfg.pack()
         d.emit_cfg.value = p.emit_cfg.pack()
         self.ram.write(0, bytes([FILL]) * MEM)
-        self.ram.write(ACT_BASE, p.act)
+        self.ram.write(p.emit_cfg.kv_base, p.act)
         d.rst.value = 1
         await ClockCycles(d.clk, 3)
         d.rst.value = 0

@@ -55,7 +55,7 @@ from mcf.sim.toolchain import bench_params
 
 P = bench_params()
 D, L, G, T = P["head_dim"], P["lanes"], P["max_heads"], P["max_block"]
-MEM = 1 << 21
+MEM = 1 << 20
 KV_BASE = 0x2_0040
 SLICE = 32           # tokens per kv_id and KV head (one MARS slice of the tiny plan)
 

@@ -44,6 +44,7 @@ from mcf.abi.landing import (
     per_token_land_off,
 )
 from mcf.abi.meta import META, Collective, Meta, Op
+from mcf.sim.benches.cycles import cycle_counter
 from mcf.sim.benches.ddr import WRITE, ddr_ram
 from mcf.sim.benches.pauses import pattern
 from mcf.sim.toolchain import bench_params
@@ -270,13 +271,7 @@ async def rate(dut):
         return
     rng = random.Random(p.get("seed", 1))
     tb = TB(dut, rng)
-    cycle = [0]
-
-    async def count():
-        while True:
-            await RisingEdge(dut.clk)
-            cycle[0] += 1
-    cocotb.start_soon(count())
+    cycle = cycle_counter(dut.clk)
     results = []
     for max_payload in p.get("rate_payloads", [MAX_PAYLOAD]):
         t = make_traffic(p.get("seed", 1) + max_payload, p.get("rate_n", 100),

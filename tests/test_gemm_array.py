@@ -35,8 +35,9 @@ def steps_for(xq, wq, w_m, lanes, group):
     return out
 
 
-def run_array(xq, wq, w_m, rows, lanes, group, stall_seed=None, gaps=False, chain=1):
-    dut = GemmArray(rows=rows, lanes=lanes, group=group, chain=chain)
+def run_array(xq, wq, w_m, rows, lanes, group, stall_seed=None, gaps=False, chain=1,
+              dsp="fabric"):
+    dut = GemmArray(rows=rows, lanes=lanes, group=group, chain=chain, dsp=dsp)
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     results = []
@@ -141,10 +142,14 @@ def test_one_step_groups():
     check(xq, wq, w_m, rows, lanes, group, stall_seed=9)
 
 
-@pytest.mark.parametrize("lanes,chain", [(4, 2), (4, 4), (8, 4), (16, 16)])
-def test_post_adder_chains(lanes, chain):
-    """Lane sums through skewed post-adder chains (the DSP48E2 cascade form) give the same
-    sums, with INT4/INT8 extremes in the mix, source gaps and sink backpressure."""
+@pytest.mark.parametrize("lanes,chain,dsp", [(4, 2, "fabric"), (4, 4, "fabric"),
+                                             (8, 4, "fabric"), (16, 16, "fabric"),
+                                             (4, 2, "model"), (4, 4, "model"),
+                                             (16, 16, "model")])
+def test_post_adder_chains(lanes, chain, dsp):
+    """Lane sums through skewed post-adder chains (the DSP48E2 cascade form, in logic or in
+    modelled DSP48E2 slices) give the same sums, with INT4/INT8 extremes in the mix, source
+    gaps and sink backpressure."""
     rows, group = 4, 2 * lanes
     rng = np.random.default_rng(5 + chain)
     k = 3 * group
@@ -153,4 +158,4 @@ def test_post_adder_chains(lanes, chain):
     xq[0, :] = -128
     wq[0, :], wq[1, :] = -8, 7
     w_m = rng.integers(0, 1 << 16, (rows, k // group))
-    check(xq, wq, w_m, rows, lanes, group, stall_seed=11, gaps=True, chain=chain)
+    check(xq, wq, w_m, rows, lanes, group, stall_seed=11, gaps=True, chain=chain, dsp=dsp)

@@ -30,11 +30,11 @@ def beats(blob: bytes, nbytes: int):
 
 
 def run_jobs(cases, k_max, m_max, seed=0, stall=False, bad=(), rows=ROWS, lanes=LANES,
-             group=GROUP, arrays=1, w_width=None):
+             group=GROUP, arrays=1, w_width=None, chain=1, dsp="fabric"):
     """Run ``cases`` (``(xq, x_m, x_e, qw, bias)``) as back-to-back jobs; ``bad`` job
     descriptors are pushed first (they must be rejected). Returns per-case results, status."""
     dut = GemmEngine(rows=rows, lanes=lanes, group=group, k_max=k_max, m_max=m_max,
-                     arrays=arrays, w_width=w_width)
+                     arrays=arrays, w_width=w_width, chain=chain, dsp=dsp)
     bb = dut.beat // 8
     wbb = dut.w_width // 8
     jobs, xb, wb, n_out = list(bad), [], [], []
@@ -170,18 +170,20 @@ def test_bad_jobs_rejected():
 SHAPES4 = [(5, 8, 24), (1, 12, 32), (4, 4, 8), (7, 16, 16), (3, 8, 32), (8, 4, 24)]
 
 
-@pytest.mark.parametrize("arrays,w_width,stall", [(4, None, False), (4, None, True),
-                                                  (4, 2 * LANES * 8, True), (2, None, True)])
-def test_token_parallel_arrays(arrays, w_width, stall):
+@pytest.mark.parametrize("arrays,w_width,stall,chain", [
+    (4, None, False, 1), (4, None, True, 1), (4, 2 * LANES * 8, True, 1), (2, None, True, 1),
+    (4, None, True, LANES)])
+def test_token_parallel_arrays(arrays, w_width, stall, chain):
     """``arrays`` token-parallel arrays sharing the weight word (token t on array t mod
     arrays): bit-exact for M not a multiple of the arrays, M = 1 (decode) and M = m_max, back to
     back, with random source idle cycles and sink backpressure; a wide ``w_in`` (two beats per
-    word, scales and bias padded to a whole word) gives the same results. Each array's steps
-    are counted (``steps`` = M · k_steps · n_tiles)."""
+    word, scales and bias padded to a whole word) gives the same results; so do the kr260's
+    arrays (lane sums in modelled DSP48E2 cascades, ``chain = lanes``). Each array's steps are
+    counted (``steps`` = M · k_steps · n_tiles)."""
     rng = np.random.default_rng(31 + arrays)
     cases = [random_case(rng, *s) for s in SHAPES4]
     ys, st = run_jobs(cases, k_max=32, m_max=8, seed=9, stall=stall, arrays=arrays,
-                      w_width=w_width)
+                      w_width=w_width, chain=chain, dsp="fabric" if chain == 1 else "model")
     for case, y in zip(cases, ys):
         np.testing.assert_array_equal(y, golden(case))
     assert st["jobs_done"] == len(cases) and st["bad_jobs"] == 0

@@ -39,7 +39,7 @@ from mcf.abi.kv_reader import (
     kv_reader_registers,
 )
 from mcf.abi.landing import KvLayout, LandingConfig, kv_address
-from mcf.abi.node_config import SIM
+from mcf.abi.node_config import KR260, SIM
 from mcf.golden.attention import random_blocks
 from mcf.hdl.compute.attention import AttentionEngine
 from mcf.hdl.mem.axi import ADDR_BITS, AXI4Signature
@@ -282,12 +282,13 @@ def test_reader_rate(d, lanes):
 
 @pytest.mark.parametrize("heads", [6, 2])
 def test_reader_feeds_kr260_engine(heads):
-    """kr260 geometry (d 128, 64 lanes, 256-token blocks, one HP port at 16 B/cycle with
+    """kr260 geometry (d 128, 32 lanes, 256-token blocks, one HP port at 16 B/cycle with
     20-cycle read latency) against an engine-shaped consumer: one K beat and one V beat every
     ``heads`` cycles, a block's V rows only after its K rows. 6:1 GQA (Qwen2.5-1.5B) needs
-    132 B per 12 cycles = 11 B/cycle: after the first beat the consumer never waits. 2:1 needs
-    33 B/cycle, above one port: the reader (bus-bound, 8.25 cycles per token) sets the pace."""
-    d, lanes, T = 128, 64, 256
+    132 B per 24 cycles = 5.5 B/cycle and 2:1 16.5 B/cycle: within a port's 16 B/cycle (6:1,
+    the consumer never waits after the first beat) or just above it (2:1: the reader,
+    bus-bound at 8.25 cycles per token, sets the pace)."""
+    d, lanes, T = KR260.attn_head_dim, KR260.attn_lanes, KR260.attn_block
     nb = d // lanes
     rng = np.random.default_rng(heads)
     mem, blocks = _landed(rng, d, [T] * 3, gap=0)

@@ -14,7 +14,7 @@ on different blocks (and jobs) at the same time.
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -159,6 +159,21 @@ class AttentionEngine(wiring.Component):
         a_wr = [oacc0.write_port(), oacc1.write_port()]
         a_rd = [oacc0.read_port(transparent_for=(a_wr[0],)),
                 oacc1.read_port(transparent_for=(a_wr[1],))]
+        # "reads as zero" flag per accumulator word: clearing a word (job start, merge) sets
+        # its flag instead of writing L·ACC_W zero bits; the PV bank's write clears it. The
+        # flag is read like the word (registered, transparent), and the gate sits in the bank
+        # multiplexers — no write-data multiplexer on the wide ports.
+        AW = G * NB
+        zf = [Signal(AW, init=(1 << AW) - 1, name=f"zf{b}") for b in range(2)]
+        zf_new = [Signal(AW, name=f"zf_new{b}") for b in range(2)]
+        zf_set = [Signal(AW, name=f"zf_set{b}") for b in range(2)]
+        zf_q = [Signal(name=f"zf_q{b}") for b in range(2)]
+        acc_q = []
+        for b in range(2):
+            clr_w = Mux(a_wr[b].en, Const(1, AW) << a_wr[b].addr, 0)
+            m.d.comb += zf_new[b].eq((zf[b] | zf_set[b]) & ~clr_w)
+            m.d.sync += [zf[b].eq(zf_new[b]), zf_q[b].eq(zf_new[b].bit_select(a_rd[b].addr, 1))]
+            acc_q.append(Mux(zf_q[b], 0, a_rd[b].data))
         o_wr, o_rd = orun.write_port(), orun.read_port()
 
         # ---------------- job contexts (QK side writes, PV side reads), 2 entries --------------
@@ -443,8 +458,8 @@ class AttentionEngine(wiring.Component):
                      for b in range(2))
         pa = Signal()                # accumulator bank of the PV bank
         mb = Signal()                # accumulator bank under merge
-        pv_acc = Mux(pa, a_rd[1].data, a_rd[0].data)
-        mg_acc = Mux(mb, a_rd[1].data, a_rd[0].data)
+        pv_acc = Mux(pa, acc_q[1], acc_q[0])
+        mg_acc = Mux(mb, acc_q[1], acc_q[0])
         ph = Signal(bits_for(G))
         pc = Signal(bits_for(NB))
         jv = Signal(TB + 2)          # V rows seen in this block
@@ -479,7 +494,7 @@ class AttentionEngine(wiring.Component):
             m.d.comb += [o_wr.addr.eq(mg.addr), o_wr.data.eq(mg.wr_data), o_wr.en.eq(1)]
             for b in range(2):
                 with m.If(mb == b):
-                    m.d.comb += [a_wr[b].addr.eq(mg.addr), a_wr[b].data.eq(0), a_wr[b].en.eq(1)]
+                    m.d.comb += zf_set[b].eq(Const(1, AW) << mg.addr)
 
         # output of a finished job: the head's m and l words, the o lanes of the word it reads
         oh = ost.h
@@ -528,8 +543,7 @@ class AttentionEngine(wiring.Component):
 
             with m.State("CLEAR"):
                 # the job's accumulator and running-state words start at zero
-                m.d.comb += [a_wr[0].addr.eq(clr), a_wr[0].data.eq(0), a_wr[0].en.eq(1),
-                             a_wr[1].addr.eq(clr), a_wr[1].data.eq(0), a_wr[1].en.eq(1),
+                m.d.comb += [zf_set[0].eq(Const(1, AW) << clr), zf_set[1].eq(Const(1, AW) << clr),
                              o_wr.addr.eq(clr), o_wr.data.eq(0), o_wr.en.eq(1)]
                 m.d.sync += clr.eq(clr + 1)
                 with m.If(clr == pheads * NB - 1):
@@ -608,9 +622,8 @@ class AttentionEngine(wiring.Component):
 
         # the PV bank's accumulator update has its bank's write port whenever it is active
         for b in range(2):
-            with m.If(pv.acc_wr_en & (pa == b)):
-                m.d.comb += [a_wr[b].addr.eq(pv.acc_wr_addr), a_wr[b].data.eq(pv.acc_wr_data),
-                             a_wr[b].en.eq(1)]
+            m.d.comb += [a_wr[b].addr.eq(pv.acc_wr_addr), a_wr[b].data.eq(pv.acc_wr_data),
+                         a_wr[b].en.eq(pv.acc_wr_en & (pa == b))]
         m.d.comb += st.busy.eq(~qk_fsm.ongoing("IDLE") | ~pv_fsm.ongoing("IDLE")
                                | mg_busy | (j_cnt != 0))
         return m

@@ -81,7 +81,8 @@ class GemmEngine(wiring.Component):
     4 arrays) — a 128-bit ``w_in`` suffices from ``m ≥ 32``; below that (decode, ``m = 1``:
     1,024 bits per step) the engine runs at the ``w_in`` rate, which is why the kr260 widens
     ``w_in`` to 512 bits (a k-step every 2 cycles at ``m = 1``). ``chain``: lanes per
-    post-adder chain of the arrays (:class:`GemmArray`), a resource choice only.
+    post-adder chain of the arrays, ``dsp``: how its slices are built (:class:`GemmArray`);
+    resource choices only.
 
     Members
     -------
@@ -125,7 +126,7 @@ class GemmEngine(wiring.Component):
 
     def __init__(self, rows: int = 16, lanes: int = 16, group: int = GROUP_SIZE,
                  k_max: int = 8960, m_max: int = 64, jobs: int = 4, arrays: int = 1,
-                 w_width: int | None = None, chain: int = 1):
+                 w_width: int | None = None, chain: int = 1, dsp: str = "fabric"):
         beat = lanes * XQ.width
         w_width = beat if w_width is None else w_width
         if (rows * SCALE_MANT_BITS) % beat or (rows * ACT.width) % beat or beat % 32:
@@ -145,7 +146,7 @@ class GemmEngine(wiring.Component):
         self.rows, self.lanes, self.group = rows, lanes, group
         self.k_max, self.m_max, self.beat, self.jobs = k_max, m_max, beat, jobs
         self.n_arrays, self.w_width = arrays, w_width
-        self.arrays = [GemmArray(rows, lanes, group, chain) for _ in range(arrays)]
+        self.arrays = [GemmArray(rows, lanes, group, chain, dsp) for _ in range(arrays)]
         self.array = self.arrays[0]
         super().__init__({
             "job": In(stream.Signature(GEMM_JOB)),

@@ -17,6 +17,8 @@ from mcf.abi.quant import (
     pack_shift,
 )
 
+from .dsp48 import Dsp48MulAdd
+
 __all__ = ["GemmArray", "step_layout", "result_layout"]
 
 
@@ -60,18 +62,28 @@ class GemmArray(wiring.Component):
     registered sum, the form of a DSP48E2 ``P = A·B + PCIN`` cascade, so synthesis can put the
     sums into the DSPs that compute the products.
 
+    ``dsp`` (with ``chain > 1``): ``"fabric"`` (default) writes products and chain adders as
+    logic; ``"model"`` and ``"primitive"`` build each chain from :class:`~.dsp48.Dsp48MulAdd`
+    slices (``(D + A)·B + PCIN``: the pre-adder forms ``w1·2^k + w0`` from ``A = w1·2^k``,
+    ``D = w0``), modelled in logic or instantiated as ``DSP48E2`` (the ``kr260`` bitstream).
+    All three are cycle- and bit-identical; the slice's input register takes the place of the
+    step register, so the latency does not change.
+
     Latency: ``3 + log2(lanes) + rows / scalers`` cycles from the ``last`` step to
     ``o.valid``, ``+ chain − log2(chain)`` with a chain. Throughput: one step per cycle. The
     whole pipeline stalls (``i.ready`` low) only while a result waits on ``o.ready``.
     """
 
     def __init__(self, rows: int = 16, lanes: int = 16, group: int = GROUP_SIZE,
-                 chain: int = 1):
+                 chain: int = 1, dsp: str = "fabric"):
         if rows % 2 or group % lanes:
             raise ValueError("rows must be even and lanes must divide the group")
         if lanes % chain or chain & (chain - 1):
             raise ValueError("chain must be a power of 2 dividing lanes")
+        if dsp not in ("fabric", "model", "primitive") or (dsp != "fabric" and chain < 2):
+            raise ValueError("dsp must be 'fabric', or 'model'/'primitive' with chain > 1")
         self.rows, self.lanes, self.group, self.chain = rows, lanes, group, chain
+        self.dsp = dsp
         steps = group // lanes
         self.scalers = max(1, -(-rows // steps))
         while rows % self.scalers:
@@ -101,49 +113,23 @@ class GemmArray(wiring.Component):
             m.d.sync += [s1.eq(self.i.payload), v1.eq(self.i.valid)]
 
         C = self.chain
-        # lane l's inputs delayed l mod chain cycles (the chain's skew)
-        w_l, a_l = [], []
-        for l_ in range(L):
-            wv = Cat(*[s1.w[(r * L + l_) * 4:(r * L + l_) * 4 + 4] for r in range(R)])
-            av = s1.a[l_ * 8:l_ * 8 + 8]
-            for d in range(l_ % C):
-                wd = Signal(len(wv), name=f"wskew{l_}_{d}", reset_less=True)
-                ad = Signal(8, name=f"askew{l_}_{d}", reset_less=True)
-                with m.If(en):
-                    m.d.sync += [wd.eq(wv), ad.eq(av)]
-                wv, av = wd, ad
-            w_l.append(wv)
-            a_l.append(av)
-
-        def wnib(r, l_):
-            if l_ % C == 0:
-                return s1.w[(r * L + l_) * 4:(r * L + l_) * 4 + 4].as_signed()
-            return w_l[l_][r * 4:r * 4 + 4].as_signed()
-
-        def act(l_):
-            return a_l[l_].as_signed() if l_ % C else s1.a[l_ * 8:l_ * 8 + 8].as_signed()
-
-        # stage 2: packed products (DSP: multiplicand w1·2^k + w0, multiplier a)
         prod_w = k + 4 + XQ.width
-        prods = [[Signal(signed(prod_w), name=f"p{p}_{l_}") for l_ in range(L)] for p in range(P)]
         v2, g2, l2 = Signal(), Signal(), Signal()
         sc2 = Signal(R * SCALE_MANT_BITS)
         with m.If(en):
-            for p in range(P):
-                for l_ in range(L):
-                    # w1·2^k + w0 built as a concatenation (sext(w0) below, w1 − sign(w0)
-                    # above) so synthesis sees one 24×8 multiply, not two distributed ones
-                    w0, w1 = wnib(2 * p, l_), wnib(2 * p + 1, l_)
-                    lo = Signal(signed(k), name=f"pk_lo{p}_{l_}")
-                    hi = Signal(signed(WEIGHT.width + 1), name=f"pk_hi{p}_{l_}")
-                    m.d.comb += [lo.eq(w0), hi.eq(w1 - w0[WEIGHT.width - 1])]
-                    packed = Cat(lo, hi).as_signed()
-                    m.d.sync += prods[p][l_].eq(packed * act(l_))
             m.d.sync += [v2.eq(v1), g2.eq(s1.glast & v1), l2.eq(s1.last & v1), sc2.eq(s1.scale)]
-
-        level = prods
+        gbits = group_sum_bits(self.group)
+        pacc_w = k + gbits + 1
+        # one chain per row pair in DSP slices: its last slice also keeps the packed group
+        # accumulator (P ← M + PCIN + P), so the fabric adds nothing per step
+        fold = self.dsp != "fabric" and C == L
+        acc_slices = []
+        if self.dsp == "fabric":
+            level = self._fabric_products(m, en, s1, prod_w)
+        else:
+            level = self._dsp_chains(m, en, prod_w, acc_slices if fold else None, pacc_w)
         vt, gt, lt, sct = v2, g2, l2, sc2
-        width = prod_w
+        width = prod_w + (C - 1).bit_length()
 
         def delay_flags(vt, gt, lt, sct):
             nv, ng, nl, nsc = Signal(), Signal(), Signal(), Signal(R * SCALE_MANT_BITS)
@@ -152,25 +138,15 @@ class GemmArray(wiring.Component):
             return nv, ng, nl, nsc
 
         if C > 1:
-            # post-adder chains: sum_j = prod_j + sum_{j−1} (registered), chain output C
-            # registers after lane 0's product
-            width = prod_w + (C - 1).bit_length()
-            nxt = []
-            for p in range(P):
-                outs = []
-                for q in range(L // C):
-                    prev = None
-                    for j in range(C):
-                        s_ = Signal(signed(width), name=f"ch{p}_{q}_{j}")
-                        with m.If(en):
-                            m.d.sync += s_.eq(level[p][q * C + j] if prev is None
-                                              else level[p][q * C + j] + prev)
-                        prev = s_
-                    outs.append(prev)
-                nxt.append(outs)
-            level = nxt
             for _ in range(C):
+                v_pre, g_pre = vt, gt          # the flags of the step in the last P stage
                 vt, gt, lt, sct = delay_flags(vt, gt, lt, sct)
+        if fold:
+            fresh_p = Signal(init=1)           # the step in the last P stage starts a group
+            with m.If(en & v_pre):
+                m.d.sync += fresh_p.eq(g_pre)
+            for sl in acc_slices:
+                m.d.comb += [sl.ce_p.eq(en & v_pre), sl.acc.eq(~fresh_p)]
 
         # adder tree over the remaining lanes (chain outputs), one register per level
         for lv in range((L // C - 1).bit_length()):
@@ -189,9 +165,7 @@ class GemmArray(wiring.Component):
             vt, gt, lt, sct = delay_flags(vt, gt, lt, sct)
         sums = [level[p][0] for p in range(P)]
 
-        # packed group accumulator
-        gbits = group_sum_bits(self.group)
-        pacc_w = k + gbits + 1
+        # packed group accumulator (in the chains' last slices when ``fold``)
         pacc = [Signal(signed(pacc_w), name=f"pacc{p}") for p in range(P)]
         fresh = Signal(init=1)   # next step starts a new group
         hold = [Signal(signed(gbits), name=f"gs{r}") for r in range(R)]
@@ -205,11 +179,16 @@ class GemmArray(wiring.Component):
             with m.If(vt):
                 for p in range(P):
                     new = Signal(signed(pacc_w), name=f"pnew{p}")
-                    m.d.comb += new.eq(sums[p] + Mux0(fresh, pacc[p]))
-                    m.d.sync += pacc[p].eq(new)
+                    if fold:
+                        m.d.comb += new.eq(sums[p])
+                    else:
+                        m.d.comb += new.eq(sums[p] + Mux0(fresh, pacc[p]))
+                        m.d.sync += pacc[p].eq(new)
                     with m.If(gt):
+                        # new = high·2^k + low with low = sext(new[:k]): high = ⌊new / 2^k⌋
+                        # + the sign bit of low (an increment, not a full-width subtraction)
                         low = new[:k].as_signed()
-                        high = (new - low) >> k
+                        high = new[k:].as_signed() + new[k - 1]
                         m.d.sync += [hold[2 * p].eq(low), hold[2 * p + 1].eq(high)]
                 m.d.sync += fresh.eq(gt)
                 with m.If(gt):
@@ -256,6 +235,103 @@ class GemmArray(wiring.Component):
             with m.Else():
                 m.d.sync += [busy.eq(1), idx.eq(cur + 1)]
         return m
+
+    def _skewed(self, m, en, src, l_):
+        """Lane ``l_``'s weight nibbles (rows 0..R−1) and activation from the step ``src``,
+        delayed ``l_ mod chain`` cycles (a chain's skew). The skew stages stay flip-flops
+        (``keep``, ``shreg_extract = "no"``), not SRL shift registers: LUTs bind on the K26,
+        flip-flops do not (docs/node.md §11)."""
+        R, L = self.rows, self.lanes
+        wv = Cat(*[src.w[(r * L + l_) * 4:(r * L + l_) * 4 + 4] for r in range(R)])
+        av = src.a[l_ * 8:l_ * 8 + 8]
+        ff = {"keep": 1, "shreg_extract": "no"}
+        for d in range(l_ % self.chain):
+            wd = Signal(len(wv), name=f"wskew{l_}_{d}", reset_less=True, attrs=ff)
+            ad = Signal(8, name=f"askew{l_}_{d}", reset_less=True, attrs=ff)
+            with m.If(en):
+                m.d.sync += [wd.eq(wv), ad.eq(av)]
+            wv, av = wd, ad
+        return wv, av
+
+    def _fabric_products(self, m, en, s1, prod_w):
+        """Stage 2 in logic: packed products ``(w1·2^k + w0)·a`` (one 24×8 multiply each, which
+        synthesis maps to a DSP), then, with a chain, the registered post-adder chains
+        ``sum_j = prod_j + sum_{j−1}``. Returns per row pair the chain outputs (or the lanes)."""
+        R, L, k, C = self.rows, self.lanes, self.k, self.chain
+        P = R // 2
+        lanes = [self._skewed(m, en, s1, l_) for l_ in range(L)]
+        prods = [[Signal(signed(prod_w), name=f"p{p}_{l_}") for l_ in range(L)] for p in range(P)]
+        with m.If(en):
+            for p in range(P):
+                for l_, (wv, av) in enumerate(lanes):
+                    # w1·2^k + w0 built as a concatenation (sext(w0) below, w1 − sign(w0)
+                    # above) so synthesis sees one 24×8 multiply, not two distributed ones
+                    w0 = wv[2 * p * 4:2 * p * 4 + 4].as_signed()
+                    w1 = wv[(2 * p + 1) * 4:(2 * p + 1) * 4 + 4].as_signed()
+                    lo = Signal(signed(k), name=f"pk_lo{p}_{l_}")
+                    hi = Signal(signed(WEIGHT.width + 1), name=f"pk_hi{p}_{l_}")
+                    m.d.comb += [lo.eq(w0), hi.eq(w1 - w0[WEIGHT.width - 1])]
+                    m.d.sync += prods[p][l_].eq(Cat(lo, hi).as_signed() * av.as_signed())
+        if C == 1:
+            return prods
+        width = prod_w + (C - 1).bit_length()
+
+        def link(p, q, j, prev):
+            s_ = Signal(signed(width), name=f"ch{p}_{q}_{j}")
+            with m.If(en):
+                m.d.sync += s_.eq(prods[p][q * C + j] if prev is None
+                                  else prods[p][q * C + j] + prev)
+            return s_
+        return self._chains(link, lambda p, q, last: last)
+
+    def _chains(self, link, tail):
+        """Per row pair ``p`` and chain ``q``: ``link(p, q, j, prev)`` builds lane ``j`` of the
+        chain from the previous lane's result (``None`` for the first); ``tail(p, q, last)``
+        gives the chain's output. Returns ``[[output of chain q] for each row pair p]``."""
+        C = self.chain
+        out = []
+        for p in range(self.rows // 2):
+            outs = []
+            for q in range(self.lanes // C):
+                prev = None
+                for j in range(C):
+                    prev = link(p, q, j, prev)
+                outs.append(tail(p, q, prev))
+            out.append(outs)
+        return out
+
+    def _dsp_chains(self, m, en, prod_w, acc_slices=None, acc_w=0):
+        """Stage 2 in DSP slices: lane ``l`` of a chain takes the step straight from ``i``
+        (skewed ``l mod chain`` cycles; the slice's input register is the step register),
+        ``A = w1·2^k``, ``D = w0``, ``B = a``; ``PCIN`` from the previous lane. Returns per row
+        pair the chain outputs, ``prod_w + log2(chain)`` bits of the last slice's P. With
+        ``acc_slices`` (a list, filled here) each chain's last slice accumulates (the caller
+        drives its ``acc``/``ce_p``) and ``acc_w`` bits of its P are returned."""
+        L, k, C = self.lanes, self.k, self.chain
+        width = acc_w if acc_slices is not None else prod_w + (C - 1).bit_length()
+        lanes = [self._skewed(m, en, self.i.payload, l_) for l_ in range(L)]
+
+        def link(p, q, j, prev):
+            wv, av = lanes[q * C + j]
+            last = acc_slices is not None and j == C - 1
+            sl = Dsp48MulAdd(cascade=prev is not None, primitive=self.dsp == "primitive",
+                             accumulate=last)
+            if last:
+                acc_slices.append(sl)
+            m.submodules[f"dsp{p}_{q * C + j}"] = sl
+            m.d.comb += [sl.ce.eq(en),
+                         sl.a.eq(wv[(2 * p + 1) * 4:(2 * p + 2) * 4].as_signed() << k),
+                         sl.d.eq(wv[2 * p * 4:2 * p * 4 + 4].as_signed()),
+                         sl.b.eq(av.as_signed())]
+            if prev is not None:
+                m.d.comb += sl.pcin.eq(prev.pcout)
+            return sl
+
+        def tail(p, q, last):
+            out = Signal(signed(width), name=f"ch{p}_{q}")
+            m.d.comb += out.eq(last.pcout[:width].as_signed())
+            return out
+        return self._chains(link, tail)
 
 
 def Mux0(sel_zero, value):

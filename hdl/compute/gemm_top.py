@@ -26,8 +26,8 @@ class MatrixEngine(wiring.Component):
     today, 4 on the kr260 node, docs/node.md §11); ports and stream formats do not depend on
     it. The weight stream comes from one port here (``w_in`` = ``data_width``): with 4 arrays
     the GEMM runs at full rate from 32-token jobs up and at the port's rate below (the node
-    top feeds a 512-bit ``w_in`` from four ports instead, docs/node.md §4). ``chain``: the
-    arrays' post-adder chain length (:class:`GemmArray`).
+    top feeds a 512-bit ``w_in`` from four ports instead, docs/node.md §4). ``chain``, ``dsp``:
+    the arrays' post-adder chain length and how its slices are built (:class:`GemmArray`).
 
     Members
     -------
@@ -55,14 +55,15 @@ class MatrixEngine(wiring.Component):
     """
 
     def __init__(self, rows=16, lanes=16, group=GROUP_SIZE, k_max=8960, m_max=64,
-                 vec_n_max=8960, data_width=128, outstanding=8, arrays=1, chain=1):
+                 vec_n_max=8960, data_width=128, outstanding=8, arrays=1, chain=1,
+                 dsp="fabric"):
         vec_lanes = data_width // 32
         if lanes * INT8.width != data_width:
             raise ValueError("the GEMM beat (lanes·8) must equal the port width")
         self.dma0 = DmaLoader(data_width, outstanding=outstanding)
         self.dma1 = DmaLoader(data_width, outstanding=outstanding)
         self.gemm = GemmEngine(rows, lanes, group, k_max, m_max, arrays=arrays,
-                               chain=chain)
+                               chain=chain, dsp=dsp)
         self.vec = VectorUnit(vec_lanes, vec_n_max)
         d0 = self.dma0.signature.members
         g = self.gemm.signature.members

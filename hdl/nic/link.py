@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -62,7 +62,14 @@ def crc32_update(crc, data_bits, nbytes: int):
 
 
 class _CrcByKeep(wiring.Component):
-    """Combinational CRC-32 update of a beat whose ``keep`` is contiguous from byte 0."""
+    """Combinational CRC-32 update of a beat whose ``keep`` is contiguous from byte 0 (any other
+    ``keep`` leaves the CRC unchanged).
+
+    A full beat takes one ``bytes``-byte update; a partial beat of ``n`` bytes takes the binary
+    decomposition of ``n`` (4, then 2, then 1 bytes on a 64-bit beat), each part applied to the
+    previous part's state — a third of the logic of one update per possible ``n``, same result
+    (the CRC is a left fold over the bytes).
+    """
 
     def __init__(self, data_width):
         self._bpb = data_width // 8
@@ -71,10 +78,26 @@ class _CrcByKeep(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.d.comb += self.crc_out.eq(self.crc_in)
-        for n in range(1, self._bpb + 1):
-            with m.If(self.keep == (1 << n) - 1):
-                m.d.comb += self.crc_out.eq(crc32_update(self.crc_in, self.data, n))
+        B = self._bpb
+        n = Signal(range(B + 1))          # bytes of a contiguous keep, 0 otherwise
+        for i in range(1, B + 1):
+            with m.If(self.keep == (1 << i) - 1):
+                m.d.comb += n.eq(i)
+        state, offset = self.crc_in, 0    # offset: bytes taken so far (a mux value)
+        for bit in reversed(range((B - 1).bit_length())):
+            size = 1 << bit
+            # the part starts at one of the offsets the larger parts can have left
+            starts = range(0, B - size + 1, 2 * size)
+            part = Signal(8 * size, name=f"part{size}")
+            m.d.comb += part.eq(Array(self.data[8 * o:8 * (o + size)] for o in starts)[
+                offset // (2 * size) if isinstance(offset, int) else offset >> (bit + 1)])
+            nxt = Signal(32, name=f"crc_part{size}")
+            m.d.comb += nxt.eq(Mux(n[bit], crc32_update(state, part, size), state))
+            took = Signal(range(B + 1), name=f"took{size}")
+            m.d.comb += took.eq(offset + Mux(n[bit], size, 0))
+            state, offset = nxt, took
+        m.d.comb += self.crc_out.eq(Mux(n == B, crc32_update(self.crc_in, self.data, B),
+                                        Mux(n == 0, self.crc_in, state)))
         return m
 
 

@@ -79,7 +79,7 @@ class NodeCompute(wiring.Component):
         self.matrix = MatrixEngine(rows=c.gemm_rows, lanes=c.gemm_lanes, group=c.group,
                                    k_max=c.gemm_k_max, m_max=c.gemm_m_max,
                                    vec_n_max=c.vec_n_max, data_width=AXI_WIDTH,
-                                   arrays=c.gemm_arrays)
+                                   arrays=c.gemm_arrays, chain=c.gemm_chain, dsp=c.gemm_dsp)
         self.emitter = EmitUnit(c.attn_head_dim)
         self.attender = AttendUnit(c.attn_head_dim, c.attn_lanes, c.attn_heads, c.attn_block,
                                    out_width=PACKET_WIDTH, data_width=AXI_WIDTH)

@@ -48,6 +48,7 @@ import tempfile
 from pathlib import Path
 
 from mcf.abi.compute import GEMM_STATUS
+from mcf.abi.node_config import KR260
 from mcf.abi.quant import GROUP_SIZE
 from mcf.sim.bench import BenchRefused, refuse_unplanned, resource_table
 
@@ -58,7 +59,10 @@ BEAT_BYTES = LANES
 HIDDEN, INTER = 1536, 8960
 M_CHUNK, M_SMALL = 64, 16
 DMA_LATENCY = 100
-KR260_ARRAYS, KR260_W_BYTES, KR260_N_SCALE = 4, 64, 4   # docs/node.md §4, §11
+KR260_ARRAYS, KR260_W_BYTES, KR260_N_SCALE = KR260.gemm_arrays, 64, 4   # docs/node.md §4, §11
+# the kr260 arrays' lane sums: DSP48E2 cascades, simulated with the slice model (same cycles)
+KR260_CHAIN = KR260.gemm_chain
+KR260_SIM_DSP = "model" if KR260.gemm_dsp == "primitive" else KR260.gemm_dsp
 # N of each projection in the sequences (slices of 1536 / 256 / 256 / 8960 / 8960 / 1536)
 SLICES = (("q", HIDDEN, 128), ("k", HIDDEN, 64), ("v", HIDDEN, 64), ("gate", HIDDEN, 64),
           ("up", HIDDEN, 96), ("down", INTER, 32))
@@ -99,16 +103,19 @@ def _refuse_sequence(r: dict, planned_bad: int = 0) -> None:
 
 
 def gemm_sequences(small: bool, sabotage: list[dict] | None = None, arrays: int = 1,
-                   w_bytes: int = BEAT_BYTES, n_scale: int = 1) -> list[dict]:
+                   w_bytes: int = BEAT_BYTES, n_scale: int = 1, chain: int = 1,
+                   dsp: str = "fabric") -> list[dict]:
     from mcf.hdl.compute.gemm import GemmEngine
     from mcf.hdl.flat import FlatTop
     from mcf.sim import build, run
 
     axis = {"job": "job", "x_in": "s_axis_x", "w_in": "s_axis_w", "o": "m_axis_y"}
     top = FlatTop(GemmEngine(ROWS, LANES, GROUP_SIZE, k_max=INTER, m_max=M_CHUNK,
-                             arrays=arrays, w_width=8 * w_bytes), axis)
+                             arrays=arrays, w_width=8 * w_bytes, chain=chain, dsp=dsp), axis)
     name = f"gemm_engine_m{M_CHUNK}" if arrays == 1 and w_bytes == BEAT_BYTES else \
         f"gemm_engine_x{arrays}_w{8 * w_bytes}_m{M_CHUNK}"
+    if chain > 1:
+        name += f"_c{chain}_{dsp}"
     built = build(top, name)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "gemm.json"
@@ -174,7 +181,7 @@ def _figures(r: dict, arrays: int = 1, w_bytes: int = BEAT_BYTES) -> dict:
 def kr260_gemm(small: bool) -> dict:
     """The kr260 GEMM (see the module docstring) on the bench's sequences, N × 4."""
     seqs = gemm_sequences(small, arrays=KR260_ARRAYS, w_bytes=KR260_W_BYTES,
-                          n_scale=KR260_N_SCALE)
+                          n_scale=KR260_N_SCALE, chain=KR260_CHAIN, dsp=KR260_SIM_DSP)
     for r in seqs:
         r.update(_figures(r, KR260_ARRAYS, KR260_W_BYTES))
     by = {r["name"]: r for r in seqs}
@@ -202,7 +209,8 @@ def synth_figures() -> dict:
         "matrix_engine": resources(FlatTop(MatrixEngine()), "mcf_matrix_engine", uram=True,
                                    abc9=False),
         "matrix_engine_kr260": resources(
-            FlatTop(MatrixEngine(arrays=KR260_ARRAYS, k_max=INTER, m_max=M_CHUNK)),
+            FlatTop(MatrixEngine(arrays=KR260_ARRAYS, k_max=INTER, m_max=M_CHUNK,
+                                 chain=KR260_CHAIN, dsp=KR260.gemm_dsp)),
             "mcf_matrix_engine_x4", uram=True, abc9=False),
         # DSPs do not depend on buffer depths: a small-buffer engine gives them quickly
         "gemm_engine_dsp": resources(GemmEngine(ROWS, LANES, GROUP_SIZE, k_max=1024,

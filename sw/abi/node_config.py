@@ -44,13 +44,15 @@ class NodeConfig:
     gemm_rows: int = 16
     gemm_lanes: int = 16
     gemm_arrays: int = 4
+    gemm_chain: int = 16          # lanes per DSP cascade (GemmArray ``chain``; 1 = adder tree)
+    gemm_dsp: str = "primitive"   # GemmArray ``dsp``: DSP48E2 instances (docs/node.md §11)
     group: int = GROUP_SIZE
     gemm_k_max: int = 8960
     gemm_m_max: int = 64
     vec_lanes: int = 4
     vec_n_max: int = 8960
     attn_head_dim: int = 128
-    attn_lanes: int = 64
+    attn_lanes: int = 32
     attn_heads: int = 6
     attn_block: int = 256
     kv_format: KVFormat = KVFormat.PER_TOKEN
@@ -76,7 +78,8 @@ class NodeConfig:
 
 
 KR260 = NodeConfig(name="kr260", top="mcf_node")
-SIM = NodeConfig(name="sim", top="mcf_node_sim", gemm_arrays=1, gemm_k_max=256, gemm_m_max=16,
+SIM = NodeConfig(name="sim", top="mcf_node_sim", gemm_arrays=1, gemm_chain=1, gemm_dsp="fabric",
+                 gemm_k_max=256, gemm_m_max=16,
                  vec_n_max=256, attn_head_dim=32, attn_lanes=4, attn_heads=2, attn_block=32,
                  reduce_slots=4, kv_count=256, ring_fifo=8)
 """The tiny model's geometry (:data:`mcf.golden.qwen_layer.TINY`: hidden 128, head_dim 32,

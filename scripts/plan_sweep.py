@@ -22,7 +22,7 @@ import json
 import sys
 
 from mcf.abi.node_config import NODE_CONFIGS
-from mcf.abi.platform import K26
+from mcf.abi.platform import ACLK_HZ, K26
 from mcf.mars import get_model
 from mcf.mars.setting import SETTINGS, get_setting
 from mcf.mars.sweep import SCHEMES, SweepSpec, sweep, table
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--topology", default="kr260-ring")
     ap.add_argument("--link-gbps", type=float, default=10.0)
     ap.add_argument("--dsps", type=int, default=K26["DSP"])
-    ap.add_argument("--mhz", type=float, default=300.0)
+    ap.add_argument("--mhz", type=float, default=ACLK_HZ / 1e6)
     ap.add_argument("--scope", default="model", choices=("model", "attention"))
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", default=None, help="write a Fig.-4-style PNG")

@@ -20,14 +20,15 @@ from amaranth.lib.wiring import In
 
 from mcf.abi.link_map import LINK_SFP, link_map_for
 from mcf.abi.node_config import SIM, NodeConfig
+from mcf.abi.platform import ACLK_HZ
 from mcf.hdl.nic.link_model import LinkModel
 from mcf.hdl.node.top import NodeTop
 from mcf.mars.cluster import RGMII_1G, SFP_10G, LinkParams
 
 __all__ = ["ClusterTop", "Cable", "ring_cables", "CLOCK_HZ"]
 
-CLOCK_HZ = 300e6
-"""The ``aclk`` every cycle figure assumes (docs/node.md: MARS's cost model's clock)."""
+CLOCK_HZ = ACLK_HZ
+"""The ``aclk`` every cycle figure assumes (:data:`mcf.abi.platform.ACLK_HZ`, no fmax claimed)."""
 
 
 @dataclass(frozen=True)

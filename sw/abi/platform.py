@@ -8,10 +8,24 @@ add it when they compute utilisation); ``BRAM36`` counts 36 Kb block RAMs (a RAM
 
 from __future__ import annotations
 
-__all__ = ["K26", "HP_PORTS"]
+__all__ = ["K26", "HP_PORTS", "ACLK_HZ", "SFP_RATE_BPS", "RGMII_RATE_BPS", "LINK_LATENCY_S"]
 
 K26: dict[str, int] = {"LUT": 117_120, "FF": 234_240, "DSP": 1_248, "BRAM36": 144, "URAM": 64}
 
 HP_PORTS = 4
 """The PS's high-performance AXI slave ports the PL's DMA masters use (S_AXI_HP0..3_FPD,
 128 bits each): one DMA loader per port."""
+
+ACLK_HZ = 300e6
+"""The node's one clock (``aclk``, the PS's ``pl_clk0``, docs/node.md §8) at which every cycle
+figure of the project is turned into seconds: an **assumption** (MARS's cost model, the cluster
+simulation's link rates and the system model all use it). No fmax is claimed: no open tool gives
+UltraScale+ timing."""
+
+SFP_RATE_BPS = 10e9
+"""MAC data rate of the KR260's SFP+ cage (10GBASE-R) and of a 10G switch port, bit/s."""
+RGMII_RATE_BPS = 1e9
+"""MAC data rate of the KR260's two PL RGMII jacks (1000BASE-T), bit/s."""
+LINK_LATENCY_S = 2e-6
+"""One cable hop's latency (PHY, MAC wrapper, wire) in seconds: an assumption, the same for
+every link kind, until a board measures it."""

@@ -7,7 +7,7 @@ import json
 import math
 
 from ..abi.node_config import NODE_CONFIGS
-from ..abi.platform import K26
+from ..abi.platform import ACLK_HZ, K26
 from ..cli import UsageError
 
 FLOAT_ARGS = ("kv_budget_mib", "buffer_mib", "alpha", "link_gbps", "link_latency_us", "mhz",
@@ -131,7 +131,8 @@ def register(subs) -> None:
     p.add_argument("--link-latency-us", type=float, default=2.0, help="per-hop latency")
     p.add_argument("--dsps", type=int, default=K26["DSP"],
                    help=f"DSP48E2 slices per node (default: the K26's {K26['DSP']})")
-    p.add_argument("--mhz", type=float, default=300.0, help="compute clock")
+    p.add_argument("--mhz", type=float, default=ACLK_HZ / 1e6,
+                   help="compute clock (default: the assumed aclk, mcf.abi.platform.ACLK_HZ)")
     p.add_argument("--compute-eff", type=float, default=1.0, help="achieved / peak compute")
     p.add_argument("--gamma", type=float, default=1.0, help="overlap safety factor (eq 8)")
     p.add_argument("--scope", default="model",

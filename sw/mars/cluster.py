@@ -27,7 +27,7 @@ from functools import cached_property
 from ..abi.framing import MAX_PAYLOAD
 from ..abi.meta import META
 from ..abi.node_config import NODE_CONFIGS, SIM
-from ..abi.platform import K26
+from ..abi.platform import ACLK_HZ, K26, LINK_LATENCY_S, RGMII_RATE_BPS, SFP_RATE_BPS
 from ..abi.route import NET_PORTS, MeshPort, RingPort, SwitchPort
 from .metadata import MAX_REDUCE_SLOTS
 
@@ -45,8 +45,8 @@ class LinkParams:
     name: str = "link"
 
 
-SFP_10G = LinkParams(10e9, 2e-6, "10G SFP+")
-RGMII_1G = LinkParams(1e9, 2e-6, "1G RGMII")
+SFP_10G = LinkParams(SFP_RATE_BPS, LINK_LATENCY_S, "10G SFP+")
+RGMII_1G = LinkParams(RGMII_RATE_BPS, LINK_LATENCY_S, "1G RGMII")
 
 
 @dataclass(frozen=True)
@@ -263,7 +263,7 @@ class ClusterSpec:
     buffer: int                    # M_buf, bytes
     topology: Topology
     dsps: int = K26["DSP"]         # the whole K26 (mcf.abi.platform)
-    clock_hz: float = 300e6
+    clock_hz: float = ACLK_HZ      # the assumed aclk (mcf.abi.platform)
     ops_per_dsp_cycle: int = 4
     compute_eff: float = 1.0
     link_eff: float = 0.9          # payload share of the line rate (framing, CRC, gaps)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mcf.abi.platform import K26
+from mcf.abi.platform import ACLK_HZ, K26
 
 from .model import get_model
 from .plan import plan
@@ -76,7 +76,7 @@ class SweepSpec:
     topology: str = "kr260-ring"
     link_gbps: float = 10.0
     dsps: int = K26["DSP"]
-    mhz: float = 300.0
+    mhz: float = ACLK_HZ / 1e6
     scope: str = "model"
     node_config: str = "kr260"
 

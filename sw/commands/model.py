@@ -1,0 +1,175 @@
+"""``mcf model``: the event-level system model calibrated from the RTL benches (issue #15 §3,
+docs/system-model.md): MARS and the fair baselines on N nodes over a stated link assumption,
+TTFT and exposed communication; ``--validate``: the model against the measured layer program."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from ..cli import UsageError
+
+__all__ = ["register", "run"]
+
+
+def _nodes(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"--nodes must be a comma-separated list of integers, got {text!r}") \
+            from None
+    if not out or any(n < 1 for n in out):
+        raise UsageError(f"--nodes must all be >= 1, got {text!r}")
+    return out
+
+
+def _validation(args, fig) -> dict:
+    from ..sysmodel.validate import validate, validate_comm
+    return {"calibrated": validate(fig, overheads=True).to_dict(),
+            "engine_rates_alone": validate(fig, overheads=False).to_dict(),
+            "communication_only": validate_comm(fig).to_dict()}
+
+
+def _print_validation(v: dict, fig) -> None:
+    for name, d in v.items():
+        run, src = (fig.comm, "comm") if name == "communication_only" else (fig.layer, "layer")
+        busy = "" if d["busy_fraction_predicted"] is None else (
+            f"; lower node busy {d['busy_fraction_predicted']:.3f} vs "
+            f"{d['busy_fraction_measured']:.3f}")
+        print(f"model vs RTL, {name.replace('_', ' ')} ({fig.sources[src]}: {run.nodes} "
+              f"{run.model}-model nodes, S = {run.seq_len}, B = {run.chunk}, link latency "
+              f"{run.link_latency_cycles} cycles):")
+        print("  predicted " + ", ".join(f"{p:.0f}" for p in d["predicted_step_cycles"])
+              + " cycles vs measured " + ", ".join(str(m) for m in d["measured_step_cycles"]))
+        print("  step errors " + ", ".join(f"{100 * e:+.1f} %" for e in d["step_errors"])
+              + f" (max |error| {100 * d['max_abs_error']:.1f} %){busy}")
+
+
+def run(args) -> int:
+    from ..abi.node_config import NODE_CONFIGS
+    from ..mars import MODELS, PlanError
+    from ..mars.setting import SETTINGS, Setting, get_setting
+    from ..mars.sweep import SCHEMES
+    from ..sysmodel.calibration import CalibrationError, load_figures
+    from ..sysmodel.network import LINKS
+    from ..sysmodel.sweep import ModelSweep, run_sweep, summary, table
+    from ..sysmodel.system import SystemSpec
+    from ..sysmodel.work import LAYOUTS, SCOPES
+
+    nodes = _nodes(args.nodes)
+    schemes = tuple(s.strip() for s in args.schemes.split(","))
+    checks = (("--link", args.link, LINKS), ("--model", args.model, MODELS),
+              ("--setting", args.setting, SETTINGS), ("--node-config", args.node_config,
+                                                       NODE_CONFIGS),
+              ("--scope", args.scope, SCOPES), ("--layout", args.layout, LAYOUTS))
+    for flag, value, allowed in checks:
+        if value not in allowed:
+            raise UsageError(f"unknown {flag} {value!r} (one of {', '.join(allowed)})")
+    for s in schemes:
+        if s not in SCHEMES:
+            raise UsageError(f"unknown scheme {s!r} (one of {', '.join(SCHEMES)})")
+    if args.seq < 1 or args.chunk < 1 or args.seq % args.chunk:
+        raise UsageError(f"--seq {args.seq} must be a positive multiple of --chunk {args.chunk}")
+    for flag, value in (("--alpha", args.alpha), ("--kv-budget-mib", args.kv_budget_mib)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"{flag} must be a finite number >= 0, got {value}")
+    from ..mars import get_model
+    from ..sysmodel.rates import check_fits
+    model = get_model(args.model)
+    try:
+        check_fits(model, NODE_CONFIGS[args.node_config])
+        setting = get_setting(args.setting, model)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        fig = load_figures(args.results_dir or None)
+    except CalibrationError as exc:
+        print(f"mcf model: error: {exc}", file=sys.stderr)
+        return 1
+    if args.alpha is not None or args.kv_budget_mib is not None:
+        setting = Setting("given", setting.alpha if args.alpha is None else args.alpha,
+                          setting.kv_budget_mib if args.kv_budget_mib is None
+                          else args.kv_budget_mib, f"flags over the {setting.name} setting")
+    out: dict = {}
+    try:
+        if args.validate:
+            out["validation"] = _validation(args, fig)
+        if not args.validate_only:
+            sw = ModelSweep(alpha=setting.alpha, kv_budget_mib=setting.kv_budget_mib,
+                            setting=setting.name, model=args.model, seq_len=args.seq,
+                            chunk=args.chunk, nodes=nodes, schemes=schemes, link=args.link,
+                            node_config=args.node_config,
+                            spec=SystemSpec(layout=args.layout, scope=args.scope,
+                                            overheads=not args.no_overheads))
+            bar = None
+            if not args.json and sys.stderr.isatty():
+                from tqdm import tqdm
+                bar = tqdm(total=len(nodes) * len(schemes), desc="system model", unit="run",
+                           leave=False)
+            rows = run_sweep(sw, fig, None if bar is None else
+                             lambda label: (bar.set_postfix_str(label), bar.update(1)))
+            if bar is not None:
+                bar.close()
+            out |= {"rows": rows, "speedups": summary(rows)}
+    except CalibrationError as exc:
+        print(f"mcf model: error: {exc}", file=sys.stderr)
+        return 1
+    except (PlanError, ValueError) as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    if args.json:
+        out["calibration"] = dict(fig.sources)
+        out["clock_hz"] = fig.clock_hz
+        out["link"] = {"name": args.link, "assumption": LINKS[args.link].text}
+        out["setting"] = setting.__dict__
+        print(json.dumps(out))
+        return 0
+    if "validation" in out:
+        _print_validation(out["validation"], fig)
+        if "rows" in out:
+            print()
+    if "rows" in out:
+        print(table(out["rows"], sw, fig))
+    return 0
+
+
+def register(subs) -> None:
+    p = subs.add_parser("model", help="event-level system model calibrated from the RTL benches")
+    p.add_argument("--nodes", default="2,4,8,16", help="node counts, comma-separated")
+    p.add_argument("--seq", type=int, default=16384, help="prompt length S in tokens")
+    p.add_argument("--chunk", type=int, default=1024, help="chunk size B in tokens")
+    p.add_argument("--link", default="kr260-ring",
+                   help="link assumption: kr260-ring (default), switch10g or ideal")
+    p.add_argument("--model", default="qwen2.5-1.5b", help="model preset (qwen2.5-1.5b, tiny)")
+    p.add_argument("--schemes", default="mars,ring,zigzag,ring-unchunked,zigzag-unchunked,"
+                                        "full,pd",
+                   help="MARS and the baselines to model, comma-separated")
+    p.add_argument("--setting", default="paper",
+                   help="alpha and S_node: paper (0.5, 64 MiB; default) or board")
+    p.add_argument("--alpha", type=float, default=None, help="override the setting's alpha")
+    p.add_argument("--kv-budget-mib", type=float, default=None,
+                   help="override the setting's S_node (MiB per node)")
+    p.add_argument("--node-config", default="kr260", help="node configuration (kr260, sim)")
+    p.add_argument("--scope", default="model",
+                   help="what TTFT covers: model (the whole layer program, default) or "
+                        "attention (the ATTEND records alone)")
+    p.add_argument("--layout", default="plan",
+                   help="token layout: plan (MARS's ranges, default) or node-program (the "
+                        "node's contiguous slices, as the RTL runs today)")
+    p.add_argument("--no-overheads", action="store_true",
+                   help="engine rates alone: no node-program overheads from the layer bench")
+    p.add_argument("--validate", action="store_true",
+                   help="also replay the node bench's layer program and print the error")
+    p.add_argument("--validate-only", action="store_true",
+                   help="only the validation (implies --validate)")
+    p.add_argument("--results-dir", action="append", default=None, metavar="DIR",
+                   help="where bench JSON is read (repeatable, in order; default build/bench "
+                        "then docs/results)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_handler)
+
+
+def _handler(args) -> int:
+    if args.validate_only:
+        args.validate = True
+    return run(args)

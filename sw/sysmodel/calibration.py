@@ -1,0 +1,202 @@
+"""The measured figures the system model is calibrated with, read from the bench results — never
+typed. Each bench's JSON is taken from ``build/bench/<name>.json`` when ``mcf bench <name>`` has
+written one, else from the committed ``docs/results/<name>.json``; every figure keeps where it
+came from (:attr:`BenchFigures.sources`).
+
+What is read (bench → figure):
+
+* ``node`` — ``macs_per_cycle`` (the kr260 node's GEMM, Qwen-shaped prefill sequence),
+  ``meta_records_per_cycle`` (command-ring ingress through the whole node), and the ``layer``
+  entry: the measured 2-node tiny-model layer program (step cycles, link latency, per-engine
+  busy cycles) — :class:`LayerRun` — and the ``prefill`` entry, the same cluster's
+  communication alone — :class:`CommRun`;
+* ``compute`` — ``dma_efficiency`` (the DMA read bench), ``gemm_sequence_mac_utilization``
+  (one 16 x 16 array on the prefill sequence);
+* ``attention`` — cycles per visible (query, key, head) of the prefill cases per GQA group and
+  the engine geometry they were measured at;
+* ``nic`` — the router's hop latency and output beats per cycle, the link framer's wire beats
+  per cycle;
+* ``packet`` — the packet path's latency of a header-only packet and its per-packet header
+  cycles (64-bit path, the node's packet width).
+
+The clock every cycle count is converted at is :data:`mcf.abi.platform.ACLK_HZ` (an assumption,
+no fmax claimed).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..abi.framing import MAX_PAYLOAD, payload_beats
+from ..abi.node_config import PACKET_WIDTH
+from ..abi.platform import ACLK_HZ
+
+__all__ = ["CalibrationError", "LayerRun", "CommRun", "BenchFigures", "load_figures",
+           "results_dirs", "REPO"]
+
+REPO = Path(__file__).resolve().parents[2]
+"""The checkout the package is installed from (``sw/`` is ``mcf``)."""
+
+
+class CalibrationError(ValueError):
+    """A bench result is missing, incomplete or does not describe the run the model expects."""
+
+
+def results_dirs(root: Path = REPO) -> tuple[Path, Path]:
+    """Where bench results are looked up, in order: ``build/bench`` then ``docs/results``."""
+    return root / "build" / "bench", root / "docs" / "results"
+
+
+def _load(name: str, dirs) -> tuple[dict, str]:
+    for d in dirs:
+        path = Path(d) / f"{name}.json"
+        if path.is_file():
+            shown = path.resolve()
+            shown = shown.relative_to(REPO) if shown.is_relative_to(REPO) else shown
+            try:
+                return json.loads(path.read_text()), str(shown)
+            except json.JSONDecodeError as exc:
+                raise CalibrationError(f"{path}: not JSON ({exc})") from None
+    raise CalibrationError(f"no {name}.json in {', '.join(str(d) for d in dirs)} "
+                           f"(run `mcf bench {name}`)")
+
+
+def _get(doc: dict, path: str, where: str):
+    cur = doc
+    for key in path.split("."):
+        if not isinstance(cur, dict) or key not in cur:
+            raise CalibrationError(f"{where}: no {path!r}")
+        cur = cur[key]
+    return cur
+
+
+@dataclass(frozen=True)
+class CommRun:
+    """node.json's ``prefill`` entry: the same cluster's MARS steps with the KV placed by the
+    PS — the communication alone (doorbell to the last landing, nothing computed)."""
+    nodes: int
+    model: str
+    seq_len: int
+    chunk: int
+    link_latency_cycles: int
+    step_cycles: tuple[int, ...]
+
+    @staticmethod
+    def _common(e: dict) -> tuple:
+        return (int(e["nodes"]), str(e["model"]), int(e["seq_len"]), int(e["chunk"]),
+                int(e["link_latency_cycles"]), tuple(int(c) for c in e["step_cycles"]))
+
+    @classmethod
+    def from_entry(cls, e: dict, where: str) -> CommRun:
+        try:
+            return cls(*cls._common(e))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CalibrationError(f"{where}: incomplete prefill entry ({exc})") from None
+
+
+@dataclass(frozen=True)
+class LayerRun(CommRun):
+    """node.json's ``layer`` entry: the tiny model's layer program on two simulated ``sim``
+    node tops (every layer computed on the nodes, bit-exact), MARS's prefill steps."""
+    compute_busy_fraction: float = 0.0
+    engines: dict = field(default_factory=dict)   # node -> {counter: value}
+
+    @classmethod
+    def from_entry(cls, e: dict, where: str) -> LayerRun:
+        try:
+            engines = {int(k): dict(v) for k, v in e["engines"].items()}
+            run = cls(*cls._common(e), float(e["compute_busy_fraction"]), engines)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CalibrationError(f"{where}: incomplete layer entry ({exc})") from None
+        if sorted(engines) != list(range(run.nodes)):
+            raise CalibrationError(f"{where}: engines of nodes {sorted(engines)}, "
+                                   f"expected 0..{run.nodes - 1}")
+        return run
+
+
+@dataclass(frozen=True)
+class BenchFigures:
+    """Every measured figure the model uses, with its source (``sources[field]``)."""
+    clock_hz: float
+    kr260_macs_per_cycle: float
+    gemm_sequence_utilization: float
+    meta_records_per_cycle: float
+    dma_efficiency: float
+    attention_cycles_per_pair: dict         # GQA group G -> cycles per (query, key, head)
+    attention_cases: dict                   # GQA group G -> the bench case measuring it
+    attention_head_dim: int                 # the attention bench's engine geometry
+    attention_lanes: int
+    router_hop_cycles: int
+    router_beats_per_cycle: float
+    framer_beats_per_cycle: float
+    packet_latency_cycles: int              # header-only packet through packetizer -> parser
+    packet_header_cycles: float             # cycles per packet beyond its payload beats
+    layer: LayerRun
+    comm: CommRun
+    sources: dict = field(default_factory=dict)
+
+    def attention_pair_cycles(self, group: int) -> tuple[float, str]:
+        """Cycles per visible pair measured at GQA group ``group`` (the nearest group measured
+        when that one was not) and the case's name."""
+        have = sorted(self.attention_cycles_per_pair)
+        g = min(have, key=lambda x: (abs(x - group), x))
+        return self.attention_cycles_per_pair[g], self.attention_cases[g]
+
+
+def load_figures(dirs=None) -> BenchFigures:
+    """Read every figure from the bench results (``dirs``: folders searched in order; default
+    :func:`results_dirs`)."""
+    dirs = tuple(dirs) if dirs is not None else results_dirs()
+    node, node_at = _load("node", dirs)
+    comp, comp_at = _load("compute", dirs)
+    att, att_at = _load("attention", dirs)
+    nic, nic_at = _load("nic", dirs)
+    pkt, pkt_at = _load("packet", dirs)
+    src: dict[str, str] = {"clock_hz": "mcf.abi.platform.ACLK_HZ (assumed aclk, no fmax)"}
+
+    def take(doc, at, path, name):
+        v = _get(doc, path, at)
+        src[name] = f"{at}: {path}"
+        return v
+
+    pairs, cases = {}, {}
+    for case, row in _get(att, "cases", att_at).items():
+        if row.get("kind") == "prefill":
+            pairs[int(row["heads"])] = float(row["cycles_per_qk"])
+            cases[int(row["heads"])] = case
+    if not pairs:
+        raise CalibrationError(f"{att_at}: no prefill case")
+    src["attention_cycles_per_pair"] = f"{att_at}: cases.prefill_g*.cycles_per_qk"
+    width = str(PACKET_WIDTH)
+    cpp = take(pkt, pkt_at, f"widths.{width}.cycles_per_packet", "packet_header_cycles")
+    size = str(payload_beats(MAX_PAYLOAD, PACKET_WIDTH))
+    if size not in cpp:
+        raise CalibrationError(f"{pkt_at}: no {size}-beat (MAX_PAYLOAD) packet at {width} bits")
+    layer_entry = take(node, node_at, "layer", "layer")
+    comm_entry = take(node, node_at, "prefill", "comm")
+    return BenchFigures(
+        clock_hz=ACLK_HZ,
+        kr260_macs_per_cycle=float(take(node, node_at, "macs_per_cycle", "kr260_macs_per_cycle")),
+        gemm_sequence_utilization=float(take(comp, comp_at, "gemm_sequence_mac_utilization",
+                                             "gemm_sequence_utilization")),
+        meta_records_per_cycle=float(take(node, node_at, "meta_records_per_cycle",
+                                          "meta_records_per_cycle")),
+        dma_efficiency=float(take(comp, comp_at, "dma_efficiency", "dma_efficiency")),
+        attention_cycles_per_pair=pairs,
+        attention_cases=cases,
+        attention_head_dim=int(take(att, att_at, "params.head_dim", "attention_head_dim")),
+        attention_lanes=int(take(att, att_at, "params.lanes", "attention_lanes")),
+        router_hop_cycles=int(take(nic, nic_at, "multicast.hop_latency_cycles",
+                                   "router_hop_cycles")),
+        router_beats_per_cycle=float(take(nic, nic_at, "multicast.beats_per_cycle",
+                                          "router_beats_per_cycle")),
+        framer_beats_per_cycle=float(take(nic, nic_at, "link.wire_beats_per_cycle",
+                                          "framer_beats_per_cycle")),
+        packet_latency_cycles=int(take(pkt, pkt_at, f"widths.{width}.latency.0",
+                                       "packet_latency_cycles")),
+        packet_header_cycles=float(cpp[size]) - int(size),
+        layer=LayerRun.from_entry(layer_entry, f"{node_at}: layer"),
+        comm=CommRun.from_entry(comm_entry, f"{node_at}: prefill"),
+        sources=src)

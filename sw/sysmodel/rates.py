@@ -1,0 +1,213 @@
+"""Cycle costs of a node's layer program, from the bench figures (:mod:`.calibration`).
+
+Two kinds of figure go in:
+
+* **engine rates** from the engines' own benches — the GEMM's MACs/cycle (kr260: ``node.json``
+  ``macs_per_cycle``, the kr260 GEMM on the Qwen-shaped prefill sequence), the attention
+  engine's cycles per visible (query, key, head) (``attention.json``, the prefill case of the
+  model's GQA group, carried from the bench's ``head_dim / lanes`` to the configuration's), the
+  KV reader's bytes per cycle (one 128-bit HP port x ``compute.json`` ``dma_efficiency``);
+* **node-program overheads** the engine benches cannot see, from the measured layer program
+  (``node.json`` ``layer``, :class:`~.calibration.LayerRun`): the JOB cycles the GEMM is not
+  active (vector passes, requantisation, fences, DMA round trips) per vector element, the fixed
+  cycles of one ATTEND record (query and list fetch, pipeline fill and drain, the ``o/l``
+  write) beyond its pairs, and EMIT's cycles per ACT byte. The run's node configuration is
+  recognised from its counters (GEMM steps x MACs per step = the program's MACs), and the run's
+  GEMM rate is that configuration's.
+
+Per layer (:class:`~.work.NodeWork`): ``JOB = MACs / gemm_macs_per_cycle + vector elements x
+vector_cycles_per_element``; ``EMIT = ACT bytes x emit_cycles_per_byte``; ``ATTEND = records x
+attend_record_cycles + max(pairs x attend_pair_cycles, KV bytes / kv_read_bytes_per_cycle)``.
+
+``overheads=False`` gives the engine rates alone (vector passes at one beat per cycle, EMIT at
+the DMA rate, no per-record cost): what the unit benches predict without the node program.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import fmean
+
+from ..abi.kv import kv_token_bytes
+from ..abi.node_config import AXI_WIDTH, NODE_CONFIGS, NodeConfig
+from .calibration import BenchFigures, CalibrationError, LayerRun
+from .work import NodeWork, node_work
+
+__all__ = ["ProgramOverheads", "NodeRates", "run_work", "check_fits"]
+
+
+ENGINE_COUNTERS = ("gemm_steps", "gemm_active_cycles", "att_records", "emit_tokens",
+                   "kvr_tokens", "cmp_job_cycles", "cmp_attend_cycles", "cmp_emit_cycles")
+"""The layer run's per-engine counters the overheads are measured from."""
+
+
+def _work_plan(run: LayerRun):
+    """A MARS plan of the run's shape (N, S, B): the node program's work depends on these only."""
+    from ..mars import get_model, plan
+    from ..mars.cluster import ClusterSpec, make_topology
+    model = get_model(run.model)
+    cl = ClusterSpec(run.nodes, 1 << 30, 1 << 30, make_topology("kr260-ring", run.nodes))
+    return model, plan(model, cl, run.seq_len, run.chunk, "mars", alpha=0.5)
+
+
+def run_work(run: LayerRun) -> tuple[object, dict[int, list[NodeWork]]]:
+    """The layer run's model and, per node, its :class:`NodeWork` of every step (node program)."""
+    model, p = _work_plan(run)
+    return model, {n: [node_work(model, p, s.index, n, "node-program") for s in p.steps]
+                   for n in range(run.nodes)}
+
+
+@dataclass(frozen=True)
+class ProgramOverheads:
+    """The node program's costs beyond the engine rates, measured in the layer run."""
+    config: str                        # the run's node configuration (recognised)
+    gemm_macs_per_cycle: float         # the run's GEMM rate (its configuration, its shapes)
+    vector_cycles_per_element: float
+    attend_record_cycles: float
+    attend_record_spread: float        # max - min of the per-node estimates (a check)
+    emit_cycles_per_byte: float
+
+    @classmethod
+    def measure(cls, fig: BenchFigures) -> ProgramOverheads:
+        run = fig.layer
+        missing = {n: sorted(set(ENGINE_COUNTERS) - set(e)) for n, e in run.engines.items()}
+        if any(missing.values()):
+            raise CalibrationError(f"layer run: engine counters missing {missing}")
+        model, work = run_work(run)
+        L = model.layers
+        macs = {n: L * sum(w.macs_a + w.macs_b for w in ws) for n, ws in work.items()}
+        cfg = None
+        for c in NODE_CONFIGS.values():
+            if all(macs[n] == run.engines[n]["gemm_steps"] * c.gemm_rows * c.gemm_lanes
+                   * c.gemm_arrays for n in work):
+                cfg = c
+                break
+        if cfg is None:
+            raise CalibrationError("layer run: no node configuration's GEMM steps match the "
+                                   f"program's MACs ({macs})")
+        cpq, _ = fig.attention_pair_cycles(model.q_heads // model.kv_heads)
+        cpq *= _lane_scale(fig, cfg, model.head_dim)
+        kv_rate = AXI_WIDTH // 8 * fig.dma_efficiency
+        record = kv_token_bytes(model.head_dim)
+        gemm, vec, rec, emit = [], [], [], []
+        for n, ws in work.items():
+            e = run.engines[n]
+            want = {"att_records": L * sum(w.records for w in ws),
+                    "emit_tokens": L * sum(w.records for w in ws),
+                    "kvr_tokens": L * sum(w.kv_read_bytes for w in ws) // record}
+            for key, v in want.items():
+                if e[key] != v:
+                    raise CalibrationError(f"layer run node {n}: {key} = {e[key]}, the node "
+                                           f"program of this shape has {v}")
+            gemm.append(macs[n] / e["gemm_active_cycles"])
+            vec.append((e["cmp_job_cycles"] - e["gemm_active_cycles"])
+                       / (L * sum(w.vec_a + w.vec_b for w in ws)))
+            bound = L * sum(max(w.pairs * cpq, w.kv_read_bytes / kv_rate) for w in ws)
+            rec.append((e["cmp_attend_cycles"] - bound) / e["att_records"])
+            emit.append(e["cmp_emit_cycles"] / (L * sum(w.emit_bytes for w in ws)))
+        return cls(cfg.name, fmean(gemm), fmean(vec), fmean(rec), max(rec) - min(rec),
+                   fmean(emit))
+
+
+def check_fits(model, cfg: NodeConfig) -> None:
+    """Raise ``ValueError`` when ``model``'s attention does not fit ``cfg``'s engine."""
+    if model.head_dim != cfg.attn_head_dim or model.q_heads // model.kv_heads > cfg.attn_heads:
+        raise ValueError(f"{model.name} does not fit the {cfg.name} attention engine (head_dim "
+                         f"{cfg.attn_head_dim}, up to {cfg.attn_heads} query heads per KV "
+                         f"head; the model has {model.head_dim} and "
+                         f"{model.q_heads // model.kv_heads})")
+
+
+def _lane_scale(fig: BenchFigures, cfg: NodeConfig, head_dim: int) -> float:
+    """Cycles per pair scale as ``head_dim / lanes``: the bench's geometry to ``cfg``'s."""
+    return (head_dim / cfg.attn_lanes) / (fig.attention_head_dim / fig.attention_lanes)
+
+
+@dataclass(frozen=True)
+class NodeRates:
+    """Cycle costs of one node configuration for one model."""
+    config: str
+    gemm_macs_per_cycle: float
+    vector_cycles_per_element: float
+    attend_record_cycles: float
+    attend_pair_cycles: float
+    kv_read_bytes_per_cycle: float
+    emit_cycles_per_byte: float
+    overheads: bool
+    sources: dict = field(default_factory=dict)
+
+    @classmethod
+    def calibrated(cls, fig: BenchFigures, config: str | NodeConfig, model,
+                   overheads: bool = True, measured: ProgramOverheads | None = None
+                   ) -> NodeRates:
+        cfg = NODE_CONFIGS[config] if isinstance(config, str) else config
+        check_fits(model, cfg)
+        group = model.q_heads // model.kv_heads
+        cpq, case = fig.attention_pair_cycles(group)
+        kv_rate = AXI_WIDTH // 8 * fig.dma_efficiency
+        src = {"attend_pair_cycles": f"{fig.sources['attention_cycles_per_pair']} ({case}), "
+                                     f"x ({model.head_dim}/{cfg.attn_lanes}) / "
+                                     f"({fig.attention_head_dim}/{fig.attention_lanes})",
+               "kv_read_bytes_per_cycle": f"{AXI_WIDTH // 8} B/cycle (one HP port) x "
+                                          f"{fig.sources['dma_efficiency']}"}
+        if overheads:
+            ov = measured or ProgramOverheads.measure(fig)
+            run = f"{fig.sources['layer']} ({ov.config} node top, {fig.layer.model} model)"
+            if cfg.name == ov.config:
+                gemm = ov.gemm_macs_per_cycle
+                src["gemm_macs_per_cycle"] = f"{run}: program MACs / gemm_active_cycles"
+            elif cfg.name == "kr260":
+                gemm = fig.kr260_macs_per_cycle
+                src["gemm_macs_per_cycle"] = fig.sources["kr260_macs_per_cycle"]
+            else:
+                gemm = fig.gemm_sequence_utilization * cfg.macs_per_cycle
+                src["gemm_macs_per_cycle"] = fig.sources["gemm_sequence_utilization"]
+            vec, rec, emit = (ov.vector_cycles_per_element, ov.attend_record_cycles,
+                              ov.emit_cycles_per_byte)
+            src["vector_cycles_per_element"] = f"{run}: (cmp_job - gemm_active) cycles / " \
+                                               "vector elements"
+            src["attend_record_cycles"] = f"{run}: (cmp_attend - pair/KV bound) / att_records"
+            src["emit_cycles_per_byte"] = f"{run}: cmp_emit_cycles / ACT K/V bytes"
+        else:
+            gemm = fig.kr260_macs_per_cycle if cfg.name == "kr260" else \
+                fig.gemm_sequence_utilization * cfg.macs_per_cycle
+            src["gemm_macs_per_cycle"] = fig.sources["kr260_macs_per_cycle" if cfg.name ==
+                                                     "kr260" else "gemm_sequence_utilization"]
+            vec, rec, emit = 1 / cfg.vec_lanes, 0.0, 1 / kv_rate
+            src["vector_cycles_per_element"] = f"1 / vec_lanes ({cfg.vec_lanes}): one beat " \
+                                               "per cycle"
+            src["attend_record_cycles"] = "0 (engine rates alone)"
+            src["emit_cycles_per_byte"] = "the KV reader's DMA rate"
+        return cls(cfg.name, gemm, vec, rec, cpq * _lane_scale(fig, cfg, model.head_dim),
+                   kv_rate, emit, overheads, src)
+
+    @classmethod
+    def idle(cls, config: str) -> NodeRates:
+        """A node that computes nothing (the KV placed by the PS: communication alone)."""
+        inf = float("inf")
+        return cls(config, inf, 0.0, 0.0, 0.0, inf, 0.0, False, {"all": "no compute"})
+
+    # --- per layer ---------------------------------------------------------------------------
+    def job_a(self, w: NodeWork) -> float:
+        return w.macs_a / self.gemm_macs_per_cycle + w.vec_a * self.vector_cycles_per_element
+
+    def job_b(self, w: NodeWork) -> float:
+        return w.macs_b / self.gemm_macs_per_cycle + w.vec_b * self.vector_cycles_per_element
+
+    def emit(self, w: NodeWork) -> float:
+        return w.emit_bytes * self.emit_cycles_per_byte
+
+    def attend(self, w: NodeWork) -> float:
+        if not w.records:
+            return 0.0
+        return w.records * self.attend_record_cycles + max(
+            w.pairs * self.attend_pair_cycles, w.kv_read_bytes / self.kv_read_bytes_per_cycle)
+
+    def to_dict(self) -> dict:
+        """JSON-ready (an unbounded rate is ``None``)."""
+        def val(v):
+            return None if isinstance(v, float) and v == float("inf") else v
+        return {k: val(getattr(self, k)) for k in (
+            "config", "gemm_macs_per_cycle", "vector_cycles_per_element",
+            "attend_record_cycles", "attend_pair_cycles", "kv_read_bytes_per_cycle",
+            "emit_cycles_per_byte", "overheads")} | {"sources": dict(self.sources)}

@@ -1,0 +1,340 @@
+"""The event-level system model (``mcf.sysmodel``, ``mcf model``; docs/system-model.md): the
+calibration read from the bench JSON, the node program's work counts against the node's own
+templates and read sets, the event engine on hand-computed cases, the network's packet costs,
+the validation against the RTL layer bench (within 15 %), MARS and the baselines on Qwen2.5,
+and the command's errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+
+from mcf.abi.compute import DmaDesc
+from mcf.abi.eth import FCS_BYTES, HEADER_BYTES, IFG_BYTES, LINK_OVERHEAD, PREAMBLE
+from mcf.abi.jobs import JOB_ARG, VEC_CFG, walk
+from mcf.abi.node_config import KR260, SIM
+from mcf.abi.platform import ACLK_HZ, SFP_RATE_BPS
+from mcf.cli import main
+from mcf.mars import get_model, plan
+from mcf.mars.cluster import ClusterSpec, make_topology
+from mcf.sysmodel.calibration import CalibrationError, load_figures, results_dirs
+from mcf.sysmodel.events import COMPUTE, NET, Hop, Route, StepInput, simulate_step
+from mcf.sysmodel.network import Network, cluster_for
+from mcf.sysmodel.rates import NodeRates, ProgramOverheads
+from mcf.sysmodel.system import SystemSpec, simulate_plan
+from mcf.sysmodel.validate import validate, validate_comm
+from mcf.sysmodel.work import keys_read_blocks, node_work, vector_elements
+
+DOCS = results_dirs()[1]
+
+
+@pytest.fixture(scope="module")
+def fig():
+    return load_figures()
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return get_model("qwen2.5-1.5b")
+
+
+# --- calibration ----------------------------------------------------------------------------
+
+def _copy_results(tmp_path):
+    d = tmp_path / "results"
+    shutil.copytree(DOCS, d)
+    return d
+
+
+def test_figures_come_from_the_bench_json(tmp_path):
+    d = _copy_results(tmp_path)
+    base = load_figures([d])
+    node = json.loads((d / "node.json").read_text())
+    node["macs_per_cycle"] = 512.0
+    (d / "node.json").write_text(json.dumps(node))
+    att = json.loads((d / "attention.json").read_text())
+    att["cases"]["prefill_g6"]["cycles_per_qk"] *= 2
+    (d / "attention.json").write_text(json.dumps(att))
+    comp = json.loads((d / "compute.json").read_text())
+    comp["dma_efficiency"] = 0.5
+    (d / "compute.json").write_text(json.dumps(comp))
+    got = load_figures([d])
+    q = get_model("qwen2.5-1.5b")
+    r0, r1 = (NodeRates.calibrated(f, "kr260", q) for f in (base, got))
+    assert r1.gemm_macs_per_cycle == 512.0 != r0.gemm_macs_per_cycle
+    assert r1.attend_pair_cycles == pytest.approx(2 * r0.attend_pair_cycles)
+    assert r1.kv_read_bytes_per_cycle == pytest.approx(8.0)
+    assert str(d / "node.json") in got.sources["kr260_macs_per_cycle"]
+    assert load_figures([DOCS]).sources["dma_efficiency"] == \
+        "docs/results/compute.json: dma_efficiency"
+    assert got.clock_hz == ACLK_HZ
+
+
+def test_lookup_order_and_missing_bench(tmp_path):
+    d = _copy_results(tmp_path)
+    first = tmp_path / "bench"
+    first.mkdir()
+    node = json.loads((d / "node.json").read_text())
+    node["meta_records_per_cycle"] = 0.25
+    (first / "node.json").write_text(json.dumps(node))
+    f = load_figures([first, d])
+    assert f.meta_records_per_cycle == 0.25
+    assert str(first / "node.json") in f.sources["layer"]
+    (d / "nic.json").unlink()
+    with pytest.raises(CalibrationError, match=r"no nic\.json .*mcf bench nic"):
+        load_figures([first, d])
+
+
+def test_program_overheads_from_the_layer_run(fig):
+    ov = ProgramOverheads.measure(fig)
+    assert ov.config == SIM.name                  # recognised from the GEMM step counter
+    run = fig.layer
+    e0 = run.engines[0]
+    assert ov.gemm_macs_per_cycle == pytest.approx(
+        e0["gemm_steps"] * SIM.macs_per_cycle / e0["gemm_active_cycles"])
+    assert ov.gemm_macs_per_cycle < SIM.macs_per_cycle
+    # the two nodes' ATTEND totals differ by 256 blocks of visible keys: the attention bench's
+    # cycles per pair account for that difference to within 1 % of one record's fixed cost
+    assert ov.attend_record_spread < 0.01 * ov.attend_record_cycles
+    assert ov.vector_cycles_per_element > 0 and ov.emit_cycles_per_byte > 0
+
+
+def test_overheads_refuse_a_run_of_another_shape(tmp_path):
+    d = _copy_results(tmp_path)
+    node = json.loads((d / "node.json").read_text())
+    node["layer"]["engines"]["1"]["kvr_tokens"] += 16
+    (d / "node.json").write_text(json.dumps(node))
+    with pytest.raises(CalibrationError, match="kvr_tokens"):
+        ProgramOverheads.measure(load_figures([d]))
+    del node["layer"]["engines"]["0"]["cmp_emit_cycles"]
+    (d / "node.json").write_text(json.dumps(node))
+    with pytest.raises(CalibrationError, match="missing .*cmp_emit_cycles"):
+        ProgramOverheads.measure(load_figures([d]))
+
+
+def test_attention_rate_follows_the_configuration(fig, qwen):
+    r = NodeRates.calibrated(fig, "kr260", qwen)
+    cpq, case = fig.attention_pair_cycles(6)
+    assert case == "prefill_g6"
+    assert r.attend_pair_cycles == pytest.approx(
+        cpq * (qwen.head_dim / KR260.attn_lanes)
+        / (fig.attention_head_dim / fig.attention_lanes))
+    with pytest.raises(ValueError, match="does not fit"):
+        NodeRates.calibrated(fig, "kr260", get_model("tiny"))
+
+
+# --- work counts ----------------------------------------------------------------------------
+
+def test_vector_elements_match_the_node_templates():
+    from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
+    from mcf.node.layer import ModelImage
+    from mcf.node.layout import NodeLayout
+    spec = get_model("tiny")
+    p = plan(spec, ClusterSpec(2, 1 << 20, 1 << 20, make_topology("kr260-ring", 2)), 64, 32,
+             "mars", alpha=0.5)
+    qls = [quantize_layer(random_layer(TINY, 0), TINY)]
+    m = 16
+    img = ModelImage(TINY, qls, SIM, NodeLayout.for_plan(p, SIM, base=0x1000), tokens=m)
+    raw = img.image[img.table]
+
+    def read(addr, n):
+        return raw[addr - img.table: addr - img.table + n]
+
+    counted = []
+    for t in range(2):
+        actions, _ = walk(read, img.table, img.table_len, JOB_ARG.const({"template": t})
+                          .as_bits())
+        total, beats = 0, None
+        for _, target, value in actions:
+            if target == "vec":
+                beats = int(VEC_CFG.from_bits(value).n_beats)
+            elif target == "rd_desc0" and beats is not None:
+                total += beats * SIM.vec_lanes * DmaDesc.unpack(value).count
+                beats = None
+        counted.append(total)
+    assert tuple(counted) == tuple(m * v for v in vector_elements(spec))
+
+
+def test_node_program_reads_whole_blocks():
+    spec = get_model("tiny")
+    p = plan(spec, ClusterSpec(2, 1 << 20, 1 << 20, make_topology("kr260-ring", 2)), 128, 32,
+             "mars", alpha=0.5)
+    for c in range(1, 5):
+        # node 0's 16 tokens see every earlier slice and their own; node 1's also node 0's
+        assert keys_read_blocks(p, c, 0) == 16 * (32 * (c - 1) + 16)
+        assert keys_read_blocks(p, c, 1) == 16 * (32 * (c - 1) + 32)
+        w = node_work(spec, p, c, 1, "node-program")
+        assert w.tokens == 16 and w.records == 32
+        # node 1's tokens (16..31 of the chunk) see 32(c-1) + 17..32 keys, every query head
+        assert w.pairs == spec.q_heads * sum(32 * (c - 1) + 17 + i for i in range(16))
+    a = node_work(spec, p, 2, 0, "plan", scope="attention")
+    assert a.macs_a == a.vec_b == a.emit_bytes == 0 and a.pairs > 0
+
+
+# --- network and events ---------------------------------------------------------------------
+
+def test_packet_costs(fig):
+    topo = make_topology("kr260-switch", 2)
+    net = Network(topo, fig)
+    up, down = (0, 0), (-1, 1)
+    assert net.frame_wire_bytes(1980) == (len(PREAMBLE) + 1 + HEADER_BYTES + LINK_OVERHEAD
+                                          + 1980 + FCS_BYTES + IFG_BYTES)
+    assert net.frame_wire_bytes(0) == len(PREAMBLE) + 1 + 64 + IFG_BYTES   # padded frame
+    rate = SFP_RATE_BPS / 8 / ACLK_HZ
+    assert net.packet_cycles(down, 1980, False) == pytest.approx(net.frame_wire_bytes(1980)
+                                                                 / rate)
+    assert net.link_latency(up) == pytest.approx(2e-6 * ACLK_HZ)          # ends at the switch
+    assert net.link_latency(down) == pytest.approx(2e-6 * ACLK_HZ + fig.router_hop_cycles
+                                                   + fig.packet_latency_cycles)
+    bare = Network(topo, fig, ethernet=False, latency_cycles=64)
+    assert bare.frame_wire_bytes(1980) == LINK_OVERHEAD + 1980
+    assert bare.link_latency(up) == 64
+    ideal = Network(cluster_for("ideal", 2, 64, node_config="kr260").topology, fig)
+    # unbounded line rate: the NIC's framer, router and record ingress set the time
+    assert ideal.packet_cycles((0, 0), 1980, True) == pytest.approx(max(
+        -(-(LINK_OVERHEAD + 1980) // 8) / fig.framer_beats_per_cycle,
+        (-(-1980 // 8) + fig.packet_header_cycles) / fig.router_beats_per_cycle,
+        1 / fig.meta_records_per_cycle))
+
+
+def _hop(link, cycles, latency, dest, parent=-1, first=None, last=None):
+    first = cycles if first is None else first
+    last = cycles if last is None else last
+    return Hop(link, parent, cycles, first, last, latency, dest)
+
+
+def test_events_overlap_and_wait():
+    # node 0 emits at 100; its message (300 cycles, latency 50) lands at node 1 at 450, which
+    # waits from 110 (JOB 100 + EMIT 10) and then runs ATTEND 20 + JOB 30
+    ops = ((90, 10, 5, 5), (100, 10, 20, 30))
+    r = Route(0, (_hop("a", 300, 50, 1),), (1,), COMPUTE, "emit")
+    tl = simulate_step(StepInput(2, 1, ops, (r,)))
+    assert tl.finish == [110, 500] and tl.last_landing == 450
+    assert tl.waited == [0, 340] and tl.busy == [110, 160]
+    assert tl.cycles == 500 and tl.exposed == 340
+    # two layers: layer 1's message queues behind layer 0's on the link
+    tl = simulate_step(StepInput(2, 2, ((10, 0, 0, 0), (10, 0, 0, 0)),
+                                 (Route(0, (_hop("a", 100, 0, 1),), (1,), COMPUTE, "emit"),)))
+    assert tl.finish == [20, 210] and tl.last_landing == 210
+
+
+def test_events_classes_alternate_and_relays_pipeline():
+    idle = ((0, 0, 0, 0),) * 3
+    net = [Route(0, (_hop("a", 100, 0, 1),), (1,), NET, "start") for _ in range(2)]
+    comp = Route(0, (_hop("a", 10, 0, 1),), (1,), COMPUTE, "emit")
+    tl = simulate_step(StepInput(3, 1, idle, (*net, comp)))
+    assert tl.last_landing == 210          # NET 0..100, then COMPUTE 100..110, NET 110..210
+    # a ring hop 0 -> 1 -> 2: the relay starts once the first packet is across and cannot end
+    # before its last packet has arrived
+    first = Route(0, (_hop("a", 100, 5, 1, first=25, last=25),), (1,), NET, "start", (1,))
+    relay = Route(1, (_hop("b", 40, 5, 2, first=10, last=10),), (2,), NET, "relay")
+    tl = simulate_step(StepInput(3, 1, idle, (first, relay)))
+    assert tl.last_landing == 100 + 5 + 10 + 5
+    assert tl.link_busy == {"a": 100, "b": 40}
+
+
+# --- validation against the RTL -------------------------------------------------------------
+
+def test_model_predicts_the_layer_bench_within_15_percent(fig):
+    v = validate(fig)
+    assert len(v.predicted) == len(fig.layer.step_cycles)
+    assert v.max_error < 0.15, v.to_dict()
+    assert abs(v.busy_predicted - fig.layer.compute_busy_fraction) < 0.02
+    # the step grows with the chunk at the attention bench's rate per pair
+    grow = [b - a for a, b in zip(v.predicted, v.predicted[1:])]
+    meas = [b - a for a, b in zip(v.measured, v.measured[1:])]
+    for g, m in zip(grow, meas):
+        assert g == pytest.approx(m, rel=0.15)
+
+
+def test_engine_rates_alone_miss_the_layer_bench(fig):
+    v = validate(fig, overheads=False)
+    assert all(e < -0.3 for e in v.errors)       # the node program's overheads dominate tiny
+
+
+def test_communication_only_steps(fig):
+    v = validate_comm(fig)
+    assert len(v.predicted) == len(fig.comm.step_cycles)
+    # every step predicted low: the fixed start-up latency in DDR is not modelled
+    assert all(-0.3 < e < 0 for e in v.errors), v.errors
+
+
+# --- MARS and the baselines -----------------------------------------------------------------
+
+def _run(fig, model, link, policy, n, seq=4096, chunk=1024, **kw):
+    p = plan(model, cluster_for(link, n, 64, node_config="kr260"), seq, chunk, policy, 0.5,
+             **kw)
+    return p, simulate_plan(p, fig)
+
+
+def test_qwen_mars_and_baselines(fig, qwen):
+    res = {(link, pol): _run(fig, qwen, link, pol, 4)[1]
+           for link in ("kr260-ring", "ideal") for pol in ("mars", "ring", "zigzag", "full")}
+    for r in res.values():
+        assert r.ttft_cycles >= r.compute_cycles > 0
+        assert r.ttft_cycles == pytest.approx(r.compute_cycles + r.exposed_cycles)
+        assert r.ttft_s == pytest.approx(r.ttft_cycles / ACLK_HZ)
+    for pol in ("mars", "ring", "zigzag"):
+        assert res[("ideal", pol)].exposed_cycles <= res[("kr260-ring", pol)].exposed_cycles
+    ring = res[("kr260-ring", "mars")]
+    best = min(res[("kr260-ring", f)].ttft_s for f in ("ring", "zigzag"))
+    assert ring.ttft_s <= 1.02 * best
+    # zigzag balances the causal work, contiguous ring does not
+    z, r = res[("ideal", "zigzag")], res[("ideal", "ring")]
+    assert min(z.busy_fraction()) > min(r.busy_fraction())
+    assert simulate_plan(_run(fig, qwen, "ideal", "mars", 4)[0], fig).ttft_cycles == \
+        res[("ideal", "mars")].ttft_cycles                              # deterministic
+
+
+def test_scope_pd_and_unchunked(fig, qwen):
+    p, whole = _run(fig, qwen, "switch10g", "zigzag", 2, seq=2048, chunk=512)
+    att = simulate_plan(p, fig, SystemSpec(scope="attention"))
+    assert 0 < att.compute_cycles < whole.compute_cycles
+    p, pd = _run(fig, qwen, "switch10g", "pd", 4, seq=2048, chunk=512)
+    assert len(pd.steps) == p.num_chunks + 1 and pd.steps[-1].timeline.cycles > 0
+    assert sum(pd.steps[-1].timeline.busy) == 0                        # hand-off: links only
+    p, un = _run(fig, qwen, "switch10g", "zigzag", 2, seq=2048, chunk=2048, streams=False)
+    assert len(un.steps) == 1 and un.ttft_cycles > 0
+
+
+# --- the command ----------------------------------------------------------------------------
+
+def test_mcf_model_json(capsys):
+    assert main(["model", "--nodes", "2", "--seq", "2048", "--chunk", "1024", "--link",
+                 "switch10g", "--schemes", "mars,zigzag,ring,full", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["scheme"] for r in out["rows"]] == ["mars", "zigzag", "ring", "full"]
+    assert out["speedups"][0]["nodes"] == 2
+    assert out["clock_hz"] == ACLK_HZ and "kr260_macs_per_cycle" in out["calibration"]
+    assert all(math.isfinite(r["ttft_s"]) for r in out["rows"])
+
+
+def test_mcf_model_validate(capsys):
+    assert main(["model", "--validate-only"]) == 0
+    out = capsys.readouterr().out
+    assert "calibrated" in out and "max |error|" in out and "communication only" in out
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--nodes", "2,x"], "--nodes must be a comma-separated list"),
+    (["--nodes", "0"], "--nodes must all be >= 1"),
+    (["--link", "fiber"], "unknown --link 'fiber'"),
+    (["--seq", "1000", "--chunk", "512"], "must be a positive multiple"),
+    (["--schemes", "mars,nope"], "unknown scheme 'nope'"),
+    (["--model", "tiny"], "does not fit the kr260 attention engine"),
+    (["--scope", "all"], "unknown --scope"),
+    (["--alpha", "nan"], "--alpha must be a finite number"),
+])
+def test_mcf_model_bad_arguments(capsys, argv, msg):
+    assert main(["model", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0]
+
+
+def test_mcf_model_missing_results(tmp_path, capsys):
+    assert main(["model", "--results-dir", str(tmp_path), "--nodes", "2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no node.json" in err[0]

@@ -1,6 +1,8 @@
 """``mcf model``: the event-level system model calibrated from the RTL benches (issue #15 §3,
 docs/system-model.md): MARS and the fair baselines on N nodes over a stated link assumption,
-TTFT and exposed communication; ``--validate``: the model against the measured layer program."""
+TTFT and exposed communication; ``--validate``: the model against the measured layer program;
+``--evaluate``: the paper's evaluation reproduced — figures, tables, JSON (issue #15 §4,
+docs/evaluation.md, :mod:`mcf.sysmodel.evaluation`)."""
 
 from __future__ import annotations
 
@@ -91,6 +93,8 @@ def run(args) -> int:
         setting = Setting("given", setting.alpha if args.alpha is None else args.alpha,
                           setting.kv_budget_mib if args.kv_budget_mib is None
                           else args.kv_budget_mib, f"flags over the {setting.name} setting")
+    if args.evaluate:
+        return _evaluate(args, setting, nodes, fig)
     out: dict = {}
     try:
         if args.validate:
@@ -133,27 +137,98 @@ def run(args) -> int:
     return 0
 
 
+def _evaluate(args, setting, nodes, fig) -> int:
+    """``--evaluate``: every figure and table of the paper's evaluation into ``--out``."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from ..mars import PlanError
+    from ..sysmodel.calibration import CalibrationError
+    from ..sysmodel.evaluation import EvalSpec, count_runs, evaluate, write_report
+    out = Path(args.out or "build/report")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a directory")
+    try:
+        spec = EvalSpec(alpha=setting.alpha, kv_budget_mib=setting.kv_budget_mib,
+                        setting=setting.name, model=args.model, node_config=args.node_config,
+                        link=args.link)
+        if args.quick:
+            spec = spec.quick()
+        else:
+            seqs = tuple(s for s in spec.seq_lens if s % args.chunk == 0)
+            chunks = tuple(b for b in spec.chunks if args.seq % b == 0)
+            spec = replace(spec, seq_len=args.seq, chunk=args.chunk, nodes=nodes,
+                           memory_nodes=nodes[-2:], seq_lens=seqs or (args.chunk,),
+                           chunks=chunks or (args.chunk,))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    bar = None
+    if not args.json and sys.stderr.isatty():
+        from tqdm import tqdm
+        bar = tqdm(total=count_runs(spec), desc="evaluation", unit="run", leave=False)
+    try:
+        ev = evaluate(spec, fig, None if bar is None else
+                      lambda label: (bar.set_postfix_str(label), bar.update(1)))
+    except CalibrationError as exc:
+        print(f"mcf model: error: {exc}", file=sys.stderr)
+        return 1
+    except (PlanError, ValueError) as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    finally:
+        if bar is not None:
+            bar.close()
+    try:
+        written = write_report(ev, out)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: {exc.strerror or exc}") from None
+    if args.json:
+        print(json.dumps(ev.to_dict(), default=str))
+        return 0
+    t = ev.targets()
+    w = t["worst_mars_over_best_fair"]
+    best = t["largest_map_speedup"]
+    print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
+    print(f"MARS / best fair TTFT, worst over Table 1 and the map: {w['ratio']:.3f} "
+          f"({w['where']}, {w['scope']}, N = {w['nodes']})")
+    print(f"largest map speedup: {best['speedup']:.2f}x over {best['best_fair']} "
+          f"({best['scope']}, compute x{best['compute_scale']:g}, {best['link_gbps']:g} Gb/s)")
+    return 0
+
+
+EVALUATE_EXCLUDES = (("--scope", "scope"), ("--layout", "layout"), ("--schemes", "schemes"),
+                     ("--no-overheads", "no_overheads"), ("--validate", "validate"),
+                     ("--validate-only", "validate_only"))
+"""Flags ``--evaluate`` does not take: it models both scopes and its own schemes."""
+
+DEFAULTS = {"nodes": "2,4,8,16", "seq": 16384, "chunk": 1024, "scope": "model",
+            "layout": "plan",
+            "schemes": "mars,ring,zigzag,ring-unchunked,zigzag-unchunked,full,pd"}
+
+
 def register(subs) -> None:
     p = subs.add_parser("model", help="event-level system model calibrated from the RTL benches")
-    p.add_argument("--nodes", default="2,4,8,16", help="node counts, comma-separated")
-    p.add_argument("--seq", type=int, default=16384, help="prompt length S in tokens")
-    p.add_argument("--chunk", type=int, default=1024, help="chunk size B in tokens")
+    p.add_argument("--nodes", default=None, help="node counts, comma-separated "
+                                                 "(default 2,4,8,16)")
+    p.add_argument("--seq", type=int, default=None, help="prompt length S in tokens "
+                                                        "(default 16384)")
+    p.add_argument("--chunk", type=int, default=None, help="chunk size B in tokens "
+                                                          "(default 1024)")
     p.add_argument("--link", default="kr260-ring",
                    help="link assumption: kr260-ring (default), switch10g or ideal")
     p.add_argument("--model", default="qwen2.5-1.5b", help="model preset (qwen2.5-1.5b, tiny)")
-    p.add_argument("--schemes", default="mars,ring,zigzag,ring-unchunked,zigzag-unchunked,"
-                                        "full,pd",
-                   help="MARS and the baselines to model, comma-separated")
+    p.add_argument("--schemes", default=None,
+                   help="MARS and the baselines to model, comma-separated (default all: "
+                        f"{DEFAULTS['schemes']})")
     p.add_argument("--setting", default="paper",
                    help="alpha and S_node: paper (0.5, 64 MiB; default) or board")
     p.add_argument("--alpha", type=float, default=None, help="override the setting's alpha")
     p.add_argument("--kv-budget-mib", type=float, default=None,
                    help="override the setting's S_node (MiB per node)")
     p.add_argument("--node-config", default="kr260", help="node configuration (kr260, sim)")
-    p.add_argument("--scope", default="model",
+    p.add_argument("--scope", default=None,
                    help="what TTFT covers: model (the whole layer program, default) or "
                         "attention (the ATTEND records alone)")
-    p.add_argument("--layout", default="plan",
+    p.add_argument("--layout", default=None,
                    help="token layout: plan (MARS's ranges, default) or node-program (the "
                         "node's contiguous slices, as the RTL runs today)")
     p.add_argument("--no-overheads", action="store_true",
@@ -166,10 +241,33 @@ def register(subs) -> None:
                    help="where bench JSON is read (repeatable, in order; default build/bench "
                         "then docs/results)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--evaluate", action="store_true",
+                   help="reproduce the paper's evaluation (Fig. 3-5, Table 1, Table 2's decode "
+                        "row, the crossover map): PNGs, summary.md and evaluation.json in --out")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="with --evaluate: the output folder (default build/report)")
+    p.add_argument("--quick", action="store_true",
+                   help="with --evaluate: the small grid (4K prompt, N = 2 and 4, a 2 x 2 map)")
     p.set_defaults(handler=_handler)
 
 
 def _handler(args) -> int:
+    if args.evaluate:
+        for flag, attr in EVALUATE_EXCLUDES:
+            if getattr(args, attr) not in (None, False):
+                raise UsageError(f"{flag} does not apply with --evaluate (it models both "
+                                 "scopes and its own schemes)")
+        if args.quick:
+            for flag, attr in (("--nodes", "nodes"), ("--seq", "seq"), ("--chunk", "chunk")):
+                if getattr(args, attr) is not None:
+                    raise UsageError(f"{flag} does not apply with --quick (its grid is fixed)")
+    else:
+        for flag, attr in (("--out", "out"), ("--quick", "quick")):
+            if getattr(args, attr) not in (None, False):
+                raise UsageError(f"{flag} needs --evaluate")
+    for attr, value in DEFAULTS.items():
+        if getattr(args, attr) is None:
+            setattr(args, attr, value)
     if args.validate_only:
         args.validate = True
     return run(args)

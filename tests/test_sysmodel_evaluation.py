@@ -1,0 +1,213 @@
+"""The paper's evaluation on the system model (``mcf.sysmodel.evaluation``, ``mcf model
+--evaluate``; docs/evaluation.md): the small grid's values against the issue's targets (MARS
+never more than 2 % slower than the best fair baseline, within 5 % of full replication where
+it fits, a speedup in the communication-bound corner), the memory trace, the decode row against
+its roofline, the paper's arithmetic, the report files and the command's errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mcf.cli import main
+from mcf.mars import get_model
+from mcf.mars.setting import paper_setting, weight_bytes
+from mcf.sysmodel.calibration import load_figures
+from mcf.sysmodel.evaluation import (
+    SCOPES,
+    EvalSpec,
+    count_runs,
+    decode,
+    evaluate,
+    paper_checks,
+    scaled_rates,
+    scope_ops,
+    write_report,
+)
+from mcf.sysmodel.rates import NodeRates
+
+
+@pytest.fixture(scope="module")
+def fig():
+    return load_figures()
+
+
+@pytest.fixture(scope="module")
+def spec():
+    st = paper_setting()
+    return EvalSpec(st.alpha, st.kv_budget_mib).quick()
+
+
+@pytest.fixture(scope="module")
+def ev(fig, spec):
+    labels = []
+    out = evaluate(spec, fig, labels.append)
+    assert len(labels) == count_runs(spec)
+    return out
+
+
+def test_mars_never_slower_than_the_best_fair_baseline(ev, spec):
+    sp = ev.speedups()
+    assert {(s["scope"], s["nodes"]) for s in sp} == {(c, n) for c in SCOPES for n in spec.nodes}
+    for s in sp:
+        assert s["speedup_vs_best_fair"] >= 1 / 1.02
+        assert s["speedup_vs_ring"] >= s["speedup_vs_best_fair"] - 1e-12
+    assert len(ev.crossover) == len(SCOPES) * len(spec.compute_scales) * len(spec.link_gbps)
+    for p in ev.crossover:
+        assert p.speedup >= 1 / 1.02
+        assert p.ttft_s[p.best_fair] == min(p.ttft_s["ring"], p.ttft_s["zigzag"])
+    t = ev.targets()
+    assert t["mars_within_1_02_of_best_fair"]
+    assert t["worst_mars_over_best_fair"]["ratio"] <= 1.02
+
+
+def test_within_five_percent_of_full_replication_where_it_fits(ev, spec):
+    fits = ev.targets()["full_replication_fits"]
+    # the 4K prompt's 28 MiB of KV fits S_node = 64 MiB on every node: full replication holds
+    assert {(f["scope"], f["nodes"], f["seq_len"]) for f in fits} >= {
+        ("model", n, spec.seq_len) for n in spec.nodes}
+    assert all(f["mars_over_full"] <= 1.05 for f in fits)
+    assert ev.targets()["mars_within_5pc_of_full"]
+
+
+def test_the_communication_bound_corner(ev, spec):
+    for scope in SCOPES:
+        pts = {(p.link_gbps, p.compute_scale): p for p in ev.crossover if p.scope == scope}
+        corner = pts[min(spec.link_gbps), max(spec.compute_scales)]
+        compute_bound = pts[max(spec.link_gbps), min(spec.compute_scales)]
+        assert corner.speedup == max(p.speedup for p in pts.values())
+        assert corner.speedup > 1.1
+        assert compute_bound.speedup == pytest.approx(1.0, abs=0.01)
+        assert corner.exposed_s["zigzag"] > corner.exposed_s["mars"]
+    best = ev.targets()["largest_map_speedup"]
+    assert best["link_gbps"] == min(spec.link_gbps)
+    assert best["compute_scale"] == max(spec.compute_scales)
+
+
+def test_scaled_rates(fig):
+    rates = NodeRates.calibrated(fig, "kr260", get_model("qwen2.5-1.5b"))
+    assert scaled_rates(rates, 1) is rates
+    fast = scaled_rates(rates, 4)
+    assert fast.attend_pair_cycles == pytest.approx(rates.attend_pair_cycles / 4)
+    assert fast.gemm_macs_per_cycle == pytest.approx(rates.gemm_macs_per_cycle * 4)
+    assert fast.kv_read_bytes_per_cycle == pytest.approx(rates.kv_read_bytes_per_cycle * 4)
+
+
+def test_operating_point_follows_the_paper_and_our_rate(ev):
+    qwen = get_model("qwen2.5-1.5b")
+    for o in ev.operating_points:
+        assert o.ops == scope_ops(qwen, 16384, o.scope)
+        assert o.paper_rate_ops_s == pytest.approx(o.ops / (2 * 1.68))
+        assert o.compute_scale == pytest.approx(o.paper_rate_ops_s / o.our_rate_ops_s)
+        assert o.compute_scale > 50         # the paper's node is far faster than ours
+
+
+def test_memory_converges_to_owner_only(ev, spec):
+    assert [m.nodes for m in ev.memory] == list(spec.memory_nodes)
+    for m in ev.memory:
+        assert len(m.steps) == spec.seq_len // spec.chunk + 1
+        assert max(m.max_kv_mib) <= m.budget_mib
+        assert max(m.max_kv_mib) > m.owner_only_mib[-1]       # replicas were made
+        assert m.replica_factor[0] > 1 and m.replica_factor[-1] == 1
+        assert m.mean_kv_mib[-1] == pytest.approx(m.owner_only_mib[-1])
+        assert m.final_owner_only
+
+
+def test_decode_row(fig):
+    qwen = get_model("qwen2.5-1.5b")
+    rates = NodeRates.calibrated(fig, "kr260", qwen)
+    rows = {(r.mode, r.weight_path.startswith("one")): r
+            for r in decode(fig, rates, qwen, 4, 16384)}
+    rep, tp = rows["replicated", False], rows["tensor-parallel", False]
+    assert rep.weight_bytes_per_node == weight_bytes(qwen)
+    assert tp.roofline_tok_s == pytest.approx(4 * rep.roofline_tok_s, rel=1e-6)
+    for r in rows.values():
+        assert r.tok_s < r.roofline_tok_s
+        assert r.tok_s == pytest.approx(1 / (max(r.weights_s, r.gemm_s) + r.vector_s
+                                             + r.attention_s + r.network_s))
+    assert rows["replicated", True].tok_s < rep.tok_s < tp.tok_s
+    assert tp.network_s > rep.network_s                     # the all-reduces
+    short = {(r.mode, r.weight_path): r for r in decode(fig, rates, qwen, 4, 1024)}
+    assert short[rep.mode, rep.weight_path].attention_s < rep.attention_s
+
+
+def test_paper_arithmetic():
+    checks = paper_checks(get_model("qwen2.5-1.5b"))
+    text = " ".join(c.arithmetic for c in checks)
+    assert "19.6 Tops/s" in text             # 6.6e13 ops / (2 x 1.68 s)
+    assert "13.95 GiB" in text               # eq 21 at N = 16
+    assert "12.8 GB/s" in text               # four HP ports at 200 MHz
+    assert len(checks) == 8
+
+
+def test_report_files(ev, tmp_path):
+    written = write_report(ev, tmp_path / "r")
+    names = {p.name for p in written}
+    assert names == {"fig3_ttft_vs_seq.png", "fig4_memory.png", "fig5_chunk.png",
+                     "table1_ttft_vs_nodes.png", "crossover.png", "summary.md",
+                     "evaluation.json"}
+    for p in written:
+        assert p.stat().st_size > 0
+        if p.suffix == ".png":
+            assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            assert p.stat().st_size < 200_000
+    doc = json.loads((tmp_path / "r" / "evaluation.json").read_text())
+    assert set(doc) == {"spec", "clock_hz", "calibration", "covers", "fig3", "fig4", "fig5",
+                        "table1", "table2_decode", "crossover", "paper_checks", "targets",
+                        "notes"}
+    assert set(doc["covers"]) == set(SCOPES)
+    assert doc["table1"]["paper"]["mars"]["2"]["ttft_s"] == 1.68
+    md = (tmp_path / "r" / "summary.md").read_text()
+    assert "## Crossover map" in md and "whole model" in md
+
+
+def test_mcf_model_evaluate(tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["model", "--evaluate", "--quick", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "wrote 7 files" in text and "largest map speedup" in text
+    assert (out / "crossover.png").is_file()
+    assert main(["model", "--evaluate", "--quick", "--out", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["spec"]["seq_len"] == 4096 and doc["targets"]["mars_within_1_02_of_best_fair"]
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--quick"], "--quick needs --evaluate"),
+    (["--out", "x"], "--out needs --evaluate"),
+    (["--evaluate", "--scope", "attention"], "--scope does not apply with --evaluate"),
+    (["--evaluate", "--layout", "plan"], "--layout does not apply"),
+    (["--evaluate", "--schemes", "mars"], "--schemes does not apply"),
+    (["--evaluate", "--no-overheads"], "--no-overheads does not apply"),
+    (["--evaluate", "--validate"], "--validate does not apply"),
+    (["--evaluate", "--validate-only"], "--validate-only does not apply"),
+    (["--evaluate", "--quick", "--nodes", "2,4"], "--nodes does not apply with --quick"),
+    (["--evaluate", "--quick", "--seq", "4096"], "--seq does not apply with --quick"),
+    (["--evaluate", "--quick", "--chunk", "512"], "--chunk does not apply with --quick"),
+    (["--evaluate", "--nodes", "1,2"], "must all be >= 2"),
+    (["--evaluate", "--nodes", "2,x"], "--nodes must be"),
+    (["--evaluate", "--seq", "1000"], "must be a positive multiple"),
+    (["--evaluate", "--link", "fibre"], "unknown --link"),
+    (["--evaluate", "--model", "gpt"], "unknown --model"),
+    (["--evaluate", "--setting", "lab"], "unknown --setting"),
+    (["--evaluate", "--node-config", "big"], "unknown --node-config"),
+    (["--evaluate", "--alpha", "nan"], "--alpha must be"),
+    (["--evaluate", "--kv-budget-mib", "inf"], "--kv-budget-mib must be"),
+    (["--evaluate", "--model", "tiny"], "does not fit"),
+])
+def test_mcf_model_evaluate_bad_arguments(capsys, argv, msg):
+    assert main(["model", *argv]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1 and err.startswith("mcf model: error:")
+
+
+def test_mcf_model_evaluate_bad_out_and_results(tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("")
+    assert main(["model", "--evaluate", "--quick", "--out", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a directory" in err and err.count("\n") == 1
+    assert main(["model", "--evaluate", "--quick", "--results-dir", str(tmp_path),
+                 "--out", str(tmp_path / "r")]) == 1
+    assert capsys.readouterr().err.count("\n") == 1

@@ -11,6 +11,7 @@ unplugged: its TX frames are taken and lost, its RX is idle.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -25,10 +26,16 @@ from mcf.hdl.nic.link_model import LinkModel
 from mcf.hdl.node.top import NodeTop
 from mcf.mars.cluster import RGMII_1G, SFP_10G, LinkParams
 
-__all__ = ["ClusterTop", "Cable", "ring_cables", "CLOCK_HZ"]
+__all__ = ["ClusterTop", "Cable", "ring_cables", "build_cluster", "CLOCK_HZ",
+           "BENCH_LATENCY_CYCLES"]
 
 CLOCK_HZ = ACLK_HZ
 """The ``aclk`` every cycle figure assumes (:data:`mcf.abi.platform.ACLK_HZ`, no fmax claimed)."""
+
+BENCH_LATENCY_CYCLES = 64
+"""Link latency of the benches' and ``mcf run``'s ring, in cycles (213 ns at :data:`CLOCK_HZ`;
+the MARS link latency, 2 µs, would be 600): one Verilator build per ring size serves them all.
+The link *rates* are the cables' own."""
 
 
 @dataclass(frozen=True)
@@ -115,3 +122,18 @@ class ClusterTop(wiring.Component):
                 if (i, ln) not in used_rx:
                     m.d.comb += getattr(node, f"s_axis_link{ln}").valid.eq(0)
         return m
+
+
+@functools.cache
+def build_cluster(n: int, latency_cycles: int = BENCH_LATENCY_CYCLES, config: NodeConfig = SIM):
+    """The Verilator build of ``n`` node tops in a ring (cached in ``build/sim``: one per ring
+    size, latency and configuration, shared by the tests, the benches and ``mcf run``; and per
+    process, since writing the Verilog alone takes most of a minute)."""
+    from mcf.hdl.flat import FlatTop
+    from mcf.sim.toolchain import build
+
+    top = FlatTop(ClusterTop(n, config, latency_cycles=latency_cycles), clock="aclk",
+                  resetn="aresetn")
+    suffix = "" if (latency_cycles, config) == (BENCH_LATENCY_CYCLES, SIM) else \
+        f"_{config.name}_l{latency_cycles}"
+    return build(top, f"node_cluster{n}{suffix}")

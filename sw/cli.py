@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ("abi", "verilog", "plan", "bench", "tables", "build", "deploy", "model")
+SUBCOMMANDS = ("abi", "verilog", "plan", "bench", "tables", "build", "deploy", "model", "run")
 
 
 class UsageError(Exception):

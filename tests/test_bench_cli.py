@@ -27,6 +27,9 @@ FIGURES = {
     "csr": ["maps.mcf_node.registers"],
     "plan": ["rows"],
     "node": ["meta_records_per_cycle", "prefill_comm_step_cycles"],
+    "cluster": ["tiny.n2.mars_ttft_cycles", "tiny.n2.ring_ttft_cycles",
+                "tiny.n2.zigzag_ttft_cycles", "tiny.n2.exposed_comm_cycles",
+                "decode_cycles_per_token.n2", "sim_cycles_per_second.single_process_n2"],
 }
 
 

@@ -10,17 +10,14 @@ import json
 
 import pytest
 
-from mcf.hdl.flat import FlatTop
-from mcf.sim import build, run
-from mcf.sim.cluster import ClusterTop
+from mcf.sim import run
+from mcf.sim.cluster import build_cluster
 
 BENCH = "mcf.sim.benches.node_cluster"
-LATENCY = 64          # link latency in cycles (the MARS 2 µs would be 600 at 300 MHz)
 
 
 def _built(n: int):
-    top = FlatTop(ClusterTop(n, latency_cycles=LATENCY), clock="aclk", resetn="aresetn")
-    return build(top, f"node_cluster{n}")
+    return build_cluster(n)
 
 
 @pytest.fixture(scope="module")

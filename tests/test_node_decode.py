@@ -266,21 +266,13 @@ def test_program_executes_to_the_golden_on_the_abi_models(case):
 # ---- RTL: two node tops ------------------------------------------------------------------------
 
 BENCH = "mcf.sim.benches.node_decode"
-LATENCY = 64          # = tests/test_node_cluster.py's: the same design, so the same cached build
-
-
-def _built(n: int):
-    from mcf.hdl.flat import FlatTop
-    from mcf.sim import build
-    from mcf.sim.cluster import ClusterTop
-
-    top = FlatTop(ClusterTop(n, latency_cycles=LATENCY), clock="aclk", resetn="aresetn")
-    return build(top, f"node_cluster{n}")
 
 
 @pytest.fixture(scope="module")
 def pair():
-    return _built(2)
+    from mcf.sim.cluster import build_cluster
+
+    return build_cluster(2)          # tests/test_node_cluster.py's build, cached once
 
 
 def test_two_nodes_run_one_decode_step(pair, tmp_path):

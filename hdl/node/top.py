@@ -148,9 +148,13 @@ class NodeTop(wiring.Component):
             status(f"seq{q.value}", seq.status)
 
         # ---- directory -------------------------------------------------------------------------
-        m.submodules.directory = dirx = Directory(cfg.kv_count, n_read=len(seqs))
+        m.submodules.directory = dirx = Directory(cfg.kv_count, n_read=len(seqs) + 1)
+        peek = getattr(dirx, f"read{len(seqs)}")          # the PS's read-back port
         m.d.comb += [dirx.clear.eq(_pulse(regs.DIR_CTRL.clear)),
-                     regs.DIR_READY.ready.eq(dirx.ready)]
+                     regs.DIR_READY.ready.eq(dirx.ready),
+                     peek.kv_id.eq(regs.DIR_PEEK.kv_id),
+                     regs.DIR_ENTRY.state.eq(peek.state),
+                     regs.DIR_ENTRY.landed.eq(peek.landed)]
         status("dir", dirx.status)
         for q, seq in enumerate(seqs):
             port = getattr(dirx, f"read{q}")

@@ -1,6 +1,7 @@
 """``mcf bench``: the project's measured figures (cycles from simulation, resources from
 :mod:`mcf.sim.synth`), one module per bench: :mod:`.packet`, :mod:`.nic`, :mod:`.compute`,
-:mod:`.attention`, :mod:`.csr`, :mod:`.plan` (MARS cost model), :mod:`.node` (node tops).
+:mod:`.attention`, :mod:`.csr`, :mod:`.plan` (MARS cost model), :mod:`.node` (node tops),
+:mod:`.cluster` (the tiny model end to end on simulated rings).
 
 Contract of a bench module:
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 __all__ = ["BENCHES", "BenchRefused", "refuse_unplanned", "resource_table"]
 
-BENCHES = ("packet", "nic", "compute", "attention", "csr", "plan", "node")
+BENCHES = ("packet", "nic", "compute", "attention", "csr", "plan", "node", "cluster")
 
 
 class BenchRefused(RuntimeError):

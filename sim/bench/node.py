@@ -1,11 +1,12 @@
 """Node bench (``mcf bench node``; issue #11 §3): two ``sim``-configuration node tops in a KR260
-ring (:class:`mcf.sim.cluster.ClusterTop`, links at 10G/1G rates of a 300 MHz ``aclk``, latency
-:data:`LINK_LATENCY` cycles) run MARS's prefill chunk steps of the ``tiny`` model twice: with the
-KV placed by the PS (the communication alone, every KV byte checked at every planned receiver)
-and as the **layer program** (every node computes its slices on its own engines: JOB, EMIT tee,
-ATTEND, bit-exact against :func:`mcf.node.layer.golden_prefill`); the metadata ingress rate
-through the whole node; the kr260 GEMM's MACs/cycle (:func:`mcf.sim.bench.compute.kr260_gemm`,
-bit-exact); yosys resources of both node tops.
+ring (:class:`mcf.sim.cluster.ClusterTop`, links at 10G/1G rates of a 300 MHz ``aclk``,
+latency :data:`mcf.sim.cluster.BENCH_LATENCY_CYCLES` cycles) run MARS's prefill chunk steps of
+the ``tiny`` model twice: with the KV placed by the PS (the communication alone, every KV byte
+checked at every planned receiver) and as the **layer program** (every node computes its slices
+on its own engines: JOB, EMIT tee, ATTEND, bit-exact against
+:func:`mcf.node.layer.golden_prefill`); the metadata ingress rate through the whole node; the
+kr260 GEMM's MACs/cycle (:func:`mcf.sim.bench.compute.kr260_gemm`, bit-exact); yosys resources of
+both node tops.
 
 What is not measured yet, and why, is in the result's ``not_measured``. A cocotb assertion (a
 byte that did not land or differs from the golden model, any drop or bad-record counter) makes
@@ -19,23 +20,18 @@ import tempfile
 from pathlib import Path
 
 from mcf.sim.bench import BenchRefused, resource_table
+from mcf.sim.cluster import BENCH_LATENCY_CYCLES
 
-__all__ = ["collect", "render", "LINK_LATENCY"]
+__all__ = ["collect", "render"]
 
-LINK_LATENCY = 64
-"""Link latency in cycles (MARS's 2 µs would be 600 cycles at 300 MHz; shortened so the tiny
-model's steps are not all wire time)."""
 
 NOT_MEASURED: dict[str, str] = {}
 """Figures of issue #11 §3 the bench cannot measure yet, with the reason (none today)."""
 
 
 def _cluster(n: int):
-    from mcf.hdl.flat import FlatTop
-    from mcf.sim import build
-    from mcf.sim.cluster import ClusterTop
-    return build(FlatTop(ClusterTop(n, latency_cycles=LINK_LATENCY), clock="aclk",
-                         resetn="aresetn"), f"node_cluster{n}")
+    from mcf.sim.cluster import build_cluster
+    return build_cluster(n)
 
 
 def _run(built, testcase: str, params: dict,
@@ -55,7 +51,7 @@ def prefill(small: bool) -> dict:
     got = _run(_cluster(2), "prefill", {"nodes": 2, "seq_len": seq_len, "chunk": 32,
                                         "seed": 1, "pause": 0.0})
     return {"nodes": 2, "model": "tiny", "seq_len": seq_len, "chunk": 32,
-            "link_latency_cycles": LINK_LATENCY, **got}
+            "link_latency_cycles": BENCH_LATENCY_CYCLES, **got}
 
 
 def layer(small: bool) -> dict:
@@ -64,7 +60,8 @@ def layer(small: bool) -> dict:
                                       "pause": 0.0})
     busy = [e["cmp_busy_cycles"] / sum(got["step_cycles"]) for e in got["engines"].values()]
     return {"nodes": 2, "model": "tiny", "seq_len": seq_len, "chunk": 32,
-            "link_latency_cycles": LINK_LATENCY, "compute_busy_fraction": round(min(busy), 4),
+            "link_latency_cycles": BENCH_LATENCY_CYCLES,
+            "compute_busy_fraction": round(min(busy), 4),
             **got}
 
 
@@ -76,7 +73,7 @@ def decode(small: bool) -> dict:
     got = _run(_cluster(2), "decode", {"nodes": 2, "seq_len": seq_len, "chunk": 32, "seed": 1,
                                        "pause": 0.0}, bench="mcf.sim.benches.node_decode")
     return {"nodes": 2, "model": "tiny", "seq_len": seq_len, "chunk": 32,
-            "link_latency_cycles": LINK_LATENCY, **got}
+            "link_latency_cycles": BENCH_LATENCY_CYCLES, **got}
 
 
 def ingress(small: bool) -> dict:

@@ -37,6 +37,7 @@ Tests (pick one with the runner's ``testcase``):
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 import random
 
@@ -80,14 +81,16 @@ class Host:
     """One node's host side: its DDR, its AXI-Lite master, ring indices."""
 
     def __init__(self, dut, i: int, regmap, layout: NodeLayout, rng: random.Random,
-                 pause: float):
+                 pause: float, mem_bytes: int = MEM):
         self.i, self.regmap, self.layout = i, regmap, layout
         self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, f"n{i}_s_axi_ctrl"), dut.aclk,
                                   dut.aresetn, reset_active_level=False)
-        self.mem = mmap.mmap(-1, MEM)
-        self.mem.write(bytes([FILL]) * MEM)
+        self.axil.write_if.log.setLevel(logging.WARNING)     # one line per access otherwise
+        self.axil.read_if.log.setLevel(logging.WARNING)
+        self.mem = mmap.mmap(-1, mem_bytes)
+        self.mem.write(bytes([FILL]) * mem_bytes)
         self.rams = [ddr_ram(dut, f"n{i}_m_axi_hp{p}", dut.aclk, dut.aresetn,
-                             reset_active_level=False, size=MEM, mem=self.mem, pause=pause,
+                             reset_active_level=False, size=mem_bytes, mem=self.mem, pause=pause,
                              rng=random.Random(rng.random())) for p in range(4)]
         self.irq = getattr(dut, f"n{i}_irq")
         self.prod = [0, 0]
@@ -147,18 +150,24 @@ def planned_receivers(p, index: int) -> dict[tuple, set[int]]:
     return out
 
 
-async def _setup(dut, params, spec=None, model_of=None):
+async def _setup(dut, params, spec=None, model_of=None, plan=None):
     """Reset, identity checks, ``configure`` every node. ``model_of(plan, layout, config)``
-    builds a :class:`ModelImage`: it is written into every node's DDR and configured."""
+    builds a :class:`ModelImage`: it is written into every node's DDR and configured.
+    ``plan``: MARS's plan to run (default: :func:`tiny_plan` of the parameters)."""
     cfg = NODE_CONFIGS[params.get("config", "sim")]
     n = params["nodes"]
-    p = tiny_plan(n, params.get("seq_len", 64), params.get("chunk", 32), spec)
+    p = plan or tiny_plan(n, params.get("seq_len", 64), params.get("chunk", 32), spec)
     regmap = node_regmap()
     layout = NodeLayout.for_plan(p, cfg, base=params.get("base", 0x1000),
                                  cmd_log2=params.get("cmd_log2", 10))
     model = model_of(p, layout, cfg) if model_of else None
+    mem_bytes = params.get("mem", MEM)
+    if model is not None and model.alloc.at > mem_bytes:
+        raise ValueError(f"the node image ends at {model.alloc.at:#x}, beyond the "
+                         f"{mem_bytes:#x}-byte DDR model (params: mem)")
     rng = random.Random(params.get("seed", 1))
-    hosts = [Host(dut, i, regmap, layout, rng, params.get("pause", 0.0)) for i in range(n)]
+    hosts = [Host(dut, i, regmap, layout, rng, params.get("pause", 0.0), mem_bytes)
+             for i in range(n)]
     cocotb.start_soon(Clock(dut.aclk, PERIOD_NS, "ns").start())
     dut.aresetn.value = 0
     await ClockCycles(dut.aclk, 8)
@@ -318,10 +327,10 @@ def _act_rows(mem, addr: int, rows: int, cols: int) -> np.ndarray:
     return read_act(bytes(mem[addr: addr + rows * cols * 4]), rows, cols)
 
 
-async def run_layer_step(dut, hosts, p, step, model, x, expect_packets: list[int],
+async def run_layer_step(dut, hosts, p, step, model, xa, expect_packets: list[int],
                          cycle: list[int], limit: int) -> int:
     """One MARS prefill step as the layer program on every node (``model``: the nodes'
-    :class:`~mcf.node.layer.ModelImage` or a subclass; ``x``: the prompt's float rows): the
+    :class:`~mcf.node.layer.ModelImage` or a subclass; ``xa``: the prompt's ACT rows): the
     slice's DDR writes, routes, rings and ATTEND lists, both doorbells, then the step's MARKs
     and every planned landing (``expect_packets`` grows by the EMIT local copies and MARS's
     sends). Returns the step's cycles, doorbell to the last landing."""
@@ -329,8 +338,7 @@ async def run_layer_step(dut, hosts, p, step, model, x, expect_packets: list[int
     progs = []
     for h in hosts:
         p0, _ = slice_positions(p, idx, h.i)
-        for addr, raw in model.step_writes(np.arange(p0, p0 + m),
-                                           to_act(x[p0:p0 + m])).items():
+        for addr, raw in model.step_writes(np.arange(p0, p0 + m), xa[p0:p0 + m]).items():
             h.mem[addr: addr + len(raw)] = raw
         await h.apply(route_writes(step.routes.entries, h.i))
         prog = step_program(p, idx, h.i, h.net_retired, model=model)
@@ -361,6 +369,54 @@ async def run_layer_step(dut, hosts, p, step, model, x, expect_packets: list[int
 
 
 
+async def check_layer_step(hosts, p, idx: int, model, layout: NodeLayout, gold,
+                           expect_packets: list[int]) -> None:
+    """After prefill step ``idx`` of the layer program, bit for bit against ``gold``
+    (:func:`~mcf.node.layer.golden_prefill`'s layers): every layer's attention output and
+    output rows of every node's slice, the INT4 KV records of every block each node attended to
+    (its own and the ones it received); the landing count; no bad record, drop, bus error or
+    timeout counter anywhere."""
+    enc, cfg, m = p.encoder, model.cfg, model.tokens
+    rec = kv_token_bytes(cfg.head_dim)
+    for h in hosts:
+        p0, _ = slice_positions(p, idx, h.i)
+        for li, lb in enumerate(model.bufs):
+            want = gold[li]
+            att = _act_rows(h.mem, lb.buf["att"], m, cfg.heads * cfg.head_dim)
+            bad = np.argwhere(att != want.att[p0:p0 + m])
+            assert bad.size == 0, (f"step {idx} node {h.i} layer {li}: attention output "
+                                   f"differs at {len(bad)} places, first {bad[0]}")
+            y = _act_rows(h.mem, lb.buf["y"], m, cfg.hidden)
+            bad = np.argwhere(y != want.y[p0:p0 + m])
+            assert bad.size == 0, (f"step {idx} node {h.i} layer {li}: output differs at "
+                                   f"{len(bad)} places, first {bad[0]}")
+            for b, s in read_set(p, idx, h.i):
+                q0, qn = slice_positions(p, b, s)
+                for g in range(cfg.kv_heads):
+                    a = block_address(layout.kv, enc.kv_id(li, b, s), g, layout.kv_layout)
+                    got = bytes(h.mem[a: a + qn * rec])
+                    assert got == want.kv[g][q0 * rec:(q0 + qn) * rec], (
+                        f"step {idx} node {h.i} layer {li}: KV of block {b} slice {s} "
+                        f"head {g} differs")
+        c = await h.counters("land_")
+        assert c["land_packets"] == expect_packets[h.i], (h.i, c)
+        assert all(v == 0 for k, v in c.items() if k not in ("land_packets", "land_bytes")), c
+        for prefix, good in (("emit_", ("records", "tokens", "local", "staged")),
+                             ("att_", ("records", "blocks")),
+                             ("jobs_", ("jobs", "entries", "fences", "fence_cycles")),
+                             ("kvr_", ("blocks", "tokens", "jobs"))):
+            cnt = await h.counters(prefix)
+            assert all(v == 0 for k, v in cnt.items()
+                       if k[len(prefix):] not in good), (h.i, cnt)
+        for q in range(2):
+            assert await h.read(f"cmd{q}_bad_records") == 0
+            assert await h.read(f"seq{q}_bad_runtime") == 0
+            assert await h.read(f"seq{q}_timeouts") == 0
+        for prs in range(4):
+            drops = await h.counters(f"parser{prs}_drop_")
+            assert not any(drops.values()), (h.i, prs, drops)
+
+
 @cocotb.test()
 async def layer(dut):
     params = bench_params()
@@ -372,55 +428,18 @@ async def layer(dut):
         return ModelImage(TINY, qls, cfg, layout, tokens=slice_positions(p, 1, 0)[1])
 
     p, layout, hosts, model = await _setup(dut, params, spec, model_of)
-    enc, n, S = p.encoder, len(hosts), p.num_chunks * p.chunk
+    n, S = len(hosts), p.num_chunks * p.chunk
     x = np.random.default_rng(seed).standard_normal((S, TINY.hidden)).astype(np.float32)
     slices = [slice_positions(p, b, s) for b in range(1, p.num_chunks + 1) for s in range(n)]
     gold = golden_prefill(x, qls, TINY, slices)
-    rec = kv_token_bytes(TINY.head_dim)
-    m = model.tokens
     cycle = cycle_counter(dut.aclk)
     step_cycles, expect_packets = [], [0] * n
     for step in p.steps:
         idx = step.index
-        step_cycles.append(await run_layer_step(dut, hosts, p, step, model, x, expect_packets,
-                                                cycle, params.get("step_limit", 3_000_000)))
-        for h in hosts:
-            p0, _ = slice_positions(p, idx, h.i)
-            for li, lb in enumerate(model.bufs):
-                want = gold[li]
-                att = _act_rows(h.mem, lb.buf["att"], m, TINY.heads * TINY.head_dim)
-                bad = np.argwhere(att != want.att[p0:p0 + m])
-                assert bad.size == 0, (f"step {idx} node {h.i} layer {li}: attention output "
-                                       f"differs at {len(bad)} places, first {bad[0]}")
-                y = _act_rows(h.mem, lb.buf["y"], m, TINY.hidden)
-                bad = np.argwhere(y != want.y[p0:p0 + m])
-                assert bad.size == 0, (f"step {idx} node {h.i} layer {li}: output differs at "
-                                       f"{len(bad)} places, first {bad[0]}")
-                for b, s in read_set(p, idx, h.i):
-                    q0, qn = slice_positions(p, b, s)
-                    for g in range(TINY.kv_heads):
-                        a = block_address(layout.kv, enc.kv_id(li, b, s), g, layout.kv_layout)
-                        got = bytes(h.mem[a: a + qn * rec])
-                        assert got == want.kv[g][q0 * rec:(q0 + qn) * rec], (
-                            f"step {idx} node {h.i} layer {li}: KV of block {b} slice {s} "
-                            f"head {g} differs")
-            c = await h.counters("land_")
-            assert c["land_packets"] == expect_packets[h.i], (h.i, c)
-            assert all(v == 0 for k, v in c.items() if k not in ("land_packets", "land_bytes")), c
-            for prefix, good in (("emit_", ("records", "tokens", "local", "staged")),
-                                 ("att_", ("records", "blocks")),
-                                 ("jobs_", ("jobs", "entries", "fences", "fence_cycles")),
-                                 ("kvr_", ("blocks", "tokens", "jobs"))):
-                cnt = await h.counters(prefix)
-                assert all(v == 0 for k, v in cnt.items()
-                           if k[len(prefix):] not in good), (h.i, cnt)
-            for q in range(2):
-                assert await h.read(f"cmd{q}_bad_records") == 0
-                assert await h.read(f"seq{q}_bad_runtime") == 0
-                assert await h.read(f"seq{q}_timeouts") == 0
-            for prs in range(4):
-                drops = await h.counters(f"parser{prs}_drop_")
-                assert not any(drops.values()), (h.i, prs, drops)
+        step_cycles.append(await run_layer_step(dut, hosts, p, step, model, to_act(x),
+                                                expect_packets, cycle,
+                                                params.get("step_limit", 3_000_000)))
+        await check_layer_step(hosts, p, idx, model, layout, gold, expect_packets)
     out = params.get("out")
     if out:
         engines = {h.i: {k: await h.read(k) for k in (

@@ -36,10 +36,12 @@ from mcf.node.decode import (
     decode_layout,
     decode_program,
     decode_seq,
+    decode_slot,
     golden_decode,
     owned_blocks,
     prompt_blocks,
     reduction_parents,
+    slice_tokens,
 )
 from mcf.node.layer import act_bytes, golden_prefill, read_act, slice_positions
 from mcf.node.program import configure
@@ -74,6 +76,98 @@ async def _bad_counters(h) -> dict[str, int]:
     return out
 
 
+def check_owned_kv(hosts, p, lay, prefill) -> None:
+    """The prompt's KV each node owns after the prefill (:func:`~mcf.node.decode.owned_blocks`),
+    read from its DDR, bit for bit as ``prefill`` (:func:`~mcf.node.layer.golden_prefill`'s
+    layers) has it."""
+    enc = p.encoder
+    S = p.num_chunks * p.chunk
+    for h in hosts:
+        for b, s in owned_blocks(p)[h.i]:
+            q0, qn = slice_positions(p, b, s)
+            for li, gl in enumerate(prefill):
+                for g, raw in enumerate(gl.kv):
+                    a = lay.kv.kv_base + enc.kv_id(li, b, s) * lay.kv.kv_slot + \
+                        g * lay.kv_layout.head_stride
+                    rec = len(raw) // S
+                    assert bytes(h.mem[a: a + qn * rec]) == raw[q0 * rec:(q0 + qn) * rec], \
+                        f"node {h.i}: prompt KV of block {b} slice {s} layer {li} head {g}"
+
+
+async def run_decode_token(dut, hosts, p, k: int, image: DecodeImage, xa, cycle: list[int],
+                           limit: int, marks: int) -> int:
+    """Decode token ``k`` on every node from the rings (:func:`mcf.node.decode.decode_program`):
+    the token's DDR and register writes, the root's input row ``xa`` (ACT codes), both rings;
+    the holders' doorbells first, the root's COMPUTE doorbell last. Waits for the root's MARK
+    interrupt and every node's ``marks + 1``-th MARK on both queues; no interrupt cause but a
+    MARK. Returns the cycles from the root's COMPUTE doorbell to its MARK."""
+    root = p.decode_owner(k)
+    for h in hosts:
+        prog = decode_program(p, k, h.i, image)
+        assert prog.root == root
+        await h.apply(prog.writes)
+        for addr, raw in prog.ddr.items():
+            h.mem[addr: addr + len(raw)] = raw
+        if h.i == root:
+            h.mem[image.dx0: image.dx0 + len(xa) * 4] = act_bytes(np.reshape(xa, (1, -1)))
+        h.put(Queue.NET, prog.net)
+        h.put(Queue.COMPUTE, prog.compute)
+        assert not h.regmap.register("IRQ_STATUS").unpack(await h.read("IRQ_STATUS"))["mark1"]
+    hr = hosts[root]
+    for h in sorted(hosts, key=lambda h: h.i == root):      # holders first, the root last
+        await h.doorbell(Queue.NET)
+        if h is not hr:
+            await h.doorbell(Queue.COMPUTE)
+    t0 = cycle[0]
+    await hr.doorbell(Queue.COMPUTE)
+    if not int(hr.irq.value):
+        try:
+            await with_timeout(RisingEdge(hr.irq), limit * PERIOD_NS, "ns")
+        except SimTimeoutError:
+            raise AssertionError(f"root {root}: no MARK of decode token {k} within {limit} "
+                                 f"cycles; counters {await snapshot(hosts)}") from None
+    cycles = cycle[0] - t0
+    for h in hosts:
+        while await h.read("seq1_marks") < marks + 1:
+            assert cycle[0] - t0 < limit, (f"node {h.i}: MARK of decode token {k} missing; "
+                                           f"counters {await snapshot(hosts)}")
+            await ClockCycles(dut.aclk, POLL)
+        assert [await h.read(f"seq{q}_marks") for q in range(2)] == [marks + 1] * 2
+        status = await h.read("IRQ_STATUS")
+        fields = h.regmap.register("IRQ_STATUS").unpack(status)
+        assert not {f: v for f, v in fields.items() if v and not f.startswith("mark")}, fields
+        await h.write("IRQ_STATUS", status)            # RW1C: the token's MARKs seen
+    return cycles
+
+
+async def check_decode_token(hosts, p, image: DecodeImage, gold, k: int) -> None:
+    """Decode token ``k`` bit for bit against ``gold`` (:func:`~mcf.node.decode.golden_decode`'s
+    layers): the root's OBUF rows and output row of every layer and the new token's INT4 KV in
+    its decode block; no drop, bad record, error or timeout counter on any node."""
+    root, j = decode_slot(p, k)
+    cfg, lay = image.cfg, image.layout
+    T = slice_tokens(p)
+    mem = hosts[root].mem
+    nq = cfg.heads * cfg.head_dim
+    for li, gl in enumerate(gold):
+        obuf = _rows(mem, image.obuf_rows(li), nq)
+        bad = np.flatnonzero(obuf != gl.att)
+        assert bad.size == 0, (f"token {k} root {root} layer {li}: OBUF differs at {bad.size} "
+                               f"of {nq} words, first {bad[0]}: {obuf[bad[0]]} vs "
+                               f"{gl.att[bad[0]]}")
+        y = _rows(mem, image.dbufs[li].buf["y"], cfg.hidden)
+        bad = np.flatnonzero(y != gl.y)
+        assert bad.size == 0, f"token {k} root {root} layer {li}: output differs at {bad.size}"
+        for g in range(cfg.kv_heads):
+            a = lay.kv_address(decode_kv_id(p, li, root, j // T), decode_seq(p, j % T, g))
+            assert bytes(mem[a: a + len(gl.kv[g])]) == gl.kv[g], \
+                f"token {k} root {root} layer {li}: new token's KV of head {g}"
+    for h in hosts:
+        assert await h.read("seq0_timeouts") == await h.read("seq1_timeouts") == 0
+        bad = await _bad_counters(h)
+        assert not bad, f"token {k} node {h.i}: {bad}"
+
+
 @cocotb.test()
 async def decode(dut):
     params = bench_params()
@@ -93,7 +187,7 @@ async def decode(dut):
         h.layout = lay
         await h.apply(configure(p, lay, h.i, seq_timeout=params.get("timeout", 0),
                                 model=image))
-    enc, n, L = p.encoder, len(hosts), spec.layers
+    n, L = len(hosts), spec.layers
     S = p.num_chunks * p.chunk
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((S + 1, TINY.hidden)).astype(np.float32)
@@ -104,20 +198,10 @@ async def decode(dut):
 
     # ---- the prompt: MARS's prefill steps with the layer program -------------------------------
     expect_packets = [0] * n
-    prefill_cycles = [await run_layer_step(dut, hosts, p, step, image, x, expect_packets, cycle,
-                                           limit) for step in p.steps]
+    prefill_cycles = [await run_layer_step(dut, hosts, p, step, image, to_act(x[:S]),
+                                           expect_packets, cycle, limit) for step in p.steps]
     marks = len(p.steps)
-    for h in hosts:                       # the prompt's KV each node owns, as the golden's
-        for b, s in owned_blocks(p)[h.i]:
-            q0, qn = slice_positions(p, b, s)
-            for li in range(L):
-                for g in range(TINY.kv_heads):
-                    a = lay.kv.kv_base + enc.kv_id(li, b, s) * lay.kv.kv_slot + \
-                        g * lay.kv_layout.head_stride
-                    rec = len(prefill[li].kv[g]) // S
-                    assert bytes(h.mem[a: a + qn * rec]) == \
-                        prefill[li].kv[g][q0 * rec:(q0 + qn) * rec], \
-                        f"node {h.i}: prompt KV of block {b} slice {s} layer {li} head {g}"
+    check_owned_kv(hosts, p, lay, prefill)
 
     # ---- one decode token ----------------------------------------------------------------------
     k = params.get("token", 0)
@@ -127,63 +211,11 @@ async def decode(dut):
     xa = to_act(x[S:S + 1])[0]
     gold = golden_decode(xa, qls, TINY, position, root, reduction_parents(p, root),
                          prompt_blocks(p, prefill))
-    progs = {}
-    for h in hosts:
-        prog = decode_program(p, k, h.i, image)
-        assert prog.root == root and prog.position == position
-        await h.apply(prog.writes)
-        for addr, raw in prog.ddr.items():
-            h.mem[addr: addr + len(raw)] = raw
-        if h.i == root:
-            h.mem[image.dx0: image.dx0 + TINY.hidden * 4] = act_bytes(xa.reshape(1, -1))
-        h.put(Queue.NET, prog.net)
-        h.put(Queue.COMPUTE, prog.compute)
-        progs[h.i] = prog
-        assert not h.regmap.register("IRQ_STATUS").unpack(await h.read("IRQ_STATUS"))["mark1"]
-    hr = hosts[root]
-    for h in sorted(hosts, key=lambda h: h.i == root):      # holders first, the root last
-        await h.doorbell(Queue.NET)
-        if h is not hr:
-            await h.doorbell(Queue.COMPUTE)
-    t0 = cycle[0]
-    await hr.doorbell(Queue.COMPUTE)
-    if not int(hr.irq.value):
-        try:
-            await with_timeout(RisingEdge(hr.irq), limit * PERIOD_NS, "ns")
-        except SimTimeoutError:
-            raise AssertionError(f"root {root}: no decode MARK within {limit} cycles; "
-                                 f"counters {await snapshot(hosts)}") from None
-    decode_cycles = cycle[0] - t0
+    decode_cycles = await run_decode_token(dut, hosts, p, k, image, xa, cycle, limit, marks)
     marks += 1
-    for h in hosts:
-        while await h.read("seq1_marks") < marks:
-            assert cycle[0] - t0 < limit, (f"node {h.i}: decode MARK missing; counters "
-                                           f"{await snapshot(hosts)}")
-            await ClockCycles(dut.aclk, POLL)
-        assert [await h.read(f"seq{q}_marks") for q in range(2)] == [marks, marks]
-        status = h.regmap.register("IRQ_STATUS").unpack(await h.read("IRQ_STATUS"))
-        assert not {f: v for f, v in status.items() if v and not f.startswith("mark")}, status
-
-    # ---- checks --------------------------------------------------------------------------------
-    mem = hr.mem
-    nq = TINY.heads * TINY.head_dim
-    for li in range(L):
-        obuf = _rows(mem, image.obuf_rows(li), nq)
-        bad = np.flatnonzero(obuf != gold[li].att)
-        assert bad.size == 0, (f"root {root} layer {li}: OBUF differs at {bad.size} of {nq} "
-                               f"words, first {bad[0]}: {obuf[bad[0]]} vs {gold[li].att[bad[0]]}")
-        y = _rows(mem, image.dbufs[li].buf["y"], TINY.hidden)
-        bad = np.flatnonzero(y != gold[li].y)
-        assert bad.size == 0, f"root {root} layer {li}: output differs at {bad.size} places"
-        for g in range(TINY.kv_heads):
-            a = lay.kv_address(decode_kv_id(p, li, root), decode_seq(p, 0, g))
-            assert bytes(mem[a: a + len(gold[li].kv[g])]) == gold[li].kv[g], \
-                f"root {root} layer {li}: new token's KV of head {g}"
+    await check_decode_token(hosts, p, image, gold, k)
     want_states = L * TINY.heads
     for h in hosts:
-        assert await h.read("seq0_timeouts") == await h.read("seq1_timeouts") == 0
-        bad = await _bad_counters(h)
-        assert not bad, f"node {h.i}: {bad}"
         assert await h.read("nic_reduce_rx_packets") == want_states * (
             1 + sum(par == h.i for par in reduction_parents(p, root).values()))
         if h.i == root:

@@ -172,9 +172,10 @@ class DirectoryModel:
 
 def directory_registers() -> list[Register]:
     """``DIR_CTRL`` (W strobe ``clear``: walk every entry back to zero), ``DIR_READY`` (R: the
-    walk is over; the sequencer and the landing path wait for it) and the status counters
-    ``dir_<counter>`` (:data:`DIRECTORY_STATUS`). Not yet part of
-    :func:`mcf.abi.csrmap.node_regmap`."""
+    walk is over; the sequencer and the landing path wait for it), ``DIR_PEEK`` / ``DIR_ENTRY``
+    (the PS reads any entry back: write the ``kv_id``, read state and landed count — how a run
+    checks the owner-only layout in the node itself) and the status counters ``dir_<counter>``
+    (:data:`DIRECTORY_STATUS`)."""
     return [
         Register("DIR_CTRL", (
             Field("clear", 1, Access.W, desc="start a clear walk (DIR_READY drops until done)"),
@@ -182,4 +183,12 @@ def directory_registers() -> list[Register]:
         Register("DIR_READY", (
             Field("ready", 1, Access.R, desc="no clear walk running: the directory is usable"),
         ), "directory ready (low for ~kv_count cycles after reset and after a clear)"),
+        Register("DIR_PEEK", (
+            Field("kv_id", KV_ID_BITS, Access.RW, desc="kv_id whose entry DIR_ENTRY shows"),
+        ), "directory read-back address (the PS's own read port)"),
+        Register("DIR_ENTRY", (
+            Field("state", DirState.as_shape().width, Access.R,
+                  desc="DirState of DIR_PEEK's kv_id (0 ABSENT, 1 VALID, 2 DRAINING, 3 OWNER)"),
+            Field("landed", LANDED_BITS, Access.R, desc="its landed-packet count"),
+        ), "directory entry of DIR_PEEK.kv_id (valid 2 cycles after a DIR_PEEK write)"),
     ] + status_registers("dir", DIRECTORY_STATUS, "kv_id directory")

@@ -95,27 +95,28 @@ from .program import Write, route_writes
 __all__ = ["DecodeImage", "DecodeBuffers", "DecodeProgram", "decode_layout", "decode_kv_id",
            "decode_seq", "decode_slot", "owned_blocks", "query_payloads", "decode_writes",
            "decode_program", "GoldenDecodeLayer", "golden_decode", "prompt_blocks",
-           "reduction_parents", "COUNTER_CLEAR"]
+           "reduction_parents", "slice_tokens", "COUNTER_CLEAR"]
 
 COUNTER_CLEAR = (1 << SeqCounter.RESULTS_LANDED.value) | (1 << SeqCounter.QUERIES_LANDED.value)
 """The clear mask of a decode token's last MARK."""
 
 
-def _slice_tokens(plan) -> int:
+def slice_tokens(plan) -> int:
+    """Tokens of a slice, and of a decode block: ``⌈B/N⌉``."""
     return -(-plan.chunk // plan.cluster.nodes)
 
 
 def _prefill_seqs(plan) -> int:
-    return len(plan.encoder.fragments(_slice_tokens(plan)))
+    return len(plan.encoder.fragments(slice_tokens(plan)))
 
 
 def decode_seq(plan, token: int, kv_head: int) -> int:
     """``Meta.seq`` of token ``token`` (0-based in its decode block) of KV head ``kv_head``: the
     ``LAND_OFF`` entries after the prefill's fragments."""
     seq = _prefill_seqs(plan) + token * plan.model.kv_heads + kv_head
-    if not 0 <= token < _slice_tokens(plan) or seq >= LAND_OFF_ENTRIES:
+    if not 0 <= token < slice_tokens(plan) or seq >= LAND_OFF_ENTRIES:
         raise ValueError(f"decode token {token} of KV head {kv_head} has no LAND_OFF entry "
-                         f"({LAND_OFF_ENTRIES} entries, {_slice_tokens(plan)} tokens a block)")
+                         f"({LAND_OFF_ENTRIES} entries, {slice_tokens(plan)} tokens a block)")
     return seq
 
 
@@ -141,7 +142,7 @@ def decode_layout(plan, config, base: int = 0, cmd_log2: int = 10,
     kvl = lay.kv_layout
     table = list(kvl.land_off)
     rec = kv_token_bytes(plan.model.head_dim)
-    for t in range(_slice_tokens(plan)):
+    for t in range(slice_tokens(plan)):
         for g in range(plan.model.kv_heads):
             table[decode_seq(plan, t, g)] = g * kvl.head_stride + t * rec
 
@@ -407,7 +408,7 @@ def decode_program(plan, k: int, node: int, image: DecodeImage) -> DecodeProgram
             (cfg.heads, cfg.kv_heads, hd):
         raise ValueError("the plan's model and the image's layer geometry differ")
     root, j = decode_slot(plan, k)
-    T = _slice_tokens(plan)
+    T = slice_tokens(plan)
     if j // T >= image.decode_blocks:
         raise ValueError(f"decode token {k} is the root's {j + 1}th; the image holds "
                          f"{image.decode_blocks} decode block(s) of {T} tokens")
@@ -490,7 +491,7 @@ def _list_blocks(plan, image: DecodeImage, node: int, layer: int, g: int, owned,
         q0, qn = slice_positions(plan, b, s)
         ents.append(AttendBlock(block_address(lay.kv, enc.kv_id(layer, b, s), g, lay.kv_layout),
                                 qn, q0))
-    T = _slice_tokens(plan)
+    T = slice_tokens(plan)
     p0 = plan.num_chunks * plan.chunk
     for blk in range(-(-len(mine) // T)):
         toks = mine[blk * T:(blk + 1) * T]
@@ -533,14 +534,19 @@ def _merge_tree(states: dict[int, bytes], root: int, parents: dict[int, int]) ->
 
 
 def golden_decode(x, layers: list[QuantLayer], cfg: LayerConfig, position: int, root: int,
-                  parents: dict[int, int], blocks_of) -> list[GoldenDecodeLayer]:
+                  parents: dict[int, int], blocks_of, *,
+                  open_block: tuple[int, int] | None = None) -> list[GoldenDecodeLayer]:
     """The decode step's arithmetic for the root's input row ``x`` (ACT codes ``[hidden]``) at
     ``position``. ``parents``: every non-root node's parent on the reduction tree
     (:func:`reduction_parents`; ``{}`` for one node). ``blocks_of(node, layer, g)``: the
     :class:`~mcf.golden.attention.KVBlock` list (K in RoPE pair order) ``node``'s ATTEND names
     before the new token, in list order (:func:`prompt_blocks`). Each node's state: one
     ``attend_single`` over its list (the root's ends with the new token); merged per engine as
-    its own state, then each child's result in id order; the root's ``normalize``d."""
+    its own state, then each child's result in id order; the root's ``normalize``d.
+    ``open_block = (first decode position, T)``: the root's list names its decode tokens in
+    blocks of ``T`` (:func:`_list_blocks`), so when its last block is a decode block with fewer
+    than ``T`` tokens the new token joins that block (one ATTEND list entry) instead of
+    following it — the online softmax depends on the partition."""
     hd, rep = cfg.head_dim, cfg.heads // cfg.kv_heads
     pk = rope_pair_order(hd, hd)
     nodes = sorted({root, *parents})
@@ -560,7 +566,9 @@ def golden_decode(x, layers: list[QuantLayer], cfg: LayerConfig, position: int, 
                 sq = np.stack([qm, qe], axis=-1)
                 queries.append(pack_query(qc[:, pk], sq, int(pos[0]), li, g * rep))
                 for n in nodes:
-                    blocks = list(blocks_of(n, li, g)) + ([new] if n == root else [])
+                    blocks = list(blocks_of(n, li, g))
+                    if n == root:
+                        blocks = _with_new_token(blocks, new, open_block)
                     if blocks:
                         st = attend_single(qc[:, pk], sq, blocks, int(pos[0]), causal=False)
                         pay = [pack_state(st.m[h], st.l[h], st.o[h]) for h in range(rep)]
@@ -580,6 +588,17 @@ def golden_decode(x, layers: list[QuantLayer], cfg: LayerConfig, position: int, 
     return out
 
 
+def _with_new_token(blocks: list[KVBlock], new: KVBlock, open_block) -> list[KVBlock]:
+    last = blocks[-1] if blocks else None
+    if open_block and last is not None and int(last.pos[0]) >= open_block[0] and \
+            len(last) < open_block[1]:
+        joined = KVBlock(*(np.concatenate([a, b]) for a, b in (
+            (last.k, new.k), (last.sk, new.sk), (last.v, new.v), (last.sv, new.sv),
+            (last.pos, new.pos))))
+        return blocks[:-1] + [joined]
+    return blocks + [new]
+
+
 def prompt_blocks(plan, prefill, extra=None):
     """``blocks_of`` for :func:`golden_decode` from :func:`mcf.node.layer.golden_prefill`'s
     layers (``prefill[layer].kv[g]``: every prompt token's record): each node's owned prompt
@@ -589,7 +608,7 @@ def prompt_blocks(plan, prefill, extra=None):
     owned = owned_blocks(plan)
     hd = plan.model.head_dim
     rec = kv_token_bytes(hd)
-    T = _slice_tokens(plan)
+    T = slice_tokens(plan)
 
     def blocks_of(node: int, layer: int, g: int) -> list[KVBlock]:
         out = []

@@ -58,7 +58,7 @@ from ..quant import QuantWeight, gemm_tile_blob, to_act
 from .layout import REGION_ALIGN, NodeLayout
 
 __all__ = ["ModelImage", "LayerBuffers", "layer_records", "golden_prefill", "act_bytes",
-           "read_act", "slice_positions", "read_set"]
+           "read_act", "slice_positions", "read_set", "max_read_set"]
 
 ZERO_ROW = 0
 
@@ -276,6 +276,12 @@ def read_set(plan, block: int, node: int) -> list[tuple[int, int]]:
     return out
 
 
+def max_read_set(plan) -> int:
+    """The longest ATTEND list of the plan's prefill (a :class:`ModelImage`'s ``max_blocks``)."""
+    return max(len(read_set(plan, b, v)) for b in range(1, plan.num_chunks + 1)
+               for v in range(plan.cluster.nodes))
+
+
 def _fragment_meta(plan, node: int, kv_id: int, seq: int, length: int) -> Meta:
     return Meta(stage=Stage.PREFILL, op=Op.KV_REPLICA, collective=Collective.P2P, src=node,
                 dst=node, route_id=0, kv_id=kv_id, length=length, seq=seq)
@@ -365,8 +371,9 @@ class GoldenLayer:
 
 
 def golden_prefill(x, layers: list[QuantLayer], cfg: LayerConfig,
-                   block_slices) -> list[GoldenLayer]:
-    """The layer program's arithmetic over the whole prompt: ``x`` float rows ``[S, hidden]``;
+                   block_slices, *, act_in: bool = False) -> list[GoldenLayer]:
+    """The layer program's arithmetic over the whole prompt: ``x`` float rows ``[S, hidden]``
+    (ACT codes with ``act_in``: the embedding lookup's rows);
     ``block_slices`` = ``[(p0, tokens), ...]`` the KV blocks in list order (MARS's slices).
     :func:`mcf.golden.qwen_layer.layer_fixed` with the engines' attention: K/V quantised per
     token and head as the emitter does, Q per head as the vector unit does, each query over
@@ -375,7 +382,7 @@ def golden_prefill(x, layers: list[QuantLayer], cfg: LayerConfig,
     hd, rep = cfg.head_dim, cfg.heads // cfg.kv_heads
     pk = rope_pair_order(hd, hd)
     out: list[GoldenLayer] = []
-    xa = to_act(x)
+    xa = np.asarray(x, dtype=np.int64) if act_in else to_act(x)
     for ql in layers:
         kept = {}
 

@@ -1,0 +1,84 @@
+"""Cluster bench (``mcf bench cluster``; issue #14 "Bench", docs/cluster.md): the tiny model end
+to end on simulated KR260 rings of ``sim`` node tops (:func:`mcf.commands.run.simulate`, one
+Verilator build per ring size), the paper's comparison measured in RTL: TTFT in cycles of MARS,
+ring and zigzag prefill at N = 2 and 4 on the same prompt, the exposed communication per step
+(the COMPUTE queues' wait cycles), decode cycles per token, and the simulator's speed.
+
+Every run is checked bit for bit against its golden model, its tokens against the golden's, its
+KV layout owner-only in the nodes' directories and within the KV budget: a failed check makes
+the bench refuse. Cycles are ``aclk`` cycles (link rates at an assumed 300 MHz; no fmax).
+"""
+
+from __future__ import annotations
+
+from mcf.sim.bench import BenchRefused
+
+__all__ = ["collect", "render", "POLICIES"]
+
+POLICIES = ("mars", "ring", "zigzag")
+DECODE_TOKENS = 2
+CHUNK = 32
+
+
+def _sizes(small: bool) -> dict[int, int]:
+    """Nodes → prompt tokens (C = S/B chunk steps)."""
+    return {2: 64} if small else {2: 128, 4: 128}
+
+
+def collect(small: bool = False, synth: bool = True) -> dict:
+    from mcf.cluster import RunSpec
+    from mcf.commands.run import simulate
+    from mcf.sim.cluster import BENCH_LATENCY_CYCLES, CLOCK_HZ
+
+    result = {"model": "tiny", "chunk": CHUNK, "clock_hz_assumed": CLOCK_HZ,
+              "link_latency_cycles": BENCH_LATENCY_CYCLES, "tiny": {},
+              "decode_cycles_per_token": {}, "sim_cycles_per_second": {},
+              "not_measured": {"sim_cycles_per_second.mpi_n4": "the MPI co-simulation is not "
+                               "built (docs/cluster.md, 'Not yet')"}}
+    for n, seq in _sizes(small).items():
+        row: dict = {"prompt_tokens": seq, "exposed_comm_cycles": {},
+                     "prefill_step_cycles": {}}
+        for policy in POLICIES:
+            spec = RunSpec(nodes=n, prompt_tokens=seq, chunk=CHUNK, policy=policy,
+                           decode_tokens=DECODE_TOKENS if policy == "mars" else 0)
+            try:
+                got = simulate(spec, progress=False)
+            except AssertionError as exc:
+                raise BenchRefused(f"{policy} N={n}: {str(exc).splitlines()[0]}") from None
+            failed = [k for k, ok in got["checks"].items() if not ok]
+            if failed:
+                raise BenchRefused(f"{policy} N={n}: checks failed: {', '.join(failed)}")
+            row[f"{policy}_ttft_cycles"] = got["ttft_cycles"]
+            row["prefill_step_cycles"][policy] = got["prefill_step_cycles"]
+            row["exposed_comm_cycles"][policy] = [max(w) for w in got["exposed_comm_cycles"]]
+            if policy == "mars":
+                row["peak_kv_bytes"] = got["peak_kv_bytes"]
+                row["owned_tokens"] = got["owned_tokens"]
+                result["decode_cycles_per_token"][f"n{n}"] = got["decode_cycles"]
+                result["sim_cycles_per_second"][f"single_process_n{n}"] = round(
+                    got["node_cycles_per_second"])
+        result["tiny"][f"n{n}"] = row
+    return result
+
+
+def render(result: dict) -> str:
+    lines = ["| nodes | prompt | policy | TTFT (cycles) | vs MARS | exposed comm per step "
+             "(max over nodes, cycles) |",
+             "|---|---|---|---|---|---|"]
+    for key, row in result["tiny"].items():
+        mars = row["mars_ttft_cycles"]
+        for policy in POLICIES:
+            t = row[f"{policy}_ttft_cycles"]
+            lines.append(f"| {key[1:]} | {row['prompt_tokens']} | {policy} | {t:,} | "
+                         f"{t / mars:.3f}× | "
+                         + ", ".join(f"{c:,}" for c in row["exposed_comm_cycles"][policy])
+                         + " |")
+    dec = "; ".join(f"N = {k[1:]}: " + ", ".join(f"{c:,}" for c in v)
+                    for k, v in result["decode_cycles_per_token"].items())
+    speed = ", ".join(f"{k.replace('_', ' ')}: {v:,}"
+                      for k, v in result["sim_cycles_per_second"].items())
+    lines += ["", f"Decode cycles per token (MARS, tiny model): {dec}. Simulated node-cycles "
+              f"per second on this machine: {speed}. `aclk` cycles, link rates at an assumed "
+              f"{result['clock_hz_assumed'] / 1e6:.0f} MHz, link latency "
+              f"{result['link_latency_cycles']} cycles, chunk {result['chunk']}."]
+    return "\n".join(lines) + "\n"

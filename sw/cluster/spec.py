@@ -1,0 +1,94 @@
+"""What one cluster run is (issue #14 item 2): the model, the prompt, the nodes, MARS's policy,
+the decode tokens — checked once, with one clear line per mistake (:class:`RunError`).
+
+The plan is MARS's own (:func:`mcf.mars.plan`) on the KR260 ring of ``nodes`` boards, with the
+model's geometry (:func:`model_spec`), the chunk, ``α`` and the per-node KV budget ``S_node``
+given; the prompt is drawn from the vocabulary by a fixed seed (:func:`prompt_tokens`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..abi.node_config import NODE_CONFIGS
+from ..mars import POLICIES, ClusterSpec, PlanError, make_topology, plan
+from ..mars.model import ModelSpec
+from ..model import Qwen2Config
+
+__all__ = ["RunSpec", "RunError", "RUN_POLICIES", "model_spec", "make_plan", "prompt_tokens"]
+
+RUN_POLICIES = tuple(p for p in POLICIES if p != "pd")
+"""Policies a cluster run executes (PD disaggregation has no chunked node program)."""
+
+
+class RunError(ValueError):
+    """A run that cannot be made as asked (the message is one line for the user)."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: ``model`` (``"tiny"`` or a Hugging Face Qwen2 checkpoint directory),
+    ``prompt_tokens`` (a multiple of ``chunk``), ``nodes``, ``policy``, ``decode_tokens``,
+    ``chunk``, ``alpha`` (eq 15), ``kv_budget`` (``S_node``, bytes), ``seed`` (the prompt and
+    the tiny model's weights), ``config`` (the node top's configuration)."""
+    model: str = "tiny"
+    prompt_tokens: int = 64
+    nodes: int = 2
+    policy: str = "mars"
+    decode_tokens: int = 2
+    chunk: int = 32
+    alpha: float = 0.5
+    kv_budget: int = 1 << 20
+    seed: int = 0
+    config: str = "sim"
+
+    def __post_init__(self):
+        if self.nodes < 1:
+            raise RunError(f"--nodes must be at least 1 (got {self.nodes})")
+        if self.nodes > 8:
+            raise RunError(f"--nodes {self.nodes}: the simulated ring holds at most 8 nodes")
+        if self.policy not in RUN_POLICIES:
+            raise RunError(f"--policy {self.policy!r}: one of {', '.join(RUN_POLICIES)}")
+        if self.chunk < 1 or self.prompt_tokens < 1:
+            raise RunError("--prompt-tokens and --chunk must be at least 1")
+        if self.prompt_tokens % self.chunk:
+            raise RunError(f"--prompt-tokens {self.prompt_tokens} is not a multiple of the "
+                           f"chunk {self.chunk}")
+        if self.chunk % self.nodes:
+            raise RunError(f"--chunk {self.chunk} does not split evenly over {self.nodes} "
+                           "nodes")
+        if self.decode_tokens < 0:
+            raise RunError("--decode-tokens must be at least 0")
+        if self.kv_budget < 1:
+            raise RunError("--kv-budget must be at least 1 byte")
+        if self.config not in NODE_CONFIGS:
+            raise RunError(f"--config {self.config!r}: one of {', '.join(NODE_CONFIGS)}")
+
+
+def model_spec(cfg: Qwen2Config, name: str = "model") -> ModelSpec:
+    """MARS's view of a Qwen2 configuration."""
+    return ModelSpec(name, layers=cfg.num_hidden_layers, q_heads=cfg.num_attention_heads,
+                     kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+                     hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
+                     vocab=cfg.vocab_size)
+
+
+def make_plan(spec: RunSpec, cfg: Qwen2Config):
+    """MARS's plan of the run's prefill on the KR260 ring (raises :class:`RunError`)."""
+    nodes = spec.nodes
+    cl = ClusterSpec(nodes, spec.kv_budget, spec.kv_budget,
+                     make_topology("kr260-ring", nodes),
+                     reduce_slots=NODE_CONFIGS[spec.config].reduce_slots,
+                     node_config=spec.config)
+    try:
+        return plan(model_spec(cfg, spec.model), cl, spec.prompt_tokens, spec.chunk,
+                    spec.policy, alpha=spec.alpha)
+    except PlanError as exc:
+        raise RunError(str(exc)) from None
+
+
+def prompt_tokens(cfg: Qwen2Config, n: int, seed: int) -> np.ndarray:
+    """``n`` token ids drawn uniformly from the vocabulary (fixed ``seed``)."""
+    return np.random.default_rng(seed).integers(0, cfg.vocab_size, n, dtype=np.int64)

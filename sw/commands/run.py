@@ -1,0 +1,145 @@
+"""``mcf run``: one Qwen2 model end to end on a simulated KR260 cluster (issue #14 item 2,
+docs/cluster.md): MARS's chunked prefill (or a baseline's) as the layer program on every node,
+then KV-stationary decode, every step checked bit for bit against the run's integer golden
+model; prints the generated tokens, the checks, the RTL-measured cycles and the agreement with
+the float reference."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from ..cli import UsageError
+
+__all__ = ["register", "run", "simulate"]
+
+
+def simulate(spec, *, progress: bool = True, timeout: int = 0) -> dict:
+    """Run ``spec`` (:class:`mcf.cluster.RunSpec`) on ``spec.nodes`` simulated node tops
+    (Verilator, cached build) and return the bench's result (``mcf.sim.benches.cluster_run``).
+    Raises ``AssertionError`` with the failing check."""
+    from dataclasses import asdict
+
+    from ..sim import run as sim_run
+    from ..sim.cluster import build_cluster
+
+    if progress:
+        print(f"building the {spec.nodes}-node simulation (cached after the first time) ...",
+              file=sys.stderr, flush=True)
+    built = build_cluster(spec.nodes)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run.json"
+        sim_run(built, "mcf.sim.benches.cluster_run", testcase="run", params={
+            "spec": asdict(spec), "out": str(out), "progress": progress, "timeout": timeout})
+        return json.loads(out.read_text())
+
+
+def _check_model(spec):
+    """Load the model once here so a bad checkpoint fails before any simulation."""
+    from ..abi.node_config import NODE_CONFIGS
+    from ..cluster import RunError, make_plan
+    from ..model import CheckpointError, model_from_spec
+
+    try:
+        cfg, tensors = model_from_spec(spec.model, seed=spec.seed) if spec.model == "tiny" \
+            else model_from_spec(spec.model)
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
+    node = NODE_CONFIGS[spec.config]
+    lay = cfg.layer
+    if lay.head_dim != node.attn_head_dim or \
+            lay.heads // lay.kv_heads > node.attn_heads:
+        raise UsageError(f"--model {spec.model}: head_dim {lay.head_dim} with "
+                         f"{lay.heads // lay.kv_heads} query heads per KV head does not fit the "
+                         f"{node.name} node (head_dim {node.attn_head_dim}, "
+                         f"{node.attn_heads} heads)")
+    if spec.prompt_tokens + spec.decode_tokens > cfg.max_position_embeddings:
+        raise UsageError(f"{spec.prompt_tokens} prompt + {spec.decode_tokens} decode tokens "
+                         f"exceed the model's {cfg.max_position_embeddings} positions")
+    try:
+        plan = make_plan(spec, cfg)
+    except RunError as exc:
+        raise UsageError(str(exc)) from None
+    if not plan.totals.memory_ok:
+        raise UsageError(f"--kv-budget-kib {spec.kv_budget / 1024:g}: the {spec.policy} plan "
+                         f"needs {plan.totals.peak_node_kv_bytes / 1024:g} KiB of KV on a node")
+    return cfg, tensors
+
+
+def run(args) -> int:
+    from ..cluster import RunError, RunSpec, float_agreement
+
+    try:
+        spec = RunSpec(model=args.model, prompt_tokens=args.prompt_tokens, nodes=args.nodes,
+                       policy=args.policy, decode_tokens=args.decode_tokens, chunk=args.chunk,
+                       alpha=args.alpha, kv_budget=int(args.kv_budget_kib * 1024),
+                       seed=args.seed)
+    except RunError as exc:
+        raise UsageError(str(exc)) from None
+    cfg, tensors = _check_model(spec)
+    try:
+        got = simulate(spec, progress=not args.quiet, timeout=args.timeout)
+    except AssertionError as exc:
+        print(f"mcf run: a check failed: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
+    agree = float_agreement(cfg, tensors, got["prompt"], got["tokens"], got["logits"])
+    got["float_agreement"] = {"top1": agree.top1,
+                              "max_abs_logit_error": agree.max_abs_logit_error,
+                              "cosine": agree.cosine}
+    if args.json:
+        Path(args.json).write_text(json.dumps(got, indent=1))
+    _print(got, spec)
+    return 0 if all(got["checks"].values()) else 1
+
+
+def _print(got: dict, spec) -> None:
+    print(f"mcf run: model {spec.model}, {spec.prompt_tokens} prompt tokens, {spec.nodes} "
+          f"nodes, policy {spec.policy}, chunk {spec.chunk}, {spec.decode_tokens} decode "
+          f"tokens (sim node tops, cycles of aclk)")
+    print(f"  generated tokens : {got['tokens']} (golden {got['golden_tokens']})")
+    for name, ok in got["checks"].items():
+        print(f"  check {name:<14}: {'pass' if ok else 'FAIL'}")
+    print("  owned tokens     : " + ", ".join(f"node {k}: {v}"
+                                               for k, v in got["owned_tokens"].items()))
+    print(f"  TTFT             : {got['ttft_cycles']:,} cycles (prefill steps: "
+          + ", ".join(f"{c:,}" for c in got["prefill_step_cycles"]) + ")")
+    print("  exposed comm     : " + "; ".join(
+        "step {}: {}".format(i + 1, "/".join(f"{w:,}" for w in ws))
+        for i, ws in enumerate(got["exposed_comm_cycles"]))
+        + " cycles (COMPUTE queue waiting, per node)")
+    if got["decode_cycles"]:
+        print("  decode           : " + ", ".join(f"{c:,}" for c in got["decode_cycles"])
+              + " cycles per token (roots " + ", ".join(map(str, got["roots"])) + ")")
+    fa = got["float_agreement"]
+    print(f"  vs float         : top-1 {fa['top1']:.2f}, max |logit error| "
+          f"{fa['max_abs_logit_error']:.2f}, cosine {fa['cosine']:.3f}")
+    print(f"  simulation       : {got['sim_cycles']:,} cycles in {got['wall_seconds']:.0f} s "
+          f"({got['node_cycles_per_second']:,.0f} node-cycles/s)")
+
+
+def register(subs) -> None:
+    from ..cluster import RUN_POLICIES
+
+    p = subs.add_parser("run", help="a Qwen2 model end to end on a simulated KR260 cluster",
+                        description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="tiny",
+                   help="'tiny' (random weights from --seed) or a Qwen2 checkpoint directory")
+    p.add_argument("--prompt-tokens", type=int, default=64,
+                   help="prompt length, a multiple of --chunk (default 64)")
+    p.add_argument("--nodes", type=int, default=2, help="simulated KR260 nodes (default 2)")
+    p.add_argument("--policy", default="mars", choices=RUN_POLICIES,
+                   help="prefill schedule (default mars)")
+    p.add_argument("--decode-tokens", type=int, default=2,
+                   help="greedy decode tokens after the first (default 2)")
+    p.add_argument("--chunk", type=int, default=32, help="prefill chunk B (default 32)")
+    p.add_argument("--alpha", type=float, default=0.5, help="MARS's alpha (eq 15, default 0.5)")
+    p.add_argument("--kv-budget-kib", type=float, default=1024,
+                   help="per-node KV budget S_node in KiB (default 1024)")
+    p.add_argument("--seed", type=int, default=0, help="prompt and tiny-model seed")
+    p.add_argument("--timeout", type=int, default=0,
+                   help="sequencer watchdog in cycles (0: off)")
+    p.add_argument("--json", help="write the full result to this file")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(handler=run)

@@ -119,3 +119,18 @@ def test_two_nodes_run_the_tiny_model_end_to_end(tmp_path, capsys):
     assert len(got["decode_cycles"]) == 2 and min(got["decode_cycles"]) > 0
     assert 0 < got["peak_kv_bytes"] <= got["kv_budget"]
     assert "generated tokens" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_four_nodes_run_the_tiny_model_end_to_end(tmp_path, request):
+    """The same on four node tops (chunk 32 in slices of 8 tokens; its own Verilator build)."""
+    markexpr = request.config.getoption("markexpr") or ""
+    if "slow" not in markexpr or "not slow" in markexpr:
+        pytest.skip("four node tops: pytest -m slow tests/test_cluster_run.py")
+    out = tmp_path / "run.json"
+    assert main(["run", "--quiet", "--nodes", "4", "--prompt-tokens", "64",
+                 "--decode-tokens", "2", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["tokens"] == got["golden_tokens"] and all(got["checks"].values())
+    assert got["owned_tokens"] == {str(v): 16 for v in range(4)}
+    assert got["roots"] == [0, 1]

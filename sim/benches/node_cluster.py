@@ -206,17 +206,35 @@ async def snapshot(hosts) -> dict:
     return out
 
 
+async def assert_rings_and_parsers_clean(h) -> None:
+    """No bad record in either ring, no run-time bad record or timeout in either queue, no drop
+    at any parser of node ``h``."""
+    for q in range(2):
+        assert await h.read(f"cmd{q}_bad_records") == 0
+        assert await h.read(f"seq{q}_bad_runtime") == 0
+        assert await h.read(f"seq{q}_timeouts") == 0
+    for prs in range(4):
+        drops = await h.counters(f"parser{prs}_drop_")
+        assert not any(drops.values()), (h.i, prs, drops)
+
+
+async def wait_irq(h, hosts, limit: int, what: str) -> None:
+    """Until node ``h``'s interrupt line is high (at most ``limit`` cycles; else fail with
+    every node's counters)."""
+    if not int(h.irq.value):
+        try:
+            await with_timeout(RisingEdge(h.irq), limit * PERIOD_NS, "ns")
+        except SimTimeoutError:
+            raise AssertionError(f"node {h.i}: no {what} within {limit} cycles; "
+                                 f"counters {await snapshot(hosts)}") from None
+
+
 async def _wait_marks(dut, hosts, want: list[int], limit: int) -> None:
     """Wait until every node's two step MARKs raised the interrupt (and clear them)."""
     seen = [set() for _ in hosts]
     for h, s in zip(hosts, seen, strict=True):
         while len(s) < 2:
-            if not int(h.irq.value):
-                try:
-                    await with_timeout(RisingEdge(h.irq), limit * PERIOD_NS, "ns")
-                except SimTimeoutError:
-                    raise AssertionError(f"node {h.i}: no step MARK within {limit} cycles; "
-                                         f"counters {await snapshot(hosts)}") from None
+            await wait_irq(h, hosts, limit, "step MARK")
             status = await h.read("IRQ_STATUS")
             fields = h.regmap.register("IRQ_STATUS").unpack(status)
             bad = {k: v for k, v in fields.items() if v and not k.startswith("mark")}
@@ -309,13 +327,7 @@ async def prefill(dut):
             assert s["send_packets"] == expect_sent[h.i], (h.i, s)
             assert all(s[f"send_{k}"] == 0 for k in ("drop_unmapped", "drop_bad_seq",
                                                       "drop_bad_record", "read_errors")), s
-            for q in range(2):
-                assert await h.read(f"cmd{q}_bad_records") == 0
-                assert await h.read(f"seq{q}_bad_runtime") == 0
-                assert await h.read(f"seq{q}_timeouts") == 0
-            for prs in range(4):
-                drops = await h.counters(f"parser{prs}_drop_")
-                assert not any(drops.values()), (h.i, prs, drops)
+            await assert_rings_and_parsers_clean(h)
     out = params.get("out")
     if out:
         with open(out, "w") as f:
@@ -408,13 +420,7 @@ async def check_layer_step(hosts, p, idx: int, model, layout: NodeLayout, gold,
             cnt = await h.counters(prefix)
             assert all(v == 0 for k, v in cnt.items()
                        if k[len(prefix):] not in good), (h.i, cnt)
-        for q in range(2):
-            assert await h.read(f"cmd{q}_bad_records") == 0
-            assert await h.read(f"seq{q}_bad_runtime") == 0
-            assert await h.read(f"seq{q}_timeouts") == 0
-        for prs in range(4):
-            drops = await h.counters(f"parser{prs}_drop_")
-            assert not any(drops.values()), (h.i, prs, drops)
+        await assert_rings_and_parsers_clean(h)
 
 
 @cocotb.test()

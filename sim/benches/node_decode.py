@@ -26,7 +26,7 @@ import json
 
 import cocotb
 import numpy as np
-from cocotb.triggers import ClockCycles, RisingEdge, SimTimeoutError, with_timeout
+from cocotb.triggers import ClockCycles
 
 from mcf.abi.node import Queue
 from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
@@ -48,12 +48,12 @@ from mcf.node.program import configure
 from mcf.quant import to_act
 from mcf.sim.benches.cycles import cycle_counter
 from mcf.sim.benches.node_cluster import (
-    PERIOD_NS,
     POLL,
     _setup,
     run_layer_step,
     snapshot,
     tiny_model_spec,
+    wait_irq,
 )
 from mcf.sim.toolchain import bench_params
 
@@ -120,12 +120,7 @@ async def run_decode_token(dut, hosts, p, k: int, image: DecodeImage, xa, cycle:
             await h.doorbell(Queue.COMPUTE)
     t0 = cycle[0]
     await hr.doorbell(Queue.COMPUTE)
-    if not int(hr.irq.value):
-        try:
-            await with_timeout(RisingEdge(hr.irq), limit * PERIOD_NS, "ns")
-        except SimTimeoutError:
-            raise AssertionError(f"root {root}: no MARK of decode token {k} within {limit} "
-                                 f"cycles; counters {await snapshot(hosts)}") from None
+    await wait_irq(hr, hosts, limit, f"MARK of decode token {k} (its root)")
     cycles = cycle[0] - t0
     for h in hosts:
         while await h.read("seq1_marks") < marks + 1:

@@ -20,6 +20,7 @@ import pytest
 from mcf.abi.node_config import AXI_WIDTH, TOP_ADDR_BITS, TOP_ID_BITS
 from mcf.abi.platform import HP_PORTS
 from mcf.cli import main
+from mcf.hdl.platform.kr260 import board_pins
 
 NAME = "mcf_node"
 TCLSH = shutil.which("tclsh")
@@ -54,7 +55,7 @@ def test_writes_three_files_and_prints_command(built):
     assert sorted(p.name for p in out.iterdir()) == ["kr260.xdc", f"{NAME}.tcl", f"{NAME}.v"]
     assert f"cd {out} && vivado -mode batch -nojournal -log vivado.log -source {NAME}.tcl" \
         in stdout
-    assert (out / "kr260.xdc").read_text().count("PACKAGE_PIN") == 17
+    assert (out / "kr260.xdc").read_text().count("PACKAGE_PIN") == len(board_pins()) == 47
     assert "set jobs 3\n" in (out / f"{NAME}.tcl").read_text()
 
 

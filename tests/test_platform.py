@@ -56,8 +56,8 @@ def test_platform_elaborates():
     ref, clocks, plan = _amaranth_constraints()
     assert {"kr260_all.v", "kr260_all.xdc", "kr260_all.tcl"} <= set(plan.files)
     assert "xck26-sfvc784-2LV-c" in plan.files["kr260_all.tcl"]
-    assert len(ref) == len(board_pins()) == 17
-    assert clocks == [pytest.approx(6.4)]
+    assert len(ref) == len(board_pins()) == 17 + 2 * 15      # + two RGMII PHYs
+    assert clocks == [pytest.approx(6.4), pytest.approx(8.0), pytest.approx(8.0)]
 
 
 def test_xdc_every_pin_once_with_iostandard():
@@ -91,8 +91,24 @@ def test_xdc_values():
     assert "set_property PACKAGE_PIN A12 [get_ports {fan0_b}]" in xdc
     clocks = re.findall(r"create_clock -name (\w+) -period ([\d.]+) \[get_ports \{(\w+)\}\]", xdc)
     freq = KR260Platform().resources[("sfp_refclk", 0)].clock.frequency
-    assert clocks == [("sfp_refclk0", f"{1e9 / freq:.3f}", "sfp_refclk0_p")]
+    assert clocks == [("sfp_refclk0", f"{1e9 / freq:.3f}", "sfp_refclk0_p"),
+                      ("eth_rgmii0_rx_clk", "8.000", "eth_rgmii0_rx_clk"),
+                      ("eth_rgmii1_rx_clk", "8.000", "eth_rgmii1_rx_clk")]
     assert clocks[0][1] == "6.400"
+
+
+def test_rgmii_phys():
+    """Both PL RGMII PHYs: 4-bit DDR data each way, control, clocks, reset, MDIO, at 1.8 V."""
+    pins = {p.port: p for p in board_pins() if p.resource == "eth_rgmii"}
+    assert len(pins) == 30
+    for i in range(2):
+        for sub in ("tx_clk", "tx_ctl", "rx_clk", "rx_ctl", "rst_b", "mdc", "mdio",
+                    *(f"{d}_data[{b}]" for d in ("tx", "rx") for b in range(4))):
+            p = pins[f"eth_rgmii{i}_{sub}"]
+            assert dict(p.attrs)["IOSTANDARD"] == "LVCMOS18", p
+            assert (dict(p.attrs).get("SLEW") == "FAST") == sub.startswith("tx_"), p
+    assert pins["eth_rgmii0_rx_clk"].pin == "D4" and pins["eth_rgmii1_tx_clk"].pin == "J1"
+    assert pins["eth_rgmii0_rx_clk"].clock_hz == 125e6
 
 
 def test_duplicate_pin_and_missing_iostandard_rejected():
@@ -101,9 +117,9 @@ def test_duplicate_pin_and_missing_iostandard_rejected():
             Resource("extra", 0, Pins("F8", dir="o"), Attrs(IOSTANDARD="LVCMOS18"))]
 
     class NoStd(KR260Platform):
-        resources = KR260Platform.resources + [Resource("extra", 0, Pins("H1", dir="o"))]
+        resources = KR260Platform.resources + [Resource("extra", 0, Pins("H12", dir="o"))]
 
     with pytest.raises(ValueError, match="pin F8 used by led0 and extra0"):
         kr260_xdc(Dup())
-    with pytest.raises(ValueError, match=r"extra0 \(H1\) has no IOSTANDARD"):
+    with pytest.raises(ValueError, match=r"extra0 \(H12\) has no IOSTANDARD"):
         kr260_xdc(NoStd())

@@ -15,9 +15,14 @@ Every pin and I/O standard comes from ``shared/design/platform.md``:
 * ``fan`` 0 — ``fan_en_b`` A12, active low (a PWM or a level from the PL). platform.md gives the
   pin but not its I/O standard; LVCMOS33 is the one the public KR260 designs use — unconfirmed.
 
-Not declared, because platform.md does not give their pins: the two PL RGMII PHYs (TI DP83867,
-U79/U80 on J10B/J10A — TX/RX data, ctl, clocks, MDIO, reset) and so their RX clock constraints.
-Add them to platform.md from the KR260 carrier's schematic / master XDC, then here.
+* ``eth_rgmii`` 0/1 — the two PL RJ45 ports' TI DP83867 PHYs over RGMII, U79 (J10B) and U80
+  (J10A) in platform.md's order, LVCMOS18 (the SOM240 HPA/HPB banks run at 1.8 V), subsignals
+  named as amaranth-boards' RGMII boards name them: ``tx_clk``, ``tx_ctl``, ``tx_data[0..3]``
+  (outputs, fast slew), ``rx_clk`` (125 MHz, ``create_clock -period 8.000``), ``rx_ctl``,
+  ``rx_data[0..3]``, ``rst`` (active low), ``mdc``, ``mdio``. platform.md does not list these
+  pins: they are the carrier's nets (U79 on ``som240_1``, bank HPA; U80 on ``som240_2``, bank
+  HPB) as the open KR260 Ethernet designs constrain them — check them against the carrier's
+  schematic before the first bitstream (docs/board.md §4).
 
 :func:`kr260_xdc` writes the constraints from :data:`KR260Platform.resources`; port names are
 ``<resource><number>_<subsignal>``, ``_p``/``_n`` for differential pairs, ``_b`` for active-low
@@ -40,7 +45,7 @@ from mcf.abi.node_config import AXI_WIDTH
 from mcf.abi.platform import HP_PORTS
 
 __all__ = ["KR260Platform", "BoardPin", "board_pins", "kr260_xdc", "vivado_tcl", "top_interfaces",
-           "PART", "BOARD_PART", "BOARD_CONNECTIONS", "MODULE_REF_VLNV"]
+           "PART", "BOARD_PART", "BOARD_CONNECTIONS", "MODULE_REF_VLNV", "RGMII_PINS"]
 
 PART = "xck26-sfvc784-2LV-c"
 BOARD_PART = "xilinx.com:kr260_som:part0:1.1"
@@ -51,6 +56,37 @@ MODULE_REF_VLNV = "xilinx.com:module_ref:{name}:1.0"
 
 GT_RESOURCES = frozenset({"sfp", "sfp_refclk"})
 """Resources on transceiver pins: package pins only, no I/O standard."""
+
+
+RGMII_PINS = (
+    # U79 (J10B): som240_1, bank HPA
+    {"tx_clk": "A2", "tx_ctl": "F1", "tx_data": "E1 D1 F2 E2", "rx_clk": "D4", "rx_ctl": "A4",
+     "rx_data": "A1 B3 A3 B4", "rst": "B1", "mdc": "G3", "mdio": "F3"},
+    # U80 (J10A): som240_2, bank HPB
+    {"tx_clk": "J1", "tx_ctl": "Y8", "tx_data": "U9 V9 U8 V8", "rx_clk": "K4", "rx_ctl": "H3",
+     "rx_data": "H1 K2 J2 H4", "rst": "K1", "mdc": "R8", "mdio": "T8"},
+)
+"""Package pins of the two PL RGMII PHYs (module docstring); ``*_data`` bits 0..3 in order."""
+
+RGMII_RX_HZ = 125e6
+"""The PHY's RGMII receive clock at 1000 Mb/s."""
+
+
+def _rgmii(number: int, *, tx_clk, tx_ctl, tx_data, rx_clk, rx_ctl, rx_data, rst, mdc,
+           mdio) -> Resource:
+    fast = Attrs(SLEW="FAST")
+    return Resource(
+        "eth_rgmii", number,
+        Subsignal("tx_clk", Pins(tx_clk, dir="o"), fast),
+        Subsignal("tx_ctl", Pins(tx_ctl, dir="o"), fast),
+        Subsignal("tx_data", Pins(tx_data, dir="o"), fast),
+        Subsignal("rx_clk", Pins(rx_clk, dir="i"), Clock(RGMII_RX_HZ)),
+        Subsignal("rx_ctl", Pins(rx_ctl, dir="i")),
+        Subsignal("rx_data", Pins(rx_data, dir="i")),
+        Subsignal("rst", PinsN(rst, dir="o")),
+        Subsignal("mdc", Pins(mdc, dir="o")),
+        Subsignal("mdio", Pins(mdio, dir="io")),
+        Attrs(IOSTANDARD="LVCMOS18"))
 
 
 class KR260Platform(XilinxPlatform):
@@ -75,6 +111,7 @@ class KR260Platform(XilinxPlatform):
         *LEDResources(pins="F8 E8", attrs=Attrs(IOSTANDARD="LVCMOS18")),
         *LEDResources("sfp_led", pins="G8 F7", attrs=Attrs(IOSTANDARD="LVCMOS18")),
         Resource("fan", 0, PinsN("A12", dir="o"), Attrs(IOSTANDARD="LVCMOS33")),
+        *(_rgmii(i, **pins) for i, pins in enumerate(RGMII_PINS)),
     ]
     connectors = []
 

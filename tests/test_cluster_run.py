@@ -85,6 +85,7 @@ def test_run_spec_rejects_bad_input(kw, msg):
     (["--kv-budget-kib", "1"], "too small"),
     (["--model", "/nonexistent"], "not a directory"),
     (["--prompt-tokens", "4096", "--decode-tokens", "1"], "positions"),
+    (["--nodes", "4", "--decode-tokens", "1"], "merge 3 decode states"),
 ])
 def test_mcf_run_bad_arguments_exit_2(argv, msg, capsys):
     assert main(["run", "--quiet", *argv]) == 2
@@ -123,14 +124,14 @@ def test_two_nodes_run_the_tiny_model_end_to_end(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_four_nodes_run_the_tiny_model_end_to_end(tmp_path, request):
-    """The same on four node tops (chunk 32 in slices of 8 tokens; its own Verilator build)."""
+    """The prefill on four node tops (chunk 32 in slices of 8 tokens; its own Verilator build).
+    No decode: node 0 would merge three states in arrival order (not bit-exact yet)."""
     markexpr = request.config.getoption("markexpr") or ""
     if "slow" not in markexpr or "not slow" in markexpr:
         pytest.skip("four node tops: pytest -m slow tests/test_cluster_run.py")
     out = tmp_path / "run.json"
     assert main(["run", "--quiet", "--nodes", "4", "--prompt-tokens", "64",
-                 "--decode-tokens", "2", "--json", str(out)]) == 0
+                 "--decode-tokens", "0", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["tokens"] == got["golden_tokens"] and all(got["checks"].values())
     assert got["owned_tokens"] == {str(v): 16 for v in range(4)}
-    assert got["roots"] == [0, 1]

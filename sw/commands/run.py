@@ -29,10 +29,11 @@ def simulate(spec, *, progress: bool = True, timeout: int = 0) -> dict:
         print(f"building the {spec.nodes}-node simulation (cached after the first time) ...",
               file=sys.stderr, flush=True)
     built = build_cluster(spec.nodes)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:      # one folder per run: runs may overlap
         out = Path(tmp) / "run.json"
-        sim_run(built, "mcf.sim.benches.cluster_run", testcase="run", params={
-            "spec": asdict(spec), "out": str(out), "progress": progress, "timeout": timeout})
+        sim_run(built, "mcf.sim.benches.cluster_run", testcase="run", test_dir=Path(tmp),
+                params={"spec": asdict(spec), "out": str(out), "progress": progress,
+                        "timeout": timeout})
         return json.loads(out.read_text())
 
 
@@ -62,10 +63,29 @@ def _check_model(spec):
         plan = make_plan(spec, cfg)
     except RunError as exc:
         raise UsageError(str(exc)) from None
+    _check_reductions(spec, plan)
     if not plan.totals.memory_ok:
         raise UsageError(f"--kv-budget-kib {spec.kv_budget / 1024:g}: the {spec.policy} plan "
                          f"needs {plan.totals.peak_node_kv_bytes / 1024:g} KiB of KV on a node")
     return cfg, tensors
+
+
+def _check_reductions(spec, plan) -> None:
+    """Decode is checked bit for bit only where every reduction engine merges at most two
+    states (own + one child): ``merge_state`` of two is commutative bit for bit, of three it
+    depends on the arrival order, which the golden model cannot know (docs/cluster.md)."""
+    from collections import Counter
+
+    from ..node.decode import reduction_parents
+
+    for k in range(spec.decode_tokens):
+        root = plan.decode_owner(k)
+        children = Counter(reduction_parents(plan, root).values())
+        if children and max(children.values()) > 1:
+            node, n = children.most_common(1)[0]
+            raise UsageError(f"--decode-tokens {spec.decode_tokens} on {spec.nodes} nodes: node "
+                             f"{node} would merge {n + 1} decode states in arrival order, "
+                             "which is not bit-exact yet; use --decode-tokens 0 (prefill only)")
 
 
 def run(args) -> int:

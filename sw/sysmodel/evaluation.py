@@ -731,9 +731,7 @@ def write_report(ev: Evaluation, out: Path, dpi: int = 100) -> list[Path]:
             ax.plot([r.seq_len for r in rs], [r.ttft_s for r in rs], marker="o", label=s)
         ax.set(xlabel="prompt length S (tokens)", ylabel="TTFT (s)", xscale="log",
                title=f"({'ab'[SCOPES.index(scope)]}) {scope}, N = {sp.seq_nodes}")
-        ax.minorticks_off()
-        ax.set_xticks(sp.seq_lens, [str(s) for s in sp.seq_lens])
-        ax.legend()
+        _log_ticks(ax, sp.seq_lens)
     save(f, "fig3_ttft_vs_seq.png")
     # Fig. 4
     f, (a1, a2) = plt.subplots(1, 2, figsize=(8, 3.2))
@@ -759,9 +757,7 @@ def write_report(ev: Evaluation, out: Path, dpi: int = 100) -> list[Path]:
     for ax, yl, t in ((a1, "TTFT (s)", "(a) TTFT"), (a2, "GiB x hops", "(b) traffic")):
         ax.set(xlabel="chunk B (tokens)", ylabel=yl, xscale="log",
                title=f"{t}, N = {sp.chunk_nodes}, S = {sp.seq_len}")
-        ax.minorticks_off()
-        ax.set_xticks(sp.chunks, [str(b) for b in sp.chunks])
-        ax.legend()
+        _log_ticks(ax, sp.chunks)
     save(f, "fig5_chunk.png")
     # Table 1
     f, axes = plt.subplots(1, 2, figsize=(8, 3.2))
@@ -772,9 +768,7 @@ def write_report(ev: Evaluation, out: Path, dpi: int = 100) -> list[Path]:
                 ax.plot([r.nodes for r in rs], [r.ttft_s for r in rs], marker="o", label=s)
         ax.set(xlabel="nodes N", ylabel="TTFT (s)", xscale="log", yscale="log",
                title=f"{scope}, S = {sp.seq_len}")
-        ax.minorticks_off()
-        ax.set_xticks(sp.nodes, [str(n) for n in sp.nodes])
-        ax.legend()
+        _log_ticks(ax, sp.nodes)
     save(f, "table1_ttft_vs_nodes.png")
     # crossover map
     f, axes = plt.subplots(1, 2, figsize=(9, 3.6))
@@ -807,6 +801,13 @@ def write_report(ev: Evaluation, out: Path, dpi: int = 100) -> list[Path]:
     (out / "evaluation.json").write_text(json.dumps(ev.to_dict(), indent=1, default=str))
     written += [out / "summary.md", out / "evaluation.json"]
     return written
+
+
+def _log_ticks(ax, ticks) -> None:
+    """A log x axis labelled at exactly ``ticks``, with its legend."""
+    ax.minorticks_off()
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.legend()
 
 
 def _index(axis, v: float) -> float:

@@ -21,29 +21,17 @@ checks that :func:`mcf.model.checkpoint.to_bf16` rounds every tensor exactly as 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from checkout import import_mcf  # scripts/checkout.py (this folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_SEED = 1
 PROMPT_LEN = 16
 DECODE = 4
-
-
-def import_mcf():
-    """``mcf`` from this checkout (``sw/`` is the package) unless it is installed."""
-    try:
-        import mcf  # noqa: F401
-    except ImportError:
-        spec = importlib.util.spec_from_file_location(
-            "mcf", ROOT / "sw" / "__init__.py", submodule_search_locations=[str(ROOT / "sw")])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["mcf"] = mod
-        spec.loader.exec_module(mod)
 
 
 def run_hf(directory, prompt, decode):

@@ -29,7 +29,8 @@ from .config import ConfigError, Qwen2Config
 
 __all__ = ["CheckpointError", "EMBED_STD", "layer_names", "expected_shapes",
            "random_checkpoint", "save_checkpoint", "load_checkpoint", "to_bf16", "from_bf16",
-           "layer_weights", "SAFETENSORS_METADATA", "TINY_SEED", "model_from_spec"]
+           "layer_weights", "SAFETENSORS_METADATA", "TINY_SEED", "RETRIEVAL_DIR",
+           "model_from_spec"]
 
 EMBED_STD = 0.25
 """Standard deviation of the random embedding table: with a unit-RMS final hidden state the
@@ -265,11 +266,19 @@ TINY_SEED = 0
 """The seed of the ``tiny`` model named on command lines (the fixture's seed too)."""
 
 
+RETRIEVAL_DIR = Path(__file__).resolve().parent / "retrieval"
+"""The trained ``retrieval`` checkpoint shipped with the package (issue #17: a tiny Qwen2 for
+the key–value retrieval task of :mod:`mcf.model.task`; its model card is the README there)."""
+
+
 def model_from_spec(spec: str, seed: int = TINY_SEED) -> tuple[Qwen2Config, dict]:
     """``"tiny"`` → (:data:`mcf.model.TINY_MODEL`, :func:`random_checkpoint` of ``seed``);
+    ``"retrieval"`` → the shipped checkpoint :data:`RETRIEVAL_DIR` (``seed`` unused);
     anything else is a checkpoint directory for :func:`load_checkpoint`."""
     from .config import TINY_MODEL
 
     if spec == "tiny":
         return TINY_MODEL, random_checkpoint(TINY_MODEL, seed)
+    if spec == "retrieval":
+        return load_checkpoint(RETRIEVAL_DIR)
     return load_checkpoint(spec)

@@ -20,50 +20,38 @@ ports Vivado's module reference associates with every AXI interface (docs/node.m
 
 from __future__ import annotations
 
-from amaranth import ClockDomain, Elaboratable, Module, Shape, Signal
+from amaranth import (
+    ClockDomain,
+    ClockSignal,
+    Elaboratable,
+    Instance,
+    Module,
+    ResetSignal,
+    Shape,
+    Signal,
+)
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.cdc import ResetSynchronizer
 
-__all__ = ["FlatTop", "AXIS_FIELD_NAMES"]
+__all__ = ["FlatTop", "FlatInstance", "AXIS_FIELD_NAMES"]
 
 AXIS_FIELD_NAMES = {"data": "tdata", "keep": "tkeep", "last": "tlast", "meta": "tuser"}
 
 
-class FlatTop(Elaboratable):
-    """Wraps ``inner`` with flat port names. ``ports`` lists the top-level signals."""
+class _FlatPorts:
+    """The flat ports of ``inner`` (a component): ``connections`` lists ``(flat signal, inner
+    value, is_input)`` in member order, ``is_input`` from the outside's point of view."""
 
-    def __init__(self, inner: wiring.Component, axis: dict[str, str] | None = None, *,
-                 clock: str | None = None, resetn: str | None = None):
-        if (clock is None) != (resetn is None):
-            raise ValueError("clock and resetn come together")
-        self.inner = inner
-        self.clock = Signal(name=clock) if clock else None
-        self.resetn = Signal(name=resetn, init=1) if resetn else None
+    def __init__(self, inner: wiring.Component, axis: dict[str, str] | None = None):
         self._axis = dict(axis or {})
-        self._connections: list[tuple[Signal, object, bool]] = []  # (flat, inner, is_input)
-        self.ports: list[Signal] = [] if clock is None else [self.clock, self.resetn]
+        self.connections: list[tuple[Signal, object, bool]] = []
         for name, member in inner.signature.members.items():
             self._flatten(getattr(inner, name), member, [name], flipped=False)
-        if clock is not None:
-            self._associate(clock, resetn)
-
-    def _associate(self, clock: str, resetn: str) -> None:
-        """Vivado's module-reference attributes: ``clock`` is the clock of every bus interface
-        (each top-level interface member, by its flat prefix) and ``resetn`` its active-low
-        reset, so the block design needs no manual association."""
-        busif = [self._axis.get(name, name) for name, member in
-                 self.inner.signature.members.items() if not member.is_port]
-        self.clock.attrs["X_INTERFACE_INFO"] = f"xilinx.com:signal:clock:1.0 {clock} CLK"
-        self.clock.attrs["X_INTERFACE_PARAMETER"] = (
-            f"ASSOCIATED_BUSIF {':'.join(busif)}, ASSOCIATED_RESET {resetn}")
-        self.resetn.attrs["X_INTERFACE_INFO"] = f"xilinx.com:signal:reset:1.0 {resetn} RST"
-        self.resetn.attrs["X_INTERFACE_PARAMETER"] = "POLARITY ACTIVE_LOW"
 
     def _add(self, flat_name: str, inner_value, is_input: bool) -> None:
         sig = Signal(Shape.cast(inner_value.shape()).width if not isinstance(
             inner_value, data.View) else len(inner_value.as_value()), name=flat_name)
-        self._connections.append((sig, inner_value, is_input))
-        self.ports.append(sig)
+        self.connections.append((sig, inner_value, is_input))
 
     def _flatten(self, value, member, path, flipped):
         is_in = (member.flow == wiring.In) != flipped
@@ -89,6 +77,36 @@ class FlatTop(Elaboratable):
             self._flatten(getattr(value, sub_name), sub_member, [*path, sub_name],
                           flipped=flipped)  # member.signature is already flipped for In
 
+
+class FlatTop(Elaboratable):
+    """Wraps ``inner`` with flat port names. ``ports`` lists the top-level signals."""
+
+    def __init__(self, inner: wiring.Component, axis: dict[str, str] | None = None, *,
+                 clock: str | None = None, resetn: str | None = None):
+        if (clock is None) != (resetn is None):
+            raise ValueError("clock and resetn come together")
+        self.inner = inner
+        self.clock = Signal(name=clock) if clock else None
+        self.resetn = Signal(name=resetn, init=1) if resetn else None
+        self._axis = dict(axis or {})
+        self._connections = _FlatPorts(inner, axis).connections
+        self.ports: list[Signal] = [] if clock is None else [self.clock, self.resetn]
+        self.ports += [sig for sig, _, _ in self._connections]
+        if clock is not None:
+            self._associate(clock, resetn)
+
+    def _associate(self, clock: str, resetn: str) -> None:
+        """Vivado's module-reference attributes: ``clock`` is the clock of every bus interface
+        (each top-level interface member, by its flat prefix) and ``resetn`` its active-low
+        reset, so the block design needs no manual association."""
+        busif = [self._axis.get(name, name) for name, member in
+                 self.inner.signature.members.items() if not member.is_port]
+        self.clock.attrs["X_INTERFACE_INFO"] = f"xilinx.com:signal:clock:1.0 {clock} CLK"
+        self.clock.attrs["X_INTERFACE_PARAMETER"] = (
+            f"ASSOCIATED_BUSIF {':'.join(busif)}, ASSOCIATED_RESET {resetn}")
+        self.resetn.attrs["X_INTERFACE_INFO"] = f"xilinx.com:signal:reset:1.0 {resetn} RST"
+        self.resetn.attrs["X_INTERFACE_PARAMETER"] = "POLARITY ACTIVE_LOW"
+
     def elaborate(self, platform):
         m = Module()
         m.submodules.inner = self.inner
@@ -101,4 +119,28 @@ class FlatTop(Elaboratable):
                 m.d.comb += inner_value.eq(flat)
             else:
                 m.d.comb += flat.eq(inner_value)
+        return m
+
+
+class FlatInstance(wiring.Component):
+    """A component of ``signature`` whose body is an ``Instance`` of the module ``module`` —
+    the Verilog :class:`FlatTop` writes for a component of that signature (same ``axis``
+    names; ``clock``/``resetn`` driven from this component's ``sync`` domain). A design that
+    holds many copies of one large component (a cluster of node tops) refers to one module
+    definition, which a simulator compiles once instead of once per copy."""
+
+    def __init__(self, signature: wiring.Signature, module: str,
+                 axis: dict[str, str] | None = None, *, clock: str = "aclk",
+                 resetn: str = "aresetn"):
+        self._module, self._axis = module, dict(axis or {})
+        self._clock, self._resetn = clock, resetn
+        super().__init__(signature)
+
+    def elaborate(self, platform):
+        m = Module()
+        ports = {f"i_{self._clock}": ClockSignal(), f"i_{self._resetn}": ~ResetSignal()}
+        for sig, inner, is_input in _FlatPorts(self, self._axis).connections:
+            ports[f"{'i' if is_input else 'o'}_{sig.name}"] = (
+                inner.as_value() if isinstance(inner, data.View) else inner)
+        m.submodules.inst = Instance(self._module, **ports)
         return m

@@ -22,12 +22,13 @@ from amaranth.lib.wiring import In
 from mcf.abi.link_map import LINK_SFP, link_map_for
 from mcf.abi.node_config import SIM, NodeConfig
 from mcf.abi.platform import ACLK_HZ
+from mcf.hdl.flat import FlatInstance, FlatTop
 from mcf.hdl.nic.link_model import LinkModel
 from mcf.hdl.node.top import NodeTop
 from mcf.mars.cluster import RGMII_1G, SFP_10G, LinkParams
 
-__all__ = ["ClusterTop", "Cable", "ring_cables", "build_cluster", "CLOCK_HZ",
-           "BENCH_LATENCY_CYCLES"]
+__all__ = ["ClusterTop", "Cable", "ring_cables", "directed_links", "link_index",
+           "build_cluster", "CLOCK_HZ", "BENCH_LATENCY_CYCLES"]
 
 CLOCK_HZ = ACLK_HZ
 """The ``aclk`` every cycle figure assumes (:data:`mcf.abi.platform.ACLK_HZ`, no fmax claimed)."""
@@ -61,6 +62,20 @@ def ring_cables(n: int) -> list[Cable]:
     return cables
 
 
+def directed_links(n: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """``(source (node, link), destination (node, link))`` of each link model of the ring of
+    ``n``, in :class:`ClusterTop`'s order (``link{k}_inject`` is entry ``k``)."""
+    return [d for c in ring_cables(n) for d in ((c.a, c.b), (c.b, c.a))]
+
+
+def link_index(n: int, node: int, link: int) -> int:
+    """The link model ``k`` that carries what ``node`` transmits on its physical ``link``."""
+    for k, (src, _) in enumerate(directed_links(n)):
+        if src == (node, link):
+            return k
+    raise ValueError(f"node {node} link {link} is not cabled in the ring of {n}")
+
+
 def link_rate(params: LinkParams, clock_hz: float = CLOCK_HZ) -> tuple[int, int]:
     """Bytes per cycle as ``(num, den)``."""
     r = Fraction(params.rate_bps / 8 / clock_hz).limit_denominator(64)
@@ -71,14 +86,21 @@ class ClusterTop(wiring.Component):
     """``n`` :class:`NodeTop` (configuration ``config``) and the ring's link models.
 
     Members: per node ``i`` its ``s_axi_ctrl``, ``m_axi_hp{p}`` and ``irq`` as ``n{i}_<name>``
-    (so :class:`mcf.hdl.flat.FlatTop` yields ``n0_s_axi_ctrl_awaddr`` …). Link latency in
+    (so :class:`mcf.hdl.flat.FlatTop` yields ``n0_s_axi_ctrl_awaddr`` …); per link model ``k``
+    (:attr:`links`, one per cable direction) ``link{k}_inject``: a one-cycle pulse flips one
+    bit of the next frame on that link (:class:`LinkModel`'s ``inject``: a link fault at a
+    moment the bench chooses, which the receiver's CRC check must catch). Link latency in
     cycles is ``latency_cycles`` when given (benches shorten it), else the MARS link latency at
     :data:`CLOCK_HZ`."""
 
     def __init__(self, n: int, config: NodeConfig = SIM, *, latency_cycles: int | None = None,
-                 clock_hz: float = CLOCK_HZ):
+                 clock_hz: float = CLOCK_HZ, node_module: str | None = None,
+                 node_signature: wiring.Signature | None = None):
         self.n, self.config = n, config
-        self.nodes = [NodeTop(config) for _ in range(n)]
+        if node_module is None:
+            self.nodes = [NodeTop(config) for _ in range(n)]
+        else:
+            self.nodes = [FlatInstance(node_signature, node_module) for _ in range(n)]
         self.cables = ring_cables(n)
         self.links = []
         for c in self.cables:
@@ -92,7 +114,10 @@ class ClusterTop(wiring.Component):
             for name, member in node.signature.members.items():
                 if name.startswith(("s_axi_ctrl", "m_axi_hp", "irq")):
                     members[f"n{i}_{name}"] = member
+        for k in range(len(self.links)):
+            members[f"link{k}_inject"] = In(1)
         super().__init__(members)
+
 
     def elaborate(self, platform):
         m = Module()
@@ -109,10 +134,12 @@ class ClusterTop(wiring.Component):
                     wiring.connect(m, wiring.flipped(outer), getattr(node, name))
                 else:
                     wiring.connect(m, getattr(node, name), wiring.flipped(outer))
+        assert [(s, d) for s, d, _ in self.links] == directed_links(self.n)
         for k, ((sn, sl), (dn, dl), model) in enumerate(self.links):
             m.submodules[f"link{k}_{sn}_{sl}_to_{dn}_{dl}"] = model
             wiring.connect(m, getattr(self.nodes[sn], f"m_axis_link{sl}"), model.i)
             wiring.connect(m, model.o, getattr(self.nodes[dn], f"s_axis_link{dl}"))
+            m.d.comb += model.inject.eq(getattr(self, f"link{k}_inject"))
             used_tx.add((sn, sl))
             used_rx.add((dn, dl))
         for i, node in enumerate(self.nodes):
@@ -124,16 +151,34 @@ class ClusterTop(wiring.Component):
         return m
 
 
+ONE_MODULE_FROM = 4
+"""Ring sizes from which :func:`build_cluster` writes the node top once, as its own module that
+Verilator keeps (``no_inline``), and instantiates it ``n`` times: Verilator then compiles one
+node whatever ``n`` is (Verilator's C++ for N = 4: 139 MB instead of 210 MB inlined). Below it
+inlining costs no more (N = 2: 105 MB inlined; the kept node module alone is 90 MB)."""
+
+
 @functools.cache
 def build_cluster(n: int, latency_cycles: int = BENCH_LATENCY_CYCLES, config: NodeConfig = SIM):
     """The Verilator build of ``n`` node tops in a ring (cached in ``build/sim``: one per ring
     size, latency and configuration, shared by the tests, the benches and ``mcf run``; and per
-    process, since writing the Verilog alone takes most of a minute)."""
-    from mcf.hdl.flat import FlatTop
+    process, since writing the Verilog takes most of a minute). From :data:`ONE_MODULE_FROM`
+    nodes on, the node top is one module instantiated ``n`` times."""
     from mcf.sim.toolchain import build
 
-    top = FlatTop(ClusterTop(n, config, latency_cycles=latency_cycles), clock="aclk",
-                  resetn="aresetn")
     suffix = "" if (latency_cycles, config) == (BENCH_LATENCY_CYCLES, SIM) else \
         f"_{config.name}_l{latency_cycles}"
-    return build(top, f"node_cluster{n}{suffix}")
+    name = f"node_cluster{n}{suffix}"
+    if n < ONE_MODULE_FROM:
+        top = FlatTop(ClusterTop(n, config, latency_cycles=latency_cycles), clock="aclk",
+                      resetn="aresetn")
+        return build(top, name)
+    from amaranth.back import verilog
+
+    module = f"cluster_node_{config.name}"
+    node = FlatTop(NodeTop(config), clock="aclk", resetn="aresetn")
+    node_v = verilog.convert(node, name=module, ports=node.ports, emit_src=False)
+    top = FlatTop(ClusterTop(n, config, latency_cycles=latency_cycles, node_module=module,
+                             node_signature=node.inner.signature), clock="aclk", resetn="aresetn")
+    keep = f'`verilator_config\nno_inline -module "{module}"\n'   # else Verilator inlines it
+    return build(top, name, sources={f"{module}.v": node_v, f"{module}.vlt": keep})

@@ -90,9 +90,12 @@ def _versions() -> str:
 
 
 def build(top, name: str, *, ports=None, params: dict | None = None,
-          build_args: tuple[str, ...] = (), width_warnings: bool = False) -> Built:
+          build_args: tuple[str, ...] = (), width_warnings: bool = False,
+          sources: dict[str, str] | None = None) -> Built:
     """Generate Verilog for ``top`` (an Elaboratable; ``ports`` for non-components, e.g.
     :class:`mcf.hdl.flat.FlatTop`) and build it, unless an identical build exists.
+    ``sources``: more Verilog files (file name → text), e.g. the modules ``top`` instantiates
+    by name (:class:`mcf.hdl.flat.FlatInstance`).
 
     ``width_warnings``: report Verilator's WIDTHEXPAND / WIDTHTRUNC (off by default) with the
     operand idioms of Amaranth's Verilog waived (:data:`WIDTH_WAIVERS`); any width warning
@@ -107,8 +110,9 @@ def build(top, name: str, *, ports=None, params: dict | None = None,
     args = list(VERILATOR_ARGS)
     if width_warnings:
         args = [a for a in args if a not in _WIDTH_OFF]
-    parts = [text, json.dumps(params or {}, sort_keys=True, default=str), _versions(),
-             " ".join([*args, *build_args])]
+    extra = dict(sorted((sources or {}).items()))
+    parts = [text, *extra.values(), json.dumps(params or {}, sort_keys=True, default=str),
+             _versions(), " ".join([*args, *build_args])]
     if width_warnings:          # (a default build keeps the key it always had)
         parts.append(WIDTH_WAIVERS)
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
@@ -123,12 +127,16 @@ def build(top, name: str, *, ports=None, params: dict | None = None,
         if not stamp.exists():
             src = build_dir / f"{name}.v"
             src.write_text(text)
+            srcs = [src]
+            for fname, body in extra.items():
+                (build_dir / fname).write_text(body)
+                srcs.append(build_dir / fname)
             if width_warnings:
                 waivers = build_dir / "width_waivers.vlt"
                 waivers.write_text(WIDTH_WAIVERS)
                 args.append(str(waivers))
             get_runner("verilator").build(
-                sources=[src], hdl_toplevel=name, build_dir=build_dir,
+                sources=srcs, hdl_toplevel=name, build_dir=build_dir,
                 build_args=[*args, *build_args], timescale=("1ns", "1ps"),
                 log_file=build_dir / "build.log")
             if width_warnings:
@@ -169,8 +177,25 @@ def run(built: Built, test_module: str, *, testcase: str | list[str] | None = No
         tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
         what = f"{failed} of {total} cocotb tests failed" if total else \
             "the simulation ended without results"
-        raise AssertionError(f"{what} in {test_module} (log: {log})\n{tail}")
+        first = "".join(f"{m}\n" for m in _failure_messages(xml)[:1])
+        raise AssertionError(f"{first}{what} in {test_module} (log: {log})\n{tail}")
     return Path(xml)
+
+
+def _failure_messages(xml: Path) -> list[str]:
+    """The first line of each failed testcase's message in a cocotb ``results.xml``."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.parse(xml).getroot()
+    except (OSError, ET.ParseError):
+        return []
+    out = []
+    for fail in root.iter("failure"):
+        msg = (fail.get("message") or fail.text or "").strip()
+        if msg:
+            out.append(msg.splitlines()[0])
+    return out
 
 
 def bench_params() -> dict:

@@ -18,7 +18,9 @@ from mcf.cluster import (
     golden_run,
     make_plan,
     prompt_tokens,
+    run_prompt,
 )
+from mcf.mars.routes import RouteAllocator
 from mcf.model import IntModel, model_from_spec, quantize_model
 
 
@@ -79,13 +81,57 @@ def test_run_spec_rejects_bad_input(kw, msg):
         RunSpec(**kw)
 
 
+@pytest.mark.parametrize("nodes", [2, 4, 8])
+def test_run_plans_merge_at_most_two_decode_states_per_engine(tiny, nodes):
+    """A run's decode reduces along a chain: for every root each reduction engine merges its own
+    state and at most one child's, so the merged bits do not depend on arrival order (the
+    golden's order is the hardware's); the reversed broadcast tree would make the root merge
+    three states at N ≥ 4."""
+    from mcf.node.decode import reduction_parents
+
+    cfg, _, _ = tiny
+    p = make_plan(RunSpec(nodes=nodes, prompt_tokens=64, chunk=32, decode_tokens=0), cfg)
+    for root in range(nodes):
+        parents = reduction_parents(p, root)
+        assert sorted(parents) == [v for v in range(nodes) if v != root]
+        kids = [list(parents.values()).count(v) for v in range(nodes)]
+        assert max(kids) == 1 and kids.count(0) == (1 if nodes > 1 else 0)
+        v, hops = (root - 1) % nodes, 1             # the leaf is the root's other neighbour
+        while v != root:
+            v, hops = parents[v], hops + 1
+        assert hops == nodes
+    for k in range(2 * nodes):                      # what the engines are configured with
+        assert max(e.k for e in p.decode_reduce_configs(k)) == 2
+    tree = RouteAllocator(p.cluster.topology)
+    assert max(tree.children(0).values()) == (2 if nodes > 2 else 1)
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_the_retrieval_model_answers_passkey_prompts_in_the_run_golden(nodes):
+    """The trained checkpoint on the cluster run's integer golden (MARS prefill over ``nodes``,
+    decode along the chain): 64-token passkey prompts of seeds 0-3 answered right, which is
+    what ``mcf run --model retrieval --task passkey`` checks the RTL against."""
+    cfg, tensors = model_from_spec("retrieval")
+    qm = quantize_model(cfg, tensors)
+    for seed in range(4):
+        spec = RunSpec(model="retrieval", nodes=nodes, prompt_tokens=64, decode_tokens=1,
+                       seed=seed, task="passkey")
+        prompt, answer = run_prompt(spec, cfg)
+        assert len(prompt) == 64 and len(answer) == 2
+        run = golden_run(qm, make_plan(spec, cfg), prompt, 1)
+        assert run.tokens == answer.tolist(), (seed, run.tokens, answer)
+
+
 @pytest.mark.parametrize("argv, msg", [
     (["--nodes", "3"], "split evenly"),
     (["--prompt-tokens", "48"], "multiple of the chunk"),
     (["--kv-budget-kib", "1"], "too small"),
     (["--model", "/nonexistent"], "not a directory"),
     (["--prompt-tokens", "4096", "--decode-tokens", "1"], "positions"),
-    (["--nodes", "4", "--decode-tokens", "1"], "merge 3 decode states"),
+    (["--link-fault", "3"], "prefill steps 1..2"),
+    (["--task", "passkey", "--decode-tokens", "0"], "at least 1"),
+    (["--task", "passkey", "--chunk", "8", "--prompt-tokens", "16"], "at least 19"),
+    (["--link-fault", "1", "--link-fault-node", "2"], "--link-fault-node 2"),
 ])
 def test_mcf_run_bad_arguments_exit_2(argv, msg, capsys):
     assert main(["run", "--quiet", *argv]) == 2
@@ -122,16 +168,30 @@ def test_two_nodes_run_the_tiny_model_end_to_end(tmp_path, capsys):
     assert "generated tokens" in capsys.readouterr().out
 
 
+def test_a_link_fault_stops_the_run_naming_node_and_link(capsys):
+    """One bit flipped on node 0's outgoing links at prefill step 1: node 1's link receiver
+    drops the frame (CRC), its ``link_error`` interrupt stops the run with exit 1, naming the
+    node and the link; no tokens are reported."""
+    assert main(["run", "--quiet", "--nodes", "2", "--prompt-tokens", "64",
+                 "--decode-tokens", "0", "--link-fault", "1", "--timeout", "200000"]) == 1
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mcf run: stopped, link fault at node 1: link ")
+    assert "crc_errors 1" in err[0]
+    assert "generated tokens" not in cap.out
+
+
 @pytest.mark.slow
 def test_four_nodes_run_the_tiny_model_end_to_end(tmp_path, request):
-    """The prefill on four node tops (chunk 32 in slices of 8 tokens; its own Verilator build).
-    No decode: node 0 would merge three states in arrival order (not bit-exact yet)."""
+    """Four node tops (chunk 32 in slices of 8 tokens; its own Verilator build): the prefill,
+    then 3 decode tokens on roots 0, 1, 2, each reduced along a chain of four nodes."""
     markexpr = request.config.getoption("markexpr") or ""
     if "slow" not in markexpr or "not slow" in markexpr:
         pytest.skip("four node tops: pytest -m slow tests/test_cluster_run.py")
     out = tmp_path / "run.json"
     assert main(["run", "--quiet", "--nodes", "4", "--prompt-tokens", "64",
-                 "--decode-tokens", "0", "--json", str(out)]) == 0
+                 "--decode-tokens", "3", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
-    assert got["tokens"] == got["golden_tokens"] and all(got["checks"].values())
+    assert got["tokens"] == got["golden_tokens"] and len(got["tokens"]) == 4
+    assert all(got["checks"].values()) and got["roots"] == [0, 1, 2]
     assert got["owned_tokens"] == {str(v): 16 for v in range(4)}

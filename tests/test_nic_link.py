@@ -131,32 +131,43 @@ def test_rx_checks_match_golden():
         assert status[c] > 0, c
 
 
-def test_link_model_drops_and_flips_all_detected():
-    rng = random.Random(8)
-    pkts = random_packets(rng, 150)
-    dut = LinkLoop(data_width=DW, max_payload=MAXP, latency=12, rate=(5, 2), drop_p16=6000,
-                   flip_p16=9000, seed=0x1234)
+def run_loop(dut: LinkLoop, pkts, seed: int, ready: float, idle: float, tail: int,
+             inject: bool = False):
+    """``pkts`` through ``dut`` (random ready/idle from ``seed``); ``inject`` pulses the link
+    model's ``inject`` before the first frame. Returns the delivered packets and the link
+    model's and receiver's counters."""
     got, status = [], {}
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    sim.add_process(sink_process(dut.o, got, random.Random(9), 0.8))
+    sim.add_process(sink_process(dut.o, got, random.Random(seed), ready))
 
     async def tb(ctx):
+        if inject:
+            ctx.set(dut.link.inject, 1)
+            await ctx.tick()
+            ctx.set(dut.link.inject, 0)
         beats = [b for p in pkts for b in parsed_beats(p.meta, p.payload, DW)]
-        await drive(ctx, dut.i, beats, random.Random(10), 0.1)
-        for _ in range(600):
+        await drive(ctx, dut.i, beats, random.Random(seed + 1), idle)
+        for _ in range(tail):
             await ctx.tick()
         status["link"] = unpack_fields(LINK_MODEL_STATUS, ctx.get(dut.link_status.as_value()))
         status["rx"] = unpack_fields(LINK_RX_STATUS, ctx.get(dut.rx_status.as_value()))
 
     sim.add_testbench(tb)
     sim.run()
-    delivered = [wire_to_packet(b) for b in split_packets(got)]
+    return [wire_to_packet(b) for b in split_packets(got)], status["link"], status["rx"]
+
+
+def test_link_model_drops_and_flips_all_detected():
+    rng = random.Random(8)
+    pkts = random_packets(rng, 150)
+    dut = LinkLoop(data_width=DW, max_payload=MAXP, latency=12, rate=(5, 2), drop_p16=6000,
+                   flip_p16=9000, seed=0x1234)
+    delivered, link, rx = run_loop(dut, pkts, 9, 0.8, 0.1, 600)
     ids = [p.meta.kv_id for p in delivered]
     assert ids == sorted(ids)
     for p in delivered:
         assert p == pkts[p.meta.kv_id], "a delivered packet differs from the one sent"
-    link, rx = status["link"], status["rx"]
     assert link["frames"] == len(pkts)
     assert link["dropped"] > 5 and link["corrupted"] > 5
     assert rx["crc_errors"] == link["corrupted"]                  # every flip detected
@@ -165,6 +176,18 @@ def test_link_model_drops_and_flips_all_detected():
     trailing = len(pkts) - 1 - ids[-1]
     assert rx["lost_frames"] == len(pkts) - len(delivered) - trailing
     assert rx["drop_stale"] == rx["drop_bad_header"] == rx["drop_oversize"] == 0
+
+
+def test_link_model_inject_flips_exactly_the_next_frame():
+    """``inject`` (a one-cycle pulse) corrupts the next frame only: the receiver counts one CRC
+    error and drops that frame, every other packet arrives bit-exact."""
+    pkts = random_packets(random.Random(11), 12)
+    dut = LinkLoop(data_width=DW, max_payload=MAXP, latency=12, rate=(8, 1))
+    delivered, link, rx = run_loop(dut, pkts, 12, 0.9, 0.2, 400, inject=True)
+    assert [p.meta.kv_id for p in delivered] == list(range(1, len(pkts)))
+    assert delivered == pkts[1:]
+    assert link["corrupted"] == 1 and link["frames"] == len(pkts)
+    assert rx["crc_errors"] == 1 and rx["frames_ok"] == len(pkts) - 1
 
 
 def test_crc_by_keep_every_keep_pattern():

@@ -26,7 +26,10 @@ class LinkModel(wiring.Component):
     gets exactly one data bit flipped inside a valid byte, ``seed``: LFSR seed.
 
     Members: ``i`` (In stream), ``o`` (Out stream), ``status`` (frames seen, dropped,
-    corrupted). ``o`` obeys the stream rules; ``i.ready`` falls when the in-flight buffer is full.
+    corrupted), ``inject`` (In, 1 bit: a one-cycle pulse arms a fault — the next frame to start
+    gets one data bit flipped, as if ``flip_p16`` had drawn it — so a bench can put a link fault
+    at a chosen moment without a second build). ``o`` obeys the stream rules; ``i.ready`` falls
+    when the in-flight buffer is full.
     """
 
     def __init__(self, *, data_width=64, latency=8, rate=(8, 1), drop_p16=0, flip_p16=0,
@@ -41,7 +44,7 @@ class LinkModel(wiring.Component):
         blay = beat_layout(data_width, meta_layout)
         self._blay = blay
         super().__init__({"i": In(stream.Signature(blay)), "o": Out(stream.Signature(blay)),
-                          "status": Out(LINK_MODEL_STATUS)})
+                          "status": Out(LINK_MODEL_STATUS), "inject": In(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -70,13 +73,16 @@ class LinkModel(wiring.Component):
         fire_in = i.valid & i.ready
         m.d.comb += i.ready.eq(fifo.w_rdy)
 
+        armed = Signal()                    # ``inject`` seen, not yet spent on a frame
+        with m.If(self.inject):
+            m.d.sync += armed.eq(1)
         drop_now = Signal()
         flip_now = Signal()
         fbeat_now = Signal(4)
         fbit_now = Signal(range(dw))
         with m.If(first):
             m.d.comb += [drop_now.eq(step[:16] < self._drop),
-                         flip_now.eq(step[16:32] < self._flip),
+                         flip_now.eq((step[16:32] < self._flip) | armed),
                          fbeat_now.eq(lfsr[8:12]), fbit_now.eq(lfsr[16:16 + len(fbit_now)])]
         with m.Else():
             m.d.comb += [drop_now.eq(drop), flip_now.eq(flip), fbeat_now.eq(flip_beat),
@@ -86,6 +92,8 @@ class LinkModel(wiring.Component):
             with m.If(i.payload.last):
                 m.d.sync += bidx.eq(0)
             with m.If(first):
+                with m.If(~self.inject):
+                    m.d.sync += armed.eq(0)
                 m.d.sync += [lfsr.eq(step), drop.eq(drop_now), flip.eq(flip_now),
                              flip_beat.eq(fbeat_now), flip_bit.eq(fbit_now),
                              self.status.frames.eq(self.status.frames + 1)]

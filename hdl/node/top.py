@@ -12,7 +12,7 @@ merged packet by packet into the local sink → landing engine (KV slots), decod
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Signal
+from amaranth import Cat, Module, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -334,6 +334,8 @@ class NodeTop(wiring.Component):
                                 dec.status.drop_length, dec.status.drop_slot,
                                 send.status.drop_unmapped, send.status.drop_bad_seq,
                                 send.status.drop_bad_record]),
+            "link_error": _stepped(m, [_nic_counter(nic, f"link{p}_rx_{c}")
+                                       for p in range(cfg.links) for c in LINK_FAULTS]),
         }
         pending = []
         for name, _ in IRQ_CAUSES:
@@ -388,6 +390,27 @@ def _bumped(m: Module, counters) -> Signal:
         bumps.append(prev != c)
     hit = Signal()
     m.d.comb += hit.eq(Cat(*bumps).any())
+    return hit
+
+
+LINK_FAULTS = ("crc_errors", "drop_bad_header", "drop_oversize", "drop_stale", "seq_gaps")
+"""The link receiver counters a ``link_error`` interrupt watches (each steps by one per frame;
+``lost_frames`` grows with ``seq_gaps``)."""
+
+
+def _nic_counter(nic, name: str) -> Value:
+    """The NIC's status counter register ``name``."""
+    return getattr(getattr(nic.regs, name), name)
+
+
+def _stepped(m: Module, counters) -> Signal:
+    """1 in the cycle after any of ``counters`` stepped — counters that only ever step by one,
+    so their low bit toggles on every event (cheaper than :func:`_bumped`'s full compare)."""
+    lows = Cat(*(c[0] for c in counters))
+    prev = Signal.like(lows)
+    m.d.sync += prev.eq(lows)
+    hit = Signal()
+    m.d.comb += hit.eq((prev ^ lows).any())
     return hit
 
 

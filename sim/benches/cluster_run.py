@@ -27,6 +27,10 @@ queue's wait cycles per step (the cycles the compute engines waited for KV and c
 exposed communication), TTFT in cycles (every prefill step plus the first LM head's host time,
 which is not counted), per-token decode cycles, owned tokens per node, the checks, and the
 simulated cycles and wall time.
+
+``fault = {"step": s, "node": v}`` arms a one-bit fault on every link leaving node ``v`` just
+before prefill step ``s``: a receiver's CRC check drops the frame and raises ``link_error``,
+and the run fails naming the node and link (it never reports tokens computed without that KV).
 """
 
 from __future__ import annotations
@@ -37,10 +41,11 @@ import time
 
 import cocotb
 import numpy as np
+from cocotb.triggers import RisingEdge
 from tqdm import tqdm
 
 from mcf.abi.directory import DirState
-from mcf.cluster import ClusterGolden, RunSpec, make_plan, prompt_tokens
+from mcf.cluster import ClusterGolden, RunSpec, make_plan, run_prompt
 from mcf.node.decode import DecodeImage, decode_layout, slice_tokens
 from mcf.node.layer import max_read_set, slice_positions
 from mcf.node.program import configure
@@ -52,6 +57,7 @@ from mcf.sim.benches.node_decode import (
     check_owned_kv,
     run_decode_token,
 )
+from mcf.sim.cluster import directed_links
 from mcf.sim.toolchain import bench_params
 
 __all__ = ["run"]
@@ -90,6 +96,17 @@ async def held_blocks(hosts, p) -> dict[str, dict[int, list[tuple[int, int]]]]:
     return out
 
 
+async def inject_link_fault(dut, n: int, node: int) -> None:
+    """Arm every link model leaving ``node`` (``link{k}_inject``): the next frame each carries
+    gets one bit flipped — a link fault the receivers' CRC checks must catch."""
+    ks = [k for k, (src, _) in enumerate(directed_links(n)) if src[0] == node]
+    for k in ks:
+        getattr(dut, f"link{k}_inject").value = 1
+    await RisingEdge(dut.aclk)
+    for k in ks:
+        getattr(dut, f"link{k}_inject").value = 0
+
+
 @cocotb.test()
 async def run(dut):
     params = bench_params()
@@ -120,7 +137,7 @@ async def run(dut):
         await h.apply(configure(p, lay, h.i, seq_timeout=params.get("timeout", 0),
                                 model=image))
     golden = ClusterGolden(qm, p)
-    prompt = prompt_tokens(mcfg, spec.prompt_tokens, spec.seed)
+    prompt, answer = run_prompt(spec, mcfg)
     gold = golden.prefill(prompt)
     xa = golden.embed(prompt)
     cycle = cycle_counter(dut.aclk)
@@ -132,7 +149,10 @@ async def run(dut):
     # ---- prefill -------------------------------------------------------------------------------
     expect_packets = [0] * n
     step_cycles, wait_cycles, kv_bytes = [], [], []
+    fault = params.get("fault")
     for step in p.steps:
+        if fault and step.index == fault["step"]:
+            await inject_link_fault(dut, n, fault["node"])
         waits0 = [await h.read("seq1_wait_cycles") for h in hosts]
         step_cycles.append(await run_layer_step(dut, hosts, p, step, image, xa, expect_packets,
                                                 cycle, limit))
@@ -195,6 +215,10 @@ async def run(dut):
                            "owner_only": owner_only,
                            "memory_within_budget": max(max(b) for b in kv_bytes)
                            <= spec.kv_budget},
+                "task": None if answer is None else {
+                    "name": spec.task, "answer": answer.tolist(),
+                    "generated": tokens[:len(answer)],
+                    "correct": tokens[:len(answer)] == answer.tolist()},
                 "sim_cycles": cycle[0], "wall_seconds": wall,
                 "node_cycles_per_second": n * cycle[0] / wall if wall > 0 else 0.0,
             }, f)

@@ -44,7 +44,7 @@ import random
 import cocotb
 import numpy as np
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, RisingEdge, SimTimeoutError, with_timeout
+from cocotb.triggers import ClockCycles, First, RisingEdge, SimTimeoutError, with_timeout
 from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 from cocotbext.axi.constants import AxiResp
 
@@ -229,18 +229,48 @@ async def wait_irq(h, hosts, limit: int, what: str) -> None:
                                  f"counters {await snapshot(hosts)}") from None
 
 
+async def link_faults(h) -> list[str]:
+    """Node ``h``'s link receive errors, one phrase per link that has any (``[]``: none)."""
+    out = []
+    names = {reg.name for _, reg in h.regmap}
+    for ln in (k for k in range(8) if f"link{k}_rx_crc_errors" in names):
+        c = await h.counters(f"link{ln}_rx_")
+        bad = {k[len(f"link{ln}_rx_"):]: v for k, v in c.items()
+               if v and not k.endswith("frames_ok")}
+        if bad:
+            out.append(f"link {ln}: " + ", ".join(f"{k} {v}" for k, v in bad.items()))
+    return out
+
+
 async def _wait_marks(dut, hosts, want: list[int], limit: int) -> None:
-    """Wait until every node's two step MARKs raised the interrupt (and clear them)."""
-    seen = [set() for _ in hosts]
-    for h, s in zip(hosts, seen, strict=True):
-        while len(s) < 2:
-            await wait_irq(h, hosts, limit, "step MARK")
+    """Wait until every node's two step MARKs raised the interrupt (and clear them), serving
+    whichever node interrupts first: an error cause fails at once (a ``link_error`` with the node
+    and link that saw it), whatever node the others are still waiting for."""
+    seen = {h.i: set() for h in hosts}
+    pending = list(hosts)
+    while pending:
+        ready = [h for h in pending if int(h.irq.value)]
+        if not ready:
+            try:
+                await with_timeout(First(*(RisingEdge(h.irq) for h in pending)),
+                                   limit * PERIOD_NS, "ns")
+            except SimTimeoutError:
+                raise AssertionError(f"nodes {[h.i for h in pending]}: no step MARK within "
+                                     f"{limit} cycles; counters {await snapshot(hosts)}") \
+                    from None
+            continue
+        for h in ready:
             status = await h.read("IRQ_STATUS")
             fields = h.regmap.register("IRQ_STATUS").unpack(status)
             bad = {k: v for k, v in fields.items() if v and not k.startswith("mark")}
+            if bad.get("link_error"):
+                raise AssertionError(f"link fault at node {h.i}: "
+                                     + "; ".join(await link_faults(h)))
             assert not bad, f"node {h.i}: unexpected interrupt causes {bad}"
-            s.update(k for k, v in fields.items() if v)
+            seen[h.i].update(k for k, v in fields.items() if v)
             await h.write("IRQ_STATUS", status)            # RW1C: clear what was seen
+            if len(seen[h.i]) == 2:
+                pending.remove(h)
     for h, w in zip(hosts, want, strict=True):
         marks = [await h.read(f"seq{q}_marks") for q in range(2)]
         assert marks == [w, w], f"node {h.i}: marks {marks}, want {w}"

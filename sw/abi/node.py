@@ -221,6 +221,8 @@ IRQ_CAUSES: tuple[tuple[str, str], ...] = (
     ("overrun", "a doorbell overran its ring and was ignored"),
     ("bus_error", "a DMA read or write answered SLVERR/DECERR"),
     ("drop", "a local packet was dropped (unmapped kv_id, bad seq, bad op)"),
+    ("link_error", "a link receiver dropped a frame (CRC, header, oversize, stale) or saw a "
+                   "sequence gap: see its linkN_rx_* counters"),
 )
 """Interrupt causes, one bit each in ``IRQ_STATUS`` (RW1C) and ``IRQ_ENABLE`` (RW), in this
 order. ``irq`` = OR of ``IRQ_STATUS & IRQ_ENABLE`` (docs/node.md §10 (d))."""

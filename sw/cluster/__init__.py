@@ -13,8 +13,17 @@ from .golden import (
     greedy,
     plan_slices,
 )
-from .spec import RUN_POLICIES, RunError, RunSpec, make_plan, model_spec, prompt_tokens
+from .spec import (
+    RUN_POLICIES,
+    RUN_TASKS,
+    RunError,
+    RunSpec,
+    make_plan,
+    model_spec,
+    prompt_tokens,
+    run_prompt,
+)
 
 __all__ = ["ClusterGolden", "GoldenRun", "FloatAgreement", "float_agreement", "golden_run",
            "greedy", "plan_slices", "RunSpec", "RunError", "RUN_POLICIES", "make_plan",
-           "model_spec", "prompt_tokens"]
+           "model_spec", "prompt_tokens", "RUN_TASKS", "run_prompt"]

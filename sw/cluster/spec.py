@@ -17,10 +17,21 @@ from ..mars import POLICIES, ClusterSpec, PlanError, make_topology, plan
 from ..mars.model import ModelSpec
 from ..model import Qwen2Config
 
-__all__ = ["RunSpec", "RunError", "RUN_POLICIES", "model_spec", "make_plan", "prompt_tokens"]
+__all__ = ["RunSpec", "RunError", "RUN_POLICIES", "RUN_TASKS", "model_spec", "make_plan",
+           "prompt_tokens", "run_prompt"]
 
 RUN_POLICIES = tuple(p for p in POLICIES if p != "pd")
 """Policies a cluster run executes (PD disaggregation has no chunked node program)."""
+
+
+def _tasks() -> dict:
+    from ..model.task import PASSKEY
+    return {"passkey": PASSKEY}
+
+
+RUN_TASKS = _tasks()
+"""Tasks a run can pose (``--task``): the key–value retrieval of :mod:`mcf.model.task`, which
+the trained ``retrieval`` checkpoint answers."""
 
 
 class RunError(ValueError):
@@ -32,7 +43,9 @@ class RunSpec:
     """One run: ``model`` (``"tiny"`` or a Hugging Face Qwen2 checkpoint directory),
     ``prompt_tokens`` (a multiple of ``chunk``), ``nodes``, ``policy``, ``decode_tokens``,
     ``chunk``, ``alpha`` (eq 15), ``kv_budget`` (``S_node``, bytes), ``seed`` (the prompt and
-    the tiny model's weights), ``config`` (the node top's configuration)."""
+    the tiny model's weights), ``config`` (the node top's configuration), ``task`` (``None``:
+    a random prompt; a :data:`RUN_TASKS` name: that task's prompt, whose answer the first
+    generated tokens are scored against)."""
     model: str = "tiny"
     prompt_tokens: int = 64
     nodes: int = 2
@@ -43,6 +56,7 @@ class RunSpec:
     kv_budget: int = 1 << 20
     seed: int = 0
     config: str = "sim"
+    task: str | None = None
 
     def __post_init__(self):
         if self.nodes < 1:
@@ -65,6 +79,13 @@ class RunSpec:
             raise RunError("--kv-budget must be at least 1 byte")
         if self.config not in NODE_CONFIGS:
             raise RunError(f"--config {self.config!r}: one of {', '.join(NODE_CONFIGS)}")
+        if self.task is not None:
+            if self.task not in RUN_TASKS:
+                raise RunError(f"--task {self.task!r}: one of {', '.join(RUN_TASKS)}")
+            need = RUN_TASKS[self.task].value_len - 1
+            if self.decode_tokens < need:
+                raise RunError(f"--task {self.task}: the answer has {need + 1} tokens, so "
+                               f"--decode-tokens must be at least {need}")
 
 
 def model_spec(cfg: Qwen2Config, name: str = "model") -> ModelSpec:
@@ -76,17 +97,38 @@ def model_spec(cfg: Qwen2Config, name: str = "model") -> ModelSpec:
 
 
 def make_plan(spec: RunSpec, cfg: Qwen2Config):
-    """MARS's plan of the run's prefill on the KR260 ring (raises :class:`RunError`)."""
+    """MARS's plan of the run on the KR260 ring (raises :class:`RunError`). Decode states are
+    reduced along a chain (:mod:`mcf.mars.routes`), so every engine merges at most two states
+    and the merged bits do not depend on the order the states arrive in."""
     nodes = spec.nodes
     cl = ClusterSpec(nodes, spec.kv_budget, spec.kv_budget,
                      make_topology("kr260-ring", nodes),
                      reduce_slots=NODE_CONFIGS[spec.config].reduce_slots,
-                     node_config=spec.config)
+                     node_config=spec.config, decode_reduce="chain")
     try:
         return plan(model_spec(cfg, spec.model), cl, spec.prompt_tokens, spec.chunk,
                     spec.policy, alpha=spec.alpha)
     except PlanError as exc:
         raise RunError(str(exc)) from None
+
+
+def run_prompt(spec: RunSpec, cfg: Qwen2Config) -> tuple[np.ndarray, np.ndarray | None]:
+    """The run's prompt and, for a ``task``, the answer the model should generate: a task
+    prompt of ``prompt_tokens`` tokens from ``seed`` (:func:`mcf.model.task.make_prompt`),
+    else :func:`prompt_tokens` (no answer). Raises :class:`RunError`."""
+    if spec.task is None:
+        return prompt_tokens(cfg, spec.prompt_tokens, spec.seed), None
+    from ..model.task import make_prompt, min_length
+
+    task = RUN_TASKS[spec.task]
+    if task.vocab.size > cfg.vocab_size:
+        raise RunError(f"--task {spec.task}: its {task.vocab.size} token ids do not fit the "
+                       f"model's vocabulary of {cfg.vocab_size}")
+    if spec.prompt_tokens < min_length(task):
+        raise RunError(f"--task {spec.task}: --prompt-tokens must be at least "
+                       f"{min_length(task)}")
+    p = make_prompt(spec.prompt_tokens, spec.seed, task)
+    return p.tokens, p.answer
 
 
 def prompt_tokens(cfg: Qwen2Config, n: int, seed: int) -> np.ndarray:

@@ -16,10 +16,12 @@ from ..cli import UsageError
 __all__ = ["register", "run", "simulate"]
 
 
-def simulate(spec, *, progress: bool = True, timeout: int = 0) -> dict:
+def simulate(spec, *, progress: bool = True, timeout: int = 0,
+             fault: dict | None = None) -> dict:
     """Run ``spec`` (:class:`mcf.cluster.RunSpec`) on ``spec.nodes`` simulated node tops
     (Verilator, cached build) and return the bench's result (``mcf.sim.benches.cluster_run``).
-    Raises ``AssertionError`` with the failing check."""
+    ``fault = {"step": s, "node": v}`` flips a bit on the links leaving node ``v`` at prefill
+    step ``s``. Raises ``AssertionError`` with the failing check."""
     from dataclasses import asdict
 
     from ..sim import run as sim_run
@@ -33,14 +35,14 @@ def simulate(spec, *, progress: bool = True, timeout: int = 0) -> dict:
         out = Path(tmp) / "run.json"
         sim_run(built, "mcf.sim.benches.cluster_run", testcase="run", test_dir=Path(tmp),
                 params={"spec": asdict(spec), "out": str(out), "progress": progress,
-                        "timeout": timeout})
+                        "timeout": timeout, "fault": fault})
         return json.loads(out.read_text())
 
 
 def _check_model(spec):
     """Load the model once here so a bad checkpoint fails before any simulation."""
     from ..abi.node_config import NODE_CONFIGS
-    from ..cluster import RunError, make_plan
+    from ..cluster import RunError, make_plan, run_prompt
     from ..model import CheckpointError, model_from_spec
 
     try:
@@ -61,31 +63,13 @@ def _check_model(spec):
                          f"exceed the model's {cfg.max_position_embeddings} positions")
     try:
         plan = make_plan(spec, cfg)
+        run_prompt(spec, cfg)
     except RunError as exc:
         raise UsageError(str(exc)) from None
-    _check_reductions(spec, plan)
     if not plan.totals.memory_ok:
         raise UsageError(f"--kv-budget-kib {spec.kv_budget / 1024:g}: the {spec.policy} plan "
                          f"needs {plan.totals.peak_node_kv_bytes / 1024:g} KiB of KV on a node")
-    return cfg, tensors
-
-
-def _check_reductions(spec, plan) -> None:
-    """Decode is checked bit for bit only where every reduction engine merges at most two
-    states (own + one child): ``merge_state`` of two is commutative bit for bit, of three it
-    depends on the arrival order, which the golden model cannot know (docs/cluster.md)."""
-    from collections import Counter
-
-    from ..node.decode import reduction_parents
-
-    for k in range(spec.decode_tokens):
-        root = plan.decode_owner(k)
-        children = Counter(reduction_parents(plan, root).values())
-        if children and max(children.values()) > 1:
-            node, n = children.most_common(1)[0]
-            raise UsageError(f"--decode-tokens {spec.decode_tokens} on {spec.nodes} nodes: node "
-                             f"{node} would merge {n + 1} decode states in arrival order, "
-                             "which is not bit-exact yet; use --decode-tokens 0 (prefill only)")
+    return cfg, tensors, plan
 
 
 def run(args) -> int:
@@ -95,14 +79,27 @@ def run(args) -> int:
         spec = RunSpec(model=args.model, prompt_tokens=args.prompt_tokens, nodes=args.nodes,
                        policy=args.policy, decode_tokens=args.decode_tokens, chunk=args.chunk,
                        alpha=args.alpha, kv_budget=int(args.kv_budget_kib * 1024),
-                       seed=args.seed)
+                       seed=args.seed, task=args.task)
     except RunError as exc:
         raise UsageError(str(exc)) from None
-    cfg, tensors = _check_model(spec)
+    cfg, tensors, plan = _check_model(spec)
+    fault = None
+    if args.link_fault is not None:
+        if not 1 <= args.link_fault <= len(plan.steps):
+            raise UsageError(f"--link-fault {args.link_fault}: the plan has prefill steps "
+                             f"1..{len(plan.steps)}")
+        if not 0 <= args.link_fault_node < spec.nodes or spec.nodes < 2:
+            raise UsageError(f"--link-fault-node {args.link_fault_node}: no such node with "
+                             f"links among {spec.nodes}")
+        fault = {"step": args.link_fault, "node": args.link_fault_node}
     try:
-        got = simulate(spec, progress=not args.quiet, timeout=args.timeout)
+        got = simulate(spec, progress=not args.quiet, timeout=args.timeout, fault=fault)
     except AssertionError as exc:
-        print(f"mcf run: a check failed: {str(exc).splitlines()[0]}", file=sys.stderr)
+        first = str(exc).splitlines()[0]
+        if first.startswith("link fault"):
+            print(f"mcf run: stopped, {first}", file=sys.stderr)
+        else:
+            print(f"mcf run: a check failed: {first}", file=sys.stderr)
         return 1
     agree = float_agreement(cfg, tensors, got["prompt"], got["tokens"], got["logits"])
     got["float_agreement"] = {"top1": agree.top1,
@@ -119,6 +116,10 @@ def _print(got: dict, spec) -> None:
           f"nodes, policy {spec.policy}, chunk {spec.chunk}, {spec.decode_tokens} decode "
           f"tokens (sim node tops, cycles of aclk)")
     print(f"  generated tokens : {got['tokens']} (golden {got['golden_tokens']})")
+    if got.get("task"):
+        t = got["task"]
+        print(f"  task {t['name']:<11}: answer {t['generated']}, expected {t['answer']}: "
+              f"{'right' if t['correct'] else 'WRONG'}")
     for name, ok in got["checks"].items():
         print(f"  check {name:<14}: {'pass' if ok else 'FAIL'}")
     print("  owned tokens     : " + ", ".join(f"node {k}: {v}"
@@ -140,12 +141,13 @@ def _print(got: dict, spec) -> None:
 
 
 def register(subs) -> None:
-    from ..cluster import RUN_POLICIES
+    from ..cluster import RUN_POLICIES, RUN_TASKS
 
     p = subs.add_parser("run", help="a Qwen2 model end to end on a simulated KR260 cluster",
                         description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny",
-                   help="'tiny' (random weights from --seed) or a Qwen2 checkpoint directory")
+                   help="'tiny' (random weights from --seed), 'retrieval' (the trained "
+                        "checkpoint, see --task) or a Qwen2 checkpoint directory")
     p.add_argument("--prompt-tokens", type=int, default=64,
                    help="prompt length, a multiple of --chunk (default 64)")
     p.add_argument("--nodes", type=int, default=2, help="simulated KR260 nodes (default 2)")
@@ -158,8 +160,16 @@ def register(subs) -> None:
     p.add_argument("--kv-budget-kib", type=float, default=1024,
                    help="per-node KV budget S_node in KiB (default 1024)")
     p.add_argument("--seed", type=int, default=0, help="prompt and tiny-model seed")
+    p.add_argument("--task", choices=sorted(RUN_TASKS),
+                   help="pose a task instead of a random prompt (passkey: key-value retrieval, "
+                        "for --model retrieval); its answer is scored")
     p.add_argument("--timeout", type=int, default=0,
                    help="sequencer watchdog in cycles (0: off)")
+    p.add_argument("--link-fault", type=int, metavar="STEP",
+                   help="flip one bit on the links leaving --link-fault-node at this prefill "
+                        "step (1-based): the run must stop, naming the node and link")
+    p.add_argument("--link-fault-node", type=int, default=0, metavar="NODE",
+                   help="the node whose outgoing links --link-fault corrupts (default 0)")
     p.add_argument("--json", help="write the full result to this file")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(handler=run)

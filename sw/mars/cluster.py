@@ -275,6 +275,10 @@ class ClusterSpec:
     # from the configuration it is given; a bare ClusterSpec describes sim nodes)
     reduce_slots: int = SIM.reduce_slots
     node_config: str = SIM.name
+    # shape of decode's state-reduction trees (mcf.mars.routes.REDUCE_SHAPES): "tree" (the
+    # query broadcast tree reversed, fewest hops) or "chain" (rings: every engine merges at most
+    # two states, so the merged bits do not depend on arrival order)
+    decode_reduce: str = "tree"
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -289,6 +293,11 @@ class ClusterSpec:
         if not 1 <= self.max_payload <= MAX_PAYLOAD:
             raise ValueError(f"the largest payload must lie in 1..{MAX_PAYLOAD} B "
                              f"(mcf.abi.framing.MAX_PAYLOAD), got {self.max_payload}")
+        if self.decode_reduce not in ("tree", "chain"):
+            raise ValueError(f"decode reduction {self.decode_reduce!r}: 'tree' or 'chain'")
+        if self.decode_reduce == "chain" and self.topology.base_kind != "ring" \
+                and self.nodes > 2:
+            raise ValueError("a chain decode reduction needs a ring (neighbours in id order)")
         cfg = NODE_CONFIGS.get(self.node_config)
         if cfg is None:
             raise ValueError(f"unknown node configuration {self.node_config!r} "

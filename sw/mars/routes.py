@@ -13,6 +13,13 @@ entries per node); every node's table maps a route id to a :func:`mcf.abi.route.
   the overflowing transfers fall back to one unicast per destination (counted, never silent).
 * switch topology: a tree's source sends once on the uplink and the switch copies the packet to
   the members of the multicast group named by the route id (``switch_groups``).
+* decode's **state-reduction trees** (:data:`REDUCE_SHAPES`): ``tree`` is the query broadcast
+  tree reversed (fewest hops; on a ring the root merges its own state and two children's);
+  ``chain`` walks a ring from the root's far side, ``root+N−1 → … → root+1 → root``, one hop
+  each, so every reduction engine merges at most two states. ``merge_state`` of two states is
+  commutative bit for bit but not associative, and an engine merges in arrival order, so only
+  the chain gives the same bits whatever the arrival order (the RTL cluster runs use it; it costs
+  ``N−1`` hops instead of ``⌈(N−1)/2⌉``).
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ from dataclasses import dataclass, replace
 from ..abi.route import ROUTE_TABLE_DEPTH, route_entry
 from .cluster import SWITCH, Topology
 
-__all__ = ["RouteAllocator", "RouteError", "StepRoutes"]
+__all__ = ["RouteAllocator", "RouteError", "StepRoutes", "REDUCE_SHAPES"]
+
+REDUCE_SHAPES = ("tree", "chain")
 
 
 class RouteError(ValueError):
@@ -38,8 +47,13 @@ class StepRoutes:
 
 
 class RouteAllocator:
-    def __init__(self, topo: Topology, depth: int = ROUTE_TABLE_DEPTH):
+    def __init__(self, topo: Topology, depth: int = ROUTE_TABLE_DEPTH, reduce_shape: str = "tree"):
+        if reduce_shape not in REDUCE_SHAPES:
+            raise ValueError(f"reduction shape {reduce_shape!r}: one of {REDUCE_SHAPES}")
+        if reduce_shape == "chain" and topo.base_kind != "ring" and topo.n > 2:
+            raise ValueError("a chain reduction needs a ring (neighbours in id order)")
         self.topo = topo
+        self.reduce_shape = reduce_shape
         n = topo.n
         if n > depth:
             raise RouteError(f"{n} nodes need {n} unicast route ids; Meta.route_id names only "
@@ -128,7 +142,11 @@ class RouteAllocator:
         return bcast, reduce_, StepRoutes(entries, groups, 2 * n, 0)
 
     def parent(self, root: int, node: int) -> int:
-        """The node before ``node`` on the route from ``root`` (the root itself on a switch)."""
+        """Where ``node`` sends its decode state for ``root``: the node before it on the route
+        from ``root`` (the root itself on a switch) — or, for the ``chain`` shape, its ring
+        neighbour ``node − 1`` (the root for ``root + 1``)."""
+        if self.reduce_shape == "chain" and self.topo.n > 2:
+            return (node - 1) % self.topo.n
         if self.topo.base_kind == "switch":
             return root
         prev = root

@@ -142,7 +142,7 @@ class Scheduler:
         self.layout = "contiguous" if policy == "ring" else "zigzag"
         budgeted = policy == "mars"
         self.dir = Directory(n, cluster.kv_budget if budgeted else None)
-        self.routes = RouteAllocator(self.topo)
+        self.routes = RouteAllocator(self.topo, reduce_shape=cluster.decode_reduce)
         self.steps: list[Step] = []
         self.handoff: Handoff | None = None
         self.final_frees: list = []

@@ -114,3 +114,11 @@ def _node(config_name: str) -> Callable[[], FlatTop]:
 
 TOPS["mcf_node"] = _node("kr260")      # one KR260 node, kr260 configuration (docs/node.md)
 TOPS["mcf_node_sim"] = _node("sim")    # the same ports, the sim configuration (docs/node.md §12)
+
+
+def _eth() -> FlatTop:
+    from .eth.links import EthLinks
+    return FlatTop(EthLinks(primitives=True), clock="aclk", resetn="aresetn")
+
+
+TOPS["mcf_eth"] = _eth  # the node's three MACs + their AXI-Lite bank s_axi_eth (docs/eth.md)

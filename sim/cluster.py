@@ -28,7 +28,8 @@ from mcf.hdl.node.top import NodeTop
 from mcf.mars.cluster import RGMII_1G, SFP_10G, LinkParams
 
 __all__ = ["ClusterTop", "Cable", "ring_cables", "directed_links", "link_index",
-           "build_cluster", "CLOCK_HZ", "BENCH_LATENCY_CYCLES"]
+           "build_cluster", "CLOCK_HZ", "BENCH_LATENCY_CYCLES", "NODE_PORTS",
+           "expose_node_ports"]
 
 CLOCK_HZ = ACLK_HZ
 """The ``aclk`` every cycle figure assumes (:data:`mcf.abi.platform.ACLK_HZ`, no fmax claimed)."""
@@ -82,6 +83,27 @@ def link_rate(params: LinkParams, clock_hz: float = CLOCK_HZ) -> tuple[int, int]
     return r.numerator, r.denominator
 
 
+NODE_PORTS = ("s_axi_ctrl", "m_axi_hp", "irq")
+"""The node ports a cluster top exposes per node ``i`` as ``n{i}_<name>``."""
+
+
+def expose_node_ports(m: Module, top: wiring.Component, nodes) -> None:
+    """Add ``nodes`` to ``m`` as ``node{i}`` and connect each node's :data:`NODE_PORTS` to the
+    cluster top's ``n{i}_<name>`` members."""
+    for i, node in enumerate(nodes):
+        m.submodules[f"node{i}"] = node
+        for name, member in node.signature.members.items():
+            if not name.startswith(NODE_PORTS):
+                continue
+            outer = getattr(top, f"n{i}_{name}")
+            if name == "irq":
+                m.d.comb += outer.eq(node.irq)
+            elif member.flow == In:
+                wiring.connect(m, wiring.flipped(outer), getattr(node, name))
+            else:
+                wiring.connect(m, getattr(node, name), wiring.flipped(outer))
+
+
 class ClusterTop(wiring.Component):
     """``n`` :class:`NodeTop` (configuration ``config``) and the ring's link models.
 
@@ -112,7 +134,7 @@ class ClusterTop(wiring.Component):
         members = {}
         for i, node in enumerate(self.nodes):
             for name, member in node.signature.members.items():
-                if name.startswith(("s_axi_ctrl", "m_axi_hp", "irq")):
+                if name.startswith(NODE_PORTS):
                     members[f"n{i}_{name}"] = member
         for k in range(len(self.links)):
             members[f"link{k}_inject"] = In(1)
@@ -122,18 +144,7 @@ class ClusterTop(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         used_tx, used_rx = set(), set()
-        for i, node in enumerate(self.nodes):
-            m.submodules[f"node{i}"] = node
-            for name, member in node.signature.members.items():
-                if not name.startswith(("s_axi_ctrl", "m_axi_hp", "irq")):
-                    continue
-                outer = getattr(self, f"n{i}_{name}")
-                if name == "irq":
-                    m.d.comb += outer.eq(node.irq)
-                elif member.flow == In:
-                    wiring.connect(m, wiring.flipped(outer), getattr(node, name))
-                else:
-                    wiring.connect(m, getattr(node, name), wiring.flipped(outer))
+        expose_node_ports(m, self, self.nodes)
         assert [(s, d) for s, d, _ in self.links] == directed_links(self.n)
         for k, ((sn, sl), (dn, dl), model) in enumerate(self.links):
             m.submodules[f"link{k}_{sn}_{sl}_to_{dn}_{dl}"] = model

@@ -30,6 +30,9 @@ FIGURES = {
     "cluster": ["tiny.n2.mars_ttft_cycles", "tiny.n2.ring_ttft_cycles",
                 "tiny.n2.zigzag_ttft_cycles", "tiny.n2.exposed_comm_cycles",
                 "decode_cycles_per_token.n2", "sim_cycles_per_second.single_process_n2"],
+    "eth": ["rgmii.payload_gbps_at_1500B", "rgmii.payload_gbps_at_64B",
+            "rgmii.line_rate_fraction_1500B", "xgmii.payload_gbps_at_1500B",
+            "xgmii.payload_gbps_at_64B", "xgmii.line_rate_fraction_1500B"],
 }
 
 

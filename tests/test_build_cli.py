@@ -18,11 +18,13 @@ import subprocess
 import pytest
 
 from mcf.abi.node_config import AXI_WIDTH, TOP_ADDR_BITS, TOP_ID_BITS
-from mcf.abi.platform import HP_PORTS
+from mcf.abi.platform import CTRL_BASE, CTRL_RANGE, ETH_CTRL_BASE, ETH_CTRL_RANGE, HP_PORTS
 from mcf.cli import main
-from mcf.hdl.platform.kr260 import board_pins
+from mcf.hdl.platform.kr260 import ETH_BOARD_PORTS, GT_WIZARD, board_pins
 
 NAME = "mcf_node"
+ETH = "mcf_eth"
+FILES = ["kr260.xdc", f"{ETH}.v", f"{ETH}_timing.xdc", f"{NAME}.tcl", f"{NAME}.v"]
 TCLSH = shutil.which("tclsh")
 _DECL = re.compile(r"^\s*(input|output)\s*(?:\[(\d+):0\])?\s*(\w+)\s*;", re.M)
 
@@ -49,13 +51,23 @@ def built(tmp_path_factory):
     return out, rc, buf.getvalue()
 
 
-def test_writes_three_files_and_prints_command(built):
+def test_writes_the_files_and_prints_command(built):
     out, rc, stdout = built
     assert rc == 0
-    assert sorted(p.name for p in out.iterdir()) == ["kr260.xdc", f"{NAME}.tcl", f"{NAME}.v"]
+    assert sorted(p.name for p in out.iterdir()) == FILES
     assert f"cd {out} && vivado -mode batch -nojournal -log vivado.log -source {NAME}.tcl" \
         in stdout
-    assert (out / "kr260.xdc").read_text().count("PACKAGE_PIN") == len(board_pins()) == 47
+    # the XDC constrains exactly the board pins the block design makes external
+    xdc = (out / "kr260.xdc").read_text()
+    used = [p for p in board_pins() if p.port.split("[")[0] in ETH_BOARD_PORTS]
+    assert xdc.count("PACKAGE_PIN") == len(used) == 36 and len(board_pins()) == 47
+    for p in used:
+        assert f"set_property PACKAGE_PIN {p.pin} [get_ports {{{p.port}}}]" in xdc
+    assert "eth_rgmii0_mdc" not in xdc and "led0" not in xdc
+    assert "create_clock -name eth_rgmii1_rx_clk -period 8.000" in xdc
+    assert "create_clock -name sfp_refclk0 -period 6.400" in xdc
+    timing = (out / f"{ETH}_timing.xdc").read_text()
+    assert timing.count("-group") == 6 and "*/eth/gt_rx_clk" in timing
     assert "set jobs 3\n" in (out / f"{NAME}.tcl").read_text()
 
 
@@ -83,16 +95,34 @@ def test_tcl_names_every_interface_of_the_top(built):
             assert ref in ports, ref
         else:
             assert any(p.startswith(ref + "_") for p in ports), ref
+    # and on the MAC wrapper: every pin the Tcl names is a port of mcf_eth.v, with its width
+    eth = _ports((out / f"{ETH}.v").read_text())
+    named = re.findall(r"get_bd_(pins|intf_pins) eth/(\w+)", tcl)
+    assert len(named) > 30
+    for kind, ref in named:
+        if kind == "pins":
+            assert ref in eth, ref
+        else:
+            assert any(p.startswith(ref + "_") for p in eth), ref
+    assert eth["gt_txdata"] == ("output", 64) and eth["gt_rxdata"] == ("input", 64)
+    assert eth["rgmii1_txd"] == ("output", 4) and eth["rgmii2_rxd"] == ("input", 4)
+    assert eth["s_axi_eth_awaddr"] == ("input", 12)
+    for lk in range(3):
+        assert eth[f"s_axis_link{lk}_tdata"] == ("input", 64)
+        assert eth[f"m_axis_link{lk}_tdata"] == ports[f"m_axis_link{lk}_tdata"] \
+            == ("output", 64)
 
 
 _RECORDER = r"""
 set ::calls {}
 foreach cmd {create_project set_property add_files update_compile_order create_bd_design
              create_bd_cell apply_bd_automation connect_bd_net connect_bd_intf_net
-             assign_bd_address validate_bd_design save_bd_design launch_runs wait_on_run} {
+             assign_bd_address validate_bd_design save_bd_design launch_runs wait_on_run
+             create_bd_port} {
     proc $cmd args [format {lappend ::calls [list %s {*}$args]; return ""} $cmd]
 }
-foreach cmd {get_bd_cells get_bd_pins get_bd_intf_pins get_files get_runs} {
+foreach cmd {get_bd_cells get_bd_pins get_bd_intf_pins get_files get_runs get_bd_ports
+             get_bd_addr_spaces get_bd_addr_segs} {
     proc $cmd args [format {lappend ::calls [list %s {*}$args]; return [lindex $args end]} $cmd]
 }
 proc current_project {} { return project }
@@ -145,7 +175,56 @@ def test_tcl_runs_to_the_end_and_connects(built, tmp_path):
     assert ["ps/M_AXI_HPM0_FPD", "ctrl_smc/S00_AXI"] in intf
     for i in range(HP_PORTS):
         assert [f"node/m_axi_hp{i}", f"ps/S_AXI_HP{i}_FPD"] in intf
-    assert not any("link" in " ".join(n) for n in nets + intf)  # links: left for the MACs
+    # the MAC wrapper: its cell, clock/reset, control port, the links both ways
+    assert f"create_bd_cell -type module -reference {ETH} eth" in calls
+    assert ["ps/pl_clk0", "eth/aclk"] in nets
+    assert ["rst/peripheral_aresetn", "eth/aresetn"] in nets
+    assert "set_property CONFIG.NUM_MI 2 ctrl_smc" in calls
+    assert ["ctrl_smc/M01_AXI", "eth/s_axi_eth"] in intf
+    for lk in range(3):
+        assert [f"node/m_axis_link{lk}", f"eth/s_axis_link{lk}"] in intf
+        assert [f"eth/m_axis_link{lk}", f"node/s_axis_link{lk}"] in intf
+    # 125 MHz: the clocking wizard on pl_clk0, to the RGMII MACs and the GT's free-run clock
+    assert "create_bd_cell -type ip -vlnv xilinx.com:ip:clk_wiz eth_clk" in calls
+    assert ["ps/pl_clk0", "eth_clk/clk_in1"] in nets
+    assert net_of("eth_clk/clk_out1") == {"eth_clk/clk_out1", "eth/eth_clk",
+                                          "gt/gtwiz_reset_clk_freerun_in"}
+    assert net_of("eth_clk/locked") == {"eth_clk/locked", "rst/dcm_locked"}
+    wiz = next(c for c in calls if "CLKOUT1_REQUESTED_OUT_FREQ" in c)
+    assert "CONFIG.CLKOUT1_REQUESTED_OUT_FREQ 125.000" in wiz
+    # the GT wizard with every parameter of GT_WIZARD, its user data and clocks to eth/gt_*
+    assert "create_bd_cell -type ip -vlnv xilinx.com:ip:gtwizard_ultrascale gt" in calls
+    gt = next(c for c in calls if "CONFIG.TX_LINE_RATE" in c)
+    for k, v in GT_WIZARD.items():
+        assert f"CONFIG.{k} {{{v}}}" in gt or f"CONFIG.{k} {v}" in gt, k
+    for a, b in (("gt/gtwiz_userclk_tx_usrclk2_out", "eth/gt_tx_clk"),
+                 ("gt/gtwiz_userclk_rx_usrclk2_out", "eth/gt_rx_clk"),
+                 ("eth/gt_txdata", "gt/gtwiz_userdata_tx_in"),
+                 ("gt/gtwiz_userdata_rx_out", "eth/gt_rxdata"),
+                 ("gt/gtwiz_reset_rx_done_out", "eth/gt_rx_done"),
+                 ("eth/gt_reset", "gt/gtwiz_reset_all_in"),
+                 ("refclk_buf/IBUF_OUT", "gt/gtrefclk00_in")):
+        assert net_of(a) == {a, b}
+    # board pins: a block-design port per XDC port, connected to its pin
+    made = {c.split()[-1]: c for c in calls if c.startswith("create_bd_port")}
+    assert sorted(made) == sorted(ETH_BOARD_PORTS)
+    assert "-from 3 -to 0" in made["eth_rgmii0_tx_data"] and "-dir O" in made["eth_rgmii0_tx_data"]
+    assert "-type clk -freq_hz 125000000" in made["eth_rgmii1_rx_clk"]
+    assert net_of("eth_rgmii0_tx_data") == {"eth_rgmii0_tx_data", "eth/rgmii1_txd"}
+    assert net_of("eth_rgmii1_rx_clk") == {"eth_rgmii1_rx_clk", "eth/rgmii2_rx_clk"}
+    assert net_of("sfp0_tx_p") == {"sfp0_tx_p", "gt/gthtxp_out"}
+    assert net_of("sfp_ctl0_tx_disable") == {"sfp_ctl0_tx_disable", "eth/sfp_tx_disable"}
+    assert net_of("sfp_refclk0_p") == {"sfp_refclk0_p", "refclk_buf/IBUF_DS_P"}
+    # the XDC enabled, the timing constraints late; the two control windows side by side
+    assert "set_property is_enabled true kr260.xdc" in calls
+    assert f"set_property PROCESSING_ORDER LATE {ETH}_timing.xdc" in calls
+    seg = [c for c in calls if c.startswith("assign_bd_address -target_address_space")]
+    assert seg == [
+        f"assign_bd_address -target_address_space ps/Data -offset {CTRL_BASE:#x} -range "
+        f"{CTRL_RANGE:#x} node/s_axi_ctrl",
+        f"assign_bd_address -target_address_space ps/Data -offset {ETH_CTRL_BASE:#x} -range "
+        f"{ETH_CTRL_RANGE:#x} eth/s_axi_eth"]
+    assert ETH_CTRL_BASE == CTRL_BASE + 0x1000
     ps_cfg = next(c for c in calls if c.startswith("set_property -dict") and "PSU__" in c)
     for i in range(HP_PORTS):
         assert f"CONFIG.PSU__USE__S_AXI_GP{2 + i} 1" in ps_cfg

@@ -123,3 +123,45 @@ def test_driver_imports_without_pynq():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert "needs PYNQ" in out.stdout
+
+
+def test_eth_driver_binds_to_the_mac_wrapper_and_writes_the_ring_peers():
+    from mcf.abi.eth import RXCLK_WINDOW, eth_regmap, rxclk_min
+    from mcf.abi.link_map import link_map_for
+    from mcf.driver import EthDriver, check_eth_identity, eth_writes
+    assert EthDriver.bindto == ["xilinx.com:module_ref:mcf_eth:1.0"]
+    rm = eth_regmap()
+    check_eth_identity(rm.id_word, rm)
+    with pytest.raises(BindError, match="mcf_eth ID register"):
+        check_eth_identity(node_regmap().id_word, rm)        # the node's window is not it
+    # four boards in a ring: each link's peer is the node at the other end of that cable
+    for node in range(4):
+        writes = dict(eth_writes(node, 4, "ring", aclk_hz=250e6))
+        links = link_map_for(node, 4, "ring")
+        assert writes["ETH_LOCAL"] == {"local_id": node}
+        assert writes[f"ETH{links[0]}_CFG"] == {"peer_id": (node + 1) % 4}
+        assert writes[f"ETH{links[1]}_CFG"] == {"peer_id": (node - 1) % 4}
+        assert writes["ETH_RXCLK_MIN"] == {"edges": rxclk_min(250e6)} == {"edges": 256}
+        assert len(writes) == 4                               # link 2 unused at N = 4
+    assert dict(eth_writes(0, 2, "ring")) == {"ETH_LOCAL": {"local_id": 0},
+                                               "ETH0_CFG": {"peer_id": 1},
+                                               "ETH1_CFG": {"peer_id": 1}}
+    assert dict(eth_writes(2, 3, "ring"))["ETH2_CFG"] == {"peer_id": 0}   # last of odd N
+    with pytest.raises(ValueError, match="switch cluster of 4"):
+        eth_writes(0, 4, "switch")
+    assert rxclk_min(100e6) == RXCLK_WINDOW * 125 // 100 // 2
+
+
+def test_eth_register_description_drives_pynqs_register_map():
+    from pynq.registers import RegisterMap
+
+    from mcf.abi.eth import eth_regmap
+    rm = eth_regmap()
+    words = np.zeros(rm.size // 4, dtype=np.uint32)
+    regs = RegisterMap.create_subclass("eth", rm.pynq_registers())(words)
+    words[rm.addr("ETH_LINK") // 4] = 0b101
+    assert (int(regs.ETH_LINK.link0_up), int(regs.ETH_LINK.link1_up),
+            int(regs.ETH_LINK.link2_up)) == (1, 0, 1)
+    regs.ETH1_CFG.peer_id = 3
+    assert rm.register("ETH1_CFG").unpack(int(words[rm.addr("ETH1_CFG") // 4])) == {
+        "peer_id": 3}

@@ -3,12 +3,11 @@ transmitter (every word, deficit idle count, lane-4 starts), XgmiiRx → XgmiiDe
 beats; and the runners of the cocotb + Verilator benches (sim/benches/eth_10g.py against
 cocotbext-eth XgmiiSource/XgmiiSink; sim/benches/eth_10g_pcs.py PCS loopback).
 
-Rate figures: ``pytest tests/test_eth_10g.py -k rate -s``.
+Rate figures: ``mcf bench eth`` (its test: tests/test_eth_bench.py; the same Verilator build).
 """
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
@@ -17,22 +16,13 @@ from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
 from mcf.abi.eth import ETH_TYPE, EthDrop, encap, link_beats, mac_bytes
-from mcf.abi.meta import META
-from mcf.abi.nic import crc32
 from mcf.golden.eth10g import IDLE_WORD, xgmii_tx
 from mcf.hdl.eth.rgmii import FrameGate
 from mcf.hdl.eth.xgmii import EthEncap64, XgmiiDecap, XgmiiRx, XgmiiTx
+from mcf.sim.benches.eth_common import link_frame
 
 BENCH = "mcf.sim.benches.eth_10g"
 LOCAL, PEER = 5, 12
-
-
-def link_frame(rng: random.Random, length: int) -> bytes:
-    meta = rng.getrandbits(META.size) & ~(((1 << META["length"].width) - 1)
-                                          << META["length"].offset)
-    meta |= length << META["length"].offset
-    body = rng.randbytes(8) + meta.to_bytes(8, "little") + rng.randbytes(length)
-    return body + crc32(body).to_bytes(4, "little")
 
 
 def _strip_idle(words):
@@ -102,27 +92,10 @@ def test_mac_loopback_vs_golden():
     assert beats == [b for lk in links for b in link_beats(lk)]
 
 
-def _built():
-    from mcf.hdl.eth.tengig import TenGigMac
-    from mcf.hdl.flat import FlatTop
-    from mcf.sim import build
-    return build(FlatTop(TenGigMac(), {"s_axis": "s_axis", "m_axis": "m_axis"}), "eth_10g")
-
-
 def test_10g_bench():
     from mcf.sim import run
-    run(_built(), BENCH, params={"seed": 1, "tests": ["lengths", "bad"]})
-
-
-def test_10g_rate(tmp_path):
-    from mcf.sim import run
-    out = tmp_path / "rate.json"
-    run(_built(), BENCH, params={"seed": 3, "tests": ["rate"], "rate_n": 40, "out": str(out)})
-    result = json.loads(out.read_text())
-    print("xgmii rate:", json.dumps(result))
-    for name in ("tx_64B", "tx_1500B"):
-        assert result[name]["line_rate_fraction"] == 1.0, name
-    assert result["rx_64B"]["delivered"] == result["rx_64B"]["frames"] == 40
+    from mcf.sim.bench.eth import built
+    run(built("xgmii"), BENCH, params={"seed": 1, "tests": ["lengths", "bad"]})
 
 
 @pytest.mark.slow

@@ -35,21 +35,10 @@ from mcf.abi.eth import (
     mac_bytes,
 )
 from mcf.abi.framing import MAX_PAYLOAD
-from mcf.abi.meta import META
-from mcf.abi.nic import crc32
 from mcf.hdl.eth.encap import EthCounters, EthDecap, EthEncap, Pack8to64, Unpack64to8
+from mcf.sim.benches.eth_common import link_frame
 
 LOCAL, PEER = 5, 17
-
-
-def link_frame(rng: random.Random, length: int) -> bytes:
-    """A link frame as LinkTx sends it: header, Meta (random fields, ``length``), payload,
-    CRC-32 of the three."""
-    meta = rng.getrandbits(META.size) & ~(((1 << META["length"].width) - 1)
-                                          << META["length"].offset)
-    meta |= length << META["length"].offset
-    body = rng.randbytes(8) + meta.to_bytes(8, "little") + rng.randbytes(length)
-    return body + crc32(body).to_bytes(4, "little")
 
 
 def with_fcs(body: bytes) -> bytes:

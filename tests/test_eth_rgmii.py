@@ -1,13 +1,12 @@
 """1G RGMII MAC (mcf.hdl.eth.rgmii): amaranth.sim unit tests of GmiiTx/GmiiRx framing, and the
 runner of the cocotb + Verilator bench (sim/benches/eth_rgmii.py) against cocotbext-eth's
-RgmiiPhy — one Verilator build for all its tests.
+RgmiiPhy — one Verilator build for all its tests (shared with ``mcf bench eth``).
 
-Line-rate figures: ``pytest tests/test_eth_rgmii.py -k rate -s``.
+Line-rate figures: ``mcf bench eth`` (its test: tests/test_eth_bench.py).
 """
 
 from __future__ import annotations
 
-import json
 import random
 
 from amaranth import Module
@@ -83,24 +82,7 @@ def test_gmii_tx_rx():
     assert got[3][1] and len(got[3][0]) == len(frames[3]) + 2   # two error bytes inside
 
 
-def _built():
-    from mcf.hdl.eth.rgmii import RgmiiMac
-    from mcf.hdl.flat import FlatTop
-    from mcf.sim import build
-    return build(FlatTop(RgmiiMac(), {"s_axis": "s_axis", "m_axis": "m_axis"}), "eth_rgmii")
-
-
 def test_rgmii_bench():
     from mcf.sim import run
-    run(_built(), BENCH, params={"seed": 1, "tests": ["lengths", "bad"]})
-
-
-def test_rgmii_rate(tmp_path):
-    from mcf.sim import run
-    out = tmp_path / "rate.json"
-    run(_built(), BENCH, params={"seed": 3, "tests": ["rate"], "rate_n": 30, "out": str(out)})
-    result = json.loads(out.read_text())
-    print("rgmii rate:", json.dumps(result))
-    assert result["tx_64B"]["line_rate_fraction"] == 1.0
-    assert result["tx_1500B"]["line_rate_fraction"] == 1.0
-    assert result["rx_64B"]["delivered"] == result["rx_64B"]["frames"] == 30
+    from mcf.sim.bench.eth import built
+    run(built("rgmii"), BENCH, params={"seed": 1, "tests": ["lengths", "bad"]})

@@ -41,11 +41,13 @@ from amaranth.build import Attrs, Clock, DiffPairs, Pins, PinsN, Resource, Subsi
 from amaranth.vendor import XilinxPlatform
 from amaranth_boards.resources import I2CResource, LEDResources
 
+from mcf.abi.eth import RGMII_RX_CLK_HZ as RGMII_RX_HZ
 from mcf.abi.node_config import AXI_WIDTH
 from mcf.abi.platform import HP_PORTS
 
 __all__ = ["KR260Platform", "BoardPin", "board_pins", "kr260_xdc", "vivado_tcl", "top_interfaces",
-           "PART", "BOARD_PART", "BOARD_CONNECTIONS", "MODULE_REF_VLNV", "RGMII_PINS"]
+           "PART", "BOARD_PART", "BOARD_CONNECTIONS", "MODULE_REF_VLNV", "RGMII_PINS",
+           "GT_WIZARD", "ETH_BOARD_PORTS", "eth_timing_xdc", "rgmii_board_port"]
 
 PART = "xck26-sfvc784-2LV-c"
 BOARD_PART = "xilinx.com:kr260_som:part0:1.1"
@@ -68,8 +70,70 @@ RGMII_PINS = (
 )
 """Package pins of the two PL RGMII PHYs (module docstring); ``*_data`` bits 0..3 in order."""
 
-RGMII_RX_HZ = 125e6
-"""The PHY's RGMII receive clock at 1000 Mb/s."""
+
+_RGMII_SUBSIGNAL = {"txd": "tx_data", "tx_ctl": "tx_ctl", "tx_clk": "tx_clk",
+                    "rxd": "rx_data", "rx_ctl": "rx_ctl", "rx_clk": "rx_clk", "rst_b": "rst_b"}
+
+
+def rgmii_board_port(link: int, pin: str) -> str:
+    """The board port (XDC name) of ``mcf_eth``'s ``rgmii<link>_<pin>``: RGMII link ℓ = 1, 2
+    is the ``eth_rgmii`` resource ℓ − 1 (U79/J10B, U80/J10A)."""
+    from mcf.abi.eth import ETH_LINK_RGMII
+    return f"eth_rgmii{ETH_LINK_RGMII.index(link)}_{_RGMII_SUBSIGNAL[pin]}"
+
+
+def _eth_board_ports() -> list[tuple[str, str, int, str, str]]:
+    """(board port, direction, width, ``clk`` or ``data``, what drives/takes it in the block
+    design) of every board pin the ``mcf_eth`` block design makes external."""
+    from mcf.abi.eth import ETH_LINK_RGMII
+    out = []
+    for lk in ETH_LINK_RGMII:
+        for pin, d, w in (("txd", "O", 4), ("tx_ctl", "O", 1), ("tx_clk", "O", 1),
+                          ("rxd", "I", 4), ("rx_ctl", "I", 1), ("rx_clk", "I", 1),
+                          ("rst_b", "O", 1)):
+            out.append((rgmii_board_port(lk, pin), d, w, "clk" if pin == "rx_clk" else "data",
+                        f"eth/rgmii{lk}_{pin}"))
+    out += [("sfp_ctl0_tx_disable", "O", 1, "data", "eth/sfp_tx_disable"),
+            ("sfp_ctl0_tx_fault", "I", 1, "data", "eth/sfp_tx_fault"),
+            ("sfp_ctl0_rx_los", "I", 1, "data", "eth/sfp_rx_los"),
+            ("sfp_ctl0_mod_abs", "I", 1, "data", "eth/sfp_mod_abs"),
+            ("sfp0_tx_p", "O", 1, "data", "gt/gthtxp_out"),
+            ("sfp0_tx_n", "O", 1, "data", "gt/gthtxn_out"),
+            ("sfp0_rx_p", "I", 1, "data", "gt/gthrxp_in"),
+            ("sfp0_rx_n", "I", 1, "data", "gt/gthrxn_in"),
+            ("sfp_refclk0_p", "I", 1, "clk", "refclk_buf/IBUF_DS_P"),
+            ("sfp_refclk0_n", "I", 1, "clk", "refclk_buf/IBUF_DS_N")]
+    return out
+
+
+ETH_BOARD_PORTS = tuple(name for name, *_ in _eth_board_ports())
+"""The board ports (XDC names) the block design with ``mcf_eth`` makes external; the XDC
+``mcf build`` writes constrains exactly these."""
+
+GT_WIZARD = {
+    "GT_TYPE": "GTH",
+    "CHANNEL_ENABLE": "X0Y2", "TX_MASTER_CHANNEL": "X0Y2", "RX_MASTER_CHANNEL": "X0Y2",
+    "TX_LINE_RATE": "10.3125", "RX_LINE_RATE": "10.3125",
+    "TX_PLL_TYPE": "QPLL0", "RX_PLL_TYPE": "QPLL0",
+    "TX_REFCLK_FREQUENCY": "156.25", "RX_REFCLK_FREQUENCY": "156.25",
+    "TX_REFCLK_SOURCE": "X0Y2 clk0", "RX_REFCLK_SOURCE": "X0Y2 clk0",
+    "TX_DATA_ENCODING": "RAW", "RX_DATA_DECODING": "RAW",
+    "TX_USER_DATA_WIDTH": "64", "TX_INT_DATA_WIDTH": "32",
+    "RX_USER_DATA_WIDTH": "64", "RX_INT_DATA_WIDTH": "32",
+    "TX_BUFFER_MODE": "1", "RX_BUFFER_MODE": "1",
+    "TX_OUTCLK_SOURCE": "TXPROGDIVCLK", "RX_OUTCLK_SOURCE": "RXOUTCLKPMA",
+    "RX_EQ_MODE": "AUTO",
+    "LOCATE_COMMON": "CORE", "LOCATE_RESET_CONTROLLER": "CORE",
+    "LOCATE_TX_USER_CLOCKING": "CORE", "LOCATE_RX_USER_CLOCKING": "CORE",
+    "FREERUN_FREQUENCY": "125",
+    "ENABLE_OPTIONAL_PORTS": "txpmaresetdone_out rxpmaresetdone_out",
+}
+"""``gtwizard_ultrascale`` (free IP, PG182) for the SFP+: GTH quad 224 lane 2 (channel X0Y2
+on the K26's one GTH quad: *unconfirmed*), 10.3125 Gb/s from the 156.25 MHz MGTREFCLK0 through
+QPLL0, raw data (the 64b/66b PCS and gearbox are ``TenGigLink``'s, in the fabric), 64-bit user
+data on a 32-bit internal path (TXUSRCLK2 = RXUSRCLK2 = 161.13 MHz), TX and RX elastic buffers
+on, RX user clock the recovered PMA clock, QPLL/reset controller/user-clock helpers inside
+the core, free-running clock 125 MHz (the clocking wizard's). docs/board.md §2."""
 
 
 def _rgmii(number: int, *, tx_clk, tx_ctl, tx_data, rx_clk, rx_ctl, rx_data, rst, mdc,
@@ -165,13 +229,19 @@ def board_pins(platform: XilinxPlatform | None = None) -> list[BoardPin]:
     return pins
 
 
-def kr260_xdc(platform: XilinxPlatform | None = None) -> str:
+def kr260_xdc(platform: XilinxPlatform | None = None, *,
+              ports: Iterable[str] | None = None) -> str:
     """The XDC of the whole pin table: ``PACKAGE_PIN`` and attributes per port,
-    ``create_clock`` per clock input. Generated — never edit the output by hand."""
+    ``create_clock`` per clock input. With ``ports`` (port names, a bus without its ``[i]``),
+    only those ports' pins — the ones a design makes external. Generated — never edit the
+    output by hand."""
     lines = ["# Generated by mcf.hdl.platform.kr260.kr260_xdc from the KR260 pin table.",
              "# Do not edit: change hdl/platform/kr260.py and regenerate (mcf build).", ""]
     clocks = []
+    keep = None if ports is None else set(ports)
     for p in board_pins(platform):
+        if keep is not None and p.port.split("[")[0] not in keep:
+            continue
         lines.append(f"set_property PACKAGE_PIN {p.pin} [get_ports {{{p.port}}}]")
         for k, v in p.attrs:
             lines.append(f"set_property {k} {v} [get_ports {{{p.port}}}]")
@@ -200,9 +270,118 @@ def top_interfaces(port_names: Iterable[str]) -> dict[str, list[str]]:
     return {"ctrl": ["s_axi_ctrl"], "hp": [f"m_axi_hp{i}" for i in hp], "links": links}
 
 
+def eth_timing_xdc() -> str:
+    """Timing constraints of the block design with ``mcf_eth``: the clock domains that meet
+    only through ``AsyncFIFO``/``FFSynchronizer``/``ResetSynchronizer`` (ASYNC_REG flops) are
+    asynchronous clock groups — aclk (``pl_clk0``), the RGMII transmit clock (clocking
+    wizard), the GT's TX and RX user clocks, each PHY's receive clock."""
+    def of(pin: str) -> str:
+        return f"[get_clocks -of_objects [get_pins -hierarchical -filter {{NAME =~ */{pin}}}]]"
+    groups = [of("node/aclk"), of("eth_clk/clk_out1"), of("eth/gt_tx_clk"),
+              of("eth/gt_rx_clk"),
+              *(f"[get_clocks {rgmii_board_port(lk, 'rx_clk')}]" for lk in (1, 2))]
+    body = " \\\n    ".join(f"-group {g}" for g in groups)
+    return ("# Generated by mcf.hdl.platform.kr260.eth_timing_xdc. Do not edit.\n"
+            "# Every crossing between these clocks is an Amaranth AsyncFIFO, FFSynchronizer or\n"
+            "# ResetSynchronizer (ASYNC_REG flops): asynchronous clock groups.\n"
+            f"set_clock_groups -name mcf_eth_async -asynchronous \\\n    {body}\n")
+
+
+def _eth_tcl(eth: str, links: list[str]) -> str:
+    """The block-design part that adds ``mcf_eth`` (see docs/board.md §2)."""
+    from mcf.abi.platform import CTRL_BASE, CTRL_RANGE, ETH_CLK_HZ, ETH_CTRL_BASE, ETH_CTRL_RANGE
+    mhz = f"{ETH_CLK_HZ / 1e6:.3f}"
+    gt_cfg = " \\\n    ".join(f"CONFIG.{k} {{{v}}}" for k, v in GT_WIZARD.items())
+    ports = []
+    for name, d, w, kind, pin in _eth_board_ports():
+        width = f" -from {w - 1} -to 0" if w > 1 else ""
+        typ = " -type clk" if kind == "clk" and not name.startswith("sfp_refclk") else ""
+        freq = f" -freq_hz {int(RGMII_RX_HZ)}" if typ else ""
+        ports.append(f"create_bd_port -dir {d}{width}{typ}{freq} {name}")
+        ports.append(f"connect_bd_net [get_bd_ports {name}] [get_bd_pins {pin}]")
+    ports = "\n".join(ports)
+    link_nets = []
+    for lk in sorted({int(re.sub(r"\D", "", s)) for s in links}):
+        link_nets.append(f"connect_bd_intf_net [get_bd_intf_pins node/m_axis_link{lk}] "
+                         f"[get_bd_intf_pins eth/s_axis_link{lk}]")
+        link_nets.append(f"connect_bd_intf_net [get_bd_intf_pins eth/m_axis_link{lk}] "
+                         f"[get_bd_intf_pins node/s_axis_link{lk}]")
+    link_nets = "\n".join(link_nets)
+    gt_nets = "\n".join(f"connect_bd_net [get_bd_pins {a}] [get_bd_pins {b}]" for a, b in (
+        ("gt/gtwiz_userclk_tx_usrclk2_out", "eth/gt_tx_clk"),
+        ("gt/gtwiz_userclk_rx_usrclk2_out", "eth/gt_rx_clk"),
+        ("eth/gt_txdata", "gt/gtwiz_userdata_tx_in"),
+        ("gt/gtwiz_userdata_rx_out", "eth/gt_rxdata"),
+        ("gt/gtwiz_reset_tx_done_out", "eth/gt_tx_done"),
+        ("gt/gtwiz_reset_rx_done_out", "eth/gt_rx_done"),
+        ("eth/gt_reset", "gt/gtwiz_reset_all_in"),
+        ("gt/txpmaresetdone_out", "eth/gt_tx_pma_done"),
+        ("gt/rxpmaresetdone_out", "eth/gt_rx_pma_done"),
+        ("eth/gt_userclk_tx_reset", "gt/gtwiz_userclk_tx_reset_in"),
+        ("eth/gt_userclk_rx_reset", "gt/gtwiz_userclk_rx_reset_in"),
+        ("refclk_buf/IBUF_OUT", "gt/gtrefclk00_in"),
+    ))
+    zeros = " ".join(f"[get_bd_pins gt/gtwiz_reset_{r}_in]" for r in (
+        "tx_pll_and_datapath", "tx_datapath", "rx_pll_and_datapath", "rx_datapath"))
+    return f"""
+# ---- The MAC wrapper (docs/eth.md, docs/board.md section 2): link 0 SFP+ 10GBASE-R on the
+# GTH, links 1/2 RGMII; its own AXI-Lite bank s_axi_eth. xilinx.com:module_ref:{eth}:1.0.
+create_bd_cell -type module -reference {eth} eth
+connect_bd_net [get_bd_pins ps/pl_clk0] [get_bd_pins eth/aclk]
+connect_bd_net [get_bd_pins rst/peripheral_aresetn] [get_bd_pins eth/aresetn]
+# Control: a second SmartConnect master port -> eth/s_axi_eth.
+set_property CONFIG.NUM_MI {{2}} [get_bd_cells ctrl_smc]
+connect_bd_intf_net [get_bd_intf_pins ctrl_smc/M01_AXI] [get_bd_intf_pins eth/s_axi_eth]
+# Links: node TX -> MAC TX, MAC RX -> node RX (all on aclk; the clock crossings are inside).
+{link_nets}
+
+# {mhz} MHz for the RGMII transmitters and the GT wizard's free-running clock: a clocking
+# wizard (MMCM) on pl_clk0. The RGMII TX clock is forwarded edge-aligned (ODDRE1 1/0): the
+# DP83867's internal TX delay supplies the 90 degrees, so no shifted output.
+create_bd_cell -type ip -vlnv xilinx.com:ip:clk_wiz eth_clk
+set_property -dict [list CONFIG.PRIM_SOURCE {{No_buffer}} \\
+    CONFIG.CLKOUT1_REQUESTED_OUT_FREQ {{{mhz}}} CONFIG.USE_LOCKED {{1}} \\
+    CONFIG.USE_RESET {{1}} CONFIG.RESET_TYPE {{ACTIVE_LOW}} CONFIG.RESET_PORT {{resetn}}] \\
+    [get_bd_cells eth_clk]
+connect_bd_net [get_bd_pins ps/pl_clk0] [get_bd_pins eth_clk/clk_in1]
+connect_bd_net [get_bd_pins ps/pl_resetn0] [get_bd_pins eth_clk/resetn]
+# aresetn (node and MACs) is released only once the MMCM has locked.
+connect_bd_net [get_bd_pins eth_clk/locked] [get_bd_pins rst/dcm_locked]
+
+# The SFP+ transceiver: GT wizard (gtwizard_ultrascale, free IP; parameters: GT_WIZARD in
+# hdl/platform/kr260.py, docs/board.md section 2) as a block-design cell, its user data and
+# clocks to eth/gt_*; MGTREFCLK0 through an IBUFDS_GTE4 (util_ds_buf).
+create_bd_cell -type ip -vlnv xilinx.com:ip:gtwizard_ultrascale gt
+set_property -dict [list {gt_cfg}] [get_bd_cells gt]
+create_bd_cell -type ip -vlnv xilinx.com:ip:util_ds_buf refclk_buf
+set_property CONFIG.C_BUF_TYPE {{IBUFDSGTE}} [get_bd_cells refclk_buf]
+create_bd_cell -type ip -vlnv xilinx.com:ip:xlconstant gt_zero
+set_property CONFIG.CONST_VAL {{0}} [get_bd_cells gt_zero]
+{gt_nets}
+connect_bd_net [get_bd_pins gt_zero/dout] {zeros}
+connect_bd_net [get_bd_pins eth_clk/clk_out1] [get_bd_pins eth/eth_clk] \\
+    [get_bd_pins gt/gtwiz_reset_clk_freerun_in]
+
+# Board pins: block-design ports named as the XDC's (hdl/platform/kr260.py).
+{ports}
+
+# Addresses: node at {CTRL_BASE:#x}, eth the {ETH_CTRL_RANGE // 1024} KiB after it.
+assign_bd_address -target_address_space [get_bd_addr_spaces ps/Data] -offset {CTRL_BASE:#x} \\
+    -range {CTRL_RANGE:#x} [get_bd_addr_segs -of_objects [get_bd_intf_pins node/s_axi_ctrl]]
+assign_bd_address -target_address_space [get_bd_addr_spaces ps/Data] \\
+    -offset {ETH_CTRL_BASE:#x} -range {ETH_CTRL_RANGE:#x} \\
+    [get_bd_addr_segs -of_objects [get_bd_intf_pins eth/s_axi_eth]]
+"""
+
+
 def vivado_tcl(*, name: str, top: str, verilog: str, xdc: str, ports: Iterable[str],
-               jobs: int) -> str:
-    """The Vivado batch script (paths relative to the script's folder; see docs/board.md)."""
+               jobs: int, eth: str | None = None, eth_verilog: str | None = None,
+               timing_xdc: str | None = None) -> str:
+    """The Vivado batch script (paths relative to the script's folder; see docs/board.md).
+    With ``eth`` (the MAC wrapper's module, in ``eth_verilog``): the links, the GT, the
+    clocking wizard and the board pins are connected, and ``xdc`` (then holding only
+    :data:`ETH_BOARD_PORTS`) and ``timing_xdc`` are enabled; without, the links stay open
+    and the XDC is added disabled."""
     itf = top_interfaces(ports)
     bd = f"{name}_bd"
     ps_cfg = [f"CONFIG.PSU__USE__S_AXI_GP{2 + i} {{{int(i < len(itf['hp']))}}}"
@@ -216,6 +395,32 @@ def vivado_tcl(*, name: str, top: str, verilog: str, xdc: str, ports: Iterable[s
     hp_clks = " \\\n    ".join(f"[get_bd_pins ps/saxihp{i}_fpd_aclk]"
                                for i in range(len(itf["hp"])))
     links = "\n".join(f"#   node/{s}" for s in itf["links"]) or "#   (none)"
+    if eth is None:
+        sources = f"add_files -norecurse [file join $here {verilog}]"
+        constraints = f"""\
+# The board pin table (generated from hdl/platform/kr260.py). No block-design port uses a board
+# pin without the MAC wrapper, so it is added disabled.
+add_files -fileset constrs_1 -norecurse [file join $here {xdc}]
+set_property is_enabled false [get_files {xdc}]"""
+        link_text = f"""\
+# Link streams: left unconnected (no MAC wrapper in this build).
+# Vivado ties the unconnected s_axis_link*_tvalid / m_axis_link*_tready inputs to 0: no
+# frame arrives and the node's link transmitters are held (a single node sends none).
+{links}"""
+        address = "assign_bd_address"
+    else:
+        sources = (f"add_files -norecurse [list [file join $here {verilog}] "
+                   f"[file join $here {eth_verilog}]]")
+        constraints = f"""\
+# The pins the block design makes external (generated from hdl/platform/kr260.py), enabled;
+# the MAC wrapper's asynchronous clock groups, read after the IP's own constraints.
+add_files -fileset constrs_1 -norecurse [file join $here {xdc}]
+set_property is_enabled true [get_files {xdc}]
+add_files -fileset constrs_1 -norecurse [file join $here {timing_xdc}]
+set_property PROCESSING_ORDER LATE [get_files {timing_xdc}]
+set_property USED_IN_SYNTHESIS false [get_files {timing_xdc}]"""
+        link_text = _eth_tcl(eth, itf["links"])
+        address = "# everything else (the HP masters' DDR segments)\nassign_bd_address"
     return f"""\
 # Generated by `mcf build --board kr260` (mcf.hdl.platform.kr260.vivado_tcl). Do not edit.
 # Builds the PYNQ overlay {name}.bit + {name}.hwh from {verilog} and {xdc}.
@@ -229,11 +434,8 @@ set proj_dir [file join $here project]
 create_project $name $proj_dir -part {PART} -force
 set_property board_part {BOARD_PART} [current_project]
 set_property board_connections {{{BOARD_CONNECTIONS}}} [current_project]
-add_files -norecurse [file join $here {verilog}]
-# The board pin table (generated from hdl/platform/kr260.py). No block-design port uses a board
-# pin until the MAC wrappers land (SFP+/RGMII), so it is added disabled: enable it with them.
-add_files -fileset constrs_1 -norecurse [file join $here {xdc}]
-set_property is_enabled false [get_files {xdc}]
+{sources}
+{constraints}
 update_compile_order -fileset sources_1
 
 create_bd_design $bd
@@ -279,12 +481,9 @@ connect_bd_intf_net [get_bd_intf_pins ctrl_smc/M00_AXI] [get_bd_intf_pins node/s
 # Interrupt: IRQ_STATUS & IRQ_ENABLE -> pl_ps_irq0[0].
 connect_bd_net [get_bd_pins node/irq] [get_bd_pins ps/pl_ps_irq0]
 
-# Link streams: left unconnected until the MAC wrappers land (SFP+ 10GBASE-R, 2x RGMII).
-# Vivado ties the unconnected s_axis_link*_tvalid / m_axis_link*_tready inputs to 0: no
-# frame arrives and the node's link transmitters are held (a single node sends none).
-{links}
+{link_text}
 
-assign_bd_address
+{address}
 validate_bd_design
 save_bd_design
 set wrapper [make_wrapper -files [get_files $bd.bd] -top]

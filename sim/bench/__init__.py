@@ -1,7 +1,8 @@
 """``mcf bench``: the project's measured figures (cycles from simulation, resources from
 :mod:`mcf.sim.synth`), one module per bench: :mod:`.packet`, :mod:`.nic`, :mod:`.compute`,
 :mod:`.attention`, :mod:`.csr`, :mod:`.plan` (MARS cost model), :mod:`.node` (node tops),
-:mod:`.cluster` (the tiny model end to end on simulated rings).
+:mod:`.cluster` (the tiny model end to end on simulated rings), :mod:`.eth` (the Ethernet MACs'
+line rates).
 
 Contract of a bench module:
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 __all__ = ["BENCHES", "BenchRefused", "refuse_unplanned", "resource_table"]
 
-BENCHES = ("packet", "nic", "compute", "attention", "csr", "plan", "node", "cluster")
+BENCHES = ("packet", "nic", "compute", "attention", "csr", "plan", "node", "cluster", "eth")
 
 
 class BenchRefused(RuntimeError):

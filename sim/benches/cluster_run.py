@@ -97,7 +97,8 @@ async def held_blocks(hosts, p) -> dict[str, dict[int, list[tuple[int, int]]]]:
 
 
 async def inject_link_fault(dut, n: int, node: int) -> None:
-    """Arm every link model leaving ``node`` (``link{k}_inject``): the next frame each carries
+    """Arm every link model leaving ``node`` (``link{k}_inject``; on a top cabled with MACs,
+    :class:`mcf.sim.cluster_eth.ClusterEthTop`, the wire models): the next frame each carries
     gets one bit flipped — a link fault the receivers' CRC checks must catch."""
     ks = [k for k, (src, _) in enumerate(directed_links(n)) if src[0] == node]
     for k in ks:

@@ -14,11 +14,12 @@ Tests (``tests`` param selects):
 * ``bad`` — good frames around each fault class: an /E/ inside a frame, broken preamble, runt,
   oversize, bad FCS, wrong EtherType, foreign MAC, bad length — only good frames delivered,
   bit-exact; every counter equals the model's.
-* ``rate`` — ``rate_n`` back-to-back 64-byte and 1518-byte frames both ways: TX frame starts
-  (``XgmiiSink``'s ``sim_time_start``, lane included) average exactly (8 + n + 12) × 0.8 ns
-  apart (line rate; gaps of 9..15 bytes as the deficit idle count allows); RX delivers every
-  one of a run of minimum-size frames the source sends at line rate. Figures (frames and bytes
-  per cycle, payload Gb/s) go to the ``out`` JSON file.
+* ``rate`` — :func:`mcf.sim.benches.eth_common.line_rate` for each of ``sizes`` (link frame
+  payload bytes; default 0 and 1,480: 64-byte frames and 1,500-byte Ethernet payloads),
+  ``rate_n`` frames each way at once (full duplex; TX gaps of 9..15 bytes as the deficit idle
+  count allows, starts on lanes 0 and 4): the raw measurements go to the ``out`` JSON file,
+  keyed by size; the rates and checks are made by :mod:`mcf.sim.bench.eth`. ``local_id``
+  (param) misconfigures the MAC's node id.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from mcf.abi.eth import (
     ETH_STATUS,
     ETH_TYPE,
     MAX_PAYLOAD,
+    PCS_CLOCK_HZ,
     PREAMBLE,
     SFD,
     XGMII_ERROR,
@@ -42,43 +44,28 @@ from mcf.abi.eth import (
     EthModel,
     encap,
     link_beats,
-    xgmii_period_bytes,
 )
-from mcf.abi.meta import META
-from mcf.abi.nic import crc32
 from mcf.sim.toolchain import bench_params
 
-LOCAL, PEER = 3, 9
+from .eth_common import LOCAL, PEER, Collector, Line, line_rate, link_frame, status, with_fcs
+
+__all__ = ["TB", "LINE", "link_frame", "with_fcs", "status"]
+
 ACLK_NS = 5
 XG_PS = 6400                       # 156.25 MHz
-BYTE_PS = XG_PS // 8
-
-
-def link_frame(rng: random.Random, length: int) -> bytes:
-    meta = rng.getrandbits(META.size) & ~(((1 << META["length"].width) - 1)
-                                          << META["length"].offset)
-    meta |= length << META["length"].offset
-    body = rng.randbytes(8) + meta.to_bytes(8, "little") + rng.randbytes(length)
-    return body + crc32(body).to_bytes(4, "little")
-
-
-def with_fcs(body: bytes) -> bytes:
-    return body + crc32(body).to_bytes(4, "little")
-
-
-def status(dut) -> dict[str, int]:
-    raw = int(dut.status.value)
-    return {name: (raw >> f.offset) & ((1 << f.width) - 1) for name, f in ETH_STATUS}
+LINE = Line("xgmii", clock_hz=PCS_CLOCK_HZ, bytes_per_cycle=8, dic_cycle=8)
+assert LINE.byte_ps * 8 == XG_PS
 
 
 class TB:
-    def __init__(self, dut):
+    def __init__(self, dut, local: int = LOCAL):
         self.dut = dut
-        self.out: list[tuple[int, int, int]] = []
+        self.col = Collector(dut)
+        self.out, self.last_ps = self.col.out, self.col.last_ps
         self.rx_start_lanes: set[int] = set()
         self.sink = XgmiiSink(dut.xgmii_txd, dut.xgmii_txc, dut.tx_clk)
         self.source = XgmiiSource(dut.xgmii_rxd, dut.xgmii_rxc, dut.rx_clk)
-        dut.local_id.value = LOCAL
+        dut.local_id.value = local
         dut.peer_id.value = PEER
         dut.tx_ce.value = 1
         dut.xgmii_rx_valid.value = 1
@@ -96,15 +83,7 @@ class TB:
         await ClockCycles(d.clk, 10)
         d.rst.value = 0
         await ClockCycles(d.clk, 20)
-        cocotb.start_soon(self._collect())
-
-    async def _collect(self):
-        d = self.dut
-        while True:
-            await RisingEdge(d.clk)
-            if d.m_axis_tvalid.value and d.m_axis_tready.value:
-                self.out.append((int(d.m_axis_tdata.value), int(d.m_axis_tkeep.value),
-                                 int(d.m_axis_tlast.value)))
+        cocotb.start_soon(self.col.run())
 
     async def watch_rx_starts(self):
         """Record the lanes /S/ arrives on at the RX port."""
@@ -133,6 +112,12 @@ class TB:
 
     async def tx_frames(self, n: int) -> list[XgmiiFrame]:
         return [await self.sink.recv() for _ in range(n)]
+
+    async def tx_recv(self) -> XgmiiFrame:
+        return await self.sink.recv()
+
+    async def rx_send(self, frame: bytes):
+        await self.source.send(XgmiiFrame.from_raw_payload(frame))
 
     async def settle(self, expect_beats: int, timeout_us: float):
         async def wait():
@@ -241,44 +226,11 @@ async def rate(dut):
     if "rate" not in p.get("tests", ["rate"]):
         return
     rng = random.Random(p.get("seed", 3))
-    tb = TB(dut)
+    tb = TB(dut, local=p.get("local_id", LOCAL))
     await tb.start()
     result = {}
-    n = p.get("rate_n", 40)
-    for name, link_len in (("64B", 0), ("1518B", 1500 - 20)):
-        links = [link_frame(rng, link_len) for _ in range(n)]
-        cocotb.start_soon(tb.send_links(links))
-        frames = await with_timeout(tb.tx_frames(n), 40 * n, "us")
-        for fr, lk in zip(frames, links):
-            expect_tx(fr, lk)
-        size = len(encap(links[0], LOCAL, PEER))
-        starts = [fr.sim_time_start for fr in frames]
-        steady = starts[2:]                       # after the first frames filled the gate
-        k = (len(steady) - 1) // 2 * 2            # an even number of gaps: DIC cycles
-        span = steady[k] - steady[0]
-        gaps = {b - a for a, b in zip(steady, steady[1:])}
-        period_ps = xgmii_period_bytes(size) * BYTE_PS
-        assert min(gaps) >= (8 + size + 9) * BYTE_PS, (name, sorted(gaps))
-        frames_per_cycle = k * XG_PS / span
-        result[f"tx_{name.replace('1518B', '1500B')}"] = {
-            "frame_bytes": size, "frame_period_ns": period_ps / 1000,
-            "line_rate_fraction": round(period_ps * k / span, 6),
-            "frames_per_cycle": round(frames_per_cycle, 6),
-            "frame_bytes_per_cycle": round(frames_per_cycle * size, 4),
-            "payload_gbps": round((size - 18) * 8 * k / (span / 1000), 4),
-            "start_lanes": sorted({fr.start_lane for fr in frames})}
-    # RX: a run of minimum-size frames at line rate (the source's deficit idle count)
-    before = len(tb.out)
-    frames_before = status(dut)["rx_frames"]
-    links = [link_frame(rng, 0) for _ in range(n)]
-    for lk in links:
-        f = encap(lk, PEER, LOCAL)
-        assert tb.model_rx.receive(f) == lk
-        await tb.source.send(XgmiiFrame.from_raw_payload(f))
-    await tb.settle(before + sum(len(link_beats(lk)) for lk in links), 40 * n)
-    assert tb.out[before:] == [b for lk in links for b in link_beats(lk)]
-    result["rx_64B"] = {"frames": n, "delivered": status(dut)["rx_frames"] - frames_before}
-    tb.check_status()
-    if p.get("out"):
-        with open(p["out"], "w") as fh:
-            json.dump(result, fh)
+    for link_len in p.get("sizes", [0, 1480]):
+        result[str(link_len)] = await line_rate(tb, LINE, link_len, p.get("rate_n", 203), rng,
+                                                aclk_ps=1000 * ACLK_NS)
+    with open(p["out"], "w") as fh:
+        json.dump(result, fh)

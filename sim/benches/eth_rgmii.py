@@ -13,10 +13,13 @@ Tests (``tests`` param selects):
 * ``bad`` — good frames around each fault class: ``rx_er`` inside a frame, broken preamble,
   runt, oversize, bad FCS, wrong EtherType, foreign MAC, bad length — only good frames
   delivered, bit-exact; every counter equals the model's.
-* ``rate`` — back-to-back minimum-size (64-byte) and 1518-byte frames both ways: TX frame
-  starts (``RgmiiSink``'s ``sim_time_start``) are exactly (8 + n + 12) × 8 ns apart (line
-  rate); RX delivers every one of a run of minimum-size frames sent with a 12-byte gap. The
-  figures go to the ``out`` JSON file.
+* ``rate`` — :func:`mcf.sim.benches.eth_common.line_rate` for each of ``sizes`` (link frame
+  payload bytes; default 0 and 1,480: 64-byte frames and 1,500-byte Ethernet payloads),
+  ``rate_n`` frames each way at once (full duplex): the raw measurements (frames checked,
+  steady-state windows, counter changes) go to the ``out`` JSON file, keyed by size; the
+  rates and the checks are made by :mod:`mcf.sim.bench.eth`. ``local_id`` (param) configures
+  the MAC with another node id than the frames sent to it carry (a misconfiguration the
+  bench must refuse).
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ from cocotbext.eth import GmiiFrame, RgmiiPhy
 from mcf.abi.eth import (
     ETH_STATUS,
     ETH_TYPE,
-    IFG_BYTES,
     MAX_PAYLOAD,
     PREAMBLE,
     SFD,
@@ -40,39 +42,23 @@ from mcf.abi.eth import (
     encap,
     link_beats,
 )
-from mcf.abi.meta import META
-from mcf.abi.nic import crc32
 from mcf.sim.toolchain import bench_params
 
-LOCAL, PEER = 3, 9
+from .eth_common import LOCAL, PEER, Collector, Line, line_rate, link_frame, status, with_fcs
+
 ACLK_NS = 5
 ETH_NS = 8
-
-
-def link_frame(rng: random.Random, length: int) -> bytes:
-    meta = rng.getrandbits(META.size) & ~(((1 << META["length"].width) - 1)
-                                          << META["length"].offset)
-    meta |= length << META["length"].offset
-    body = rng.randbytes(8) + meta.to_bytes(8, "little") + rng.randbytes(length)
-    return body + crc32(body).to_bytes(4, "little")
-
-
-def with_fcs(body: bytes) -> bytes:
-    return body + crc32(body).to_bytes(4, "little")
-
-
-def status(dut) -> dict[str, int]:
-    raw = int(dut.status.value)
-    return {name: (raw >> f.offset) & ((1 << f.width) - 1) for name, f in ETH_STATUS}
+LINE = Line("rgmii", clock_hz=125e6, bytes_per_cycle=1, dic_cycle=1)
 
 
 class TB:
-    def __init__(self, dut):
+    def __init__(self, dut, local: int = LOCAL):
         self.dut = dut
-        self.out: list[tuple[int, int, int]] = []
+        self.col = Collector(dut)
+        self.out, self.last_ps = self.col.out, self.col.last_ps
         self.phy = RgmiiPhy(dut.pins_txd, dut.pins_tx_ctl, dut.pins_tx_clk, dut.pins_rxd,
                             dut.pins_rx_ctl, dut.pins_rx_clk, speed=1000e6)
-        dut.local_id.value = LOCAL
+        dut.local_id.value = local
         dut.peer_id.value = PEER
         dut.m_axis_tready.value = 1
         dut.s_axis_tvalid.value = 0
@@ -89,15 +75,7 @@ class TB:
         await ClockCycles(d.clk, 10)
         d.rst.value = 0
         await ClockCycles(d.clk, 20)
-        cocotb.start_soon(self._collect())
-
-    async def _collect(self):
-        d = self.dut
-        while True:
-            await RisingEdge(d.clk)
-            if d.m_axis_tvalid.value and d.m_axis_tready.value:
-                self.out.append((int(d.m_axis_tdata.value), int(d.m_axis_tkeep.value),
-                                 int(d.m_axis_tlast.value)))
+        cocotb.start_soon(self.col.run())
 
     async def send_links(self, links: list[bytes]):
         d = self.dut
@@ -116,6 +94,12 @@ class TB:
 
     async def tx_frames(self, n: int) -> list[GmiiFrame]:
         return [await self.phy.tx.recv() for _ in range(n)]
+
+    async def tx_recv(self) -> GmiiFrame:
+        return await self.phy.tx.recv()
+
+    async def rx_send(self, frame: bytes):
+        await self.phy.rx.send(GmiiFrame.from_raw_payload(frame))
 
     async def settle(self, expect_beats: int, timeout_us: float):
         async def wait():
@@ -219,38 +203,11 @@ async def rate(dut):
     if "rate" not in p.get("tests", ["rate"]):
         return
     rng = random.Random(p.get("seed", 3))
-    tb = TB(dut)
+    tb = TB(dut, local=p.get("local_id", LOCAL))
     await tb.start()
     result = {}
-    n = p.get("rate_n", 30)
-    for name, link_len in (("64B", 0), ("1500B", 1500 - 20)):
-        links = [link_frame(rng, link_len) for _ in range(n)]
-        cocotb.start_soon(tb.send_links(links))
-        frames = await with_timeout(tb.tx_frames(n), 200 * n, "us")
-        for fr, lk in zip(frames, links):
-            expect_tx(fr, lk)
-        size = len(encap(links[0], LOCAL, PEER))
-        starts = [fr.sim_time_start for fr in frames]
-        gaps = [b - a for a, b in zip(starts[1:], starts[2:])]      # steady state
-        period_ps = 1000 * ETH_NS * (len(PREAMBLE) + 1 + size + IFG_BYTES)
-        assert set(gaps) == {period_ps}, (name, sorted(set(gaps)))
-        eth_payload = size - 18
-        result[f"tx_{name}"] = {
-            "frame_bytes": size, "frame_period_ns": period_ps / 1000,
-            "line_rate_fraction": period_ps / (sum(gaps) / len(gaps)),
-            "payload_gbps": eth_payload * 8 / (sum(gaps) / len(gaps) / 1000)}
-    # RX: a run of minimum-size frames, back to back with a 12-byte gap
-    before = len(tb.out)
-    frames_before = status(dut)["rx_frames"]
-    links = [link_frame(rng, 0) for _ in range(n)]
-    for lk in links:
-        f = encap(lk, PEER, LOCAL)
-        assert tb.model_rx.receive(f) == lk
-        await tb.phy.rx.send(GmiiFrame.from_raw_payload(f))
-    await tb.settle(before + sum(len(link_beats(lk)) for lk in links), 200 * n)
-    assert tb.out[before:] == [b for lk in links for b in link_beats(lk)]
-    result["rx_64B"] = {"frames": n, "delivered": status(dut)["rx_frames"] - frames_before}
-    tb.check_status()
-    if p.get("out"):
-        with open(p["out"], "w") as fh:
-            json.dump(result, fh)
+    for link_len in p.get("sizes", [0, 1480]):
+        result[str(link_len)] = await line_rate(tb, LINE, link_len, p.get("rate_n", 30), rng,
+                                                aclk_ps=1000 * ACLK_NS)
+    with open(p["out"], "w") as fh:
+        json.dump(result, fh)

@@ -16,7 +16,14 @@ Tests (pick one with the runner's ``testcase``):
   every planned receiver, bit-exact, at :func:`mcf.abi.landing.kv_address`; every other KV byte
   of the receiver still holds the fill pattern; the landing, directory, send and ring counters
   equal their expectations; no drop counter moved anywhere. The cycles from the first doorbell
-  to the last MARK of each step are reported (``out``).
+  to the last MARK of each step are reported (``out``). On a top whose cables are MACs
+  (:class:`mcf.sim.cluster_eth.ClusterEthTop`) ``out`` also holds every MAC's counters
+  (:func:`eth_status`) and every node's link receiver counters. ``fault = {"step": s,
+  "node": v}`` arms a one-bit fault on every link leaving node ``v`` just before step ``s``
+  (:func:`mcf.sim.benches.cluster_run.inject_link_fault`): the step must then stop on a
+  ``link_error`` (else the test fails); the stop's message, and the counters once the links
+  are quiet, go to ``out``. ``mirror``: every node's next and prev links swapped
+  (:func:`mirrored_link_map`).
 * ``bad_input`` — on a configured pair: a record with an unassigned op, a KV send of an
   unmapped ``kv_id``, a header-only KV packet the receiver must drop, a ring overrun, and a FREE
   whose KV never arrives (watchdog halt → interrupt → ``skip``); each counted where the design
@@ -44,16 +51,26 @@ import random
 import cocotb
 import numpy as np
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, First, RisingEdge, SimTimeoutError, with_timeout
+from cocotb.triggers import (
+    ClockCycles,
+    First,
+    RisingEdge,
+    SimTimeoutError,
+    Timer,
+    with_timeout,
+)
 from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 from cocotbext.axi.constants import AxiResp
 
 from mcf.abi.csrmap import node_regmap
+from mcf.abi.eth import ETH_STATUS, PCS_STATUS
 from mcf.abi.kv import kv_token_bytes
 from mcf.abi.kv_reader import block_address
+from mcf.abi.link_map import link_map_for
 from mcf.abi.meta import META, Meta, Op
 from mcf.abi.node import CMD_BYTES, Cmd, PayloadSource, Queue, RecordClass
 from mcf.abi.node_config import NODE_CONFIGS
+from mcf.abi.platform import ACLK_HZ
 from mcf.abi.regs import WORD_BYTES, Access
 from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
 from mcf.mars import ClusterSpec, get_model, make_topology, plan
@@ -75,6 +92,60 @@ MEM = 1 << 20
 FILL = 0x5A
 PERIOD_NS = 10
 POLL = 32             # cycles between two status polls of a waiting host
+_aclk_ps = PERIOD_NS * 1000     # the running test's aclk period (:func:`start_clocks`)
+
+
+def _ps(cycles: int) -> int:
+    """``cycles`` of ``aclk`` in ps (timeouts)."""
+    return cycles * _aclk_ps
+
+
+async def start_clocks(dut) -> None:
+    """Start the DUT's clocks: ``aclk`` every :data:`PERIOD_NS` ns; on a top whose cables are
+    MACs (an ``eth_clk`` port: :class:`mcf.sim.cluster_eth.ClusterEthTop`) ``aclk`` at
+    :data:`~mcf.abi.platform.ACLK_HZ` instead (3,334 ps, so the node clock and the line clocks
+    keep the board's ratio), and the MAC clocks at their own frequencies
+    (:data:`~mcf.sim.cluster_eth.ETH_CLOCKS_PS`): ``eth_clk`` 125 MHz, ``eth_clk90`` the same
+    2 ns later, ``gt_clk`` ≈ 161.13 MHz."""
+    global _aclk_ps
+    if not hasattr(dut, "eth_clk"):
+        cocotb.start_soon(Clock(dut.aclk, PERIOD_NS, "ns").start())
+        return
+    from mcf.sim.cluster_eth import ETH_CLOCKS_PS
+
+    _aclk_ps = 2 * round(1e12 / ACLK_HZ / 2)
+    eth = ETH_CLOCKS_PS["eth_clk"]
+    cocotb.start_soon(Clock(dut.aclk, _aclk_ps, "ps").start())
+    cocotb.start_soon(Clock(dut.gt_clk, ETH_CLOCKS_PS["gt_clk"], "ps").start())
+    cocotb.start_soon(Clock(dut.eth_clk, eth, "ps").start())
+    await Timer(eth // 4, "ps")
+    cocotb.start_soon(Clock(dut.eth_clk90, eth, "ps").start())
+
+
+def _fields(raw: int, layout) -> dict[str, int]:
+    return {name: (raw >> f.offset) & ((1 << f.width) - 1) for name, f in layout}
+
+
+def eth_status(dut) -> dict[str, dict[str, int]]:
+    """Every MAC's counters of a top whose cables are MACs, by port: ``{"n0_eth1": {tx_frames:
+    ..., ...}}`` (:data:`~mcf.abi.eth.ETH_STATUS`, plus :data:`~mcf.abi.eth.PCS_STATUS` for a
+    10G link); ``{}`` for a top with link models."""
+    out = {}
+    for i in range(8):
+        for ln in range(8):
+            name = f"n{i}_eth{ln}"
+            if not hasattr(dut, f"{name}_status"):
+                continue
+            out[name] = _fields(int(getattr(dut, f"{name}_status").value), ETH_STATUS)
+            if hasattr(dut, f"{name}_pcs_status"):
+                out[name].update(_fields(int(getattr(dut, f"{name}_pcs_status").value),
+                                         PCS_STATUS))
+    return out
+
+
+async def link_counters(hosts) -> dict[str, dict[str, int]]:
+    """Every node's link receiver counters, ``{"n0": {"link0_rx_frames_ok": ..., ...}}``."""
+    return {f"n{h.i}": await h.counters("link") for h in hosts}
 
 
 class Host:
@@ -168,7 +239,7 @@ async def _setup(dut, params, spec=None, model_of=None, plan=None):
     rng = random.Random(params.get("seed", 1))
     hosts = [Host(dut, i, regmap, layout, rng, params.get("pause", 0.0), mem_bytes)
              for i in range(n)]
-    cocotb.start_soon(Clock(dut.aclk, PERIOD_NS, "ns").start())
+    await start_clocks(dut)
     dut.aresetn.value = 0
     await ClockCycles(dut.aclk, 8)
     dut.aresetn.value = 1
@@ -188,9 +259,21 @@ async def _setup(dut, params, spec=None, model_of=None, plan=None):
                 h.mem[addr: addr + len(raw)] = raw
         await h.apply(configure(p, layout, h.i, seq_timeout=params.get("timeout", 0),
                                 model=model))
+        if params.get("mirror"):
+            await h.write("LINK_MAP", mirrored_link_map(regmap, h.i, n))
     if model_of:
         return p, layout, hosts, model
     return p, layout, hosts
+
+
+def mirrored_link_map(regmap, node: int, n: int) -> int:
+    """``LINK_MAP`` of ``node`` in the ring of ``n`` taken the other way round: the driver
+    rule's next and prev links swapped on every node (still a ring: each node's next meets its
+    neighbour's prev). A ring of two then carries its traffic on the RGMII cable instead of the
+    SFP+ one (param ``mirror``)."""
+    links = list(link_map_for(node, n, "ring"))
+    links[0], links[1] = links[1], links[0]
+    return regmap.register("LINK_MAP").pack(**{f"port{p}_link": ln for p, ln in enumerate(links)})
 
 
 async def snapshot(hosts) -> dict:
@@ -223,7 +306,7 @@ async def wait_irq(h, hosts, limit: int, what: str) -> None:
     every node's counters)."""
     if not int(h.irq.value):
         try:
-            await with_timeout(RisingEdge(h.irq), limit * PERIOD_NS, "ns")
+            await with_timeout(RisingEdge(h.irq), _ps(limit), "ps")
         except SimTimeoutError:
             raise AssertionError(f"node {h.i}: no {what} within {limit} cycles; "
                                  f"counters {await snapshot(hosts)}") from None
@@ -253,7 +336,7 @@ async def _wait_marks(dut, hosts, want: list[int], limit: int) -> None:
         if not ready:
             try:
                 await with_timeout(First(*(RisingEdge(h.irq) for h in pending)),
-                                   limit * PERIOD_NS, "ns")
+                                   _ps(limit), "ps")
             except SimTimeoutError:
                 raise AssertionError(f"nodes {[h.i for h in pending]}: no step MARK within "
                                      f"{limit} cycles; counters {await snapshot(hosts)}") \
@@ -288,6 +371,7 @@ async def prefill(dut):
     expect_sent = [0] * n                     # SEND records (KV and header-only)
     step_cycles = []
     cycle = cycle_counter(dut.aclk)
+    fault, stopped = params.get("fault"), None
     for step in p.steps:
         idx = step.index
         progs = []
@@ -317,12 +401,21 @@ async def prefill(dut):
                     expect_packets[d] += 1
                     for k, b in enumerate(data):
                         landed[d][addr + k] = b
+        if fault and idx == fault["step"]:
+            from mcf.sim.benches.cluster_run import inject_link_fault
+            await inject_link_fault(dut, n, fault["node"])
         t0 = cycle[0]
         for h in hosts:
             for q in Queue:
                 await h.doorbell(q)
         limit = params.get("step_limit", 200_000)
-        await _wait_marks(dut, hosts, [idx] * n, limit)
+        try:
+            await _wait_marks(dut, hosts, [idx] * n, limit)
+        except AssertionError as e:
+            if not (fault and str(e).startswith("link fault at node ")):
+                raise
+            stopped = str(e)
+            break
         # Replicas have no consumer in the communication-only program: the step is over when
         # every planned packet has landed (polled every POLL cycles).
         for h in hosts:
@@ -358,11 +451,32 @@ async def prefill(dut):
             assert all(s[f"send_{k}"] == 0 for k in ("drop_unmapped", "drop_bad_seq",
                                                       "drop_bad_record", "read_errors")), s
             await assert_rings_and_parsers_clean(h)
+    if fault:
+        assert stopped, f"the link fault armed before step {fault['step']} was not detected"
+        await _links_quiet(dut)
     out = params.get("out")
     if out:
+        got = {"nodes": n, "step_cycles": step_cycles, "kv_packets_landed": expect_packets}
+        eth = eth_status(dut)
+        if eth:
+            got.update(eth=eth, links=await link_counters(hosts), aclk_ps=_aclk_ps,
+                       cycles=cycle[0])
+        if fault:
+            got["stopped"] = stopped
         with open(out, "w") as f:
-            json.dump({"nodes": n, "step_cycles": step_cycles,
-                       "kv_packets_landed": expect_packets}, f)
+            json.dump(got, f)
+
+
+async def _links_quiet(dut, every: int = 4000, polls: int = 100) -> None:
+    """Until the MAC counters (:func:`eth_status`) held still for ``every`` cycles."""
+    last = eth_status(dut)
+    for _ in range(polls):
+        await ClockCycles(dut.aclk, every)
+        now = eth_status(dut)
+        if now == last:
+            return
+        last = now
+    raise AssertionError(f"the links are still busy after {every * polls} cycles: {last}")
 
 
 def _act_rows(mem, addr: int, rows: int, cols: int) -> np.ndarray:
@@ -520,7 +634,7 @@ async def bad_input(dut):
     await h0.doorbell(Queue.NET)
     await h0.doorbell(Queue.COMPUTE)
     # the FREE waits for KV that never comes: the watchdog halts COMPUTE
-    await with_timeout(RisingEdge(h0.irq), 200_000 * PERIOD_NS, "ns")
+    await with_timeout(RisingEdge(h0.irq), _ps(200_000), "ps")
     for _ in range(100):
         st = h0.regmap.register("IRQ_STATUS").unpack(await h0.read("IRQ_STATUS"))
         if st["halt1"]:
@@ -613,7 +727,7 @@ async def ingress_rate(dut):
 
     counter = cocotb.start_soon(count())
     await h0.doorbell(Queue.NET)
-    await with_timeout(RisingEdge(h0.irq), 100 * n * PERIOD_NS, "ns")
+    await with_timeout(RisingEdge(h0.irq), _ps(100 * n), "ps")
     counter.cancel()
     assert h0.regmap.register("IRQ_STATUS").unpack(await h0.read("IRQ_STATUS"))["mark0"]
     assert await h0.read("seq0_marks") == 1

@@ -20,13 +20,11 @@ from pathlib import Path
 
 from mcf.abi.csrmap import node_regmap
 from mcf.abi.node_config import AXI_WIDTH
+from mcf.abi.platform import CTRL_BASE
 from mcf.hdl.platform.kr260 import BOARD_PART, PART
 
 __all__ = ["CTRL_BASE", "Port", "ctrl_range", "node_hwh", "write_hwh", "verilog_ports"]
 
-CTRL_BASE = 0xA000_0000
-"""Where ``assign_bd_address`` puts the first ``M_AXI_HPM0_FPD`` segment (the HPM0_FPD window
-starts at 0xA000_0000 on the Zynq UltraScale+)."""
 PS = "ps"
 NODE = "node"
 SMC = "ctrl_smc"

@@ -39,6 +39,7 @@ from .csrmap import counters
 from .framing import MAX_PAYLOAD
 from .meta import META
 from .nic import CRC_BYTES, crc32
+from .platform import RGMII_RATE_BPS
 from .regs import Access, Field, Register, status_registers
 
 __all__ = [
@@ -53,6 +54,9 @@ __all__ = [
     "SCRAMBLER_TAPS", "LOCK_GOOD_HEADERS", "LOCK_BAD_HEADERS", "PCS_CLOCK_HZ", "BER_WINDOW_S",
     "BER_WINDOW", "HI_BER_COUNT", "SLIP_HOLDOFF", "XGMII_MIN_IFG", "DIC_MAX", "PCS_STATUS",
     "xgmii_period_bytes",
+    "ETH_LINKS", "ETH_LINK_SFP", "ETH_LINK_RGMII", "ETH_MAP_VERSION", "ETH_MAP_IDENT",
+    "RXCLK_WINDOW", "RXCLK_GRAY_BITS", "RGMII_RX_CLK_HZ", "rxclk_min", "RXCLK_MIN_RESET",
+    "ETH_LINK_STATUS", "SFP_STATUS", "RGMII_STATUS", "eth_regmap", "link_peers",
 ]
 
 ETH_TYPE = 0x88B5
@@ -294,3 +298,102 @@ def xgmii_period_bytes(frame_len: int) -> float:
     start + preamble + SFD (8), the frame, and on average ``XGMII_MIN_IFG`` (the deficit idle
     count keeps the average at 12 with starts aligned to lanes 0/4)."""
     return 8 + frame_len + XGMII_MIN_IFG
+
+
+# ---- the MAC wrapper's register bank (``mcf_eth``, docs/eth.md "Link status registers") -------
+
+ETH_LINKS = 3                   # physical links: 0 SFP+ (10GBASE-R), 1 and 2 RGMII (1000BASE-T)
+ETH_LINK_SFP = 0
+ETH_LINK_RGMII = (1, 2)
+ETH_MAP_VERSION = 0x0100
+ETH_MAP_IDENT = 0x4D45          # "ME": the MCF Ethernet block (the node's map says "MC")
+
+RGMII_RX_CLK_HZ = RGMII_RATE_BPS / 8   # the PHY's RGMII receive clock at 1000 Mb/s: 125 MHz
+RXCLK_WINDOW = 1024             # aclk cycles per measurement of an RGMII receive clock
+RXCLK_GRAY_BITS = 4             # Gray counter rx_clk → aclk: < 8 edges per aclk cycle
+
+
+def rxclk_min(aclk_hz: float) -> int:
+    """``ETH_RXCLK_MIN`` for an aclk of ``aclk_hz``: half the receive-clock edges a 125 MHz
+    clock gives in one window, so 1000 Mb/s (125 MHz) counts as up and 10/100 Mb/s
+    (2.5/25 MHz) or a stopped clock as down."""
+    if RGMII_RX_CLK_HZ / aclk_hz >= 1 << (RXCLK_GRAY_BITS - 1):
+        raise ValueError(f"aclk {aclk_hz / 1e6:.1f} MHz too slow to count a 125 MHz clock")
+    return round(RXCLK_WINDOW * RGMII_RX_CLK_HZ / aclk_hz / 2)
+
+
+def _aclk_default() -> float:
+    from .platform import ACLK_HZ
+    return ACLK_HZ
+
+
+RXCLK_MIN_RESET = rxclk_min(_aclk_default())
+"""Reset value of ``ETH_RXCLK_MIN``: :func:`rxclk_min` at the project's assumed aclk
+(:data:`mcf.abi.platform.ACLK_HZ`); the driver rewrites it for the real ``pl_clk0``."""
+
+ETH_LINK_STATUS = data.StructLayout({f"link{lk}_up": unsigned(1) for lk in range(ETH_LINKS)})
+"""``ETH_LINK``: live link-up per physical link. SFP+: ``block_lock & ~hi_ber`` of the
+10GBASE-R PCS. RGMII: the PHY's receive clock ran at ≥ ``ETH_RXCLK_MIN`` edges in the last
+:data:`RXCLK_WINDOW` aclk cycles (the DP83867 clocks RX_CLK at 125 MHz only with a
+1000BASE-T link; its copper link bit itself is in BMSR, over MDIO, which the PL does not
+drive)."""
+
+SFP_STATUS = data.StructLayout({
+    "sfp_mod_abs": unsigned(1), "sfp_rx_los": unsigned(1), "sfp_tx_fault": unsigned(1),
+    "gt_tx_done": unsigned(1), "gt_rx_done": unsigned(1),
+})
+"""The SFP+ cage's sideband inputs (module absent, loss of signal, transmitter fault; raw pin
+levels, synchronised to aclk) and the GT wizard's reset-done outputs."""
+
+RGMII_STATUS = data.StructLayout({"rx_clk_count": unsigned(16)})
+"""Per RGMII link: receive-clock edges counted in the last :data:`RXCLK_WINDOW` aclk cycles
+(``rx_clk_count × aclk / RXCLK_WINDOW`` is the PHY's RX_CLK frequency)."""
+
+
+def eth_regmap():
+    """The register map of ``mcf_eth`` (the MAC wrapper's own AXI-Lite bank, ``s_axi_eth``):
+    ``ID``/``BUS_ERRORS``, ``ETH_LOCAL`` (the node id the MACs send from and accept),
+    ``ETH_LINK`` (:data:`ETH_LINK_STATUS`), ``ETH_RXCLK_MIN``, then per link
+    :func:`eth_registers` (link 0 with its PCS) and link 0's :data:`SFP_STATUS`, links 1/2's
+    :data:`RGMII_STATUS`."""
+    from .regs import RegisterMap
+    rm = RegisterMap("mcf_eth", ETH_MAP_VERSION, ident=ETH_MAP_IDENT)
+    rm.add(Register("ETH_LOCAL", (
+        Field("local_id", NODE_BITS, Access.RW, 0,
+              "this node (NODE.local_id): source MAC, accepted destination MAC"),
+    ), "the node id of every MAC"))
+    rm.add(Register("ETH_LINK", tuple(
+        Field(name, 1, Access.R, 0, f"physical link {name[4]} is up")
+        for name, _ in ETH_LINK_STATUS), "live link-up per link (0 SFP+, 1/2 RGMII)"))
+    rm.add(Register("ETH_RXCLK_MIN", (
+        Field("edges", 16, Access.RW, RXCLK_MIN_RESET,
+              f"RGMII link up: RX_CLK edges per {RXCLK_WINDOW} aclk cycles at least this"),
+    ), "threshold of the RGMII link-up rule (the driver sets it from the real aclk)"))
+    for lk in range(ETH_LINKS):
+        rm.extend(eth_registers(lk, pcs=lk == ETH_LINK_SFP))
+        if lk == ETH_LINK_SFP:
+            rm.add_status(f"eth{lk}", SFP_STATUS, f"link {lk} SFP+ cage and GT")
+        else:
+            rm.add_status(f"eth{lk}", RGMII_STATUS, f"link {lk} RGMII PHY")
+    return rm
+
+
+def link_peers(node: int, n_nodes: int, topology="ring") -> tuple[int | None, ...]:
+    """``ETH{l}_CFG.peer_id`` of board ``node``: the node at the far end of each physical
+    link under :func:`mcf.abi.link_map.link_map_for`'s map (ring: router port 0 → ``node +
+    1``, port 1 → ``node − 1``, mod N); ``None`` for a link the topology leaves unused. A
+    switch carries every peer on link 0 but a MAC sends to one destination address, so only
+    N ≤ 2 has a peer there; larger switch clusters raise ``ValueError``."""
+    from .link_map import _topology, link_map_for
+    from .nic import Topology
+    links = link_map_for(node, n_nodes, topology)
+    peers: list[int | None] = [None] * ETH_LINKS
+    if _topology(topology) == Topology.SWITCH:
+        if n_nodes > 2:
+            raise ValueError(f"a switch cluster of {n_nodes} needs a destination MAC per frame;"
+                             " the MACs address one peer per link")
+        peers[links[0]] = (node + 1) % n_nodes
+        return tuple(peers)
+    peers[links[0]] = (node + 1) % n_nodes
+    peers[links[1]] = (node - 1) % n_nodes
+    return tuple(peers)

@@ -8,7 +8,8 @@ add it when they compute utilisation); ``BRAM36`` counts 36 Kb block RAMs (a RAM
 
 from __future__ import annotations
 
-__all__ = ["K26", "HP_PORTS", "ACLK_HZ", "SFP_RATE_BPS", "RGMII_RATE_BPS", "LINK_LATENCY_S"]
+__all__ = ["K26", "HP_PORTS", "ACLK_HZ", "SFP_RATE_BPS", "RGMII_RATE_BPS", "LINK_LATENCY_S",
+           "CTRL_BASE", "CTRL_RANGE", "ETH_CTRL_BASE", "ETH_CTRL_RANGE", "ETH_CLK_HZ"]
 
 K26: dict[str, int] = {"LUT": 117_120, "FF": 234_240, "DSP": 1_248, "BRAM36": 144, "URAM": 64}
 
@@ -29,3 +30,16 @@ RGMII_RATE_BPS = 1e9
 LINK_LATENCY_S = 2e-6
 """One cable hop's latency (PHY, MAC wrapper, wire) in seconds: an assumption, the same for
 every link kind, until a board measures it."""
+
+CTRL_BASE = 0xA000_0000
+"""Address of the node's control window (``node/s_axi_ctrl``) on ``M_AXI_HPM0_FPD``: the first
+address of the HPM0_FPD window, where the Vivado flow places it (docs/board.md §2)."""
+CTRL_RANGE = 0x1000
+"""Its size: 4 KiB (the CSR bank's 12 address bits)."""
+ETH_CTRL_BASE = CTRL_BASE + CTRL_RANGE
+"""The MAC wrapper's register window (``eth/s_axi_eth``, :func:`mcf.abi.eth.eth_regmap`): the
+4 KiB right after the node's, on the same SmartConnect."""
+ETH_CTRL_RANGE = 0x1000
+ETH_CLK_HZ = RGMII_RATE_BPS / 8
+"""The clocking wizard's output for the RGMII transmitters (``eth_tx``) and the GT wizard's
+free-running clock."""

@@ -1,8 +1,10 @@
 """``mcf build --board kr260 [--out DIR] [--vivado PATH] [--jobs N] [--name TOP]``: the Vivado
 flow of a PYNQ overlay.
 
-Writes, into ``--out`` (default ``build/<board>``): ``<name>.v`` (the top, through the same code
-path as ``mcf verilog``), ``<board>.xdc`` (generated from the board's pin table) and ``<name>.tcl``
+Writes, into ``--out`` (default ``build/<board>``): ``<name>.v`` and ``mcf_eth.v`` (the node top
+and the MAC wrapper, through the same code path as ``mcf verilog``), ``<board>.xdc`` (the board
+pins the block design uses, generated from the board's pin table), ``mcf_eth_timing.xdc`` (the
+MAC wrapper's asynchronous clock groups) and ``<name>.tcl``
 (project, block design, synthesis → implementation → bitstream, then ``<name>.bit`` +
 ``<name>.hwh`` copied side by side). Runs Vivado when it is found (``--vivado`` or ``vivado`` on
 ``PATH``), else prints the exact command and exits 0. docs/board.md.
@@ -20,6 +22,8 @@ from pathlib import Path
 __all__ = ["BOARDS", "verilog_ports", "vivado_command", "register"]
 
 BOARDS = ("kr260",)
+ETH_TOP = "mcf_eth"
+"""The MAC wrapper top built beside the node (:mod:`mcf.hdl.tops`, docs/eth.md)."""
 
 _PORT = re.compile(r"^\s*(?:input|output|inout)\b(?:\s*(?:wire|reg))?\s*(?:\[[^\]]+\])?"
                    r"\s*(\w+)\s*;", re.M)
@@ -53,11 +57,17 @@ def run(args) -> int:
     if args.name not in TOPS:
         raise UsageError(f"unknown top {args.name!r}; known: {', '.join(sorted(TOPS))}")
 
-    from mcf.hdl.platform.kr260 import kr260_xdc, top_interfaces, vivado_tcl
+    from mcf.hdl.platform.kr260 import (
+        ETH_BOARD_PORTS,
+        eth_timing_xdc,
+        kr260_xdc,
+        top_interfaces,
+        vivado_tcl,
+    )
 
     from . import verilog
     out = Path(args.out or f"build/{args.board}")
-    verilog.run(argparse.Namespace(out=str(out), only=[args.name]))
+    verilog.run(argparse.Namespace(out=str(out), only=[args.name, ETH_TOP]))
     v_path = out / f"{args.name}.v"
     ports = verilog_ports(v_path.read_text())
     try:
@@ -65,11 +75,16 @@ def run(args) -> int:
     except ValueError as exc:
         raise UsageError(f"top {args.name} is not a node top: {exc}") from None
     xdc_path = out / f"{args.board}.xdc"
-    xdc_path.write_text(kr260_xdc())
+    xdc_path.write_text(kr260_xdc(ports=ETH_BOARD_PORTS))
     print(xdc_path)
+    timing_path = out / f"{ETH_TOP}_timing.xdc"
+    timing_path.write_text(eth_timing_xdc())
+    print(timing_path)
     tcl_path = out / f"{args.name}.tcl"
     tcl_path.write_text(vivado_tcl(name=args.name, top=args.name, verilog=v_path.name,
-                                   xdc=xdc_path.name, ports=ports, jobs=args.jobs))
+                                   xdc=xdc_path.name, ports=ports, jobs=args.jobs,
+                                   eth=ETH_TOP, eth_verilog=f"{ETH_TOP}.v",
+                                   timing_xdc=timing_path.name))
     print(tcl_path)
 
     vivado = vivado or shutil.which("vivado")

@@ -55,6 +55,7 @@ from mcf.golden.attention import (
     KVChannelBlock,
     KVChannelCache,
     State,
+    attend_causal_rows,
     attend_fixed,
     attend_max,
     attend_single,
@@ -238,6 +239,43 @@ def test_causal_mask():
     assert causal == attend_single(q, sq, visible)
     none = attend_single(q, sq, blocks, q_pos=50, causal=True)
     assert np.all(none.m == M_EMPTY)
+
+
+@pytest.mark.parametrize("fmt", ["per_token", "per_channel"])
+def test_causal_rows_are_the_single_pass_of_each_row(fmt):
+    """A prefill chunk at once (``attend_causal_rows``, what the integer model runs) gives every
+    query head row the bits of its own causal single pass over the blocks up to its position."""
+    rng = np.random.default_rng(21)
+    if fmt == "per_token":
+        blocks = random_blocks(rng, [16, 16, 16, 9], D, pos0=40)
+    else:
+        blocks = [b for b in _channel_kv(rng, 109) if len(b)]
+        for b in blocks:
+            b.pos = b.pos + 40
+    n = sum(len(b) for b in blocks)
+    q, sq = random_query(rng, 24, D)
+    q_pos = rng.integers(30, 40 + n + 5, 24)            # some see nothing, some everything
+    got = attend_causal_rows(q, sq, blocks, q_pos)
+    for r in range(24):
+        want = attend_single(q[r:r + 1], sq[r:r + 1],
+                             [b for b in blocks if int(b.pos[0]) <= q_pos[r]], int(q_pos[r]),
+                             causal=True)
+        assert (got.m[r], got.l[r]) == (want.m[0], want.l[0]), r
+        assert np.array_equal(got.o[r], want.o[0]), r
+    assert (got.m == M_EMPTY).any() and (got.m != M_EMPTY).any()
+
+
+def test_merge_state_of_rows_is_the_merge_of_each_row():
+    rng = np.random.default_rng(22)
+    states = [attend_single(*random_query(rng, 12, D), random_blocks(rng, [9], D))
+              for _ in range(2)]
+    states[0].m[:3] = M_EMPTY
+    states[0].l[:3], states[0].o[:3] = 0, 0
+    m, l_sum, o = merge_state(*((s.m, s.l, s.o) for s in states))
+    for h in range(12):
+        one = merge_state(states[0].head(h), states[1].head(h))
+        assert (m[h], l_sum[h]) == one[:2] and np.array_equal(o[h], one[2])
+        assert isinstance(one[0], np.int64) and isinstance(one[1], np.int64)
 
 
 def test_state_payload_roundtrip():

@@ -33,6 +33,8 @@ FIGURES = {
     "eth": ["rgmii.payload_gbps_at_1500B", "rgmii.payload_gbps_at_64B",
             "rgmii.line_rate_fraction_1500B", "xgmii.payload_gbps_at_1500B",
             "xgmii.payload_gbps_at_64B", "xgmii.line_rate_fraction_1500B"],
+    "task": ["float.acc_256", "int4_per_token.acc_256", "int4_per_channel.acc_256",
+             "rtl.n2_acc_32", "rtl.bit_exact_vs_golden", "model_bytes"],
 }
 
 
@@ -54,6 +56,12 @@ def test_bench_runs_small(name, tmp_path, capsys):
                             "per_lane")):
             for v in value.values() if isinstance(value, dict) else [value]:
                 assert 0 < v <= 1, (dotted, value)
+        if ".acc_" in dotted:
+            assert 0 <= value <= 1, (dotted, value)
+    if name == "task":      # seeds 0-3 at 256 tokens are answered right by all three models
+        assert [written[m]["acc_256"] for m in ("float", "int4_per_token",
+                                                "int4_per_channel")] == [1.0, 1.0, 1.0]
+        assert written["rtl"]["bit_exact_vs_golden"] is True
 
 
 def test_refusal_writes_nothing(tmp_path, capsys, monkeypatch):

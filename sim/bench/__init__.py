@@ -2,7 +2,7 @@
 :mod:`mcf.sim.synth`), one module per bench: :mod:`.packet`, :mod:`.nic`, :mod:`.compute`,
 :mod:`.attention`, :mod:`.csr`, :mod:`.plan` (MARS cost model), :mod:`.node` (node tops),
 :mod:`.cluster` (the tiny model end to end on simulated rings), :mod:`.eth` (the Ethernet MACs'
-line rates).
+line rates), :mod:`.task` (the trained retrieval model's accuracy, golden and RTL).
 
 Contract of a bench module:
 
@@ -21,7 +21,8 @@ from __future__ import annotations
 
 __all__ = ["BENCHES", "BenchRefused", "refuse_unplanned", "resource_table"]
 
-BENCHES = ("packet", "nic", "compute", "attention", "csr", "plan", "node", "cluster", "eth")
+BENCHES = ("packet", "nic", "compute", "attention", "csr", "plan", "node", "cluster", "eth",
+           "task")
 
 
 class BenchRefused(RuntimeError):

@@ -72,19 +72,23 @@ def empty_state(head_dim: int):
 
 
 def merge_state(a, b):
-    """Merge two ``(m, l, o)`` states bit-exactly as the hardware does."""
-    ma, la, oa = a
-    mb, lb, ob = b
-    m = max(int(ma), int(mb))
-    fa = exp2_neg(m - int(ma))
-    fb = exp2_neg(m - int(mb))
+    """Merge two ``(m, l, o)`` states bit-exactly as the hardware does.
+
+    Works on one head (``m``, ``l`` scalars, ``o[d]``) or on rows of heads at once (``m[R]``,
+    ``l[R]``, ``o[R, d]``): every row is merged on its own, with the same bits."""
+    ma, la, oa = (np.asarray(x, dtype=np.int64) for x in a)
+    mb, lb, ob = (np.asarray(x, dtype=np.int64) for x in b)
+    m = np.maximum(ma, mb)
+    fa = exp2_neg(m - ma)
+    fb = exp2_neg(m - mb)
 
     def scale(x, f):
-        return round_shift(np.asarray(x, dtype=np.int64) * f, EXP_FRAC, "half_up")
+        return round_shift(x * f, EXP_FRAC, "half_up")
 
     l_out = saturate(scale(la, fa) + scale(lb, fb), STATE_L.width, signed=False)
-    o_out = saturate(scale(oa, fa) + scale(ob, fb), STATE_O.width, signed=True)
-    return np.int64(m), np.int64(l_out), o_out.astype(np.int64)
+    o_out = saturate(scale(oa, fa[..., None]) + scale(ob, fb[..., None]), STATE_O.width,
+                     signed=True)
+    return m[()], np.asarray(l_out, dtype=np.int64)[()], o_out.astype(np.int64)
 
 
 def reduce_lanes(op: str, a, b):

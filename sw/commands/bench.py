@@ -84,7 +84,8 @@ def run(args) -> int:
 def register(subs) -> None:
     p = subs.add_parser("bench", help="measure cycles and resources; write build/bench/*.json")
     p.add_argument("names", nargs="*", metavar="NAME",
-                   help="packet, nic, compute, attention, csr, plan, node, or all (default all)")
+                   help="packet, nic, compute, attention, csr, plan, node, cluster, eth, task, "
+                        "or all (default all)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--small", action="store_true", help="reduced sizes (what CI runs)")
     p.add_argument("--no-synth", action="store_true", help="skip the yosys resource estimates")

@@ -63,8 +63,8 @@ from mcf.abi.softmax import (
 )
 
 __all__ = [
-    "KVBlock", "State", "job_scores", "block_state", "attend_single", "attend_max",
-    "attend_fixed", "attend", "normalize_state", "float_attention", "MODES",
+    "KVBlock", "State", "job_scores", "block_state", "attend_single", "attend_causal_rows",
+    "attend_max", "attend_fixed", "attend", "normalize_state", "float_attention", "MODES",
     "KVChannelBlock", "channel_scores", "dequantize_k", "KVChannelCache",
 ]
 
@@ -143,14 +143,19 @@ def _sums(p, blk: KVBlock):
 
 
 def block_state(t, valid, blk: KVBlock) -> State:
-    """A block's state against its own maximum, saturated once to the state formats."""
+    """A block's state against its own maximum, saturated once to the state formats.
+
+    ``valid`` is the key mask of the job (``[T]``) or one mask per head row (``[G, T]``); a row
+    with no unmasked key gets the empty state."""
     heads = t.shape[0]
+    valid = np.broadcast_to(valid, t.shape)
     if not valid.any():
         return State.empty(heads, np.asarray(blk.v).shape[1])
-    m = np.where(valid[None, :], t, np.iinfo(np.int64).min).max(axis=1)
-    d = np.where(valid[None, :], m[:, None] - t, 0)
-    p = np.where(valid[None, :], exp2_neg(d), 0)
+    m = np.where(valid, t, np.iinfo(np.int64).min).max(axis=1)
+    d = np.where(valid, m[:, None] - t, 0)
+    p = np.where(valid, exp2_neg(d), 0)
     l_sum, o = _sums(p, blk)
+    m = np.where(valid.any(axis=1), m, M_EMPTY)
     return State(m.astype(np.int64), saturate(l_sum, STATE_L.width, signed=False),
                  saturate(o, STATE_O.width, signed=True))
 
@@ -163,7 +168,28 @@ def attend_single(q, sq, blocks: list[KVBlock], q_pos: int = 0, causal: bool = F
     for blk in blocks:
         t, valid = job_scores(q, sq, blk, q_pos, causal)
         b = block_state(t, valid, blk)
-        run = State.from_heads([merge_state(run.head(h), b.head(h)) for h in range(heads)])
+        run = State(*merge_state((run.m, run.l, run.o), (b.m, b.l, b.o)))
+    return run
+
+
+def attend_causal_rows(q, sq, blocks: list, q_pos) -> State:
+    """Causal single pass of many jobs at once (a prefill chunk): row ``r`` of ``q[R, d]`` /
+    ``sq[R, 2]`` is a query head at position ``q_pos[r]``, and gets the bits of
+    ``attend_single(q[r:r+1], sq[r:r+1], [b for b in blocks if b.pos[0] <= q_pos[r]],
+    q_pos[r], causal=True)``: the blocks up to its own position, in order, masked causally."""
+    q = np.asarray(q, dtype=np.int64)
+    sq = np.asarray(sq, dtype=np.int64)
+    q_pos = np.asarray(q_pos, dtype=np.int64)
+    run = State.empty(*q.shape)
+    for blk in blocks:
+        rows = np.flatnonzero(q_pos >= int(blk.pos[0]))
+        if rows.size == 0:
+            continue
+        t, _ = job_scores(q[rows], sq[rows], blk)
+        valid = np.asarray(blk.pos, dtype=np.int64)[None, :] <= q_pos[rows, None]
+        b = block_state(t, valid, blk)
+        m, l_sum, o = merge_state((run.m[rows], run.l[rows], run.o[rows]), (b.m, b.l, b.o))
+        run.m[rows], run.l[rows], run.o[rows] = m, l_sum, o
     return run
 
 

@@ -14,6 +14,12 @@ matches (issue #14 item 1). Every number is an integer code of an :mod:`mcf.abi`
   requantised on chip to INT4 with a per-token KV_SCALE (:func:`mcf.abi.kv.quantize_kv_rows`)
   and stored. Attention reads them as **blocks aligned to multiples of** ``block_tokens``
   positions (block ``b`` holds positions ``b·B .. b·B + B − 1``), in position order.
+* **KV format** (``kv_format``): ``KVFormat.PER_TOKEN`` (default) as above;
+  ``KVFormat.PER_CHANNEL_K``: each KV head's cache is a
+  :class:`mcf.golden.attention.KVChannelCache` — K quantised per channel over groups of
+  ``KV_GROUP`` tokens once a group is full, the tokens of the group not yet full kept as ACT rows
+  and read as an open group, V per token — read as blocks of at most ``block_tokens`` tokens of
+  whole groups, then the open group (causality by the keys' positions).
 * **Query**: per token and query head, the ACT row requantised to INT8 + scale
   (:func:`mcf.abi.quant.requantize`, as the vector unit does); the ``G`` query heads of one KV
   head form one attention job.
@@ -43,10 +49,13 @@ import numpy as np
 
 from mcf.abi.fixed import round_shift, saturate
 from mcf.abi.kv import quantize_kv_rows
+from mcf.abi.kv_channel import KVFormat
 from mcf.abi.quant import ACT, ACT_FRAC, GAMMA, requantize
 from mcf.golden import vector as V
 from mcf.golden.attention import (
     KVBlock,
+    KVChannelCache,
+    attend_causal_rows,
     attend_fixed,
     attend_max,
     attend_single,
@@ -172,7 +181,8 @@ class IntModel:
     qm: QuantModel
     block_tokens: int = DEFAULT_BLOCK_TOKENS
     decode_mode: str = "two_phase"
-    kv: list[list[KVStore]] = field(default_factory=list)
+    kv_format: KVFormat = KVFormat.PER_TOKEN
+    kv: list[list[KVStore | KVChannelCache]] = field(default_factory=list)
     max_violations: int = 0
 
     def __post_init__(self):
@@ -180,6 +190,7 @@ class IntModel:
             raise ValueError(f"decode_mode must be one of {DECODE_MODES}")
         if self.block_tokens < 1:
             raise ValueError("block_tokens must be at least 1")
+        self.kv_format = KVFormat(self.kv_format)
         self.reset()
 
     @property
@@ -193,7 +204,8 @@ class IntModel:
 
     def reset(self) -> None:
         c = self.cfg
-        self.kv = [[KVStore(c.head_dim) for _ in range(c.num_key_value_heads)]
+        store = KVStore if self.kv_format == KVFormat.PER_TOKEN else KVChannelCache
+        self.kv = [[store(c.head_dim) for _ in range(c.num_key_value_heads)]
                    for _ in range(c.num_hidden_layers)]
         self.max_violations = 0
 
@@ -206,21 +218,24 @@ class IntModel:
             for g, store in enumerate(self.kv[layer]):
                 store.append(k[:, g * d:(g + 1) * d], v[:, g * d:(g + 1) * d])
             out = np.empty((t, c.num_attention_heads, d), dtype=np.int64)
-            qh = q.reshape(t, c.num_attention_heads, d)
-            for i in range(t):
-                p = int(pos[i])
-                qc, qm_, qe = requantize(qh[i])                 # per query head
-                sq = np.stack([qm_, qe], axis=-1)
-                for g, store in enumerate(self.kv[layer]):
-                    hs = slice(g * rep, (g + 1) * rep)
-                    if decode and self.decode_mode == "two_phase":
-                        blocks = store.blocks(self.block_tokens)
-                        m = attend_max(qc[hs], sq[hs], blocks)
-                        st, bad = attend_fixed(qc[hs], sq[hs], blocks, m)
+            qc, qm_, qe = requantize(q.reshape(t, c.num_attention_heads, d))  # per query head
+            sq = np.stack([qm_, qe], axis=-1)
+            for g, store in enumerate(self.kv[layer]):
+                hs = slice(g * rep, (g + 1) * rep)
+                blocks = store.blocks(self.block_tokens)
+                if not decode:        # every query token of the chunk at once, causally
+                    st = attend_causal_rows(qc[:, hs].reshape(t * rep, d),
+                                            sq[:, hs].reshape(t * rep, 2), blocks,
+                                            np.repeat(np.asarray(pos, np.int64), rep))
+                    out[:, hs] = normalize_state(st).reshape(t, rep, d)
+                    continue
+                for i in range(t):
+                    if self.decode_mode == "two_phase":
+                        m = attend_max(qc[i, hs], sq[i, hs], blocks)
+                        st, bad = attend_fixed(qc[i, hs], sq[i, hs], blocks, m)
                         self.max_violations += bad
                     else:
-                        blocks = store.blocks(self.block_tokens, upto=p)
-                        st = attend_single(qc[hs], sq[hs], blocks, p, causal=not decode)
+                        st = attend_single(qc[i, hs], sq[i, hs], blocks)
                     out[i, hs] = normalize_state(st)
             return out.reshape(t, -1)
 

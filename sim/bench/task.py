@@ -5,9 +5,11 @@
   integer golden model with both INT4 KV formats (:mod:`mcf.model.evaluate`).
 * The RTL cluster: ``mcf run --model retrieval --task passkey`` on 2 and 4 simulated node tops
   (:func:`mcf.commands.run.simulate`, MARS prefill, decode along the chain) at
-  :data:`RTL_TOKENS` prompt tokens. Every step is checked bit for bit against the run's integer
-  golden model and the generated tokens against the golden's; a failed check makes the bench
-  refuse, so ``bit_exact_vs_golden`` is only ever reported true.
+  :data:`RTL_TOKENS` prompt tokens, on the first :data:`RTL_PROMPTS` prompts. Every step is
+  checked bit for bit against the run's integer golden model and the generated tokens against
+  the golden's; a failed check makes the bench refuse, so ``bit_exact_vs_golden`` is only ever
+  reported true. ``golden_nK_acc_L``: that golden model (``mcf.model.evaluate``'s
+  ``mars_nK``) on all the prompts — what the RTL answers wherever it equals it.
 
 Cycles are ``aclk`` cycles (no fmax is claimed).
 """
@@ -63,13 +65,15 @@ def _rtl(nodes: int, tokens: int, seeds: int) -> list[dict]:
 
 def collect(small: bool = False, synth: bool = True) -> dict:
     from mcf.model.checkpoint import RETRIEVAL_DIR
-    from mcf.model.evaluate import MODELS, measure
+    from mcf.model.evaluate import measure
 
     lengths = SMALL["lengths"] if small else LENGTHS
     n = SMALL["prompts"] if small else PROMPTS
     tokens = SMALL["rtl_tokens"] if small else RTL_TOKENS
     rtl_prompts = SMALL["rtl_prompts"] if small else RTL_PROMPTS
-    acc = measure(RETRIEVAL_DIR, [(m, L) for m in MODELS for L in lengths], n, jobs=PARALLEL)
+    clusters = [f"mars_n{k}" for k in rtl_prompts]
+    acc = measure(RETRIEVAL_DIR, [(m, L) for m in KEYS for L in lengths]
+                  + [(m, tokens) for m in clusters], n, jobs=PARALLEL)
     result: dict = {"model": "retrieval", "prompts": n,
                     "model_bytes": sum(f.stat().st_size for f in RETRIEVAL_DIR.iterdir()
                                        if f.suffix == ".safetensors")}
@@ -83,6 +87,7 @@ def collect(small: bool = False, synth: bool = True) -> dict:
         runs = _rtl(nodes, tokens, k)
         key = f"n{nodes}"
         rtl[f"{key}_acc_{tokens}"] = sum(r["task"]["correct"] for r in runs) / k
+        rtl[f"golden_{key}_acc_{tokens}"] = acc[f"mars_{key}"][tokens].accuracy
         rtl["prompts"][key] = k
         rtl["answers"][key] = [r["tokens"] for r in runs]
         rtl["ttft_cycles"][key] = [r["ttft_cycles"] for r in runs]
@@ -105,7 +110,8 @@ def render(result: dict) -> str:
     tok = rtl["prompt_tokens"]
     runs = "; ".join(
         f"N = {k[1:]}: {100 * rtl[f'{k}_acc_{tok}']:.0f} % of {p} prompt{'s' * (p > 1)}, "
-        f"TTFT " + ", ".join(f"{c:,}" for c in rtl["ttft_cycles"][k]) + " cycles"
+        f"TTFT " + ", ".join(f"{c:,}" for c in rtl["ttft_cycles"][k]) + " cycles (the run's "
+        f"golden model: {100 * rtl[f'golden_{k}_acc_{tok}']:.1f} % of {result['prompts']})"
         for k, p in rtl["prompts"].items())
     lines += ["", f"Passkey exact match over {result['prompts']} prompts per length "
               f"(seeds 0..{result['prompts'] - 1}), checkpoint {result['model_bytes']:,} "

@@ -182,6 +182,8 @@ def attend_causal_rows(q, sq, blocks: list, q_pos) -> State:
     q_pos = np.asarray(q_pos, dtype=np.int64)
     run = State.empty(*q.shape)
     for blk in blocks:
+        if len(blk) == 0:             # merging the empty state changes no bit
+            continue
         rows = np.flatnonzero(q_pos >= int(blk.pos[0]))
         if rows.size == 0:
             continue

@@ -6,7 +6,11 @@ torch): greedy exact match on the fixed-seed prompts of :func:`mcf.model.task.ma
 * ``int`` — the integer golden model the RTL matches (:class:`mcf.model.IntModel`: INT4
   weights, per-token INT4 KV);
 * ``int_channel`` — the same with the per-channel-K INT4 KV format
-  (``kv_format=KVFormat.PER_CHANNEL_K``).
+  (``kv_format=KVFormat.PER_CHANNEL_K``);
+* ``mars_n2``, ``mars_n4`` — the golden model of a cluster run on 2 / 4 node tops
+  (:func:`mcf.cluster.golden_run`: MARS prefill in 32-token chunks, decode states merged along
+  the chain), whose bits ``mcf run`` checks the RTL against at every step; prompt lengths a
+  multiple of 32.
 
 On one core a 4094-token prompt takes ~20 s in either integer model and ~1 s in float.
 ``scripts/eval_retrieval.py`` and ``mcf bench task`` (:mod:`mcf.sim.bench.task`) use this.
@@ -27,10 +31,13 @@ from .golden import IntModel, quantize_model
 from .reference import FloatModel
 from .task import PASSKEY, accuracy, make_prompt
 
-__all__ = ["MODELS", "Accuracy", "answerer", "measure_one", "measure"]
+__all__ = ["MODELS", "KV_FORMATS", "CLUSTERS", "Accuracy", "answerer", "measure_one", "measure"]
 
-MODELS = {"float": None, "int": KVFormat.PER_TOKEN, "int_channel": KVFormat.PER_CHANNEL_K}
-"""Model names → the integer model's KV format (``None``: the float reference)."""
+KV_FORMATS = {"int": KVFormat.PER_TOKEN, "int_channel": KVFormat.PER_CHANNEL_K}
+"""Integer models → their KV format."""
+CLUSTERS = {"mars_n2": 2, "mars_n4": 4}
+"""Cluster-run golden models → their nodes."""
+MODELS = ("float", *KV_FORMATS, *CLUSTERS)
 
 
 @dataclass(frozen=True)
@@ -50,11 +57,24 @@ def answerer(directory: Path, model: str):
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
     cfg, tensors = load_checkpoint(directory)
-    if MODELS[model] is None:
+    if model == "float":
         fm = FloatModel(cfg, tensors)
         return lambda toks: fm.generate(toks, PASSKEY.value_len).tokens
-    im = IntModel(quantize_model(cfg, tensors), kv_format=MODELS[model])
+    if model in CLUSTERS:
+        return _cluster_answerer(quantize_model(cfg, tensors), CLUSTERS[model])
+    im = IntModel(quantize_model(cfg, tensors), kv_format=KV_FORMATS[model])
     return lambda toks: im.generate(toks, PASSKEY.value_len).tokens
+
+
+def _cluster_answerer(qm, nodes: int):
+    from ..cluster import RunSpec, golden_run, make_plan
+
+    def run(toks):
+        spec = RunSpec(model="retrieval", prompt_tokens=len(toks), nodes=nodes,
+                       decode_tokens=PASSKEY.value_len - 1)
+        return np.array(golden_run(qm, make_plan(spec, qm.cfg), toks,
+                                   PASSKEY.value_len - 1).tokens)
+    return run
 
 
 def measure_one(directory: Path, model: str, length: int, n: int) -> Accuracy:

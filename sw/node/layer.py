@@ -52,7 +52,7 @@ from ..abi.quant import (
     rope_words,
 )
 from ..abi.query import QUERY_HEADER, QUERY_HEADER_BYTES, query_head_bytes
-from ..golden.attention import KVBlock, attend_single, normalize_state
+from ..golden.attention import KVBlock, attend_causal_rows, normalize_state
 from ..golden.qwen_layer import LayerConfig, QuantLayer, layer_fixed
 from ..quant import QuantWeight, gemm_tile_blob, to_act
 from .layout import REGION_ALIGN, NodeLayout
@@ -397,12 +397,11 @@ def golden_prefill(x, layers: list[QuantLayer], cfg: LayerConfig,
                 blocks = [KVBlock(k4[p0:p0 + n], sk[p0:p0 + n], v4[p0:p0 + n],
                                   sv[p0:p0 + n], pos[p0:p0 + n]) for p0, n in block_slices]
                 hs = slice(g * rep * hd, (g + 1) * rep * hd)
-                for t in range(S):
-                    qc, qm, qe = requantize(q[t, hs].reshape(rep, hd))
-                    use = [b for b, (p0, _) in zip(blocks, block_slices) if p0 <= pos[t]]
-                    st = attend_single(qc, np.stack([qm, qe], axis=-1), use, int(pos[t]),
-                                       causal=True)
-                    att[t, hs] = normalize_state(st).ravel()
+                qc, qm, qe = requantize(q[:, hs].reshape(S, rep, hd))
+                st = attend_causal_rows(qc.reshape(S * rep, hd),
+                                        np.stack([qm, qe], axis=-1).reshape(S * rep, 2),
+                                        blocks, np.repeat(np.asarray(pos, np.int64), rep))
+                att[:, hs] = normalize_state(st).reshape(S, rep * hd)
             kept["att"] = att
             return att
 

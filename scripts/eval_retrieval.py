@@ -86,7 +86,9 @@ def plot(tab: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    styles = {"mars_n2": dict(marker="s", ls="none", ms=8, mfc="none"),
+    styles = {"int": dict(marker="o", ms=9, lw=3, alpha=0.6),
+              "int_channel": dict(marker="x", ms=7, ls="--"),
+              "mars_n2": dict(marker="s", ls="none", ms=8, mfc="none"),
               "mars_n4": dict(marker="D", ls="none", ms=11, mfc="none")}
     for m, by in tab.items():
         xs = sorted(by, key=int)

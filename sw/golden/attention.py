@@ -64,7 +64,8 @@ from mcf.abi.softmax import (
 
 __all__ = [
     "KVBlock", "State", "job_scores", "block_state", "attend_single", "attend_causal_rows",
-    "attend_max", "attend_fixed", "attend", "normalize_state", "float_attention", "MODES",
+    "attend_prefill", "attend_max", "attend_fixed", "attend", "normalize_state",
+    "float_attention", "MODES",
     "KVChannelBlock", "channel_scores", "dequantize_k", "KVChannelCache",
 ]
 
@@ -193,6 +194,16 @@ def attend_causal_rows(q, sq, blocks: list, q_pos) -> State:
         m, l_sum, o = merge_state((run.m[rows], run.l[rows], run.o[rows]), (b.m, b.l, b.o))
         run.m[rows], run.l[rows], run.o[rows] = m, l_sum, o
     return run
+
+
+def attend_prefill(qc, sq, blocks: list, pos) -> np.ndarray:
+    """A prefill chunk's attention output: INT8 query heads ``qc[t, G, d]`` with scales
+    ``sq[t, G, 2]`` at positions ``pos[t]`` → NORM_OUT codes ``[t, G, d]``
+    (:func:`attend_causal_rows` over every row, then ``o / l``)."""
+    t, g, d = np.shape(qc)
+    st = attend_causal_rows(np.reshape(qc, (t * g, d)), np.reshape(sq, (t * g, 2)), blocks,
+                            np.repeat(np.asarray(pos, dtype=np.int64), g))
+    return normalize_state(st).reshape(t, g, d)
 
 
 def attend_max(q, sq, blocks: list[KVBlock], q_pos: int = 0, causal: bool = False):

@@ -51,11 +51,15 @@ class Accuracy:
     wrong_seeds: tuple[int, ...]
 
 
+def _check(model: str) -> None:
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
+
+
 def answerer(directory: Path, model: str):
     """``tokens → greedy answer tokens`` of ``model`` (a name of :data:`MODELS`) on the
     checkpoint in ``directory``."""
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
+    _check(model)
     cfg, tensors = load_checkpoint(directory)
     if model == "float":
         fm = FloatModel(cfg, tensors)
@@ -93,9 +97,8 @@ def measure(directory: Path, pairs: list[tuple[str, int]], n: int, jobs: int = 1
             progress=None) -> dict[str, dict[int, Accuracy]]:
     """:func:`measure_one` of every ``(model, length)`` pair, in ``jobs`` processes;
     ``progress(acc)`` is called as each finishes. Returns ``{model: {length: Accuracy}}``."""
-    for m, _ in pairs:
-        if m not in MODELS:
-            raise ValueError(f"unknown model {m!r}; known: {', '.join(MODELS)}")
+    for m, _ in pairs:                  # before any process starts
+        _check(m)
     out: dict[str, dict[int, Accuracy]] = {}
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
         futs = [pool.submit(measure_one, directory, m, L, n) for m, L in pairs]

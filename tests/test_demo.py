@@ -1,0 +1,66 @@
+"""``mcf demo`` (issue #15 §5, issue #17 §5): bad arguments, and the demo end to end on four
+simulated node tops (its own Verilator build, the one CI runs at N = 4): a 64-token passkey
+prompt under MARS, every check, and the system model's small grid."""
+
+import json
+
+import pytest
+
+from mcf.cli import main
+from mcf.commands.demo import CHECKS, NOT_RUN
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--policies", "mars,pd"], "--policies"),
+    (["--policies", "mars,mars"], "--policies"),
+    (["--nodes", "3"], "split evenly"),
+    (["--prompt-tokens", "40"], "multiple of the chunk"),
+    (["--prompt-tokens", "8", "--chunk", "8"], "at least"),
+    (["--decode-tokens", "0"], "--decode-tokens"),
+    (["--parallel", "0"], "--parallel"),
+])
+def test_bad_arguments_get_one_line_and_exit_2(argv, words, capsys, tmp_path):
+    assert main(["demo", "--quiet", "--out", str(tmp_path / "r"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_out_that_is_a_file_is_refused(tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert main(["demo", "--quiet", "--out", str(f)]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_a_small_demo_answers_and_writes_its_report(tmp_path, capsys):
+    out = tmp_path / "report"
+    status = main(["demo", "--quiet", "--policies", "mars", "--quick", "--out", str(out)])
+    s = json.loads((out / "summary.json").read_text())
+    assert status == 0, s
+    assert set(CHECKS) <= set(s["checks"])
+    for name in CHECKS:                  # run and passed, or not run and said why
+        assert s["checks"][name] is (None if name in NOT_RUN else True)
+    assert s["not_run"] == NOT_RUN and s["failed_runs"] == {}
+    run = s["rtl"]["runs"]["mars"]
+    assert s["rtl"]["nodes"] == 4 and s["rtl"]["prompt_tokens"] == 64
+    assert run["answer"] == run["expected"] and run["correct"] is True
+    assert run["checks"] == {"bit_exact": True, "tokens_match": True, "owner_only": True,
+                             "memory_within_budget": True}
+    assert run["ttft_cycles"] > 0 and len(run["decode_cycles"]) == 1
+    m = s["model"]
+    n = m["nodes"]                       # the small grid's largest N
+    for key in ("speedup_vs_best_fair", "speedup_vs_ring", "speedup_vs_zigzag",
+                "traffic_ratio_vs_ring"):
+        assert m[f"{key}_n{n}"] > 0
+    assert m[f"speedup_vs_best_fair_n{n}"] <= m[f"speedup_vs_ring_n{n}"]
+    assert m["decode_tok_s_4_nodes"] > 0 and m["decode_tok_s_4_nodes_tp"] > 0
+    predicted = s["rtl"]["model_predicted_ttft_cycles"]["mars"]
+    assert m["model_vs_rtl_cycle_error"] == pytest.approx(
+        abs(predicted - run["ttft_cycles"]) / run["ttft_cycles"], abs=1e-3)
+    assert m["model_vs_rtl_cycle_error"] < 0.15
+    for name in ("summary.md", "evaluation.json", "table1_ttft_vs_nodes.png", "crossover.png"):
+        assert (out / name).stat().st_size > 0
+    assert "| mars |" in (out / "summary.md").read_text()
+    printed = capsys.readouterr().out
+    assert "mars    answer" in printed and "right" in printed

@@ -126,10 +126,10 @@ def _bar(progress: bool, total: int, desc: str, unit: str, position: int):
 def demo(spec: DemoSpec, progress: bool = True) -> tuple[dict, int]:
     """Run the demo; return ``(summary, exit status)``. The RTL runs overlap (``parallel`` at
     once) and the system model runs beside them (it waits for no simulation)."""
-    from ..commands.run import simulate
     from ..sim.cluster import build_cluster
     from ..sysmodel.calibration import load_figures
     from ..sysmodel.evaluation import count_runs, evaluate, markdown, write_report
+    from .run import simulate
 
     runs = spec.runs()
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else (lambda s: None)
@@ -169,13 +169,9 @@ def demo(spec: DemoSpec, progress: bool = True) -> tuple[dict, int]:
 
     failed = {p: g["failed"] for p, g in got.items() if "failed" in g}
     ok = {p: g for p, g in got.items() if "failed" not in g}
-    checks: dict = {}
-    for name in CHECKS:
-        if name in NOT_RUN:
-            checks[name] = None
-        else:
-            checks[name] = not failed and all(g["checks"][name] for g in ok.values())
-    checks["tokens_match"] = not failed and all(g["checks"]["tokens_match"] for g in ok.values())
+    checks = {name: None if name in NOT_RUN else
+              not failed and all(g["checks"][name] for g in ok.values())
+              for name in (*CHECKS, "tokens_match")}
     rtl = {p: {"ttft_cycles": g["ttft_cycles"], "decode_cycles": g["decode_cycles"],
                "exposed_comm_cycles": [max(w) for w in g["exposed_comm_cycles"]],
                "answer": g["task"]["generated"], "expected": g["task"]["answer"],
@@ -185,7 +181,7 @@ def demo(spec: DemoSpec, progress: bool = True) -> tuple[dict, int]:
     measured = {p: r["ttft_cycles"] for p, r in rtl.items()}
     model = summary_model(ev, predicted, measured) if measured else {}
     summary = {"checks": checks, "model": model,
-               "not_run": {k: v for k, v in NOT_RUN.items()},
+               "not_run": dict(NOT_RUN),
                "failed_runs": failed,
                "rtl": {"nodes": spec.nodes, "prompt_tokens": spec.prompt_tokens,
                        "chunk": spec.chunk, "model": "retrieval", "task": "passkey",

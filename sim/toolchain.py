@@ -139,7 +139,7 @@ def build(top, name: str, *, ports=None, params: dict | None = None,
     extra = dict(sorted((sources or {}).items()))
     parts = [text, *extra.values(), json.dumps(params or {}, sort_keys=True, default=str),
              _versions(), " ".join([*args, *build_args]), _ports_only(name)]
-    if width_warnings:          # (a default build keeps the key it always had)
+    if width_warnings:
         parts.append(WIDTH_WAIVERS)
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     build_dir = BUILD_ROOT / "sim" / f"{name}-{key}"

@@ -81,11 +81,13 @@ def summary_model(ev, predicted: dict, measured: dict) -> dict:
     Table 1 (whole model), its traffic against ring's, its gap to full replication, decode
     tokens/s on 4 nodes (replicated weights as built, tensor-parallel) and the model's error
     on the demo's own RTL runs (``predicted`` / ``measured``: TTFT cycles per policy)."""
+    from ..sysmodel.evaluation import AS_BUILT
+
     n = max(ev.spec.nodes)
     sp = next(s for s in ev.speedups() if s["scope"] == "model" and s["nodes"] == n)
     by = {r.scheme: r for r in ev.table_runs if r.scope == "model" and r.nodes == n}
     dec = {d.mode: d for d in ev.decode if d.context == max(ev.spec.decode_contexts)
-           and d.weight_path.endswith("(as built)")}
+           and d.weight_path == AS_BUILT}
     err = max(abs(predicted[p] - measured[p]) / measured[p] for p in measured)
     return {"nodes": n, "seq_len": ev.spec.seq_len, "scope": "model",
             f"best_fair_n{n}": sp["best_fair"],
@@ -107,11 +109,11 @@ def _predict(runs, fig) -> dict:
     from ..cluster import make_plan
     from ..model import model_from_spec
     from ..sim.cluster import BENCH_LATENCY_CYCLES
-    from ..sysmodel.system import SystemSpec, simulate_plan
+    from ..sysmodel.system import simulate_plan
+    from ..sysmodel.validate import rtl_system_spec
 
     cfg, _ = model_from_spec("retrieval")
-    sys_spec = SystemSpec(layout="node-program", scope="model", overheads=True, ethernet=False,
-                          latency_cycles=BENCH_LATENCY_CYCLES)
+    sys_spec = rtl_system_spec(BENCH_LATENCY_CYCLES)
     return {r.policy: sum(simulate_plan(make_plan(r, cfg), fig, sys_spec).step_cycles)
             for r in runs}
 

@@ -421,6 +421,10 @@ def _round_trip(net: Network, topo, root: int, down, up) -> float:
                 for d in range(topo.n) if d != root), default=0.0)
 
 
+AS_BUILT = "one HP port (as built)"
+""":class:`DecodeRow` ``weight_path`` of the node as built (weights through one HP port)."""
+
+
 def decode(fig: BenchFigures, rates: NodeRates, model, nodes: int, context: int,
            link: str = "kr260-ring", buffer_mib: float = 8.0) -> list[DecodeRow]:
     """One decode token (batch 1) after a ``context``-token prompt, KV-stationary on ``nodes``
@@ -470,7 +474,7 @@ def decode(fig: BenchFigures, rates: NodeRates, model, nodes: int, context: int,
                                     ("tensor-parallel", nodes, L * (kvs + 2 * allreduce))):
         wb = -(-total_w // share)
         gemm = model.weight_params / share / rates.gemm_macs_per_cycle / c
-        for path, ports in (("one HP port (as built)", 1),
+        for path, ports in ((AS_BUILT, 1),
                             (f"{HP_PORTS} HP ports (four-stripe design)", HP_PORTS)):
             weights = wb / (ports * port)
             t = max(weights, gemm) + vector + attention + net_cycles / c

@@ -21,7 +21,7 @@ from .calibration import BenchFigures, CalibrationError
 from .rates import NodeRates
 from .system import SystemResult, SystemSpec, simulate_plan
 
-__all__ = ["Validation", "rtl_plan", "validate", "validate_comm"]
+__all__ = ["Validation", "rtl_plan", "rtl_system_spec", "validate", "validate_comm"]
 
 
 def rtl_plan(fig: BenchFigures, run=None):
@@ -36,6 +36,13 @@ def rtl_plan(fig: BenchFigures, run=None):
         raise CalibrationError(f"the validation replays the node bench's plan and needs the "
                                f"simulation extra (pip install -e .[sim]): {exc}") from None
     return tiny_plan(run.nodes, run.seq_len, run.chunk)
+
+
+def rtl_system_spec(latency_cycles: int, overheads: bool = True) -> SystemSpec:
+    """The model on the RTL cluster's configuration: the node program's token layout, the
+    whole model, link frames without Ethernet framing, ``latency_cycles`` per link."""
+    return SystemSpec(layout="node-program", scope="model", overheads=overheads,
+                      ethernet=False, latency_cycles=latency_cycles)
 
 
 @dataclass(frozen=True)
@@ -78,9 +85,7 @@ def validate(fig: BenchFigures, overheads: bool = True) -> Validation:
     if p.num_chunks != len(run.step_cycles):
         raise CalibrationError(f"layer run: {len(run.step_cycles)} steps, the plan has "
                                f"{p.num_chunks}")
-    spec = SystemSpec(layout="node-program", scope="model", overheads=overheads,
-                      ethernet=False, latency_cycles=run.link_latency_cycles)
-    res = simulate_plan(p, fig, spec)
+    res = simulate_plan(p, fig, rtl_system_spec(run.link_latency_cycles, overheads))
     return Validation(run.step_cycles, tuple(res.step_cycles), run.compute_busy_fraction,
                       min(res.busy_fraction()), res)
 
@@ -92,7 +97,6 @@ def validate_comm(fig: BenchFigures) -> Validation:
     measures on its own, so it predicts these short steps low."""
     run = fig.comm
     p = rtl_plan(fig, run)
-    spec = SystemSpec(layout="node-program", scope="model", overheads=False, ethernet=False,
-                      latency_cycles=run.link_latency_cycles)
-    res = simulate_plan(p, fig, spec, rates=NodeRates.idle("sim"))
+    res = simulate_plan(p, fig, rtl_system_spec(run.link_latency_cycles, overheads=False),
+                        rates=NodeRates.idle("sim"))
     return Validation(run.step_cycles, tuple(res.step_cycles), None, None, res)

@@ -17,7 +17,7 @@ from fractions import Fraction
 
 from amaranth import Module
 from amaranth.lib import wiring
-from amaranth.lib.wiring import In
+from amaranth.lib.wiring import In, Out
 
 from mcf.abi.link_map import LINK_SFP, link_map_for
 from mcf.abi.node_config import SIM, NodeConfig
@@ -26,8 +26,19 @@ from mcf.hdl.flat import FlatInstance, FlatTop
 from mcf.hdl.nic.link_model import LinkModel
 from mcf.hdl.node.top import NodeTop
 from mcf.mars.cluster import RGMII_1G, SFP_10G, LinkParams
+from mcf.sim.wire import (
+    MacRxBuffer,
+    WindowTimer,
+    WireCapture,
+    WireDelay,
+    WireReplay,
+    lookahead,
+    window_for,
+    wire_entry,
+)
 
-__all__ = ["ClusterTop", "Cable", "ring_cables", "directed_links", "link_index",
+__all__ = ["ClusterTop", "RankTop", "build_rank", "tx_params", "check_tx_params", "Cable",
+           "ring_cables", "directed_links", "link_index",
            "build_cluster", "CLOCK_HZ", "BENCH_LATENCY_CYCLES", "NODE_PORTS",
            "expose_node_ports"]
 
@@ -104,33 +115,64 @@ def expose_node_ports(m: Module, top: wiring.Component, nodes) -> None:
                 wiring.connect(m, getattr(node, name), wiring.flipped(outer))
 
 
+def tx_params(link: int) -> LinkParams:
+    """The cable a node's physical ``link`` transmits on: SFP+ for the SFP cage, else RGMII.
+    (:func:`ring_cables` joins the SFP cage only to an SFP cage; :func:`check_tx_params`.)"""
+    return SFP_10G if link == LINK_SFP else RGMII_1G
+
+
+def check_tx_params(n: int) -> None:
+    """Every cable of the ring of ``n`` is what :func:`tx_params` says of its sending link (so
+    one :class:`RankTop` build serves every node)."""
+    for c in ring_cables(n):
+        for src, _ in ((c.a, c.b), (c.b, c.a)):
+            if tx_params(src[1]) != c.params:
+                raise ValueError(f"ring of {n}: node {src[0]} link {src[1]} sends on "
+                                 f"{c.params}, not {tx_params(src[1])}")
+
+
+def _sender(lat: int, params: LinkParams, window: int, clock_hz: float) -> LinkModel:
+    """The sender's part of a cable direction: the link model less the wire's lookahead."""
+    return LinkModel(latency=lat - lookahead(window), rate=link_rate(params, clock_hz),
+                     depth=lat + 64)
+
+
 class ClusterTop(wiring.Component):
-    """``n`` :class:`NodeTop` (configuration ``config``) and the ring's link models.
+    """``n`` :class:`NodeTop` (configuration ``config``) and the ring's cables, in one
+    simulation.
 
     Members: per node ``i`` its ``s_axi_ctrl``, ``m_axi_hp{p}`` and ``irq`` as ``n{i}_<name>``
-    (so :class:`mcf.hdl.flat.FlatTop` yields ``n0_s_axi_ctrl_awaddr`` …); per link model ``k``
-    (:attr:`links`, one per cable direction) ``link{k}_inject``: a one-cycle pulse flips one
-    bit of the next frame on that link (:class:`LinkModel`'s ``inject``: a link fault at a
-    moment the bench chooses, which the receiver's CRC check must catch). Link latency in
-    cycles is ``latency_cycles`` when given (benches shorten it), else the MARS link latency at
-    :data:`CLOCK_HZ`."""
+    (so :class:`mcf.hdl.flat.FlatTop` yields ``n0_s_axi_ctrl_awaddr`` …); per cable direction
+    ``k`` (:attr:`links`, :func:`directed_links`' order) ``link{k}_inject``: a one-cycle pulse
+    flips one bit of the next frame on that link (:class:`LinkModel`'s ``inject``: a link
+    fault at a moment the bench chooses, which the receiver's CRC check must catch) and
+    ``link{k}_dropped``: frames the receiver's MAC buffer had no room for; ``win`` and
+    ``cycles``: :class:`~mcf.sim.wire.WindowTimer`'s. A cable direction is
+    :class:`LinkModel` → :class:`~mcf.sim.wire.WireDelay` (the lookahead) →
+    :class:`~mcf.sim.wire.MacRxBuffer` (:mod:`mcf.sim.wire`): the receiver never stalls the
+    wire, so :class:`RankTop` splits it across simulations with the same cycles. Link latency
+    in cycles is ``latency_cycles`` when given (benches shorten it), else the MARS link latency
+    at :data:`CLOCK_HZ`. A link no cable uses transmits into a link model whose output is lost
+    (as :class:`RankTop`'s do), its RX is idle."""
 
     def __init__(self, n: int, config: NodeConfig = SIM, *, latency_cycles: int | None = None,
                  clock_hz: float = CLOCK_HZ, node_module: str | None = None,
                  node_signature: wiring.Signature | None = None):
-        self.n, self.config = n, config
+        self.n, self.config, self.clock_hz = n, config, clock_hz
         if node_module is None:
             self.nodes = [NodeTop(config) for _ in range(n)]
         else:
             self.nodes = [FlatInstance(node_signature, node_module) for _ in range(n)]
         self.cables = ring_cables(n)
+        lats = [latency_cycles if latency_cycles is not None
+                else round(c.params.latency_s * clock_hz) for c in self.cables]
+        self.window = window_for(min(lats, default=latency_cycles or BENCH_LATENCY_CYCLES))
         self.links = []
-        for c in self.cables:
-            p = c.params
-            lat = latency_cycles if latency_cycles is not None else round(p.latency_s * clock_hz)
+        for c, lat in zip(self.cables, lats, strict=True):
             for src, dst in ((c.a, c.b), (c.b, c.a)):
-                self.links.append((src, dst, LinkModel(latency=lat, rate=link_rate(p, clock_hz),
-                                                       depth=lat + 64)))
+                self.links.append((src, dst, _sender(lat, c.params, self.window, clock_hz)))
+        self._latency = latency_cycles if latency_cycles is not None else min(
+            lats, default=BENCH_LATENCY_CYCLES)
         members = {}
         for i, node in enumerate(self.nodes):
             for name, member in node.signature.members.items():
@@ -138,27 +180,90 @@ class ClusterTop(wiring.Component):
                     members[f"n{i}_{name}"] = member
         for k in range(len(self.links)):
             members[f"link{k}_inject"] = In(1)
+            members[f"link{k}_dropped"] = Out(32)
+        members.update(win=Out(1), cycles=Out(64))
         super().__init__(members)
-
 
     def elaborate(self, platform):
         m = Module()
         used_tx, used_rx = set(), set()
         expose_node_ports(m, self, self.nodes)
+        m.submodules.timer = timer = WindowTimer(self.window)
+        m.d.comb += [self.win.eq(timer.win), self.cycles.eq(timer.cycles)]
         assert [(s, d) for s, d, _ in self.links] == directed_links(self.n)
         for k, ((sn, sl), (dn, dl), model) in enumerate(self.links):
-            m.submodules[f"link{k}_{sn}_{sl}_to_{dn}_{dl}"] = model
+            name = f"link{k}_{sn}_{sl}_to_{dn}_{dl}"
+            m.submodules[name] = model
+            m.submodules[f"{name}_wire"] = wire = WireDelay(lookahead(self.window))
+            m.submodules[f"{name}_rx"] = rx = MacRxBuffer()
             wiring.connect(m, getattr(self.nodes[sn], f"m_axis_link{sl}"), model.i)
-            wiring.connect(m, model.o, getattr(self.nodes[dn], f"s_axis_link{dl}"))
-            m.d.comb += model.inject.eq(getattr(self, f"link{k}_inject"))
+            wiring.connect(m, model.o, wire.i)
+            wiring.connect(m, wire.o, rx.i)
+            wiring.connect(m, rx.o, getattr(self.nodes[dn], f"s_axis_link{dl}"))
+            m.d.comb += [model.inject.eq(getattr(self, f"link{k}_inject")),
+                         getattr(self, f"link{k}_dropped").eq(rx.dropped)]
             used_tx.add((sn, sl))
             used_rx.add((dn, dl))
         for i, node in enumerate(self.nodes):
             for ln in range(self.config.links):
                 if (i, ln) not in used_tx:
-                    m.d.comb += getattr(node, f"m_axis_link{ln}").ready.eq(1)
+                    m.submodules[f"unplugged{i}_{ln}"] = lost = _sender(
+                        self._latency, tx_params(ln), self.window, self.clock_hz)
+                    wiring.connect(m, getattr(node, f"m_axis_link{ln}"), lost.i)
+                    m.d.comb += lost.o.ready.eq(1)
                 if (i, ln) not in used_rx:
                     m.d.comb += getattr(node, f"s_axis_link{ln}").valid.eq(0)
+        return m
+
+
+class RankTop(wiring.Component):
+    """One node of a ring as its own simulation (one MPI rank; issue #14 item 3): a
+    :class:`NodeTop` and, per physical link ``l``, the sending half of its cable —
+    :class:`LinkModel` (:func:`tx_params`) → :class:`~mcf.sim.wire.WireCapture` — and the
+    receiving half — :class:`~mcf.sim.wire.WireReplay` → :class:`~mcf.sim.wire.MacRxBuffer`.
+    One build serves every node of every ring :func:`check_tx_params` accepts.
+
+    Members: the node's ``s_axi_ctrl``, ``m_axi_hp{p}`` and ``irq`` as ``n0_<name>`` (whatever
+    node it is); per link ``l``: ``link{l}_tx_window`` (``Out``) and ``link{l}_rx_window``
+    (``In``), the wire's windows (:mod:`mcf.sim.wire`), ``link{l}_inject`` (``In(1)``, as
+    :class:`ClusterTop`'s) and ``link{l}_dropped`` (``Out(32)``); ``win`` and ``cycles``."""
+
+    def __init__(self, config: NodeConfig = SIM, *, latency_cycles: int = BENCH_LATENCY_CYCLES,
+                 clock_hz: float = CLOCK_HZ, node_module: str | None = None,
+                 node_signature: wiring.Signature | None = None):
+        self.config, self.latency, self.clock_hz = config, latency_cycles, clock_hz
+        self.node = NodeTop(config) if node_module is None else \
+            FlatInstance(node_signature, node_module)
+        self.window = window_for(latency_cycles)
+        size = self.window * wire_entry().size
+        members = {f"n0_{name}": member for name, member in self.node.signature.members.items()
+                   if name.startswith(NODE_PORTS)}
+        for ln in range(config.links):
+            members.update({f"link{ln}_tx_window": Out(size), f"link{ln}_rx_window": In(size),
+                            f"link{ln}_inject": In(1), f"link{ln}_dropped": Out(32)})
+        members.update(win=Out(1), cycles=Out(64))
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        expose_node_ports(m, self, [self.node])
+        m.submodules.timer = timer = WindowTimer(self.window)
+        m.d.comb += [self.win.eq(timer.win), self.cycles.eq(timer.cycles)]
+        for ln in range(self.config.links):
+            m.submodules[f"link{ln}_tx"] = model = _sender(
+                self.latency, tx_params(ln), self.window, self.clock_hz)
+            m.submodules[f"link{ln}_capture"] = cap = WireCapture(self.window)
+            m.submodules[f"link{ln}_replay"] = rep = WireReplay(self.window)
+            m.submodules[f"link{ln}_rx"] = rx = MacRxBuffer()
+            wiring.connect(m, getattr(self.node, f"m_axis_link{ln}"), model.i)
+            wiring.connect(m, model.o, cap.i)
+            wiring.connect(m, rep.o, rx.i)
+            wiring.connect(m, rx.o, getattr(self.node, f"s_axis_link{ln}"))
+            m.d.comb += [cap.tick.eq(timer.tick), rep.tick.eq(timer.tick),
+                         getattr(self, f"link{ln}_tx_window").eq(cap.window),
+                         rep.window.eq(getattr(self, f"link{ln}_rx_window")),
+                         model.inject.eq(getattr(self, f"link{ln}_inject")),
+                         getattr(self, f"link{ln}_dropped").eq(rx.dropped)]
         return m
 
 
@@ -195,3 +300,16 @@ def build_cluster(n: int, latency_cycles: int = BENCH_LATENCY_CYCLES, config: No
                              node_signature=node.inner.signature), clock="aclk", resetn="aresetn")
     keep = f'`verilator_config\nno_inline -module "{module}"\n'   # else Verilator inlines it
     return build(top, name, sources={f"{module}.v": node_v, f"{module}.vlt": keep})
+
+
+@functools.cache
+def build_rank(latency_cycles: int = BENCH_LATENCY_CYCLES, config: NodeConfig = SIM):
+    """The Verilator build of :class:`RankTop` (cached in ``build/sim`` as ``node_rank``): every
+    MPI rank of every ring size runs it."""
+    from mcf.sim.toolchain import build
+
+    suffix = "" if (latency_cycles, config) == (BENCH_LATENCY_CYCLES, SIM) else \
+        f"_{config.name}_l{latency_cycles}"
+    top = FlatTop(RankTop(config, latency_cycles=latency_cycles), clock="aclk",
+                  resetn="aresetn")
+    return build(top, f"node_rank{suffix}")

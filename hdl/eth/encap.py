@@ -30,6 +30,7 @@ from mcf.abi.eth import (
     LENGTH_SHIFT,
     LINK_OVERHEAD,
     MAC_OUI,
+    MAC_RX_BUFFER_BYTES,
     MAX_FRAME,
     MAX_LINK_FRAME,
     MIN_FRAME,
@@ -149,7 +150,7 @@ class EthDecap(wiring.Component):
     byte per cycle.
     """
 
-    def __init__(self, *, depth: int = 4096):
+    def __init__(self, *, depth: int = MAC_RX_BUFFER_BYTES):
         if depth & (depth - 1) or depth < MAX_LINK_FRAME:
             raise ValueError("depth must be a power of 2 holding a largest link frame")
         self._depth = depth

@@ -17,7 +17,12 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.framing import MAX_PAYLOAD, beat_layout, parsed_layout, payload_beats
+from mcf.abi.framing import (
+    MAX_PAYLOAD,
+    beat_layout,
+    max_frame_beats,
+    parsed_layout,
+)
 from mcf.abi.meta import META
 from mcf.abi.nic import (
     CRC32_INIT,
@@ -191,7 +196,7 @@ class LinkRx(wiring.Component):
         self._dw = data_width
         self._max_payload = max_payload
         self._meta_layout = meta_layout
-        self._max_frame = 3 + payload_beats(max_payload, data_width)
+        self._max_frame = max_frame_beats(data_width, max_payload)
         self._depth = 1 << (2 * self._max_frame - 1).bit_length()
         super().__init__({
             "i": In(stream.Signature(beat_layout(data_width, meta_layout))),

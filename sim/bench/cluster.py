@@ -2,7 +2,9 @@
 to end on simulated KR260 rings of ``sim`` node tops (:func:`mcf.commands.run.simulate`, one
 Verilator build per ring size), the paper's comparison measured in RTL: TTFT in cycles of MARS,
 ring and zigzag prefill at N = 2 and 4 on the same prompt, the exposed communication per step
-(the COMPUTE queues' wait cycles), decode cycles per token, and the simulator's speed.
+(the COMPUTE queues' wait cycles), decode cycles per token, and the simulator's speed — in one
+simulation and with one node per MPI rank (:mod:`mcf.sim.mpi`), which must give the same cycles
+and bits.
 
 Every run is checked bit for bit against its golden model, its tokens against the golden's, its
 KV layout owner-only in the nodes' directories and within the KV budget: a failed check makes
@@ -21,7 +23,12 @@ DECODE_TOKENS = {2: 2, 4: 2}
 merges at most two: bit-exact at any N, docs/cluster.md)."""
 CHUNK = 32
 PARALLEL = 2
-"""Simulations run at once (one per core of the 2-core machine)."""
+"""Simulations run at once (one per core of the 2-core machine); the MPI run (one rank per
+node) runs alone afterwards."""
+MPI_SAME = ("tokens", "logits", "prefill_step_cycles", "exposed_comm_cycles", "ttft_cycles",
+            "decode_cycles", "kv_bytes_per_step", "owned_tokens", "checks", "sim_cycles")
+"""What the MPI run of the largest ring must give exactly as the single-process run (else the
+bench refuses)."""
 
 
 def _sizes(small: bool) -> dict[int, int]:
@@ -39,8 +46,6 @@ def collect(small: bool = False, synth: bool = True) -> dict:
     result = {"model": "tiny", "chunk": CHUNK, "clock_hz_assumed": CLOCK_HZ,
               "link_latency_cycles": BENCH_LATENCY_CYCLES, "tiny": {},
               "decode_cycles_per_token": {}, "sim_cycles_per_second": {},
-              "not_measured": {"sim_cycles_per_second.mpi_n4": "the MPI co-simulation is not "
-                               "built (docs/cluster.md, 'Not yet')"},
               "parallel_runs": PARALLEL}
     specs = [RunSpec(nodes=n, prompt_tokens=seq, chunk=CHUNK, policy=policy,
                      decode_tokens=(min(1, DECODE_TOKENS[n]) if small else DECODE_TOKENS[n])
@@ -49,15 +54,22 @@ def collect(small: bool = False, synth: bool = True) -> dict:
     for n in _sizes(small):
         build_cluster(n)                  # elaborate and build once, before the runs overlap
 
-    def one(spec):
+    def one(spec, mpi=False):
         try:
-            return simulate(spec, progress=False)
+            return simulate(spec, progress=False, mpi=mpi)
         except AssertionError as exc:
-            raise BenchRefused(f"{spec.policy} N={spec.nodes}: "
+            raise BenchRefused(f"{spec.policy} N={spec.nodes}{' (MPI)' if mpi else ''}: "
                                f"{str(exc).splitlines()[0]}") from None
 
     with ThreadPoolExecutor(PARALLEL) as pool:
         runs = dict(zip(((s.nodes, s.policy) for s in specs), pool.map(one, specs)))
+    n_mpi = max(_sizes(small))
+    mpi = one(next(s for s in specs if s.nodes == n_mpi and s.policy == "mars"), mpi=True)
+    same = {k for k, v in runs[(n_mpi, "mars")].items() if k in MPI_SAME and mpi[k] != v}
+    if same:
+        raise BenchRefused(f"MPI N={n_mpi}: not the single-process run's {', '.join(same)}")
+    result["sim_cycles_per_second"][f"mpi_n{n_mpi}"] = round(mpi["node_cycles_per_second"])
+    result["mpi_identical"] = sorted(MPI_SAME)
     for n, seq in _sizes(small).items():
         row: dict = {"prompt_tokens": seq, "exposed_comm_cycles": {},
                      "prefill_step_cycles": {}}
@@ -94,10 +106,12 @@ def render(result: dict) -> str:
                          + " |")
     dec = "; ".join(f"N = {k[1:]}: " + ", ".join(f"{c:,}" for c in v)
                     for k, v in result["decode_cycles_per_token"].items())
-    speed = ", ".join(f"{k.replace('_', ' ')}: {v:,}"
+    speed = ", ".join(f"{k.replace('_', ' ').replace('mpi', 'MPI')}: {v:,}"
                       for k, v in result["sim_cycles_per_second"].items())
     lines += ["", f"Decode cycles per token (MARS, tiny model): {dec}. Simulated node-cycles "
-              f"per second on this machine: {speed}. `aclk` cycles, link rates at an assumed "
+              f"per second on this machine (2 cores; single-process runs two at a time, the MPI "
+              f"run — one rank per node, the same cycles and bits — alone): {speed}. "
+              f"`aclk` cycles, link rates at an assumed "
               f"{result['clock_hz_assumed'] / 1e6:.0f} MHz, link latency "
               f"{result['link_latency_cycles']} cycles, chunk {result['chunk']}."]
     return "\n".join(lines) + "\n"

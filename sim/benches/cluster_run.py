@@ -1,32 +1,37 @@
 """cocotb bench: one whole cluster run (issue #14, the simulated back end of ``mcf run``) on N node
-tops cabled as a KR260 ring (:class:`mcf.sim.cluster.ClusterTop`, ``sim`` configuration).
+tops cabled as a KR260 ring — all in one simulation (:class:`mcf.sim.cluster.ClusterTop`) or one
+node per MPI rank (:class:`mcf.sim.cluster.RankTop`, params ``mpi``), with the same cycles and
+bits (docs/cluster.md "MPI co-simulation").
 
 ``run`` — a Qwen2 model (:func:`mcf.model.model_from_spec`: ``tiny`` or a checkpoint directory),
-quantised by the project's quantiser, runs a prompt end to end:
+quantised by the project's quantiser, runs a prompt end to end. Every node has its own host
+coroutine (:func:`node_host`: its AXI-Lite master, its DDR), which touches only its own node;
+the hosts meet only at the window grid (:class:`~mcf.sim.benches.grid.Grid`), so a node's host
+does the same thing at the same cycle whether the other nodes are in this simulation or not.
 
 1. **Prefill**: MARS's plan of the run (:func:`mcf.cluster.make_plan`, any executable policy),
-   step by step as the layer program on every node (:func:`~mcf.sim.benches.node_cluster.
-   run_layer_step`): the host writes the slice's embedding rows (ACT codes of the INT4 table),
-   the step's routes, rings and ATTEND lists; the nodes do every layer. After every step, bit
-   for bit against the run's golden model (:class:`mcf.cluster.ClusterGolden`): every layer's
-   attention and output rows, the KV of every block each node read, the counters.
-2. **First token**: the host reads the last prompt row of the last layer from the node that
-   computed it and runs the LM head (:meth:`~mcf.cluster.ClusterGolden.head`).
-3. **Decode**: per token the embedding row goes to the token's root (MARS's
-   :meth:`~mcf.mars.plan.Plan.decode_owner`), every node attends over the KV it holds, the
-   reduction engines merge the states, the root runs O-projection and MLP
-   (:func:`~mcf.sim.benches.node_decode.run_decode_token`); checked bit for bit, then the host
-   reads the root's last-layer row and runs the LM head for the next token.
+   step by step as the layer program on every node: each host writes its slice's embedding rows
+   (ACT codes of the INT4 table), the step's routes, rings and ATTEND lists, rings both
+   doorbells, waits for its two MARKs and every planned landing, then checks its node bit for
+   bit against the run's golden model (:class:`mcf.cluster.ClusterGolden`: every layer's
+   attention and output rows, the KV of every block it read, the counters) and reads its
+   directory; then all meet. A step's cycles run from the first doorbell to the last landing.
+2. **First token**: the node that computed the last prompt row reads it and runs the LM head
+   (:meth:`~mcf.cluster.ClusterGolden.head`); the token goes to every host at the grid.
+3. **Decode**: per token each host writes its records (:func:`mcf.node.decode.decode_program`)
+   and rings its doorbells, the root's COMPUTE doorbell last (after the grid); the root's
+   MARK ends the token's cycles; the root checks OBUF, output row and new KV bit for bit, reads
+   its last-layer row and runs the LM head for the next token.
 
-After the prefill the KV layout is read back from every node's DDR: every block a node owns
-holds the golden's KV (owner-only: each ``(block, slice)`` has exactly one owner, the
-balance of owned tokens is reported). The generated tokens must equal the golden model's.
+After the prefill every node's owned KV is checked in its DDR and the layout read from the
+directories must be owner-only. The generated tokens must equal the golden model's. No frame
+may have been dropped by a receiver's MAC buffer (else the bench refuses to report).
 
-Written to ``out`` (JSON): the tokens (RTL and golden), per-step prefill cycles, the COMPUTE
-queue's wait cycles per step (the cycles the compute engines waited for KV and counters: the
-exposed communication), TTFT in cycles (every prefill step plus the first LM head's host time,
-which is not counted), per-token decode cycles, owned tokens per node, the checks, and the
-simulated cycles and wall time.
+Written to ``out`` (JSON, by node 0's simulation): the tokens (RTL and golden), per-step prefill
+cycles, the COMPUTE queue's wait cycles per step and node (the cycles the compute engines waited
+for KV and counters: the exposed communication), TTFT in cycles (the prefill steps; the LM
+head's host time is not counted), per-token decode cycles, owned tokens per node, the checks,
+the simulated cycles and wall time.
 
 ``fault = {"step": s, "node": v}`` arms a one-bit fault on every link leaving node ``v`` just
 before prefill step ``s``: a receiver's CRC check drops the frame and raises ``link_error``,
@@ -36,31 +41,54 @@ and the run fails naming the node and link (it never reports tokens computed wit
 from __future__ import annotations
 
 import json
+import random
 import sys
 import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import cocotb
 import numpy as np
-from cocotb.triggers import RisingEdge
+from cocotb.triggers import ClockCycles, RisingEdge
 from tqdm import tqdm
 
+from mcf.abi.csrmap import node_regmap
 from mcf.abi.directory import DirState
+from mcf.abi.node import Queue
+from mcf.abi.node_config import NODE_CONFIGS
 from mcf.cluster import ClusterGolden, RunSpec, make_plan, run_prompt
-from mcf.node.decode import DecodeImage, decode_layout, slice_tokens
-from mcf.node.layer import max_read_set, slice_positions
-from mcf.node.program import configure
-from mcf.sim.benches.cycles import cycle_counter
-from mcf.sim.benches.node_cluster import _act_rows, _setup, check_layer_step, run_layer_step
-from mcf.sim.benches.node_decode import (
-    _rows,
-    check_decode_token,
-    check_owned_kv,
-    run_decode_token,
+from mcf.node.decode import (
+    DecodeImage,
+    decode_layout,
+    slice_tokens,
 )
-from mcf.sim.cluster import directed_links
+from mcf.node.layer import max_read_set, slice_positions
+from mcf.node.layout import NodeLayout
+from mcf.node.program import configure, route_writes, step_program
+from mcf.sim.benches.grid import ClusterAbort, Grid
+from mcf.sim.benches.node_cluster import (
+    MEM,
+    POLL,
+    Host,
+    _act_rows,
+    _wait_marks,
+    check_layer_step,
+    planned_receivers,
+    start_clocks,
+    wait_irq,
+)
+from mcf.sim.benches.node_decode import (
+    _bad_counters,
+    _rows,
+    check_decode_root,
+    check_owned_kv,
+    program_decode_token,
+)
+from mcf.sim.cluster import check_tx_params, directed_links
 from mcf.sim.toolchain import bench_params
 
-__all__ = ["run"]
+__all__ = ["run", "node_host", "held_blocks", "inject_link_fault"]
 
 
 def _last_row_owner(p) -> tuple[int, int]:
@@ -96,16 +124,230 @@ async def held_blocks(hosts, p) -> dict[str, dict[int, list[tuple[int, int]]]]:
     return out
 
 
-async def inject_link_fault(dut, n: int, node: int) -> None:
-    """Arm every link model leaving ``node`` (``link{k}_inject``; on a top cabled with MACs,
-    :class:`mcf.sim.cluster_eth.ClusterEthTop`, the wire models): the next frame each carries
-    gets one bit flipped — a link fault the receivers' CRC checks must catch."""
-    ks = [k for k, (src, _) in enumerate(directed_links(n)) if src[0] == node]
+@dataclass
+class Run:
+    """What every node host of a run shares (each simulation builds its own, the same)."""
+    dut: object
+    spec: RunSpec
+    params: dict
+    grid: Grid
+    p: object
+    image: DecodeImage
+    golden: ClusterGolden
+    gold: object
+    xa: np.ndarray
+    ports: dict[int, int]                 # node -> its index on ``dut`` (n{port}_...)
+    limit: int
+    bar: object = None
+    decoded: dict[int, list] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return self.spec.nodes
+
+    def decode_gold(self, k: int) -> list:
+        """The golden layers of decode token ``k`` (computed once per simulation)."""
+        if k not in self.decoded:
+            self.decoded[k] = self.golden.decode_token(k)
+        return self.decoded[k]
+
+
+async def inject_link_fault(dut, n: int, node: int, *, rank: bool = False) -> None:
+    """Arm every link leaving ``node`` (``link{k}_inject`` of the cable direction ``k``; on a
+    :class:`~mcf.sim.cluster.RankTop` (``rank``) of its physical link; on a top cabled with
+    MACs, :class:`mcf.sim.cluster_eth.ClusterEthTop`, the wire models): the next frame each
+    carries gets one bit flipped — a link fault the receivers' CRC checks must catch."""
+    ks = [src[1] if rank else k for k, (src, _) in enumerate(directed_links(n))
+          if src[0] == node]
     for k in ks:
         getattr(dut, f"link{k}_inject").value = 1
     await RisingEdge(dut.aclk)
     for k in ks:
         getattr(dut, f"link{k}_inject").value = 0
+
+
+def mac_drops(dut, n: int, node: int, ports: dict[int, int]) -> int:
+    """Frames the MAC buffers in front of ``node``'s link receivers dropped."""
+    rank = hasattr(dut, "link0_rx_window")
+    return sum(int(getattr(dut, f"link{dst[1] if rank else k}_dropped").value)
+               for k, (_, dst) in enumerate(directed_links(n)) if dst[0] == node)
+
+
+async def _setup_node(h: Host, r: Run) -> None:
+    """Identity, the directory's start, the model image in DDR, the node's configuration."""
+    cfg = NODE_CONFIGS[r.spec.config]
+    ident = await h.read("ID")
+    assert ident == h.regmap.id_word, f"node {h.i}: ID {ident:#x}"
+    assert await h.read("CAPS") == cfg.caps()
+    for _ in range(200):
+        if await h.read("DIR_READY"):
+            break
+        await ClockCycles(r.dut.aclk, 32)
+    else:
+        raise AssertionError(f"node {h.i}: DIR_READY never rose")
+    for addr, raw in r.image.image.items():
+        h.mem[addr: addr + len(raw)] = raw
+    await h.apply(configure(r.p, h.layout, h.i, seq_timeout=r.params.get("timeout", 0),
+                            model=r.image))
+
+
+async def _prefill_step(h: Host, r: Run, step, expect: list[int], retired: list[int]) -> dict:
+    """Node ``h``'s part of prefill step ``step``: its writes, doorbells, MARKs, landings and
+    checks (``expect``: packets each node has landed so far, ``retired``: NET records each
+    node has retired: this host's own account of every node). Returns what the others need
+    (cycles, waits, directory)."""
+    p, image, n, idx = r.p, r.image, r.n, step.index
+    enc, m = p.encoder, image.tokens
+    fault = r.params.get("fault")
+    if fault and idx == fault["step"] and h.i == fault["node"]:
+        await inject_link_fault(r.dut, n, h.i, rank=r.grid.comm is not None)
+    waits0 = await h.read("seq1_wait_cycles")
+    p0, _ = slice_positions(p, idx, h.i)
+    for addr, raw in image.step_writes(np.arange(p0, p0 + m), r.xa[p0:p0 + m]).items():
+        h.mem[addr: addr + len(raw)] = raw
+    await h.apply(route_writes(step.routes.entries, h.i))
+    progs = [step_program(p, idx, v, retired[v], model=image) for v in range(n)]
+    for v, prog in enumerate(progs):
+        retired[v] += len(prog.net)
+    prog = progs[h.i]
+    for addr, raw in prog.lists.items():
+        h.mem[addr: addr + len(raw)] = raw
+    h.put(Queue.NET, prog.net)
+    h.put(Queue.COMPUTE, prog.compute)
+    expect[h.i] += p.model.layers * len(enc.fragments(m))          # EMIT local copies
+    receivers = planned_receivers(p, idx)
+    for other in progs:
+        for meta in other.kv_sends:
+            _, block, slice_ = enc.kv_key(meta.kv_id)
+            expect[h.i] += h.i in receivers[(meta.src, block, slice_, meta.route_id)]
+    t0 = r.grid.now()
+    for q in Queue:
+        await h.doorbell(q)
+    await _wait_marks(r.dut, [h], [idx], r.limit)
+    while await h.read("land_packets") < expect[h.i]:
+        assert r.grid.now() - t0 < r.limit, f"step {idx} node {h.i}: packets missing"
+        await ClockCycles(r.dut.aclk, POLL)
+    t1 = r.grid.now()
+    wait = await h.read("seq1_wait_cycles") - waits0
+    await check_layer_step([h], p, idx, image, h.layout, r.gold.prefill, expect)
+    held = await held_blocks([h], p)
+    kv = sum(slice_positions(p, b, s)[1] * p.model.m_token
+             for b, s in held["owned"][h.i] + held["replicas"][h.i])
+    return {"t0": t0, "t1": t1, "wait": wait, "owned": held["owned"][h.i],
+            "replicas": held["replicas"][h.i], "kv_bytes": int(kv)}
+
+
+async def _decode_token(h: Host, r: Run, k: int, token: int, marks: int) -> dict:
+    """Node ``h``'s part of decode token ``k`` (input ``token``). The root returns the
+    token's cycles and logits."""
+    p, image, lcfg = r.p, r.image, r.image.cfg
+    root = p.decode_owner(k)
+    layers = r.decode_gold(k)
+    await program_decode_token(h, p, k, image, r.golden.embed([token])[0])
+    await h.doorbell(Queue.NET)
+    if h.i != root:
+        await h.doorbell(Queue.COMPUTE)
+    await r.grid.gather(h.i)              # every node's records in place: the root starts
+    out = {}
+    t0 = r.grid.now()
+    if h.i == root:
+        await h.doorbell(Queue.COMPUTE)
+        await wait_irq(h, [h], r.limit, f"MARK of decode token {k} (its root)")
+        out["cycles"] = r.grid.now() - t0
+    while await h.read("seq1_marks") < marks + 1:
+        assert r.grid.now() - t0 < r.limit, f"node {h.i}: MARK of decode token {k} missing"
+        await ClockCycles(r.dut.aclk, POLL)
+    assert [await h.read(f"seq{q}_marks") for q in range(2)] == [marks + 1] * 2
+    status = await h.read("IRQ_STATUS")
+    fields = h.regmap.register("IRQ_STATUS").unpack(status)
+    assert not {f: v for f, v in fields.items() if v and not f.startswith("mark")}, fields
+    await h.write("IRQ_STATUS", status)                # RW1C: the token's MARKs seen
+    assert await h.read("seq0_timeouts") == await h.read("seq1_timeouts") == 0
+    bad = await _bad_counters(h)
+    assert not bad, f"token {k} node {h.i}: {bad}"
+    if h.i == root:
+        check_decode_root(h.mem, root, p, image, layers, k)
+        y = _rows(h.mem, image.dbufs[-1].buf["y"], lcfg.hidden)
+        out["logits"] = r.golden.head(y).tolist()
+    return out
+
+
+async def node_host(h: Host, r: Run) -> dict:
+    """Everything node ``h``'s host does in a run; meets the others only at ``r.grid``.
+    Returns the run's record (the same on every node)."""
+    p, n, spec = r.p, r.n, r.spec
+    await _setup_node(h, r)
+    await r.grid.gather(h.i)
+    expect, retired = [0] * n, [0] * n
+    steps = []
+    for step in p.steps:
+        steps.append(await r.grid.gather(h.i, await _prefill_step(h, r, step, expect,
+                                                                  retired)))
+        if r.bar is not None and h.i == min(r.ports):
+            r.bar.update()
+    check_owned_kv([h], p, h.layout, r.gold.prefill)
+    node, row = _last_row_owner(p)
+    mine = None
+    if h.i == node:
+        last = _act_rows(h.mem, r.image.bufs[-1].buf["y"] + row * r.image.cfg.hidden * 4, 1,
+                         r.image.cfg.hidden)[0]
+        mine = r.golden.head(last).tolist()
+    logits = [next(v for v in await r.grid.gather(h.i, mine) if v is not None)]
+    tokens = [int(np.argmax(logits[-1]))]
+    decode_cycles = []
+    marks = len(p.steps)
+    for k in range(spec.decode_tokens):
+        got = await r.grid.gather(h.i, await _decode_token(h, r, k, tokens[-1], marks))
+        marks += 1
+        root = next(v for v in got if v)
+        decode_cycles.append(root["cycles"])
+        logits.append(root["logits"])
+        tokens.append(int(np.argmax(logits[-1])))
+        if r.bar is not None and h.i == min(r.ports):
+            r.bar.update()
+    drops = await r.grid.gather(h.i, mac_drops(r.dut, n, h.i, r.ports))
+    assert not any(drops), f"frames dropped by the receivers' MAC buffers: {drops}"
+    cycles = r.grid.now()
+    owned = {v: sum(slice_positions(p, b, s)[1] for b, s in steps[-1][v]["owned"])
+             for v in range(n)}
+    owner_only = not any(st["replicas"] for st in steps[-1]) and sorted(
+        tuple(x) for st in steps[-1] for x in st["owned"]) == sorted(
+        (b, s) for b in range(1, p.num_chunks + 1) for s in range(n))
+    assert owner_only, f"the KV layout after the prefill is not owner-only: {steps[-1]}"
+    assert tokens == r.gold.tokens, f"generated tokens {tokens}, golden {r.gold.tokens}"
+    kv_bytes = [[st["kv_bytes"] for st in s] for s in steps]
+    peak = max(max(b) for b in kv_bytes)
+    return {
+        "nodes": n, "policy": spec.policy, "tokens": tokens, "golden_tokens": r.gold.tokens,
+        "roots": r.gold.roots,
+        "prefill_step_cycles": [max(v["t1"] for v in s) - min(v["t0"] for v in s)
+                                for s in steps],
+        "exposed_comm_cycles": [[v["wait"] for v in s] for s in steps],
+        "ttft_cycles": sum(max(v["t1"] for v in s) - min(v["t0"] for v in s) for s in steps),
+        "decode_cycles": decode_cycles, "logits": logits, "owned_tokens": owned,
+        "kv_bytes_per_step": kv_bytes, "peak_kv_bytes": peak, "kv_budget": spec.kv_budget,
+        "planned_peak_kv_bytes": p.totals.peak_node_kv_bytes,
+        "checks": {"bit_exact": True, "tokens_match": tokens == r.gold.tokens,
+                   "owner_only": owner_only, "memory_within_budget": peak <= spec.kv_budget},
+        "sim_cycles": cycles,
+    }
+
+
+async def _guarded(h: Host, r: Run, results: dict) -> None:
+    """:func:`node_host`, a failure told to every node through the grid."""
+    try:
+        results[h.i] = await node_host(h, r)
+    except ClusterAbort:
+        return
+    except Exception as exc:           # noqa: BLE001 - every failure stops every node
+        if isinstance(exc, AssertionError) and str(exc):
+            msg = str(exc)
+        else:                              # a bug: where it happened
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            msg = f"node {h.i}: {exc!r} at {Path(where.filename).name}:{where.lineno}"
+        r.grid.abort(h.i, msg)
+        return
+    r.grid.done(h.i)
 
 
 @cocotb.test()
@@ -118,108 +360,70 @@ async def run(dut):
         else model_from_spec(spec.model)
     qm = quantize_model(mcfg, tensors)
     p = make_plan(spec, mcfg)
-    lcfg = mcfg.layer
-    made = {}
-    held = [p.decode_owner(k) for k in range(spec.decode_tokens)]
-    blocks = max([1] + [-(-held.count(v) // slice_tokens(p)) for v in range(spec.nodes)])
-
-    def model_of(plan, layout, cfg):
-        made["layout"] = decode_layout(plan, cfg, layout.base, layout.cmd_log2,
-                                       decode_blocks=blocks)
-        return DecodeImage(lcfg, qm.layers, cfg, made["layout"], tokens=slice_tokens(plan),
-                           decode_blocks=blocks, max_blocks=max_read_set(plan))
-
     n = spec.nodes
-    p, _, hosts, image = await _setup(dut, {**params, "nodes": n, "config": spec.config},
-                                      model_of=model_of, plan=p)
-    lay = made["layout"]
-    for h in hosts:                       # the decode layout: decode blocks, QBUF/OBUF moved
-        h.layout = lay
-        await h.apply(configure(p, lay, h.i, seq_timeout=params.get("timeout", 0),
-                                model=image))
+    comm = None
+    if params.get("mpi"):
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        assert comm.Get_size() == n, f"{comm.Get_size()} MPI ranks for {n} nodes"
+        check_tx_params(n)
+        ports = {comm.Get_rank(): 0}
+    else:
+        ports = {v: v for v in range(n)}
+    cfg = NODE_CONFIGS[spec.config]
+    held = [p.decode_owner(k) for k in range(spec.decode_tokens)]
+    blocks = max([1] + [-(-held.count(v) // slice_tokens(p)) for v in range(n)])
+    base = NodeLayout.for_plan(p, cfg, base=params.get("base", 0x1000),
+                               cmd_log2=params.get("cmd_log2", 10))
+    lay = decode_layout(p, cfg, base.base, base.cmd_log2, decode_blocks=blocks)
+    image = DecodeImage(mcfg.layer, qm.layers, cfg, lay, tokens=slice_tokens(p),
+                        decode_blocks=blocks, max_blocks=max_read_set(p))
+    mem_bytes = params.get("mem", MEM)
+    if image.alloc.at > mem_bytes:
+        raise ValueError(f"the node image ends at {image.alloc.at:#x}, beyond the "
+                         f"{mem_bytes:#x}-byte DDR model (params: mem)")
     golden = ClusterGolden(qm, p)
     prompt, answer = run_prompt(spec, mcfg)
     gold = golden.prefill(prompt)
-    xa = golden.embed(prompt)
-    cycle = cycle_counter(dut.aclk)
-    limit = params.get("step_limit", 5_000_000)
-    wall0 = time.monotonic()
+    grid = Grid(dut, n, sorted(ports), comm=comm, wires=directed_links(n) if comm else [])
+    regmap = node_regmap()
+    seed = params.get("seed", 1)
+    hosts = [Host(dut, v, regmap, lay, random.Random(seed * 7919 + v),
+                  params.get("pause", 0.0), mem_bytes, port=port)
+             for v, port in sorted(ports.items())]
+    first = 0 in ports
     bar = tqdm(total=len(p.steps) + spec.decode_tokens, desc=f"{spec.policy} N={n}",
-               unit="step", file=sys.stderr, disable=not params.get("progress", False))
-
-    # ---- prefill -------------------------------------------------------------------------------
-    expect_packets = [0] * n
-    step_cycles, wait_cycles, kv_bytes = [], [], []
-    fault = params.get("fault")
-    for step in p.steps:
-        if fault and step.index == fault["step"]:
-            await inject_link_fault(dut, n, fault["node"])
-        waits0 = [await h.read("seq1_wait_cycles") for h in hosts]
-        step_cycles.append(await run_layer_step(dut, hosts, p, step, image, xa, expect_packets,
-                                                cycle, limit))
-        wait_cycles.append([await h.read("seq1_wait_cycles") - w
-                            for h, w in zip(hosts, waits0, strict=True)])
-        await check_layer_step(hosts, p, step.index, image, lay, gold.prefill, expect_packets)
-        held = await held_blocks(hosts, p)
-        kv_bytes.append([int(sum(slice_positions(p, b, s)[1] * p.model.m_token
-                                 for b, s in held["owned"][h.i] + held["replicas"][h.i]))
-                         for h in hosts])
-        bar.update()
-    check_owned_kv(hosts, p, lay, gold.prefill)
-    owner_only = all(not v for v in held["replicas"].values()) and \
-        sorted(k for v in held["owned"].values() for k in v) == \
-        sorted((b, s) for b in range(1, p.num_chunks + 1) for s in range(n))
-    assert owner_only, f"the KV layout after the prefill is not owner-only: {held}"
-    owned_tokens = {v: sum(slice_positions(p, b, s)[1] for b, s in blocks)
-                    for v, blocks in held["owned"].items()}
-
-    # ---- the first token: the last prompt row's LM head on the host ----------------------------
-    node, row = _last_row_owner(p)
-    last = _act_rows(hosts[node].mem, image.bufs[-1].buf["y"] + row * lcfg.hidden * 4, 1,
-                     lcfg.hidden)[0]
-    logits = [golden.head(last)]
-    tokens = [int(np.argmax(logits[-1]))]
-    ttft = sum(step_cycles)
-
-    # ---- decode --------------------------------------------------------------------------------
-    marks = len(p.steps)
-    decode_cycles = []
-    for k in range(spec.decode_tokens):
-        layers = golden.decode_token(k)
-        root = gold.roots[k]
-        decode_cycles.append(await run_decode_token(
-            dut, hosts, p, k, image, golden.embed([tokens[-1]])[0], cycle, limit, marks))
-        marks += 1
-        await check_decode_token(hosts, p, image, layers, k)
-        y = _rows(hosts[root].mem, image.dbufs[-1].buf["y"], lcfg.hidden)
-        logits.append(golden.head(y))
-        tokens.append(int(np.argmax(logits[-1])))
-        bar.update()
-    bar.close()
+               unit="step", file=sys.stderr,
+               disable=not (params.get("progress", False) and first))
+    r = Run(dut, spec, params, grid, p, image, golden, gold, golden.embed(prompt), ports,
+            params.get("step_limit", 5_000_000), bar)
+    await start_clocks(dut)
+    dut.aresetn.value = 0
+    await ClockCycles(dut.aclk, 8)
+    dut.aresetn.value = 1
+    await ClockCycles(dut.aclk, 4)        # the bus models see the reset end first
+    wall0 = time.monotonic()
+    cocotb.start_soon(grid.run())
+    results = {}
+    for h in hosts:
+        cocotb.start_soon(_guarded(h, r, results))
+    await grid.finished.wait()
     wall = time.monotonic() - wall0
-    assert tokens == gold.tokens, f"generated tokens {tokens}, golden {gold.tokens}"
+    bar.close()
+    if grid.aborted:
+        raise AssertionError(grid.aborted)
+    got = results[hosts[0].i]
+    assert all(v == got for v in results.values())
     out = params.get("out")
-    if out:
+    if out and first:
+        got.update(wall_seconds=wall,
+            spec=params["spec"], prompt=prompt.tolist(),
+            task=None if answer is None else {
+                "name": spec.task, "answer": answer.tolist(),
+                "generated": got["tokens"][:len(answer)],
+                "correct": got["tokens"][:len(answer)] == answer.tolist()},
+            mpi_ranks=comm.Get_size() if comm else 0, grid_exchanges=grid.exchanges,
+            node_cycles_per_second=n * got["sim_cycles"] / wall if wall > 0 else 0.0)
         with open(out, "w") as f:
-            json.dump({
-                "spec": params["spec"], "nodes": n, "policy": spec.policy,
-                "prompt": prompt.tolist(), "tokens": tokens, "golden_tokens": gold.tokens,
-                "roots": gold.roots,
-                "prefill_step_cycles": step_cycles, "exposed_comm_cycles": wait_cycles,
-                "ttft_cycles": ttft, "decode_cycles": decode_cycles,
-                "logits": [lg.tolist() for lg in logits],
-                "owned_tokens": owned_tokens, "kv_bytes_per_step": kv_bytes,
-                "peak_kv_bytes": max(max(b) for b in kv_bytes),
-                "kv_budget": spec.kv_budget, "planned_peak_kv_bytes":
-                    p.totals.peak_node_kv_bytes,
-                "checks": {"bit_exact": True, "tokens_match": tokens == gold.tokens,
-                           "owner_only": owner_only,
-                           "memory_within_budget": max(max(b) for b in kv_bytes)
-                           <= spec.kv_budget},
-                "task": None if answer is None else {
-                    "name": spec.task, "answer": answer.tolist(),
-                    "generated": tokens[:len(answer)],
-                    "correct": tokens[:len(answer)] == answer.tolist()},
-                "sim_cycles": cycle[0], "wall_seconds": wall,
-                "node_cycles_per_second": n * cycle[0] / wall if wall > 0 else 0.0,
-            }, f)
+            json.dump(got, f)

@@ -149,21 +149,24 @@ async def link_counters(hosts) -> dict[str, dict[str, int]]:
 
 
 class Host:
-    """One node's host side: its DDR, its AXI-Lite master, ring indices."""
+    """One node's host side: its DDR, its AXI-Lite master, ring indices. ``port``: the index
+    of the node's ports on ``dut`` (``n{port}_…``; default ``i``; a
+    :class:`mcf.sim.cluster.RankTop` has node ``i`` as ``n0``)."""
 
     def __init__(self, dut, i: int, regmap, layout: NodeLayout, rng: random.Random,
-                 pause: float, mem_bytes: int = MEM):
+                 pause: float, mem_bytes: int = MEM, port: int | None = None):
         self.i, self.regmap, self.layout = i, regmap, layout
-        self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, f"n{i}_s_axi_ctrl"), dut.aclk,
+        port = i if port is None else port
+        self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, f"n{port}_s_axi_ctrl"), dut.aclk,
                                   dut.aresetn, reset_active_level=False)
         self.axil.write_if.log.setLevel(logging.WARNING)     # one line per access otherwise
         self.axil.read_if.log.setLevel(logging.WARNING)
         self.mem = mmap.mmap(-1, mem_bytes)
         self.mem.write(bytes([FILL]) * mem_bytes)
-        self.rams = [ddr_ram(dut, f"n{i}_m_axi_hp{p}", dut.aclk, dut.aresetn,
+        self.rams = [ddr_ram(dut, f"n{port}_m_axi_hp{p}", dut.aclk, dut.aresetn,
                              reset_active_level=False, size=mem_bytes, mem=self.mem, pause=pause,
                              rng=random.Random(rng.random())) for p in range(4)]
-        self.irq = getattr(dut, f"n{i}_irq")
+        self.irq = getattr(dut, f"n{port}_irq")
         self.prod = [0, 0]
         self.net_retired = 0
 
@@ -370,7 +373,7 @@ async def prefill(dut):
     expect_frees = [0] * n
     expect_sent = [0] * n                     # SEND records (KV and header-only)
     step_cycles = []
-    cycle = cycle_counter(dut.aclk)
+    cycle = cycle_counter(dut.aclk, dut)
     fault, stopped = params.get("fault"), None
     for step in p.steps:
         idx = step.index
@@ -582,7 +585,7 @@ async def layer(dut):
     x = np.random.default_rng(seed).standard_normal((S, TINY.hidden)).astype(np.float32)
     slices = [slice_positions(p, b, s) for b in range(1, p.num_chunks + 1) for s in range(n)]
     gold = golden_prefill(x, qls, TINY, slices)
-    cycle = cycle_counter(dut.aclk)
+    cycle = cycle_counter(dut.aclk, dut)
     step_cycles, expect_packets = [], [0] * n
     for step in p.steps:
         idx = step.index

@@ -94,6 +94,22 @@ def check_owned_kv(hosts, p, lay, prefill) -> None:
                         f"node {h.i}: prompt KV of block {b} slice {s} layer {li} head {g}"
 
 
+async def program_decode_token(h, p, k: int, image: DecodeImage, xa) -> None:
+    """Node ``h``'s records of decode token ``k`` (:func:`mcf.node.decode.decode_program`): its
+    register and DDR writes, at the root the input row ``xa`` (ACT codes), both rings (no
+    doorbell); no MARK interrupt may be pending."""
+    prog = decode_program(p, k, h.i, image)
+    assert prog.root == p.decode_owner(k)
+    await h.apply(prog.writes)
+    for addr, raw in prog.ddr.items():
+        h.mem[addr: addr + len(raw)] = raw
+    if h.i == prog.root:
+        h.mem[image.dx0: image.dx0 + len(xa) * 4] = act_bytes(np.reshape(xa, (1, -1)))
+    h.put(Queue.NET, prog.net)
+    h.put(Queue.COMPUTE, prog.compute)
+    assert not h.regmap.register("IRQ_STATUS").unpack(await h.read("IRQ_STATUS"))["mark1"]
+
+
 async def run_decode_token(dut, hosts, p, k: int, image: DecodeImage, xa, cycle: list[int],
                            limit: int, marks: int) -> int:
     """Decode token ``k`` on every node from the rings (:func:`mcf.node.decode.decode_program`):
@@ -103,16 +119,7 @@ async def run_decode_token(dut, hosts, p, k: int, image: DecodeImage, xa, cycle:
     MARK. Returns the cycles from the root's COMPUTE doorbell to its MARK."""
     root = p.decode_owner(k)
     for h in hosts:
-        prog = decode_program(p, k, h.i, image)
-        assert prog.root == root
-        await h.apply(prog.writes)
-        for addr, raw in prog.ddr.items():
-            h.mem[addr: addr + len(raw)] = raw
-        if h.i == root:
-            h.mem[image.dx0: image.dx0 + len(xa) * 4] = act_bytes(np.reshape(xa, (1, -1)))
-        h.put(Queue.NET, prog.net)
-        h.put(Queue.COMPUTE, prog.compute)
-        assert not h.regmap.register("IRQ_STATUS").unpack(await h.read("IRQ_STATUS"))["mark1"]
+        await program_decode_token(h, p, k, image, xa)
     hr = hosts[root]
     for h in sorted(hosts, key=lambda h: h.i == root):      # holders first, the root last
         await h.doorbell(Queue.NET)
@@ -135,14 +142,13 @@ async def run_decode_token(dut, hosts, p, k: int, image: DecodeImage, xa, cycle:
     return cycles
 
 
-async def check_decode_token(hosts, p, image: DecodeImage, gold, k: int) -> None:
-    """Decode token ``k`` bit for bit against ``gold`` (:func:`~mcf.node.decode.golden_decode`'s
-    layers): the root's OBUF rows and output row of every layer and the new token's INT4 KV in
-    its decode block; no drop, bad record, error or timeout counter on any node."""
-    root, j = decode_slot(p, k)
+def check_decode_root(mem, root: int, p, image: DecodeImage, gold, k: int) -> None:
+    """Decode token ``k`` at its root (DDR ``mem``) bit for bit against ``gold``
+    (:func:`~mcf.node.decode.golden_decode`'s layers): the OBUF rows and output row of every
+    layer and the new token's INT4 KV in its decode block."""
+    _, j = decode_slot(p, k)
     cfg, lay = image.cfg, image.layout
     T = slice_tokens(p)
-    mem = hosts[root].mem
     nq = cfg.heads * cfg.head_dim
     for li, gl in enumerate(gold):
         obuf = _rows(mem, image.obuf_rows(li), nq)
@@ -157,6 +163,13 @@ async def check_decode_token(hosts, p, image: DecodeImage, gold, k: int) -> None
             a = lay.kv_address(decode_kv_id(p, li, root, j // T), decode_seq(p, j % T, g))
             assert bytes(mem[a: a + len(gl.kv[g])]) == gl.kv[g], \
                 f"token {k} root {root} layer {li}: new token's KV of head {g}"
+
+
+async def check_decode_token(hosts, p, image: DecodeImage, gold, k: int) -> None:
+    """Decode token ``k`` bit for bit against ``gold`` at its root (:func:`check_decode_root`);
+    no drop, bad record, error or timeout counter on any node."""
+    root, _ = decode_slot(p, k)
+    check_decode_root(hosts[root].mem, root, p, image, gold, k)
     for h in hosts:
         assert await h.read("seq0_timeouts") == await h.read("seq1_timeouts") == 0
         bad = await _bad_counters(h)
@@ -188,7 +201,7 @@ async def decode(dut):
     x = rng.standard_normal((S + 1, TINY.hidden)).astype(np.float32)
     slices = [slice_positions(p, b, s) for b in range(1, p.num_chunks + 1) for s in range(n)]
     prefill = golden_prefill(x[:S], qls, TINY, slices)
-    cycle = cycle_counter(dut.aclk)
+    cycle = cycle_counter(dut.aclk, dut)
     limit = params.get("step_limit", 3_000_000)
 
     # ---- the prompt: MARS's prefill steps with the layer program -------------------------------

@@ -44,7 +44,8 @@ from .regs import Access, Field, Register, status_registers
 
 __all__ = [
     "ETH_TYPE", "MAC_OUI", "mac_of", "mac_bytes", "HEADER_BYTES", "FCS_BYTES", "MIN_PAYLOAD",
-    "MIN_FRAME", "LINK_OVERHEAD", "MAX_LINK_FRAME", "MAX_FRAME", "PREAMBLE", "SFD", "IFG_BYTES",
+    "MIN_FRAME", "LINK_OVERHEAD", "MAX_LINK_FRAME", "MAX_FRAME", "MAC_RX_BUFFER_BYTES",
+    "PREAMBLE", "SFD", "IFG_BYTES",
     "EthDrop", "ETH_STATUS", "ETH_EVENT", "eth_registers", "link_length", "encap", "decap",
     "EthModel", "wire_bytes", "link_beats", "LENGTH_OFFSET", "LENGTH_SHIFT", "LENGTH_BYTES",
     "NODE_BITS",
@@ -68,6 +69,9 @@ MIN_FRAME = HEADER_BYTES + MIN_PAYLOAD + FCS_BYTES            # 64
 LINK_OVERHEAD = 8 + 8 + CRC_BYTES                             # link header, Meta, CRC-32
 MAX_LINK_FRAME = LINK_OVERHEAD + MAX_PAYLOAD                  # 2,068
 MAX_FRAME = HEADER_BYTES + MAX_LINK_FRAME + FCS_BYTES         # 2,086 (a jumbo frame)
+MAC_RX_BUFFER_BYTES = 4096
+"""A MAC's receive buffer (``EthDecap``'s store and forward): the wire cannot wait, so a frame
+that finds it full is dropped and counted; at line rate, drained, it never fills."""
 PREAMBLE = bytes([0x55] * 7)
 SFD = 0xD5
 IFG_BYTES = 12

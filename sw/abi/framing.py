@@ -22,7 +22,8 @@ from amaranth.lib import data
 from .meta import META, Meta
 
 __all__ = [
-    "MAX_PAYLOAD", "beat_layout", "parsed_layout", "payload_beats", "keep_mask",
+    "MAX_PAYLOAD", "FRAME_OVERHEAD_BEATS", "max_frame_beats", "beat_layout", "parsed_layout",
+    "payload_beats", "keep_mask",
     "encode_packet", "header_bytes",
 ]
 
@@ -60,6 +61,16 @@ def parsed_layout(data_width: int, meta_layout: data.StructLayout = META) -> dat
         "keep": unsigned(data_width // 8),
         "last": unsigned(1),
     })
+
+
+FRAME_OVERHEAD_BEATS = 3
+"""Beats a link frame adds to its packet's payload beats: the link header, the Meta beat and the
+CRC-32 beat (``mcf.hdl.nic.link.LinkTx``)."""
+
+
+def max_frame_beats(data_width: int, max_payload: int = MAX_PAYLOAD) -> int:
+    """Beats of the longest link frame: :data:`FRAME_OVERHEAD_BEATS` and ``max_payload``'s."""
+    return FRAME_OVERHEAD_BEATS + payload_beats(max_payload, data_width)
 
 
 def payload_beats(length: int, data_width: int) -> int:

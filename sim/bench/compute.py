@@ -52,7 +52,7 @@ from mcf.abi.node_config import KR260
 from mcf.abi.quant import GROUP_SIZE
 from mcf.sim.bench import BenchRefused, refuse_unplanned, resource_table
 
-__all__ = ["collect", "render", "sequences", "ROWS", "LANES", "KR260_ARRAYS"]
+__all__ = ["collect", "render", "sequences", "gemm_build", "ROWS", "LANES", "KR260_ARRAYS"]
 
 ROWS, LANES = 16, 16
 BEAT_BYTES = LANES
@@ -102,12 +102,14 @@ def _refuse_sequence(r: dict, planned_bad: int = 0) -> None:
                      {"jobs_done": len(r["jobs"]), "steps": r["planned_steps"]})
 
 
-def gemm_sequences(small: bool, sabotage: list[dict] | None = None, arrays: int = 1,
-                   w_bytes: int = BEAT_BYTES, n_scale: int = 1, chain: int = 1,
-                   dsp: str = "fabric") -> list[dict]:
+def gemm_build(arrays: int = 1, w_bytes: int = BEAT_BYTES, chain: int = 1,
+               dsp: str = "fabric"):
+    """The Verilator build of the bench's :class:`GemmEngine` (K up to the down projection's,
+    M up to a chunk), shared with ``tests/test_gemm_cocotb.py``: ``arrays=KR260_ARRAYS,
+    w_bytes=KR260_W_BYTES, chain=KR260_CHAIN, dsp=KR260_SIM_DSP`` is the kr260 node's."""
     from mcf.hdl.compute.gemm import GemmEngine
     from mcf.hdl.flat import FlatTop
-    from mcf.sim import build, run
+    from mcf.sim import build
 
     axis = {"job": "job", "x_in": "s_axis_x", "w_in": "s_axis_w", "o": "m_axis_y"}
     top = FlatTop(GemmEngine(ROWS, LANES, GROUP_SIZE, k_max=INTER, m_max=M_CHUNK,
@@ -116,7 +118,15 @@ def gemm_sequences(small: bool, sabotage: list[dict] | None = None, arrays: int 
         f"gemm_engine_x{arrays}_w{8 * w_bytes}_m{M_CHUNK}"
     if chain > 1:
         name += f"_c{chain}_{dsp}"
-    built = build(top, name)
+    return build(top, name)
+
+
+def gemm_sequences(small: bool, sabotage: list[dict] | None = None, arrays: int = 1,
+                   w_bytes: int = BEAT_BYTES, n_scale: int = 1, chain: int = 1,
+                   dsp: str = "fabric") -> list[dict]:
+    from mcf.sim import run
+
+    built = gemm_build(arrays, w_bytes, chain, dsp)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "gemm.json"
         params = {"rows": ROWS, "lanes": LANES, "group": GROUP_SIZE, "w_bytes": w_bytes,

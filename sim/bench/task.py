@@ -7,9 +7,11 @@
   (:func:`mcf.commands.run.simulate`, MARS prefill, decode along the chain) at
   :data:`RTL_TOKENS` prompt tokens, on the first :data:`RTL_PROMPTS` prompts. Every step is
   checked bit for bit against the run's integer golden model and the generated tokens against
-  the golden's; a failed check makes the bench refuse, so ``bit_exact_vs_golden`` is only ever
-  reported true. ``golden_nK_acc_L``: that golden model (``mcf.model.evaluate``'s
-  ``mars_nK``) on all the prompts — what the RTL answers wherever it equals it.
+  the golden's (a run that would have the cores alone runs one node per MPI rank, which gives
+  the same cycles and bits, docs/cluster.md); a failed check makes the bench refuse, so
+  ``bit_exact_vs_golden`` is only ever reported true. ``golden_nK_acc_L``: that golden model
+  (``mcf.model.evaluate``'s ``mars_nK``) on all the prompts — what the RTL answers wherever
+  it equals it.
 
 Cycles are ``aclk`` cycles (no fmax is claimed).
 """
@@ -47,9 +49,11 @@ def _rtl(nodes: int, tokens: int, seeds: int) -> list[dict]:
     specs = [RunSpec(model="retrieval", task="passkey", nodes=nodes, prompt_tokens=tokens,
                      decode_tokens=PASSKEY.value_len - 1, seed=s) for s in range(seeds)]
 
+    mpi = seeds < PARALLEL                # a run alone: one node per MPI rank, same cycles
+
     def one(spec):
         try:
-            got = simulate(spec, progress=False)
+            got = simulate(spec, progress=False, mpi=mpi)
         except AssertionError as exc:
             raise BenchRefused(f"N={nodes} seed {spec.seed}: "
                                f"{str(exc).splitlines()[0]}") from None

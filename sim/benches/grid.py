@@ -45,13 +45,16 @@ class Grid:
     node local). ``wires``: under MPI, the ring's cable directions ``((src node, link),
     (dst node, link))`` (:func:`mcf.sim.cluster.directed_links`); a rank reads the capture
     window of each one it sends on (``link{l}_tx_window``) and writes each one it receives
-    (``link{l}_rx_window``)."""
+    (``link{l}_rx_window``). ``watch(node)``: called for every local node at every exchange; a
+    message it returns fails that node (a fault no host is waiting for, e.g. a dropped
+    frame)."""
 
     dut: object
     n: int
     local: list[int]
     comm: object = None
     wires: list = field(default_factory=list)
+    watch: object = None
     exchanges: int = 0
     aborted: str | None = None
 
@@ -82,6 +85,9 @@ class Grid:
         self._state[node].done = True
 
     def _exchange(self) -> dict[int, NodeState]:
+        if self.watch is not None:
+            for i, st in self._state.items():
+                st.failed = st.failed or self.watch(i)
         mine = dict(self._state)
         if self.comm is None:
             return mine

@@ -166,13 +166,12 @@ class ClusterTop(wiring.Component):
         self.cables = ring_cables(n)
         lats = [latency_cycles if latency_cycles is not None
                 else round(c.params.latency_s * clock_hz) for c in self.cables]
-        self.window = window_for(min(lats, default=latency_cycles or BENCH_LATENCY_CYCLES))
+        self._latency = min(lats, default=latency_cycles or BENCH_LATENCY_CYCLES)
+        self.window = window_for(self._latency)
         self.links = []
         for c, lat in zip(self.cables, lats, strict=True):
             for src, dst in ((c.a, c.b), (c.b, c.a)):
                 self.links.append((src, dst, _sender(lat, c.params, self.window, clock_hz)))
-        self._latency = latency_cycles if latency_cycles is not None else min(
-            lats, default=BENCH_LATENCY_CYCLES)
         members = {}
         for i, node in enumerate(self.nodes):
             for name, member in node.signature.members.items():

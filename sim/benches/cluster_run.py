@@ -88,7 +88,17 @@ from mcf.sim.benches.node_decode import (
 from mcf.sim.cluster import check_tx_params, directed_links
 from mcf.sim.toolchain import bench_params
 
-__all__ = ["run", "node_host", "held_blocks", "inject_link_fault"]
+__all__ = ["run", "node_host", "held_blocks", "inject_link_fault", "cable_port", "HOST_KEYS",
+           "simulated"]
+
+HOST_KEYS = ("wall_seconds", "node_cycles_per_second", "mpi_ranks")
+"""The only keys of a run's record in which one simulation and one simulation per MPI rank
+may differ: the host's wall time and the number of ranks."""
+
+
+def simulated(record: dict) -> dict:
+    """``record`` without :data:`HOST_KEYS`: what must be the same however the run was split."""
+    return {k: v for k, v in record.items() if k not in HOST_KEYS}
 
 
 def _last_row_owner(p) -> tuple[int, int]:
@@ -140,10 +150,25 @@ class Run:
     limit: int
     bar: object = None
     decoded: dict[int, list] = field(default_factory=dict)
+    programs: dict[int, list] = field(default_factory=dict)
+    retired: list[int] = field(default_factory=list)
 
     @property
     def n(self) -> int:
         return self.spec.nodes
+
+    def step_programs(self, step) -> list:
+        """Every node's program of prefill step ``step`` (computed once per simulation, in step
+        order: each program starts where the node's NET records of the earlier steps end)."""
+        if step.index not in self.programs:
+            if not self.retired:
+                self.retired = [0] * self.n
+            progs = [step_program(self.p, step.index, v, self.retired[v], model=self.image)
+                     for v in range(self.n)]
+            for v, prog in enumerate(progs):
+                self.retired[v] += len(prog.net)
+            self.programs[step.index] = progs
+        return self.programs[step.index]
 
     def decode_gold(self, k: int) -> list:
         """The golden layers of decode token ``k`` (computed once per simulation)."""
@@ -152,26 +177,31 @@ class Run:
         return self.decoded[k]
 
 
-async def inject_link_fault(dut, n: int, node: int, *, rank: bool = False) -> None:
-    """Arm every link leaving ``node`` (``link{k}_inject`` of the cable direction ``k``; on a
-    :class:`~mcf.sim.cluster.RankTop` (``rank``) of its physical link; on a top cabled with
-    MACs, :class:`mcf.sim.cluster_eth.ClusterEthTop`, the wire models): the next frame each
-    carries gets one bit flipped — a link fault the receivers' CRC checks must catch."""
-    ks = [src[1] if rank else k for k, (src, _) in enumerate(directed_links(n))
-          if src[0] == node]
-    for k in ks:
-        getattr(dut, f"link{k}_inject").value = 1
+def cable_port(dut, k: int, link: int, name: str):
+    """Port ``name`` of cable direction ``k`` (:func:`~mcf.sim.cluster.directed_links`) whose
+    end on this top is physical ``link``: ``link{k}_<name>`` on a top of the whole ring,
+    ``link{link}_<name>`` on a :class:`~mcf.sim.cluster.RankTop` (one node, ports per link)."""
+    return getattr(dut, f"link{link if hasattr(dut, 'link0_rx_window') else k}_{name}")
+
+
+async def inject_link_fault(dut, n: int, node: int) -> None:
+    """Arm every link leaving ``node`` (``inject`` of its cable directions; on a top cabled
+    with MACs, :class:`mcf.sim.cluster_eth.ClusterEthTop`, the wire models): the next frame
+    each carries gets one bit flipped — a link fault the receivers' CRC checks must catch."""
+    ports = [cable_port(dut, k, src[1], "inject")
+             for k, (src, _) in enumerate(directed_links(n)) if src[0] == node]
+    for port in ports:
+        port.value = 1
     await RisingEdge(dut.aclk)
-    for k in ks:
-        getattr(dut, f"link{k}_inject").value = 0
+    for port in ports:
+        port.value = 0
 
 
 def mac_drops(dut, n: int, node: int) -> str | None:
     """Which MAC buffers in front of ``node``'s link receivers dropped frames (``None``: none),
     checked by the grid every window (:class:`~mcf.sim.benches.grid.Grid`'s ``watch``): a
     dropped frame fails the run at once, even one no sequence gap would reveal."""
-    rank = hasattr(dut, "link0_rx_window")
-    drops = {dst[1]: int(getattr(dut, f"link{dst[1] if rank else k}_dropped").value)
+    drops = {dst[1]: int(cable_port(dut, k, dst[1], "dropped").value)
              for k, (_, dst) in enumerate(directed_links(n)) if dst[0] == node}
     bad = {ln: d for ln, d in drops.items() if d}
     return None if not bad else f"node {node}: frames dropped by the MAC buffer of " + \
@@ -196,24 +226,21 @@ async def _setup_node(h: Host, r: Run) -> None:
                             model=r.image))
 
 
-async def _prefill_step(h: Host, r: Run, step, expect: list[int], retired: list[int]) -> dict:
+async def _prefill_step(h: Host, r: Run, step, expect: list[int]) -> dict:
     """Node ``h``'s part of prefill step ``step``: its writes, doorbells, MARKs, landings and
-    checks (``expect``: packets each node has landed so far, ``retired``: NET records each
-    node has retired: this host's own account of every node). Returns what the others need
+    checks (``expect``: packets each node has landed so far). Returns what the others need
     (cycles, waits, directory)."""
     p, image, n, idx = r.p, r.image, r.n, step.index
     enc, m = p.encoder, image.tokens
     fault = r.params.get("fault")
     if fault and idx == fault["step"] and h.i == fault["node"]:
-        await inject_link_fault(r.dut, n, h.i, rank=r.grid.comm is not None)
+        await inject_link_fault(r.dut, n, h.i)
     waits0 = await h.read("seq1_wait_cycles")
     p0, _ = slice_positions(p, idx, h.i)
     for addr, raw in image.step_writes(np.arange(p0, p0 + m), r.xa[p0:p0 + m]).items():
         h.mem[addr: addr + len(raw)] = raw
     await h.apply(route_writes(step.routes.entries, h.i))
-    progs = [step_program(p, idx, v, retired[v], model=image) for v in range(n)]
-    for v, prog in enumerate(progs):
-        retired[v] += len(prog.net)
+    progs = r.step_programs(step)
     prog = progs[h.i]
     for addr, raw in prog.lists.items():
         h.mem[addr: addr + len(raw)] = raw
@@ -283,11 +310,10 @@ async def node_host(h: Host, r: Run) -> dict:
     p, n, spec = r.p, r.n, r.spec
     await _setup_node(h, r)
     await r.grid.gather(h.i)
-    expect, retired = [0] * n, [0] * n
+    expect = [0] * n
     steps = []
     for step in p.steps:
-        steps.append(await r.grid.gather(h.i, await _prefill_step(h, r, step, expect,
-                                                                  retired)))
+        steps.append(await r.grid.gather(h.i, await _prefill_step(h, r, step, expect)))
         if r.bar is not None and h.i == min(r.ports):
             r.bar.update()
     check_owned_kv([h], p, h.layout, r.gold.prefill)

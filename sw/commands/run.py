@@ -26,7 +26,7 @@ def simulate(spec, *, progress: bool = True, timeout: int = 0,
     from dataclasses import asdict
 
     from ..sim import run as sim_run
-    from ..sim.cluster import build_cluster, build_rank
+    from ..sim.cluster import build_cluster
 
     params = {"spec": asdict(spec), "progress": progress, "timeout": timeout, "fault": fault}
     if progress:
@@ -36,8 +36,7 @@ def simulate(spec, *, progress: bool = True, timeout: int = 0,
     if mpi:
         from ..sim.mpi import launch
 
-        build_rank()
-        return launch(params)
+        return launch(params)             # builds RankTop once, before the ranks start
     built = build_cluster(spec.nodes)
     with tempfile.TemporaryDirectory() as tmp:      # one folder per run: runs may overlap
         out = Path(tmp) / "run.json"

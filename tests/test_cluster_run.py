@@ -35,9 +35,9 @@ def test_prefill_golden_is_the_model_golden(tiny, nodes):
     """MARS's slices are position-aligned blocks: the node program's prefill gives the integer
     model's bits (block length = the slice)."""
     cfg, _, qm = tiny
-    spec = RunSpec(nodes=nodes, prompt_tokens=64, chunk=32, decode_tokens=0)
+    spec = RunSpec(nodes=nodes, prompt_tokens=64, chunk=16, decode_tokens=0)
     run = golden_run(qm, make_plan(spec, cfg), prompt_tokens(cfg, 64, 3), 0)
-    ref = IntModel(qm, block_tokens=32 // nodes).prefill(run.prompt)
+    ref = IntModel(qm, block_tokens=16 // nodes).prefill(run.prompt)
     assert np.array_equal(run.logits[0], ref[-1])
     assert run.tokens == [int(np.argmax(ref[-1]))]
 
@@ -45,13 +45,39 @@ def test_prefill_golden_is_the_model_golden(tiny, nodes):
 def test_one_node_decode_is_the_single_pass_model(tiny):
     """On one node nothing is merged: every decode token equals IntModel's single-pass decode."""
     cfg, _, qm = tiny
-    spec = RunSpec(nodes=1, prompt_tokens=32, chunk=32, decode_tokens=4)
+    spec = RunSpec(nodes=1, prompt_tokens=32, chunk=16, decode_tokens=4)
     prompt = prompt_tokens(cfg, 32, 5)
     run = golden_run(qm, make_plan(spec, cfg), prompt, 4)
-    ref = IntModel(qm, block_tokens=32, decode_mode="single").generate(prompt, 5)
+    ref = IntModel(qm, block_tokens=16, decode_mode="single").generate(prompt, 5)
     assert run.tokens == ref.tokens.tolist()
     for got, want in zip(run.logits, ref.step_logits):
         assert np.array_equal(got, want)
+
+
+def test_two_phase_run_is_the_same_for_every_n(tiny):
+    """With the two-phase softmax every bit of the run — prompt logits, tokens, every decode
+    step's logits — is the same for N = 1, 2, 4 and equals IntModel's exact prefill and
+    two-phase decode; the single pass differs between N."""
+    cfg, _, qm = tiny
+    prompt = prompt_tokens(cfg, 64, 3)
+
+    def runs(softmax):
+        return {n: golden_run(qm, make_plan(RunSpec(nodes=n, prompt_tokens=64, chunk=16,
+                                                    decode_tokens=3, softmax=softmax), cfg),
+                              prompt, 3, softmax) for n in (1, 2, 4)}
+
+    two = runs("two_phase")
+    ref = IntModel(qm, block_tokens=8, prefill_mode="exact",
+                   decode_mode="two_phase").generate(prompt, 4, chunk=32)   # other blocks, chunks
+    for n, run in two.items():
+        assert run.tokens == ref.tokens.tolist(), n
+        assert np.array_equal(run.logits[0], ref.prompt_logits[-1])
+        for got, want in zip(run.logits[1:], ref.step_logits[1:]):
+            assert np.array_equal(got, want)
+    assert two[2].roots == [0, 1, 0] and two[4].roots == [0, 1, 2]
+    one = runs("single")
+    assert any(not np.array_equal(a, b) for n in (2, 4)
+               for a, b in zip(one[n].logits, one[1].logits))
 
 
 def test_decode_roots_follow_mars_and_kv_stays_there(tiny):
@@ -75,7 +101,8 @@ def test_decode_roots_follow_mars_and_kv_stays_there(tiny):
     ({"nodes": 0}, "--nodes"), ({"policy": "pd"}, "--policy"),
     ({"prompt_tokens": 60}, "multiple of the chunk"), ({"chunk": 30, "prompt_tokens": 60,
                                                          "nodes": 4}, "split evenly"),
-    ({"decode_tokens": -1}, "--decode-tokens"), ({"config": "nope"}, "--config")])
+    ({"decode_tokens": -1}, "--decode-tokens"), ({"config": "nope"}, "--config"),
+    ({"softmax": "double"}, "--softmax"), ({"nodes": 1, "chunk": 32}, "at most 16 rows")])
 def test_run_spec_rejects_bad_input(kw, msg):
     with pytest.raises(RunError, match=msg):
         RunSpec(**kw)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mcf.cli import main
-from mcf.commands.demo import CHECKS, NOT_RUN
+from mcf.commands.demo import CHECKS, INVARIANCE_NODES, n_invariant
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -33,16 +33,30 @@ def test_out_that_is_a_file_is_refused(tmp_path, capsys):
     assert "--out" in capsys.readouterr().err
 
 
+def test_n_invariant_needs_equal_bits_and_passing_runs():
+    ok = {"checks": {"bit_exact": True}, "tokens": [1, 2], "logits": [[3, 4], [5, 6]]}
+    assert n_invariant({1: ok, 2: dict(ok), 4: dict(ok)})[0]
+    assert not n_invariant({1: ok, 2: dict(ok, logits=[[3, 4], [5, 7]])})[0]
+    assert not n_invariant({1: ok, 2: dict(ok, tokens=[1, 3])})[0]
+    assert not n_invariant({1: ok, 2: dict(ok, checks={"bit_exact": False})})[0]
+    why = n_invariant({1: ok, 2: {"failed": "link fault at node 1"}})
+    assert why == (False, "N = 2: link fault at node 1")
+
+
 def test_a_small_demo_answers_and_writes_its_report(tmp_path, capsys):
     out = tmp_path / "report"
     status = main(["demo", "--quiet", "--policies", "mars", "--quick", "--out", str(out)])
     s = json.loads((out / "summary.json").read_text())
     assert status == 0, s
     assert set(CHECKS) <= set(s["checks"])
-    for name in CHECKS:                  # run and passed, or not run and said why
-        assert s["checks"][name] is (None if name in NOT_RUN else True)
-    assert s["not_run"] == NOT_RUN and s["failed_runs"] == {}
+    for name in CHECKS:
+        assert s["checks"][name] is True
+    assert s["failed_runs"] == {}
+    inv = s["n_invariant"]
+    assert inv["passed"] and [int(n) for n in inv["runs"]] == list(INVARIANCE_NODES)
+    assert len({str(r["tokens"]) for r in inv["runs"].values()}) == 1
     run = s["rtl"]["runs"]["mars"]
+    assert inv["runs"]["4"]["tokens"][:len(run["expected"])] == run["expected"]
     assert s["rtl"]["nodes"] == 4 and s["rtl"]["prompt_tokens"] == 64
     assert run["answer"] == run["expected"] and run["correct"] is True
     assert run["checks"] == {"bit_exact": True, "tokens_match": True, "owner_only": True,

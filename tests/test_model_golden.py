@@ -81,6 +81,21 @@ def test_two_phase_decode_is_split_invariant(qm):
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
 
 
+def test_exact_prefill_does_not_depend_on_blocks_or_chunks(qm):
+    """PREFILL EXACT: the causal maximum, then exact sums — the same bits for any block length
+    and chunking (the single pass's bits follow the blocks), close to the single pass."""
+    p = _prompt(4, 24)
+    runs = [IntModel(qm, block_tokens=b, prefill_mode="exact").generate(p, 2, chunk=c)
+            for b, c in ((8, None), (5, 8), (1, 12), (64, None))]
+    for r in runs[1:]:
+        assert np.array_equal(runs[0].prompt_logits, r.prompt_logits)
+        assert np.array_equal(runs[0].step_logits, r.step_logits)
+    single = IntModel(qm, block_tokens=8).generate(p, 0)
+    assert not np.array_equal(single.prompt_logits, runs[0].prompt_logits)
+    assert np.abs(single.prompt_logits - runs[0].prompt_logits).max() < \
+        0.05 * np.abs(single.prompt_logits).max()
+
+
 def test_masked_future_blocks_change_nothing(qm):
     m = IntModel(qm, block_tokens=4)
     m.prefill(_prompt(4, 14))
@@ -191,6 +206,8 @@ def test_error_against_float_reference(seed):
 def test_bad_arguments(qm):
     with pytest.raises(ValueError, match="decode_mode"):
         IntModel(qm, decode_mode="ring")
+    with pytest.raises(ValueError, match="prefill_mode"):
+        IntModel(qm, prefill_mode="two_phase")
     with pytest.raises(ValueError, match="block_tokens"):
         IntModel(qm, block_tokens=0)
     m = IntModel(qm)

@@ -1,7 +1,8 @@
 """ATTEND executor (mcf.hdl.node.attend, docs/node.md §3, §7): the ABI and golden model
 (:mod:`mcf.abi.attend`) and the cocotb + Verilator bench (``sim/benches/node_attend.py``:
 ``AttendUnit`` + ``KvReader`` + ``AttentionEngine`` behind an ``AxiPortMux`` on an ``AxiRam``,
-bit-exact against :func:`mcf.abi.attend.attend_model`). One Verilator build for every case.
+bit-exact against :func:`mcf.abi.attend.attend_model`, every ``softmax`` setting: SINGLE, DECODE
+MAX / FIXED and their split invariance, PREFILL EXACT). One Verilator build for every case.
 
 Busy-fraction report: ``pytest tests/test_node_attend.py -k rate -s``.
 """
@@ -19,20 +20,32 @@ from amaranth.lib.wiring import In, Out
 from mcf.abi.attend import (
     ATTEND_ARG,
     ATTEND_STATUS,
+    ENGINE_MODE,
+    SOFTMAX_OF_MODE,
     AttendArg,
     AttendBlock,
     AttendHeader,
+    AttendMode,
+    AttendSoftmax,
     attend_list_bytes,
     attend_model,
     attend_registers,
+    max_payload_bytes,
 )
 from mcf.abi.compute import DMA_ADDR_BITS
 from mcf.abi.framing import beat_layout
-from mcf.abi.kv import attn_status_layout, pack_kv_block
+from mcf.abi.kv import AttnMode, attn_status_layout, pack_kv_block
 from mcf.abi.node import CMD
 from mcf.abi.query import pack_query
 from mcf.abi.softmax import pack_state
-from mcf.golden.attention import attend_single, normalize_state, random_blocks, random_query
+from mcf.golden.attention import (
+    attend_fixed,
+    attend_max,
+    attend_single,
+    normalize_state,
+    random_blocks,
+    random_query,
+)
 from mcf.hdl.compute.attention import AttentionEngine
 from mcf.hdl.mem.axi import ADDR_BITS, AXI4Signature
 from mcf.hdl.mem.axi_mux import AxiPortMux
@@ -81,8 +94,60 @@ def test_attend_model_matches_golden(prefill):
         == "bad_list"       # the query holds 2 heads
 
 
+def _two_phase_mem(d: int, m_fix: np.ndarray | None = None):
+    """Two blocks at positions 100.., a 2-head query at position 109, the list at 0x5000 and
+    (``m_fix``) maxima at 0x4000."""
+    rng = np.random.default_rng(11)
+    blocks = random_blocks(rng, [5, 9], d, pos0=100)
+    q, sq = random_query(rng, 2, d, sigma=1.5)
+    kv = [pack_kv_block(b.k, b.sk, b.v, b.sv) for b in blocks]
+    lst = attend_list_bytes(AttendHeader(0x3000, 0x4000),
+                            [AttendBlock(0x1000, 5, 100), AttendBlock(0x2000, 9, 105)])
+    chunks = {0x1000: kv[0], 0x2000: kv[1], 0x3000: pack_query(q, sq, 109, 0), 0x5000: lst}
+    if m_fix is not None:
+        chunks[0x4000] = (np.asarray(m_fix) & 0xFFFF_FFFF).astype("<u4").tobytes()
+    return _mem(chunks), q, sq, blocks
+
+
+def test_attend_model_two_phase():
+    """MAX / FIXED / EXACT: the model is mcf.golden.attention's attend_max / attend_fixed."""
+    d, sm = 16, AttendSoftmax
+    mem, q, sq, blocks = _two_phase_mem(d)
+    res = attend_model(AttendArg(0, 2, 0, 2, sm.MAX).pack(), 0x5000, mem, d, 2, 32, 16)
+    m = attend_max(q, sq, blocks)
+    assert res.bad is None and res.blocks == 2 and res.write is None
+    assert res.payloads == [(m & 0xFFFF_FFFF).astype("<u4").tobytes()]
+    assert len(res.payloads[0]) == max_payload_bytes(2)
+    # FIXED against maxima of a larger key set (here: 700 above the list's own)
+    m_fix = m + 700
+    mem, *_ = _two_phase_mem(d, m_fix)
+    res = attend_model(AttendArg(0, 2, 0, 2, sm.FIXED).pack(), 0x5000, mem, d, 2, 32, 16)
+    st, bad = attend_fixed(q, sq, blocks, m_fix)
+    assert bad == 0 and res.blocks == 2 and res.write is None
+    assert res.payloads == [pack_state(st.m[h], st.l[h], st.o[h]) for h in range(2)]
+    assert all(int.from_bytes(p[:4], "little", signed=True) == m_fix[h]
+               for h, p in enumerate(res.payloads))
+    # EXACT: causal MAX then causal FIXED, normalised, written at out_addr; both passes' blocks
+    res = attend_model(AttendArg(0, 2, 1, 2, sm.EXACT).pack(), 0x5000, mem, d, 2, 32, 16)
+    mc = attend_max(q, sq, blocks, 109, causal=True)
+    assert not np.array_equal(mc, m)                      # the mask hides the maximum
+    st, bad = attend_fixed(q, sq, blocks, mc, 109, causal=True)
+    want = (normalize_state(st).ravel() & 0xFFFF_FFFF).astype("<u4").tobytes()
+    assert bad == 0 and res.write == (0x4000, want) and res.payloads == [] and res.blocks == 4
+    # the pairs SOFTMAX_OF_MODE does not list are bad records
+    for mode in AttendMode:
+        for s in AttendSoftmax:
+            r = attend_model(AttendArg(0, 2, mode.value, 2, s).pack(), 0x5000, mem, d, 2, 32, 16)
+            assert (r.bad == "bad_record") == (s not in SOFTMAX_OF_MODE[mode]), (mode, s)
+
+
 def test_layouts_and_registers():
     assert ATTEND_ARG.size <= CMD["arg"].shape.width
+    assert [f for f, _ in ATTEND_ARG] == ["list", "blocks", "mode", "heads", "softmax"]
+    assert AttendArg(3, 2, 1, 2, AttendSoftmax.EXACT).pack() \
+        == 3 | 2 << 16 | 1 << 24 | 2 << 26 | 3 << 30
+    assert ENGINE_MODE == {AttendSoftmax.SINGLE: AttnMode.SINGLE,
+                           AttendSoftmax.MAX: AttnMode.MAX, AttendSoftmax.FIXED: AttnMode.FIXED}
     names = {r.name for r in attend_registers()}
     assert {"ATT_LIST_BASE_LO", "ATT_LIST_BASE_HI"} <= names
     assert {f"att_{n}" for n, _ in ATTEND_STATUS} <= {n.lower() for n in names}
@@ -145,7 +210,8 @@ def attend_built():
 def test_attend_bench(pause):
     from mcf.sim import run
     run(attend_built(), BENCH, params={**GEOM, "seed": 3 + int(10 * pause), "pause": pause,
-                                       "tests": ["decode", "prefill", "bad"]})
+                                       "tests": ["decode", "prefill", "bad", "two_phase",
+                                                 "split", "bad_softmax"]})
 
 
 def test_attend_rate(tmp_path):

@@ -197,12 +197,10 @@ def test_later_tokens_use_the_owners_decode_blocks(case):
         decode_program(p, k, 0, image)
 
 
-def test_program_executes_to_the_golden_on_the_abi_models(case):
-    """The records and DDR writes of both nodes, run through the ABI's golden models — EMIT
-    landing, the query SENDs and the decode lander, every ATTEND (``attend_model``), the
-    final state into OBUF — give the golden's states and the root's OBUF rows, bit for bit."""
-    p, image, gold, lay = case["p"], case["image"], case["gold"], case["lay"]
-    rep, hd = TINY.heads // TINY.kv_heads, TINY.head_dim
+def _node_memories(case, image):
+    """Both nodes' decode programs of token 0 and their DDR: the image, the programs' lists
+    and the prompt KV each node owns (as the prefill landed it)."""
+    p, lay = case["p"], case["lay"]
     progs = {n: decode_program(p, 0, n, image) for n in range(2)}
     mem = {n: bytearray(MEM) for n in range(2)}
     for n in range(2):
@@ -215,6 +213,16 @@ def test_program_executes_to_the_golden_on_the_abi_models(case):
                     a = lay.kv.kv_base + p.encoder.kv_id(layer, b, s) * lay.kv.kv_slot + \
                         g * lay.kv_layout.head_stride
                     mem[n][a:a + t * REC] = case["prefill"][layer].kv[g][p0 * REC:(p0 + t) * REC]
+    return progs, mem
+
+
+def test_program_executes_to_the_golden_on_the_abi_models(case):
+    """The records and DDR writes of both nodes, run through the ABI's golden models — EMIT
+    landing, the query SENDs and the decode lander, every ATTEND (``attend_model``), the
+    final state into OBUF — give the golden's states and the root's OBUF rows, bit for bit."""
+    p, image, gold, lay = case["p"], case["image"], case["gold"], case["lay"]
+    rep, hd = TINY.heads // TINY.kv_heads, TINY.head_dim
+    progs, mem = _node_memories(case, image)
     root = mem[0]
     for r in progs[0].compute:                    # EMIT local copies, the JOB's query codes
         if r.cls is RecordClass.EMIT:
@@ -289,3 +297,120 @@ def test_two_nodes_run_one_decode_step(pair, tmp_path):
     per_node = 2 * 16 * TINY.kv_heads                # the prefill's ATTENDs: layers·tokens·G
     assert got["att_records"] == {"0": per_node + 2 * TINY.kv_heads,
                                   "1": per_node + 2 * TINY.kv_heads}
+
+
+# ---- two-phase decode on the ABI models --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_phase(case):
+    p, qls = case["p"], case["qls"]
+    lay = case["lay"]
+    image = DecodeImage(TINY, qls, SIM, lay, tokens=case["slices"][0][1], softmax="two_phase")
+    gold = golden_decode(case["xa"], qls, TINY, S, case["root"],
+                         reduction_parents(p, case["root"]), prompt_blocks(p, case["prefill"]),
+                         two_phase=True)
+    return dict(case, image=image, gold=gold)
+
+
+def test_two_phase_golden_does_not_depend_on_the_split(two_phase, case):
+    """The same KV on one node or split over two gives the same OBUF rows bit for bit with
+    two phases; the single pass differs in the last bits."""
+    p, qls = case["p"], case["qls"]
+    one = golden_decode(case["xa"], qls, TINY, S, 0, {},
+                        lambda n, layer, g: prompt_blocks(p, case["prefill"])(0, layer, g) +
+                        prompt_blocks(p, case["prefill"])(1, layer, g), two_phase=True)
+    for a, b in zip(one, two_phase["gold"]):
+        assert np.array_equal(a.att, b.att) and np.array_equal(a.y, b.y)
+    assert any(not np.array_equal(a.att, b.att) for a, b in zip(case["gold"], two_phase["gold"]))
+
+
+def test_two_phase_program_executes_to_the_golden_on_the_abi_models(two_phase):
+    """Both nodes' two-phase records run through the ABI's golden models — DECODE MAX, the
+    ``ReduceOp.MAX`` reduction landed in the root's MBUF and multicast to the holder, DECODE
+    FIXED against it, the states merged and normalised into OBUF — give the golden's rows."""
+    p, image, gold, lay = two_phase["p"], two_phase["image"], two_phase["gold"], two_phase["lay"]
+    hd, n_nodes, root = TINY.head_dim, 2, two_phase["root"]
+    progs, mem = _node_memories(two_phase, image)
+    for r in progs[root].compute:
+        if r.cls is RecordClass.EMIT:
+            m, a = Meta.unpack(r.meta), EmitArg.unpack(r.arg)
+            addr = lay.kv_address(m.kv_id, m.seq)
+            mem[root][addr:addr + REC] = gold[p.encoder.kv_key(m.kv_id)[0]].kv[a.head]
+    for layer in range(2):
+        for g in range(2):
+            q = gold[layer].queries[g]
+            a = image.query_record(layer, g)
+            mem[root][a:a + len(q)] = q
+    dcfg = DecodeLandConfig(lay.qbuf_base, lay.obuf_base, lay.qbuf_slot, lay.q_heads, 0,
+                            mbuf_base=lay.mbuf_base)
+    landers = {n: DecodeLandModel(dcfg, hd) for n in range(n_nodes)}
+
+    def land(n, meta, payload):
+        res, dst = decode_land_decision(dcfg, meta, payload, hd)
+        assert dst is not None, res
+        if meta.op == Op.PARTIAL_STATE:
+            landers[n].land(meta, payload)
+        else:
+            mem[n][dst:dst + meta.length] = payload
+            landers[n].status[res.value] += 1
+
+    pc, staged = dict.fromkeys(range(n_nodes), 0), {n: [] for n in range(n_nodes)}
+    maxima: dict[tuple, list[bytes]] = {}
+    states: dict[tuple, list[bytes]] = {}
+    while any(pc[n] < len(progs[n].compute) for n in range(n_nodes)):
+        moved = False
+        for n in range(n_nodes):
+            while pc[n] < len(progs[n].compute):
+                r = progs[n].compute[pc[n]]
+                if r.cls is RecordClass.WAIT and r.arg == SeqCounter.MAXES_LANDED.value and \
+                        landers[n].status["maxes_landed"] < r.wait:
+                    break
+                pc[n] += 1
+                moved = True
+                if r.cls is RecordClass.ATTEND:
+                    res = attend_model(r.arg, image.lists, lambda a, k, n=n: bytes(mem[n][a:a + k]),
+                                       hd, SIM.attn_heads, SIM.attn_block, 64)
+                    assert res.bad is None
+                    staged[n] += res.payloads
+                    continue
+                if r.cls is not RecordClass.SEND:
+                    continue
+                m = Meta.unpack(r.meta)
+                if r.src is PayloadSource.ATTN:
+                    payload = staged[n].pop(0)
+                else:
+                    payload = bytes(mem[n][lay.qbuf_base + r.arg:][:m.length])
+                if m.op == Op.QUERY:
+                    for d in range(n_nodes):
+                        if d != n:
+                            land(d, m, payload)
+                elif m.op == Op.REDUCTION and m.reduce_op == ReduceOp.MAX:
+                    got = maxima.setdefault((m.kv_id, m.seq), [])
+                    got.append(payload)
+                    if len(got) == n_nodes:          # the root's engine: final, home
+                        words = np.max([np.frombuffer(x, dtype="<i4") for x in got], axis=0)
+                        land(root, Meta(stage=Stage.DECODE, op=Op.REDUCTION, src=root, dst=root,
+                                        kv_id=m.kv_id, seq=m.seq, length=m.length),
+                             words.astype("<i4").tobytes())
+                elif m.op == Op.REDUCTION:           # the root's multicast of the maxima
+                    assert n == root and m.collective == Collective.MULTICAST
+                    for d in range(n_nodes):
+                        if d != n:
+                            land(d, m, payload)
+                else:
+                    assert m.op == Op.PARTIAL_STATE and m.reduce_op == ReduceOp.SOFTMAX_MERGE
+                    assert payload == gold[m.seq].states[n][m.kv_id % TINY.heads]
+                    got = states.setdefault((m.kv_id, m.seq), [])
+                    got.append(payload)
+                    if len(got) == n_nodes:
+                        final = Meta(stage=Stage.DECODE, op=Op.PARTIAL_STATE, src=root,
+                                     dst=root, kv_id=m.kv_id, seq=m.seq, length=m.length)
+                        land(root, final, softmax_payload_merge(got[0], got[1]))
+        assert moved, f"deadlock at {pc}"
+    assert all(not s for s in staged.values())
+    for n in range(n_nodes):
+        assert landers[n].status["maxes_landed"] == 2 * TINY.kv_heads
+    for layer in range(2):
+        rows = np.concatenate([landers[root].row(layer, h) for h in range(TINY.heads)])
+        assert np.array_equal(rows, gold[layer].att)

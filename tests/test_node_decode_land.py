@@ -1,7 +1,8 @@
 """Decode lander (mcf.hdl.node.decode_land, docs/node.md §5, §7): the ABI rules
 (mcf.abi.decode_land) against MARS's decode records, amaranth.sim unit tests against the golden
-model (DecodeLandModel) with an in-test AXI slave, and the runner of the cocotb + Verilator
-bench (sim/benches/node_decode_land.py) against cocotbext-axi AxiRam.
+model (DecodeLandModel) with an in-test AXI slave — queries, final states and the two-phase
+decode's maxima (Op.REDUCTION) — and the runner of the cocotb + Verilator bench
+(sim/benches/node_decode_land.py) against cocotbext-axi AxiRam.
 
 Rate measurement (reported, not asserted): ``pytest tests/test_node_decode_land.py -k rate -s``.
 """
@@ -20,11 +21,14 @@ from hypothesis import strategies as hs
 from mcf.abi.decode_land import (
     DECODE_LAND_CONFIG,
     DECODE_LAND_STATUS,
+    M_SLOT_BYTES,
     DecodeLandConfig,
     DecodeLandModel,
     DecodeLandResult,
     decode_land_decision,
     decode_land_registers,
+    mbuf_address,
+    mbuf_bytes,
     normalized_row,
     obuf_address,
     obuf_row_bytes,
@@ -43,6 +47,8 @@ from mcf.sim.benches.node_decode_land import (
     HEAD_DIM,
     edge_states,
     make_traffic,
+    maxima_drops,
+    maxima_packet,
     query_packet,
     random_state,
     state_packet,
@@ -159,18 +165,54 @@ def test_abi_rules():
                                 b"", 128)[0] is R.DROP_REDUCE_OP
     assert decode_land_decision(cfg, st.replace(length=516), b"", 128)[0] is R.DROP_LENGTH
     assert decode_land_decision(cfg, st.replace(kv_id=6), b"", 128)[0] is R.DROP_SLOT
-    for op in (Op.KV_REPLICA, Op.INVALIDATE, Op.REDUCTION, Op.FETCH_REQUEST, Op.CONTROL):
+    for op in (Op.KV_REPLICA, Op.INVALIDATE, Op.FETCH_REQUEST, Op.CONTROL):
         assert decode_land_decision(cfg, st.replace(op=op), b"", 128)[0] is R.DROP_OP
     g = np.random.default_rng(1)
     m, l_sum, o = random_state(g, 128)
     row = normalized_row(pack_state(m, l_sum, o), 128)
     assert np.array_equal(np.frombuffer(row, "<i4"), normalize(l_sum, o))
     names = [r.name for r in decode_land_registers()]
-    assert {"QBUF_BASE_LO", "QBUF_BASE_HI", "OBUF_BASE_LO", "OBUF_BASE_HI", "QBUF_SLOT",
-            "DEC_Q_HEADS", "DEC_TAG_BASE", "dec_queries_landed", "dec_results_landed",
-            "dec_drop_slot", "dec_write_errors"} <= set(names)
+    assert {"QBUF_BASE_LO", "QBUF_BASE_HI", "OBUF_BASE_LO", "OBUF_BASE_HI", "MBUF_BASE_LO",
+            "MBUF_BASE_HI", "QBUF_SLOT", "DEC_Q_HEADS", "DEC_TAG_BASE", "dec_queries_landed",
+            "dec_results_landed", "dec_maxes_landed", "dec_drop_slot",
+            "dec_write_errors"} <= set(names)
     assert len(names) == len(set(names))
     assert DecodeLandConfig(**{n: 1 for n, _ in DECODE_LAND_CONFIG}).pack() != 0
+
+
+def test_abi_maxima_rules():
+    """Two-phase maxima (Op.REDUCTION, reduce_op NONE): the MBUF slot address, the drop rules
+    in their order (reduce_op, then length, then slot), the model's bytes and maxima()."""
+    cfg = DecodeLandConfig(0, 0, 600, 12, 0xFFFA, mbuf_base=0xFF_FFFF_FF80)
+    mx = Meta(op=Op.REDUCTION, kv_id=5, seq=3, length=24)     # head0 = (5 − 0xFFFA) mod 2^16 = 11
+    want = (0xFF_FFFF_FF80 + (12 + 11) * M_SLOT_BYTES) % (1 << 40)
+    assert M_SLOT_BYTES == 32 and mbuf_bytes(12) == 2 * 12 * 32
+    assert mbuf_address(cfg, mx) == want
+    assert mbuf_address(cfg, mx.replace(seq=4)) == (0xFF_FFFF_FF80 + 11 * 32) % (1 << 40)
+    R = DecodeLandResult
+    assert decode_land_decision(cfg, mx, b"", 128) == (R.MAXES, want)
+    for length in (4, 8, 28, 32):
+        assert decode_land_decision(cfg, mx.replace(length=length), b"", 16)[0] is R.MAXES
+    for red in (ReduceOp.MAX, ReduceOp.SUM, ReduceOp.SOFTMAX_MERGE):
+        assert decode_land_decision(cfg, mx.replace(reduce_op=red, length=0, kv_id=0), b"",
+                                    128)[0] is R.DROP_REDUCE_OP
+    for length in (0, 2, 6, 31, 33, 36, 64, 520):
+        assert decode_land_decision(cfg, mx.replace(length=length, kv_id=0), b"", 128)[0] \
+            is R.DROP_LENGTH
+    head12 = (0xFFFA + 12) % (1 << 16)
+    assert decode_land_decision(cfg, mx.replace(kv_id=head12), b"", 128)[0] is R.DROP_SLOT
+    with pytest.raises(ValueError):
+        mbuf_address(cfg, mx.replace(kv_id=head12))
+    words = np.array([-(1 << 31), 0, 1, -5, (1 << 31) - 1, 77], dtype=np.int64)
+    payload = words.astype("<i4").tobytes()
+    model = DecodeLandModel(cfg, 128)
+    assert model.land(mx, payload) is R.MAXES
+    assert model.land(mx.replace(length=6), payload[:6]) is R.DROP_LENGTH
+    assert model.mem == {(want + i) % (1 << 40): b for i, b in enumerate(payload)}
+    assert np.array_equal(model.maxima(3, 11, 6), words)
+    assert np.array_equal(model.maxima(1, 11, 8), np.concatenate([words, [0, 0]]))
+    assert model.status == {**dict.fromkeys(model.status, 0), "maxes_landed": 1,
+                            "drop_length": 1}
 
 
 def pack_query_header(hdr) -> bytes:
@@ -261,14 +303,19 @@ def test_packet_upsizer(lengths, seed, width):
 
 
 def test_random_mix():
-    """Random queries, final states and malformed packets, idle input, W pauses, an injected
-    SLVERR: DDR bytes and every counter equal the model's."""
+    """Random queries, final states, maxima and malformed packets (every drop cause of every
+    kind), idle input, W pauses, injected SLVERRs on an OBUF row and an MBUF slot: DDR bytes
+    and every counter equal the model's."""
     t = make_traffic(seed=3, n=120)
-    bad = {t.bad_addr}
+    bad = set(t.bad_addrs)
     model = t.model()
     st = model.status
-    assert st["write_errors"] >= 1 and st["queries_landed"] and st["results_landed"]
+    assert st["write_errors"] >= 2 and st["queries_landed"] and st["results_landed"]
+    assert st["maxes_landed"] >= 5
     assert all(st[k] for k in ("drop_op", "drop_reduce_op", "drop_length", "drop_slot"))
+    drops = maxima_drops(t)
+    assert all(drops.get(r) for r in (DecodeLandResult.DROP_REDUCE_OP,
+                                      DecodeLandResult.DROP_LENGTH, DecodeLandResult.DROP_SLOT))
     mem, status, _, _, _ = simulate(t.packets, t.cfg, bad_beats=bad, idle=0.3, wpause=0.3,
                                     seed=3)
     assert status == st
@@ -298,16 +345,131 @@ def test_normaliser_kr260_head_dim():
     assert (0x7F00, 16) in aws and (0xE00, 32) in aws and (0x1E00, 32) in aws
 
 
-def test_back_to_back_full_rate():
-    """States and queries back to back, no pauses: one input beat per cycle, the input never
-    stalls."""
-    t = make_traffic(seed=6, n=80, bad_fraction=0.0, bad_write=False)
+@pytest.mark.parametrize("max_fraction", [0.0, 0.25])
+def test_back_to_back_full_rate(max_fraction):
+    """States and queries (and a quarter of maxima, 1..8 heads) back to back, no pauses: one
+    input beat per cycle, the input never stalls."""
+    t = make_traffic(seed=6, n=80, bad_fraction=0.0, bad_write=False,
+                     max_fraction=max_fraction)
+    assert sum(m.op == Op.REDUCTION for m, _ in t.packets) >= (15 if max_fraction else 0)
     beats = sum(len(_beats(m, p)) for m, p in t.packets)
     mem, status, _, cycles, stalls = simulate(t.packets, t.cfg, b_latency=(1, 3))
     model = t.model()
     assert status == model.status and mem == model.mem
     assert stalls == 0
     assert cycles <= beats + 40
+
+
+def test_short_maxima_rate():
+    """Maxima of one or two beats alone are limited to one packet per 3 cycles (the writer's
+    descriptor rate); of three or more beats they run at full rate."""
+    t = make_traffic(seed=6, n=1, bad_fraction=0.0, bad_write=False)
+    rng = random.Random(12)
+    for heads, per_packet in ((1, 3), (2, 3), (6, 3)):
+        packets = [maxima_packet(rng, t.cfg, rng.randrange(6), heads, rng.randrange(4))
+                   for _ in range(40)]
+        model = _model(t.cfg, packets)
+        mem, status, _, cycles, _ = simulate(packets, t.cfg, b_latency=(1, 3))
+        assert status == model.status and mem == model.mem
+        assert status["maxes_landed"] == len(packets)
+        assert cycles <= per_packet * len(packets) + 20
+
+
+def test_maxima_slots():
+    """Maxima into every MBUF slot of both parities (12 heads, 1..8 words), MBUF_BASE 4- but not
+    16-byte aligned so that slots share AXI beats and slot 7 of the even parity (0xFF4) crosses
+    a 4 KiB page (two bursts), idle input and W pauses: the model's bytes, maxima() the words
+    sent, nothing written outside the slots."""
+    rng = random.Random(13)
+    cfg = DecodeLandConfig(0x10000, 0x20000, 256, 12, 12 * 9, mbuf_base=0xF14)
+    packets, sent = [], {}
+    for layer in (4, 7):
+        for head0 in range(12):
+            heads = M_SLOT_BYTES // 4 if head0 == 7 else rng.randint(1, M_SLOT_BYTES // 4)
+            meta, payload = maxima_packet(rng, cfg, head0, heads, layer)
+            packets.append((meta, payload))
+            sent[layer & 1, head0] = np.frombuffer(payload, "<i4").astype(np.int64)
+    rng.shuffle(packets)
+    model = _model(cfg, packets)
+    mem, status, aws, _, _ = simulate(packets, cfg, idle=0.3, wpause=0.3)
+    assert status == model.status and mem == model.mem
+    assert status["maxes_landed"] == 24 and sum(status.values()) == 24
+    for (parity, head0), words in sent.items():
+        assert np.array_equal(model.maxima(parity, head0, len(words)), words)
+    assert len(aws) == len(packets) + 1 and (0xFF0, 1) in aws and (0x1000, 2) in aws
+    assert min(mem) >= 0xF14 and max(mem) < 0xF14 + mbuf_bytes(12)
+
+
+def test_latency():
+    """Measured latencies (the DecodeLander docstring's), AXI slave always ready: the first AW
+    7 cycles after a packet's first beat is taken, its first W 9 (query, maxima) or 12 (state);
+    the last W 8 cycles after the last input beat (query, maxima of two or more beats; 9 for a
+    single beat) or 10 (state); a count one cycle after the last B handshake."""
+    rng = random.Random(14)
+    g = np.random.default_rng(14)
+    cfg = DecodeLandConfig(0x1000, 0x2000, 256, 6, 60, mbuf_base=0x3000)
+    cases = [(query_packet(rng, cfg, HEAD_DIM, 10, 0, 0, 2), (7, 9, 8)),
+             (state_packet(rng, cfg, random_state(g, HEAD_DIM), 1, 0), (7, 12, 10)),
+             (maxima_packet(rng, cfg, 1, 1, 0), (7, 9, 9)),
+             (maxima_packet(rng, cfg, 1, 6, 0), (7, 9, 8)),
+             (maxima_packet(rng, cfg, 1, 8, 1), (7, 9, 8))]
+    for packet, want in cases:
+        ev = _events(packet, cfg)
+        assert (ev["aw"] - ev["first_in"], ev["w"] - ev["first_in"],
+                ev["last_w"] - ev["last_in"]) == want, (packet[0].op, ev)
+        assert ev["count"] == ev["b"] + 1
+        assert ev["status"] == _model(cfg, [packet]).status
+
+
+def _events(packet, cfg):
+    """Cycle of a lone packet's first and last input beat, first AW, first and last W, last B
+    handshake and first count change; the final status."""
+    dut = DecodeLander(HEAD_DIM)
+    bus = dut.bus
+    ev: dict = {}
+
+    async def bench(ctx):
+        ctx.set(dut.cfg.as_value(), cfg.pack())
+        ctx.set(bus.awready, 1)
+        ctx.set(bus.wready, 1)
+        await ctx.tick()
+        beats = _beats(*packet)
+        k = 0
+        b_due: list[int] = []
+        st0 = ctx.get(dut.status.as_value())
+        for cyc in range(200):
+            ctx.set(dut.i.valid, int(k < len(beats)))
+            if k < len(beats):
+                ctx.set(dut.i.payload.as_value(), beats[k])
+            ctx.set(bus.bvalid, int(bool(b_due) and b_due[0] <= cyc))
+            _, _, iv, ir, awv, wv, wl, bv, br, st = await ctx.tick().sample(
+                dut.i.valid, dut.i.ready, bus.awvalid, bus.wvalid, bus.wlast, bus.bvalid,
+                bus.bready, dut.status.as_value())
+            if iv and ir:
+                ev.setdefault("first_in", cyc)
+                ev["last_in"] = cyc
+                k += 1
+            if awv:
+                ev.setdefault("aw", cyc)
+            if wv:
+                ev.setdefault("w", cyc)
+                ev["last_w"] = cyc
+                if wl:
+                    b_due.append(cyc + 1)
+            if bv and br:
+                b_due.pop(0)
+                ev["b"] = cyc
+            if st != st0:
+                ev.setdefault("count", cyc)
+        raw = ctx.get(dut.status.as_value())
+        ev["status"] = {n: (raw >> f.offset) & ((1 << f.width) - 1)
+                        for n, f in DECODE_LAND_STATUS}
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    return ev
 
 
 def _with_header(payload: bytes, **changes: int) -> bytes:
@@ -317,22 +479,27 @@ def _with_header(payload: bytes, **changes: int) -> bytes:
 
 
 def test_drops_at_full_rate():
-    """A run of dropped packets (every cause) takes one cycle per beat and writes nothing."""
+    """A run of dropped packets (every cause of every kind) takes one cycle per beat and writes
+    nothing."""
     rng = random.Random(7)
     g = np.random.default_rng(7)
-    cfg = DecodeLandConfig(0, 0x1000, 64, 4, 0)
+    cfg = DecodeLandConfig(0, 0x1000, 64, 4, 0, mbuf_base=0x2000)
     sm, sp = state_packet(rng, cfg, random_state(g, HEAD_DIM), 1, 0)
     qm, qp = query_packet(rng, cfg, HEAD_DIM, 0, 0, 0, 2)
+    mm, mp = maxima_packet(rng, cfg, 2, 6, 1)
     variants = [
         (sm.replace(op=Op.KV_REPLICA), sp), (sm.replace(reduce_op=ReduceOp.SUM), sp),
         (sm.replace(length=sm.length - 4), sp), (sm.replace(kv_id=4), sp),
         (qm.replace(op=Op.CONTROL), qp), (qm.replace(length=qm.length - 4), qp),
         (qm, _with_header(qp, head0=7)), (qm, _with_header(qp, heads=0)),
+        (mm.replace(reduce_op=ReduceOp.MAX), mp), (mm.replace(length=0), b""),
+        (mm.replace(length=22), mp[:22]), (mm.replace(length=36), mp + bytes(12)),
+        (mm.replace(kv_id=4), mp),
     ]
     packets = variants * 5
     model = _model(cfg, packets)
     assert model.status == {**dict.fromkeys(model.status, 0), "drop_op": 10,
-                            "drop_reduce_op": 5, "drop_length": 15, "drop_slot": 10}
+                            "drop_reduce_op": 10, "drop_length": 30, "drop_slot": 15}
     beats = sum(len(_beats(m, p)) for m, p in packets)
     mem, status, aws, cycles, stalls = simulate(packets, cfg)
     assert aws == [] and mem == {} and status == model.status
@@ -340,19 +507,23 @@ def test_drops_at_full_rate():
 
 
 def test_write_error_not_counted():
-    """A SLVERR burst: counted in write_errors, not landed; the packets after it land."""
+    """SLVERR bursts (a state's, a maxima packet's): counted in write_errors, not landed; the
+    packets after them land."""
     rng = random.Random(8)
     g = np.random.default_rng(8)
-    cfg = DecodeLandConfig(0x100, 0x2000, 48, 6, 600)
+    cfg = DecodeLandConfig(0x100, 0x2000, 48, 6, 600, mbuf_base=0x3000)
     packets = [state_packet(rng, cfg, random_state(g, HEAD_DIM), h, 2) for h in range(6)]
     packets += [query_packet(rng, cfg, HEAD_DIM, 100, 3, h, 2) for h in (0, 2, 4)]
-    bad = 0x2000 + 2 * 64 + 32                          # row of head 2
-    mem, status, _, _, _ = simulate(packets, cfg, bad_beats={bad})
-    model = _model(cfg, packets, errors={2})
+    packets += [maxima_packet(rng, cfg, h, 8, 5) for h in range(6)]
+    bad = {0x2000 + 2 * 64 + 32,                        # row of head 2
+           0x3000 + (6 + 4) * 32 + 16}                  # maxima slot (odd, head 4)
+    mem, status, _, _, _ = simulate(packets, cfg, bad_beats=bad)
+    model = _model(cfg, packets, errors={2, 13})
     assert status == model.status
-    assert status["write_errors"] == 1 and status["results_landed"] == 5
-    assert status["queries_landed"] == 3
-    assert {a: b for a, b in mem.items() if not 0x2080 <= a < 0x20C0} == model.mem
+    assert status["write_errors"] == 2 and status["results_landed"] == 5
+    assert status["queries_landed"] == 3 and status["maxes_landed"] == 5
+    assert {a: b for a, b in mem.items()
+            if not (0x2080 <= a < 0x20C0 or 0x3140 <= a < 0x3160)} == model.mem
 
 
 def test_framing_guard():
@@ -363,13 +534,18 @@ def test_framing_guard():
     cfg = DecodeLandConfig(0x40, 0x3000, 48, 6, 6)
     s = [state_packet(rng, cfg, random_state(g, HEAD_DIM), h, 1) for h in range(4)]
     q = [query_packet(rng, cfg, HEAD_DIM, 1, 0, h, 2) for h in (0, 2)]
+    mx = [maxima_packet(rng, cfg, h, 8, 0) for h in range(4)]
     packets = [(s[0][0], s[0][1][:20]),                 # short state: 3 beats for 9
                (s[1][0], s[1][1] + bytes(range(40))),    # long state
                q[0],
                (q[1][0], q[1][1][:8]),                   # short query: header only
-               s[2], (s[3][0], b"")]                     # one keep=0 beat for a state
+               (mx[0][0], mx[0][1][:12]),                # short maxima: 2 beats for 4
+               mx[1],
+               (mx[2][0], mx[2][1] + bytes(range(9))),   # long maxima
+               s[2], (s[3][0], b""),                     # one keep=0 beat for a state
+               (mx[3][0], b"")]                          # ... and for maxima
     model = _model(cfg, packets)
-    assert model.status["framing_errors"] == 4
+    assert model.status["framing_errors"] == 7 and model.status["maxes_landed"] == 4
     assert query_header(q[1][1][:8])["heads"] == 2
     mem, status, _, _, _ = simulate(packets, cfg, idle=0.2, wpause=0.3)
     assert status == model.status
@@ -407,7 +583,7 @@ def test_decode_land_rate(tmp_path, head_dim):
     result = json.loads(out.read_text())
     for r in result:
         print(f"decode landing rate (head_dim {head_dim}):", r)
-    assert [r["mix"] for r in result] == ["states", "queries", "mixed"]
+    assert [r["mix"] for r in result] == ["states", "queries", "mixed", "with_maxima"]
 
 
 @pytest.mark.slow

@@ -161,7 +161,11 @@ def test_routes_and_registers():
     assert sink_route(Op.INVALIDATE.value, InvalidateKind.DRAIN) is SinkRoute.DRAIN
     assert sink_route(Op.INVALIDATE.value, InvalidateKind.FREE) is SinkRoute.DROP_INVALIDATE
     assert sink_route(7, 0) is SinkRoute.DROP_OP
-    assert sink_route(Op.REDUCTION.value, 0) is SinkRoute.DROP_OP
+    for op in (Op.QUERY, Op.PARTIAL_STATE, Op.REDUCTION):   # REDUCTION: two-phase maxima
+        assert sink_route(op.value, 0) is SinkRoute.DECODE
+    assert sink_route(Op.KV_REPLICA.value, 0) is SinkRoute.KV
+    assert sink_route(Op.CONTROL.value, 0) is SinkRoute.CONTROL
+    assert sink_route(Op.FETCH_REQUEST.value, 0) is SinkRoute.FETCH_REQUEST
     names = {r.name for r in local_sink_registers()}
     assert names == {f"lsink_{n}" for n, _ in LOCAL_SINK_STATUS}
     assert DirOp.DRAIN in DirOp

@@ -409,7 +409,8 @@ def test_wait_on_every_counter(counter):
                rec(RecordClass.MARK, arg=1 << c), rec(RecordClass.WAIT, arg=c, wait=2, irq=True),
                rec(RecordClass.NOP)]
     bumps = {20: c, 25: (c + 1) % N_CNT, 30: c, 40: c, 60: (c + 2) % N_CNT, 70: c, 90: c}
-    env = Env(Queue.NET, records, counters0=[100, 200, 300, 400])
+    counters0 = [100 * (i + 1) for i in range(N_CNT)]
+    env = Env(Queue.NET, records, counters0=counters0)
     orig = env.after
 
     def after(t, inp, out):
@@ -423,7 +424,7 @@ def test_wait_on_every_counter(counter):
     # +2 more after the bump at 90 (visible at 91)
     assert ret == {0: 1, 1: 41, 2: 42, 3: 91, 4: 92}
     assert [t for t, (_, o) in enumerate(trace) if o.irq_mark] == [92]
-    assert model.base[c] == [100, 200, 300, 400][c] + 3
+    assert model.base[c] == counters0[c] + 3
 
 
 def test_dir_settle_and_payload():

@@ -1,7 +1,9 @@
 """ATTEND executor of the node (docs/node.md §3, §5, §7; issue #11 §1.2–1.4): an ATTEND record →
 its block list and query read from DDR → the attention engine's ``job``/``q`` streams and the KV
 reader's block requests → the engine's output staged for SEND (decode) or written to DDR
-(prefill). Formats and the golden model: :mod:`mcf.abi.attend`.
+(prefill). The record's ``softmax`` picks one online-softmax pass (SINGLE) or a phase of the
+two-phase softmax (DECODE MAX / FIXED; PREFILL EXACT runs both phases itself). Formats and the
+golden model: :mod:`mcf.abi.attend`.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from mcf.abi.attend import (
     ATTEND_HEADER,
     ATTEND_STATUS,
     ENGINE_MODE,
+    SOFTMAX_OF_MODE,
     AttendMode,
+    AttendSoftmax,
 )
 from mcf.abi.compute import DMA_ADDR_BITS
 from mcf.abi.framing import beat_layout
-from mcf.abi.kv import attn_job_layout, q_beat_layout
+from mcf.abi.kv import AttnMode, attn_job_layout, q_beat_layout
 from mcf.abi.kv_reader import KV_BLOCK_REQ
 from mcf.abi.node import CMD
 from mcf.abi.query import (
@@ -31,7 +35,7 @@ from mcf.abi.query import (
     query_bytes,
     query_head_bytes,
 )
-from mcf.abi.softmax import state_words
+from mcf.abi.softmax import LANE_BITS, state_words
 
 from ..mem.axi import ADDR_BITS, AXI4Signature
 from ..mem.dma import DmaReader, DmaWriter
@@ -40,7 +44,9 @@ __all__ = ["AttendUnit"]
 
 
 class AttendUnit(wiring.Component):
-    """One ATTEND record at a time: list → query → job, query beats, block requests → outputs.
+    """One ATTEND record at a time: list → query (→ DECODE FIXED's maxima) → job, query beats,
+    block requests → outputs. PREFILL EXACT runs two jobs per record (a MAX pass, then a FIXED
+    pass over the same query and blocks).
 
     Members
     -------
@@ -48,36 +54,44 @@ class AttendUnit(wiring.Component):
         ATTEND records from the COMPUTE sequencer (``arg`` = :data:`mcf.abi.attend.ATTEND_ARG`).
         Taken only when the unit is idle (the previous record is done).
     done : Out(1)
-        One strobe per record, in order: DECODE when all ``heads`` state payloads are in the
-        staging FIFO, PREFILL one cycle after the ``o/l`` write's ``desc_done``, a bad record
-        one cycle after it is found bad.
+        One strobe per record, in order: DECODE when all its payloads are in the staging FIFO
+        (``heads`` states; DECODE MAX's one maxima payload), PREFILL one cycle after the ``o/l``
+        write's ``desc_done``, a bad record one cycle after it is found bad.
     list_base : In(DMA_ADDR_BITS)
         ``ATT_LIST_BASE`` (configuration register).
     job : Out(stream.Signature(attn_job_layout(max_heads)))
-        To :class:`~mcf.hdl.compute.attention.AttentionEngine` ``job``: SINGLE mode,
-        ``normalize = causal = PREFILL``, ``heads``, ``n_blocks``, ``q_pos`` = the query's pos.
+        To :class:`~mcf.hdl.compute.attention.AttentionEngine` ``job``: ``mode`` =
+        :data:`mcf.abi.attend.ENGINE_MODE` of the record's ``softmax`` (EXACT: ``MAX``, then
+        ``FIXED``), ``causal`` = PREFILL, ``normalize`` = PREFILL except in EXACT's MAX pass,
+        ``heads``, ``n_blocks``, ``q_pos`` = the query's pos.
     q : Out(stream.Signature(q_beat_layout(lanes)))
-        To the engine's ``q``: ``heads · head_dim/lanes`` beats from the query record.
+        To the engine's ``q``: ``heads · head_dim/lanes`` beats from the query record (again for
+        EXACT's second job); ``m_fix`` is the head's maximum in FIXED jobs (DECODE FIXED: read at
+        ``out_addr``; EXACT: the MAX pass's output), 0 otherwise.
     blocks : Out(stream.Signature(KV_BLOCK_REQ))
         To :class:`~mcf.hdl.node.kv_reader.KvReader` ``blocks`` (the reader is outside the unit:
-        it has its own AXI port): one request per list entry, ``last`` on the final one, after
-        the job and its query beats.
+        it has its own AXI port): one request per list entry, ``last`` on the final one,
+        ``k_only`` in MAX jobs, after the job and its query beats.
     o : In(stream.Signature(beat_layout(64)))
         The engine's ``o``.
     staged : Out(stream.Signature(beat_layout(64)))
-        DECODE state payloads (``last``-terminated, one per head) for the send unit's
-        ``staged_attn``; a payload is offered only once all its beats are in the staging FIFO
-        (docs/node.md §6 rule 3). The FIFO holds ``max_heads`` states.
-    rd_bus : Out(AXI4Signature(addr_width, 128)) — the :class:`DmaReader` (list and query).
+        DECODE payloads (``last``-terminated: one state per head, or DECODE MAX's one payload
+        of ``heads`` maxima) for the send unit's ``staged_attn``; a payload is offered only
+        once all its beats are in the staging FIFO (docs/node.md §6 rule 3). The FIFO holds
+        ``max_heads`` states.
+    rd_bus : Out(AXI4Signature(addr_width, 128)) — the :class:`DmaReader` (list, query, maxima).
     wr_bus : Out(AXI4Signature(addr_width, 128)) — the :class:`DmaWriter` (PREFILL ``o/l``).
-    status : Out(:data:`mcf.abi.attend.ATTEND_STATUS`)
+    status : Out(:data:`mcf.abi.attend.ATTEND_STATUS`) — ``blocks`` counts block requests
+        (EXACT requests each block twice).
     busy : Out(1) — a record is in progress.
 
-    Latency per record (no pauses): list read (AR + ``2 + blocks`` beats), query read, then the
-    job, ``heads·head_dim/lanes`` query beats and ``blocks`` requests at one per cycle; the
-    engine then runs the blocks (the KV reader prefetches up to 4). Records are not overlapped:
-    the next record's list is read after ``done``. Bad input never hangs: bad records are
-    counted and retired; no engine job is issued for them.
+    Latency per record (no pauses): list read (AR + ``2 + blocks`` beats), query read, DECODE
+    FIXED's maxima read (AR + ``⌈4·heads/16⌉`` beats), then the job, ``heads·head_dim/lanes``
+    query beats and ``blocks`` requests at one per cycle; the engine then runs the blocks (the
+    KV reader prefetches up to 4). PREFILL EXACT: the MAX job runs to its output (K rows
+    only), then the FIXED job is issued like a SINGLE one. Records are not overlapped: the next
+    record's list is read after ``done``. Bad input never hangs: bad records are counted and
+    retired; no engine job is issued for them.
     """
 
     def __init__(self, head_dim: int = 128, lanes: int = 16, max_heads: int = 6,
@@ -117,8 +131,9 @@ class AttendUnit(wiring.Component):
         m.submodules.wr = wr = DmaWriter(DW, self.addr_width)
         wiring.connect(m, rd.bus, wiring.flipped(self.rd_bus))
         wiring.connect(m, wr.bus, wiring.flipped(self.wr_bus))
+        # one spare entry: EXACT's MAX pass pushes each entry back as it pops it
         m.submodules.bfifo = bfifo = fifo.SyncFIFOBuffered(width=ATTEND_BLOCK.size,
-                                                           depth=self.max_list)
+                                                           depth=self.max_list + 1)
         olay = beat_layout(self.out_width)
         m.submodules.stage = stage = fifo.SyncFIFOBuffered(width=olay.size,
                                                            depth=self.stage_depth)
@@ -133,6 +148,23 @@ class AttendUnit(wiring.Component):
         done = Signal()
         m.d.sync += self.done.eq(done)
 
+        # ---- the job's engine mode and the maxima of FIXED jobs -------------------------------
+        emode = Signal(AttnMode)     # EXACT: MAX in the first pass, FIXED in the second
+        is_max = Signal()
+        capture = Signal()           # EXACT's MAX pass: the output is the maxima, kept here
+        writes = Signal()            # the job's output is the o/l row written at out_addr
+        m.d.comb += [is_max.eq(emode == AttnMode.MAX), capture.eq(prefill & is_max),
+                     writes.eq(prefill & ~is_max)]
+        mx = Signal(LANE_BITS * G)   # per-head maxima (m_fix), 0 unless FIXED / EXACT
+        mx_ok = Signal()             # DECODE FIXED: read; EXACT: the MAX pass's output captured
+        mx_words = Array(mx[LANE_BITS * h:][:LANE_BITS] for h in range(G))
+
+        def store_words(word0, payload, width):
+            """``mx`` words ``word0 ..`` from ``payload`` (``width`` bits, word 0 lowest)."""
+            lo = LANE_BITS * word0
+            n = min(width, LANE_BITS * G - lo)
+            return mx[lo:lo + n].eq(payload[:n]) if n > 0 else []
+
         # ---- query beat extraction: head h, chunk c of the pack_query record ---------------
         P = query_head_bytes(D)
         h_cnt = Signal(range(G + 1))
@@ -144,18 +176,19 @@ class AttendUnit(wiring.Component):
         sc = data.View(QUERY_SCALE, scales[h_cnt])
         qp = self.q.payload
         m.d.comb += [qp.data.eq(codes[h_cnt * NB + c_cnt]), qp.scale_m.eq(sc.m),
-                     qp.scale_e.eq(sc.e), qp.m_fix.eq(0)]
+                     qp.scale_e.eq(sc.e), qp.m_fix.eq(mx_words[h_cnt])]
 
         jp = self.job.payload
-        m.d.comb += [jp.mode.eq(ENGINE_MODE), jp.normalize.eq(prefill), jp.causal.eq(prefill),
+        m.d.comb += [jp.mode.eq(emode), jp.normalize.eq(writes), jp.causal.eq(prefill),
                      jp.heads.eq(arg.heads), jp.n_blocks.eq(arg.blocks), jp.q_pos.eq(qhdr.pos)]
 
         ent = data.View(ATTEND_BLOCK, bfifo.r_data)
         bp = self.blocks.payload
         m.d.comb += [bp.addr.eq(ent.addr), bp.tokens.eq(ent.tokens), bp.pos0.eq(ent.pos0),
-                     bp.last.eq(idx == arg.blocks - 1), bp.k_only.eq(0)]
+                     bp.last.eq(idx == arg.blocks - 1), bp.k_only.eq(is_max)]
 
-        # ---- outputs: decode → staging FIFO (whole packets), prefill → 64→128 packer → writer
+        # ---- outputs: decode → staging FIFO (whole packets), prefill → 64→128 packer → writer,
+        # EXACT's MAX pass → mx
         pkts = Signal(range(self.stage_depth + 1))
         rec_pkts = Signal(range(G + 1))
         op = self.o.payload
@@ -172,10 +205,21 @@ class AttendUnit(wiring.Component):
         wbuf = Signal(DW)
         wval = Signal()
         half = Signal()
+        OW = self.out_width // LANE_BITS
+        cap = Signal(range(-(-G // OW) + 1))
         m.d.comb += [wr.i.payload.eq(wbuf), wr.i.valid.eq(wval)]
         with m.If(wr.i.ready):
             m.d.sync += wval.eq(0)
-        with m.If(prefill):
+        with m.If(capture):
+            m.d.comb += self.o.ready.eq(1)
+            with m.If(self.o.valid):
+                m.d.sync += cap.eq(cap + 1)
+                for j in range(-(-G // OW)):
+                    with m.If(cap == j):
+                        m.d.sync += store_words(OW * j, op.data, self.out_width)
+                with m.If(op.last):
+                    m.d.sync += [mx_ok.eq(1), cap.eq(0)]
+        with m.Elif(prefill):
             m.d.comb += self.o.ready.eq(~wval)
             with m.If(self.o.valid & ~wval):
                 with m.If(half):
@@ -190,6 +234,12 @@ class AttendUnit(wiring.Component):
 
         # ---- record sequencing -------------------------------------------------------------
         rin = data.View(ATTEND_ARG, self.rec.payload.arg)
+        sm_ok = Signal()             # the (mode, softmax) pair is one SOFTMAX_OF_MODE defines
+        m.d.comb += sm_ok.eq(0)
+        for mode, settings in SOFTMAX_OF_MODE.items():
+            for s in settings:
+                with m.If((rin.mode == mode) & (rin.softmax == s)):
+                    m.d.comb += sm_ok.eq(1)
         rd_d, wr_d = rd.desc.payload, wr.desc.payload
         # (the read descriptor's constant fields are set in the states that present it: a
         # constant-only ``always @*`` never runs in Verilator)
@@ -201,10 +251,17 @@ class AttendUnit(wiring.Component):
                 m.d.comb += self.rec.ready.eq(1)
                 with m.If(self.rec.valid):
                     m.d.sync += [arg.eq(rin), prefill.eq(rin.mode == AttendMode.PREFILL),
-                                 bad.eq(0), idx.eq(0), rec_pkts.eq(0), half.eq(0)]
+                                 bad.eq(0), idx.eq(0), rec_pkts.eq(0), half.eq(0),
+                                 mx.eq(0), mx_ok.eq(0), cap.eq(0)]
+                    with m.Switch(rin.softmax):
+                        for s, mode in ENGINE_MODE.items():
+                            with m.Case(s):
+                                m.d.sync += emode.eq(mode)
+                        with m.Case(AttendSoftmax.EXACT):
+                            m.d.sync += emode.eq(ENGINE_MODE[AttendSoftmax.MAX])
                     with m.If((rin.mode > AttendMode.PREFILL.value) | (rin.heads == 0)
                               | (rin.heads > G) | (rin.blocks == 0)
-                              | (rin.blocks > self.max_list)):
+                              | (rin.blocks > self.max_list) | ~sm_ok):
                         m.d.sync += st.bad_record.eq(st.bad_record + 1)
                         m.d.comb += done.eq(1)
                     with m.Else():
@@ -252,8 +309,28 @@ class AttendUnit(wiring.Component):
             with m.State("CHECK"):
                 with m.If(bad | (qhdr.heads != arg.heads)):
                     m.next = "DRAIN"
+                with m.Elif((arg.softmax == AttendSoftmax.FIXED) & ~mx_ok):
+                    m.next = "M_REQ"
                 with m.Else():
                     m.next = "JOB"
+            with m.State("M_REQ"):
+                # DECODE FIXED: the heads' maxima at out_addr
+                m.d.comb += [rd.desc.valid.eq(1), rd_d.count.eq(1), rd_d.stride.eq(0),
+                             rd_d.addr.eq(hdr.out_addr), rd_d.length.eq(arg.heads * 4)]
+                with m.If(rd.desc.ready):
+                    m.next = "M_RX"
+            with m.State("M_RX"):
+                m.d.comb += rd.o.ready.eq(1)
+                with m.If(rd.o.valid):
+                    m.d.sync += idx.eq(idx + 1)
+                    for j in range(-(-G * LANE_BITS // DW)):
+                        with m.If(idx == j):
+                            m.d.sync += store_words(DW // LANE_BITS * j, beat.data, DW)
+                    with m.If(beat.err):
+                        m.d.sync += bad.eq(1)
+                    with m.If(beat.last):
+                        m.d.sync += [idx.eq(0), mx_ok.eq(1)]
+                        m.next = "CHECK"
             with m.State("DRAIN"):
                 m.d.comb += bfifo.r_en.eq(1)
                 with m.If(~bfifo.r_rdy):
@@ -266,8 +343,8 @@ class AttendUnit(wiring.Component):
                     m.d.sync += [h_cnt.eq(0), c_cnt.eq(0)]
                     m.next = "W_DESC"
             with m.State("W_DESC"):
-                m.d.comb += wr.desc.valid.eq(prefill)
-                with m.If(~prefill | wr.desc.ready):
+                m.d.comb += wr.desc.valid.eq(writes)
+                with m.If(~writes | wr.desc.ready):
                     m.next = "Q_OUT"
             with m.State("Q_OUT"):
                 m.d.comb += self.q.valid.eq(1)
@@ -281,15 +358,20 @@ class AttendUnit(wiring.Component):
                 m.d.comb += [self.blocks.valid.eq(bfifo.r_rdy), bfifo.r_en.eq(self.blocks.ready)]
                 with m.If(self.blocks.valid & self.blocks.ready):
                     m.d.sync += [idx.eq(idx + 1), st.blocks.eq(st.blocks + 1)]
+                    # EXACT's MAX pass keeps the list for the FIXED pass
+                    m.d.comb += [bfifo.w_en.eq(capture), bfifo.w_data.eq(bfifo.r_data)]
                     with m.If(idx == arg.blocks - 1):
                         m.next = "OUT"
             with m.State("OUT"):
-                with m.If(prefill), m.If(wr.desc_done):
+                with m.If(capture), m.If(mx_ok):
+                    m.d.sync += [emode.eq(ENGINE_MODE[AttendSoftmax.FIXED]), idx.eq(0)]
+                    m.next = "JOB"
+                with m.Elif(prefill), m.If(wr.desc_done):
                     m.d.sync += [st.records.eq(st.records + 1),
                                  st.write_errors.eq(st.write_errors + wr.desc_err)]
                     m.d.comb += done.eq(1)
                     m.next = "IDLE"
-                with m.Elif(rec_pkts == arg.heads):
+                with m.Elif(rec_pkts == Mux(is_max, 1, arg.heads)):
                     m.d.sync += st.records.eq(st.records + 1)
                     m.d.comb += done.eq(1)
                     m.next = "IDLE"

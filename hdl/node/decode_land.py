@@ -1,6 +1,8 @@
 """Decode lander: ``Op.QUERY`` payloads → their QBUF slot, a root's final ``(m, l, o)`` state →
-``o / l`` → its OBUF row, each counted after the write is acknowledged (docs/node.md §5
-"Landing engine", §7; §6 rule 1: a local sink that always drains; paper §4 end).
+``o / l`` → its OBUF row, the two-phase decode's all-reduced maxima (``Op.REDUCTION``,
+``reduce_op = NONE``) → their MBUF slot, each counted after the write is acknowledged
+(docs/node.md §5 "Landing engine", §7; §6 rule 1: a local sink that always drains; paper §4
+end).
 
 The slot and row rules, the drop rules, the configuration and the status counters are
 :mod:`mcf.abi.decode_land`'s; :class:`mcf.abi.decode_land.DecodeLandModel` is the golden model.
@@ -19,6 +21,7 @@ from mcf.abi.decode_land import (
     DEC_ADDR_BITS,
     DECODE_LAND_CONFIG,
     DECODE_LAND_STATUS,
+    M_SLOT_BYTES,
     obuf_row_bytes,
     state_bytes,
 )
@@ -45,6 +48,8 @@ WORDS = PACKET_WIDTH // LANE_BITS
 
 if QUERY_HEADER_BYTES * 8 != PACKET_WIDTH:  # pragma: no cover - the header is beat 0
     raise AssertionError("the query header must fill exactly the first 64-bit beat")
+if M_SLOT_BYTES & (M_SLOT_BYTES - 1):  # pragma: no cover - the MBUF offset is a shift
+    raise AssertionError("M_SLOT_BYTES must be a power of two")
 
 
 def packet_beat_layout(width: int = PACKET_WIDTH) -> data.StructLayout:
@@ -95,7 +100,8 @@ class PacketUpsizer(wiring.Component):
 
 
 class DecodeLander(wiring.Component):
-    """Lands decode queries in QBUF and normalised final states in OBUF.
+    """Lands decode queries in QBUF, normalised final states in OBUF and the two-phase decode's
+    all-reduced maxima in MBUF.
 
     Parameters
     ----------
@@ -112,48 +118,58 @@ class DecodeLander(wiring.Component):
     Members
     -------
     i : In(stream.Signature(parsed_layout(64)))
-        Local QUERY and PARTIAL_STATE packets (``LocalSink``): Meta beside every beat, ``last``
-        on the final one, ``ceil(length / 8)`` beats (a header-only packet: one beat); ``keep``
-        is not used. Any other packet is dropped and counted.
+        Local QUERY, PARTIAL_STATE and REDUCTION packets (``LocalSink``): Meta beside every
+        beat, ``last`` on the final one, ``ceil(length / 8)`` beats (a header-only packet, or
+        one of length 0: one beat); ``keep`` is not used. Any other packet is dropped and
+        counted.
     cfg : In(:data:`mcf.abi.decode_land.DECODE_LAND_CONFIG`)
-        ``qbuf_base``, ``obuf_base`` (40-bit byte addresses), ``q_slot`` (QBUF slot stride),
-        ``q_heads`` (H_q), ``tag_base`` (the token's ``decode_tag(k, 0)``); sampled in the two
-        cycles after a packet's first beat is taken: change it only between packets.
+        ``qbuf_base``, ``obuf_base``, ``mbuf_base`` (40-bit byte addresses), ``q_slot`` (QBUF
+        slot stride), ``q_heads`` (H_q), ``tag_base`` (the token's ``decode_tag(k, 0)``);
+        sampled in the two cycles after a packet's first beat is taken: change it only between
+        packets.
     bus : Out(AXI4Signature(data_width=axi_width))
         Write master (AW/W/B; AR/R tied off). INCR bursts, never across 4 KiB; one AXI ID.
     status : Out(:data:`mcf.abi.decode_land.DECODE_LAND_STATUS`)
-        ``queries_landed``, ``results_landed`` (one cycle after the last B response of the
-        packet's write, OKAY), ``drop_op``, ``drop_reduce_op``, ``drop_length``, ``drop_slot``,
-        ``write_errors`` (a write answered SLVERR/DECERR: not landed), ``framing_errors`` (a
-        landing packet whose beats disagreed with ``length``: cut, or padded with zeros).
+        ``queries_landed``, ``results_landed``, ``maxes_landed`` (one cycle after the last B
+        response of the packet's write, OKAY), ``drop_op``, ``drop_reduce_op``, ``drop_length``,
+        ``drop_slot``, ``write_errors`` (a write answered SLVERR/DECERR: not landed),
+        ``framing_errors`` (a landing packet whose beats disagreed with ``length``: cut, or
+        padded with zeros).
 
-    Structure: beat → stage 1 (register; slot index · ``q_slot``, row · row bytes, the query
-    length ``8 + heads · query_head_bytes``) → stage 2 (the packet's fate, latched on its first
-    beat; address) → framing guard (exactly ``ceil(length / 8)`` beats go on) → a state's
-    first beat (``m``, ``l``) feeds the reciprocal pipeline (:class:`Recip`, 3 cycles) whose
-    factors queue per packet, its ``o`` beats and a query's beats queue in a 16-beat FIFO →
-    normaliser (``o · r`` registered, then ``sat32(round_half_up(· >> e))``, two words per
-    beat; queries pass) → :class:`PacketUpsizer` → payload FIFO → :class:`DmaWriter`, one
-    descriptor per packet pushed at its first beat.
+    Structure: beat → stage 1 (register; slot index · ``q_slot``, row · row bytes, the same
+    row index · :data:`mcf.abi.decode_land.M_SLOT_BYTES` (a shift) for MBUF, the query length
+    ``8 + heads · query_head_bytes``) → stage 2 (the packet's fate, latched on its first beat;
+    address, write length) → framing guard (exactly ``ceil(length / 8)`` beats go on) → a
+    state's first beat (``m``, ``l``) feeds the reciprocal pipeline (:class:`Recip`, 3 cycles)
+    whose factors queue per packet, its ``o`` beats and a query's or maxima's beats queue in a
+    16-beat FIFO → normaliser (``o · r`` registered, then ``sat32(round_half_up(· >> e))``, two
+    words per beat; queries and maxima pass unchanged) → :class:`PacketUpsizer` → payload FIFO
+    → :class:`DmaWriter`, one descriptor per packet pushed at its first beat; the packet's kind
+    and burst count queue until its B responses, which pick the counter.
 
-    Latency (measured, AXI slave always ready): the first AW is valid 7 cycles after a
-    packet's first beat is taken, its first W beat 9 cycles after (a query) or 12 (a state:
-    the reciprocal); the last W beat leaves 8 (query) or 10 (state) cycles after the last input
-    beat; a count changes one cycle after the packet's last B handshake. Throughput: one input
-    beat per cycle, no bubble between packets (a state's ``m, l`` beat costs the writer
-    nothing; the reciprocal's 3 cycles are absorbed once by the FIFO). Measured
+    Latency (measured, AXI slave always ready; ``test_latency``): the first AW is valid 7
+    cycles after a packet's first beat is taken, its first W beat 9 cycles after (a query,
+    maxima) or 12 (a state: the reciprocal); the last W beat leaves 8 (query, maxima; 9 for a
+    one-beat packet) or 10 (state) cycles after the last input beat; a count changes one cycle
+    after the packet's last B handshake. Throughput: one input beat per cycle, no bubble
+    between packets (a state's ``m, l`` beat costs the writer nothing; the reciprocal's 3
+    cycles are absorbed once by the FIFO) while packets average at least 3 beats: the writer
+    takes a descriptor every 3 cycles at best, so back-to-back maxima of one or two beats (up
+    to 4 heads) alone land one per 3 cycles (``test_back_to_back_with_maxima``); a KV head's 6
+    maxima (24 B, 3 beats) run at full rate. Measured
     (``tests/test_node_decode_land.py::test_decode_land_rate``, first input beat to last
     count): 0.995 / 0.997 / 0.998 input beats per cycle for 45 back-to-back 520-B states, 33
     800-B queries, 80 of both mixed at head_dim 128; 0.967 / 0.980 / 0.987 for 72-B states and
-    128-B queries at head_dim 16 (the gap is the pipeline's tail).
+    128-B queries at head_dim 16 (the gap is the pipeline's tail); with a quarter of the
+    packets 4..32-B maxima among them, 0.997 (head_dim 128) and 0.984 (16).
 
     Stream rules: ``i.ready`` depends only on registers and FIFO levels (never on
     ``i.valid``); it is low only while a landing packet waits for the writer (payload FIFO, at
-    most 4 queued descriptors and ``outstanding + 8`` unacknowledged packets), while
-    :attr:`FACTORS` final states sit between the guard and the normaliser (which drains into
-    the writer), or, after a packet shorter than its ``length``, for the zero beats that pad
-    it. Dropped packets are consumed
-    at one beat per cycle; nothing waits on anything but the lander's own writes.
+    most 4 queued descriptors — short maxima meet this limit first — and ``outstanding + 8``
+    unacknowledged packets), while :attr:`FACTORS` final states sit between the guard and the
+    normaliser (which drains into the writer), or, after a packet shorter than its ``length``,
+    for the zero beats that pad it. Dropped packets are consumed at one beat per cycle;
+    nothing waits on anything but the lander's own writes.
     """
 
     FACTORS = 4      # final states between the guard and the normaliser (reciprocals queued)
@@ -198,7 +214,7 @@ class DecodeLander(wiring.Component):
             "data": unsigned(PACKET_WIDTH), "last": unsigned(1), "first": unsigned(1),
             "op": Op, "reduce_op": ReduceOp, "length": unsigned(len_bits),
             "head": unsigned(META["kv_id"].width), "q_off": unsigned(aw),
-            "o_off": unsigned(aw), "q_len": range(q_len_max + 1)}))
+            "o_off": unsigned(aw), "m_off": unsigned(aw), "q_len": range(q_len_max + 1)}))
         s1_valid = Signal()
         s1_move = Signal()
         in_first = Signal(init=1)
@@ -220,6 +236,7 @@ class DecodeLander(wiring.Component):
                 s1.first.eq(in_first), s1.op.eq(meta.op), s1.reduce_op.eq(meta.reduce_op),
                 s1.length.eq(meta.length), s1.head.eq(head),
                 s1.q_off.eq(q_idx * cfg.q_slot), s1.o_off.eq(o_idx * row_bytes),
+                s1.m_off.eq(o_idx * M_SLOT_BYTES),
                 s1.q_len.eq(hdr.heads * query_head_bytes(self.head_dim) + QUERY_HEADER_BYTES),
                 s1_valid.eq(1), in_first.eq(self.i.payload.last),
             ]
@@ -228,22 +245,26 @@ class DecodeLander(wiring.Component):
         s1_hdr = data.View(QUERY_HEADER, s1.data[:QUERY_HEADER.size])
 
         # --- stage 2: the packet's fate and address (latched on its first beat) ----------
-        is_q, is_s = Signal(), Signal()
-        q_len_ok, q_slot_ok, s_red_ok, s_len_ok, s_slot_ok = (Signal() for _ in range(5))
+        is_q, is_s, is_m = Signal(), Signal(), Signal()
+        q_len_ok, q_slot_ok, red_ok, s_len_ok, m_len_ok, h_slot_ok = \
+            (Signal() for _ in range(6))
         m.d.comb += [
             is_q.eq(s1.op == Op.QUERY), is_s.eq(s1.op == Op.PARTIAL_STATE),
+            is_m.eq(s1.op == Op.REDUCTION),
             q_len_ok.eq((s1_hdr.heads != 0) & (s1.length <= MAX_PAYLOAD) &
                         (s1.length == s1.q_len)),
             q_slot_ok.eq((s1_hdr.head0 + s1_hdr.heads <= cfg.q_heads) &
                          (s1.length <= cfg.q_slot)),
-            s_red_ok.eq(s1.reduce_op == ReduceOp.NONE),
+            red_ok.eq(s1.reduce_op == ReduceOp.NONE),
             s_len_ok.eq(s1.length == s_bytes),
-            s_slot_ok.eq(s1.head < cfg.q_heads),
+            m_len_ok.eq((s1.length != 0) & (s1.length[:2] == 0) &
+                        (s1.length <= M_SLOT_BYTES)),
+            h_slot_ok.eq(s1.head < cfg.q_heads),
         ]
         s2 = Signal(data.StructLayout({
             "data": unsigned(PACKET_WIDTH), "last": unsigned(1), "first": unsigned(1),
-            "keep": unsigned(1), "state": unsigned(1), "length": unsigned(len_bits),
-            "wlen": unsigned(len_bits), "addr": unsigned(aw)}))
+            "keep": unsigned(1), "state": unsigned(1), "maxes": unsigned(1),
+            "length": unsigned(len_bits), "wlen": unsigned(len_bits), "addr": unsigned(aw)}))
         s2_valid = Signal()
         s2_move = Signal()
         pkt_keep = Signal()
@@ -253,20 +274,23 @@ class DecodeLander(wiring.Component):
                          s2.length.eq(s1.length), s2_valid.eq(1)]
             with m.If(s1.first):
                 keep_q = is_q & q_len_ok & q_slot_ok
-                keep_s = is_s & s_red_ok & s_len_ok & s_slot_ok
+                keep_s = is_s & red_ok & s_len_ok & h_slot_ok
+                keep_m = is_m & red_ok & m_len_ok & h_slot_ok
+                keep = keep_q | keep_s | keep_m
                 m.d.sync += [
-                    s2.keep.eq(keep_q | keep_s), pkt_keep.eq(keep_q | keep_s),
-                    s2.state.eq(is_s),
-                    s2.addr.eq(Mux(is_q, cfg.qbuf_base + s1.q_off, cfg.obuf_base + s1.o_off)),
-                    s2.wlen.eq(Mux(is_q, s1.length, row_bytes)),
+                    s2.keep.eq(keep), pkt_keep.eq(keep), s2.state.eq(is_s), s2.maxes.eq(is_m),
+                    s2.addr.eq(Mux(is_q, cfg.qbuf_base + s1.q_off,
+                                   Mux(is_s, cfg.obuf_base + s1.o_off,
+                                       cfg.mbuf_base + s1.m_off))),
+                    s2.wlen.eq(Mux(is_s, row_bytes, s1.length)),
                 ]
-                with m.If(~is_q & ~is_s):
+                with m.If(~is_q & ~is_s & ~is_m):
                     m.d.sync += st.drop_op.eq(st.drop_op + 1)
-                with m.Elif(is_s & ~s_red_ok):
+                with m.Elif(~is_q & ~red_ok):
                     m.d.sync += st.drop_reduce_op.eq(st.drop_reduce_op + 1)
-                with m.Elif(Mux(is_q, ~q_len_ok, ~s_len_ok)):
+                with m.Elif(Mux(is_q, ~q_len_ok, Mux(is_s, ~s_len_ok, ~m_len_ok))):
                     m.d.sync += st.drop_length.eq(st.drop_length + 1)
-                with m.Elif(Mux(is_q, ~q_slot_ok, ~s_slot_ok)):
+                with m.Elif(Mux(is_q, ~q_slot_ok, ~h_slot_ok)):
                     m.d.sync += st.drop_slot.eq(st.drop_slot + 1)
             with m.Else():
                 m.d.sync += s2.keep.eq(pkt_keep)
@@ -276,7 +300,8 @@ class DecodeLander(wiring.Component):
         # --- descriptors and the packets awaiting their B responses ----------------------
         desc_l = descriptor_layout(aw)
         m.submodules.desc_fifo = desc_fifo = fifo.SyncFIFOBuffered(width=desc_l.size, depth=4)
-        pend_l = data.StructLayout({"result": unsigned(1), "two": unsigned(1)})
+        pend_l = data.StructLayout({"result": unsigned(1), "maxes": unsigned(1),
+                                    "two": unsigned(1)})
         m.submodules.pend_fifo = pend = fifo.SyncFIFOBuffered(
             width=pend_l.size, depth=4 + self.outstanding + 4)
         # a packet's write in bursts as DmaWriter cuts it: one, or two across a 4 KiB page
@@ -326,7 +351,7 @@ class DecodeLander(wiring.Component):
                      desc.count.eq(1)]
         with m.If(push & s2.first):
             m.d.comb += [desc_fifo.w_en.eq(1), desc_fifo.w_data.eq(desc), pend.w_en.eq(1),
-                         pend.w_data.eq(Cat(s2.state, total > first_n))]
+                         pend.w_data.eq(Cat(s2.state, s2.maxes, total > first_n))]
         with m.If(push & ~l_beat):
             m.d.comb += [mid.w_en.eq(1), mid.w_data.eq(Cat(s2.data, s2.state, final))]
 
@@ -411,6 +436,8 @@ class DecodeLander(wiring.Component):
             m.d.sync += st.write_errors.eq(st.write_errors + 1)
         with m.Elif(done & pend_head.result):
             m.d.sync += st.results_landed.eq(st.results_landed + 1)
+        with m.Elif(done & pend_head.maxes):
+            m.d.sync += st.maxes_landed.eq(st.maxes_landed + 1)
         with m.Elif(done):
             m.d.sync += st.queries_landed.eq(st.queries_landed + 1)
         return m

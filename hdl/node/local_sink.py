@@ -40,7 +40,8 @@ class LocalSink(wiring.Component):
     kv : Out(stream.Signature(parsed_layout(64)))
         ``KV_REPLICA`` packets, beats unchanged (to ``LandingEngine.i``).
     decode : Out(stream.Signature(parsed_layout(64)))
-        ``QUERY`` and ``PARTIAL_STATE`` packets, beats unchanged (to the decode lander).
+        ``QUERY``, ``PARTIAL_STATE`` and ``REDUCTION`` packets, beats unchanged (to the decode
+        lander).
     dir_op : Out(stream.Signature(:data:`mcf.abi.directory.DIR_OP`))
         One DRAIN of ``meta.kv_id`` (``count`` 0) per ``INVALIDATE`` packet of kind DRAIN,
         offered with its first beat; the rest of that packet is consumed (to ``Directory.op``,
@@ -81,7 +82,7 @@ class LocalSink(wiring.Component):
         with m.Switch(meta.op):
             with m.Case(Op.KV_REPLICA):
                 m.d.comb += first_route.eq(_Route.KV)
-            with m.Case(Op.QUERY, Op.PARTIAL_STATE):
+            with m.Case(Op.QUERY, Op.PARTIAL_STATE, Op.REDUCTION):
                 m.d.comb += first_route.eq(_Route.DECODE)
             with m.Case(Op.INVALIDATE):
                 with m.If(meta.seq == InvalidateKind.DRAIN):
@@ -121,13 +122,14 @@ class LocalSink(wiring.Component):
                 m.d.sync += st.packets.eq(st.packets + 1)
                 counted = {
                     "kv": meta.op == Op.KV_REPLICA,
-                    "decode": (meta.op == Op.QUERY) | (meta.op == Op.PARTIAL_STATE),
+                    "decode": (meta.op == Op.QUERY) | (meta.op == Op.PARTIAL_STATE) |
+                              (meta.op == Op.REDUCTION),
                     "drains": first_route == _Route.DRAIN,
                     "drop_invalidate": (meta.op == Op.INVALIDATE) &
                                        (first_route != _Route.DRAIN),
                     "control": meta.op == Op.CONTROL,
                     "fetch_requests": meta.op == Op.FETCH_REQUEST,
-                    "drop_op": (meta.op == Op.REDUCTION) | (meta.op.as_value() == 7),
+                    "drop_op": meta.op.as_value() == 7,
                 }
                 for name, cond in counted.items():
                     with m.If(cond):

@@ -274,6 +274,7 @@ class NodeTop(wiring.Component):
         m.d.comb += [
             dec.cfg.qbuf_base.eq(qbuf_base),
             dec.cfg.obuf_base.eq(Cat(bank.port("OBUF_BASE_LO"), bank.port("OBUF_BASE_HI"))),
+            dec.cfg.mbuf_base.eq(Cat(bank.port("MBUF_BASE_LO"), bank.port("MBUF_BASE_HI"))),
             dec.cfg.q_slot.eq(bank.port("QBUF_SLOT")),
             dec.cfg.q_heads.eq(bank.port("DEC_Q_HEADS")),
             dec.cfg.tag_base.eq(bank.port("DEC_TAG_BASE")),
@@ -301,6 +302,7 @@ class NodeTop(wiring.Component):
                 seq.counters[SeqCounter.QUERIES_LANDED.value].eq(dec.status.queries_landed),
                 seq.counters[SeqCounter.CONTROL.value].eq(lsink.control),
                 seq.counters[SeqCounter.OTHER_RETIRED.value].eq(other.retired),
+                seq.counters[SeqCounter.MAXES_LANDED.value].eq(dec.status.maxes_landed),
             ]
 
         # ---- AXI: HP-port multiplexers ---------------------------------------------------------

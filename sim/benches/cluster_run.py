@@ -415,12 +415,12 @@ async def run(dut):
                                cmd_log2=params.get("cmd_log2", 10))
     lay = decode_layout(p, cfg, base.base, base.cmd_log2, decode_blocks=blocks)
     image = DecodeImage(mcfg.layer, qm.layers, cfg, lay, tokens=slice_tokens(p),
-                        decode_blocks=blocks, max_blocks=max_read_set(p))
+                        decode_blocks=blocks, max_blocks=max_read_set(p), softmax=spec.softmax)
     mem_bytes = params.get("mem", MEM)
     if image.alloc.at > mem_bytes:
         raise ValueError(f"the node image ends at {image.alloc.at:#x}, beyond the "
                          f"{mem_bytes:#x}-byte DDR model (params: mem)")
-    golden = ClusterGolden(qm, p)
+    golden = ClusterGolden(qm, p, spec.softmax)
     prompt, answer = run_prompt(spec, mcfg)
     gold = golden.prefill(prompt)
     grid = Grid(dut, n, sorted(ports), comm=comm, wires=directed_links(n) if comm else [],

@@ -11,9 +11,14 @@ are read back from the RAM. Pauses (``pause``) on the RAM's AR, R, AW, W, B chan
 staged sink.
 
 Tests: ``decode`` (records of 1–2 heads over 1–5 blocks, partial blocks), ``prefill`` (causal
-over the chunks so far), ``bad`` (bad records counted and retired, then good ones), ``rate``
-(one decode ATTEND over 8 whole blocks: the engine's busy fraction from the record's accept to
-its ``done``; JSON to ``out``). Params: ``seed``, ``pause``, ``tests``, ``out``, geometry.
+over the chunks so far), ``bad`` (bad records counted and retired, then good ones), ``two_phase``
+(DECODE MAX, DECODE FIXED against maxima in an MBUF-like slot — of a larger key set, or below
+the keys' own maximum —, PREFILL EXACT, SINGLE records between them), ``split`` (two DECODE FIXED
+records of a split key set merged equal one over the whole set; PREFILL EXACT gives the same
+``o/l`` for two block partitions), ``bad_softmax`` (softmax settings a mode does not run, a read
+error on FIXED's maxima), ``rate`` (one decode ATTEND over 8 whole blocks: the engine's busy
+fraction from the record's accept to its ``done``; JSON to ``out``). Params: ``seed``,
+``pause``, ``tests``, ``out``, geometry.
 """
 
 from __future__ import annotations
@@ -41,8 +46,11 @@ from mcf.abi.attend import (
     AttendBlock,
     AttendHeader,
     AttendMode,
+    AttendResult,
+    AttendSoftmax,
     attend_list_bytes,
     attend_model,
+    max_payload_bytes,
     prefill_query_address,
 )
 from mcf.abi.decode_land import query_slot_bytes
@@ -51,6 +59,7 @@ from mcf.abi.kv_reader import block_address
 from mcf.abi.landing import KvLayout, LandingConfig
 from mcf.abi.node import Cmd, Queue, RecordClass
 from mcf.abi.query import pack_query
+from mcf.abi.softmax import merge_state, pack_state, sum_states, unpack_state
 from mcf.golden.attention import random_blocks, random_query
 from mcf.sim.benches.pauses import pattern
 from mcf.sim.toolchain import bench_params
@@ -65,6 +74,18 @@ LIST_BASE = 0x8_0000
 QBUF = 0x9_0000
 QACT = 0xA_0000
 OUT = 0xC_0000
+MBUF = 0xB_0000          # maxima for DECODE FIXED (32-byte slots, like the decode lander's)
+M_SLOT = 32
+POISON = 0xF_0000        # reads here answer SLVERR (a maxima read error)
+POISON_BYTES = 0x100
+
+
+class ReadError(Exception):
+    """The RAM answers this read with SLVERR."""
+
+
+def _poisoned(addr: int, n: int) -> bool:
+    return addr < POISON + POISON_BYTES and addr + n > POISON
 
 
 def _cmd(arg: AttendArg) -> int:
@@ -80,6 +101,13 @@ class TB:
         prng = random.Random(seed)
         self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=MEM)
         self.ram.write(0, bytes([0x5A]) * MEM)
+        ram = self.ram
+
+        async def _read(address, length):
+            if _poisoned(address, length):
+                raise ReadError(hex(address))
+            return ram.read(address % MEM, length)
+        self.ram.read_if._read = _read
         for side in (self.ram.read_if, self.ram.write_if):
             side.log.setLevel(logging.DEBUG if P.get("debug") else logging.WARNING)
         if pause:
@@ -101,6 +129,7 @@ class TB:
         self.busy = 0
         self.cycles = 0
         self.n_lists = 0
+        self.got: list[list[bytes]] = []
         self.layout = KvLayout(head_stride=SLICE * (4 + D), kv_slot=2 * SLICE * (4 + D),
                                land_off=(0,))
         self.cfg = LandingConfig(KV_BASE, self.layout.kv_slot, KV_IDS)
@@ -143,18 +172,30 @@ class TB:
         return AttendBlock(block_address(self.cfg, kv_id, h, self.layout, t0, D), n,
                            kv_id * SLICE + t0)
 
-    def record(self, mode, heads, blocks, q_addr, q_pos, out_addr=0, q_heads=None) -> AttendArg:
-        """Write a query (``q_heads`` heads in its header) and a list; the record's arg."""
-        q, sq = random_query(self.rng, q_heads or heads, D, sigma=1.5)
+    def record(self, mode, heads, blocks, q_addr, q_pos, out_addr=0, q_heads=None,
+               softmax=AttendSoftmax.SINGLE, qv=None) -> AttendArg:
+        """Write a query (``q_heads`` heads in its header; ``qv`` = ``(codes, scales)``, random
+        if None, kept in ``self.qv``) and a list; the record's arg."""
+        q, sq = qv if qv is not None else random_query(self.rng, q_heads or heads, D, sigma=1.5)
+        self.qv = (q, sq)
         self.ram.write(q_addr, pack_query(q, sq, q_pos, layer=0))
         lst = attend_list_bytes(AttendHeader(q_addr, out_addr), blocks)
         idx = self.n_lists
         self.ram.write(LIST_BASE + idx * 16, lst)
         self.n_lists += len(lst) // 16
-        return AttendArg(idx, len(blocks), mode, heads)
+        return AttendArg(idx, len(blocks), mode, heads, softmax)
 
-    def model(self, arg: AttendArg):
-        return attend_model(arg.pack(), LIST_BASE, self.ram.read, D, G, T, NL)
+    def model(self, arg: AttendArg) -> AttendResult:
+        """:func:`attend_model` on the RAM; a read of a poisoned address (only FIXED's maxima
+        are placed there) is a read error: ``bad_list``."""
+        def read(addr: int, n: int) -> bytes:
+            if _poisoned(addr, n):
+                raise ReadError(hex(addr))
+            return self.ram.read(addr, n)
+        try:
+            return attend_model(arg.pack(), LIST_BASE, read, D, G, T, NL)
+        except ReadError:
+            return AttendResult([], bad="bad_list")
 
     async def run(self, args: list[AttendArg], limit: int = 200_000):
         """Submit all records; check staged payloads in order and prefill rows at the end
@@ -173,10 +214,13 @@ class TB:
         start = self.dones
         for a in args:
             self.src.send_nowait(AxiStreamFrame([_cmd(a)]))
+        self.got = []
         for n, res in enumerate(want):
+            self.got.append([])
             for h, exp in enumerate(res.payloads):
                 frame = await self.sink.recv()
-                assert bytes(frame.tdata) == exp, f"record {n} head {h}: state differs"
+                self.got[-1].append(bytes(frame.tdata))
+                assert bytes(frame.tdata) == exp, f"record {n} payload {h} differs"
         while self.dones - start < len(args):
             await RisingEdge(self.dut.clk)
         for n, res in enumerate(want):
@@ -213,6 +257,67 @@ def prefill_records(tb: TB, chunks: int) -> list[AttendArg]:
             args.append(tb.record(AttendMode.PREFILL.value, G, blocks, q_addr,
                                   q_pos=c * SLICE + tok, out_addr=out))
             row += 1
+    return args
+
+
+DECODE, PREFILL = AttendMode.DECODE.value, AttendMode.PREFILL.value
+SM = AttendSoftmax
+
+
+def maxima_bytes(m) -> bytes:
+    """``heads`` signed maxima as the MAX payload / an MBUF slot holds them."""
+    return (np.asarray(m, dtype=np.int64) & 0xFFFF_FFFF).astype("<u4").tobytes()
+
+
+def maxima(raw: bytes) -> np.ndarray:
+    """The signed maxima of a MAX payload."""
+    return np.frombuffer(raw, dtype="<i4").astype(np.int64)
+
+
+def random_list(tb: TB, h: int, count: int) -> list[AttendBlock]:
+    """``count`` blocks of KV head ``h`` (random ``kv_id``, some partial)."""
+    blocks = []
+    for _ in range(count):
+        kv_id = int(tb.rng.integers(KV_IDS))
+        t0 = int(tb.rng.integers(SLICE)) if tb.rng.random() < 0.4 else 0
+        n = int(tb.rng.integers(1, SLICE - t0 + 1)) if t0 else SLICE
+        blocks.append(tb.block(kv_id, h, t0, n))
+    return blocks
+
+
+def two_phase_records(tb: TB, count: int) -> list[AttendArg]:
+    """Per round (``1 + round mod G`` heads): DECODE MAX of a list and of a larger key set
+    holding it, DECODE FIXED of the list against the larger set's maxima (in round 2 against
+    maxima 3.0 below its own: keys above the maximum, clamped), DECODE SINGLE of the list,
+    PREFILL EXACT and SINGLE of one token (the same query). The last round's token precedes
+    every key of its list (maxima ``M_EMPTY``)."""
+    args, slot = [], query_slot_bytes(G, D)
+    for i in range(count):
+        heads, h = 1 + i % G, i // 2 % 2
+        blocks = random_list(tb, h, int(tb.rng.integers(1, 5)))
+        q_addr = QBUF + 0x4000 + i * slot
+        args.append(tb.record(DECODE, heads, blocks, q_addr, 0, softmax=SM.MAX))
+        qv = tb.qv
+        sup = tb.record(DECODE, heads, blocks + random_list(tb, h, 2), q_addr, 0,
+                        softmax=SM.MAX, qv=qv)
+        args.append(sup)
+        m = maxima(tb.model(sup).payloads[0])
+        if i == 2:
+            m = maxima(tb.model(args[-2]).payloads[0]) - 3 * 256
+        tb.ram.write(MBUF + i * M_SLOT, maxima_bytes(m))
+        args.append(tb.record(DECODE, heads, blocks, q_addr, 0, out_addr=MBUF + i * M_SLOT,
+                              softmax=SM.FIXED, qv=qv))
+        args.append(tb.record(DECODE, heads, blocks, q_addr, 0, qv=qv))
+        c = i % KV_IDS
+        pblocks = [tb.block(k, h, 0, SLICE) for k in range(c + 1)]
+        q_pos = c * SLICE + int(tb.rng.integers(SLICE))
+        if i == count - 1:
+            pblocks, q_pos = [tb.block(1, h, 3, 20), tb.block(2, h, 0, SLICE)], SLICE - 1
+        for j, sm in enumerate((SM.EXACT, SM.SINGLE)):
+            row = 16 + 2 * i + j
+            args.append(tb.record(PREFILL, heads, pblocks, prefill_query_address(QACT, row, G, D),
+                                  q_pos, out_addr=OUT + row * G * D * 4, softmax=sm,
+                                  qv=tb.qv if j else None))
     return args
 
 
@@ -280,6 +385,104 @@ async def bad(dut):
     assert [w.bad for w in want].count("bad_list") == 3
     st = tb.status()
     assert st["bad_record"] == n_bad_rec and st["bad_list"] == 3 and st["records"] == 3
+
+
+@cocotb.test()
+async def two_phase(dut):
+    """DECODE MAX / FIXED and PREFILL EXACT records between SINGLE ones, bit-exact."""
+    if not _enabled("two_phase"):
+        return
+    tb = await _setup(dut, 4)
+    args = two_phase_records(tb, 4)
+    want = await tb.run(args)
+    assert all(w.bad is None for w in want)
+    st = tb.status()
+    assert st["records"] == len(args) and st["blocks"] == sum(r.blocks for r in want)
+    assert st["bad_record"] == st["bad_list"] == st["write_errors"] == 0
+    eng = tb.dut.engine_status.value.to_unsigned()
+    err_max = attn_status_layout()["err_max"]
+    assert eng >> err_max.offset & ((1 << err_max.width) - 1) > 0   # round 2's low maxima
+
+
+@cocotb.test()
+async def split(dut):
+    """The two-phase softmax does not depend on the key split: DECODE MAX of two parts of a
+    key set, their maxima MAX-reduced (= the whole set's), DECODE FIXED of each part against
+    them — the two states merged (``merge_state``, equal ``m``: a sum) are the bits of one FIXED
+    record over the whole set; PREFILL EXACT over two block partitions of the same keys (one
+    finer and in reverse order) writes the same ``o/l``."""
+    if not _enabled("split"):
+        return
+    tb = await _setup(dut, 5)
+    h = 1
+    whole = [tb.block(k, h, 0, SLICE) for k in range(3)] + [tb.block(3, h, 0, 9)]
+    part_a = [tb.block(0, h, 0, SLICE), tb.block(1, h, 0, 20)]
+    part_b = [tb.block(1, h, 20, SLICE - 20), tb.block(2, h, 0, SLICE), tb.block(3, h, 0, 9)]
+    q_addr = QBUF + 0x6000
+    args = [tb.record(DECODE, G, part_a, q_addr, 0, softmax=SM.MAX)]
+    qv = tb.qv
+    args += [tb.record(DECODE, G, p, q_addr, 0, softmax=SM.MAX, qv=qv) for p in (part_b, whole)]
+    await tb.run(args)
+    ma, mb, mw = (maxima(g[0]) for g in tb.got)
+    m = np.maximum(ma, mb)                              # ReduceOp.MAX of the two parts
+    assert np.array_equal(m, mw) and not np.array_equal(ma, mb)
+    tb.ram.write(MBUF, maxima_bytes(m))
+    args = [tb.record(DECODE, G, p, q_addr, 0, out_addr=MBUF, softmax=SM.FIXED, qv=qv)
+            for p in (part_a, part_b, whole)]
+    await tb.run(args)
+    for hd in range(G):
+        sa, sb = (unpack_state(tb.got[r][hd], D) for r in range(2))
+        assert pack_state(*merge_state(sa, sb)) == tb.got[2][hd], f"head {hd}: merge differs"
+        assert pack_state(*sum_states(sa, sb)) == tb.got[2][hd], f"head {hd}: sum differs"
+
+    q_pos = 3 * SLICE + 5                               # keys of kv_id 3 after 5 are masked
+    coarse = [tb.block(k, h, 0, SLICE) for k in range(KV_IDS)]
+    fine = [tb.block(3, h, 6, SLICE - 6), tb.block(3, h, 0, 6), tb.block(2, h, 0, SLICE),
+            tb.block(1, h, 16, 16), tb.block(1, h, 0, 16), tb.block(0, h, 7, SLICE - 7),
+            tb.block(0, h, 0, 7)]
+    qa = prefill_query_address(QACT, 40, G, D)
+    outs = [OUT + 0x8000, OUT + 0x8400]
+    args = [tb.record(PREFILL, G, coarse, qa, q_pos, out_addr=outs[0], softmax=SM.EXACT)]
+    qv = tb.qv
+    args.append(tb.record(PREFILL, G, fine, qa, q_pos, out_addr=outs[1], softmax=SM.EXACT,
+                          qv=qv))
+    want = await tb.run(args)
+    rows = [tb.ram.read(a, G * D * 4) for a in outs]
+    assert rows[0] == rows[1] == want[0].write[1], "EXACT o/l depends on the partition"
+    st = tb.status()
+    assert st["records"] == 8 and st["bad_record"] == st["bad_list"] == 0
+
+
+@cocotb.test()
+async def bad_softmax(dut):
+    """PREFILL MAX / FIXED and DECODE EXACT are bad records, a read error on DECODE FIXED's
+    maxima a bad list; the records around them still run bit-exact."""
+    if not _enabled("bad_softmax"):
+        return
+    tb = await _setup(dut, 6)
+    good = tb.block(0, 0, 0, SLICE)
+    q = QBUF + 0x7000
+    base = tb.record(DECODE, 1, [good], q, 0)
+    args = [AttendArg(base.list, 1, PREFILL, 1, SM.MAX),
+            AttendArg(base.list, 1, PREFILL, 1, SM.FIXED),
+            AttendArg(base.list, 1, DECODE, 1, SM.EXACT)]
+    two = [good, tb.block(1, 0, 0, SLICE)]
+    args.append(tb.record(DECODE, 2, two, q + 0x100, 0, softmax=SM.MAX))
+    (m,) = tb.model(args[-1]).payloads
+    assert len(m) == max_payload_bytes(2)
+    tb.ram.write(MBUF, m)
+    args.append(tb.record(DECODE, 2, two, q + 0x200, 0, out_addr=POISON, softmax=SM.FIXED))
+    args.append(tb.record(DECODE, 2, two, q + 0x300, 0, out_addr=MBUF, softmax=SM.FIXED))
+    args.append(AttendArg(base.list, 1, DECODE, 1, SM.EXACT))
+    args.append(tb.record(PREFILL, 2, two, prefill_query_address(QACT, 48, G, D), SLICE + 3,
+                          out_addr=OUT + 0xA000, softmax=SM.EXACT))
+    args += decode_records(tb, 1)
+    want = await tb.run(args)
+    bads = [w.bad for w in want]
+    assert bads.count("bad_record") == 4 and bads.count("bad_list") == 1
+    st = tb.status()
+    assert st["bad_record"] == 4 and st["bad_list"] == 1 and st["records"] == 4
+    assert st["blocks"] == sum(w.blocks for w in want)
 
 
 @cocotb.test()

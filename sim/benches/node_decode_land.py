@@ -3,23 +3,30 @@
 
 Traffic (:func:`make_traffic`): decode queries of random INT8 codes and scales
 (:func:`mcf.abi.query.pack_query`) cut as MARS cuts them (:func:`mcf.abi.query.query_fragments`),
-and final states — the :func:`mcf.abi.softmax.merge_states` fold of random per-node partial
+final states — the :func:`mcf.abi.softmax.merge_states` fold of random per-node partial
 states, packed by :func:`mcf.abi.softmax.pack_state`, with edge cases (empty state ``l = 0``,
-``l`` of one LSB, ``l`` with its top bit set, ``o`` that saturates) — with MARS's Meta
-(``kv_id = decode_tag(k, head)``, ``seq`` = layer), mixed with malformed packets: queries whose
-length disagrees with their header, with no heads, beyond ``Q_HEADS`` or longer than the slot;
-states with a ``reduce_op`` other than NONE, a wrong length, a head beyond ``Q_HEADS``; every
-other op. One OBUF row has an injected SLVERR (``AxiRam``'s own mechanism: a write that raises).
+``l`` of one LSB, ``l`` with its top bit set, ``o`` that saturates) — and the two-phase
+decode's all-reduced maxima (``Op.REDUCTION``, ``reduce_op = NONE``: 1..8 random
+:data:`mcf.abi.softmax.STATE_M` words, ``M_EMPTY`` among them, from a random first head) with
+MARS's Meta (``kv_id = decode_tag(k, head)``, ``seq`` = layer), mixed with malformed packets:
+queries whose length disagrees with their header, with no heads, beyond ``Q_HEADS`` or longer
+than the slot; states with a ``reduce_op`` other than NONE, a wrong length, a head beyond
+``Q_HEADS``; maxima with a ``reduce_op`` other than NONE, of length 0, not a multiple of 4 or
+above ``M_SLOT_BYTES``, from a head beyond ``Q_HEADS`` (each of these at least once); every
+other op. One OBUF row and one MBUF slot have an injected SLVERR (``AxiRam``'s own
+mechanism: a write that raises). ``MBUF_BASE`` is 4- but not 16-byte aligned, so maxima
+slots share AXI beats and one slot crosses a 4 KiB page.
 
-Scoreboard (:class:`mcf.abi.decode_land.DecodeLandModel`): every byte of QBUF and OBUF and
-around them equals the model's (bytes never written keep the fill pattern; the failed write's
-bytes are skipped), and every ``DECODE_LAND_STATUS`` counter exactly. Idle cycles on the
-input, pauses on AW/W/B.
+Scoreboard (:class:`mcf.abi.decode_land.DecodeLandModel`): every byte of QBUF, OBUF and MBUF
+and around them equals the model's (bytes never written keep the fill pattern; the failed
+writes' bytes are skipped), and every ``DECODE_LAND_STATUS`` counter exactly. Idle cycles on
+the input, pauses on AW/W/B.
 
 Params: ``seed``, ``n`` (packets), ``idle``, ``pause`` (AXI channel pause probability),
 ``head_dim`` (must equal the built lander's), ``tests``; ``out``: a JSON file for the rate
 measurement (``rate`` test: full input rate, no pauses; input beats per cycle from the first
-input beat to the last count).
+input beat to the last count; ``rate_mixes``: of ``states``, ``queries``, ``mixed`` — the
+three without maxima — and ``with_maxima``).
 """
 
 from __future__ import annotations
@@ -37,10 +44,12 @@ from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSource
 
 from mcf.abi.decode_land import (
     DECODE_LAND_STATUS,
+    M_SLOT_BYTES,
     DecodeLandConfig,
     DecodeLandModel,
     DecodeLandResult,
     decode_land_decision,
+    mbuf_bytes,
     obuf_row_bytes,
     query_slot_bytes,
     state_bytes,
@@ -49,7 +58,7 @@ from mcf.abi.framing import MAX_PAYLOAD, payload_beats
 from mcf.abi.meta import META, Collective, Meta, Op, ReduceOp, Stage
 from mcf.abi.quant import SCALE_EXP_BITS, SCALE_MANT_BITS
 from mcf.abi.query import QUERY_HEADER, pack_query, query_bytes, query_fragments
-from mcf.abi.softmax import M_EMPTY, STATE_L, STATE_O, merge_states, pack_state
+from mcf.abi.softmax import M_EMPTY, STATE_L, STATE_M, STATE_O, merge_states, pack_state
 from mcf.sim.benches.cycles import cycle_counter
 from mcf.sim.benches.ddr import WRITE, ddr_ram
 from mcf.sim.benches.pauses import pattern
@@ -61,7 +70,7 @@ HEAD_DIM = 16          # the bench's DecodeLander(head_dim=...) (the sim configu
 TAG_BITS = META["kv_id"].width
 
 __all__ = ["Traffic", "make_traffic", "random_state", "edge_states", "query_packet",
-           "state_packet", "HEAD_DIM"]
+           "state_packet", "maxima_packet", "HEAD_DIM"]
 
 
 @dataclass
@@ -69,7 +78,7 @@ class Traffic:
     cfg: DecodeLandConfig
     head_dim: int
     packets: list          # [(Meta, bytes)]
-    bad_addr: int | None = None   # the AXI beat (16 B) whose write raises
+    bad_addrs: tuple[int, ...] = ()   # the AXI beats (16 B) whose writes raise
     beat_bytes: int = 16
 
     def span(self, meta: Meta, payload: bytes) -> range | None:
@@ -82,10 +91,10 @@ class Traffic:
         return range(addr, addr + size)
 
     def write_error(self, meta: Meta, payload: bytes) -> bool:
-        """The packet's bursts include the raising beat."""
+        """The packet's bursts include a raising beat."""
         span = self.span(meta, payload)
-        return span is not None and self.bad_addr is not None and \
-            span.start < self.bad_addr + self.beat_bytes and self.bad_addr < span.stop
+        return span is not None and any(span.start < a + self.beat_bytes and a < span.stop
+                                        for a in self.bad_addrs)
 
     def model(self) -> DecodeLandModel:
         model = DecodeLandModel(self.cfg, self.head_dim)
@@ -143,23 +152,46 @@ def state_packet(rng: random.Random, cfg: DecodeLandConfig, state, head: int,
     return meta, payload
 
 
+def maxima_packet(rng: random.Random, cfg: DecodeLandConfig, head0: int, heads: int,
+                  layer: int) -> tuple[Meta, bytes]:
+    """The root's all-reduced maxima of query heads ``head0 .. head0 + heads − 1``: ``heads``
+    random :data:`mcf.abi.softmax.STATE_M` words (one in ten ``M_EMPTY``), MARS's Meta
+    (``kv_id = decode_tag(k, head0)``, ``seq`` = layer, the root's multicast)."""
+    words = [M_EMPTY if rng.random() < 0.1 else rng.randint(STATE_M.min_int, STATE_M.max_int)
+             for _ in range(heads)]
+    payload = b"".join(w.to_bytes(4, "little", signed=True) for w in words)
+    meta = Meta(stage=Stage.DECODE, op=Op.REDUCTION, collective=Collective.MULTICAST,
+                reduce_op=ReduceOp.NONE, src=rng.randrange(4), dst=rng.randrange(4),
+                route_id=rng.randrange(256),
+                kv_id=(cfg.tag_base + head0) % (1 << TAG_BITS), length=len(payload), seq=layer)
+    return meta, payload
+
+
 def make_traffic(seed: int, n: int, head_dim: int = HEAD_DIM, q_heads: int = 6,
                  max_payload: int = 64, bad_fraction: float = 0.25,
-                 qbuf_base: int = 0xF18, obuf_base: int = 0x7_FF44, k: int = 4099,
-                 bad_write: bool = True) -> Traffic:
-    """``n`` packets (queries, final states; ``bad_fraction`` of them malformed), for decode
-    token ``k`` (``TAG_BASE = k · q_heads``); queries cut at ``max_payload`` bytes."""
+                 qbuf_base: int = 0xF18, obuf_base: int = 0x7_FF44, mbuf_base: int = 0x4_0FB4,
+                 k: int = 4099, bad_write: bool = True, max_fraction: float = 0.2) -> Traffic:
+    """``n`` packets (queries, final states and — ``max_fraction`` of them — maxima;
+    ``bad_fraction`` of them malformed, plus one malformed maxima packet of each drop cause
+    when both fractions are non-zero), for decode token ``k`` (``TAG_BASE = k · q_heads``);
+    queries cut at ``max_payload`` bytes. ``bad_write``: one OBUF row and (with maxima) one
+    MBUF slot answer SLVERR. ``max_fraction = 0`` draws exactly the packets it drew before
+    maxima existed (the rate figures compare)."""
     rng = random.Random(seed)
     g = np.random.default_rng(seed)
     frags = query_fragments(q_heads, head_dim, max_payload)
     widest = max(c for _, c in frags)
     cfg = DecodeLandConfig(qbuf_base, obuf_base, query_slot_bytes(widest, head_dim), q_heads,
-                           (k * q_heads) % (1 << TAG_BITS))
+                           (k * q_heads) % (1 << TAG_BITS), mbuf_base)
     edges = edge_states(g, head_dim)
     packets = []
+    n_max = M_SLOT_BYTES // 4
     for _ in range(n):
         layer = rng.randrange(1 << META["seq"].width)
-        if rng.random() < 0.4:
+        if max_fraction and rng.random() < max_fraction:
+            meta, payload = maxima_packet(rng, cfg, rng.randrange(q_heads),
+                                          rng.randint(1, n_max), layer)
+        elif rng.random() < 0.4:
             head0, count = rng.choice(frags)
             meta, payload = query_packet(rng, cfg, head_dim, k, layer, head0, count)
         else:
@@ -168,21 +200,59 @@ def make_traffic(seed: int, n: int, head_dim: int = HEAD_DIM, q_heads: int = 6,
         if rng.random() < bad_fraction:
             meta, payload = _malform(rng, cfg, head_dim, k, meta, payload)
         packets.append((meta, payload))
+    if max_fraction and bad_fraction:
+        for kind in range(len(_MAXIMA_MALFORM)):
+            meta, payload = maxima_packet(rng, cfg, rng.randrange(q_heads),
+                                          rng.randint(1, n_max), rng.randrange(4))
+            packets.insert(rng.randrange(len(packets) + 1),
+                           _malform_maxima(rng, cfg, meta, payload, kind))
     t = Traffic(cfg, head_dim, packets)
     if bad_write:
-        layer = 1
-        meta, payload = state_packet(rng, cfg, random_state(g, head_dim), q_heads - 1, layer)
-        addr = t.span(meta, payload).start + 20
-        t.bad_addr = addr - addr % t.beat_bytes
-        packets.insert(rng.randrange(len(packets) + 1), (meta, payload))
+        bad = [state_packet(rng, cfg, random_state(g, head_dim), q_heads - 1, 1)]
+        if max_fraction:
+            bad.append(maxima_packet(rng, cfg, q_heads // 2, n_max, 0))
+        addrs = []
+        for meta, payload in bad:
+            addr = t.span(meta, payload).start + 20
+            addrs.append(addr - addr % t.beat_bytes)
+            packets.insert(rng.randrange(len(packets) + 1), (meta, payload))
+        t.bad_addrs = tuple(addrs)
     return t
+
+
+_MAXIMA_MALFORM = ("reduce_op", "empty", "unaligned", "long", "slot")
+
+
+def _malform_maxima(rng, cfg, meta, payload, kind=None):
+    """Maxima with one of the drop causes: a ``reduce_op`` other than NONE (a contribution
+    that should have gone to the reduction engine), length 0, not a multiple of 4 or above
+    ``M_SLOT_BYTES``, a first head beyond ``Q_HEADS``."""
+    name = _MAXIMA_MALFORM[rng.randrange(len(_MAXIMA_MALFORM)) if kind is None else kind]
+    if name == "reduce_op":
+        return meta.replace(reduce_op=rng.choice(
+            [ReduceOp.MAX, ReduceOp.SUM, ReduceOp.SOFTMAX_MERGE])), payload
+    if name == "empty":         # one keep = 0 beat
+        return meta.replace(length=0), b""
+    if name == "unaligned":     # 4·j + 1..3 bytes
+        body = payload[:4 * rng.randrange(len(payload) // 4)] + \
+            bytes(rng.randrange(256) for _ in range(rng.randrange(1, 4)))
+        return meta.replace(length=len(body)), body
+    if name == "long":
+        body = payload + bytes(rng.randrange(256) for _ in range(M_SLOT_BYTES + 4 -
+                                                                 len(payload)))
+        body += bytes(4 * rng.randrange(3))
+        return meta.replace(length=len(body)), body
+    head = rng.randrange(cfg.q_heads, 1 << TAG_BITS)
+    return meta.replace(kv_id=(cfg.tag_base + head) % (1 << TAG_BITS)), payload
 
 
 def _malform(rng, cfg, head_dim, k, meta, payload):
     """One of the drop causes (or a framing-free variant of it)."""
+    if meta.op == Op.REDUCTION:
+        return _malform_maxima(rng, cfg, meta, payload)
     kind = rng.randrange(8)
     if kind == 0:               # another op
-        op = rng.choice([o for o in Op if o not in (Op.QUERY, Op.PARTIAL_STATE)])
+        op = rng.choice([o for o in Op if o not in (Op.QUERY, Op.PARTIAL_STATE, Op.REDUCTION)])
         return meta.replace(op=op), payload
     if kind == 1:               # a state that should have gone to the reduction engine
         return meta.replace(op=Op.PARTIAL_STATE, reduce_op=rng.choice(
@@ -258,11 +328,25 @@ async def _drain(tb: TB, expected: dict, timeout_cycles: int) -> int:
 def _regions(t: Traffic) -> list[tuple[int, int]]:
     q = t.cfg.q_slot * 2 * t.cfg.q_heads
     o = obuf_row_bytes(t.head_dim) * 2 * t.cfg.q_heads
-    return [(t.cfg.qbuf_base - 256, q + 512), (t.cfg.obuf_base - 256, o + 512)]
+    mb = mbuf_bytes(t.cfg.q_heads)
+    return [(t.cfg.qbuf_base - 256, q + 512), (t.cfg.obuf_base - 256, o + 512),
+            (t.cfg.mbuf_base - 256, mb + 512)]
+
+
+def maxima_drops(t: Traffic) -> dict[DecodeLandResult, int]:
+    """Dropped maxima (``Op.REDUCTION``) packets of the traffic by cause."""
+    out: dict[DecodeLandResult, int] = {}
+    for meta, payload in t.packets:
+        if meta.op == Op.REDUCTION:
+            result, addr = decode_land_decision(t.cfg, meta, payload, t.head_dim)
+            if addr is None:
+                out[result] = out.get(result, 0) + 1
+    return out
 
 
 def _check(tb: TB, t: Traffic, model: DecodeLandModel) -> None:
-    """QBUF, OBUF and 256 bytes either side: bytes equal to the model's (or the fill)."""
+    """QBUF, OBUF, MBUF and 256 bytes either side: bytes equal to the model's (or the
+    fill)."""
     skip = {a for meta, pl in t.packets if t.write_error(meta, pl) for a in t.span(meta, pl)}
     for start, size in _regions(t):
         got = tb.ram.read(start, size)
@@ -276,8 +360,8 @@ def _check(tb: TB, t: Traffic, model: DecodeLandModel) -> None:
 
 @cocotb.test()
 async def random_mix(dut):
-    """Random queries, final states and malformed packets, idle input, AXI pauses: DDR bytes,
-    counters."""
+    """Random queries, final states, maxima and malformed packets, idle input, AXI pauses: DDR
+    bytes, counters."""
     p = bench_params()
     if "random_mix" not in p.get("tests", ["random_mix"]):
         return
@@ -286,7 +370,7 @@ async def random_mix(dut):
     t = make_traffic(seed, p.get("n", 300), head_dim=p.get("head_dim", HEAD_DIM))
     tb = TB(dut, rng, p.get("idle", 0.3), p.get("pause", 0.3))
     assert t.beat_bytes == len(dut.bus_wdata) // 8
-    tb.bad_write.add(t.bad_addr)
+    tb.bad_write.update(t.bad_addrs)
     await tb.reset(t)
     model = t.model()
     for meta, payload in t.packets:
@@ -294,15 +378,20 @@ async def random_mix(dut):
     beats = sum(max(1, payload_beats(len(pl), 64)) for _, pl in t.packets)
     await _drain(tb, model.status, 20 * beats + 20_000)
     st = model.status
-    assert st["write_errors"] >= 1 and st["queries_landed"] > 0 and st["results_landed"] > 0
+    assert st["write_errors"] >= 2 and st["queries_landed"] > 0 and st["results_landed"] > 0
+    assert st["maxes_landed"] > 0
     assert min(st[k] for k in ("drop_op", "drop_reduce_op", "drop_length", "drop_slot")) > 0
+    drops = maxima_drops(t)
+    assert min(drops.get(r, 0) for r in (DecodeLandResult.DROP_REDUCE_OP,
+                                         DecodeLandResult.DROP_LENGTH,
+                                         DecodeLandResult.DROP_SLOT)) > 0
     _check(tb, t, model)
 
 
 @cocotb.test()
 async def rate(dut):
-    """Full input rate, no pauses: input beats per cycle for back-to-back final states and
-    queries (reported, not asserted)."""
+    """Full input rate, no pauses: input beats per cycle for back-to-back final states,
+    queries, both, and all three kinds with maxima (reported, not asserted)."""
     p = bench_params()
     if "rate" not in p.get("tests", ["rate"]):
         return
@@ -310,13 +399,15 @@ async def rate(dut):
     tb = TB(dut, rng)
     cycle = cycle_counter(dut.clk)
     results = []
-    for mix in p.get("rate_mixes", ["states", "queries", "mixed"]):
+    for mix in p.get("rate_mixes", ["states", "queries", "mixed", "with_maxima"]):
         seed = p.get("seed", 1) + len(results)
         t = make_traffic(seed, p.get("rate_n", 100), head_dim=p.get("head_dim", HEAD_DIM),
                          bad_fraction=0.0, bad_write=False,
-                         max_payload=p.get("rate_max_payload", MAX_PAYLOAD))
+                         max_payload=p.get("rate_max_payload", MAX_PAYLOAD),
+                         max_fraction=0.25 if mix == "with_maxima" else 0.0)
         kinds = {"states": (Op.PARTIAL_STATE,), "queries": (Op.QUERY,),
-                 "mixed": (Op.QUERY, Op.PARTIAL_STATE)}[mix]
+                 "mixed": (Op.QUERY, Op.PARTIAL_STATE),
+                 "with_maxima": (Op.QUERY, Op.PARTIAL_STATE, Op.REDUCTION)}[mix]
         t.packets = [pk for pk in t.packets if pk[0].op in kinds]
         tb.ram.write(0, bytes([FILL]) * MEM)
         await tb.reset(t)

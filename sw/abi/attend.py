@@ -10,10 +10,14 @@ lives in DDR, one list per step", §5, §7; issue #11 §1.2–1.4).
   driver orders the ATTEND behind the landings of every block it names (docs/node.md §7).
 * ``arg`` = :data:`ATTEND_ARG`: ``list`` — the list's 16-byte entry index in the list table
   (list address ``ATT_LIST_BASE + list · 16``), ``blocks`` — block entries (1..``max_list``),
-  ``mode`` (:class:`AttendMode`), ``heads`` — query heads sharing the KV head (1..``max_heads``).
+  ``mode`` (:class:`AttendMode`), ``heads`` — query heads sharing the KV head (1..``max_heads``),
+  ``softmax`` (:class:`AttendSoftmax`): one online-softmax pass, or a phase of the two-phase
+  softmax whose sums do not depend on how the keys are split into blocks or nodes.
 
 **The list** (16-byte entries, little-endian): entry 0 is the header :data:`ATTEND_HEADER`
-(``q_addr``: the query record; ``out_addr``: PREFILL's ``o/l`` row, ignored in DECODE), then
+(``q_addr``: the query record; ``out_addr``: PREFILL's ``o/l`` row; in DECODE FIXED the
+``heads`` 32-bit maxima :data:`mcf.abi.softmax.STATE_M` the phase computes against — an MBUF
+slot, :func:`mcf.abi.decode_land.mbuf_address`, 16-byte aligned —; ignored otherwise), then
 ``blocks`` entries :data:`ATTEND_BLOCK` (``addr`` of the block's first token record — the
 landing rule, :func:`mcf.abi.kv_reader.block_address` —, ``tokens`` 1..``max_block``,
 ``pos0``). Reserved bits must be 0 (not checked).
@@ -24,17 +28,26 @@ DECODE: the QBUF slot the decode lander wrote (:func:`mcf.abi.decode_land.qbuf_a
 PREFILL: the token's row in the driver's query region of ACT, :func:`prefill_query_address`,
 written in the same format (the vector unit's requantised Q head rows).
 
-**Outputs.** DECODE (SINGLE mode, not normalised): per query head one payload, the state
+**Outputs.** DECODE SINGLE (not normalised): per query head one payload, the state
 ``(m, l, o)`` (:func:`mcf.abi.softmax.pack_state`, ``state_bytes(d)``), staged whole in the send
 unit's ``staged_attn`` FIFO for the SEND records (``src = ATTN``) that follow; the record is
-done when all ``heads`` payloads are in the FIFO. PREFILL (SINGLE, normalised, causal):
-``heads · d`` ATTN_OUT words ``o/l`` written at ``out_addr`` (any alignment); done after
-the write's B responses.
+done when all ``heads`` payloads are in the FIFO. DECODE MAX (the engine's ``AttnMode.MAX``, K
+rows only): one payload of ``heads`` 32-bit maxima (:func:`max_payload_bytes`; ``M_EMPTY`` for
+a head with no key), for a ``ReduceOp.MAX`` reduction. DECODE FIXED (``AttnMode.FIXED``
+against the maxima at ``out_addr``): per head the state ``(M, l, o)`` with exact wrapped sums,
+staged like SINGLE's; states of one query merged with ``SOFTMAX_MERGE`` (equal ``m``: an
+integer sum) give the same bits for any split of its keys. PREFILL SINGLE (normalised,
+causal): ``heads · d`` ATTN_OUT words ``o/l`` written at ``out_addr`` (any alignment); done
+after the write's B responses. PREFILL EXACT: the unit runs a causal MAX job over the list,
+keeps the maxima, then a causal FIXED job over the same list, normalised, written like SINGLE's
+— ``o/l`` that does not depend on the blocks' partition.
 
-**Bad records** (counted, retired with ``done``, nothing emitted): undefined ``mode``,
+**Bad records** (counted, retired with ``done``, nothing emitted): undefined ``mode``, a
+``softmax`` the mode does not run (:data:`SOFTMAX_OF_MODE`),
 ``heads`` outside 1..``max_heads``, ``blocks`` 0 or above ``max_list`` (``bad_record``); a read
 error on the list or the query, a block entry with ``tokens`` outside 1..``max_block``, a query
-whose header ``heads`` differs from ``arg.heads`` (``bad_list``). A write error on ``o/l`` is
+whose header ``heads`` differs from ``arg.heads``, a read error on FIXED's maxima
+(``bad_list``). A write error on ``o/l`` is
 counted (``write_errors``) and the record retires.
 """
 
@@ -60,7 +73,8 @@ __all__ = [
     "AttendMode", "ATTEND_ARG", "ATTEND_HEADER", "ATTEND_BLOCK", "ATT_ENTRY_BYTES",
     "ATTEND_STATUS", "AttendArg", "AttendBlock", "AttendHeader",
     "attend_list_bytes", "prefill_query_address", "attend_registers", "AttendResult",
-    "attend_model", "ENGINE_MODE",
+    "attend_model", "ENGINE_MODE", "AttendSoftmax", "SOFTMAX_OF_MODE", "max_payload_bytes",
+    "RUN_SOFTMAX", "PREFILL_SOFTMAX",
 ]
 
 ATT_ENTRY_BYTES = 16
@@ -73,15 +87,47 @@ class AttendMode(enum.Enum, shape=2):
     PREFILL = 1   # causal, o/l → DDR at out_addr
 
 
-ENGINE_MODE = AttnMode.SINGLE
-"""The engine mode of every ATTEND job (both modes use the online softmax)."""
+class AttendSoftmax(enum.Enum, shape=2):
+    """How an ATTEND computes its softmax (``ATTEND_ARG.softmax``)."""
+    SINGLE = 0    # one online-softmax pass (block states merged in list order)
+    MAX = 1       # DECODE, two-phase phase 1: per-head maxima only (one payload)
+    FIXED = 2     # DECODE, two-phase phase 2: states against the maxima at ``out_addr``
+    EXACT = 3     # PREFILL: MAX then FIXED on this unit, normalised
+
+
+SOFTMAX_OF_MODE = {
+    AttendMode.DECODE: (AttendSoftmax.SINGLE, AttendSoftmax.MAX, AttendSoftmax.FIXED),
+    AttendMode.PREFILL: (AttendSoftmax.SINGLE, AttendSoftmax.EXACT),
+}
+"""The softmax settings each mode runs; any other pair is a bad record."""
+
+ENGINE_MODE = {AttendSoftmax.SINGLE: AttnMode.SINGLE, AttendSoftmax.MAX: AttnMode.MAX,
+               AttendSoftmax.FIXED: AttnMode.FIXED}
+"""The engine mode of an ATTEND's job (EXACT: a MAX job, then a FIXED job)."""
+
+
+RUN_SOFTMAX = ("single", "two_phase")
+"""How a run's attention computes its softmax: ``single`` — PREFILL SINGLE and DECODE SINGLE
+(one online pass per ATTEND, per-node states merged along the reduction tree); ``two_phase`` —
+PREFILL EXACT and the two-phase decode (DECODE MAX, a ``ReduceOp.MAX`` all-reduce of the
+maxima, DECODE FIXED against them, states summed): the attention does not depend on how the
+keys are split into blocks or over nodes, so a run's bits do not depend on N."""
+
+PREFILL_SOFTMAX = {"single": AttendSoftmax.SINGLE, "two_phase": AttendSoftmax.EXACT}
+"""The PREFILL ATTEND setting of each :data:`RUN_SOFTMAX`."""
+
+
+def max_payload_bytes(heads: int) -> int:
+    """DECODE MAX's payload: ``heads`` 32-bit maxima."""
+    return 4 * heads
+
 
 ATTEND_ARG = data.StructLayout({
     "list": unsigned(16),
     "blocks": unsigned(8),
     "mode": unsigned(2),
     "heads": unsigned(4),
-    "reserved": unsigned(2),
+    "softmax": AttendSoftmax,
 })
 """``CMD.arg`` of an ATTEND record."""
 
@@ -104,9 +150,10 @@ if ATTEND_HEADER.size != 8 * ATT_ENTRY_BYTES or ATTEND_BLOCK.size != 8 * ATT_ENT
     raise AssertionError("list entries are one 128-bit beat")  # pragma: no cover
 
 ATTEND_STATUS = counters("records", "blocks", "bad_record", "bad_list", "write_errors")
-"""Records done (good ones), blocks requested, records rejected on their ``arg``, records
-rejected on their list/query (read error, bad entry, heads mismatch), ``o/l``
-writes answered with an error. Registers ``att_<field>``."""
+"""Records done (good ones), blocks requested (PREFILL EXACT requests its list twice, once
+per pass), records rejected on their ``arg``, records rejected on their list/query/maxima (read
+error, bad entry, heads mismatch), ``o/l`` writes answered with an error. Registers
+``att_<field>``."""
 
 
 @dataclass(frozen=True)
@@ -115,10 +162,11 @@ class AttendArg:
     blocks: int
     mode: int
     heads: int
+    softmax: AttendSoftmax = AttendSoftmax.SINGLE
 
     def pack(self) -> int:
         return ATTEND_ARG.const({"list": self.list, "blocks": self.blocks, "mode": self.mode,
-                                 "heads": self.heads}).as_bits()
+                                 "heads": self.heads, "softmax": self.softmax}).as_bits()
 
 
 @dataclass(frozen=True)
@@ -167,8 +215,9 @@ def attend_registers() -> list[Register]:
 
 @dataclass
 class AttendResult:
-    """What one record produces: ``payloads`` (DECODE: one state per head), ``write``
-    (PREFILL: ``(out_addr, bytes)``), or ``bad`` (the counter it increments)."""
+    """What one record produces: ``payloads`` (DECODE: one state per head; MAX: one payload
+    of maxima), ``write`` (PREFILL: ``(out_addr, bytes)``), or ``bad`` (the counter it
+    increments); ``blocks``: the block requests it makes (``att_blocks``)."""
     payloads: list[bytes]
     write: tuple[int, bytes] | None = None
     bad: str | None = None
@@ -179,16 +228,24 @@ def attend_model(arg: int, list_base: int, read: Callable[[int, int], bytes], he
                  max_heads: int, max_block: int, max_list: int) -> AttendResult:
     """Golden model of one ATTEND record: ``arg`` (:data:`ATTEND_ARG` bits) and the bytes
     ``read(addr, n)`` returns for the list, the query and the KV token records.
-    Uses :func:`mcf.golden.attention.attend_single` / ``normalize_state``."""
-    from mcf.golden.attention import KVBlock, attend_single, normalize_state
+    Uses :mod:`mcf.golden.attention` (``attend_single``, ``attend_max``, ``attend_fixed``,
+    ``normalize_state``)."""
+    from mcf.golden.attention import (
+        KVBlock,
+        attend_fixed,
+        attend_max,
+        attend_single,
+        normalize_state,
+    )
 
     from .kv import unpack_kv_block
     from .query import query_bytes
 
     a = ATTEND_ARG.from_bits(arg)
     mode, heads, nb = int(a.mode), int(a.heads), int(a.blocks)
+    softmax = AttendSoftmax(a.softmax)      # the view gives the member (every code is defined)
     if mode not in (m.value for m in AttendMode) or not 1 <= heads <= max_heads \
-            or not 1 <= nb <= max_list:
+            or not 1 <= nb <= max_list or softmax not in SOFTMAX_OF_MODE[AttendMode(mode)]:
         return AttendResult([], bad="bad_record")
     lst = read(list_base + int(a.list) * ATT_ENTRY_BYTES, (1 + nb) * ATT_ENTRY_BYTES)
     hdr = ATTEND_HEADER.from_bits(int.from_bytes(lst[:ATT_ENTRY_BYTES], "little"))
@@ -211,9 +268,21 @@ def attend_model(arg: int, list_base: int, read: Callable[[int, int], bytes], he
         pos = (p0 + np.arange(n, dtype=np.int64)) % (1 << KV_POS_BITS)
         blocks.append(KVBlock(k4, sk, v4, sv, pos))
     causal = mode == AttendMode.PREFILL.value
-    st = attend_single(qr.codes, qr.scales, blocks, qr.pos, causal)
+    if softmax == AttendSoftmax.MAX:
+        m = attend_max(qr.codes, qr.scales, blocks, qr.pos) & 0xFFFF_FFFF
+        return AttendResult([m.astype("<u4").tobytes()], blocks=nb)
+    if softmax == AttendSoftmax.SINGLE:
+        st = attend_single(qr.codes, qr.scales, blocks, qr.pos, causal)
+    else:
+        if softmax == AttendSoftmax.FIXED:
+            m_fix = np.frombuffer(read(out_addr, max_payload_bytes(heads)), dtype="<i4")
+        else:
+            m_fix = attend_max(qr.codes, qr.scales, blocks, qr.pos, causal)
+        st = attend_fixed(qr.codes, qr.scales, blocks, m_fix, qr.pos, causal)[0]
     if causal:
         words = normalize_state(st).ravel().astype(np.int64) & 0xFFFF_FFFF
-        return AttendResult([], write=(out_addr, words.astype("<u4").tobytes()), blocks=nb)
+        passes = 2 if softmax == AttendSoftmax.EXACT else 1
+        return AttendResult([], write=(out_addr, words.astype("<u4").tobytes()),
+                            blocks=passes * nb)
     return AttendResult([pack_state(st.m[h], st.l[h], st.o[h]) for h in range(heads)],
                         blocks=nb)

@@ -2,7 +2,7 @@
 (docs/node.md §5 "Landing engine", §7; paper §4 end: the query goes to the KV shards, their
 partial states merge along the tree and the root finishes ``o / l``).
 
-Two packet kinds reach the decode lander (``mcf.hdl.node.decode_land.DecodeLander``):
+Three packet kinds reach the decode lander (``mcf.hdl.node.decode_land.DecodeLander``):
 
 * ``Op.QUERY`` — payload :func:`mcf.abi.query.pack_query` (a :data:`QUERY_HEADER` in its first
   :data:`QUERY_HEADER_BYTES` bytes, then whole query heads). Landed whole, header included, in
@@ -32,13 +32,24 @@ Two packet kinds reach the decode lander (``mcf.hdl.node.decode_land.DecodeLande
   MARK of docs/node.md §3 (c)). The rows of one parity are the O-projection's input vector
   ``[H_q · head_dim]`` in head order.
 
+* ``Op.REDUCTION`` with ``reduce_op = NONE`` — the two-phase decode's all-reduced maxima of one
+  KV head's query heads (the root's ``ReduceOp.MAX`` result, and the root's multicast of it to
+  the other nodes): ``heads`` 32-bit words, landed as they are in one **MBUF slot** of
+  :data:`M_SLOT_BYTES`, where the FIXED ATTEND of that KV head reads them
+  (:mod:`mcf.abi.attend`): ::
+
+      head0 = (Meta.kv_id − TAG_BASE) mod 2^16          (MARS: kv_id = decode_tag(k, head0))
+      mbuf_address = MBUF_BASE + ((Meta.seq mod 2) · Q_HEADS + head0) · M_SLOT_BYTES
+
 Dropped whole and counted (:data:`DECODE_LAND_STATUS`), first matching rule: any other ``op``
 (``drop_op``); a PARTIAL_STATE whose ``reduce_op`` is not NONE — it should have gone to the
 reduction engine (``drop_reduce_op``); a query whose header names no head, whose length is not
 :func:`mcf.abi.query.query_bytes` of its header's head count or exceeds
 :data:`mcf.abi.framing.MAX_PAYLOAD`, a state whose length is not
-``4 · state_words(head_dim)`` (``drop_length``); a query with ``head0 + heads > Q_HEADS`` or
-longer than ``Q_SLOT``, a state with ``head ≥ Q_HEADS`` (``drop_slot``).
+``4 · state_words(head_dim)``, maxima whose length is 0, not a multiple of 4 or above
+:data:`M_SLOT_BYTES` (``drop_length``); a query with ``head0 + heads > Q_HEADS`` or longer than
+``Q_SLOT``, a state or maxima with ``head ≥ Q_HEADS`` (``drop_slot``). A REDUCTION whose
+``reduce_op`` is not NONE counts as ``drop_reduce_op`` like a state.
 
 :class:`DecodeLandModel` is the golden model of the hardware; :func:`decode_land_decision` its
 decision, :func:`normalized_row` its datapath.
@@ -64,7 +75,8 @@ from .regs import Access, Register, status_registers
 from .softmax import LANE_BITS, normalize, state_words, unpack_state
 
 __all__ = [
-    "DEC_ADDR_BITS", "Q_SLOT_BITS", "Q_HEADS_BITS", "TAG_BITS", "DECODE_LAND_CONFIG",
+    "DEC_ADDR_BITS", "Q_SLOT_BITS", "M_SLOT_BYTES", "mbuf_address", "mbuf_bytes", "mbuf_slot",
+    "Q_HEADS_BITS", "TAG_BITS", "DECODE_LAND_CONFIG",
     "DECODE_LAND_STATUS", "DecodeLandConfig", "DecodeLandResult", "state_bytes",
     "obuf_row_bytes", "query_slot_bytes", "query_header", "decode_head", "qbuf_address",
     "obuf_address", "decode_land_decision", "normalized_row", "decode_land_registers",
@@ -77,10 +89,13 @@ Q_SLOT_BITS = 16
 Q_HEADS_BITS = QUERY_HEAD_BITS + 1
 """``Q_HEADS`` can be 2^QUERY_HEAD_BITS (every head a header can name)."""
 TAG_BITS = META["kv_id"].width
+M_SLOT_BYTES = 32
+"""An MBUF slot: up to 8 maxima (a KV head's query heads), two 128-bit beats."""
 
 DECODE_LAND_CONFIG = data.StructLayout({
     "qbuf_base": unsigned(DEC_ADDR_BITS),
     "obuf_base": unsigned(DEC_ADDR_BITS),
+    "mbuf_base": unsigned(DEC_ADDR_BITS),
     "q_slot": unsigned(Q_SLOT_BITS),
     "q_heads": unsigned(Q_HEADS_BITS),
     "tag_base": unsigned(TAG_BITS),
@@ -89,11 +104,12 @@ DECODE_LAND_CONFIG = data.StructLayout({
 ``tag_base`` may instead come from the sequencer's per-token MARK)."""
 
 DECODE_LAND_STATUS = counters(
-    "queries_landed", "results_landed", "drop_op", "drop_reduce_op", "drop_length",
-    "drop_slot", "write_errors", "framing_errors")
-"""Queries written to QBUF and final states written to OBUF (each counted after the write's B
-response, OKAY: the sequencer's WAITs read these two), packets dropped by cause, packets whose
-write answered SLVERR/DECERR (not counted as landed), landing packets whose beat count
+    "queries_landed", "results_landed", "maxes_landed", "drop_op", "drop_reduce_op",
+    "drop_length", "drop_slot", "write_errors", "framing_errors")
+"""Queries written to QBUF, final states written to OBUF and maxima written to MBUF (each
+counted after the write's B response, OKAY: the sequencer's WAITs read these three), packets
+dropped by cause, packets whose write answered SLVERR/DECERR (not counted as landed), landing
+packets whose beat count
 disagreed with ``length`` (treated as ``length`` bytes: cut, or padded with zeros; impossible
 behind a parser). Registers ``dec_<field>``."""
 
@@ -126,6 +142,7 @@ class DecodeLandConfig:
     q_slot: int
     q_heads: int
     tag_base: int = 0
+    mbuf_base: int = 0
 
     def __post_init__(self):
         for name, fld in DECODE_LAND_CONFIG:
@@ -141,6 +158,7 @@ class DecodeLandConfig:
 class DecodeLandResult(enum.Enum):
     QUERY = "queries_landed"
     RESULT = "results_landed"
+    MAXES = "maxes_landed"
     DROP_OP = "drop_op"
     DROP_REDUCE_OP = "drop_reduce_op"
     DROP_LENGTH = "drop_length"
@@ -183,6 +201,26 @@ def obuf_address(cfg: DecodeLandConfig, meta: Meta, head_dim: int) -> int:
     return (cfg.obuf_base + row * obuf_row_bytes(head_dim)) % (1 << DEC_ADDR_BITS)
 
 
+def mbuf_bytes(q_heads: int) -> int:
+    """The MBUF region: one slot per (layer parity, query head)."""
+    return 2 * q_heads * M_SLOT_BYTES
+
+
+def mbuf_address(cfg: DecodeLandConfig, meta: Meta) -> int:
+    """``MBUF_BASE + ((seq mod 2) · Q_HEADS + head0) · M_SLOT_BYTES`` for a maxima payload.
+    Raises ``ValueError`` when ``head0 ≥ Q_HEADS``."""
+    head = decode_head(cfg, meta)
+    if head >= cfg.q_heads:
+        raise ValueError(f"maxima head {head} outside MBUF ({cfg.q_heads} heads)")
+    return mbuf_slot(cfg.mbuf_base, cfg.q_heads, meta.seq, head)
+
+
+def mbuf_slot(mbuf_base: int, q_heads: int, layer: int, head0: int) -> int:
+    """The MBUF slot of ``layer``'s maxima from query head ``head0`` on."""
+    slot = (layer & 1) * q_heads + head0
+    return (mbuf_base + slot * M_SLOT_BYTES) % (1 << DEC_ADDR_BITS)
+
+
 def decode_land_decision(cfg: DecodeLandConfig, meta: Meta, header: bytes | Mapping[str, int],
                          head_dim: int) -> tuple[DecodeLandResult, int | None]:
     """What the lander does with a packet: ``(result, address)`` (address only when it lands).
@@ -206,6 +244,14 @@ def decode_land_decision(cfg: DecodeLandConfig, meta: Meta, header: bytes | Mapp
         if decode_head(cfg, meta) >= cfg.q_heads:
             return DecodeLandResult.DROP_SLOT, None
         return DecodeLandResult.RESULT, obuf_address(cfg, meta, head_dim)
+    if meta.op == Op.REDUCTION:
+        if meta.reduce_op != ReduceOp.NONE:
+            return DecodeLandResult.DROP_REDUCE_OP, None
+        if meta.length == 0 or meta.length % 4 or meta.length > M_SLOT_BYTES:
+            return DecodeLandResult.DROP_LENGTH, None
+        if decode_head(cfg, meta) >= cfg.q_heads:
+            return DecodeLandResult.DROP_SLOT, None
+        return DecodeLandResult.MAXES, mbuf_address(cfg, meta)
     return DecodeLandResult.DROP_OP, None
 
 
@@ -251,17 +297,26 @@ class DecodeLandModel:
         """OBUF row ``(layer mod 2, head)`` as signed ATTN_OUT codes (unwritten bytes: 0)."""
         base = self.cfg.obuf_base + ((layer & 1) * self.cfg.q_heads + head) * \
             obuf_row_bytes(self.head_dim)
-        raw = bytes(self.mem.get(base + i, 0) for i in range(obuf_row_bytes(self.head_dim)))
+        raw = bytes(self.mem.get((base + i) % (1 << DEC_ADDR_BITS), 0)
+                    for i in range(obuf_row_bytes(self.head_dim)))
+        return np.frombuffer(raw, dtype="<i4").astype(np.int64)
+
+    def maxima(self, layer: int, head0: int, heads: int) -> np.ndarray:
+        """MBUF slot ``(layer mod 2, head0)``'s first ``heads`` maxima (unwritten bytes: 0)."""
+        base = self.cfg.mbuf_base + ((layer & 1) * self.cfg.q_heads + head0) * M_SLOT_BYTES
+        raw = bytes(self.mem.get((base + i) % (1 << DEC_ADDR_BITS), 0)
+                    for i in range(4 * heads))
         return np.frombuffer(raw, dtype="<i4").astype(np.int64)
 
 
 def decode_land_registers() -> list[Register]:
-    """The decode lander's registers: the two 40-bit bases (split over two words), the QBUF
+    """The decode lander's registers: the three 40-bit bases (split over two words), the QBUF
     slot stride, ``Q_HEADS``, the token's ``TAG_BASE`` and the status counters ``dec_*``
     (:data:`DECODE_LAND_STATUS`). Not yet part of :func:`mcf.abi.csrmap.node_regmap`."""
     hi = DEC_ADDR_BITS - 32
     regs = []
-    for name, what in (("QBUF", "decode query buffer"), ("OBUF", "decode o/l rows")):
+    for name, what in (("QBUF", "decode query buffer"), ("OBUF", "decode o/l rows"),
+                       ("MBUF", "two-phase decode maxima")):
         regs += [
             Register.single(f"{name}_BASE_LO", 32, Access.RW, desc=f"{what} base, bits 31..0"),
             Register.single(f"{name}_BASE_HI", hi, Access.RW,

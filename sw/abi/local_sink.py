@@ -6,15 +6,15 @@ Every packet delivered to this node (after the packet-granular arbiter) is route
 ``Meta.op`` of its first beat, to one place (:func:`sink_route`, :class:`SinkRoute`):
 
 * ``KV_REPLICA`` → ``kv`` (the landing engine); counter ``kv``;
-* ``QUERY``, ``PARTIAL_STATE`` → ``decode`` (the decode lander); ``decode``;
+* ``QUERY``, ``PARTIAL_STATE``, ``REDUCTION`` (the two-phase decode's all-reduced maxima) →
+  ``decode`` (the decode lander); ``decode``;
 * ``INVALIDATE`` of kind ``DRAIN`` (``Meta.seq``) → one :data:`mcf.abi.directory.DIR_OP`
   DRAIN of ``kv_id`` on ``dir_op``, payload consumed; ``drains``;
 * ``INVALIDATE`` of another kind → consumed; ``drop_invalidate`` (a FREE is the sequencer's
   DIR record, which carries the packet count a packet does not);
 * ``CONTROL`` → consumed; ``control`` (the barrier counter the sequencer's WAIT tests);
 * ``FETCH_REQUEST`` → consumed; ``fetch_requests`` (MARS plans the holder's matching send);
-* ``REDUCTION`` and the unassigned code 7 → consumed; ``drop_op`` (never local behind a
-  parser).
+* the unassigned code 7 → consumed; ``drop_op`` (never local behind a parser).
 
 A packet is the beats up to and including the next ``last``; its fate is decided on its first
 beat and every later beat follows it (a packet is never split across outputs). The payload of
@@ -50,7 +50,7 @@ def sink_route(op: int, seq: int) -> SinkRoute:
     """The route of a packet whose first beat's ``Meta`` has raw ``op`` and ``seq``."""
     if op == Op.KV_REPLICA.value:
         return SinkRoute.KV
-    if op in (Op.QUERY.value, Op.PARTIAL_STATE.value):
+    if op in (Op.QUERY.value, Op.PARTIAL_STATE.value, Op.REDUCTION.value):
         return SinkRoute.DECODE
     if op == Op.INVALIDATE.value:
         return SinkRoute.DRAIN if seq == InvalidateKind.DRAIN else SinkRoute.DROP_INVALIDATE

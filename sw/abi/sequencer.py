@@ -30,7 +30,8 @@ MARK    —                           counter-clear mask: bit ``i`` re-bases    
 ======  ==========================  ==========================================  ====================
 
 **Counters and MARK (the clear semantics).** The sequencer does not own the counters it tests
-(``results_landed``, ``queries_landed``, ``control`` are the landing engine's, ``OTHER_RETIRED``
+(``results_landed``, ``queries_landed``, ``maxes_landed`` are the decode lander's,
+``control`` the local sink's, ``OTHER_RETIRED``
 is the other queue's ``retired``); each queue keeps a 32-bit *base* per counter, reset to 0.
 A WAIT on counter ``c`` is satisfied when ``(counters[c] − base[c]) mod 2^32 ≥ wait`` — the
 full 32-bit difference against the zero-extended 20-bit ``wait``. A MARK with bit ``c`` of
@@ -88,12 +89,13 @@ __all__ = [
 KV_ID_BITS = META["kv_id"].width
 
 
-class SeqCounter(enum.Enum, shape=2):
+class SeqCounter(enum.Enum, shape=3):
     """The counters a WAIT tests (``CMD.arg``); the node top wires ``counters[i]``."""
     RESULTS_LANDED = 0   # decode results landed (normalised o/l rows in OBUF)
     QUERIES_LANDED = 1   # decode queries landed in QBUF
     CONTROL = 2          # CONTROL packets (barriers) counted by the control sink
     OTHER_RETIRED = 3    # the other queue's ``retired``
+    MAXES_LANDED = 4     # two-phase decode: all-reduced maxima landed in MBUF
 
 
 class HaltCause(enum.Enum, shape=2):
@@ -270,8 +272,8 @@ class SequencerModel:
         is_wait = cls == RecordClass.WAIT.value
         if is_wait:
             c = arg % (1 << max(1, (self.n - 1).bit_length()))
-            cnt = i.counters[c] if c < self.n else 0
-            cond = (cnt - self.base[c]) % (1 << COUNTER_BITS) >= wait
+            cnt = i.counters[c] - self.base[c] if c < self.n else 0   # c ≥ n: a bad record
+            cond = cnt % (1 << COUNTER_BITS) >= wait
         else:
             dir_wait = cls in {c.value for c in LANDED_WAIT_CLASSES} and wait != 0
             cond = not dir_wait or (self.settle == 0 and i.dir_landed >= wait % (1 << LANDED_BITS))

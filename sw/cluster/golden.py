@@ -11,6 +11,10 @@ with the embedding lookup and the LM head on the host (docs/cluster.md "Who runs
   ``S + k`` on the root MARS names (:func:`mcf.node.decode.decode_slot`), over every node's
   owned prompt blocks and the decode tokens each holds (KV-stationary: a decode token's KV stays
   on its root), merged along MARS's reduction tree.
+* **Softmax** (``softmax``, :data:`mcf.abi.attend.RUN_SOFTMAX`): ``single`` — the online
+  softmax, whose bits follow the block partition and so N; ``two_phase`` — PREFILL EXACT and
+  the two-phase decode: the run equals :class:`~mcf.model.golden.IntModel` with
+  ``prefill_mode="exact"``, ``decode_mode="two_phase"`` for every N (tested).
 * **Head** (host): :meth:`mcf.model.golden.IntModel.head` — final RMSNorm, requantisation, the
   INT4 lm_head GEMM — on the last prompt row, then on every decode token's last-layer row;
   greedy is the first index of the largest logit code.
@@ -72,8 +76,8 @@ class ClusterGolden:
     """The golden run built step by step: :meth:`prefill` once, then :meth:`decode_token` per
     token (the RTL run checks each step as it goes)."""
 
-    def __init__(self, qm: QuantModel, plan):
-        self.qm, self.plan = qm, plan
+    def __init__(self, qm: QuantModel, plan, softmax: str = "single"):
+        self.qm, self.plan, self.softmax = qm, plan, softmax
         self.cfg: LayerConfig = qm.cfg.layer
         self._head = IntModel(qm).head
         self.run: GoldenRun | None = None
@@ -96,7 +100,8 @@ class ClusterGolden:
             raise ValueError(f"the plan prefills {self.seq_len} tokens, the prompt has "
                              f"{len(prompt)}")
         pre = golden_prefill(self.embed(prompt), self.qm.layers, self.cfg,
-                             plan_slices(self.plan), act_in=True)
+                             plan_slices(self.plan), act_in=True,
+                             exact=self.softmax == "two_phase")
         logits = self.head(pre[-1].y[-1])
         self.run = GoldenRun(prompt, pre, logits=[logits], tokens=[greedy(logits)])
         self._extra = {}
@@ -112,7 +117,8 @@ class ClusterGolden:
         layers = golden_decode(self.embed([run.tokens[-1]])[0], self.qm.layers, self.cfg,
                                position, root, reduction_parents(self.plan, root),
                                prompt_blocks(self.plan, run.prefill, self._extra),
-                               open_block=(self.seq_len, slice_tokens(self.plan)))
+                               open_block=(self.seq_len, slice_tokens(self.plan)),
+                               two_phase=self.softmax == "two_phase")
         recs, pos = self._extra.setdefault(
             root, ([[b"" for _ in range(self.cfg.kv_heads)] for _ in layers], []))
         for li, gl in enumerate(layers):
@@ -127,9 +133,10 @@ class ClusterGolden:
         return layers
 
 
-def golden_run(qm: QuantModel, plan, prompt, decode_tokens: int) -> GoldenRun:
+def golden_run(qm: QuantModel, plan, prompt, decode_tokens: int,
+               softmax: str = "single") -> GoldenRun:
     """The whole run: prefill of ``prompt``, then ``decode_tokens`` decode tokens."""
-    g = ClusterGolden(qm, plan)
+    g = ClusterGolden(qm, plan, softmax)
     g.prefill(prompt)
     for k in range(decode_tokens):
         g.decode_token(k)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..abi.attend import RUN_SOFTMAX
 from ..abi.node_config import NODE_CONFIGS
 from ..mars import POLICIES, ClusterSpec, PlanError, make_topology, plan
 from ..mars.model import ModelSpec
@@ -45,7 +46,8 @@ class RunSpec:
     ``chunk``, ``alpha`` (eq 15), ``kv_budget`` (``S_node``, bytes), ``seed`` (the prompt and
     the tiny model's weights), ``config`` (the node top's configuration), ``task`` (``None``:
     a random prompt; a :data:`RUN_TASKS` name: that task's prompt, whose answer the first
-    generated tokens are scored against)."""
+    generated tokens are scored against), ``softmax`` (:data:`mcf.abi.attend.RUN_SOFTMAX`:
+    ``two_phase`` makes every bit of the run independent of ``nodes``)."""
     model: str = "tiny"
     prompt_tokens: int = 64
     nodes: int = 2
@@ -57,6 +59,7 @@ class RunSpec:
     seed: int = 0
     config: str = "sim"
     task: str | None = None
+    softmax: str = "single"
 
     def __post_init__(self):
         if self.nodes < 1:
@@ -77,8 +80,15 @@ class RunSpec:
             raise RunError("--decode-tokens must be at least 0")
         if self.kv_budget < 1:
             raise RunError("--kv-budget must be at least 1 byte")
+        if self.softmax not in RUN_SOFTMAX:
+            raise RunError(f"--softmax {self.softmax!r}: one of {', '.join(RUN_SOFTMAX)}")
         if self.config not in NODE_CONFIGS:
             raise RunError(f"--config {self.config!r}: one of {', '.join(NODE_CONFIGS)}")
+        rows = NODE_CONFIGS[self.config].gemm_m_max
+        if self.chunk // self.nodes > rows:
+            raise RunError(f"--chunk {self.chunk} over {self.nodes} node(s) gives slices of "
+                           f"{self.chunk // self.nodes} tokens; the {self.config} node's GEMM "
+                           f"takes at most {rows} rows (a smaller --chunk or more --nodes)")
         if self.task is not None:
             if self.task not in RUN_TASKS:
                 raise RunError(f"--task {self.task!r}: one of {', '.join(RUN_TASKS)}")

@@ -7,7 +7,12 @@
    KV against the budget. The answers are printed beside the expected ones.
 2. **The comparison, measured in RTL.** TTFT in ``aclk`` cycles and the exposed communication
    of the three schedules on that same prompt.
-3. **The system model.** The calibrated event model (:mod:`mcf.sysmodel`) predicts the same
+3. **The same answer on any N.** The MARS run again with the two-phase softmax
+   (``--softmax two_phase``, 16-token chunks: one ``sim`` node's GEMM takes 16 rows) on 1, 2
+   and 4 nodes, one node per MPI rank: ``n_invariant`` holds
+   when each is bit-exact against its golden model and all three give the same tokens and the
+   same logits, bit for bit, at every step.
+4. **The system model.** The calibrated event model (:mod:`mcf.sysmodel`) predicts the same
    runs (its error against the RTL is reported) and evaluates Qwen2.5-1.5B at 16K on N = 2..16
    at the paper's setting: PNGs, ``summary.md``, ``summary.json`` and ``evaluation.json`` in
    ``--out``.
@@ -25,15 +30,14 @@ from pathlib import Path
 
 from ..cli import UsageError
 
-__all__ = ["register", "demo", "DemoSpec", "CHECKS", "NOT_RUN", "summary_model"]
+__all__ = ["register", "demo", "DemoSpec", "CHECKS", "INVARIANCE_NODES", "n_invariant",
+           "summary_model"]
 
 CHECKS = ("bit_exact", "owner_only", "memory_within_budget", "n_invariant")
 """The checks ``summary.json`` reports (issue #15 §5), each over every RTL run."""
 
-NOT_RUN = {"n_invariant": "decode bits identical for N = 1, 2, 4 need the two-phase decode "
-                          "(a global maximum, then exact integer sums), which the attention "
-                          "and reduction engines do not run yet (docs/cluster.md, 'Not yet')"}
-"""Checks the demo cannot make yet, and why: reported as ``null``, never as a pass."""
+INVARIANCE_NODES = (1, 2, 4)
+"""The ring sizes of ``n_invariant``'s two-phase runs."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,34 @@ class DemoSpec:
                         prompt_tokens=self.prompt_tokens, chunk=self.chunk, policy=p,
                         decode_tokens=self.decode_tokens, seed=self.seed)
                 for p in self.policies]
+
+    def invariance_runs(self):
+        """The first run with the two-phase softmax on each of :data:`INVARIANCE_NODES`, at
+        the largest chunk one node's GEMM takes (two-phase bits do not depend on the chunk)."""
+        from ..abi.node_config import NODE_CONFIGS
+
+        first = self.runs()[0]
+        chunk = min(first.chunk, NODE_CONFIGS[first.config].gemm_m_max)
+        return [replace(first, nodes=n, chunk=chunk, softmax="two_phase")
+                for n in INVARIANCE_NODES]
+
+
+def n_invariant(results: dict[int, dict]) -> tuple[bool, str]:
+    """``n_invariant`` over the two-phase runs ``{nodes: mcf run's result}``: every run passed
+    its own checks, and all give the same tokens and logits bit for bit. Returns ``(passed,
+    why)``."""
+    failed = {n: g["failed"] for n, g in results.items() if "failed" in g}
+    if failed:
+        return False, "; ".join(f"N = {n}: {why}" for n, why in failed.items())
+    bad = [n for n, g in results.items() if not all(g["checks"].values())]
+    if bad:
+        return False, f"a check failed at N = {bad}"
+    (n0, ref), *rest = sorted(results.items())
+    for n, g in rest:
+        if g["tokens"] != ref["tokens"] or g["logits"] != ref["logits"]:
+            return False, f"N = {n} differs from N = {n0}"
+    return True, f"the same {len(ref['tokens'])} tokens and logits at N = " + \
+        ", ".join(str(n) for n in sorted(results))
 
 
 def _eval_spec(quick: bool):
@@ -168,12 +200,28 @@ def demo(spec: DemoSpec, progress: bool = True) -> tuple[dict, int]:
         if bar is not None:
             bar.close()
     predicted = _predict(runs, fig)
+    inv_runs = spec.invariance_runs()
+    say(f"the MARS run with the two-phase softmax on N = "
+        f"{', '.join(str(r.nodes) for r in inv_runs)} (one node per MPI rank) ...")
+    inv_bar = _bar(progress, len(inv_runs), "two-phase runs", "run", 0)
+    inv = {}
+    for r in inv_runs:
+        try:
+            inv[r.nodes] = simulate(r, progress=False, mpi=True)
+        except AssertionError as exc:
+            inv[r.nodes] = {"failed": str(exc).splitlines()[0]}
+        if inv_bar is not None:
+            inv_bar.set_postfix_str(f"N = {r.nodes} done")
+            inv_bar.update(1)
+    if inv_bar is not None:
+        inv_bar.close()
+    invariant, why = n_invariant(inv)
 
     failed = {p: g["failed"] for p, g in got.items() if "failed" in g}
     ok = {p: g for p, g in got.items() if "failed" not in g}
-    checks = {name: None if name in NOT_RUN else
-              not failed and all(g["checks"][name] for g in ok.values())
-              for name in (*CHECKS, "tokens_match")}
+    checks = {name: not failed and all(g["checks"][name] for g in ok.values())
+              for name in (*CHECKS, "tokens_match") if name != "n_invariant"}
+    checks["n_invariant"] = invariant
     rtl = {p: {"ttft_cycles": g["ttft_cycles"], "decode_cycles": g["decode_cycles"],
                "exposed_comm_cycles": [max(w) for w in g["exposed_comm_cycles"]],
                "answer": g["task"]["generated"], "expected": g["task"]["answer"],
@@ -183,8 +231,12 @@ def demo(spec: DemoSpec, progress: bool = True) -> tuple[dict, int]:
     measured = {p: r["ttft_cycles"] for p, r in rtl.items()}
     model = summary_model(ev, predicted, measured) if measured else {}
     summary = {"checks": checks, "model": model,
-               "not_run": dict(NOT_RUN),
                "failed_runs": failed,
+               "n_invariant": {"passed": invariant, "why": why, "softmax": "two_phase",
+                               "runs": {n: {k: g[k] for k in ("tokens", "ttft_cycles",
+                                                              "decode_cycles",
+                                                              "node_cycles_per_second")}
+                                        for n, g in inv.items() if "failed" not in g}},
                "rtl": {"nodes": spec.nodes, "prompt_tokens": spec.prompt_tokens,
                        "chunk": spec.chunk, "model": "retrieval", "task": "passkey",
                        "seed": spec.seed, "runs": rtl,
@@ -196,7 +248,7 @@ def demo(spec: DemoSpec, progress: bool = True) -> tuple[dict, int]:
     write_report(ev, out)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "summary.md").write_text(_markdown(summary) + "\n" + markdown(ev))
-    status = 0 if all(v is not False for v in checks.values()) else 1
+    status = 0 if all(checks.values()) else 1
     return summary, status
 
 
@@ -212,9 +264,13 @@ def _markdown(s: dict) -> str:
                      + ", ".join(f"{c:,}" for c in run["decode_cycles"]) + " | "
                      + ", ".join(f"{c:,}" for c in run["exposed_comm_cycles"]) + " |")
     lines += ["", "Checks: " + ", ".join(
-        f"{k} {'not run' if v is None else 'pass' if v else 'FAIL'}"
-        for k, v in s["checks"].items()) + "."]
-    lines += [f"* {k} not run: {v}" for k, v in s["not_run"].items()]
+        f"{k} {'pass' if v else 'FAIL'}" for k, v in s["checks"].items()) + "."]
+    inv = s["n_invariant"]
+    lines += ["", f"Two-phase softmax, MARS: {inv['why']}.", "",
+              "| N | tokens | TTFT (cycles) | decode (cycles per token) |", "|---|---|---|---|"]
+    for n, run in inv["runs"].items():
+        lines.append(f"| {n} | {run['tokens']} | {run['ttft_cycles']:,} | "
+                     + ", ".join(f"{c:,}" for c in run["decode_cycles"]) + " |")
     lines += [f"* {p} failed: {why}" for p, why in s["failed_runs"].items()]
     m = s["model"]
     if m:
@@ -253,7 +309,7 @@ def run(args) -> int:
                     decode_tokens=args.decode_tokens, seed=args.seed, policies=policies,
                     parallel=args.parallel, quick=args.quick, out=out)
     try:
-        runs = spec.runs()
+        runs = spec.runs() + spec.invariance_runs()
     except RunError as exc:
         raise UsageError(str(exc)) from None
     from .run import _check_model
@@ -276,9 +332,8 @@ def _print(s: dict, spec: DemoSpec) -> None:
     for p, why in s["failed_runs"].items():
         print(f"  {p:<7} FAILED: {why}")
     for k, v in s["checks"].items():
-        print(f"  check {k:<21}: {'not run' if v is None else 'pass' if v else 'FAIL'}")
-    for k, v in s["not_run"].items():
-        print(f"    ({k}: {v})")
+        print(f"  check {k:<21}: {'pass' if v else 'FAIL'}")
+    print(f"    (n_invariant, two-phase softmax: {s['n_invariant']['why']})")
     m = s["model"]
     if m:
         n = m["nodes"]

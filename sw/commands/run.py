@@ -85,7 +85,7 @@ def run(args) -> int:
         spec = RunSpec(model=args.model, prompt_tokens=args.prompt_tokens, nodes=args.nodes,
                        policy=args.policy, decode_tokens=args.decode_tokens, chunk=args.chunk,
                        alpha=args.alpha, kv_budget=int(args.kv_budget_kib * 1024),
-                       seed=args.seed, task=args.task)
+                       seed=args.seed, task=args.task, softmax=args.softmax)
     except RunError as exc:
         raise UsageError(str(exc)) from None
     cfg, tensors, plan = _check_model(spec)
@@ -128,7 +128,7 @@ def run(args) -> int:
 def _print(got: dict, spec) -> None:
     print(f"mcf run: model {spec.model}, {spec.prompt_tokens} prompt tokens, {spec.nodes} "
           f"nodes, policy {spec.policy}, chunk {spec.chunk}, {spec.decode_tokens} decode "
-          f"tokens (sim node tops, cycles of aclk)")
+          f"tokens, softmax {spec.softmax} (sim node tops, cycles of aclk)")
     print(f"  generated tokens : {got['tokens']} (golden {got['golden_tokens']})")
     if got.get("task"):
         t = got["task"]
@@ -155,6 +155,7 @@ def _print(got: dict, spec) -> None:
 
 
 def register(subs) -> None:
+    from ..abi.attend import RUN_SOFTMAX
     from ..cluster import RUN_POLICIES, RUN_TASKS
 
     p = subs.add_parser("run", help="a Qwen2 model end to end on a simulated KR260 cluster",
@@ -184,6 +185,9 @@ def register(subs) -> None:
                         "step (1-based): the run must stop, naming the node and link")
     p.add_argument("--link-fault-node", type=int, default=0, metavar="NODE",
                    help="the node whose outgoing links --link-fault corrupts (default 0)")
+    p.add_argument("--softmax", default="single", choices=RUN_SOFTMAX,
+                   help="attention softmax: single (online, one pass) or two_phase (global "
+                        "maximum first, exact sums: the same bits for any --nodes)")
     p.add_argument("--mpi", action="store_true",
                    help="one node per MPI rank (mpirun -n NODES; the same cycles and bits as "
                         "one simulation)")

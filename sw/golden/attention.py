@@ -196,13 +196,43 @@ def attend_causal_rows(q, sq, blocks: list, q_pos) -> State:
     return run
 
 
-def attend_prefill(qc, sq, blocks: list, pos) -> np.ndarray:
+def attend_exact_rows(q, sq, blocks: list, q_pos) -> State:
+    """Causal two-phase attention of many jobs at once: row ``r`` gets the bits of
+    ``attend_fixed(q[r:r+1], sq[r:r+1], blocks, attend_max(..., causal=True), q_pos[r],
+    causal=True)`` — the ATTEND PREFILL EXACT rule. The sums are exact, so the result does not
+    depend on how the keys are cut into ``blocks`` (nor on their order)."""
+    q = np.asarray(q, dtype=np.int64)
+    sq = np.asarray(sq, dtype=np.int64)
+    q_pos = np.asarray(q_pos, dtype=np.int64)
+    rows, head_dim = q.shape
+    scored = []
+    m = np.full(rows, M_EMPTY, dtype=np.int64)
+    for blk in blocks:
+        if len(blk) == 0:
+            continue
+        t, _ = job_scores(q, sq, blk)
+        valid = np.asarray(blk.pos, dtype=np.int64)[None, :] <= q_pos[:, None]
+        m = np.maximum(m, np.where(valid, t, M_EMPTY).max(axis=1))
+        scored.append((t, valid, blk))
+    l_sum = np.zeros(rows, dtype=np.int64)
+    o = np.zeros((rows, head_dim), dtype=np.int64)
+    for t, valid, blk in scored:
+        p = np.where(valid, exp2_neg(np.maximum(m[:, None] - t, 0)), 0)
+        ls, os_ = _sums(p, blk)
+        l_sum += ls
+        o += os_
+    return State(m, l_sum & ((1 << LANE_BITS) - 1), wrap(o, LANE_BITS, signed=True))
+
+
+def attend_prefill(qc, sq, blocks: list, pos, exact: bool = False) -> np.ndarray:
     """A prefill chunk's attention output: INT8 query heads ``qc[t, G, d]`` with scales
     ``sq[t, G, 2]`` at positions ``pos[t]`` → NORM_OUT codes ``[t, G, d]``
-    (:func:`attend_causal_rows` over every row, then ``o / l``)."""
+    (:func:`attend_causal_rows` over every row — :func:`attend_exact_rows` with ``exact`` —
+    then ``o / l``)."""
     t, g, d = np.shape(qc)
-    st = attend_causal_rows(np.reshape(qc, (t * g, d)), np.reshape(sq, (t * g, 2)), blocks,
-                            np.repeat(np.asarray(pos, dtype=np.int64), g))
+    rows = attend_exact_rows if exact else attend_causal_rows
+    st = rows(np.reshape(qc, (t * g, d)), np.reshape(sq, (t * g, 2)), blocks,
+              np.repeat(np.asarray(pos, dtype=np.int64), g))
     return normalize_state(st).reshape(t, g, d)
 
 

@@ -23,9 +23,12 @@ matches (issue #14 item 1). Every number is an integer code of an :mod:`mcf.abi`
 * **Query**: per token and query head, the ACT row requantised to INT8 + scale
   (:func:`mcf.abi.quant.requantize`, as the vector unit does); the ``G`` query heads of one KV
   head form one attention job.
-* **Prefill attention** (:meth:`IntModel.prefill`): the ATTEND PREFILL rule — single pass,
-  causal, over the blocks up to the query's, normalised ``o / l``
-  (:func:`mcf.golden.attention.attend_single`, :func:`~mcf.golden.attention.normalize_state`);
+* **Prefill attention** (:meth:`IntModel.prefill`), ``prefill_mode``: ``"single"`` (default):
+  the ATTEND PREFILL rule — single pass, causal, over the blocks up to the query's, normalised
+  ``o / l`` (:func:`mcf.golden.attention.attend_single`,
+  :func:`~mcf.golden.attention.normalize_state`); ``"exact"``: the ATTEND PREFILL EXACT rule —
+  the causal maximum first, then exact sums against it
+  (:func:`~mcf.golden.attention.attend_exact_rows`), independent of ``block_tokens``;
   ATTN_OUT codes are ACT codes.
 * **Decode attention** (:meth:`IntModel.decode`), ``decode_mode``:
   ``"two_phase"`` (default): the global maximum over every block
@@ -68,9 +71,10 @@ from .checkpoint import EMBED, LM_HEAD, NORM, layer_names, layer_weights
 from .config import Qwen2Config
 
 __all__ = ["QuantModel", "quantize_model", "embed_codes", "KVStore", "IntModel",
-           "IntGeneration", "DECODE_MODES", "DEFAULT_BLOCK_TOKENS"]
+           "IntGeneration", "DECODE_MODES", "PREFILL_MODES", "DEFAULT_BLOCK_TOKENS"]
 
 DECODE_MODES = ("two_phase", "single")
+PREFILL_MODES = ("single", "exact")
 DEFAULT_BLOCK_TOKENS = 16
 """KV block length (positions) of the golden model unless told otherwise."""
 
@@ -181,6 +185,7 @@ class IntModel:
     qm: QuantModel
     block_tokens: int = DEFAULT_BLOCK_TOKENS
     decode_mode: str = "two_phase"
+    prefill_mode: str = "single"
     kv_format: KVFormat = KVFormat.PER_TOKEN
     kv: list[list[KVStore | KVChannelCache]] = field(default_factory=list)
     max_violations: int = 0
@@ -188,6 +193,8 @@ class IntModel:
     def __post_init__(self):
         if self.decode_mode not in DECODE_MODES:
             raise ValueError(f"decode_mode must be one of {DECODE_MODES}")
+        if self.prefill_mode not in PREFILL_MODES:
+            raise ValueError(f"prefill_mode must be one of {PREFILL_MODES}")
         if self.block_tokens < 1:
             raise ValueError("block_tokens must be at least 1")
         self.kv_format = KVFormat(self.kv_format)
@@ -224,7 +231,8 @@ class IntModel:
                 hs = slice(g * rep, (g + 1) * rep)
                 blocks = store.blocks(self.block_tokens)
                 if not decode:        # every query token of the chunk at once, causally
-                    out[:, hs] = attend_prefill(qc[:, hs], sq[:, hs], blocks, pos)
+                    out[:, hs] = attend_prefill(qc[:, hs], sq[:, hs], blocks, pos,
+                                                exact=self.prefill_mode == "exact")
                     continue
                 for i in range(t):
                     if self.decode_mode == "two_phase":

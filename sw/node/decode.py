@@ -22,9 +22,24 @@ Per layer ``l`` the COMPUTE records are (:func:`decode_program`):
   requantise the layer parity's ``OBUF`` rows, O projection, residual, RMSNorm, SwiGLU MLP,
   residual) — the next layer's input.
 
+**Two-phase** (a :class:`DecodeImage` with ``softmax="two_phase"``): the ATTEND of each KV
+head is split so that the result does not depend on how the KV is spread over the nodes —
+
+* every node, per KV head ``g`` (after its query): ``ATTEND`` (DECODE, MAX) → ``SEND src=ATTN``
+  of the ``H_q/H_kv`` maxima as an ``Op.REDUCTION`` with ``ReduceOp.MAX`` on the states'
+  reduction route and tag (:func:`max_meta`; a node without KV sends ``M_EMPTY`` words from
+  DDR); the root's engine lands the all-reduced maxima in its **MBUF** slot;
+* every node, per KV head: ``WAIT(MAXES_LANDED ≥ l·H_kv + g + 1)``; the root then multicasts
+  its MBUF slot to the others on the query's broadcast tree (``SEND src=QBUF``, landed in
+  their MBUF); ``ATTEND`` (DECODE, FIXED, the list header's ``out_addr`` = that MBUF slot) and
+  the states' SENDs as in the single pass. A state leaves a node only after its KV head's
+  maxima landed there, so a MAX reduction and the state reduction with the same tag are never
+  open in one engine at once. States with one ``m`` merge (``SOFTMAX_MERGE``) as exact sums.
+
 The token's COMPUTE ring ends with a ``MARK`` (interrupt) whose clear mask re-bases
-``RESULTS_LANDED`` and ``QUERIES_LANDED``: the next token counts from zero (the first token
-counts from reset — a prefill lands no query and no result); at the root it is the token's end.
+``RESULTS_LANDED``, ``QUERIES_LANDED`` and ``MAXES_LANDED``: the next token counts from zero
+(the first token counts from reset — a prefill lands none of them); at the root it is the
+token's end.
 The NET ring holds one ``MARK`` without interrupt (decode sends nothing from NET; the two
 queues' MARK counts stay equal).
 
@@ -48,7 +63,8 @@ contributions per engine, as on N = 2, the result does not depend on arrival ord
 does, and the golden's order is own, then children by id) — and the root's lander's
 ``normalize``. Neither of :class:`mcf.model.golden.IntModel`'s decode modes is this: ``single``
 is one list over every block (this golden equals it, and the prefill of one more token, when one
-node holds every block), ``two_phase`` uses a global maximum.
+node holds every block); ``two_phase`` is what ``golden_decode(two_phase=True)`` computes for
+any split of the blocks over nodes.
 """
 
 from __future__ import annotations
@@ -63,16 +79,18 @@ from ..abi.attend import (
     AttendBlock,
     AttendHeader,
     AttendMode,
+    AttendSoftmax,
     attend_list_bytes,
+    max_payload_bytes,
 )
 from ..abi.csrmap import node_regmap
-from ..abi.decode_land import normalized_row, obuf_row_bytes
+from ..abi.decode_land import mbuf_slot, normalized_row, obuf_row_bytes
 from ..abi.emit import EmitArg
 from ..abi.jobs import JOB_ARG, TemplateBuilder, template_image
 from ..abi.kv import kv_token_bytes, pack_kv_block, quantize_kv_rows, unpack_kv_block
 from ..abi.kv_reader import block_address
 from ..abi.landing import LAND_OFF_ENTRIES, KvLayout, LandingConfig
-from ..abi.meta import Collective, Meta, Op, Stage
+from ..abi.meta import Collective, Meta, Op, ReduceOp, Stage
 from ..abi.node import Cmd, PayloadSource, Queue, RecordClass
 from ..abi.quant import VectorOp, norm_eps_code, requantize, rope_pair_order, rope_words
 from ..abi.query import (
@@ -84,8 +102,8 @@ from ..abi.query import (
 )
 from ..abi.regs import RegisterMap
 from ..abi.sequencer import SeqCounter
-from ..abi.softmax import empty_state, pack_state
-from ..golden.attention import KVBlock, attend_single
+from ..abi.softmax import M_EMPTY, empty_state, pack_state
+from ..golden.attention import KVBlock, attend_fixed, attend_max, attend_single
 from ..golden.nic import softmax_payload_merge
 from ..golden.qwen_layer import LayerConfig, QuantLayer, layer_fixed
 from .layer import ModelImage, act_bytes, pair_ordered, slice_positions
@@ -97,7 +115,8 @@ __all__ = ["DecodeImage", "DecodeBuffers", "DecodeProgram", "decode_layout", "de
            "decode_program", "GoldenDecodeLayer", "golden_decode", "prompt_blocks",
            "reduction_parents", "slice_tokens", "COUNTER_CLEAR"]
 
-COUNTER_CLEAR = (1 << SeqCounter.RESULTS_LANDED.value) | (1 << SeqCounter.QUERIES_LANDED.value)
+COUNTER_CLEAR = (1 << SeqCounter.RESULTS_LANDED.value) | (1 << SeqCounter.QUERIES_LANDED.value) \
+    | (1 << SeqCounter.MAXES_LANDED.value)
 """The clear mask of a decode token's last MARK."""
 
 
@@ -154,6 +173,7 @@ def decode_layout(plan, config, base: int = 0, cmd_log2: int = 10,
     return replace(lay, kv=LandingConfig(lay.kv.kv_base, lay.kv.kv_slot, count),
                    kv_layout=KvLayout(kvl.head_stride, kvl.kv_slot, tuple(table)),
                    qbuf_base=lay.qbuf_base + shift, obuf_base=lay.obuf_base + shift,
+                   mbuf_base=lay.mbuf_base + shift,
                    size=lay.size + shift)
 
 
@@ -237,6 +257,7 @@ class DecodeImage(ModelImage):
         cfg, alloc = self.cfg, self.alloc
         hd, h, inter = cfg.head_dim, cfg.hidden, cfg.intermediate
         nq, nkv, L = cfg.heads * hd, cfg.kv_heads * hd, len(self.layers)
+        rep = cfg.heads // cfg.kv_heads
 
         def put(raw: bytes) -> int:
             a = alloc(len(raw))
@@ -246,6 +267,7 @@ class DecodeImage(ModelImage):
         self.drq = alloc(nq * 4)
         self.drk = alloc(hd * 4)
         self.empty = put(pack_state(*empty_state(hd)))
+        self.empty_max = put(np.full(rep, M_EMPTY & 0xFFFF_FFFF, dtype="<u4").tobytes())
         if self.empty < self.layout.qbuf_base:
             raise ValueError("the image must lie above QBUF (SEND src=QBUF offsets)")
         stride = self.row_stride
@@ -337,6 +359,12 @@ class DecodeImage(ModelImage):
         lay = self.layout
         return lay.qbuf_base + ((layer & 1) * lay.q_heads + kv_head * rep) * lay.qbuf_slot
 
+    def mbuf_slot(self, layer: int, kv_head: int) -> int:
+        """The MBUF slot where ``layer``'s all-reduced maxima of ``kv_head``'s query heads land
+        (two-phase decode; the FIXED ATTEND's ``out_addr``)."""
+        rep = self.cfg.heads // self.cfg.kv_heads
+        return mbuf_slot(self.layout.mbuf_base, self.cfg.heads, layer, kv_head * rep)
+
     def list_index(self, layer: int, kv_head: int) -> int:
         """ATTEND list index (entries from ``ATT_LIST_BASE`` = :attr:`lists`)."""
         first = (self.dlists - self.lists) // ATT_ENTRY_BYTES
@@ -401,7 +429,7 @@ def _cmd(cls: RecordClass, **kw) -> Cmd:
 def decode_program(plan, k: int, node: int, image: DecodeImage) -> DecodeProgram:
     """``node``'s records of decode token ``k`` (module docstring) on a :class:`DecodeImage`
     built over :func:`decode_layout`."""
-    enc, cfg, lay = plan.encoder, image.cfg, image.layout
+    cfg, lay = image.cfg, image.layout
     L, hd, H = plan.model.layers, cfg.head_dim, cfg.heads
     rep, rec = cfg.heads // cfg.kv_heads, kv_token_bytes(cfg.head_dim)
     if (plan.model.q_heads, plan.model.kv_heads, plan.model.head_dim) != \
@@ -414,7 +442,6 @@ def decode_program(plan, k: int, node: int, image: DecodeImage) -> DecodeProgram
                          f"{image.decode_blocks} decode block(s) of {T} tokens")
     position = plan.num_chunks * plan.chunk + k
     prog = DecodeProgram(root, position, writes=decode_writes(plan, k, node))
-    tag0 = enc.decode_tag(k, 0)
     queries = query_payloads(plan, k, rep)
     through = {}                                   # (layer, kv head) -> payloads landed by then
     for i, (_, meta, h0) in enumerate(queries):
@@ -445,27 +472,10 @@ def decode_program(plan, k: int, node: int, image: DecodeImage) -> DecodeProgram
                                 arg=EmitArg(image.dbufs[layer].row, g, 1).pack()))
             out.append(_cmd(RecordClass.NOP, meta=Meta(kv_id=kv_id).pack(),
                             wait=cfg.kv_heads * (j % T + 1)))
-        for meta in (s for s in states if s.seq == layer):
-            head = (meta.kv_id - tag0) % (1 << 16)
-            g, i = divmod(head, rep)
-            if i == 0:
-                ents = _list_blocks(plan, image, node, layer, g, owned, mine)
-                if node != root:
-                    out.append(_cmd(RecordClass.WAIT, arg=SeqCounter.QUERIES_LANDED.value,
-                                    wait=through[(layer, g)]))
-                if ents:
-                    q = image.query_record(layer, g) if node == root else \
-                        image.qbuf_slot(layer, g)
-                    idx = image.list_index(layer, g)
-                    prog.ddr[image.lists + idx * ATT_ENTRY_BYTES] = \
-                        attend_list_bytes(AttendHeader(q), ents)
-                    out.append(_cmd(RecordClass.ATTEND, arg=AttendArg(
-                        idx, len(ents), AttendMode.DECODE.value, rep).pack()))
-            if ents:
-                out.append(_cmd(RecordClass.SEND, meta=meta.pack(), src=PayloadSource.ATTN))
-            else:
-                out.append(_cmd(RecordClass.SEND, meta=meta.pack(), src=PayloadSource.QBUF,
-                                arg=image.empty - lay.qbuf_base))
+        if image.softmax == "two_phase":
+            _two_phase(prog, plan, k, node, root, layer, image, states, through, owned, mine)
+        else:
+            _single_pass(prog, plan, k, node, root, layer, image, states, through, owned, mine)
         if node == root:
             waited = H * (layer + 1)
             out.append(_cmd(RecordClass.WAIT, arg=SeqCounter.RESULTS_LANDED.value,
@@ -477,6 +487,106 @@ def decode_program(plan, k: int, node: int, image: DecodeImage) -> DecodeProgram
     if node == root:
         prog.ddr.update(image.decode_writes(position))
     return prog
+
+
+def _attend(prog, plan, image: DecodeImage, node: int, root: int, layer: int, g: int,
+            owned, mine, softmax: AttendSoftmax) -> bool:
+    """The ATTEND of ``layer`` and KV head ``g`` over ``node``'s blocks (its list written into
+    ``prog.ddr``; the header's ``out_addr`` is the MBUF slot FIXED reads); False when the node
+    holds no KV."""
+    ents = _list_blocks(plan, image, node, layer, g, owned, mine)
+    if not ents:
+        return False
+    rep = image.cfg.heads // image.cfg.kv_heads
+    q = image.query_record(layer, g) if node == root else image.qbuf_slot(layer, g)
+    idx = image.list_index(layer, g)
+    prog.ddr[image.lists + idx * ATT_ENTRY_BYTES] = \
+        attend_list_bytes(AttendHeader(q, image.mbuf_slot(layer, g)), ents)
+    prog.compute.append(_cmd(RecordClass.ATTEND, arg=AttendArg(
+        idx, len(ents), AttendMode.DECODE.value, rep, softmax).pack()))
+    return True
+
+
+def _states(prog, image: DecodeImage, metas, held: bool) -> None:
+    """One SEND per query head's state: the ATTEND's (``held``) or the empty state."""
+    for meta in metas:
+        if held:
+            prog.compute.append(_cmd(RecordClass.SEND, meta=meta.pack(), src=PayloadSource.ATTN))
+        else:
+            prog.compute.append(_cmd(RecordClass.SEND, meta=meta.pack(), src=PayloadSource.QBUF,
+                                     arg=image.empty - image.layout.qbuf_base))
+
+
+def _groups(image: DecodeImage, tag0: int, states, layer: int) -> dict[int, list[Meta]]:
+    """``layer``'s state Metas of this node by KV head, in issue order."""
+    rep = image.cfg.heads // image.cfg.kv_heads
+    out: dict[int, list[Meta]] = {}
+    for meta in (s for s in states if s.seq == layer):
+        head = (meta.kv_id - tag0) % (1 << 16)
+        out.setdefault(head // rep, []).append(meta)
+    return out
+
+
+def _single_pass(prog, plan, k, node, root, layer, image, states, through, owned, mine):
+    """Per KV head: wait for its query (holders), one DECODE SINGLE ATTEND, the states."""
+    for g, metas in _groups(image, plan.encoder.decode_tag(k, 0), states, layer).items():
+        if node != root:
+            prog.compute.append(_cmd(RecordClass.WAIT, arg=SeqCounter.QUERIES_LANDED.value,
+                                     wait=through[(layer, g)]))
+        held = _attend(prog, plan, image, node, root, layer, g, owned, mine,
+                       AttendSoftmax.SINGLE)
+        _states(prog, image, metas, held)
+
+
+def max_meta(plan, k: int, node: int, root: int, layer: int, head0: int, rep: int,
+             route_id: int) -> Meta:
+    """A node's maxima of query heads ``head0 ..`` for ``root``'s ``ReduceOp.MAX`` reduction
+    (the states' reduction route and tag: a FIXED state is sent only after the maxima of its
+    KV head have landed, so the two never meet in an engine)."""
+    return Meta(stage=Stage.DECODE, op=Op.REDUCTION, collective=Collective.ALL_REDUCE,
+                reduce_op=ReduceOp.MAX, src=node, dst=root, route_id=route_id,
+                kv_id=plan.encoder.decode_tag(k, head0), length=max_payload_bytes(rep),
+                seq=layer)
+
+
+def _two_phase(prog, plan, k, node, root, layer, image, states, through, owned, mine):
+    """Phase 1 per KV head: wait for its query (holders), DECODE MAX, the maxima to the root's
+    ``ReduceOp.MAX`` reduction (the constant ``M_EMPTY`` payload from a node without KV).
+    Phase 2 per KV head: wait for the all-reduced maxima in MBUF (the root first multicasts
+    them to the other nodes), DECODE FIXED against them, the states (``SOFTMAX_MERGE`` of
+    states with one ``m``: exact sums)."""
+    rep = image.cfg.heads // image.cfg.kv_heads
+    kvh = image.cfg.kv_heads
+    groups = _groups(image, plan.encoder.decode_tag(k, 0), states, layer)
+    bcast, _reduce, _ = plan.decode_routes()
+    out = prog.compute
+    held = {}
+    for g, metas in groups.items():
+        if node != root:
+            out.append(_cmd(RecordClass.WAIT, arg=SeqCounter.QUERIES_LANDED.value,
+                            wait=through[(layer, g)]))
+        held[g] = _attend(prog, plan, image, node, root, layer, g, owned, mine,
+                          AttendSoftmax.MAX)
+        meta = max_meta(plan, k, node, root, layer, g * rep, rep, metas[0].route_id)
+        if held[g]:
+            out.append(_cmd(RecordClass.SEND, meta=meta.pack(), src=PayloadSource.ATTN))
+        else:
+            out.append(_cmd(RecordClass.SEND, meta=meta.pack(), src=PayloadSource.QBUF,
+                            arg=image.empty_max - image.layout.qbuf_base))
+    others = [d for d in range(plan.cluster.nodes) if d != root]
+    for g, metas in groups.items():
+        out.append(_cmd(RecordClass.WAIT, arg=SeqCounter.MAXES_LANDED.value,
+                        wait=layer * kvh + g + 1))
+        if node == root and others:
+            meta = Meta(stage=Stage.DECODE, op=Op.REDUCTION, collective=Collective.MULTICAST,
+                        src=root, dst=others[0], route_id=bcast[root],
+                        kv_id=plan.encoder.decode_tag(k, g * rep),
+                        length=max_payload_bytes(rep), seq=layer)
+            out.append(_cmd(RecordClass.SEND, meta=meta.pack(), src=PayloadSource.QBUF,
+                            arg=image.mbuf_slot(layer, g) - image.layout.qbuf_base))
+        if held[g]:
+            _attend(prog, plan, image, node, root, layer, g, owned, mine, AttendSoftmax.FIXED)
+        _states(prog, image, metas, held[g])
 
 
 def _list_blocks(plan, image: DecodeImage, node: int, layer: int, g: int, owned, mine):
@@ -535,7 +645,8 @@ def _merge_tree(states: dict[int, bytes], root: int, parents: dict[int, int]) ->
 
 def golden_decode(x, layers: list[QuantLayer], cfg: LayerConfig, position: int, root: int,
                   parents: dict[int, int], blocks_of, *,
-                  open_block: tuple[int, int] | None = None) -> list[GoldenDecodeLayer]:
+                  open_block: tuple[int, int] | None = None,
+                  two_phase: bool = False) -> list[GoldenDecodeLayer]:
     """The decode step's arithmetic for the root's input row ``x`` (ACT codes ``[hidden]``) at
     ``position``. ``parents``: every non-root node's parent on the reduction tree
     (:func:`reduction_parents`; ``{}`` for one node). ``blocks_of(node, layer, g)``: the
@@ -546,7 +657,11 @@ def golden_decode(x, layers: list[QuantLayer], cfg: LayerConfig, position: int, 
     ``open_block = (first decode position, T)``: the root's list names its decode tokens in
     blocks of ``T`` (:func:`_list_blocks`), so when its last block is a decode block with fewer
     than ``T`` tokens the new token joins that block (one ATTEND list entry) instead of
-    following it — the online softmax depends on the partition."""
+    following it — the online softmax depends on the partition. ``two_phase``: the maxima over
+    every node's list first (:func:`~mcf.golden.attention.attend_max`; the ``ReduceOp.MAX``
+    all-reduce), then each node's :func:`~mcf.golden.attention.attend_fixed` against them,
+    merged the same way (equal ``m``: exact sums, so neither the partition nor the tree
+    matters)."""
     hd, rep = cfg.head_dim, cfg.heads // cfg.kv_heads
     pk = rope_pair_order(hd, hd)
     nodes = sorted({root, *parents})
@@ -565,15 +680,25 @@ def golden_decode(x, layers: list[QuantLayer], cfg: LayerConfig, position: int, 
                 qc, qm, qe = requantize(q[0, g * rep * hd:(g + 1) * rep * hd].reshape(rep, hd))
                 sq = np.stack([qm, qe], axis=-1)
                 queries.append(pack_query(qc[:, pk], sq, int(pos[0]), li, g * rep))
+                lists = {}
                 for n in nodes:
                     blocks = list(blocks_of(n, li, g))
                     if n == root:
                         blocks = _with_new_token(blocks, new, open_block)
-                    if blocks:
-                        st = attend_single(qc[:, pk], sq, blocks, int(pos[0]), causal=False)
-                        pay = [pack_state(st.m[h], st.l[h], st.o[h]) for h in range(rep)]
-                    else:
+                    lists[n] = blocks
+                if two_phase:
+                    m_all = np.max([attend_max(qc[:, pk], sq, b) for b in lists.values()],
+                                   axis=0)
+                for n, blocks in lists.items():
+                    if not blocks:
                         pay = [pack_state(*empty_state(hd))] * rep
+                        states[n][g * rep:(g + 1) * rep] = pay
+                        continue
+                    if two_phase:
+                        st = attend_fixed(qc[:, pk], sq, blocks, m_all)[0]
+                    else:
+                        st = attend_single(qc[:, pk], sq, blocks, int(pos[0]), causal=False)
+                    pay = [pack_state(st.m[h], st.l[h], st.o[h]) for h in range(rep)]
                     states[n][g * rep:(g + 1) * rep] = pay
             merged = [_merge_tree({n: states[n][h] for n in nodes}, root, parents)
                       for h in range(cfg.heads)]

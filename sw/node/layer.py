@@ -12,8 +12,9 @@ Per layer ``l`` the node's COMPUTE records are:
 2. ``EMIT`` per fragment of the node's own block (always landed locally; ``replicate`` when
    MARS's store phase sends the fragment, followed by ``SEND src=EMIT`` with MARS's Meta).
 3. A **block barrier** (NOP with a landed wait) per KV block the attention reads.
-4. ``ATTEND`` (PREFILL) per slice token and KV head over the blocks at or before the token, in
-   ``(block, slice)`` order; ``o/l`` rows land in the layer's attention buffer.
+4. ``ATTEND`` (PREFILL; EXACT in a ``two_phase`` run) per slice token and KV head over the
+   blocks at or before the token, in ``(block, slice)`` order; ``o/l`` rows land in the layer's
+   attention buffer.
 5. ``JOB 2l+1`` — requantise, O projection, residual, RMSNorm, gate/up, SiLU·mul, down,
    residual: the layer output, the next layer's input.
 
@@ -29,6 +30,8 @@ import numpy as np
 
 from ..abi.attend import (
     ATT_ENTRY_BYTES,
+    PREFILL_SOFTMAX,
+    RUN_SOFTMAX,
     AttendArg,
     AttendBlock,
     AttendHeader,
@@ -118,23 +121,30 @@ class ModelImage:
     reads and writes, laid out after the node's :class:`NodeLayout` regions.
 
     ``tokens``: the slice's token count (every step's slice has it); ``positions`` are written
-    per step (:meth:`step_writes`)."""
+    per step (:meth:`step_writes`); ``softmax``: the run's attention softmax
+    (:data:`mcf.abi.attend.RUN_SOFTMAX`)."""
     cfg: LayerConfig
     layers: list[QuantLayer]
     config: NodeConfig
     layout: NodeLayout
     tokens: int
     max_blocks: int = 8           # KV blocks one ATTEND list may name (list region size)
+    softmax: str = "single"
     image: dict[int, bytes] = field(default_factory=dict)
     bufs: list[LayerBuffers] = field(default_factory=list)
 
     def __post_init__(self):
+        if self.softmax not in RUN_SOFTMAX:
+            raise ValueError(f"softmax {self.softmax!r}: one of {', '.join(RUN_SOFTMAX)}")
         cfg, m = self.cfg, self.tokens
         hd, h, inter = cfg.head_dim, cfg.hidden, cfg.intermediate
         nq, nkv = cfg.heads * hd, cfg.kv_heads * hd
         rep = cfg.heads // cfg.kv_heads
         if rep > self.config.attn_heads or hd != self.config.attn_head_dim:
             raise ValueError(f"the {self.config.name} attention engine does not fit this model")
+        if m > self.config.gemm_m_max:
+            raise ValueError(f"a slice of {m} tokens; the {self.config.name} GEMM takes at "
+                             f"most {self.config.gemm_m_max} rows per job")
         alloc = self.alloc = _Alloc(self.layout.base + self.layout.size)
 
         def put(raw: bytes) -> int:
@@ -349,8 +359,8 @@ def layer_records(plan, index: int, node: int, model: ModelImage, store: list[Me
                                    lb.buf["att"] + (t * cfg.heads + g * rep) * hd * 4)
                 lists[list_base + n_list * ATT_ENTRY_BYTES] = attend_list_bytes(hdr, ents)
                 cmds.append(Cmd(RecordClass.ATTEND, Queue.COMPUTE,
-                                arg=AttendArg(n_list, len(ents), AttendMode.PREFILL,
-                                              rep).pack()))
+                                arg=AttendArg(n_list, len(ents), AttendMode.PREFILL, rep,
+                                              PREFILL_SOFTMAX[model.softmax]).pack()))
                 n_list += per_list
         cmds.append(Cmd(RecordClass.JOB, Queue.COMPUTE,
                         arg=JOB_ARG.const({"template": 2 * layer + 1}).as_bits()))
@@ -371,14 +381,17 @@ class GoldenLayer:
 
 
 def golden_prefill(x, layers: list[QuantLayer], cfg: LayerConfig,
-                   block_slices, *, act_in: bool = False) -> list[GoldenLayer]:
+                   block_slices, *, act_in: bool = False,
+                   exact: bool = False) -> list[GoldenLayer]:
     """The layer program's arithmetic over the whole prompt: ``x`` float rows ``[S, hidden]``
     (ACT codes with ``act_in``: the embedding lookup's rows);
     ``block_slices`` = ``[(p0, tokens), ...]`` the KV blocks in list order (MARS's slices).
     :func:`mcf.golden.qwen_layer.layer_fixed` with the engines' attention: K/V quantised per
     token and head as the emitter does, Q per head as the vector unit does, each query over
     the blocks at or before it (causal inside), block by block, as the ATTEND executor does.
-    (Q and K in pair order on the node give the same scores: the permutation is shared.)"""
+    (Q and K in pair order on the node give the same scores: the permutation is shared.)
+    ``exact``: the PREFILL EXACT rule (a ``two_phase`` run), whose rows do not depend on
+    ``block_slices``."""
     hd, rep = cfg.head_dim, cfg.heads // cfg.kv_heads
     pk = rope_pair_order(hd, hd)
     out: list[GoldenLayer] = []
@@ -399,7 +412,7 @@ def golden_prefill(x, layers: list[QuantLayer], cfg: LayerConfig,
                 hs = slice(g * rep * hd, (g + 1) * rep * hd)
                 qc, qm, qe = requantize(q[:, hs].reshape(S, rep, hd))
                 att[:, hs] = attend_prefill(qc, np.stack([qm, qe], axis=-1), blocks,
-                                            pos).reshape(S, rep * hd)
+                                            pos, exact).reshape(S, rep * hd)
             kept["att"] = att
             return att
 

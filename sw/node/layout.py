@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..abi.decode_land import obuf_row_bytes, query_slot_bytes
+from ..abi.decode_land import mbuf_bytes, obuf_row_bytes, query_slot_bytes
 from ..abi.landing import KvLayout, LandingConfig, kv_address, per_token_land_off
 from ..abi.node import CMD_BYTES, CMD_RING_MAX_LOG2
 from ..abi.node_config import NodeConfig
@@ -31,6 +31,7 @@ class NodeLayout:
     qbuf_slot: int
     q_heads: int
     obuf_base: int
+    mbuf_base: int
     size: int                      # bytes from ``base`` to the end of the last region
 
     @classmethod
@@ -38,7 +39,8 @@ class NodeLayout:
                  cmd_log2: int = 10) -> NodeLayout:
         """Regions for ``plan`` (a :class:`mcf.mars.plan.Plan`) on ``config``: the KV region
         holds every ``kv_id`` of the plan (``L·C·N`` slots, ``PER_TOKEN`` records); QBUF holds
-        two layer parities of ``H_q`` slots, OBUF two parities of ``H_q`` rows."""
+        two layer parities of ``H_q`` slots, OBUF two parities of ``H_q`` rows, MBUF two parities
+        of ``H_q`` maxima slots (the two-phase decode)."""
         if not 1 <= cmd_log2 <= CMD_RING_MAX_LOG2:
             raise ValueError(f"cmd_log2 must lie in 1..{CMD_RING_MAX_LOG2}")
         enc, model = plan.encoder, plan.model
@@ -60,9 +62,11 @@ class NodeLayout:
         at = _align(at + 2 * model.q_heads * qslot)
         obuf = at
         at = _align(at + 2 * model.q_heads * obuf_row_bytes(model.head_dim))
+        mbuf = at
+        at = _align(at + mbuf_bytes(model.q_heads))
         return cls(base=base, cmd_base=(cmd[0], cmd[1]), cmd_log2=cmd_log2, kv=kv,
                    kv_layout=kvl, qbuf_base=qbuf, qbuf_slot=qslot, q_heads=model.q_heads,
-                   obuf_base=obuf, size=at - base)
+                   obuf_base=obuf, mbuf_base=mbuf, size=at - base)
 
     def kv_address(self, kv_id: int, seq: int) -> int:
         """Where fragment ``seq`` of ``kv_id`` lives (the landing and send rule)."""

@@ -79,6 +79,7 @@ def configure(plan, layout: NodeLayout, node: int, *, topology: str = "ring",
         out += [_w(rm, "LAND_OFF_DATA", **fields), _w(rm, "LAND_OFF_WR", seq=seq)]
     out += _split40(rm, "QBUF_BASE", layout.qbuf_base)
     out += _split40(rm, "OBUF_BASE", layout.obuf_base)
+    out += _split40(rm, "MBUF_BASE", layout.mbuf_base)
     out += [_w(rm, "QBUF_SLOT", QBUF_SLOT=layout.qbuf_slot),
             _w(rm, "DEC_Q_HEADS", DEC_Q_HEADS=layout.q_heads)]
     for q in Queue:

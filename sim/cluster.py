@@ -279,26 +279,29 @@ node whatever ``n`` is (measured when every signal was public: Verilator's C++ f
 def build_cluster(n: int, latency_cycles: int = BENCH_LATENCY_CYCLES, config: NodeConfig = SIM):
     """The Verilator build of ``n`` node tops in a ring (cached in ``build/sim``: one per ring
     size, latency and configuration, shared by the tests, the benches and ``mcf run``; and per
-    process, since writing the Verilog takes most of a minute). From :data:`ONE_MODULE_FROM`
+    process; the Verilog itself comes from :func:`mcf.hdl.convert.verilog_text`'s cache while
+    no source changed, since writing it takes most of a minute). From :data:`ONE_MODULE_FROM`
     nodes on, the node top is one module instantiated ``n`` times."""
     from mcf.sim.toolchain import build
 
     suffix = "" if (latency_cycles, config) == (BENCH_LATENCY_CYCLES, SIM) else \
         f"_{config.name}_l{latency_cycles}"
     name = f"node_cluster{n}{suffix}"
+    what = f"ClusterTop({n}, {config!r}, latency_cycles={latency_cycles})"
     if n < ONE_MODULE_FROM:
         top = FlatTop(ClusterTop(n, config, latency_cycles=latency_cycles), clock="aclk",
                       resetn="aresetn")
-        return build(top, name)
-    from amaranth.back import verilog
+        return build(top, name, describe=what)
+    from mcf.hdl.convert import verilog_text
 
     module = f"cluster_node_{config.name}"
     node = FlatTop(NodeTop(config), clock="aclk", resetn="aresetn")
-    node_v = verilog.convert(node, name=module, ports=node.ports, emit_src=False)
+    node_v = verilog_text(module, lambda: node, f"NodeTop({config!r})")
     top = FlatTop(ClusterTop(n, config, latency_cycles=latency_cycles, node_module=module,
                              node_signature=node.inner.signature), clock="aclk", resetn="aresetn")
     keep = f'`verilator_config\nno_inline -module "{module}"\n'   # else Verilator inlines it
-    return build(top, name, sources={f"{module}.v": node_v, f"{module}.vlt": keep})
+    return build(top, name, sources={f"{module}.v": node_v, f"{module}.vlt": keep},
+                 describe=f"{what}, node module {module}")
 
 
 @functools.cache
@@ -311,4 +314,5 @@ def build_rank(latency_cycles: int = BENCH_LATENCY_CYCLES, config: NodeConfig = 
         f"_{config.name}_l{latency_cycles}"
     top = FlatTop(RankTop(config, latency_cycles=latency_cycles), clock="aclk",
                   resetn="aresetn")
-    return build(top, f"node_rank{suffix}")
+    return build(top, f"node_rank{suffix}",
+                 describe=f"RankTop({config!r}, latency_cycles={latency_cycles})")

@@ -28,10 +28,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mcf.hdl.convert import build_root, verilog_text
+
 __all__ = ["ToolchainError", "verilator_env", "build", "run", "Built", "bench_params",
            "BUILD_ROOT", "VERILATOR_ARGS"]
 
-BUILD_ROOT = Path(os.environ.get("MCF_BUILD_DIR", Path.cwd() / "build"))
+BUILD_ROOT = build_root()
 VERILATOR_ARGS = ("-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-O3")
 _PARAMS_ENV = "MCF_BENCH_PARAMS"
 _WIDTH_OFF = ("-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC")
@@ -118,11 +120,13 @@ def _versions() -> str:
 
 def build(top, name: str, *, ports=None, params: dict | None = None,
           build_args: tuple[str, ...] = (), width_warnings: bool = False,
-          sources: dict[str, str] | None = None) -> Built:
+          sources: dict[str, str] | None = None, describe: str | None = None) -> Built:
     """Generate Verilog for ``top`` (an Elaboratable; ``ports`` for non-components, e.g.
     :class:`mcf.hdl.flat.FlatTop`) and build it, unless an identical build exists.
     ``sources``: more Verilog files (file name → text), e.g. the modules ``top`` instantiates
-    by name (:class:`mcf.hdl.flat.FlatInstance`).
+    by name (:class:`mcf.hdl.flat.FlatInstance`). ``describe``: what ``top`` is (its factory
+    and parameters) — then the Verilog comes from :func:`mcf.hdl.convert.verilog_text`'s cache
+    while no source changed, and the big designs skip their minute of conversion.
 
     ``width_warnings``: report Verilator's WIDTHEXPAND / WIDTHTRUNC (off by default) with the
     operand idioms of Amaranth's Verilog waived (:data:`WIDTH_WAIVERS`); any width warning
@@ -132,7 +136,10 @@ def build(top, name: str, *, ports=None, params: dict | None = None,
     verilator_env()
     if ports is None and hasattr(top, "ports") and not callable(top.ports):
         ports = top.ports
-    text = verilog.convert(top, name=name, ports=ports, emit_src=False)
+    if describe is not None:
+        text = verilog_text(name, lambda: top, describe, ports)
+    else:
+        text = verilog.convert(top, name=name, ports=ports, emit_src=False)
     args = list(VERILATOR_ARGS)
     if width_warnings:
         args = [a for a in args if a not in _WIDTH_OFF]

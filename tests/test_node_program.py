@@ -124,12 +124,11 @@ def test_configuration_writes_name_real_registers():
 def test_node_top_declares_its_clock_and_reset_for_vivado():
     """``aclk`` is associated with every bus interface of the top and ``aresetn`` is its
     active-low reset (module-reference attributes), so the block design needs no manual step."""
-    from amaranth.back import verilog
-
+    from mcf.commands.verilog import top_description
+    from mcf.hdl.convert import verilog_text
     from mcf.hdl.tops import TOPS
 
-    top = TOPS["mcf_node_sim"]()
-    text = verilog.convert(top, name="mcf_node_sim", ports=top.ports, emit_src=False)
+    text = verilog_text("mcf_node_sim", TOPS["mcf_node_sim"], top_description("mcf_node_sim"))
     line = next(x for x in text.splitlines() if "ASSOCIATED_BUSIF" in x)
     busif = line.split("ASSOCIATED_BUSIF ")[1].split(",")[0].split(":")
     want = {"s_axi_ctrl", *(f"m_axi_hp{p}" for p in range(4)),

@@ -21,8 +21,10 @@ BENCH = "mcf.sim.benches.board_node"
 
 @pytest.fixture(scope="module")
 def board(tmp_path_factory):
+    from mcf.commands.verilog import top_description
     from mcf.hdl.tops import TOPS
-    built = build(TOPS["mcf_node_sim"](), "mcf_node_sim")
+    built = build(TOPS["mcf_node_sim"](), "mcf_node_sim",
+                  describe=top_description("mcf_node_sim"))     # mcf verilog's conversion
     ports = verilog_ports((built.build_dir / "mcf_node_sim.v").read_text(), "mcf_node_sim")
     tmp = tmp_path_factory.mktemp("overlay")
     hwh = write_hwh(tmp / "mcf_node_sim.hwh", "mcf_node_sim", ports)

@@ -118,7 +118,9 @@ def gemm_build(arrays: int = 1, w_bytes: int = BEAT_BYTES, chain: int = 1,
         f"gemm_engine_x{arrays}_w{8 * w_bytes}_m{M_CHUNK}"
     if chain > 1:
         name += f"_c{chain}_{dsp}"
-    return build(top, name)
+    return build(top, name, describe=f"GemmEngine({ROWS}, {LANES}, {GROUP_SIZE}, k_max={INTER}, "
+                 f"m_max={M_CHUNK}, arrays={arrays}, w_width={8 * w_bytes}, chain={chain}, "
+                 f"dsp={dsp!r}) as {axis}")
 
 
 def gemm_sequences(small: bool, sabotage: list[dict] | None = None, arrays: int = 1,

@@ -6,9 +6,10 @@ from pathlib import Path
 
 
 def run(args) -> int:
-    from amaranth.back import verilog
-
+    from mcf.hdl.convert import verilog_text
     from mcf.hdl.tops import TOPS
+
+    from .build import verilog_ports
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -18,11 +19,17 @@ def run(args) -> int:
         from ..cli import UsageError
         raise UsageError(f"unknown top(s) {', '.join(unknown)}; known: {', '.join(sorted(TOPS))}")
     for name in names:
-        top = TOPS[name]()
         path = out / f"{name}.v"
-        path.write_text(verilog.convert(top, name=name, ports=top.ports, emit_src=False))
-        print(f"{path}  ({len(top.ports)} ports)")
+        text = verilog_text(name, TOPS[name], top_description(name))
+        path.write_text(text)
+        print(f"{path}  ({len(verilog_ports(text))} ports)")
     return 0
+
+
+def top_description(name: str) -> str:
+    """The :func:`mcf.hdl.convert.verilog_text` description of ``TOPS[name]`` (shared by
+    every caller that converts a listed top)."""
+    return f"mcf.hdl.tops.TOPS[{name!r}]"
 
 
 def register(subs) -> None:

@@ -1,6 +1,7 @@
 """``mcf demo`` (issue #15 §5, issue #17 §5): bad arguments, and the demo end to end on four
-simulated node tops (its own Verilator build, the one CI runs at N = 4): a 64-token passkey
-prompt under MARS, every check, and the system model's small grid."""
+simulated node tops, one per MPI rank (the ``node_rank`` build the MPI test shares): a 64-token
+passkey prompt under MARS, the two-phase runs on N = 1, 2, 4 (``n_invariant``), every check,
+and the system model's small grid."""
 
 import json
 

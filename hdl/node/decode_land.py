@@ -155,7 +155,7 @@ class DecodeLander(wiring.Component):
     between packets (a state's ``m, l`` beat costs the writer nothing; the reciprocal's 3
     cycles are absorbed once by the FIFO) while packets average at least 3 beats: the writer
     takes a descriptor every 3 cycles at best, so back-to-back maxima of one or two beats (up
-    to 4 heads) alone land one per 3 cycles (``test_back_to_back_with_maxima``); a KV head's 6
+    to 4 heads) alone land one per 3 cycles (``test_short_maxima_rate``); a KV head's 6
     maxima (24 B, 3 beats) run at full rate. Measured
     (``tests/test_node_decode_land.py::test_decode_land_rate``, first input beat to last
     count): 0.995 / 0.997 / 0.998 input beats per cycle for 45 back-to-back 520-B states, 33

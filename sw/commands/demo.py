@@ -1,7 +1,8 @@
 """``mcf demo``: the system working as one, in a few minutes (issue #15 §5, issue #17 §5).
 
 1. **The cluster answers.** The trained ``retrieval`` model poses a passkey prompt to a ring of
-   simulated KR260 node tops (Verilator, ``sim`` configuration) under MARS, ring and zigzag
+   simulated KR260 node tops (Verilator, ``sim`` configuration, one node per MPI rank: the
+   single-process run's cycles, one small build for every run) under MARS, ring and zigzag
    prefill, each followed by KV-stationary decode; every run is checked bit for bit against its
    integer golden model, its KV read back from the nodes' directories (owner-only) and its peak
    KV against the budget. The answers are printed beside the expected ones.
@@ -9,15 +10,14 @@
    of the three schedules on that same prompt.
 3. **The same answer on any N.** The MARS run again with the two-phase softmax
    (``--softmax two_phase``, 16-token chunks: one ``sim`` node's GEMM takes 16 rows) on 1, 2
-   and 4 nodes, one node per MPI rank: ``n_invariant`` holds
-   when each is bit-exact against its golden model and all three give the same tokens and the
-   same logits, bit for bit, at every step.
+   and 4 nodes: ``n_invariant`` holds when each is bit-exact against its golden model and all
+   three give the same tokens and the same logits, bit for bit, at every step.
 4. **The system model.** The calibrated event model (:mod:`mcf.sysmodel`) predicts the same
    runs (its error against the RTL is reported) and evaluates Qwen2.5-1.5B at 16K on N = 2..16
    at the paper's setting: PNGs, ``summary.md``, ``summary.json`` and ``evaluation.json`` in
    ``--out``.
 
-Exit status 0 when every check that ran passed, 1 when one failed, 2 for bad arguments.
+Exit status 0 when every check passed, 1 when one failed, 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -158,32 +158,36 @@ def _bar(progress: bool, total: int, desc: str, unit: str, position: int):
 
 
 def demo(spec: DemoSpec, progress: bool = True) -> tuple[dict, int]:
-    """Run the demo; return ``(summary, exit status)``. The RTL runs overlap (``parallel`` at
-    once) and the system model runs beside them (it waits for no simulation)."""
-    from ..sim.cluster import build_cluster
+    """Run the demo; return ``(summary, exit status)``. Every RTL run is one node per MPI rank
+    (one Verilator build, ``node_rank``, serves them all, with the single-process run's
+    cycles); they overlap (``parallel`` at once) and the system model runs beside them (it
+    waits for no simulation)."""
+    from ..sim.cluster import build_rank
     from ..sysmodel.calibration import load_figures
     from ..sysmodel.evaluation import count_runs, evaluate, markdown, write_report
     from .run import simulate
 
-    runs = spec.runs()
+    runs, inv_runs = spec.runs(), spec.invariance_runs()
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else (lambda s: None)
     fig = load_figures()
-    say(f"building the {spec.nodes}-node simulation (Verilator; cached after the first "
+    say("building the simulated node of one MPI rank (Verilator; cached after the first "
         "time) ...")
-    build_cluster(spec.nodes)
+    build_rank()
     say(f"{len(runs)} runs of a {spec.prompt_tokens}-token passkey prompt on {spec.nodes} "
-        f"simulated KR260 nodes ({', '.join(spec.policies)}), and the system model ...")
+        f"simulated KR260 nodes ({', '.join(spec.policies)}), the MARS run with the two-phase "
+        f"softmax on N = {', '.join(str(r.nodes) for r in inv_runs)}, one node per MPI rank, "
+        "and the system model ...")
     ev_spec = _eval_spec(spec.quick)
-    rtl_bar = _bar(progress, len(runs), "RTL runs", "run", 0)
+    rtl_bar = _bar(progress, len(runs) + len(inv_runs), "RTL runs", "run", 0)
     model_bar = _bar(progress, count_runs(ev_spec), "system model", "run", 1)
 
     def one(r):
         try:
-            got = simulate(r, progress=False)
+            got = simulate(r, progress=False, mpi=True)
         except AssertionError as exc:
             got = {"failed": str(exc).splitlines()[0]}
         if rtl_bar is not None:
-            rtl_bar.set_postfix_str(f"{r.policy} done")
+            rtl_bar.set_postfix_str(f"{r.policy} {r.softmax} N={r.nodes} done")
             rtl_bar.update(1)
         return got
 
@@ -193,28 +197,15 @@ def demo(spec: DemoSpec, progress: bool = True) -> tuple[dict, int]:
 
     with ThreadPoolExecutor(spec.parallel) as pool:
         sims = [pool.submit(one, r) for r in runs]
+        inv_sims = [pool.submit(one, r) for r in inv_runs]
         ev_future = pool.submit(model)
         got = {r.policy: f.result() for r, f in zip(runs, sims)}
+        inv = {r.nodes: f.result() for r, f in zip(inv_runs, inv_sims)}
         ev = ev_future.result()
     for bar in (rtl_bar, model_bar):
         if bar is not None:
             bar.close()
     predicted = _predict(runs, fig)
-    inv_runs = spec.invariance_runs()
-    say(f"the MARS run with the two-phase softmax on N = "
-        f"{', '.join(str(r.nodes) for r in inv_runs)} (one node per MPI rank) ...")
-    inv_bar = _bar(progress, len(inv_runs), "two-phase runs", "run", 0)
-    inv = {}
-    for r in inv_runs:
-        try:
-            inv[r.nodes] = simulate(r, progress=False, mpi=True)
-        except AssertionError as exc:
-            inv[r.nodes] = {"failed": str(exc).splitlines()[0]}
-        if inv_bar is not None:
-            inv_bar.set_postfix_str(f"N = {r.nodes} done")
-            inv_bar.update(1)
-    if inv_bar is not None:
-        inv_bar.close()
     invariant, why = n_invariant(inv)
 
     failed = {p: g["failed"] for p, g in got.items() if "failed" in g}
@@ -312,9 +303,14 @@ def run(args) -> int:
         runs = spec.runs() + spec.invariance_runs()
     except RunError as exc:
         raise UsageError(str(exc)) from None
+    from ..sim.mpi import mpirun
     from .run import _check_model
     for r in runs:
         _check_model(r)
+    try:
+        mpirun()                          # every RTL run is one node per MPI rank
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
     summary, status = demo(spec, progress=not args.quiet)
     _print(summary, spec)
     return status

@@ -113,7 +113,7 @@ from .program import Write, route_writes
 __all__ = ["DecodeImage", "DecodeBuffers", "DecodeProgram", "decode_layout", "decode_kv_id",
            "decode_seq", "decode_slot", "owned_blocks", "query_payloads", "decode_writes",
            "decode_program", "GoldenDecodeLayer", "golden_decode", "prompt_blocks",
-           "reduction_parents", "slice_tokens", "COUNTER_CLEAR"]
+           "reduction_parents", "slice_tokens", "COUNTER_CLEAR", "max_meta"]
 
 COUNTER_CLEAR = (1 << SeqCounter.RESULTS_LANDED.value) | (1 << SeqCounter.QUERIES_LANDED.value) \
     | (1 << SeqCounter.MAXES_LANDED.value)
@@ -246,9 +246,10 @@ class DecodeBuffers:
 class DecodeImage(ModelImage):
     """:class:`~mcf.node.layer.ModelImage` plus what a decode token needs: one-token buffers
     per layer (:class:`DecodeBuffers`), the decode position's RoPE words, the constant empty
-    state, two more templates per layer (``2L + 2l``, ``2L + 2l + 1``; the table is rebuilt
-    with the prefill's first) and a list region, one list per (layer, KV head) of up to
-    ``max_blocks`` prompt blocks plus the decode blocks. Build it on a :func:`decode_layout`."""
+    state and empty maxima (``M_EMPTY`` words: a node without KV in a two-phase run), two more
+    templates per layer (``2L + 2l``, ``2L + 2l + 1``; the table is rebuilt with the
+    prefill's first) and a list region, one list per (layer, KV head) of up to ``max_blocks``
+    prompt blocks plus the decode blocks. Build it on a :func:`decode_layout`."""
     decode_blocks: int = 1
     dbufs: list[DecodeBuffers] = field(default_factory=list)
 

@@ -22,6 +22,7 @@ from mcf.abi.attend import (
     SOFTMAX_OF_MODE,
     AttendMode,
     AttendSoftmax,
+    max_payload_bytes,
 )
 from mcf.abi.compute import DMA_ADDR_BITS
 from mcf.abi.framing import beat_layout
@@ -246,6 +247,15 @@ class AttendUnit(wiring.Component):
         m.d.comb += [wr_d.stride.eq(0), wr_d.count.eq(1),
                      wr_d.addr.eq(hdr.out_addr), wr_d.length.eq(arg.heads * (4 * D))]
         beat = rd.o.payload
+        def read(addr, length, nxt):
+            """A one-descriptor DMA read of ``length`` bytes at ``addr``, then state ``nxt``
+            (the constant fields are set here: a constant-only ``always @*`` never runs in
+            Verilator)."""
+            m.d.comb += [rd.desc.valid.eq(1), rd_d.count.eq(1), rd_d.stride.eq(0),
+                         rd_d.addr.eq(addr), rd_d.length.eq(length)]
+            with m.If(rd.desc.ready):
+                m.next = nxt
+
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.rec.ready.eq(1)
@@ -267,11 +277,8 @@ class AttendUnit(wiring.Component):
                     with m.Else():
                         m.next = "LIST_REQ"
             with m.State("LIST_REQ"):
-                m.d.comb += [rd.desc.valid.eq(1), rd_d.count.eq(1), rd_d.stride.eq(0),
-                             rd_d.addr.eq(self.list_base + arg.list * ATT_ENTRY_BYTES),
-                             rd_d.length.eq((arg.blocks + 1) * ATT_ENTRY_BYTES)]
-                with m.If(rd.desc.ready):
-                    m.next = "LIST_RX"
+                read(self.list_base + arg.list * ATT_ENTRY_BYTES,
+                     (arg.blocks + 1) * ATT_ENTRY_BYTES, "LIST_RX")
             with m.State("LIST_RX"):
                 m.d.comb += rd.o.ready.eq(1)
                 bent = data.View(ATTEND_BLOCK, beat.data)
@@ -289,11 +296,7 @@ class AttendUnit(wiring.Component):
                         m.d.sync += idx.eq(0)
                         m.next = "Q_REQ"
             with m.State("Q_REQ"):
-                m.d.comb += [rd.desc.valid.eq(1), rd_d.count.eq(1), rd_d.stride.eq(0),
-                             rd_d.addr.eq(hdr.q_addr),
-                             rd_d.length.eq(QUERY_HEADER_BYTES + arg.heads * P)]
-                with m.If(rd.desc.ready):
-                    m.next = "Q_RX"
+                read(hdr.q_addr, QUERY_HEADER_BYTES + arg.heads * P, "Q_RX")
             with m.State("Q_RX"):
                 m.d.comb += rd.o.ready.eq(1)
                 with m.If(rd.o.valid):
@@ -315,10 +318,7 @@ class AttendUnit(wiring.Component):
                     m.next = "JOB"
             with m.State("M_REQ"):
                 # DECODE FIXED: the heads' maxima at out_addr
-                m.d.comb += [rd.desc.valid.eq(1), rd_d.count.eq(1), rd_d.stride.eq(0),
-                             rd_d.addr.eq(hdr.out_addr), rd_d.length.eq(arg.heads * 4)]
-                with m.If(rd.desc.ready):
-                    m.next = "M_RX"
+                read(hdr.out_addr, max_payload_bytes(arg.heads), "M_RX")
             with m.State("M_RX"):
                 m.d.comb += rd.o.ready.eq(1)
                 with m.If(rd.o.valid):

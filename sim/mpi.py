@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["launch", "mpirun", "mpi_env", "main"]
+__all__ = ["launch", "mpirun", "mpi_env", "main", "BENCHES", "node_hwh"]
 
 
 def mpirun() -> str:
@@ -41,17 +41,40 @@ def mpi_env() -> dict[str, str]:
     return env
 
 
-def launch(params: dict, *, timeout: float | None = None) -> dict:
-    """Run ``mcf.sim.benches.cluster_run``'s ``run`` with ``params`` (its ``spec`` names the
-    nodes) as one MPI rank per node; returns node 0's result. Raises ``AssertionError`` with
-    the run's failure (the same message a single-process run gives)."""
+BENCHES = ("cluster_run", "board_run")
+"""The rank programs: ``cluster_run`` (simulated hosts), ``board_run`` (the board runtime on a
+simulated KR260, :mod:`mcf.sim.benches.board_run`)."""
+
+
+def node_hwh(folder: Path) -> Path:
+    """The ``.hwh`` of the ``mcf_node_sim`` overlay (:mod:`mcf.sim.board.hwh`), from the
+    cached Verilog of ``mcf verilog``."""
+    from mcf.commands.verilog import top_description
+    from mcf.hdl.convert import verilog_text
+    from mcf.hdl.tops import TOPS
+    from mcf.sim.board.hwh import verilog_ports, write_hwh
+
+    name = "mcf_node_sim"
+    text = verilog_text(name, TOPS[name], top_description(name))
+    return write_hwh(folder / f"{name}.hwh", name, verilog_ports(text, name))
+
+
+def launch(params: dict, *, timeout: float | None = None, bench: str = "cluster_run") -> dict:
+    """Run ``mcf.sim.benches.<bench>``'s ``run`` (:data:`BENCHES`) with ``params`` (its
+    ``spec`` names the nodes) as one MPI rank per node; returns node 0's result. Raises
+    ``AssertionError`` with the run's failure (the same message a single-process run
+    gives)."""
     from mcf.sim.cluster import build_rank
 
+    if bench not in BENCHES:
+        raise ValueError(f"bench {bench!r}: one of {BENCHES}")
     n = params["spec"]["nodes"]
     built = build_rank()                  # once, before the ranks start
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp)
-        (job / "params.json").write_text(json.dumps(params))
+        if bench == "board_run":
+            params = {**params, "hwh": str(node_hwh(job / "overlay"))}
+        (job / "params.json").write_text(json.dumps({**params, "bench": bench}))
         (job / "build.json").write_text(json.dumps([built.name, str(built.build_dir)]))
         cmd = [mpirun(), "-n", str(n), sys.executable, "-m", "mcf.sim.mpi", str(job)]
         proc = subprocess.run(cmd, env=mpi_env(), stdout=subprocess.PIPE, text=True,
@@ -82,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     params = {**params, "mpi": True, "out": str(job / "result.json") if rank == 0 else None,
               "progress": params.get("progress", False) and rank == 0}
     try:
-        sim_run(Built(name, Path(build_dir)), "mcf.sim.benches.cluster_run", testcase="run",
+        sim_run(Built(name, Path(build_dir)), f"mcf.sim.benches.{params['bench']}",
+                testcase="run",
                 test_dir=test_dir, params=params)
     except AssertionError as exc:
         (test_dir / "failure.txt").write_text(str(exc).splitlines()[0] if str(exc) else

@@ -45,7 +45,7 @@ import random
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import cocotb
@@ -54,37 +54,31 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from tqdm import tqdm
 
 from mcf.abi.csrmap import node_regmap
-from mcf.abi.directory import DirState
 from mcf.abi.node import Queue
 from mcf.abi.node_config import NODE_CONFIGS
-from mcf.cluster import ClusterGolden, RunSpec, make_plan, run_prompt
-from mcf.node.decode import (
-    DecodeImage,
-    decode_layout,
-    slice_tokens,
+from mcf.cluster import RunSpec
+from mcf.cluster.checks import (
+    act_rows,
+    check_decode_root,
+    check_owned_kv,
+    directory_ids,
+    held_from_directory,
 )
-from mcf.node.layer import max_read_set, slice_positions
-from mcf.node.layout import NodeLayout
-from mcf.node.program import configure, route_writes, step_program
+from mcf.cluster.setup import RunSetup, StepPrograms, planned_landings, run_record
+from mcf.node.decode import DecodeImage
+from mcf.node.layer import slice_positions
+from mcf.node.program import configure, route_writes
 from mcf.sim.benches.grid import ClusterAbort, Grid
 from mcf.sim.benches.node_cluster import (
     MEM,
     POLL,
     Host,
-    _act_rows,
     _wait_marks,
     check_layer_step,
-    planned_receivers,
     start_clocks,
     wait_irq,
 )
-from mcf.sim.benches.node_decode import (
-    _bad_counters,
-    _rows,
-    check_decode_root,
-    check_owned_kv,
-    program_decode_token,
-)
+from mcf.sim.benches.node_decode import _bad_counters, program_decode_token
 from mcf.sim.cluster import check_tx_params, directed_links
 from mcf.sim.toolchain import bench_params
 
@@ -101,36 +95,18 @@ def simulated(record: dict) -> dict:
     return {k: v for k, v in record.items() if k not in HOST_KEYS}
 
 
-def _last_row_owner(p) -> tuple[int, int]:
-    """``(node, row)``: who computed the prompt's last position, and its row in the slice."""
-    S = p.num_chunks * p.chunk
-    for s in range(p.cluster.nodes):
-        p0, n = slice_positions(p, p.num_chunks, s)
-        if p0 <= S - 1 < p0 + n:
-            return s, S - 1 - p0
-    raise AssertionError("no slice holds the last position")
-
-
 async def held_blocks(hosts, p) -> dict[str, dict[int, list[tuple[int, int]]]]:
     """The prompt's ``(block, slice)`` KV each node holds, read from its directory
-    (``DIR_PEEK`` / ``DIR_ENTRY``, every layer's ``kv_id``): ``owned`` (state OWNER on every
-    layer) and ``replicas`` (any layer VALID or DRAINING, or landed packets not owned)."""
-    enc, L = p.encoder, p.model.layers
+    (``DIR_PEEK`` / ``DIR_ENTRY`` of every layer's ``kv_id``;
+    :func:`mcf.cluster.checks.held_from_directory`)."""
     out = {"owned": {}, "replicas": {}}
     for h in hosts:
-        owned, replicas = [], []
-        for b in range(1, p.num_chunks + 1):
-            for s in range(p.cluster.nodes):
-                states = []
-                for layer in range(L):
-                    await h.write("DIR_PEEK", enc.kv_id(layer, b, s))
-                    e = h.regmap.register("DIR_ENTRY").unpack(await h.read("DIR_ENTRY"))
-                    states.append((DirState(e["state"]), e["landed"]))
-                if all(st is DirState.OWNER for st, _ in states):
-                    owned.append((b, s))
-                elif any(st is not DirState.ABSENT or landed for st, landed in states):
-                    replicas.append((b, s))
-        out["owned"][h.i], out["replicas"][h.i] = owned, replicas
+        entries = []
+        for _, _, kv_id in directory_ids(p):
+            await h.write("DIR_PEEK", kv_id)
+            entries.append(h.regmap.register("DIR_ENTRY").unpack(await h.read("DIR_ENTRY")))
+        held = held_from_directory(p, entries)
+        out["owned"][h.i], out["replicas"][h.i] = held["owned"], held["replicas"]
     return out
 
 
@@ -138,43 +114,29 @@ async def held_blocks(hosts, p) -> dict[str, dict[int, list[tuple[int, int]]]]:
 class Run:
     """What every node host of a run shares (each simulation builds its own, the same)."""
     dut: object
-    spec: RunSpec
+    setup: RunSetup
     params: dict
     grid: Grid
-    p: object
     image: DecodeImage
-    golden: ClusterGolden
-    gold: object
-    xa: np.ndarray
     ports: dict[int, int]                 # node -> its index on ``dut`` (n{port}_...)
     limit: int
     bar: object = None
-    decoded: dict[int, list] = field(default_factory=dict)
-    programs: dict[int, list] = field(default_factory=dict)
-    retired: list[int] = field(default_factory=list)
+    step_programs: StepPrograms = None
+
+    def __post_init__(self):
+        self.step_programs = StepPrograms(self.setup, self.image)
 
     @property
     def n(self) -> int:
-        return self.spec.nodes
+        return self.setup.nodes
 
-    def step_programs(self, step) -> list:
-        """Every node's program of prefill step ``step`` (computed once per simulation, in step
-        order: each program starts where the node's NET records of the earlier steps end)."""
-        if step.index not in self.programs:
-            if not self.retired:
-                self.retired = [0] * self.n
-            progs = [step_program(self.p, step.index, v, self.retired[v], model=self.image)
-                     for v in range(self.n)]
-            for v, prog in enumerate(progs):
-                self.retired[v] += len(prog.net)
-            self.programs[step.index] = progs
-        return self.programs[step.index]
+    @property
+    def p(self):
+        return self.setup.plan
 
-    def decode_gold(self, k: int) -> list:
-        """The golden layers of decode token ``k`` (computed once per simulation)."""
-        if k not in self.decoded:
-            self.decoded[k] = self.golden.decode_token(k)
-        return self.decoded[k]
+    @property
+    def spec(self) -> RunSpec:
+        return self.setup.spec
 
 
 def cable_port(dut, k: int, link: int, name: str):
@@ -231,27 +193,23 @@ async def _prefill_step(h: Host, r: Run, step, expect: list[int]) -> dict:
     checks (``expect``: packets each node has landed so far). Returns what the others need
     (cycles, waits, directory)."""
     p, image, n, idx = r.p, r.image, r.n, step.index
-    enc, m = p.encoder, image.tokens
+    m = image.tokens
     fault = r.params.get("fault")
     if fault and idx == fault["step"] and h.i == fault["node"]:
         await inject_link_fault(r.dut, n, h.i)
     waits0 = await h.read("seq1_wait_cycles")
     p0, _ = slice_positions(p, idx, h.i)
-    for addr, raw in image.step_writes(np.arange(p0, p0 + m), r.xa[p0:p0 + m]).items():
+    for addr, raw in image.step_writes(np.arange(p0, p0 + m),
+                                       r.setup.xa[p0:p0 + m]).items():
         h.mem[addr: addr + len(raw)] = raw
     await h.apply(route_writes(step.routes.entries, h.i))
-    progs = r.step_programs(step)
+    progs = r.step_programs(idx)
     prog = progs[h.i]
     for addr, raw in prog.lists.items():
         h.mem[addr: addr + len(raw)] = raw
     h.put(Queue.NET, prog.net)
     h.put(Queue.COMPUTE, prog.compute)
-    expect[h.i] += p.model.layers * len(enc.fragments(m))          # EMIT local copies
-    receivers = planned_receivers(p, idx)
-    for other in progs:
-        for meta in other.kv_sends:
-            _, block, slice_ = enc.kv_key(meta.kv_id)
-            expect[h.i] += h.i in receivers[(meta.src, block, slice_, meta.route_id)]
+    expect[h.i] += planned_landings(p, idx, progs, h.i, m)
     t0 = r.grid.now()
     for q in Queue:
         await h.doorbell(q)
@@ -261,7 +219,7 @@ async def _prefill_step(h: Host, r: Run, step, expect: list[int]) -> dict:
         await ClockCycles(r.dut.aclk, POLL)
     t1 = r.grid.now()
     wait = await h.read("seq1_wait_cycles") - waits0
-    await check_layer_step([h], p, idx, image, h.layout, r.gold.prefill, expect)
+    await check_layer_step([h], p, idx, image, h.layout, r.setup.gold.prefill, expect)
     held = await held_blocks([h], p)
     kv = sum(slice_positions(p, b, s)[1] * p.model.m_token
              for b, s in held["owned"][h.i] + held["replicas"][h.i])
@@ -274,8 +232,8 @@ async def _decode_token(h: Host, r: Run, k: int, token: int, marks: int) -> dict
     token's cycles and logits."""
     p, image, lcfg = r.p, r.image, r.image.cfg
     root = p.decode_owner(k)
-    layers = r.decode_gold(k)
-    await program_decode_token(h, p, k, image, r.golden.embed([token])[0])
+    layers = r.setup.decode_gold(k)
+    await program_decode_token(h, p, k, image, r.setup.golden.embed([token])[0])
     await h.doorbell(Queue.NET)
     if h.i != root:
         await h.doorbell(Queue.COMPUTE)
@@ -299,8 +257,8 @@ async def _decode_token(h: Host, r: Run, k: int, token: int, marks: int) -> dict
     assert not bad, f"token {k} node {h.i}: {bad}"
     if h.i == root:
         check_decode_root(h.mem, root, p, image, layers, k)
-        y = _rows(h.mem, image.dbufs[-1].buf["y"], lcfg.hidden)
-        out["logits"] = r.golden.head(y).tolist()
+        y = act_rows(h.mem, image.dbufs[-1].buf["y"], 1, lcfg.hidden)[0]
+        out["logits"] = r.setup.golden.head(y).tolist()
     return out
 
 
@@ -316,13 +274,13 @@ async def node_host(h: Host, r: Run) -> dict:
         steps.append(await r.grid.gather(h.i, await _prefill_step(h, r, step, expect)))
         if r.bar is not None and h.i == min(r.ports):
             r.bar.update()
-    check_owned_kv([h], p, h.layout, r.gold.prefill)
-    node, row = _last_row_owner(p)
+    check_owned_kv(h.mem, h.i, p, h.layout, r.setup.gold.prefill)
+    node, row = r.setup.last_row_owner()
     mine = None
     if h.i == node:
-        last = _act_rows(h.mem, r.image.bufs[-1].buf["y"] + row * r.image.cfg.hidden * 4, 1,
-                         r.image.cfg.hidden)[0]
-        mine = r.golden.head(last).tolist()
+        last = act_rows(h.mem, r.image.bufs[-1].buf["y"] + row * r.image.cfg.hidden * 4, 1,
+                        r.image.cfg.hidden)[0]
+        mine = r.setup.golden.head(last).tolist()
     logits = [next(v for v in await r.grid.gather(h.i, mine) if v is not None)]
     tokens = [int(np.argmax(logits[-1]))]
     decode_cycles = []
@@ -336,38 +294,8 @@ async def node_host(h: Host, r: Run) -> dict:
         tokens.append(int(np.argmax(logits[-1])))
         if r.bar is not None and h.i == min(r.ports):
             r.bar.update()
-    return _record(r, steps, tokens, logits, decode_cycles)
-
-
-def _record(r: Run, steps: list[list[dict]], tokens: list[int], logits: list,
-            decode_cycles: list[int]) -> dict:
-    """The run's record from every node's step values (the same on every node); checks the
-    layout after the prefill and the tokens."""
-    p, n, spec = r.p, r.n, r.spec
-    cycles = r.grid.now()
-    owned = {v: sum(slice_positions(p, b, s)[1] for b, s in steps[-1][v]["owned"])
-             for v in range(n)}
-    owner_only = not any(st["replicas"] for st in steps[-1]) and sorted(
-        tuple(x) for st in steps[-1] for x in st["owned"]) == sorted(
-        (b, s) for b in range(1, p.num_chunks + 1) for s in range(n))
-    assert owner_only, f"the KV layout after the prefill is not owner-only: {steps[-1]}"
-    assert tokens == r.gold.tokens, f"generated tokens {tokens}, golden {r.gold.tokens}"
-    kv_bytes = [[st["kv_bytes"] for st in s] for s in steps]
-    peak = max(max(b) for b in kv_bytes)
-    return {
-        "nodes": n, "policy": spec.policy, "tokens": tokens, "golden_tokens": r.gold.tokens,
-        "roots": r.gold.roots,
-        "prefill_step_cycles": [max(v["t1"] for v in s) - min(v["t0"] for v in s)
-                                for s in steps],
-        "exposed_comm_cycles": [[v["wait"] for v in s] for s in steps],
-        "ttft_cycles": sum(max(v["t1"] for v in s) - min(v["t0"] for v in s) for s in steps),
-        "decode_cycles": decode_cycles, "logits": logits, "owned_tokens": owned,
-        "kv_bytes_per_step": kv_bytes, "peak_kv_bytes": peak, "kv_budget": spec.kv_budget,
-        "planned_peak_kv_bytes": p.totals.peak_node_kv_bytes,
-        "checks": {"bit_exact": True, "tokens_match": tokens == r.gold.tokens,
-                   "owner_only": owner_only, "memory_within_budget": peak <= spec.kv_budget},
-        "sim_cycles": cycles,
-    }
+    return {**run_record(r.setup, steps, tokens, logits, decode_cycles),
+            "sim_cycles": r.grid.now()}
 
 
 async def _guarded(h: Host, r: Run, results: dict) -> None:
@@ -391,13 +319,8 @@ async def _guarded(h: Host, r: Run, results: dict) -> None:
 async def run(dut):
     params = bench_params()
     spec = RunSpec(**params["spec"])
-    from mcf.model import model_from_spec, quantize_model
-
-    mcfg, tensors = model_from_spec(spec.model, seed=spec.seed) if spec.model == "tiny" \
-        else model_from_spec(spec.model)
-    qm = quantize_model(mcfg, tensors)
-    p = make_plan(spec, mcfg)
-    n = spec.nodes
+    setup = RunSetup.prepare(spec)
+    p, n = setup.plan, spec.nodes
     comm = None
     if params.get("mpi"):
         from mpi4py import MPI
@@ -408,21 +331,12 @@ async def run(dut):
         ports = {comm.Get_rank(): 0}
     else:
         ports = {v: v for v in range(n)}
-    cfg = NODE_CONFIGS[spec.config]
-    held = [p.decode_owner(k) for k in range(spec.decode_tokens)]
-    blocks = max([1] + [-(-held.count(v) // slice_tokens(p)) for v in range(n)])
-    base = NodeLayout.for_plan(p, cfg, base=params.get("base", 0x1000),
-                               cmd_log2=params.get("cmd_log2", 10))
-    lay = decode_layout(p, cfg, base.base, base.cmd_log2, decode_blocks=blocks)
-    image = DecodeImage(mcfg.layer, qm.layers, cfg, lay, tokens=slice_tokens(p),
-                        decode_blocks=blocks, max_blocks=max_read_set(p), softmax=spec.softmax)
+    image = setup.image(params.get("base", 0x1000), params.get("cmd_log2", 10))
+    lay = image.layout
     mem_bytes = params.get("mem", MEM)
     if image.alloc.at > mem_bytes:
         raise ValueError(f"the node image ends at {image.alloc.at:#x}, beyond the "
                          f"{mem_bytes:#x}-byte DDR model (params: mem)")
-    golden = ClusterGolden(qm, p, spec.softmax)
-    prompt, answer = run_prompt(spec, mcfg)
-    gold = golden.prefill(prompt)
     grid = Grid(dut, n, sorted(ports), comm=comm, wires=directed_links(n) if comm else [],
                 watch=lambda node: mac_drops(dut, n, node))
     regmap = node_regmap()
@@ -434,8 +348,7 @@ async def run(dut):
     bar = tqdm(total=len(p.steps) + spec.decode_tokens, desc=f"{spec.policy} N={n}",
                unit="step", file=sys.stderr,
                disable=not (params.get("progress", False) and first))
-    r = Run(dut, spec, params, grid, p, image, golden, gold, golden.embed(prompt), ports,
-            params.get("step_limit", 5_000_000), bar)
+    r = Run(dut, setup, params, grid, image, ports, params.get("step_limit", 5_000_000), bar)
     await start_clocks(dut)
     dut.aresetn.value = 0
     await ClockCycles(dut.aclk, 8)
@@ -455,12 +368,7 @@ async def run(dut):
     assert all(v == got for v in results.values())
     out = params.get("out")
     if out and first:
-        got.update(wall_seconds=wall,
-            spec=params["spec"], prompt=prompt.tolist(),
-            task=None if answer is None else {
-                "name": spec.task, "answer": answer.tolist(),
-                "generated": got["tokens"][:len(answer)],
-                "correct": got["tokens"][:len(answer)] == answer.tolist()},
+        got.update(wall_seconds=wall, spec=params["spec"], **setup.prompt_record(got["tokens"]),
             mpi_ranks=comm.Get_size() if comm else 0, grid_exchanges=grid.exchanges,
             node_cycles_per_second=n * got["sim_cycles"] / wall if wall > 0 else 0.0)
         with open(out, "w") as f:

@@ -64,18 +64,18 @@ from cocotbext.axi.constants import AxiResp
 
 from mcf.abi.csrmap import node_regmap
 from mcf.abi.eth import ETH_STATUS, PCS_STATUS
-from mcf.abi.kv import kv_token_bytes
-from mcf.abi.kv_reader import block_address
 from mcf.abi.link_map import link_map_for
 from mcf.abi.meta import META, Meta, Op
 from mcf.abi.node import CMD_BYTES, Cmd, PayloadSource, Queue, RecordClass
 from mcf.abi.node_config import NODE_CONFIGS
 from mcf.abi.platform import ACLK_HZ
 from mcf.abi.regs import WORD_BYTES, Access
+from mcf.cluster.checks import check_layer_memory, check_step_counters, step_counter_names
+from mcf.cluster.setup import planned_receivers
 from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
 from mcf.mars import ClusterSpec, get_model, make_topology, plan
 from mcf.mars.model import ModelSpec
-from mcf.node.layer import ModelImage, golden_prefill, read_act, read_set, slice_positions
+from mcf.node.layer import ModelImage, golden_prefill, read_act, slice_positions
 from mcf.node.layout import NodeLayout
 from mcf.node.program import (
     configure,
@@ -215,13 +215,6 @@ def tiny_model_spec(layers: int = 2) -> ModelSpec:
 
 def kv_slot_bytes(layout: NodeLayout, kv_id: int, seed: int) -> bytes:
     return random.Random(seed * 65_537 + kv_id).randbytes(layout.kv.kv_slot)
-
-
-def planned_receivers(p, index: int) -> dict[tuple, set[int]]:
-    out: dict[tuple, set[int]] = {}
-    for t in p.steps[index - 1].transfers:
-        out.setdefault((t.src, t.block, t.slice, t.route_id), set()).update(t.dests)
-    return out
 
 
 async def _setup(dut, params, spec=None, model_of=None, plan=None):
@@ -531,43 +524,14 @@ async def run_layer_step(dut, hosts, p, step, model, xa, expect_packets: list[in
 async def check_layer_step(hosts, p, idx: int, model, layout: NodeLayout, gold,
                            expect_packets: list[int]) -> None:
     """After prefill step ``idx`` of the layer program, bit for bit against ``gold``
-    (:func:`~mcf.node.layer.golden_prefill`'s layers): every layer's attention output and
-    output rows of every node's slice, the INT4 KV records of every block each node attended to
-    (its own and the ones it received); the landing count; no bad record, drop, bus error or
-    timeout counter anywhere."""
-    enc, cfg, m = p.encoder, model.cfg, model.tokens
-    rec = kv_token_bytes(cfg.head_dim)
+    (:func:`~mcf.node.layer.golden_prefill`'s layers): every node's DDR
+    (:func:`mcf.cluster.checks.check_layer_memory`) and counters
+    (:func:`mcf.cluster.checks.check_step_counters`: the landing count; no bad record, drop,
+    bus error or timeout counter anywhere)."""
+    names = step_counter_names(hosts[0].regmap)
     for h in hosts:
-        p0, _ = slice_positions(p, idx, h.i)
-        for li, lb in enumerate(model.bufs):
-            want = gold[li]
-            att = _act_rows(h.mem, lb.buf["att"], m, cfg.heads * cfg.head_dim)
-            bad = np.argwhere(att != want.att[p0:p0 + m])
-            assert bad.size == 0, (f"step {idx} node {h.i} layer {li}: attention output "
-                                   f"differs at {len(bad)} places, first {bad[0]}")
-            y = _act_rows(h.mem, lb.buf["y"], m, cfg.hidden)
-            bad = np.argwhere(y != want.y[p0:p0 + m])
-            assert bad.size == 0, (f"step {idx} node {h.i} layer {li}: output differs at "
-                                   f"{len(bad)} places, first {bad[0]}")
-            for b, s in read_set(p, idx, h.i):
-                q0, qn = slice_positions(p, b, s)
-                for g in range(cfg.kv_heads):
-                    a = block_address(layout.kv, enc.kv_id(li, b, s), g, layout.kv_layout)
-                    got = bytes(h.mem[a: a + qn * rec])
-                    assert got == want.kv[g][q0 * rec:(q0 + qn) * rec], (
-                        f"step {idx} node {h.i} layer {li}: KV of block {b} slice {s} "
-                        f"head {g} differs")
-        c = await h.counters("land_")
-        assert c["land_packets"] == expect_packets[h.i], (h.i, c)
-        assert all(v == 0 for k, v in c.items() if k not in ("land_packets", "land_bytes")), c
-        for prefix, good in (("emit_", ("records", "tokens", "local", "staged")),
-                             ("att_", ("records", "blocks")),
-                             ("jobs_", ("jobs", "entries", "fences", "fence_cycles")),
-                             ("kvr_", ("blocks", "tokens", "jobs"))):
-            cnt = await h.counters(prefix)
-            assert all(v == 0 for k, v in cnt.items()
-                       if k[len(prefix):] not in good), (h.i, cnt)
-        await assert_rings_and_parsers_clean(h)
+        check_layer_memory(h.mem, h.i, p, idx, model, layout, gold)
+        check_step_counters(h.i, {n: await h.read(n) for n in names}, expect_packets[h.i])
 
 
 @cocotb.test()

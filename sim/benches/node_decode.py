@@ -29,21 +29,18 @@ import numpy as np
 from cocotb.triggers import ClockCycles
 
 from mcf.abi.node import Queue
+from mcf.cluster.checks import bad_counter_names, bad_counters, check_decode_root, check_owned_kv
 from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
 from mcf.node.decode import (
     DecodeImage,
-    decode_kv_id,
     decode_layout,
     decode_program,
-    decode_seq,
     decode_slot,
     golden_decode,
-    owned_blocks,
     prompt_blocks,
     reduction_parents,
-    slice_tokens,
 )
-from mcf.node.layer import act_bytes, golden_prefill, read_act, slice_positions
+from mcf.node.layer import act_bytes, golden_prefill, slice_positions
 from mcf.node.program import configure
 from mcf.quant import to_act
 from mcf.sim.benches.cycles import cycle_counter
@@ -57,41 +54,10 @@ from mcf.sim.benches.node_cluster import (
 )
 from mcf.sim.toolchain import bench_params
 
-BAD_WORDS = ("drop", "bad", "error", "timeouts", "overrun", "reject", "sat", "unmapped")
-CONFIG_REGS = ("reduce_timeout", "a2a_timeout")
-
-
-def _rows(mem, addr: int, cols: int) -> np.ndarray:
-    return read_act(bytes(mem[addr: addr + cols * 4]), 1, cols)[0]
-
 
 async def _bad_counters(h) -> dict[str, int]:
-    out = {}
-    for _, reg in h.regmap:
-        n = reg.name
-        if n.islower() and n not in CONFIG_REGS and any(w in n for w in BAD_WORDS):
-            v = await h.read(n)
-            if v:
-                out[n] = v
-    return out
-
-
-def check_owned_kv(hosts, p, lay, prefill) -> None:
-    """The prompt's KV each node owns after the prefill (:func:`~mcf.node.decode.owned_blocks`),
-    read from its DDR, bit for bit as ``prefill`` (:func:`~mcf.node.layer.golden_prefill`'s
-    layers) has it."""
-    enc = p.encoder
-    S = p.num_chunks * p.chunk
-    for h in hosts:
-        for b, s in owned_blocks(p)[h.i]:
-            q0, qn = slice_positions(p, b, s)
-            for li, gl in enumerate(prefill):
-                for g, raw in enumerate(gl.kv):
-                    a = lay.kv.kv_base + enc.kv_id(li, b, s) * lay.kv.kv_slot + \
-                        g * lay.kv_layout.head_stride
-                    rec = len(raw) // S
-                    assert bytes(h.mem[a: a + qn * rec]) == raw[q0 * rec:(q0 + qn) * rec], \
-                        f"node {h.i}: prompt KV of block {b} slice {s} layer {li} head {g}"
+    """Node ``h``'s non-zero fault counters (:func:`mcf.cluster.checks.bad_counters`)."""
+    return bad_counters({n: await h.read(n) for n in bad_counter_names(h.regmap)})
 
 
 async def program_decode_token(h, p, k: int, image: DecodeImage, xa) -> None:
@@ -142,29 +108,6 @@ async def run_decode_token(dut, hosts, p, k: int, image: DecodeImage, xa, cycle:
     return cycles
 
 
-def check_decode_root(mem, root: int, p, image: DecodeImage, gold, k: int) -> None:
-    """Decode token ``k`` at its root (DDR ``mem``) bit for bit against ``gold``
-    (:func:`~mcf.node.decode.golden_decode`'s layers): the OBUF rows and output row of every
-    layer and the new token's INT4 KV in its decode block."""
-    _, j = decode_slot(p, k)
-    cfg, lay = image.cfg, image.layout
-    T = slice_tokens(p)
-    nq = cfg.heads * cfg.head_dim
-    for li, gl in enumerate(gold):
-        obuf = _rows(mem, image.obuf_rows(li), nq)
-        bad = np.flatnonzero(obuf != gl.att)
-        assert bad.size == 0, (f"token {k} root {root} layer {li}: OBUF differs at {bad.size} "
-                               f"of {nq} words, first {bad[0]}: {obuf[bad[0]]} vs "
-                               f"{gl.att[bad[0]]}")
-        y = _rows(mem, image.dbufs[li].buf["y"], cfg.hidden)
-        bad = np.flatnonzero(y != gl.y)
-        assert bad.size == 0, f"token {k} root {root} layer {li}: output differs at {bad.size}"
-        for g in range(cfg.kv_heads):
-            a = lay.kv_address(decode_kv_id(p, li, root, j // T), decode_seq(p, j % T, g))
-            assert bytes(mem[a: a + len(gl.kv[g])]) == gl.kv[g], \
-                f"token {k} root {root} layer {li}: new token's KV of head {g}"
-
-
 async def check_decode_token(hosts, p, image: DecodeImage, gold, k: int) -> None:
     """Decode token ``k`` bit for bit against ``gold`` at its root (:func:`check_decode_root`);
     no drop, bad record, error or timeout counter on any node."""
@@ -209,7 +152,8 @@ async def decode(dut):
     prefill_cycles = [await run_layer_step(dut, hosts, p, step, image, to_act(x[:S]),
                                            expect_packets, cycle, limit) for step in p.steps]
     marks = len(p.steps)
-    check_owned_kv(hosts, p, lay, prefill)
+    for h in hosts:
+        check_owned_kv(h.mem, h.i, p, lay, prefill)
 
     # ---- one decode token ----------------------------------------------------------------------
     k = params.get("token", 0)

@@ -100,7 +100,11 @@ class SimBoard(Device):
     """The node top ``dut`` (flat ports, ``aclk``/``aresetn``) as a PYNQ device.
 
     ``ctrl_base``: the control window's address (the ``.hwh``'s); ``mem_bytes``: DDR model
-    size; ``pause``: random pause probability on the DDR model's channels (``seed``)."""
+    size; ``pause``: random pause probability on the DDR model's channels (``seed``);
+    ``prefix``: of the node's ports on ``dut`` (``"n0_"`` on
+    :class:`mcf.sim.cluster.RankTop`, whose links are the co-simulation's); ``start_clock``:
+    drive ``aclk`` every ``period_ns`` (else the bench does, at that period). ``aclk_hz``: the
+    clock the driver's cycle figures assume."""
 
     _probe_priority_ = PROBE_PRIORITY
 
@@ -109,22 +113,24 @@ class SimBoard(Device):
         return []            # made by a bench around a running simulation, never probed
 
     def __init__(self, dut, *, ctrl_base: int = CTRL_BASE, mem_bytes: int = 8 << 20,
-                 period_ns: float = 10.0, pause: float = 0.0, seed: int = 1):
+                 period_ns: float = 10.0, pause: float = 0.0, seed: int = 1, prefix: str = "",
+                 start_clock: bool = True):
         super().__init__("mcf_sim_kr260")
         self.name = "mcf_sim_kr260"
         self.capabilities = {"REGISTER_RW": True}
         self.dut = dut
         self.ctrl_base, self.ctrl_range = ctrl_base, ctrl_range()
-        self.period_ns = period_ns
-        cocotb.start_soon(Clock(dut.aclk, period_ns, "ns").start())
+        self.period_ns, self.aclk_hz = period_ns, 1e9 / period_ns
+        if start_clock:
+            cocotb.start_soon(Clock(dut.aclk, period_ns, "ns").start())
         dut.aresetn.value = 0
-        self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axi_ctrl"), dut.aclk,
+        self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, f"{prefix}s_axi_ctrl"), dut.aclk,
                                   dut.aresetn, reset_active_level=False)
         for side in (self.axil.read_if, self.axil.write_if):
             side.log.setLevel(logging.WARNING)
         self.mem = mmap.mmap(-1, mem_bytes)
         rng = random.Random(seed)
-        self.rams = [ddr_ram(dut, f"m_axi_hp{p}", dut.aclk, dut.aresetn,
+        self.rams = [ddr_ram(dut, f"{prefix}m_axi_hp{p}", dut.aclk, dut.aresetn,
                              reset_active_level=False, size=mem_bytes, mem=self.mem,
                              pause=pause, rng=random.Random(rng.random())) for p in range(4)]
         self.default_memory = SimMemory(self)

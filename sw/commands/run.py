@@ -17,12 +17,14 @@ __all__ = ["register", "run", "simulate"]
 
 
 def simulate(spec, *, progress: bool = True, timeout: int = 0,
-             fault: dict | None = None, mpi: bool = False) -> dict:
+             fault: dict | None = None, mpi: bool = False, board: bool = False) -> dict:
     """Run ``spec`` (:class:`mcf.cluster.RunSpec`) on ``spec.nodes`` simulated node tops
     (Verilator, cached build) and return the bench's result (``mcf.sim.benches.cluster_run``):
     all nodes in one simulation, or (``mpi``) one node per MPI rank (:mod:`mcf.sim.mpi`), with
-    the same cycles. ``fault = {"step": s, "node": v}`` flips a bit on the links leaving node
-    ``v`` at prefill step ``s``. Raises ``AssertionError`` with the failing check."""
+    the same cycles; ``board``: one simulated KR260 per MPI rank driven by the board runtime
+    (``mcf.sim.benches.board_run``). ``fault = {"step": s, "node": v}`` flips a bit on the
+    links leaving node ``v`` at prefill step ``s``. Raises
+    ``AssertionError`` with the failing check."""
     from dataclasses import asdict
 
     from ..sim import run as sim_run
@@ -30,19 +32,36 @@ def simulate(spec, *, progress: bool = True, timeout: int = 0,
 
     params = {"spec": asdict(spec), "progress": progress, "timeout": timeout, "fault": fault}
     if progress:
-        what = "one node per MPI rank" if mpi else f"the {spec.nodes}-node simulation"
+        what = "one simulated KR260 per MPI rank" if board else "one node per MPI rank" \
+            if mpi else f"the {spec.nodes}-node simulation"
         print(f"building {what} (cached after the first time) ...", file=sys.stderr,
               flush=True)
-    if mpi:
+    if mpi or board:
         from ..sim.mpi import launch
 
-        return launch(params)             # builds RankTop once, before the ranks start
+        # builds RankTop once, before the ranks start
+        return launch(params, bench="board_run" if board else "cluster_run")
     built = build_cluster(spec.nodes)
     with tempfile.TemporaryDirectory() as tmp:      # one folder per run: runs may overlap
         out = Path(tmp) / "run.json"
         sim_run(built, "mcf.sim.benches.cluster_run", testcase="run", test_dir=Path(tmp),
                 params={**params, "out": str(out)})
         return json.loads(out.read_text())
+
+
+def on_boards(spec, hostfile: str, overlay: str, *, python: str = "python3",
+              timeout: int = 0) -> dict:
+    """Run ``spec`` on KR260 boards: ``mpirun`` one :mod:`mcf.cluster.board_rank` per board
+    of ``hostfile`` (each loads ``overlay``, a path on the boards); returns rank 0's record.
+    Raises ``AssertionError`` with the first rank's failure."""
+    import subprocess
+
+    from ..cluster.board_rank import board_command, parse_record
+    from ..sim.mpi import mpi_env, mpirun
+
+    cmd = board_command(mpirun(), spec, hostfile, overlay, python=python, timeout=timeout)
+    proc = subprocess.run(cmd, env=mpi_env(), stdout=subprocess.PIPE, text=True)
+    return parse_record(proc.stdout)
 
 
 def _check_model(spec):
@@ -89,7 +108,15 @@ def run(args) -> int:
     except RunError as exc:
         raise UsageError(str(exc)) from None
     cfg, tensors, plan = _check_model(spec)
-    if args.mpi:
+    if args.hostfile and not args.board:
+        raise UsageError("--hostfile runs on boards: add --board")
+    if args.hostfile and not Path(args.hostfile).is_file():
+        raise UsageError(f"--hostfile {args.hostfile}: no such file")
+    if args.hostfile and not args.overlay:
+        raise UsageError("--hostfile needs --overlay (the node's .bit on the boards)")
+    if args.hostfile and args.link_fault is not None:
+        raise UsageError("--link-fault flips bits on simulated cables: not with --hostfile")
+    if args.mpi or args.board:
         from ..sim.mpi import mpirun
 
         try:
@@ -106,8 +133,12 @@ def run(args) -> int:
                              f"links among {spec.nodes}")
         fault = {"step": args.link_fault, "node": args.link_fault_node}
     try:
-        got = simulate(spec, progress=not args.quiet, timeout=args.timeout, fault=fault,
-                       mpi=args.mpi)
+        if args.hostfile:
+            got = on_boards(spec, args.hostfile, args.overlay, python=args.python,
+                            timeout=args.timeout)
+        else:
+            got = simulate(spec, progress=not args.quiet, timeout=args.timeout, fault=fault,
+                           mpi=args.mpi, board=args.board)
     except AssertionError as exc:
         first = str(exc).splitlines()[0]
         if first.startswith("link fault"):
@@ -125,10 +156,17 @@ def run(args) -> int:
     return 0 if all(got["checks"].values()) else 1
 
 
+def _backend(got: dict) -> str:
+    if got.get("backend") != "board":
+        return "sim node tops"
+    return f"the board runtime on {got['mpi_ranks']} {got['board']}s, aclk " \
+        f"{got['clock_hz'] / 1e6:g} MHz"
+
+
 def _print(got: dict, spec) -> None:
     print(f"mcf run: model {spec.model}, {spec.prompt_tokens} prompt tokens, {spec.nodes} "
           f"nodes, policy {spec.policy}, chunk {spec.chunk}, {spec.decode_tokens} decode "
-          f"tokens, softmax {spec.softmax} (sim node tops, cycles of aclk)")
+          f"tokens, softmax {spec.softmax} ({_backend(got)}, cycles of aclk)")
     print(f"  generated tokens : {got['tokens']} (golden {got['golden_tokens']})")
     if got.get("task"):
         t = got["task"]
@@ -191,6 +229,15 @@ def register(subs) -> None:
     p.add_argument("--mpi", action="store_true",
                    help="one node per MPI rank (mpirun -n NODES; the same cycles and bits as "
                         "one simulation)")
+    p.add_argument("--board", action="store_true",
+                   help="drive every node with the board runtime (the PYNQ driver, one MPI "
+                        "rank per node): simulated KR260s, or the boards of --hostfile")
+    p.add_argument("--hostfile", help="with --board: run on these KR260s (Open MPI hostfile, "
+                                      "one board per node, mcf deployed on each)")
+    p.add_argument("--overlay", help="with --hostfile: the node's .bit on the boards")
+    p.add_argument("--python", default="python3",
+                   help="with --hostfile: the boards' interpreter (the PYNQ virtualenv's, as "
+                        "for mcf deploy; default python3)")
     p.add_argument("--json", help="write the full result to this file")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(handler=run)

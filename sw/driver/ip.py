@@ -164,18 +164,19 @@ class NodeDriver(_Base):
         self.buffer, self.layout = buffer, layout
 
     def configure(self, plan, node: int, *, topology: str = "ring", seq_timeout: int = 0,
-                  ready_timeout: float = 1e-3) -> None:
+                  ready_timeout: float = 1e-3, model=None) -> None:
         """Prepare the node as ``node`` of ``plan`` (:func:`mcf.node.program.configure`:
         identity, link map, routes, KV rule and ``LAND_OFF``, QBUF/OBUF, rings, watchdog,
-        interrupt enables, both sequencers running), once the directory is cleared
-        (``DIR_READY``). The rings continue from the hardware's accepted producer index
-        (``CMDq_HEAD``)."""
+        interrupt enables, both sequencers running; with ``model``, a
+        :class:`mcf.node.layer.ModelImage` in the buffer, its template, ACT K/V and ATTEND
+        list tables), once the directory is cleared (``DIR_READY``). The rings continue from
+        the hardware's accepted producer index (``CMDq_HEAD``)."""
         from ..node.program import configure
         if self.layout is None:
             raise DriverError("attach(buffer, layout) before configure()")
         self.wait_counter("DIR_READY", 1, timeout=ready_timeout)
         self.apply(configure(plan, self.layout, node, topology=topology,
-                             seq_timeout=seq_timeout, regmap=self.regmap))
+                             seq_timeout=seq_timeout, regmap=self.regmap, model=model))
         self.rings = [CommandRing(q, self.layout.cmd_base[q.value] - self.layout.base,
                                   self.layout.cmd_log2, self.read_reg(f"CMD{q.value}_HEAD"))
                       for q in Queue]

@@ -1,0 +1,173 @@
+"""What every host of a cluster run computes before and while driving its node, whichever back
+end drives it (simulated hosts, ``mcf.sim.benches.cluster_run``; PYNQ hosts,
+:mod:`mcf.cluster.board`): the quantised model, MARS's plan, the golden run, each node's model
+image at its buffer's address, every node's prefill programs, and the run's record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..abi.node_config import NODE_CONFIGS, NodeConfig
+from .golden import ClusterGolden, GoldenRun
+from .spec import RunSpec, make_plan, run_prompt
+
+__all__ = ["RunSetup", "StepPrograms", "planned_receivers", "planned_landings", "run_record"]
+
+
+@dataclass
+class RunSetup:
+    """The parts of a run that do not depend on where a node's memory is (:meth:`prepare`)."""
+    spec: RunSpec
+    model: object                 # mcf.model.Qwen2Config
+    tensors: dict
+    quantized: object             # mcf.model.QuantModel
+    plan: object
+    config: NodeConfig
+    golden: ClusterGolden
+    prompt: np.ndarray
+    answer: np.ndarray | None
+    gold: GoldenRun
+    xa: np.ndarray                # the prompt's embedding rows (ACT codes)
+    decode_blocks: int            # decode KV blocks a node holds at most
+    _decoded: dict = field(default_factory=dict)
+
+    @classmethod
+    def prepare(cls, spec: RunSpec) -> RunSetup:
+        """Load and quantise ``spec``'s model, plan the run, compute the golden prefill."""
+        from ..model import model_from_spec, quantize_model
+        from ..node.decode import slice_tokens
+
+        mcfg, tensors = model_from_spec(spec.model, seed=spec.seed) if spec.model == "tiny" \
+            else model_from_spec(spec.model)
+        qm = quantize_model(mcfg, tensors)
+        p = make_plan(spec, mcfg)
+        held = [p.decode_owner(k) for k in range(spec.decode_tokens)]
+        blocks = max([1] + [-(-held.count(v) // slice_tokens(p)) for v in range(spec.nodes)])
+        golden = ClusterGolden(qm, p, spec.softmax)
+        prompt, answer = run_prompt(spec, mcfg)
+        return cls(spec, mcfg, tensors, qm, p, NODE_CONFIGS[spec.config], golden, prompt,
+                   answer, golden.prefill(prompt), golden.embed(prompt), blocks)
+
+    @property
+    def nodes(self) -> int:
+        return self.spec.nodes
+
+    def image(self, base: int, cmd_log2: int = 10):
+        """The node image (:class:`mcf.node.decode.DecodeImage`) of a node whose buffer starts
+        at bus address ``base``; it ends at ``image.alloc.at``."""
+        from ..node.decode import DecodeImage, decode_layout, slice_tokens
+        from ..node.layer import max_read_set
+        from ..node.layout import NodeLayout
+
+        p, cfg = self.plan, self.config
+        lay0 = NodeLayout.for_plan(p, cfg, base=base, cmd_log2=cmd_log2)
+        lay = decode_layout(p, cfg, lay0.base, lay0.cmd_log2, decode_blocks=self.decode_blocks)
+        return DecodeImage(self.model.layer, self.quantized.layers, cfg, lay,
+                           tokens=slice_tokens(p), decode_blocks=self.decode_blocks,
+                           max_blocks=max_read_set(p), softmax=self.spec.softmax)
+
+    def decode_gold(self, k: int) -> list:
+        """The golden layers of decode token ``k`` (computed once)."""
+        if k not in self._decoded:
+            self._decoded[k] = self.golden.decode_token(k)
+        return self._decoded[k]
+
+    def prompt_record(self, tokens: list[int]) -> dict:
+        """The record's ``prompt`` and ``task`` (the task's answer against ``tokens``, the
+        generated ones; ``None`` without a task)."""
+        answer, n = self.answer, 0 if self.answer is None else len(self.answer)
+        return {"prompt": self.prompt.tolist(),
+                "task": None if answer is None else {
+                    "name": self.spec.task, "answer": answer.tolist(),
+                    "generated": tokens[:n], "correct": tokens[:n] == answer.tolist()}}
+
+    def last_row_owner(self) -> tuple[int, int]:
+        """``(node, row)``: who computed the prompt's last position, and its row in the
+        slice."""
+        from ..node.layer import slice_positions
+
+        p = self.plan
+        S = p.num_chunks * p.chunk
+        for s in range(self.nodes):
+            p0, n = slice_positions(p, p.num_chunks, s)
+            if p0 <= S - 1 < p0 + n:
+                return s, S - 1 - p0
+        raise AssertionError("no slice holds the last position")
+
+
+@dataclass
+class StepPrograms:
+    """Every node's program of each prefill step (:func:`mcf.node.program.step_program`),
+    computed once per step in step order: each starts where the node's NET records of the
+    earlier steps end. ``image``: the model image the programs address (a host's own; the
+    other nodes' programs are used for what they send, not where)."""
+    setup: RunSetup
+    image: object
+    _retired: list[int] = field(default_factory=list)
+    _programs: dict = field(default_factory=dict)
+
+    def __call__(self, index: int) -> list:
+        from ..node.program import step_program
+
+        if index not in self._programs:
+            n = self.setup.nodes
+            self._retired = self._retired or [0] * n
+            progs = [step_program(self.setup.plan, index, v, self._retired[v],
+                                  model=self.image) for v in range(n)]
+            for v, prog in enumerate(progs):
+                self._retired[v] += len(prog.net)
+            self._programs[index] = progs
+        return self._programs[index]
+
+
+def planned_receivers(p, index: int) -> dict[tuple, set[int]]:
+    """``(source, block, slice, route) -> receivers`` of prefill step ``index``'s transfers."""
+    out: dict[tuple, set[int]] = {}
+    for t in p.steps[index - 1].transfers:
+        out.setdefault((t.src, t.block, t.slice, t.route_id), set()).update(t.dests)
+    return out
+
+
+def planned_landings(p, index: int, progs: list, node: int, tokens: int) -> int:
+    """Packets node ``node`` lands in prefill step ``index``: its EMIT's local copies and every
+    KV send of ``progs`` (all nodes' programs of the step) routed to it."""
+    enc = p.encoder
+    count = p.model.layers * len(enc.fragments(tokens))
+    receivers = planned_receivers(p, index)
+    for prog in progs:
+        for meta in prog.kv_sends:
+            _, block, slice_ = enc.kv_key(meta.kv_id)
+            count += node in receivers[(meta.src, block, slice_, meta.route_id)]
+    return count
+
+
+def run_record(setup: RunSetup, steps: list[list[dict]], tokens: list[int], logits: list,
+               decode_cycles: list[int]) -> dict:
+    """The run's record from every node's step values (``steps[i][v]``: ``t0``, ``t1``,
+    ``wait``, ``owned``, ``replicas``, ``kv_bytes``); checks the layout after the prefill and
+    the tokens (``AssertionError``)."""
+    from ..node.layer import slice_positions
+
+    p, n, spec, gold = setup.plan, setup.nodes, setup.spec, setup.gold
+    owned = {v: sum(slice_positions(p, b, s)[1] for b, s in steps[-1][v]["owned"])
+             for v in range(n)}
+    owner_only = not any(st["replicas"] for st in steps[-1]) and sorted(
+        tuple(x) for st in steps[-1] for x in st["owned"]) == sorted(
+        (b, s) for b in range(1, p.num_chunks + 1) for s in range(n))
+    assert owner_only, f"the KV layout after the prefill is not owner-only: {steps[-1]}"
+    assert tokens == gold.tokens, f"generated tokens {tokens}, golden {gold.tokens}"
+    kv_bytes = [[st["kv_bytes"] for st in s] for s in steps]
+    peak = max(max(b) for b in kv_bytes)
+    span = [max(v["t1"] for v in s) - min(v["t0"] for v in s) for s in steps]
+    return {
+        "nodes": n, "policy": spec.policy, "tokens": tokens, "golden_tokens": gold.tokens,
+        "roots": gold.roots, "prefill_step_cycles": span,
+        "exposed_comm_cycles": [[v["wait"] for v in s] for s in steps],
+        "ttft_cycles": sum(span), "decode_cycles": decode_cycles, "logits": logits,
+        "owned_tokens": owned, "kv_bytes_per_step": kv_bytes, "peak_kv_bytes": peak,
+        "kv_budget": spec.kv_budget, "planned_peak_kv_bytes": p.totals.peak_node_kv_bytes,
+        "checks": {"bit_exact": True, "tokens_match": tokens == gold.tokens,
+                   "owner_only": owner_only, "memory_within_budget": peak <= spec.kv_budget},
+    }

@@ -58,7 +58,6 @@ from mcf.abi.node import Queue
 from mcf.abi.node_config import NODE_CONFIGS
 from mcf.cluster import RunSpec
 from mcf.cluster.checks import (
-    act_rows,
     check_decode_root,
     check_owned_kv,
     directory_ids,
@@ -230,7 +229,7 @@ async def _prefill_step(h: Host, r: Run, step, expect: list[int]) -> dict:
 async def _decode_token(h: Host, r: Run, k: int, token: int, marks: int) -> dict:
     """Node ``h``'s part of decode token ``k`` (input ``token``). The root returns the
     token's cycles and logits."""
-    p, image, lcfg = r.p, r.image, r.image.cfg
+    p, image = r.p, r.image
     root = p.decode_owner(k)
     layers = r.setup.decode_gold(k)
     await program_decode_token(h, p, k, image, r.setup.golden.embed([token])[0])
@@ -257,8 +256,7 @@ async def _decode_token(h: Host, r: Run, k: int, token: int, marks: int) -> dict
     assert not bad, f"token {k} node {h.i}: {bad}"
     if h.i == root:
         check_decode_root(h.mem, root, p, image, layers, k)
-        y = act_rows(h.mem, image.dbufs[-1].buf["y"], 1, lcfg.hidden)[0]
-        out["logits"] = r.setup.golden.head(y).tolist()
+        out["logits"] = r.setup.decode_logits(h.mem, image)
     return out
 
 
@@ -275,12 +273,7 @@ async def node_host(h: Host, r: Run) -> dict:
         if r.bar is not None and h.i == min(r.ports):
             r.bar.update()
     check_owned_kv(h.mem, h.i, p, h.layout, r.setup.gold.prefill)
-    node, row = r.setup.last_row_owner()
-    mine = None
-    if h.i == node:
-        last = act_rows(h.mem, r.image.bufs[-1].buf["y"] + row * r.image.cfg.hidden * 4, 1,
-                        r.image.cfg.hidden)[0]
-        mine = r.setup.golden.head(last).tolist()
+    mine = r.setup.first_logits(h.i, h.mem, r.image)
     logits = [next(v for v in await r.grid.gather(h.i, mine) if v is not None)]
     tokens = [int(np.argmax(logits[-1]))]
     decode_cycles = []

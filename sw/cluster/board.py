@@ -31,8 +31,9 @@ import numpy as np
 
 from ..abi.node import Queue
 from ..abi.platform import ACLK_HZ
+from ..node.decode import decode_program
+from ..node.layer import act_bytes, slice_positions
 from .checks import (
-    act_rows,
     bad_counter_names,
     bad_counters,
     check_decode_root,
@@ -125,6 +126,7 @@ class BoardHost:
     before_step: object = None    # called with a prefill step's index before its writes
     mem: BusMemory = field(init=False)
     programs: StepPrograms = field(init=False)
+    regmap: object = field(init=False)
     landed: int = 0
 
     def __post_init__(self):
@@ -190,8 +192,6 @@ class BoardHost:
         """This node's part of prefill step ``step``; returns what the others need (cycles,
         waits, the directory's view, KV bytes held)."""
         drv, p, image, idx, v = self.driver, self.setup.plan, self.image, step.index, self.node
-        from ..node.layer import slice_positions
-
         if self.before_step is not None:
             self.before_step(idx)
         m = image.tokens
@@ -238,19 +238,11 @@ class BoardHost:
 
     def first_logits(self) -> list | None:
         """The LM head of the prompt's last row, at the node that computed it (else None)."""
-        node, row = self.setup.last_row_owner()
-        if node != self.node:
-            return None
-        hidden = self.image.cfg.hidden
-        last = act_rows(self.mem, self.image.bufs[-1].buf["y"] + row * hidden * 4, 1, hidden)
-        return self.setup.golden.head(last[0]).tolist()
+        return self.setup.first_logits(self.node, self.mem, self.image)
 
     def decode_token(self, k: int, token: int, marks: int) -> dict:
         """This node's part of decode token ``k`` (input ``token``); the root returns the
         token's cycles and logits."""
-        from ..node.decode import decode_program
-        from ..node.layer import act_bytes
-
         drv, p, image, v = self.driver, self.setup.plan, self.image, self.node
         gold = self.setup.decode_gold(k)     # every host: the golden decodes in token order
         prog = decode_program(p, k, v, image)
@@ -281,8 +273,7 @@ class BoardHost:
         assert not bad, f"token {k} node {v}: {bad}"
         if v == root:
             check_decode_root(self.mem, root, p, image, gold, k)
-            y = act_rows(self.mem, image.dbufs[-1].buf["y"], 1, image.cfg.hidden)[0]
-            out["logits"] = self.setup.golden.head(y).tolist()
+            out["logits"] = self.setup.decode_logits(self.mem, image)
         return out
 
 

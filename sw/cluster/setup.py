@@ -83,6 +83,25 @@ class RunSetup:
                     "name": self.spec.task, "answer": answer.tolist(),
                     "generated": tokens[:n], "correct": tokens[:n] == answer.tolist()}}
 
+    def first_logits(self, node: int, mem, image) -> list | None:
+        """The LM head of the prompt's last row, read from node ``node``'s DDR (``mem``, by
+        bus address; ``image`` its node image) if ``node`` computed that row, else None."""
+        from .checks import act_rows
+
+        owner, row = self.last_row_owner()
+        if owner != node:
+            return None
+        hidden = image.cfg.hidden
+        last = act_rows(mem, image.bufs[-1].buf["y"] + row * hidden * 4, 1, hidden)[0]
+        return self.golden.head(last).tolist()
+
+    def decode_logits(self, mem, image) -> list:
+        """The LM head of a decode token's last-layer row, read at its root (``mem``)."""
+        from .checks import act_rows
+
+        y = act_rows(mem, image.dbufs[-1].buf["y"], 1, image.cfg.hidden)[0]
+        return self.golden.head(y).tolist()
+
     def last_row_owner(self) -> tuple[int, int]:
         """``(node, row)``: who computed the prompt's last position, and its row in the
         slice."""

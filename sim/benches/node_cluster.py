@@ -70,7 +70,13 @@ from mcf.abi.node import CMD_BYTES, Cmd, PayloadSource, Queue, RecordClass
 from mcf.abi.node_config import NODE_CONFIGS
 from mcf.abi.platform import ACLK_HZ
 from mcf.abi.regs import WORD_BYTES, Access
-from mcf.cluster.checks import check_layer_memory, check_step_counters, step_counter_names
+from mcf.cluster.checks import (
+    check_layer_memory,
+    check_step_counters,
+    link_counter_names,
+    step_counter_names,
+)
+from mcf.cluster.checks import link_faults as shared_link_faults
 from mcf.cluster.setup import planned_receivers
 from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
 from mcf.mars import ClusterSpec, get_model, make_topology, plan
@@ -309,16 +315,9 @@ async def wait_irq(h, hosts, limit: int, what: str) -> None:
 
 
 async def link_faults(h) -> list[str]:
-    """Node ``h``'s link receive errors, one phrase per link that has any (``[]``: none)."""
-    out = []
-    names = {reg.name for _, reg in h.regmap}
-    for ln in (k for k in range(8) if f"link{k}_rx_crc_errors" in names):
-        c = await h.counters(f"link{ln}_rx_")
-        bad = {k[len(f"link{ln}_rx_"):]: v for k, v in c.items()
-               if v and not k.endswith("frames_ok")}
-        if bad:
-            out.append(f"link {ln}: " + ", ".join(f"{k} {v}" for k, v in bad.items()))
-    return out
+    """Node ``h``'s link receive errors, one phrase per link that has any (``[]``: none;
+    :func:`mcf.cluster.checks.link_faults`)."""
+    return shared_link_faults({n: await h.read(n) for n in link_counter_names(h.regmap)})
 
 
 async def _wait_marks(dut, hosts, want: list[int], limit: int) -> None:

@@ -42,6 +42,8 @@ from .checks import (
     check_step_counters,
     directory_ids,
     held_from_directory,
+    link_counter_names,
+    link_faults,
     step_counter_names,
 )
 from .setup import RunSetup, StepPrograms, planned_landings, run_record
@@ -174,16 +176,7 @@ class BoardHost:
         assert not bad, f"node {self.node}: unexpected interrupt causes {bad} ({what})"
 
     def _link_faults(self) -> list[str]:
-        names = {reg.name for _, reg in self.regmap}
-        out = []
-        for ln in (k for k in range(8) if f"link{k}_rx_crc_errors" in names):
-            pre = f"link{ln}_rx_"
-            bad = {n[len(pre):]: self.driver.read_reg(n) for n in sorted(names)
-                   if n.startswith(pre) and not n.endswith("frames_ok")}
-            bad = {k: v for k, v in bad.items() if v}
-            if bad:
-                out.append(f"link {ln}: " + ", ".join(f"{k} {v}" for k, v in bad.items()))
-        return out
+        return link_faults({n: self.driver.read_reg(n) for n in link_counter_names(self.regmap)})
 
     def _marks_at_least(self, marks: int) -> bool:
         return all(self.driver.read_reg(f"seq{q.value}_marks") >= marks for q in Queue)

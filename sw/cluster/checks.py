@@ -19,7 +19,8 @@ from ..node.layer import read_act, read_set, slice_positions
 
 __all__ = ["BAD_WORDS", "CONFIG_REGS", "bad_counter_names", "bad_counters", "act_rows",
            "check_layer_memory", "STEP_PREFIXES", "step_counter_names", "check_step_counters",
-           "check_owned_kv", "check_decode_root", "directory_ids", "held_from_directory"]
+           "check_owned_kv", "check_decode_root", "directory_ids", "held_from_directory",
+           "link_counter_names", "link_faults"]
 
 BAD_WORDS = ("drop", "bad", "error", "timeouts", "overrun", "reject", "sat", "unmapped")
 """A status counter whose name holds one of these counts something that must not happen."""
@@ -173,3 +174,22 @@ def held_from_directory(p, entries: Iterable[dict[str, int]]) -> dict[str, list]
         elif any(st is not DirState.ABSENT or landed for st, landed in states):
             replicas.append((b, s))
     return {"owned": owned, "replicas": replicas}
+
+
+def link_counter_names(regmap) -> list[str]:
+    """The link receivers' counters (``link<l>_rx_*``) :func:`link_faults` reads."""
+    return [reg.name for _, reg in regmap if reg.name.startswith("link")
+            and "_rx_" in reg.name and reg.name.split("_rx_")[0][4:].isdigit()]
+
+
+def link_faults(values: dict[str, int]) -> list[str]:
+    """One phrase per link whose receiver counted an error (``values``: its
+    :func:`link_counter_names` counters; ``[]``: none), e.g. ``link 1: crc_errors 1``."""
+    out = []
+    for ln in sorted({int(n.split("_rx_")[0][4:]) for n in values}):
+        pre = f"link{ln}_rx_"
+        bad = {n[len(pre):]: v for n, v in values.items()
+               if n.startswith(pre) and v and not n.endswith("frames_ok")}
+        if bad:
+            out.append(f"link {ln}: " + ", ".join(f"{k} {v}" for k, v in bad.items()))
+    return out

@@ -18,7 +18,7 @@ import random
 import pytest
 from amaranth.sim import Simulator
 
-from mcf.abi.compute import GEMM_JOB, DmaDesc, GemmJob
+from mcf.abi.compute import GEMM_JOB, DmaDesc, GemmJob, GemmLimits
 from mcf.abi.jobs import (
     JOB_ARG,
     JOBS_STATUS,
@@ -41,16 +41,22 @@ TABLE = 0x1_0000_0400
 STREAM_KIND = {"rd_desc0": EntryKind.RD0, "rd_desc1": EntryKind.RD1,
                "wr_desc": EntryKind.WR, "gemm_job": EntryKind.GEMM}
 TRACKED = ("wr_desc", "gemm_job")          # what wr_busy / gemm_busy cover
+LIMITS = GemmLimits(m_max=16, k_max=256)   # the walker's engine: k_steps 8 or 16 (group 128)
 
 
-def random_entry(rng: random.Random, fence_p=0.2) -> Entry:
+def random_entry(rng: random.Random, fence_p=0.2, bad_gemm_p=0.0) -> Entry:
     kind = rng.choice(list(EntryKind))
     fence = rng.random() < fence_p
     if kind in (EntryKind.RD0, EntryKind.RD1, EntryKind.WR):
         body = DmaDesc(rng.randrange(1 << 40), rng.randrange(1, 1 << 24),
                        rng.randrange(1 << 32), rng.randrange(1, 1 << 16))
+    elif kind == EntryKind.GEMM and rng.random() < bad_gemm_p:
+        body = GemmJob(rng.randrange(1 << 16), rng.randrange(1 << 16), rng.randrange(1 << 16),
+                       rng.randrange(-8, 8))        # almost always one the engine rejects
     elif kind == EntryKind.GEMM:
-        body = GemmJob(rng.randrange(1, 1 << 16), rng.randrange(1, 1 << 16),
+        spg = LIMITS.group // LIMITS.lanes
+        body = GemmJob(rng.randint(1, LIMITS.m_max),
+                       spg * rng.randint(1, LIMITS.k_max // LIMITS.group),
                        rng.randrange(1, 1 << 16), rng.randrange(-8, 8))
     elif kind == EntryKind.ROUTE:
         body = {"rd_dest0": rng.choice(list(ReadDest)), "rd_dest1": rng.choice(list(ReadDest)),
@@ -67,7 +73,7 @@ def simulate(templates, args, *, seed=1, err_addrs=(), lat=(1, 30), ready_p=0.7,
     ``templates``; returns the accepted actions per stream (cycle, value), the setting changes
     (cycle, name, value), completion cycles, ``done`` cycles, status and the cycle count."""
     rng = random.Random(seed)
-    dut = JobWalker(vec_n_max=256, queue=queue)
+    dut = JobWalker(LIMITS, vec_n_max=256, queue=queue)
     image, n = template_image(templates, TABLE)
     mem = {TABLE + i: b for i, b in enumerate(image)}
     bus = dut.m_axi
@@ -144,7 +150,7 @@ def simulate(templates, args, *, seed=1, err_addrs=(), lat=(1, 30), ready_p=0.7,
 
     def read(a, k):
         return bytes(mem.get(a + i, 0xEE) for i in range(k))
-    golden = [walk(read, TABLE, n, a) for a in args]
+    golden = [walk(read, TABLE, n, a, LIMITS) for a in args]
     return log, golden, err_addrs
 
 
@@ -227,7 +233,8 @@ def summed(golden):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_walker_order_and_fences(seed):
     rng = random.Random(seed)
-    templates = [[random_entry(rng) for _ in range(rng.randint(1, 24))] for _ in range(4)]
+    templates = [[random_entry(rng, bad_gemm_p=0.05) for _ in range(rng.randint(1, 24))]
+                 for _ in range(4)]
     templates.append([])                                  # an empty template
     args = [rng.randrange(5) | (rng.randrange(1 << 16) << 16) for _ in range(8)]
     args.insert(3, 7)                                     # a bad index
@@ -235,8 +242,9 @@ def test_walker_order_and_fences(seed):
     check(log, golden)
     st, want = log["status"], summed(golden)
     assert st["bad_index"] == 1
-    for name in ("jobs", "entries", "fences", "bad_index", "bad_entries", "read_errors"):
-        assert st[name] == want[name], name
+    for name, _ in JOBS_STATUS:
+        if name != "fence_cycles":
+            assert st[name] == want[name], name
 
 
 def test_queue_backpressure_no_loss():
@@ -256,6 +264,30 @@ def test_bad_entry_kind_retires():
     assert log["status"]["bad_entries"] == 2
     assert log["status"]["entries"] == 3 + 6 + 3
     assert log["status"]["jobs"] == 3
+
+
+def test_refused_gemm_job_retires():
+    """A GEMM job the engine would reject (m_count = m_max + 1, then k_steps not a whole group,
+    then n_tiles = 0) stops the JOB at its entry: counted, never pushed, and neither are the
+    job's descriptors behind it; the good job before it and the next JOB run."""
+    rng = random.Random(6)
+    x, w, y = (Entry(k, DmaDesc(rng.randrange(1 << 40), 64, 0, 1))
+               for k in (EntryKind.RD0, EntryKind.RD1, EntryKind.WR))
+    route = Entry(EntryKind.ROUTE, {"rd_dest0": ReadDest.GEMM_X, "rd_dest1": ReadDest.GEMM_W,
+                                    "wr_src": WriteSrc.GEMM}, True)
+    good = Entry(EntryKind.GEMM, GemmJob(LIMITS.m_max, 8, 2, 0))
+    refused = [GemmJob(LIMITS.m_max + 1, 8, 2, 0), GemmJob(1, 4, 2, 0), GemmJob(1, 8, 0, 0)]
+    templates = [[route, good, x, w, y, Entry(EntryKind.GEMM, r), x, w, y, good, x, w, y]
+                 for r in refused] + [[route, good, x, w, y]]
+    log, golden, _ = simulate(templates, [0, 3, 1, 2, 3], seed=6)
+    check(log, golden, aborted={0, 2, 3})
+    st = log["status"]
+    assert st["bad_gemm"] == 3 and st["jobs"] == 5 and st["bad_entries"] == 0
+    assert st["entries"] == 5 * 5 == summed(golden)["entries"]
+    assert [v for _, v in log["acc"]["gemm_job"]] == 5 * [good.body_bits()]
+    for s, e in (("rd_desc0", x), ("rd_desc1", w), ("wr_desc", y)):
+        assert [v for _, v in log["acc"][s]] == 5 * [e.body_bits()], s
+    assert all(LIMITS.accepts(j.m_count, j.k_steps, j.n_tiles) is False for j in refused)
 
 
 def test_read_error_retires():
@@ -295,13 +327,14 @@ def test_bench_layer_from_templates(tmp_path):
     from mcf.hdl.compute.gemm_top import MatrixEngine
     from mcf.hdl.flat import FlatTop
     from mcf.sim import build, run
-    from mcf.sim.benches.node_jobs import JobsBench
+    from mcf.sim.benches.node_jobs import K_MAX, M_MAX, JobsBench
 
     ps = tmp_path / "ps.json"
     tpl = tmp_path / "tpl.json"
     run(build(FlatTop(JobsBench()), "node_jobs_engine"), BENCH,
         params={"seed": 0, "tokens": 8, "mode": "template", "out": str(tpl)})
-    run(build(FlatTop(MatrixEngine(k_max=256, m_max=8, vec_n_max=256)), "matrix_engine_tiny"),
+    run(build(FlatTop(MatrixEngine(k_max=K_MAX, m_max=M_MAX, vec_n_max=256)),
+              "matrix_engine_tiny"),
         BENCH, params={"seed": 0, "tokens": 8, "mode": "ps", "out": str(ps)})
     t, p = json.loads(tpl.read_text()), json.loads(ps.read_text())
     print(f"\ntiny layer linear parts: templated {t['cycles']} cycles ({t['cycles_job']} per "

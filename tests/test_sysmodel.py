@@ -146,7 +146,7 @@ def test_vector_elements_match_the_node_templates():
     counted = []
     for t in range(2):
         actions, _ = walk(read, img.table, img.table_len, JOB_ARG.const({"template": t})
-                          .as_bits())
+                          .as_bits(), SIM.gemm_limits)
         total, beats = 0, None
         for _, target, value in actions:
             if target == "vec":

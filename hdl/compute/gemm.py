@@ -12,7 +12,7 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.compute import GEMM_JOB, GEMM_STATUS
+from mcf.abi.compute import GEMM_JOB, GEMM_STATUS, GemmLimits
 from mcf.abi.quant import (
     ACC_BITS,
     ACT,
@@ -146,6 +146,7 @@ class GemmEngine(wiring.Component):
         self.rows, self.lanes, self.group = rows, lanes, group
         self.k_max, self.m_max, self.beat, self.jobs = k_max, m_max, beat, jobs
         self.n_arrays, self.w_width = arrays, w_width
+        self.limits = GemmLimits(m_max, k_max, lanes, group)
         self.arrays = [GemmArray(rows, lanes, group, chain, dsp) for _ in range(arrays)]
         self.array = self.arrays[0]
         super().__init__({
@@ -220,9 +221,7 @@ class GemmEngine(wiring.Component):
         jp = self.job.payload
         job_ok = Signal()
         m.d.comb += [
-            job_ok.eq((jp.m_count != 0) & (jp.m_count <= self.m_max) & (jp.k_steps != 0) &
-                      (jp.k_steps <= ks_max) & (jp.n_tiles != 0) &
-                      ((jp.k_steps & (spg - 1)) == 0)),
+            job_ok.eq(self.limits.accepts(jp.m_count, jp.k_steps, jp.n_tiles)),
             self.job.ready.eq((wp - ep)[:pbits] != J),
             self.busy.eq(wp != ep),
         ]

@@ -75,7 +75,7 @@ class NodeCompute(wiring.Component):
 
     def __init__(self, config: NodeConfig):
         c = self.config = config
-        self.walker = JobWalker(vec_n_max=c.vec_n_max, data_width=AXI_WIDTH)
+        self.walker = JobWalker(c.gemm_limits, vec_n_max=c.vec_n_max, data_width=AXI_WIDTH)
         self.matrix = MatrixEngine(rows=c.gemm_rows, lanes=c.gemm_lanes, group=c.group,
                                    k_max=c.gemm_k_max, m_max=c.gemm_m_max,
                                    vec_n_max=c.vec_n_max, data_width=AXI_WIDTH,

@@ -8,7 +8,7 @@ from amaranth import Cat, Module, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.compute import GEMM_JOB
+from mcf.abi.compute import GEMM_JOB, GemmLimits
 from mcf.abi.jobs import (
     ENTRY_BYTES,
     JOB_ARG,
@@ -41,7 +41,9 @@ class JobWalker(wiring.Component):
         One is taken when the walker is idle.
     done : Out(1)
         One pulse per JOB: after its last entry completed (final fence), or at once for a bad
-        index, an unknown entry kind or a read error (counted; the rest is skipped).
+        index, an unknown entry kind, a GEMM job ``gemm`` refuses (the engine would; the job's
+        descriptors follow it and are skipped with the rest) or a read error (counted; the rest
+        is skipped).
     table_base, table_len : In
         ``JOBS_TABLE`` byte address and ``JOBS_TABLE_LEN`` (:func:`mcf.abi.jobs.jobs_registers`).
     m_axi : Out(AXI4Signature)
@@ -55,6 +57,8 @@ class JobWalker(wiring.Component):
         From the engine; a fence waits for both low, the queues empty, for ``SETTLE`` cycles.
     status : Out(:data:`mcf.abi.jobs.JOBS_STATUS`)
 
+    ``gemm`` (:class:`mcf.abi.compute.GemmLimits`) is the engine's: the jobs it accepts.
+
     The members named like :class:`mcf.hdl.compute.gemm_top.MatrixEngine`'s connect 1:1 with
     ``wiring.connect`` (build with the engine's ``vec_n_max`` and ``data_width``).
 
@@ -63,8 +67,9 @@ class JobWalker(wiring.Component):
     cycles after the engine is idle. Throughput: one JOB at a time.
     """
 
-    def __init__(self, vec_n_max=8960, data_width=128, addr_width=ADDR_BITS, queue=8):
-        self.queue = queue
+    def __init__(self, gemm: GemmLimits, vec_n_max=8960, data_width=128,
+                 addr_width=ADDR_BITS, queue=8):
+        self.queue, self.gemm = queue, gemm
         self.reader = DmaReader(data_width, addr_width, outstanding=2, fifo_depth=256)
         dma = stream.Signature(descriptor_layout(addr_width))
         super().__init__({
@@ -163,6 +168,7 @@ class JobWalker(wiring.Component):
             with m.State("ENTRIES"):
                 fences = Signal()
                 take = Signal()
+                refused = Signal()              # a GEMM entry the engine would reject
                 m.d.comb += fences.eq(ent.fence | (ent.kind == EntryKind.ROUTE.value) |
                                       (ent.kind == EntryKind.VEC.value))
                 with m.If(rd.o.valid):
@@ -173,8 +179,21 @@ class JobWalker(wiring.Component):
                     with m.Elif(fences & ~idle):
                         m.d.sync += st.fence_cycles.eq(st.fence_cycles + 1)
                     with m.Else():
+                        job = data.View(GEMM_JOB, ent.body[:GEMM_JOB.size])
                         with m.Switch(ent.kind):
+                            with m.Case(EntryKind.GEMM.value):
+                                with m.If(self.gemm.accepts(job.m_count, job.k_steps,
+                                                            job.n_tiles)):
+                                    q = queues[EntryKind.GEMM]
+                                    m.d.comb += [q.w_en.eq(1), q.w_data.eq(ent.body),
+                                                 take.eq(q.w_rdy)]
+                                with m.Else():
+                                    m.d.comb += [take.eq(1), refused.eq(1)]
+                                    m.d.sync += st.bad_gemm.eq(st.bad_gemm + 1)
+                                    abort()
                             for kind, q in queues.items():
+                                if kind == EntryKind.GEMM:
+                                    continue
                                 with m.Case(kind.value):
                                     m.d.comb += [q.w_en.eq(1), q.w_data.eq(ent.body),
                                                  take.eq(q.w_rdy)]
@@ -194,7 +213,7 @@ class JobWalker(wiring.Component):
                                 m.d.comb += take.eq(1)
                                 m.d.sync += st.bad_entries.eq(st.bad_entries + 1)
                                 abort()
-                        with m.If(take & (ent.kind <= EntryKind.VEC.value)):
+                        with m.If(take & ~refused & (ent.kind <= EntryKind.VEC.value)):
                             m.d.sync += st.entries.eq(st.entries + 1)
                             with m.If(fences):
                                 m.d.sync += st.fences.eq(st.fences + 1)

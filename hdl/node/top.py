@@ -319,6 +319,7 @@ class NodeTop(wiring.Component):
             "halt0": _rose(m, seqs[0].halted), "halt1": _rose(m, seqs[1].halted),
             "bad_record": _bumped(m, [*(r.status.bad_records for r in rings),
                                       comp.jobs_status.bad_index, comp.jobs_status.bad_entries,
+                                      comp.jobs_status.bad_gemm,
                                       comp.emit_status.bad_record, comp.att_status.bad_record,
                                       comp.att_status.bad_list, comp.kvr_status.rejects]),
             "overrun": _bumped(m, [r.status.overruns for r in rings]),

@@ -11,7 +11,9 @@ attention on the host from the Q/K/V in DDR (as the PS-driven bench does), sends
 ``gemm_layer.Engine``, for the cycle comparison.
 
 Checks: the layer output in DDR equals :func:`mcf.golden.qwen_layer.layer_fixed` bit for bit;
-no DMA errors; 7 GEMM jobs done; template mode: walker status as :func:`mcf.abi.jobs.walk`.
+no DMA errors; 7 GEMM jobs done, none rejected; template mode: a third template, one GEMM job of
+``M_MAX + 1`` tokens, sent first, retires at once (``bad_gemm`` 1) and the layer runs behind it;
+walker status as :func:`mcf.abi.jobs.walk`.
 Reports ``cycles`` (the two phases, host attention excluded) to ``out``.
 
 Params: ``seed``, ``tokens``, ``mode``, ``out`` (optional JSON).
@@ -31,7 +33,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 from cocotbext.axi import AxiBus, AxiRam
 
-from mcf.abi.compute import DMA_STATUS, GEMM_STATUS, status_values
+from mcf.abi.compute import DMA_STATUS, GEMM_STATUS, GemmLimits, status_values
 from mcf.abi.jobs import JOB_ARG, JOBS_STATUS, TemplateBuilder, template_image, walk
 from mcf.abi.node import CMD, RecordClass
 from mcf.abi.quant import VectorOp, norm_eps_code, rope_pair_order, rope_words
@@ -42,14 +44,17 @@ from mcf.quant import QuantWeight, from_act, gemm_tile_blob, to_act
 from mcf.sim import bench_params
 from mcf.sim.benches.gemm_layer import LANES, ROWS, Alloc, Engine
 
+K_MAX, M_MAX = 256, 8                      # the bench engine's GEMM limits (the tiny layer's)
+LIMITS = GemmLimits(M_MAX, K_MAX, LANES)
+
 
 class JobsBench(wiring.Component):
     """Walker + matrix engine (the tiny layer's geometry): ports ``m_axi0/1`` (engine),
     ``m_axi2`` (walker), ``rec``, ``done``, ``table_base``, ``table_len`` and the statuses."""
 
-    def __init__(self, k_max=256, m_max=8, vec_n_max=256):
+    def __init__(self, k_max=K_MAX, m_max=M_MAX, vec_n_max=256):
         self.engine = MatrixEngine(k_max=k_max, m_max=m_max, vec_n_max=vec_n_max)
-        self.walker = JobWalker(vec_n_max=vec_n_max)
+        self.walker = JobWalker(self.engine.gemm.limits, vec_n_max=vec_n_max)
         e, w = self.engine.signature.members, self.walker.signature.members
         super().__init__({
             "m_axi0": e["m_axi0"], "m_axi1": e["m_axi1"], "m_axi2": w["m_axi"],
@@ -152,6 +157,11 @@ class Layer:
             ("gemms", (mm((("down", "d"),), inter, inter),), {}),
             ("vector", (VectorOp.ADD, h, m, buf["h"], buf["d"], buf["y"]), {"b_stride": h * 4}),
         ]
+        # a Q projection of M_MAX + 1 tokens, which the engine rejects: the walker refuses the
+        # JOB at its GEMM entry, before its descriptors (else they would wait forever)
+        big = M_MAX + 1
+        self.refused = [("gemms", ([(alloc(big * h + 64), big, h, blobs["q"], mats["q"][0],
+                                     alloc(big * nq * 4))],), {})]
 
     @staticmethod
     def act_bytes(a):
@@ -213,7 +223,7 @@ async def run_template(dut, p):
     await reset(dut)
     layer = Layer(ram, p.get("seed", 0), p.get("tokens", 8))
     templates = []
-    for phase in (layer.phase0, layer.phase1):
+    for phase in (layer.phase0, layer.phase1, layer.refused):
         b = TemplateBuilder(norm_eps_code(TINY.eps), ROWS, LANES)
         for name, args, kw in phase:
             getattr(b, name)(*args, **kw)
@@ -225,7 +235,8 @@ async def run_template(dut, p):
     dut.table_len.value = n
     clk = Cycles(dut.clk)
     per_job = []
-    for j in range(n):
+    order = (2, 0, 1)                  # the refused JOB first: the layer runs behind it
+    for j in order:
         dut.rec_tcls.value = RecordClass.JOB.value
         dut.rec_targ.value = JOB_ARG.const({"template": j}).as_bits()
         dut.rec_tvalid.value = 1
@@ -234,18 +245,23 @@ async def run_template(dut, p):
             await RisingEdge(dut.clk)
         t0 = clk.n
         dut.rec_tvalid.value = 0
-        while True:
+        for _ in range(100_000):
             await RisingEdge(dut.clk)
             if dut.done.value:
                 break
-        per_job.append(clk.n - t0)
+        else:
+            raise AssertionError(f"JOB {j} never retired")
+        if j != 2:
+            per_job.append(clk.n - t0)
         if j == 0:
             layer.attention()
     layer.check(dut)
     st = status_values(JOBS_STATUS, dut.jobs_status.value)
-    want = [walk(ram.read, table, n, j)[1] for j in range(n)]
-    for name in ("jobs", "entries", "fences", "bad_index", "bad_entries", "read_errors"):
-        assert st[name] == sum(w[name] for w in want), name
+    want = [walk(ram.read, table, n, j, LIMITS)[1] for j in order]
+    for name, _ in JOBS_STATUS:
+        if name != "fence_cycles":
+            assert st[name] == sum(w[name] for w in want), name
+    assert st["bad_gemm"] == 1
     dut._log.info("templated: %s cycles per JOB, %d entries, %d fences, %d fence-wait cycles",
                   per_job, st["entries"], st["fences"], st["fence_cycles"])
     return {"cycles": sum(per_job), "cycles_job": per_job, "entries": st["entries"],

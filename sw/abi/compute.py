@@ -17,7 +17,7 @@ from .quant import GROUP_SIZE, SCALE_EXP_BITS, SCALE_MANT_BITS
 
 __all__ = [
     "DMA_ADDR_BITS", "DMA_LENGTH_BITS", "DMA_STRIDE_BITS", "DMA_COUNT_BITS", "dma_desc_layout",
-    "DMA_DESC", "DmaDesc", "GEMM_JOB", "GemmJob", "GEMM_JOB_FIELD_BITS",
+    "DMA_DESC", "DmaDesc", "GEMM_JOB", "GemmJob", "GEMM_JOB_FIELD_BITS", "GemmLimits",
     "DMA_READ_STATUS", "DMA_WRITE_STATUS", "DMA_STATUS", "GEMM_STATUS", "VECTOR_STATUS",
     "COMPUTE_BUSY_STATUS",
     "status_values", "gemm_x_stream", "gemm_w_stream", "gemm_w_stripes",
@@ -87,7 +87,29 @@ GEMM_JOB = data.StructLayout({
 })
 """One GEMM job ``Y[M, N] = epilogue(X[M, K] · W[N, K]ᵀ)``. The engine queues jobs and runs
 them back to back: a job's activations and first weight tile load while the previous job
-computes (ping-pong). A job with a zero or out-of-range field is rejected and counted."""
+computes (ping-pong). A job with a zero or out-of-range field is rejected and counted
+(:meth:`GemmLimits.accepts`)."""
+
+
+@dataclass(frozen=True)
+class GemmLimits:
+    """The jobs one GEMM engine runs: ``m_count`` in 1..``m_max``, ``k_steps`` in
+    1..``k_max / lanes`` and a whole number of groups, ``n_tiles`` ≥ 1. The engine takes any
+    other job, counts it (``bad_jobs``) and ignores it; the template walker refuses a JOB at
+    such a GEMM entry before any of that job's data moves (:func:`mcf.abi.jobs.walk`)."""
+    m_max: int
+    k_max: int
+    lanes: int = 16
+    group: int = GROUP_SIZE
+
+    def accepts(self, m_count, k_steps, n_tiles):
+        """Whether the engine runs a job with these fields: on ints (a ``bool``) or on Amaranth
+        values (a 1-bit expression) — the one predicate of the engine, the walker and its golden
+        model."""
+        steps_per_group = self.group // self.lanes
+        return ((m_count != 0) & (m_count <= self.m_max) & (k_steps != 0) &
+                (k_steps <= self.k_max // self.lanes) & (n_tiles != 0) &
+                ((k_steps & (steps_per_group - 1)) == 0))
 
 
 @dataclass(frozen=True)

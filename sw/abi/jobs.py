@@ -27,14 +27,17 @@ VEC          :data:`VEC_CFG`                set ``vec_op``, ``vec_n_beats``, ``v
 queues are empty, the engine's ``wr_busy`` and ``gemm_busy`` are low: every write descriptor
 acknowledged, every GEMM job done). ROUTE and VEC always fence (the engine's routing and vector
 configuration change only between transfers). The end of a template is a fence: ``done`` means
-the JOB's results are in DDR. An unknown ``kind`` or a read error aborts the JOB: counted, the
-rest of its entries are skipped and it retires at once (no final fence).
+the JOB's results are in DDR. An unknown ``kind``, a GEMM job the engine would reject
+(:meth:`~mcf.abi.compute.GemmLimits.accepts`: counted in ``bad_gemm``) or a read error aborts
+the JOB: counted, the rest of its entries are skipped and it retires at once (no final fence).
 
 **Ordering rule.** The walker plays entries in order into per-stream queues (``queue`` deep); it
 stalls while the target queue is full. A template must therefore list the descriptors one engine
-operation needs close together (a GEMM job, its activation, weight and result descriptors — as
-:class:`TemplateBuilder` does), never a long run on one stream that the engine can only drain
-once a later entry on another stream arrives (that stalls until the sequencer's watchdog).
+operation needs close together (a GEMM job, then its activation, weight and result descriptors
+— as :class:`TemplateBuilder` does: the job first, so that a refused job's data is never issued;
+the engine would wait for a job that never comes), never a long run on one stream that the
+engine can only drain once a later entry on another stream arrives (that stalls until the
+sequencer's watchdog).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from dataclasses import dataclass
 from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
-from .compute import DMA_ADDR_BITS, DMA_DESC, GEMM_JOB, DmaDesc, GemmJob
+from .compute import DMA_ADDR_BITS, DMA_DESC, GEMM_JOB, DmaDesc, GemmJob, GemmLimits
 from .csrmap import counters
 from .node import CMD
 from .quant import ReadDest, VectorOp, WriteSrc
@@ -106,11 +109,13 @@ if TEMPLATE_ENTRY.size != 128 or TEMPLATE_REF.size != 128:
     raise AssertionError("template rows and entries are one 128-bit beat")  # pragma: no cover
 
 JOBS_STATUS = counters("jobs", "entries", "fences", "fence_cycles", "bad_index",
-                       "bad_entries", "read_errors")
+                       "bad_entries", "read_errors", "bad_gemm")
 """Template walker: JOBs retired (``done`` strobes, bad ones included), entries executed,
 fences taken (explicit, ROUTE/VEC and the final one), cycles spent waiting in fences, JOBs with
 an index ≥ ``JOBS_TABLE_LEN``, entries with an unknown kind, JOBs aborted by a non-OKAY read of
-the table or entries. Registers ``jobs_<field>``."""
+the table or entries, GEMM entries the engine would reject (:meth:`GemmLimits.accepts`; the JOB
+is aborted there, so the job's descriptors behind it never reach the engine). Registers
+``jobs_<field>``."""
 
 
 def jobs_registers() -> list[Register]:
@@ -240,13 +245,14 @@ class TemplateBuilder:
         self.gemms([(xq, m, k, blob, qw, out)])
 
 
-def walk(read, table: int, table_len: int, arg: int) -> tuple[list, dict]:
-    """Golden model of the walker for one JOB record (``arg`` = ``CMD.arg``): ``read(addr,
-    n)`` returns ``n`` bytes of DDR. Returns ``(actions, counts)``: the actions in issue order,
-    each ``(group, target, value)`` — ``group`` counts the fences passed so far (an action may
-    reach the engine only after every WR and GEMM action of a lower group completed), ``target``
-    a walker output (``rd_desc0``, ``rd_desc1``, ``wr_desc``, ``gemm_job``, ``route``, ``vec``)
-    and ``value`` its integer payload — and the :data:`JOBS_STATUS` increments."""
+def walk(read, table: int, table_len: int, arg: int, gemm: GemmLimits) -> tuple[list, dict]:
+    """Golden model of the walker for one JOB record (``arg`` = ``CMD.arg``) in front of an
+    engine accepting ``gemm``: ``read(addr, n)`` returns ``n`` bytes of DDR. Returns
+    ``(actions, counts)``: the actions in issue order, each ``(group, target, value)`` —
+    ``group`` counts the fences passed so far (an action may reach the engine only after every
+    WR and GEMM action of a lower group completed), ``target`` a walker output (``rd_desc0``,
+    ``rd_desc1``, ``wr_desc``, ``gemm_job``, ``route``, ``vec``) and ``value`` its integer
+    payload — and the :data:`JOBS_STATUS` increments."""
     c = {name: 0 for name, _ in JOBS_STATUS}
     c["jobs"] = 1
     idx = JOB_ARG.from_bits(arg).template
@@ -267,6 +273,11 @@ def walk(read, table: int, table_len: int, arg: int) -> tuple[list, dict]:
         except ValueError:
             c["bad_entries"] += 1
             return actions, c
+        if kind == EntryKind.GEMM:
+            job = GEMM_JOB.from_bits(int(e.body) & ((1 << GEMM_JOB.size) - 1))
+            if not gemm.accepts(int(job.m_count), int(job.k_steps), int(job.n_tiles)):
+                c["bad_gemm"] += 1
+                return actions, c
         if e.fence or kind in (EntryKind.ROUTE, EntryKind.VEC):
             group += 1
             c["fences"] += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .compute import GemmLimits
 from .csrmap import NODE_LINKS
 from .framing import MAX_PAYLOAD
 from .kv import KVFormat
@@ -71,6 +72,11 @@ class NodeConfig:
     def macs_per_cycle(self) -> int:
         """INT4 × INT8 multiply-accumulates per cycle of the GEMM."""
         return self.gemm_rows * self.gemm_lanes * self.gemm_arrays
+
+    @property
+    def gemm_limits(self) -> GemmLimits:
+        """The GEMM jobs this configuration's engine (and template walker) accepts."""
+        return GemmLimits(self.gemm_m_max, self.gemm_k_max, self.gemm_lanes, self.group)
 
     def caps(self) -> int:
         """The ``CAPS`` register's value for this configuration."""

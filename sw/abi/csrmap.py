@@ -19,7 +19,7 @@ __all__ = ["COUNTER_BITS", "DropCause", "counters", "PARSER_STATUS", "PACKETIZER
            "node_top_registers"]
 
 COUNTER_BITS = 32
-NODE_MAP_VERSION = 0x0400
+NODE_MAP_VERSION = 0x0401  # minor 1: jobs_bad_gemm (the map grew by one counter)
 NIC_MAP_VERSION = 0x0200
 NODE_LINKS = 3  # KR260 PL-side links: one 10G SFP+, two 1G RGMII
 PARSER_PORTS = NODE_LINKS + 1

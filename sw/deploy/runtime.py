@@ -9,11 +9,17 @@ to build; a tarball of sources would bypass pip (no dependencies, no uninstall).
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 __all__ = ["source_root", "build_wheel"]
+
+PACKAGE_FILES = ("pyproject.toml", "setup.py", "README.md")
+PACKAGE_FOLDERS = ("sw", "hdl", "sim")
+"""What the wheel is built from (``setup.py`` maps the three folders to ``mcf``)."""
 
 
 def source_root() -> Path | None:
@@ -27,12 +33,24 @@ def source_root() -> Path | None:
 def build_wheel(root: Path, out: Path, timeout: float = 600.0) -> Path:
     """Build the ``mcf`` wheel of checkout ``root`` into ``out`` with this interpreter's pip
     (``pip wheel --no-deps``; the build backend comes from ``pyproject.toml``). Raises
-    :class:`RuntimeError` with pip's last error line when the build fails."""
+    :class:`RuntimeError` with pip's last error line when the build fails.
+
+    The build runs on a copy of the package's sources: setuptools builds in the source tree's
+    ``build/`` (where the simulations build too), which two wheel builds at once would share
+    and where a module deleted from the checkout would linger into the wheel."""
     out.mkdir(parents=True, exist_ok=True)
     before = set(out.glob("mcf-*.whl"))
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
-           "--disable-pip-version-check", "-w", str(out), str(root)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="mcf-wheel-") as tmp:
+        src = Path(tmp) / "mcf"
+        src.mkdir()
+        for name in PACKAGE_FILES:
+            shutil.copy2(root / name, src / name)
+        for name in PACKAGE_FOLDERS:
+            shutil.copytree(root / name, src / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
+               "--disable-pip-version-check", "-w", str(out), str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
         raise RuntimeError(f"pip wheel {root} failed (exit {proc.returncode}): "

@@ -1,6 +1,7 @@
 """Node tops cabled as a KR260 ring, under Verilator (sim/benches/node_cluster.py; docs/node.md
 §13, issue #11): MARS's own prefill steps of the tiny model through two node tops (four in the
-slow run), bad input at node level, and every register of the node map over AXI-Lite.
+slow run), bad input at node level (a JOB of a refused GEMM job among it), and every register
+of the node map over AXI-Lite.
 
 One Verilator build per ring size, shared by the tests of this file."""
 

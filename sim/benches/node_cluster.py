@@ -25,9 +25,10 @@ Tests (pick one with the runner's ``testcase``):
   are quiet, go to ``out``. ``mirror``: every node's next and prev links swapped
   (:func:`mirrored_link_map`).
 * ``bad_input`` — on a configured pair: a record with an unassigned op, a KV send of an
-  unmapped ``kv_id``, a header-only KV packet the receiver must drop, a ring overrun, and a FREE
-  whose KV never arrives (watchdog halt → interrupt → ``skip``); each counted where the design
-  says, and a good KV send behind them still lands.
+  unmapped ``kv_id``, a header-only KV packet the receiver must drop, a ring overrun, a FREE
+  whose KV never arrives (watchdog halt → interrupt → ``skip``) and, on node 1, a JOB whose GEMM
+  job the engine would reject (:func:`refused_gemm_job`); each counted where the design says,
+  and a good KV send behind them still lands.
 * ``layer`` — the layer program (:mod:`mcf.node.layer`) of the tiny model (``TINY`` geometry,
   random INT4 weights, random prompt) in MARS's prefill steps: every node computes its slice of
   every chunk on its own engines — JOB, EMIT (local copy + the store phase's sends as a tee),
@@ -62,13 +63,16 @@ from cocotb.triggers import (
 from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 from cocotbext.axi.constants import AxiResp
 
+from mcf.abi.compute import DmaDesc, GemmJob
 from mcf.abi.csrmap import node_regmap
 from mcf.abi.eth import ETH_STATUS, PCS_STATUS
+from mcf.abi.jobs import JOB_ARG, Entry, EntryKind, template_image
 from mcf.abi.link_map import link_map_for
 from mcf.abi.meta import META, Meta, Op
 from mcf.abi.node import CMD_BYTES, Cmd, PayloadSource, Queue, RecordClass
 from mcf.abi.node_config import NODE_CONFIGS
 from mcf.abi.platform import ACLK_HZ
+from mcf.abi.quant import ReadDest, WriteSrc
 from mcf.abi.regs import WORD_BYTES, Access
 from mcf.cluster.checks import (
     check_layer_memory,
@@ -567,6 +571,47 @@ async def layer(dut):
                        "engines": engines, "kv_packets_landed": expect_packets}, f)
 
 
+async def refused_gemm_job(dut, h: Host, layout: NodeLayout, cfg) -> None:
+    """A JOB whose template's GEMM job takes one row more than ``cfg``'s engine (the template
+    as :class:`TemplateBuilder` writes one: the job, then its activation, weight and result
+    descriptors) retires at once: ``jobs_bad_gemm`` counts it, the engine never sees it, the
+    ``bad_record`` cause rises and the MARK behind it passes (the walker used to start the
+    job's reads, which waited forever for the job the engine had refused)."""
+    lim, rows, lanes = cfg.gemm_limits, cfg.gemm_rows, cfg.gemm_lanes
+    at = (layout.base + layout.size + 0xFFF) & ~0xFFF        # past the node's regions
+    job = GemmJob.for_shape(lim.m_max + 1, rows, lim.group, 0, rows, lanes)
+    assert not lim.accepts(job.m_count, job.k_steps, job.n_tiles)
+    entries = [Entry(EntryKind.ROUTE, {"rd_dest0": ReadDest.GEMM_X, "rd_dest1": ReadDest.GEMM_W,
+                                       "wr_src": WriteSrc.GEMM}, True),
+               Entry(EntryKind.GEMM, job),
+               *(Entry(EntryKind.RD0, d) for d in job.x_descriptors(at + 0x1000, lanes)),
+               Entry(EntryKind.RD1, DmaDesc(at + 0x2000, rows * lim.group // 2)),
+               Entry(EntryKind.WR, DmaDesc(at + 0x3000, rows * 4, rows * 4, job.m_count))]
+    image, n = template_image([entries], at)
+    assert at + 0x3000 + rows * 4 * job.m_count <= len(h.mem)
+    h.mem[at: at + len(image)] = image
+    await h.write("JOBS_TABLE_LO", at & 0xFFFF_FFFF)
+    await h.write("JOBS_TABLE_HI", at >> 32)
+    await h.write("JOBS_TABLE_LEN", n)
+    before = {r: await h.read(r) for r in ("jobs_jobs", "jobs_bad_gemm", "gemm_bad_jobs",
+                                             "seq1_marks")}
+    h.put(Queue.COMPUTE, [Cmd(RecordClass.JOB, Queue.COMPUTE,
+                              arg=JOB_ARG.const({"template": 0}).as_bits()),
+                          Cmd(RecordClass.MARK, Queue.COMPUTE, irq=True)])
+    await h.doorbell(Queue.COMPUTE)
+    for _ in range(100):
+        if await h.read("seq1_marks") == before["seq1_marks"] + 1:
+            break
+        await ClockCycles(dut.aclk, 100)
+    else:
+        raise AssertionError(f"node {h.i}: the JOB of a refused GEMM job never retired")
+    assert await h.read("jobs_jobs") == before["jobs_jobs"] + 1
+    assert await h.read("jobs_bad_gemm") == before["jobs_bad_gemm"] + 1
+    assert await h.read("gemm_bad_jobs") == before["gemm_bad_jobs"]
+    st = h.regmap.register("IRQ_STATUS").unpack(await h.read("IRQ_STATUS"))
+    assert st["bad_record"], st
+
+
 @cocotb.test()
 async def bad_input(dut):
     params = bench_params()
@@ -623,6 +668,7 @@ async def bad_input(dut):
             break
         await ClockCycles(dut.aclk, 200)
     assert await h0.read("seq1_skipped") == 1
+    await refused_gemm_job(dut, h1, layout, NODE_CONFIGS[params.get("config", "sim")])
     # node 1: the header-only KV packet dropped (bad seq/length), the good fragments landed
     for _ in range(400):
         if await h1.read("land_packets") == len(sends):

@@ -10,7 +10,10 @@ right iff both are positive. Rows:
 * ``float`` — :class:`mcf.model.FloatModel` on the checkpoint; ``float_w4`` — the same on the
   dequantised INT4 weights (:meth:`mcf.model.golden.QuantModel.dequantized`);
 * ``int``, ``int_channel`` — :class:`mcf.model.IntModel` with per-token / per-channel INT4 K
-  (``KVFormat.PER_TOKEN`` / ``PER_CHANNEL_K``), the RTL's arithmetic;
+  (``KVFormat.PER_TOKEN`` / ``PER_CHANNEL_K``), the RTL's arithmetic; ``int_channel_exact_fold``
+  — ``int_channel`` with each group's folded query exact (:class:`ExactFoldModel`);
+  ``int_channel_g8`` — ``int_channel`` with channel-scale groups of 8 tokens instead of
+  :data:`mcf.abi.kv.KV_GROUP` (a golden-model parameter only: the RTL's format has 32);
 * ``fa_*`` — ablations: the integer model (INT4 weights, integer norms, projections, RoPE, MLP,
   head) with its attention replaced by a float64 softmax on Q, K, V each either as the golden
   model quantises them (Q: INT8 per token and head, :func:`mcf.abi.quant.requantize`; K, V:
@@ -40,9 +43,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from mcf.abi.fixed import saturate  # noqa: E402
 from mcf.abi.kv import KV_SCALE, dequantize, dequantize_q, quantize_kv_rows  # noqa: E402
 from mcf.abi.kv_channel import KVFormat  # noqa: E402
 from mcf.abi.quant import requantize  # noqa: E402
+from mcf.abi.softmax import SCORE, SCORE_FRAC  # noqa: E402
+from mcf.golden import attention as golden_attention  # noqa: E402
 from mcf.model.checkpoint import RETRIEVAL_DIR, load_checkpoint  # noqa: E402
 from mcf.model.golden import IntModel, quantize_model  # noqa: E402
 from mcf.model.reference import FloatModel  # noqa: E402
@@ -50,6 +56,30 @@ from mcf.model.task import make_prompt  # noqa: E402
 from mcf.quant import from_act, to_act  # noqa: E402
 
 L0H1 = ((0, 1),)
+
+
+def exact_channel_scores(q, sq, blk):
+    """:func:`mcf.golden.attention.channel_scores` with each group's folded query exact: the
+    real INT8 query times the group's real K (INT4 codes · channel scales · record ``sk``), in
+    float64, rounded to the score format — no requantisation of ``q·s`` to INT8."""
+    k = (np.asarray(blk.k, dtype=np.float64) * KV_SCALE.to_float(blk.ks)
+         * KV_SCALE.to_float(blk.sk)[:, None])
+    t = dequantize_q(q, sq) @ k.T / np.sqrt(k.shape[1]) * np.log2(np.e) * (1 << SCORE_FRAC)
+    return saturate(np.rint(t).astype(np.int64), SCORE.width, SCORE.signed)
+
+
+class ExactFoldModel(IntModel):
+    """The per-channel integer model (build with ``kv_format=KVFormat.PER_CHANNEL_K``) scoring
+    its groups with :func:`exact_channel_scores` instead of the INT8 folded query
+    (:func:`mcf.abi.kv.fold_query`); everything else bit for bit the golden model."""
+
+    def _run(self, tokens, decode: bool):
+        saved = golden_attention.channel_scores
+        golden_attention.channel_scores = exact_channel_scores
+        try:
+            return super()._run(tokens, decode)
+        finally:
+            golden_attention.channel_scores = saved
 
 
 @dataclass
@@ -122,6 +152,10 @@ def rows(cfg, tensors) -> dict:
         "int": ("integer golden, per-token INT4 K", lambda: IntModel(qm)),
         "int_channel": ("integer golden, per-channel INT4 K",
                         lambda: IntModel(qm, kv_format=KVFormat.PER_CHANNEL_K)),
+        "int_channel_exact_fold": ("per-channel INT4 K, folded query exact",
+                                   lambda: ExactFoldModel(qm, kv_format=KVFormat.PER_CHANNEL_K)),
+        "int_channel_g8": ("per-channel INT4 K in groups of 8 tokens",
+                           lambda: IntModel(qm, kv_format=KVFormat.PER_CHANNEL_K, kv_group=8)),
         "fa_quant": ("int + float softmax (Q8, K4, V4)", fa()),
         "fa_act": ("int + float attention, no Q/K/V quant", fa(q="act", k="act", v="act")),
         "fa_k4": ("int + float attn, K4 only", fa(q="act", v="act")),

@@ -52,7 +52,7 @@ import numpy as np
 
 from mcf.abi.fixed import round_shift, saturate
 from mcf.abi.kv import quantize_kv_rows
-from mcf.abi.kv_channel import KVFormat
+from mcf.abi.kv_channel import KV_GROUP, KVFormat
 from mcf.abi.quant import ACT, ACT_FRAC, GAMMA, requantize
 from mcf.golden import vector as V
 from mcf.golden.attention import (
@@ -187,6 +187,7 @@ class IntModel:
     decode_mode: str = "two_phase"
     prefill_mode: str = "single"
     kv_format: KVFormat = KVFormat.PER_TOKEN
+    kv_group: int = KV_GROUP       # tokens per K channel-scale group (PER_CHANNEL_K only)
     kv: list[list[KVStore | KVChannelCache]] = field(default_factory=list)
     max_violations: int = 0
 
@@ -211,8 +212,13 @@ class IntModel:
 
     def reset(self) -> None:
         c = self.cfg
-        store = KVStore if self.kv_format == KVFormat.PER_TOKEN else KVChannelCache
-        self.kv = [[store(c.head_dim) for _ in range(c.num_key_value_heads)]
+        if self.kv_format == KVFormat.PER_TOKEN:
+            def store():
+                return KVStore(c.head_dim)
+        else:
+            def store():
+                return KVChannelCache(c.head_dim, self.kv_group)
+        self.kv = [[store() for _ in range(c.num_key_value_heads)]
                    for _ in range(c.num_hidden_layers)]
         self.max_violations = 0
 

@@ -169,8 +169,13 @@ class JobWalker(wiring.Component):
                 fences = Signal()
                 take = Signal()
                 refused = Signal()              # a GEMM entry the engine would reject
-                m.d.comb += fences.eq(ent.fence | (ent.kind == EntryKind.ROUTE.value) |
-                                      (ent.kind == EntryKind.VEC.value))
+                job = data.View(GEMM_JOB, ent.body[:GEMM_JOB.size])
+                m.d.comb += [
+                    fences.eq(ent.fence | (ent.kind == EntryKind.ROUTE.value) |
+                              (ent.kind == EntryKind.VEC.value)),
+                    refused.eq((ent.kind == EntryKind.GEMM.value) &
+                               ~self.gemm.accepts(job.m_count, job.k_steps, job.n_tiles)),
+                ]
                 with m.If(rd.o.valid):
                     with m.If(rd.o.payload.err):
                         m.d.comb += take.eq(1)
@@ -178,22 +183,13 @@ class JobWalker(wiring.Component):
                         abort()
                     with m.Elif(fences & ~idle):
                         m.d.sync += st.fence_cycles.eq(st.fence_cycles + 1)
+                    with m.Elif(refused):
+                        m.d.comb += take.eq(1)
+                        m.d.sync += st.bad_gemm.eq(st.bad_gemm + 1)
+                        abort()
                     with m.Else():
-                        job = data.View(GEMM_JOB, ent.body[:GEMM_JOB.size])
                         with m.Switch(ent.kind):
-                            with m.Case(EntryKind.GEMM.value):
-                                with m.If(self.gemm.accepts(job.m_count, job.k_steps,
-                                                            job.n_tiles)):
-                                    q = queues[EntryKind.GEMM]
-                                    m.d.comb += [q.w_en.eq(1), q.w_data.eq(ent.body),
-                                                 take.eq(q.w_rdy)]
-                                with m.Else():
-                                    m.d.comb += [take.eq(1), refused.eq(1)]
-                                    m.d.sync += st.bad_gemm.eq(st.bad_gemm + 1)
-                                    abort()
                             for kind, q in queues.items():
-                                if kind == EntryKind.GEMM:
-                                    continue
                                 with m.Case(kind.value):
                                     m.d.comb += [q.w_en.eq(1), q.w_data.eq(ent.body),
                                                  take.eq(q.w_rdy)]
@@ -213,7 +209,7 @@ class JobWalker(wiring.Component):
                                 m.d.comb += take.eq(1)
                                 m.d.sync += st.bad_entries.eq(st.bad_entries + 1)
                                 abort()
-                        with m.If(take & ~refused & (ent.kind <= EntryKind.VEC.value)):
+                        with m.If(take & (ent.kind <= EntryKind.VEC.value)):
                             m.d.sync += st.entries.eq(st.entries + 1)
                             with m.If(fences):
                                 m.d.sync += st.fences.eq(st.fences + 1)

@@ -63,16 +63,14 @@ from cocotb.triggers import (
 from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 from cocotbext.axi.constants import AxiResp
 
-from mcf.abi.compute import DmaDesc, GemmJob
 from mcf.abi.csrmap import node_regmap
 from mcf.abi.eth import ETH_STATUS, PCS_STATUS
-from mcf.abi.jobs import JOB_ARG, Entry, EntryKind, template_image
+from mcf.abi.jobs import JOB_ARG, TemplateBuilder, template_image
 from mcf.abi.link_map import link_map_for
 from mcf.abi.meta import META, Meta, Op
 from mcf.abi.node import CMD_BYTES, Cmd, PayloadSource, Queue, RecordClass
 from mcf.abi.node_config import NODE_CONFIGS
 from mcf.abi.platform import ACLK_HZ
-from mcf.abi.quant import ReadDest, WriteSrc
 from mcf.abi.regs import WORD_BYTES, Access
 from mcf.cluster.checks import (
     check_layer_memory,
@@ -93,7 +91,7 @@ from mcf.node.program import (
     route_writes,
     step_program,
 )
-from mcf.quant import to_act
+from mcf.quant import QuantWeight, to_act
 from mcf.sim.benches.cycles import cycle_counter
 from mcf.sim.benches.ddr import ddr_ram
 from mcf.sim.toolchain import bench_params
@@ -577,18 +575,15 @@ async def refused_gemm_job(dut, h: Host, layout: NodeLayout, cfg) -> None:
     descriptors) retires at once: ``jobs_bad_gemm`` counts it, the engine never sees it, the
     ``bad_record`` cause rises and the MARK behind it passes (the walker used to start the
     job's reads, which waited forever for the job the engine had refused)."""
-    lim, rows, lanes = cfg.gemm_limits, cfg.gemm_rows, cfg.gemm_lanes
+    lim, rows = cfg.gemm_limits, cfg.gemm_rows
+    m, k = lim.m_max + 1, lim.group
+    assert not lim.accepts(m, k // lim.lanes, 1)
     at = (layout.base + layout.size + 0xFFF) & ~0xFFF        # past the node's regions
-    job = GemmJob.for_shape(lim.m_max + 1, rows, lim.group, 0, rows, lanes)
-    assert not lim.accepts(job.m_count, job.k_steps, job.n_tiles)
-    entries = [Entry(EntryKind.ROUTE, {"rd_dest0": ReadDest.GEMM_X, "rd_dest1": ReadDest.GEMM_W,
-                                       "wr_src": WriteSrc.GEMM}, True),
-               Entry(EntryKind.GEMM, job),
-               *(Entry(EntryKind.RD0, d) for d in job.x_descriptors(at + 0x1000, lanes)),
-               Entry(EntryKind.RD1, DmaDesc(at + 0x2000, rows * lim.group // 2)),
-               Entry(EntryKind.WR, DmaDesc(at + 0x3000, rows * 4, rows * 4, job.m_count))]
-    image, n = template_image([entries], at)
-    assert at + 0x3000 + rows * 4 * job.m_count <= len(h.mem)
+    qw = QuantWeight(np.zeros((rows, k), np.int8), np.ones((rows, 1), np.int64), 0, k)
+    b = TemplateBuilder(0, rows, lim.lanes)
+    b.gemm(at + 0x1000, m, k, (at + 0x2000, rows * k // 2), qw, at + 0x3000)
+    image, n = template_image([b.entries], at)
+    assert at + 0x3000 + rows * 4 * m <= len(h.mem)
     h.mem[at: at + len(image)] = image
     await h.write("JOBS_TABLE_LO", at & 0xFFFF_FFFF)
     await h.write("JOBS_TABLE_HI", at >> 32)

@@ -47,6 +47,7 @@ Every operation is per token except attention, so a prefill split into chunks at
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -212,12 +213,8 @@ class IntModel:
 
     def reset(self) -> None:
         c = self.cfg
-        if self.kv_format == KVFormat.PER_TOKEN:
-            def store():
-                return KVStore(c.head_dim)
-        else:
-            def store():
-                return KVChannelCache(c.head_dim, self.kv_group)
+        store = (partial(KVStore, c.head_dim) if self.kv_format == KVFormat.PER_TOKEN
+                 else partial(KVChannelCache, c.head_dim, self.kv_group))
         self.kv = [[store() for _ in range(c.num_key_value_heads)]
                    for _ in range(c.num_hidden_layers)]
         self.max_violations = 0

@@ -1,6 +1,7 @@
 """Answer margins of the `retrieval` checkpoint on chosen passkey prompts, in the project's numpy
-models and in ablations of the integer one — where the INT4 models lose seeds 23 and 49 at
-4,094 tokens (docs/evaluation.md, "Retrieval accuracy against the context length").
+models and in ablations of the integer one (docs/evaluation.md, "Retrieval accuracy against the
+context length"). The default prompts, seeds 23 and 49 at 4,094 tokens, are the two that both
+INT4 KV formats lost with the first checkpoint (trained up to 2,048 tokens).
 
 The margin is the logit of the right answer token minus the best wrong one (float logits; ACT
 codes for the integer models): ``m0`` after the prompt (the first answer token), ``m1`` one
@@ -25,7 +26,7 @@ right iff both are positive. Rows:
     OMP_NUM_THREADS=1 python scripts/retrieval_margins.py --json docs/results/retrieval_margins.json
 
 (``--seeds 23 49 --tokens 4094`` are the defaults; one process, ~20 s per integer run of a
-4,094-token prompt on a free core: this command took 8 min 22 s on a shared one.)
+4,094-token prompt on a free core.)
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import pytest
 
 from mcf.cluster import RunSpec, golden_run, make_plan, run_prompt
 from mcf.model import model_from_spec, quantize_model
-from mcf.model.checkpoint import RETRIEVAL_DIR
+from mcf.model.checkpoint import EMBED, RETRIEVAL_DIR, load_checkpoint, save_checkpoint
 from mcf.model.evaluate import MODELS, answerer, measure, measure_one
 from mcf.model.task import make_prompt
 
@@ -30,7 +30,17 @@ def test_measure_reports_every_pair():
         a = by[64]
         assert (a.model, a.length, a.prompts) == (m, 64, 3)
         assert a.accuracy == 1 - len(a.wrong_seeds) / 3
-    assert measure_one(RETRIEVAL_DIR, "int_channel", 64, 1).wrong_seeds == (0,)
+    assert measure_one(RETRIEVAL_DIR, "int_channel", 64, 1).wrong_seeds == ()
+
+
+def test_wrong_answers_are_counted(tmp_path):
+    """A checkpoint whose embedding (= the tied LM head) is zero scores every token 0 and
+    answers token 0 (PAD) to every prompt: every seed is reported wrong."""
+    cfg, tensors = load_checkpoint(RETRIEVAL_DIR)
+    save_checkpoint(tmp_path, cfg, {**tensors, EMBED: np.zeros_like(tensors[EMBED])})
+    for m in ("float", "int_channel"):
+        a = measure_one(tmp_path, m, 64, 2)
+        assert (a.accuracy, a.wrong_seeds) == (0.0, (0, 1))
 
 
 def test_unknown_model_is_refused():

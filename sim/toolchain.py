@@ -31,7 +31,7 @@ from pathlib import Path
 from mcf.hdl.convert import build_root, verilog_text
 
 __all__ = ["ToolchainError", "verilator_env", "build", "run", "Built", "bench_params",
-           "BUILD_ROOT", "VERILATOR_ARGS"]
+           "skip_unless_selected", "BUILD_ROOT", "VERILATOR_ARGS"]
 
 BUILD_ROOT = build_root()
 VERILATOR_ARGS = ("-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-O3")
@@ -188,7 +188,8 @@ def build(top, name: str, *, ports=None, params: dict | None = None,
 
 def run(built: Built, test_module: str, *, testcase: str | list[str] | None = None,
         params: dict | None = None, seed: int = 1, test_dir: Path | None = None) -> Path:
-    """Run cocotb tests from ``test_module`` on ``built``; raise ``AssertionError`` on failure."""
+    """Run cocotb tests from ``test_module`` on ``built``; raise ``AssertionError`` on failure,
+    or when every test was skipped (a ``tests`` parameter that selects nothing)."""
     from cocotb_tools.runner import get_results, get_runner
 
     verilator_env()
@@ -215,7 +216,17 @@ def run(built: Built, test_module: str, *, testcase: str | list[str] | None = No
             "the simulation ended without results"
         first = "".join(f"{m}\n" for m in _failure_messages(xml)[:1])
         raise AssertionError(f"{first}{what} in {test_module} (log: {log})\n{tail}")
+    if _skipped(xml) == total:
+        raise AssertionError(f"every cocotb test in {test_module} was skipped: nothing ran "
+                             f"(tests: {(params or {}).get('tests')!r}; log: {log})")
     return Path(xml)
+
+
+def _skipped(xml: Path) -> int:
+    """Skipped testcases in a cocotb ``results.xml``."""
+    import xml.etree.ElementTree as ET
+
+    return sum(int(s.get("skipped", 0)) for s in ET.parse(xml).getroot().iter("testsuite"))
 
 
 def _failure_messages(xml: Path) -> list[str]:
@@ -237,3 +248,15 @@ def _failure_messages(xml: Path) -> list[str]:
 def bench_params() -> dict:
     """Parameters a bench was started with (inside the simulator process)."""
     return json.loads(os.environ.get(_PARAMS_ENV, "{}"))
+
+
+def skip_unless_selected(name: str, params: dict | None = None) -> None:
+    """First line of a cocotb test a bench's ``tests`` parameter selects: unless ``tests``
+    (``params``, default :func:`bench_params`) names ``name`` the test ends here and cocotb
+    reports it **skipped** (cocotb 2.x scores ``pytest.skip`` inside a test as a skip); with no
+    ``tests`` every test runs."""
+    params = bench_params() if params is None else params
+    if name not in params.get("tests", [name]):
+        import pytest  # cocotb's own regression manager depends on it
+
+        pytest.skip(f"not in the bench's tests {params['tests']}")

@@ -141,7 +141,7 @@ def board_site(wheel, py310) -> Path:
 # ------------------------------------------------------------------------------------------------
 
 def write_overlay(folder: Path, id_word: int | None = None) -> OverlayFiles:
-    from mcf.hdl.platform.kr260 import MODULE_REF_VLNV
+    from mcf.abi.platform import MODULE_REF_VLNV
 
     rm = node_regmap()
     cfg = next(c for c in NODE_CONFIGS.values() if c.top == TOP)

@@ -30,8 +30,8 @@ from mcf.driver import (
 
 
 def test_bindto_is_the_vivado_module_reference_of_every_top():
+    from mcf.abi.platform import MODULE_REF_VLNV
     from mcf.driver import NodeDriver
-    from mcf.hdl.platform.kr260 import MODULE_REF_VLNV
     assert NodeDriver.bindto == [MODULE_REF_VLNV.format(name=c.top)
                                  for c in NODE_CONFIGS.values()]
     assert NodeDriver.bindto[0] == "xilinx.com:module_ref:mcf_node:1.0"

@@ -72,7 +72,7 @@ from mcf.hdl.eth import xgmii
 from mcf.hdl.eth.encap import BYTE, EthEncap
 from mcf.hdl.eth.rgmii import GmiiTx
 from mcf.hdl.eth.xgmii import EthEncap64, XgmiiTx, _crc_n
-from mcf.hdl.nic.link import crc32_update
+from mcf.hdl.nic.crc import crc32_update
 from mcf.sim.formal import check, probe
 
 CRC_POLY = 0xEDB88320          # IEEE 802.3 CRC-32, reflected
@@ -82,7 +82,7 @@ CRC_INIT = 0xFFFFFFFF
 
 def crc_byte(m, c, b, name: str = "crc"):
     """CRC-32 register ``c`` (32 bits) after byte ``b`` (8 bits), one bit at a time, LSB
-    first: the textbook shift register, independent of :func:`mcf.hdl.nic.link.crc32_update`.
+    first: the textbook shift register, independent of :func:`mcf.hdl.nic.crc.crc32_update`.
     Every step is a net of ``m`` (an expression tree would double with every bit)."""
     byte = Signal(8, name=f"{name}_byte")
     m.d.comb += byte.eq(b)
@@ -429,7 +429,7 @@ def test_gmii_fcs_formal_catches_a_changed_byte():
 
 
 def test_crc32_update_is_the_serial_crc():
-    """:func:`mcf.hdl.nic.link.crc32_update` over k = 1..8 bytes equals k steps of the
+    """:func:`mcf.hdl.nic.crc.crc32_update` over k = 1..8 bytes equals k steps of the
     harness's bit-serial :func:`crc_byte`, for every register and data value: both are linear
     over GF(2) (XORs, and ANDs with constants only), so agreeing on the zero vector and on every
     unit vector of the 32 + 8k input bits proves them equal (a solver cannot: XOR-heavy
@@ -488,7 +488,7 @@ class XgmiiFcsFormal(wiring.Component):
     complement of the last register out. :func:`test_xgmii_crc_step_is_the_serial_crc` proves
     that step equals the bit-serial CRC-32 over its ``nb`` bytes for every input, so the two
     together say the FCS is the CRC-32 of the frame's bytes. (A harness computing its own
-    CRC-32 of the line, even with :func:`mcf.hdl.nic.link.crc32_update` over the same words,
+    CRC-32 of the line, even with :func:`mcf.hdl.nic.crc.crc32_update` over the same words,
     does not close: yices must then prove two 64-bit-wide XOR networks equal on equal inputs
     and stalls.)
 

@@ -195,9 +195,9 @@ def test_crc_by_keep_every_keep_pattern():
     ``n`` bytes folds exactly those bytes into the register, any other leaves it unchanged."""
     import zlib
 
-    from mcf.hdl.nic.link import _CrcByKeep
+    from mcf.hdl.nic.crc import CrcByKeep
 
-    dut = _CrcByKeep(DW)
+    dut = CrcByKeep(DW)
     rng = random.Random(12)
 
     def step(crc: int, data: bytes) -> int:   # zlib state convention: register = ~crc

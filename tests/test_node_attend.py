@@ -1,8 +1,9 @@
-"""ATTEND executor (mcf.hdl.node.attend, docs/node.md §3, §7): the ABI and golden model
-(:mod:`mcf.abi.attend`) and the cocotb + Verilator bench (``sim/benches/node_attend.py``:
-``AttendUnit`` + ``KvReader`` + ``AttentionEngine`` behind an ``AxiPortMux`` on an ``AxiRam``,
-bit-exact against :func:`mcf.abi.attend.attend_model`, every ``softmax`` setting: SINGLE, DECODE
-MAX / FIXED and their split invariance, PREFILL EXACT). One Verilator build for every case.
+"""ATTEND executor (mcf.hdl.node.attend, docs/node.md §3, §7): the ABI (:mod:`mcf.abi.attend`),
+the golden model (:mod:`mcf.golden.attend_unit`) and the cocotb + Verilator bench
+(``sim/benches/node_attend.py``: ``AttendUnit`` + ``KvReader`` + ``AttentionEngine`` behind an
+``AxiPortMux`` on an ``AxiRam``, bit-exact against :func:`mcf.golden.attend_unit.attend_model`,
+every ``softmax`` setting: SINGLE, DECODE MAX / FIXED and their split invariance, PREFILL EXACT).
+One Verilator build for every case.
 
 Busy-fraction report: ``pytest tests/test_node_attend.py -k rate -s``.
 """
@@ -28,7 +29,6 @@ from mcf.abi.attend import (
     AttendMode,
     AttendSoftmax,
     attend_list_bytes,
-    attend_model,
     attend_registers,
     max_payload_bytes,
 )
@@ -38,6 +38,7 @@ from mcf.abi.kv import AttnMode, attn_status_layout, pack_kv_block
 from mcf.abi.node import CMD
 from mcf.abi.query import pack_query
 from mcf.abi.softmax import pack_state
+from mcf.golden.attend_unit import attend_model
 from mcf.golden.attention import (
     attend_fixed,
     attend_max,

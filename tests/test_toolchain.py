@@ -74,6 +74,16 @@ def test_build_is_cached_and_failures_propagate():
     run(built, "mcf.sim.benches.loopback_smoke", params={"lens": lens, "expect_len": 3})
     with pytest.raises(AssertionError, match="1 of 1 cocotb tests failed"):
         run(built, "mcf.sim.benches.loopback_smoke", params={"lens": lens, "expect_len": 4})
+    xml = run(built, "mcf.sim.benches.loopback_smoke",
+              params={"lens": lens, "expect_len": 3, "tests": ["loopback"]})
+    assert 'skipped="0"' in xml.read_text()
+    # a test its ``tests`` parameter does not select is reported skipped, not passed; a run
+    # where nothing ran is refused (its failing ``expect_len`` would fail it if the test ran)
+    with pytest.raises(AssertionError, match="every cocotb test .* was skipped"):
+        run(built, "mcf.sim.benches.loopback_smoke",
+            params={"lens": lens, "expect_len": 4, "tests": ["other"]})
+    xml = next(built.build_dir.glob(f"run-{os.getpid()}/results.xml"))
+    assert '<skipped message="Test was skipped"' in xml.read_text()
 
 
 def test_resource_estimate():

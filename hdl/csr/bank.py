@@ -14,23 +14,15 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, exact_log2
 
-from mcf.abi.regs import WORD_BYTES, Access, Field, Register, RegisterMap
+from mcf.abi.regs import WORD_BYTES, Access, Field, Register, RegisterMap, bank_registers
 
 from .axil import AxiLiteSignature, AxiResp
 
-__all__ = ["CsrBank", "field_signature", "register_signature", "bank_registers",
-           "DEFAULT_ADDR_WIDTH"]
+__all__ = ["CsrBank", "field_signature", "register_signature", "DEFAULT_ADDR_WIDTH"]
 
 DATA_BITS = 8 * WORD_BYTES
 LANE_BITS = exact_log2(WORD_BYTES)
 DEFAULT_ADDR_WIDTH = 12  # a 4 KiB window, the smallest segment Vivado's address editor assigns
-
-
-def bank_registers(regmap: RegisterMap) -> tuple[Register, Register]:
-    """The two registers the bank owns, where the builder places them: register 0 (``ID``, a
-    constant) and register 1 (``BUS_ERRORS``, counted by the bank)."""
-    regs = [reg for _, reg in regmap]
-    return regs[0], regs[1]
 
 
 def field_signature(fld: Field) -> wiring.Member:

@@ -42,7 +42,7 @@ from mcf.abi.eth import (
 from mcf.abi.framing import beat_layout
 from mcf.abi.meta import META
 from mcf.abi.nic import CRC32_INIT, CRC32_XOROUT
-from mcf.hdl.nic.link import crc32_update
+from mcf.hdl.nic.crc import crc32_update
 
 __all__ = ["BYTE", "RX_BYTE", "LINK_BYTE", "EthEncap", "EthDecap", "Pack8to64", "Unpack64to8",
            "EthCounters"]

@@ -10,9 +10,7 @@ RGMII MAC (with its own Ethernet FCS) can be attached later.
 
 from __future__ import annotations
 
-from functools import cache
-
-from amaranth import Array, Cat, Const, Module, Mux, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -26,7 +24,6 @@ from mcf.abi.framing import (
 from mcf.abi.meta import META
 from mcf.abi.nic import (
     CRC32_INIT,
-    CRC32_POLY_REFLECTED,
     CRC32_XOROUT,
     CRC_BYTES,
     LINK_HEADER,
@@ -35,75 +32,9 @@ from mcf.abi.nic import (
     LINK_TX_STATUS,
 )
 
-__all__ = ["LinkTx", "LinkRx", "crc32_update"]
+from .crc import CrcByKeep
 
-
-@cache
-def _crc_matrix(nbytes: int) -> tuple[tuple[int, int], ...]:
-    """For the reflected CRC-32 over ``nbytes`` bytes: per output bit, (mask over the 32 state
-    bits, mask over the 8·nbytes data bits) whose XOR gives it (the CRC is linear over GF(2))."""
-    state = [(1 << j, 0) for j in range(32)]
-    for byte in range(nbytes):
-        for bit in range(8):
-            # state ^= data bit into bit 0, then shift right with the reflected polynomial
-            s0, d0 = state[0]
-            d0 ^= 1 << (8 * byte + bit)
-            new = [state[j + 1] if j < 31 else (0, 0) for j in range(32)]
-            for j in range(32):
-                if CRC32_POLY_REFLECTED >> j & 1:
-                    new[j] = (new[j][0] ^ s0, new[j][1] ^ d0)
-            state = new
-    return tuple(state)
-
-
-def crc32_update(crc, data_bits, nbytes: int):
-    """Amaranth expression: the CRC-32 register after ``nbytes`` low bytes of ``data_bits``."""
-    out = []
-    for smask, dmask in _crc_matrix(nbytes):
-        terms = [crc[j] for j in range(32) if smask >> j & 1]
-        terms += [data_bits[j] for j in range(8 * nbytes) if dmask >> j & 1]
-        out.append(Cat(*terms).xor() if terms else Const(0, 1))
-    return Cat(*out)
-
-
-class _CrcByKeep(wiring.Component):
-    """Combinational CRC-32 update of a beat whose ``keep`` is contiguous from byte 0 (any other
-    ``keep`` leaves the CRC unchanged).
-
-    A full beat takes one ``bytes``-byte update; a partial beat of ``n`` bytes takes the binary
-    decomposition of ``n`` (4, then 2, then 1 bytes on a 64-bit beat), each part applied to the
-    previous part's state — a third of the logic of one update per possible ``n``, same result
-    (the CRC is a left fold over the bytes).
-    """
-
-    def __init__(self, data_width):
-        self._bpb = data_width // 8
-        super().__init__({"crc_in": In(32), "data": In(data_width), "keep": In(self._bpb),
-                          "crc_out": Out(32)})
-
-    def elaborate(self, platform):
-        m = Module()
-        B = self._bpb
-        n = Signal(range(B + 1))          # bytes of a contiguous keep, 0 otherwise
-        for i in range(1, B + 1):
-            with m.If(self.keep == (1 << i) - 1):
-                m.d.comb += n.eq(i)
-        state, offset = self.crc_in, 0    # offset: bytes taken so far (a mux value)
-        for bit in reversed(range((B - 1).bit_length())):
-            size = 1 << bit
-            # the part starts at one of the offsets the larger parts can have left
-            starts = range(0, B - size + 1, 2 * size)
-            part = Signal(8 * size, name=f"part{size}")
-            m.d.comb += part.eq(Array(self.data[8 * o:8 * (o + size)] for o in starts)[
-                offset // (2 * size) if isinstance(offset, int) else offset >> (bit + 1)])
-            nxt = Signal(32, name=f"crc_part{size}")
-            m.d.comb += nxt.eq(Mux(n[bit], crc32_update(state, part, size), state))
-            took = Signal(range(B + 1), name=f"took{size}")
-            m.d.comb += took.eq(offset + Mux(n[bit], size, 0))
-            state, offset = nxt, took
-        m.d.comb += self.crc_out.eq(Mux(n == B, crc32_update(self.crc_in, self.data, B),
-                                        Mux(n == 0, self.crc_in, state)))
-        return m
+__all__ = ["LinkTx", "LinkRx"]
 
 
 class LinkTx(wiring.Component):
@@ -135,7 +66,7 @@ class LinkTx(wiring.Component):
         full = (1 << (self._dw // 8)) - 1
         seq = Signal(LINK_HEADER["seq"].width)
         crc = Signal(32, init=CRC32_INIT)
-        m.submodules.crc = cu = _CrcByKeep(self._dw)
+        m.submodules.crc = cu = CrcByKeep(self._dw)
         m.d.comb += [cu.crc_in.eq(crc), cu.data.eq(o.payload.data), cu.keep.eq(o.payload.keep)]
         hdr = Signal(LINK_HEADER)
         m.d.comb += [hdr.magic.eq(LINK_MAGIC), hdr.seq.eq(seq)]
@@ -243,7 +174,7 @@ class LinkRx(wiring.Component):
         room = (D - (wr - rd)[:abits + 1]) >= self._max_frame
         m.d.comb += i.ready.eq(in_frame | room)
         fire = i.valid & i.ready
-        m.submodules.crc = cu = _CrcByKeep(self._dw)
+        m.submodules.crc = cu = CrcByKeep(self._dw)
         m.d.comb += [cu.crc_in.eq(Mux(in_frame, crc, CRC32_INIT)), cu.data.eq(i.payload.data),
                      cu.keep.eq(i.payload.keep)]
         cur_bidx = Mux(in_frame, bidx, 0)

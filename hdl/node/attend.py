@@ -2,8 +2,8 @@
 its block list and query read from DDR → the attention engine's ``job``/``q`` streams and the KV
 reader's block requests → the engine's output staged for SEND (decode) or written to DDR
 (prefill). The record's ``softmax`` picks one online-softmax pass (SINGLE) or a phase of the
-two-phase softmax (DECODE MAX / FIXED; PREFILL EXACT runs both phases itself). Formats and the
-golden model: :mod:`mcf.abi.attend`.
+two-phase softmax (DECODE MAX / FIXED; PREFILL EXACT runs both phases itself). Formats:
+:mod:`mcf.abi.attend`; golden model: :mod:`mcf.golden.attend_unit`.
 """
 
 from __future__ import annotations

@@ -43,18 +43,16 @@ from amaranth_boards.resources import I2CResource, LEDResources
 
 from mcf.abi.eth import RGMII_RX_CLK_HZ as RGMII_RX_HZ
 from mcf.abi.node_config import AXI_WIDTH
-from mcf.abi.platform import HP_PORTS
+from mcf.abi.platform import HP_PORTS, MODULE_REF_VLNV
 
 __all__ = ["KR260Platform", "BoardPin", "board_pins", "kr260_xdc", "vivado_tcl", "top_interfaces",
-           "PART", "BOARD_PART", "BOARD_CONNECTIONS", "MODULE_REF_VLNV", "RGMII_PINS",
+           "PART", "BOARD_PART", "BOARD_CONNECTIONS", "RGMII_PINS",
            "GT_WIZARD", "ETH_BOARD_PORTS", "eth_timing_xdc", "rgmii_board_port"]
 
 PART = "xck26-sfvc784-2LV-c"
 BOARD_PART = "xilinx.com:kr260_som:part0:1.1"
 BOARD_CONNECTIONS = ("som240_1_connector xilinx.com:kr260_carrier:som240_1_connector:1.0 "
                      "som240_2_connector xilinx.com:kr260_carrier:som240_2_connector:1.0")
-MODULE_REF_VLNV = "xilinx.com:module_ref:{name}:1.0"
-"""The VLNV a module-reference cell of module ``name`` has in the ``.hwh`` (a driver's bindto)."""
 
 GT_RESOURCES = frozenset({"sfp", "sfp_refclk"})
 """Resources on transceiver pins: package pins only, no I/O standard."""
@@ -325,7 +323,7 @@ def _eth_tcl(eth: str, links: list[str]) -> str:
         "tx_pll_and_datapath", "tx_datapath", "rx_pll_and_datapath", "rx_datapath"))
     return f"""
 # ---- The MAC wrapper (docs/eth.md, docs/board.md section 2): link 0 SFP+ 10GBASE-R on the
-# GTH, links 1/2 RGMII; its own AXI-Lite bank s_axi_eth. xilinx.com:module_ref:{eth}:1.0.
+# GTH, links 1/2 RGMII; its own AXI-Lite bank s_axi_eth. {MODULE_REF_VLNV.format(name=eth)}.
 create_bd_cell -type module -reference {eth} eth
 connect_bd_net [get_bd_pins ps/pl_clk0] [get_bd_pins eth/aclk]
 connect_bd_net [get_bd_pins rst/peripheral_aresetn] [get_bd_pins eth/aresetn]
@@ -450,7 +448,7 @@ set_property -dict [list CONFIG.PSU__USE__M_AXI_GP0 {{1}} CONFIG.PSU__USE__M_AXI
     {ps_cfg} \\
     CONFIG.PSU__FPGA_PL0_ENABLE {{1}} CONFIG.PSU__USE__IRQ0 {{1}}] [get_bd_cells ps]
 
-# The node top as a module reference: xilinx.com:module_ref:{top}:1.0 in the .hwh. Vivado
+# The node top as a module reference: {MODULE_REF_VLNV.format(name=top)} in the .hwh. Vivado
 # infers s_axi_ctrl (AXI4-Lite), m_axi_hp* (AXI4) and the link streams from the port prefixes.
 create_bd_cell -type module -reference {top} node
 # UG994: an AXI interface of a module reference needs an associated clock. Without the

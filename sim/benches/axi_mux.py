@@ -36,10 +36,10 @@ from cocotbext.axi import (
 from mcf.hdl.mem.axi import AXI4Signature
 from mcf.hdl.mem.axi_mux import AxiPortMux
 from mcf.hdl.mem.dma import DmaReader, DmaWriter
-from mcf.sim.benches.ddr import ddr_ram
 from mcf.sim.benches.dma_desc import send_descriptor
 from mcf.sim.benches.pauses import pattern
-from mcf.sim.toolchain import bench_params
+from mcf.sim.ddr import ddr_ram
+from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 N_RD = N_WR = 2
 MEM = 1 << 20
@@ -184,8 +184,7 @@ async def _writer(tb, i, rng, shadow, cases):
 @cocotb.test()
 async def random_mix(dut):
     p = bench_params()
-    if "random_mix" not in p.get("tests", ["random_mix"]):
-        return
+    skip_unless_selected("random_mix", p)
     rng = random.Random(p.get("seed", 1))
     tb = TB(dut, rng, p.get("pause", 0.0), p.get("bp", 0.0))
     await tb.reset()
@@ -211,8 +210,7 @@ async def random_mix(dut):
 @cocotb.test()
 async def rate(dut):
     p = bench_params()
-    if "rate" not in p.get("tests", ["rate"]):
-        return
+    skip_unless_selected("rate", p)
     rng = random.Random(p.get("seed", 1))
     tb = TB(dut, rng)
     await tb.reset()

@@ -48,7 +48,7 @@ from mcf.abi.node_config import SIM
 from mcf.abi.regs import MCF_ID, WORD_BYTES, Access
 from mcf.abi.sequencer import HaltCause
 from mcf.golden.nic import LinkRxModel, Packet, link_frame
-from mcf.mars import ClusterSpec, get_model, make_topology, plan
+from mcf.mars.plan import tiny_plan
 from mcf.node.layout import NodeLayout
 from mcf.sim.board.device import AxiBusError, SimBoard
 from mcf.sim.board.links import LinkPorts, frame_beats
@@ -58,11 +58,6 @@ FILL = 0x5A
 PACKET_WIDTH = 64
 SKIP_RW = {"SEQ0_CTRL", "SEQ1_CTRL", "IRQ_STATUS", "LINK_MAP", "NODE"}
 """RW registers the round trip leaves alone: writing them starts queues or moves links."""
-
-
-def tiny_plan(nodes: int = 2, seq_len: int = 64, chunk: int = 32):
-    cl = ClusterSpec(nodes, 1 << 20, 1 << 20, make_topology("kr260-ring", nodes))
-    return plan(get_model("tiny"), cl, seq_len, chunk, "mars", alpha=0.5)
 
 
 def kv_slot_bytes(slot: int, kv_id: int, seed: int) -> bytes:

@@ -25,7 +25,7 @@ from cocotb.triggers import ClockCycles, RisingEdge, SimTimeoutError, with_timeo
 
 from mcf.abi.eth import ETH_STATUS, PCS_STATUS, link_beats
 from mcf.sim.benches.eth_10g import link_frame
-from mcf.sim.toolchain import bench_params
+from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 NODE = 3
 ACLK_NS = 5
@@ -167,8 +167,7 @@ class TB:
 @cocotb.test()
 async def loopback(dut):
     p = bench_params()
-    if "loopback" not in p.get("tests", ["loopback"]):
-        return
+    skip_unless_selected("loopback", p)
     rng = random.Random(p.get("seed", 1))
     tb = TB(dut, offset=rng.randrange(1, 66))
     await tb.start()
@@ -187,8 +186,7 @@ async def loopback(dut):
 @cocotb.test()
 async def errors(dut):
     p = bench_params()
-    if "errors" not in p.get("tests", ["errors"]):
-        return
+    skip_unless_selected("errors", p)
     rng = random.Random(p.get("seed", 2))
     tb = TB(dut, offset=rng.randrange(1, 66))
     await tb.start()

@@ -42,7 +42,7 @@ from mcf.abi.eth import (
     encap,
     link_beats,
 )
-from mcf.sim.toolchain import bench_params
+from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 from .eth_common import LOCAL, PEER, Collector, Line, line_rate, link_frame, status, with_fcs
 
@@ -123,8 +123,7 @@ def expect_tx(frame: GmiiFrame, link: bytes):
 @cocotb.test()
 async def lengths(dut):
     p = bench_params()
-    if "lengths" not in p.get("tests", ["lengths"]):
-        return
+    skip_unless_selected("lengths", p)
     rng = random.Random(p.get("seed", 1))
     lens = p.get("lengths") or [*range(41), *range(41, MAX_PAYLOAD, 97), MAX_PAYLOAD]
     links = [link_frame(rng, n) for n in lens]
@@ -147,8 +146,7 @@ async def lengths(dut):
 @cocotb.test()
 async def bad(dut):
     p = bench_params()
-    if "bad" not in p.get("tests", ["bad"]):
-        return
+    skip_unless_selected("bad", p)
     rng = random.Random(p.get("seed", 2))
     tb = TB(dut)
     await tb.start()
@@ -200,8 +198,7 @@ async def bad(dut):
 @cocotb.test()
 async def rate(dut):
     p = bench_params()
-    if "rate" not in p.get("tests", ["rate"]):
-        return
+    skip_unless_selected("rate", p)
     rng = random.Random(p.get("seed", 3))
     tb = TB(dut, local=p.get("local_id", LOCAL))
     await tb.start()

@@ -1,6 +1,6 @@
 """cocotb bench of the ATTEND executor (docs/node.md §3, §7; the flat top ``node_attend`` built by
 ``tests/test_node_attend.py``: ``AttendUnit`` + ``KvReader`` + ``AttentionEngine`` behind one
-``AxiPortMux`` to an ``AxiRam``), bit-exact against :func:`mcf.abi.attend.attend_model`.
+``AxiPortMux`` to an ``AxiRam``), bit-exact against :func:`mcf.golden.attend_unit.attend_model`.
 
 The RAM holds landed KV (random INT4 token records written with :func:`mcf.abi.kv.pack_kv_block`
 at :func:`mcf.abi.kv_reader.block_address`), the block lists (at ``ATT_LIST_BASE + list·16``),
@@ -46,10 +46,8 @@ from mcf.abi.attend import (
     AttendBlock,
     AttendHeader,
     AttendMode,
-    AttendResult,
     AttendSoftmax,
     attend_list_bytes,
-    attend_model,
     max_payload_bytes,
     prefill_query_address,
 )
@@ -60,9 +58,10 @@ from mcf.abi.landing import KvLayout, LandingConfig
 from mcf.abi.node import Cmd, Queue, RecordClass
 from mcf.abi.query import pack_query
 from mcf.abi.softmax import merge_state, pack_state, sum_states, unpack_state
+from mcf.golden.attend_unit import AttendResult, attend_model
 from mcf.golden.attention import random_blocks, random_query
 from mcf.sim.benches.pauses import pattern
-from mcf.sim.toolchain import bench_params
+from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 P = bench_params()
 D, L, G, T, NL = P["head_dim"], P["lanes"], P["max_heads"], P["max_block"], P["max_list"]
@@ -321,10 +320,6 @@ def two_phase_records(tb: TB, count: int) -> list[AttendArg]:
     return args
 
 
-def _enabled(name: str) -> bool:
-    return name in P.get("tests", [name])
-
-
 async def _setup(dut, seed_off: int):
     tb = TB(dut, P.get("seed", 1) + seed_off, P.get("pause", 0.0))
     await tb.reset()
@@ -335,8 +330,7 @@ async def _setup(dut, seed_off: int):
 @cocotb.test()
 async def decode(dut):
     """Decode states over random block lists, bit-exact per head."""
-    if not _enabled("decode"):
-        return
+    skip_unless_selected("decode", P)
     tb = await _setup(dut, 0)
     args = decode_records(tb, 8)
     want = await tb.run(args)
@@ -348,8 +342,7 @@ async def decode(dut):
 @cocotb.test()
 async def prefill(dut):
     """Causal prefill over chunks 0..c: o/l rows bit-exact in DDR."""
-    if not _enabled("prefill"):
-        return
+    skip_unless_selected("prefill", P)
     tb = await _setup(dut, 1)
     args = prefill_records(tb, 3)
     await tb.run(args)
@@ -362,8 +355,7 @@ async def bad(dut):
     """Bad records (undefined mode, heads 0 / above max, no blocks, too many blocks, a block of
     0 tokens or above max_block, a query of the wrong head count) are counted and retire with
     ``done``; good records around them still run bit-exact."""
-    if not _enabled("bad"):
-        return
+    skip_unless_selected("bad", P)
     tb = await _setup(dut, 2)
     good = tb.block(0, 0, 0, SLICE)
     q = QBUF
@@ -390,8 +382,7 @@ async def bad(dut):
 @cocotb.test()
 async def two_phase(dut):
     """DECODE MAX / FIXED and PREFILL EXACT records between SINGLE ones, bit-exact."""
-    if not _enabled("two_phase"):
-        return
+    skip_unless_selected("two_phase", P)
     tb = await _setup(dut, 4)
     args = two_phase_records(tb, 4)
     want = await tb.run(args)
@@ -411,8 +402,7 @@ async def split(dut):
     them — the two states merged (``merge_state``, equal ``m``: a sum) are the bits of one FIXED
     record over the whole set; PREFILL EXACT over two block partitions of the same keys (one
     finer and in reverse order) writes the same ``o/l``."""
-    if not _enabled("split"):
-        return
+    skip_unless_selected("split", P)
     tb = await _setup(dut, 5)
     h = 1
     whole = [tb.block(k, h, 0, SLICE) for k in range(3)] + [tb.block(3, h, 0, 9)]
@@ -457,8 +447,7 @@ async def split(dut):
 async def bad_softmax(dut):
     """PREFILL MAX / FIXED and DECODE EXACT are bad records, a read error on DECODE FIXED's
     maxima a bad list; the records around them still run bit-exact."""
-    if not _enabled("bad_softmax"):
-        return
+    skip_unless_selected("bad_softmax", P)
     tb = await _setup(dut, 6)
     good = tb.block(0, 0, 0, SLICE)
     q = QBUF + 0x7000
@@ -488,8 +477,7 @@ async def bad_softmax(dut):
 @cocotb.test()
 async def rate(dut):
     """One decode ATTEND over 8 whole blocks (G heads): engine busy fraction."""
-    if not _enabled("rate"):
-        return
+    skip_unless_selected("rate", P)
     tb = await _setup(dut, 3)
     results = []
     for heads in (G, 1):

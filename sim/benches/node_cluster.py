@@ -81,8 +81,8 @@ from mcf.cluster.checks import (
 from mcf.cluster.checks import link_faults as shared_link_faults
 from mcf.cluster.setup import planned_receivers
 from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
-from mcf.mars import ClusterSpec, get_model, make_topology, plan
 from mcf.mars.model import ModelSpec
+from mcf.mars.plan import tiny_plan
 from mcf.node.layer import ModelImage, golden_prefill, read_act, slice_positions
 from mcf.node.layout import NodeLayout
 from mcf.node.program import (
@@ -93,7 +93,7 @@ from mcf.node.program import (
 )
 from mcf.quant import QuantWeight, to_act
 from mcf.sim.benches.cycles import cycle_counter
-from mcf.sim.benches.ddr import ddr_ram
+from mcf.sim.ddr import ddr_ram
 from mcf.sim.toolchain import bench_params
 
 MEM = 1 << 20
@@ -208,11 +208,6 @@ class Host:
             if reg.name.startswith(prefix):
                 out[reg.name] = await self.read(reg.name)
         return out
-
-
-def tiny_plan(nodes: int, seq_len: int, chunk: int, model=None):
-    cl = ClusterSpec(nodes, 1 << 20, 1 << 20, make_topology("kr260-ring", nodes))
-    return plan(model or get_model("tiny"), cl, seq_len, chunk, "mars", alpha=0.5)
 
 
 def tiny_model_spec(layers: int = 2) -> ModelSpec:

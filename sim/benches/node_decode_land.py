@@ -60,9 +60,9 @@ from mcf.abi.quant import SCALE_EXP_BITS, SCALE_MANT_BITS
 from mcf.abi.query import QUERY_HEADER, pack_query, query_bytes, query_fragments
 from mcf.abi.softmax import M_EMPTY, STATE_L, STATE_M, STATE_O, merge_states, pack_state
 from mcf.sim.benches.cycles import cycle_counter
-from mcf.sim.benches.ddr import WRITE, ddr_ram
 from mcf.sim.benches.pauses import pattern
-from mcf.sim.toolchain import bench_params
+from mcf.sim.ddr import WRITE, ddr_ram
+from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 MEM = 1 << 20
 FILL = 0xA5
@@ -363,8 +363,7 @@ async def random_mix(dut):
     """Random queries, final states, maxima and malformed packets, idle input, AXI pauses: DDR
     bytes, counters."""
     p = bench_params()
-    if "random_mix" not in p.get("tests", ["random_mix"]):
-        return
+    skip_unless_selected("random_mix", p)
     seed = p.get("seed", 1)
     rng = random.Random(seed)
     t = make_traffic(seed, p.get("n", 300), head_dim=p.get("head_dim", HEAD_DIM))
@@ -393,8 +392,7 @@ async def rate(dut):
     """Full input rate, no pauses: input beats per cycle for back-to-back final states,
     queries, both, and all three kinds with maxima (reported, not asserted)."""
     p = bench_params()
-    if "rate" not in p.get("tests", ["rate"]):
-        return
+    skip_unless_selected("rate", p)
     rng = random.Random(p.get("seed", 1))
     tb = TB(dut, rng)
     cycle = cycle_counter(dut.clk)

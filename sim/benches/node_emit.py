@@ -41,9 +41,9 @@ from mcf.abi.landing import LANDING_STATUS, LandingConfig, kv_address, per_token
 from mcf.abi.meta import Collective, Meta, Op, Stage
 from mcf.abi.node import Cmd, Queue, RecordClass
 from mcf.abi.node_config import SIM
-from mcf.sim.benches.ddr import ddr_ram
 from mcf.sim.benches.pauses import pattern
-from mcf.sim.toolchain import bench_params
+from mcf.sim.ddr import ddr_ram
+from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 MEM = 1 << 20
 FILL = 0xA5
@@ -246,8 +246,7 @@ async def emit_land(dut):
     """MARS fragments of several kv_ids, bad records, a read error, pauses: KV lands at
     kv_address bit-exact, staged copies bit-exact, every counter."""
     prm = bench_params()
-    if "emit_land" not in prm.get("tests", ["emit_land"]):
-        return
+    skip_unless_selected("emit_land", prm)
     rng = random.Random(prm.get("seed", 1))
     pause = prm.get("pause", 0.3)
     p = make_plan(prm.get("seed", 1), prm.get("kv_ids", 6))
@@ -266,8 +265,7 @@ async def emit_land(dut):
 async def rate(dut):
     """No pauses, every record good and replicated: payload beats per cycle (reported)."""
     prm = bench_params()
-    if "rate" not in prm.get("tests", ["rate"]):
-        return
+    skip_unless_selected("rate", prm)
     rng = random.Random(prm.get("seed", 1))
     tb = TB(dut, rng)
     results = []

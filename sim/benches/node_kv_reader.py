@@ -49,9 +49,9 @@ from mcf.sim.benches.attention_common import (
     q_words,
     v_words,
 )
-from mcf.sim.benches.ddr import READ, ddr_ram
 from mcf.sim.benches.pauses import pattern
-from mcf.sim.toolchain import bench_params
+from mcf.sim.ddr import READ, ddr_ram
+from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 P = bench_params()
 D, L, G, T = P["head_dim"], P["lanes"], P["max_heads"], P["max_block"]
@@ -221,15 +221,10 @@ def decode_jobs(landed: Landed, rng, kv_ids: int) -> list:
     return jobs
 
 
-def _enabled(name: str) -> bool:
-    return name in P.get("tests", [name])
-
-
 @cocotb.test()
 async def prefill_causal(dut):
     """Causal prefill over 3 chunks of 32 tokens, blocks read from the landed KV region."""
-    if not _enabled("prefill_causal"):
-        return
+    skip_unless_selected("prefill_causal", P)
     seed = P.get("seed", 1)
     tb = TB(dut, seed, P.get("pause", 0.0))
     await tb.reset()
@@ -250,8 +245,7 @@ async def decode_states(dut):
     """Decode states over random shards (partial blocks, empty shards), the two-phase split
     (MAX over K-only reads, FIXED), then rejected requests (0 and max_block + 1 tokens) are
     counted and the next jobs still run."""
-    if not _enabled("decode_states"):
-        return
+    skip_unless_selected("decode_states", P)
     seed = P.get("seed", 1) + 1
     tb = TB(dut, seed, P.get("pause", 0.0))
     await tb.reset()
@@ -273,8 +267,7 @@ async def decode_states(dut):
 async def rate(dut):
     """The same jobs (decode over whole 32-token blocks, 1 and 2 query heads per job) fed by
     the reader and directly: cycles of the run and engine busy cycles."""
-    if not _enabled("rate"):
-        return
+    skip_unless_selected("rate", P)
     seed = P.get("seed", 1) + 2
     tb = TB(dut, seed)
     await tb.reset()

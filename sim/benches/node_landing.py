@@ -45,9 +45,9 @@ from mcf.abi.landing import (
 )
 from mcf.abi.meta import META, Collective, Meta, Op
 from mcf.sim.benches.cycles import cycle_counter
-from mcf.sim.benches.ddr import WRITE, ddr_ram
 from mcf.sim.benches.pauses import pattern
-from mcf.sim.toolchain import bench_params
+from mcf.sim.ddr import WRITE, ddr_ram
+from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 MEM = 1 << 21
 FILL = 0xA5
@@ -244,8 +244,7 @@ async def _check(tb: TB, t: Traffic, model) -> None:
 async def random_mix(dut):
     """Random KV fragments and malformed packets, idle input, AXI pauses: bytes, counts."""
     p = bench_params()
-    if "random_mix" not in p.get("tests", ["random_mix"]):
-        return
+    skip_unless_selected("random_mix", p)
     rng = random.Random(p.get("seed", 1))
     t = make_traffic(p.get("seed", 1), p.get("n", 300))
     tb = TB(dut, rng, p.get("idle", 0.3), p.get("pause", 0.3))
@@ -267,8 +266,7 @@ async def rate(dut):
     """Full input rate, no pauses: payload beats landed per cycle for KV fragments of MARS's
     cut at each ``rate_payloads`` limit (reported, not asserted)."""
     p = bench_params()
-    if "rate" not in p.get("tests", ["rate"]):
-        return
+    skip_unless_selected("rate", p)
     rng = random.Random(p.get("seed", 1))
     tb = TB(dut, rng)
     cycle = cycle_counter(dut.clk)

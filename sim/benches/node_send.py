@@ -46,9 +46,9 @@ from mcf.abi.meta import META, Collective, Meta, Op
 from mcf.abi.node import CMD, PayloadSource, Queue, RecordClass, cmd_raw
 from mcf.abi.send import SEND_STATUS, STAGED_SOURCES, SendModel
 from mcf.hdl.mem.axi import AXI4Signature
-from mcf.sim.benches.ddr import READ, ddr_ram
 from mcf.sim.benches.pauses import pattern
-from mcf.sim.toolchain import bench_params
+from mcf.sim.ddr import READ, ddr_ram
+from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 MEM = 1 << 20
 
@@ -297,8 +297,7 @@ def expected(sc: Scenario):
 @cocotb.test()
 async def random_mix(dut):
     p = bench_params()
-    if "random_mix" not in p.get("tests", ["random_mix"]):
-        return
+    skip_unless_selected("random_mix", p)
     rng = random.Random(p.get("seed", 1))
     sc = make_scenario(p.get("seed", 1), p.get("n", 60))
     tb = TB(dut, rng, p.get("pause", 0.0), p.get("bp", 0.0))
@@ -321,8 +320,7 @@ async def random_mix(dut):
 @cocotb.test()
 async def rate(dut):
     p = bench_params()
-    if "rate" not in p.get("tests", ["rate"]):
-        return
+    skip_unless_selected("rate", p)
     rng = random.Random(p.get("seed", 1))
     sc = Scenario(LandingConfig(kv_base=0x1_0000, kv_slot=8192, kv_count=16),
                   [k * 2048 if k < 4 else None for k in range(LAND_OFF_ENTRIES)], 0,

@@ -40,7 +40,7 @@ from pynq.buffer import PynqBuffer
 from pynq.pl_server.device import Device
 from pynq.pl_server.hwh_parser import get_hwh_name
 
-from mcf.sim.benches.ddr import ddr_ram
+from mcf.sim.ddr import ddr_ram
 
 from .hwh import CTRL_BASE, ctrl_range
 

@@ -9,7 +9,8 @@ add it when they compute utilisation); ``BRAM36`` counts 36 Kb block RAMs (a RAM
 from __future__ import annotations
 
 __all__ = ["K26", "HP_PORTS", "ACLK_HZ", "SFP_RATE_BPS", "RGMII_RATE_BPS", "LINK_LATENCY_S",
-           "CTRL_BASE", "CTRL_RANGE", "ETH_CTRL_BASE", "ETH_CTRL_RANGE", "ETH_CLK_HZ"]
+           "CTRL_BASE", "CTRL_RANGE", "ETH_CTRL_BASE", "ETH_CTRL_RANGE", "ETH_CLK_HZ",
+           "MODULE_REF_VLNV"]
 
 K26: dict[str, int] = {"LUT": 117_120, "FF": 234_240, "DSP": 1_248, "BRAM36": 144, "URAM": 64}
 
@@ -43,3 +44,8 @@ ETH_CTRL_RANGE = 0x1000
 ETH_CLK_HZ = RGMII_RATE_BPS / 8
 """The clocking wizard's output for the RGMII transmitters (``eth_tx``) and the GT wizard's
 free-running clock."""
+
+MODULE_REF_VLNV = "xilinx.com:module_ref:{name}:1.0"
+"""The VLNV a module-reference cell of Verilog module ``name`` has in the ``.hwh`` (the Vivado
+flow's ``create_bd_cell -type module -reference``, :mod:`mcf.hdl.platform.kr260`): what a PYNQ
+driver's ``bindto`` matches (:func:`mcf.driver.module_ref_vlnv`)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from amaranth.lib import data
 
 __all__ = ["Access", "Field", "Register", "RegisterMap", "MCF_ID", "WORD_BYTES",
-           "status_registers"]
+           "status_registers", "bank_registers"]
 
 WORD_BYTES = 4
 MCF_ID = 0x4D43  # "MC"
@@ -172,3 +172,10 @@ class RegisterMap:
                            for f, off in reg.offsets()},
             }
         return out
+
+
+def bank_registers(regmap: RegisterMap) -> tuple[Register, Register]:
+    """The two registers the CSR bank owns, where the builder places them: register 0 (``ID``, a
+    constant) and register 1 (``BUS_ERRORS``, counted by the bank)."""
+    regs = [reg for _, reg in regmap]
+    return regs[0], regs[1]

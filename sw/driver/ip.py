@@ -28,6 +28,7 @@ from ..abi.csrmap import node_regmap
 from ..abi.meta import META
 from ..abi.nic import reduce_config
 from ..abi.node import CMD_BYTES, Cmd, Queue
+from ..abi.platform import MODULE_REF_VLNV
 from ..abi.regs import WORD_BYTES
 from .node_map import (
     BindError,
@@ -54,18 +55,9 @@ except ImportError:       # the board runtime's own check runs without PYNQ
 __all__ = ["NodeDriver", "Clock", "WallClock", "node_vlnvs", "module_ref_vlnv", "HAVE_PYNQ"]
 
 
-def _vlnv_template() -> str:
-    # The Vivado flow's constant; mcf.abi is where the board runtime can import it from.
-    try:
-        from ..abi.platform import MODULE_REF_VLNV  # type: ignore[attr-defined]
-    except ImportError:
-        from ..hdl.platform.kr260 import MODULE_REF_VLNV
-    return MODULE_REF_VLNV
-
-
 def module_ref_vlnv(top: str) -> str:
     """The VLNV Vivado gives the module reference of Verilog module ``top``."""
-    return _vlnv_template().format(name=top)
+    return MODULE_REF_VLNV.format(name=top)
 
 
 def node_vlnvs() -> list[str]:

@@ -28,10 +28,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..abi.axi import AxiResp
-from ..abi.regs import WORD_BYTES, Access, Field, Register, RegisterMap
-from ..hdl.csr.bank import bank_registers
+from ..abi.regs import WORD_BYTES, Access, Field, Register, RegisterMap, bank_registers
 
-__all__ = ["OKAY", "SLVERR", "CsrModel", "FieldSlot", "bank_registers", "byte_mask"]
+__all__ = ["OKAY", "SLVERR", "CsrModel", "FieldSlot", "byte_mask"]
 
 OKAY = AxiResp.OKAY.value
 SLVERR = AxiResp.SLVERR.value

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 from ..abi import META
 from .chunking import ChunkChoice, choose_chunk
-from .cluster import ClusterSpec
+from .cluster import ClusterSpec, make_topology
 from .cost import c_full, c_mars, c_ring, step_cost
 from .metadata import MetaEncoder, Record, ReduceEntry, by_node, pack_fast, payloads
-from .model import ModelSpec
+from .model import ModelSpec, get_model
 from .placement import holder_set
 from .schedule import Handoff, PlanError, Scheduler, Step
 
-__all__ = ["Plan", "Totals", "plan"]
+__all__ = ["Plan", "Totals", "plan", "tiny_plan"]
 
 
 @dataclass
@@ -322,3 +322,13 @@ def plan(model: ModelSpec, cluster: ClusterSpec, seq_len: int, chunk: int | None
     p = Plan(model, cluster, policy, alpha, seq_len, choice, sched, encoder, streams=streams)
     _finish(p)
     return p
+
+
+def tiny_plan(nodes: int = 2, seq_len: int = 64, chunk: int = 32,
+              model: ModelSpec | None = None) -> Plan:
+    """The plan the RTL node benches run (``mcf.sim.benches.node_cluster``, ``board_node``) and
+    the system model replays (:func:`mcf.sysmodel.validate.rtl_plan`): ``model`` (default
+    :func:`get_model` ``("tiny")``) on a ``kr260-ring`` of ``nodes`` with 1 MiB KV and buffer
+    budgets, policy ``mars``, ``α = 0.5``."""
+    cl = ClusterSpec(nodes, 1 << 20, 1 << 20, make_topology("kr260-ring", nodes))
+    return plan(model or get_model("tiny"), cl, seq_len, chunk, "mars", alpha=0.5)

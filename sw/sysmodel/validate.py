@@ -1,7 +1,7 @@
 """The model against the RTL: node.json's ``layer`` entry — MARS's prefill steps of the tiny
 model as the layer program on two simulated ``sim`` node tops (``mcf bench node``) — replayed
 through the model on the same configuration: the bench's own MARS plan
-(:func:`mcf.sim.benches.node_cluster.tiny_plan`: N, S, B of the entry), the node program's token
+(:func:`mcf.mars.plan.tiny_plan`: N, S, B of the entry), the node program's token
 layout, the cluster simulation's links (the KR260 ring's 10G/1G rates at the assumed clock,
 link frames without Ethernet framing, the entry's link latency in cycles).
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..mars.plan import tiny_plan
 from .calibration import BenchFigures, CalibrationError
 from .rates import NodeRates
 from .system import SystemResult, SystemSpec, simulate_plan
@@ -25,16 +26,11 @@ __all__ = ["Validation", "rtl_plan", "rtl_system_spec", "validate", "validate_co
 
 
 def rtl_plan(fig: BenchFigures, run=None):
-    """The MARS plan the node bench ran (the bench's own function; ``run``: the entry, default
-    the layer run)."""
+    """The MARS plan the node bench ran (the bench's own function,
+    :func:`mcf.mars.plan.tiny_plan`; ``run``: the entry, default the layer run)."""
     run = fig.layer if run is None else run
     if run.model != "tiny":
         raise CalibrationError(f"layer run of model {run.model!r}; the bench plans 'tiny'")
-    try:
-        from mcf.sim.benches.node_cluster import tiny_plan
-    except ImportError as exc:     # pragma: no cover - the sim extra is installed in CI
-        raise CalibrationError(f"the validation replays the node bench's plan and needs the "
-                               f"simulation extra (pip install -e .[sim]): {exc}") from None
     return tiny_plan(run.nodes, run.seq_len, run.chunk)
 
 

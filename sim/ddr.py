@@ -1,6 +1,7 @@
-"""One DDR model for the cocotb benches: a cocotbext-axi ``AxiRam`` with quiet logs, an optional
-fill pattern, optional shared memory (several ports on one byte array, as the HP ports share the
-DDR), pauses on chosen channels and injected write errors.
+"""One DDR model for the cocotb benches and the simulated board (:mod:`mcf.sim.board.device`): a
+cocotbext-axi ``AxiRam`` with quiet logs, an optional fill pattern, optional shared memory
+(several ports on one byte array, as the HP ports share the DDR), pauses on chosen channels and
+injected write errors.
 
 The benches used to build this by hand, each slightly differently; this is the one place.
 """
@@ -12,7 +13,7 @@ import random
 
 from cocotbext.axi import AxiBus, AxiRam
 
-from .pauses import pattern
+from .benches.pauses import pattern
 
 __all__ = ["ddr_ram", "READ", "WRITE", "ALL"]
 

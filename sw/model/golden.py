@@ -69,7 +69,7 @@ from mcf.golden.qwen_layer import QuantLayer, _linear, layer_fixed, quantize_lay
 from mcf.quant import QuantWeight, from_act, quantize_weight
 
 from .checkpoint import EMBED, LM_HEAD, NORM, layer_names, layer_weights
-from .config import Qwen2Config
+from .config import Qwen2Config, token_ids
 
 __all__ = ["QuantModel", "quantize_model", "embed_codes", "KVStore", "IntModel",
            "IntGeneration", "DECODE_MODES", "PREFILL_MODES", "DEFAULT_BLOCK_TOKENS"]
@@ -117,9 +117,7 @@ def quantize_model(cfg: Qwen2Config, tensors: dict) -> QuantModel:
 
 def embed_codes(qw: QuantWeight, tokens) -> np.ndarray:
     """ACT codes ``[T, hidden]`` of the INT4 rows ``tokens`` (exact up to one rounding)."""
-    tokens = np.asarray(tokens, dtype=np.int64).ravel()
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= qw.q.shape[0]):
-        raise ValueError(f"token id outside 0..{qw.q.shape[0] - 1}")
+    tokens = token_ids(tokens, qw.q.shape[0])
     prod = (qw.q[tokens].astype(np.int64)
             * np.repeat(qw.m[tokens].astype(np.int64), qw.group, axis=1))
     sh = int(qw.e) + ACT_FRAC
@@ -251,7 +249,7 @@ class IntModel:
 
     def _run(self, tokens, decode: bool) -> np.ndarray:
         c = self.cfg
-        tokens = np.asarray(tokens, dtype=np.int64).ravel()
+        tokens = token_ids(tokens, c.vocab_size)
         pos = np.arange(self.length, self.length + len(tokens))
         if pos[-1] >= c.max_position_embeddings:
             raise ValueError(f"position {pos[-1]} beyond max_position_embeddings "
@@ -275,13 +273,13 @@ class IntModel:
 
     def decode(self, token: int) -> np.ndarray:
         """One decode step: ACT logit codes ``[V]``."""
-        return self._run([int(token)], decode=True)[0]
+        return self._run([token], decode=True)[0]
 
     def generate(self, prompt, k: int, chunk: int | None = None) -> IntGeneration:
         """Reset, prefill ``prompt`` (in chunks of ``chunk`` tokens if given), ``k`` greedy
         decode steps."""
         self.reset()
-        prompt = np.asarray(prompt, dtype=np.int64).ravel()
+        prompt = token_ids(prompt, self.cfg.vocab_size)
         step = len(prompt) if chunk is None else chunk
         pl = np.concatenate([self.prefill(prompt[i:i + step])
                              for i in range(0, len(prompt), step)])

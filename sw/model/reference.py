@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .checkpoint import EMBED, LM_HEAD, NORM, expected_shapes, layer_weights
-from .config import Qwen2Config
+from .config import Qwen2Config, token_ids
 
 __all__ = ["FloatKVCache", "FloatModel", "Generation", "rope_f32"]
 
@@ -99,9 +99,10 @@ class FloatModel:
 
     def forward(self, tokens, cache: FloatKVCache) -> np.ndarray:
         """Run ``tokens`` (positions ``cache.length ..``), append their K/V to ``cache``;
-        returns logits ``[T, V]`` float32."""
+        returns logits ``[T, V]`` float32. A token id outside the vocabulary raises
+        ``ValueError``."""
         c = self.cfg
-        tokens = np.asarray(tokens, dtype=np.int64).ravel()
+        tokens = token_ids(tokens, c.vocab_size)
         pos0 = cache.length
         pos = np.arange(pos0, pos0 + len(tokens))
         x = self.embed[tokens]

@@ -165,3 +165,232 @@ def test_eth_register_description_drives_pynqs_register_map():
     regs.ETH1_CFG.peer_id = 3
     assert rm.register("ETH1_CFG").unpack(int(words[rm.addr("ETH1_CFG") // 4])) == {
         "peer_id": 3}
+
+
+# --- NodeDriver on a fake device: refusals before any write, rings without a plan -------------
+
+class FakeNode:
+    """A PYNQ device (``REGISTER_RW``) that is a register file of the node map: reads answer
+    from it (``ID``, ``CAPS`` of ``config``, ``DIR_READY`` = 1; ``CMDq_HEAD``/``CONS`` follow
+    ``CMDq_PROD``: every published record is consumed at once), writes are logged by register
+    name. A real node answers through the same calls (``mcf.sim.board.SimBoard``)."""
+
+    def __init__(self, config=SIM, base: int = 0xA000_0000):
+        self.rm = node_regmap()
+        self.base, self.config = base, config
+        self.words = {self.rm.addr("ID"): self.rm.id_word, self.rm.addr("CAPS"): config.caps(),
+                      self.rm.addr("DIR_READY"): 1}
+        self.writes: list[tuple[str, int]] = []
+        self._names = {addr: reg.name for addr, reg in self.rm}
+
+    def has_capability(self, cap: str) -> bool:
+        return cap == "REGISTER_RW"
+
+    def read_registers(self, address: int, length: int) -> bytes:
+        off = address - self.base
+        return b"".join(self.words.get(off + 4 * i, 0).to_bytes(4, "little")
+                        for i in range(length // 4))
+
+    def write_registers(self, address: int, data) -> None:
+        off = address - self.base
+        value = int.from_bytes(bytes(data)[:4], "little")
+        name = self._names[off]
+        self.writes.append((name, value))
+        if name.endswith("_PROD"):          # the doorbell: accepted and consumed at once
+            q = name[3]
+            for reg in (f"CMD{q}_HEAD", f"CMD{q}_CONS"):
+                self.words[self.rm.addr(reg)] = value
+        else:
+            self.words[off] = value
+
+    def set(self, name: str, value: int) -> None:
+        self.words[self.rm.addr(name)] = value
+
+    def written(self) -> list[str]:
+        return [n for n, _ in self.writes]
+
+
+def _driver(config=SIM):
+    from mcf.driver import NodeDriver
+    dev = FakeNode(config)
+    desc = {"phys_addr": dev.base, "addr_range": node_regmap().size, "device": dev,
+            "type": f"xilinx.com:module_ref:{config.top}:1.0", "fullpath": "node"}
+    return NodeDriver(desc), dev
+
+
+def _buffer(nbytes: int, address: int = 0x1000_0000):
+    from pynq.buffer import PynqBuffer
+    return PynqBuffer((nbytes,), "u1", buffer=bytearray(nbytes), offset=0, device=None,
+                      device_address=address, bo=0, coherent=True)
+
+
+def _tiny_plan():
+    from mcf.mars import ClusterSpec, get_model, make_topology, plan
+    cl = ClusterSpec(2, 1 << 20, 1 << 20, make_topology("kr260-ring", 2))
+    return plan(get_model("tiny"), cl, 64, 32, "mars", alpha=0.5)
+
+
+def test_fake_device_binds_and_configures_a_plan():
+    """The fake answers as the node does: bind, attach, configure writes the plan's registers
+    (the good path, so the refusals below are refusals and not a broken fake)."""
+    from mcf.node.layout import NodeLayout
+    from mcf.node.program import configure
+    ip, dev = _driver()
+    p = _tiny_plan()
+    lay = NodeLayout.for_plan(p, SIM, base=0x1000_0000)
+    ip.attach(_buffer(lay.size), lay)
+    assert dev.writes == []
+    ip.configure(p, 0)
+    assert dev.writes == [(w.reg, w.value) for w in configure(p, lay, 0, regmap=ip.regmap)]
+    assert ip.limits.kv_count == 256 and ip.limits.ring_max_log2 == 16
+
+
+@pytest.mark.parametrize("config", [SIM, KR260])
+def test_driver_refuses_kv_count_beyond_the_directory_before_any_write(config):
+    import dataclasses as dc
+
+    from mcf.driver import LayoutError
+    from mcf.node.layout import NodeLayout
+    ip, dev = _driver(config)
+    p = _tiny_plan()
+    lay = NodeLayout.for_plan(p, config, base=0x1000_0000)
+    buf = _buffer(lay.size + (1 << 20))
+    ok = dc.replace(lay, kv=dc.replace(lay.kv, kv_count=config.kv_count))
+    ip.attach(buf, ok)                                   # exactly the directory: held
+    bad = dc.replace(lay, kv=dc.replace(lay.kv, kv_count=config.kv_count + 44))
+    with pytest.raises(LayoutError) as e:
+        ip.attach(buf, bad)
+    msg = str(e.value)
+    assert "\n" not in msg and f"KV_COUNT {config.kv_count + 44}" in msg
+    assert f"directory of {config.kv_count} entries" in msg
+    assert ip.layout is ok                               # the bad layout was not taken
+    ip.layout = bad                                      # a layout swapped in behind its back
+    with pytest.raises(LayoutError, match=f"KV_COUNT {config.kv_count + 44}"):
+        ip.configure(p, 0)
+    with pytest.raises(LayoutError, match="KV_COUNT"):
+        ip.configure_rings()
+    assert dev.writes == []
+
+
+def test_driver_reads_the_ring_limit_from_caps_before_any_write():
+    from mcf.abi.node_config import caps_register
+    from mcf.driver import LayoutError, RingLayout
+    from mcf.node.layout import NodeLayout
+    ip, dev = _driver()
+    p = _tiny_plan()
+    with pytest.raises(LayoutError, match=r"ring size 2\^17 \(cmd_log2 17\).*2\^1\.\.2\^16 "
+                                          r"\(CAPS.ring_max_log2 16\)"):
+        ip.attach(_buffer(RingLayout.nbytes(17)), RingLayout.at(0x1000_0000, 17))
+    with pytest.raises(LayoutError, match="cmd_log2 0"):
+        ip.attach(_buffer(RingLayout.nbytes(0)), RingLayout.at(0x1000_0000, 0))
+    # the limit is the device's CAPS word, read at the check, not the ABI constant
+    caps = caps_register()
+    dev.set("CAPS", caps.pack(**{**caps.unpack(SIM.caps()), "ring_max_log2": 9}))
+    lay = NodeLayout.for_plan(p, SIM, base=0x1000_0000, cmd_log2=10)
+    with pytest.raises(LayoutError, match=r"2\^1\.\.2\^9 \(CAPS.ring_max_log2 9\)"):
+        ip.attach(_buffer(lay.size), lay)
+    ip.attach(_buffer(RingLayout.nbytes(9)), RingLayout.at(0x1000_0000, 9))
+    dev.set("CAPS", caps.pack(**{**caps.unpack(SIM.caps()), "kv_count_log2": 2}))
+    lay8 = NodeLayout.for_plan(p, SIM, base=0x1000_0000, cmd_log2=8)
+    assert lay8.kv.kv_count == 8
+    with pytest.raises(LayoutError, match=r"KV_COUNT 8 .* directory of 4 entries "
+                                          r"\(CAPS.kv_count_log2 2\)"):
+        ip.attach(_buffer(lay8.size), lay8)
+    assert dev.writes == []
+
+
+def test_driver_refuses_misplaced_rings_and_busy_rings_before_any_write():
+    import dataclasses as dc
+
+    from mcf.driver import DriverError, LayoutError, RingLayout
+    ip, dev = _driver()
+    lay = RingLayout.at(0x1000_0000, 4)
+    buf = _buffer(lay.size)
+    with pytest.raises(LayoutError, match="not 16-byte aligned"):
+        ip.attach(buf, dc.replace(lay, cmd_base=(lay.cmd_base[0], lay.cmd_base[1] + 8)))
+    with pytest.raises(LayoutError, match="CMD1 .* lies outside the layout"):
+        ip.attach(buf, dc.replace(lay, size=lay.size - CMD_BYTES))
+    ip.attach(buf, lay)
+    dev.set("CMD1_HEAD", 5)
+    dev.set("CMD1_CONS", 3)
+    with pytest.raises(DriverError, match="CMD1 \\(COMPUTE\\) still has records in flight"):
+        ip.configure_rings()
+    with pytest.raises(DriverError, match="configure_rings"):
+        ip.push(Queue.NET, _cmds(1))
+    assert dev.writes == []
+
+
+def test_configure_rings_then_hand_made_records():
+    """No plan: the rings alone, then hand-made records pushed and published."""
+    from mcf.abi.meta import Meta, Op
+    from mcf.driver import RingLayout
+    ip, dev = _driver()
+    lay = RingLayout.at(0x1000_0000, log2=3)
+    buf = _buffer(RingLayout.nbytes(3))
+    dev.set("CMD0_HEAD", 6)                   # the rings continue from the accepted index
+    dev.set("CMD0_CONS", 6)
+    ip.attach(buf, lay)
+    ip.configure_rings(seq_timeout=500)
+    rm = node_regmap()
+    assert dev.writes == [
+        ("CMD0_BASE_LO", 0x1000_0000), ("CMD0_BASE_HI", 0), ("CMD0_SIZE", 3),
+        ("CMD1_BASE_LO", 0x1000_0000 + 8 * CMD_BYTES), ("CMD1_BASE_HI", 0), ("CMD1_SIZE", 3),
+        ("SEQ_TIMEOUT", 500),
+        ("SEQ0_CTRL", rm.register("SEQ0_CTRL").pack(run=1)),
+        ("SEQ1_CTRL", rm.register("SEQ1_CTRL").pack(run=1))]
+    dev.writes.clear()
+    hdr = Meta(op=Op.CONTROL, src=0, dst=0, route_id=0, kv_id=0, length=0).pack()
+    net = [Cmd(RecordClass.SEND, Queue.NET, meta=hdr), Cmd(RecordClass.NOP, Queue.NET),
+           Cmd(RecordClass.MARK, Queue.NET, irq=True)]
+    ip.push(Queue.NET, net)
+    mem = bytes(buf)
+    for i, c in enumerate(net):                         # slots 6, 7, 0 of an 8-entry ring
+        at = ((6 + i) % 8) * CMD_BYTES
+        assert mem[at: at + CMD_BYTES] == c.pack()
+    ip.push(Queue.COMPUTE, [Cmd(RecordClass.MARK, Queue.COMPUTE)])
+    assert mem[8 * CMD_BYTES: 9 * CMD_BYTES] == bytes(CMD_BYTES)   # put after push's read
+    assert bytes(buf)[8 * CMD_BYTES: 9 * CMD_BYTES] == Cmd(RecordClass.MARK,
+                                                           Queue.COMPUTE).pack()
+    assert dev.writes == [("CMD0_PROD", 9), ("CMD1_PROD", 1)]
+    with pytest.raises(RingFull, match="9 records, 8 of 8"):
+        ip.put(Queue.NET, _cmds(9))
+
+
+def test_a_ring_of_2_16_entries_keeps_one_free():
+    """PROD − CONS is taken mod 2^16: at 2^16 entries a full ring would read as empty."""
+    ring = CommandRing(Queue.NET, offset=0, log2=16)
+    assert ring.free(cons=0) == ring.capacity == 65_535
+    assert CommandRing(Queue.NET, offset=0, log2=15).free(cons=0) == 32_768
+    mem = bytearray(CMD_BYTES << 16)
+    with pytest.raises(RingFull):
+        ring.put(mem, _cmds(65_536), cons=0)
+    assert ring.prod == 0 and not any(mem)
+
+
+def test_timeout_names_the_halted_record_by_halt_index():
+    """``seq<q>_halt_index`` is the halted record's position in the sequencer's input: with no
+    ring entry skipped it is the ring index, and the timeout names that record — even after
+    records were skipped by the watchdog (``retired`` no longer points at it)."""
+    from mcf.abi.meta import Meta, Op
+    from mcf.driver import RingLayout, StepTimeout
+    ip, dev = _driver()
+    ip.attach(_buffer(RingLayout.nbytes(2)), RingLayout.at(0x1000_0000, log2=2))
+    ip.configure_rings()
+    kv = Meta(op=Op.KV_REPLICA, src=0, dst=0, route_id=0, kv_id=77, length=0).pack()
+    recs = [Cmd(RecordClass.NOP, Queue.COMPUTE, meta=kv, wait=1),
+            Cmd(RecordClass.NOP, Queue.COMPUTE, meta=kv, wait=3),
+            Cmd(RecordClass.MARK, Queue.COMPUTE)]
+    ip.push(Queue.COMPUTE, recs)
+    dev.set("seq1_halt", SEQ_HALT.const({"halted": 1, "queue": Queue.COMPUTE,
+                                         "cause": HaltCause.LANDED, "kv_id": 77}).as_bits())
+    dev.set("seq1_halt_index", 1)
+    dev.set("seq1_retired", 1)
+    dev.set("seq1_skipped", 1)           # record 0 was skipped: retired alone would mislead
+    with pytest.raises(StepTimeout) as e:
+        ip.wait_marks({Queue.COMPUTE: 1}, timeout=0)
+    assert e.value.queue is Queue.COMPUTE
+    assert "waiting at record 1: NOP wait 3 kv_id 77" in str(e.value)
+    dev.set("cmd1_bad_records", 1)       # an entry skipped at the ring: no index is claimed
+    with pytest.raises(StepTimeout) as e:
+        ip.wait_marks({Queue.COMPUTE: 1}, timeout=0)
+    assert "waiting at record" not in str(e.value)

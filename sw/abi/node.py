@@ -86,10 +86,18 @@ CMD = data.StructLayout({
     "wait": unsigned(CMD_WAIT_BITS),
     "arg": unsigned(32),
 })
-"""One command-ring entry: 16 bytes = one 128-bit HP beat, little-endian (docs/node.md §2)."""
+"""One command-ring entry: 16 bytes = one 128-bit HP beat, little-endian (docs/node.md §2).
+
+``meta`` of a SEND is the packet's ``Meta`` as it leaves. For an ``Op.INVALIDATE`` packet (a
+header-only HDR SEND) ``Meta.seq`` is not a fragment index but the
+:class:`mcf.abi.meta.InvalidateKind`: ``seq = 0`` (DRAIN) is applied by the receiver's local
+sink as a directory DRAIN of ``meta.kv_id`` (``lsink_drains``), any other ``seq`` is consumed
+and counted (``lsink_drop_invalidate``) — a FREE is never a packet but the DIR record
+(``arg = DirOp.FREE``, ``wait`` = the packets it releases)."""
 
 CMD_BYTES = CMD.size // 8
-CMD_RING_MAX_LOG2 = 16          # CMDq_SIZE ≤ 16: at most 2^16 entries (1 MiB)
+CMD_RING_MAX_LOG2 = 16          # CMDq_SIZE ≤ 16: at most 2^16 entries (1 MiB); the ring
+                                # reader takes a larger SIZE as 16, the driver refuses it
 CMD_INDEX_BITS = 16             # free-running PROD / CONS indices
 CMD_ADDR_BITS = 40              # CMDq_BASE: a physical address
 
@@ -180,7 +188,10 @@ INGRESS_STATUS = counters("records", "bad_records", "overruns", "read_errors", "
                           "last_bad")
 """One ring reader: well-formed records pushed to its queue, malformed records skipped, PROD
 writes ignored as ring overruns, entries skipped on non-OKAY read beats, read bursts issued,
-the ring index of the last malformed record (``SEQ_LAST_BAD`` of docs/node.md §2)."""
+the ring index (free-running, 16 bits) of the last malformed record (docs/node.md §2). The
+reader checks the record alone (:func:`cmd_malformed`), never the node's configuration: a KV
+SEND of an unmapped ``kv_id`` or a JOB beyond the table is well-formed here and counted where
+it fails (``send_drop_unmapped``, ``jobs_bad_index``)."""
 
 if (1 << CMD_INDEX_BITS) > (1 << COUNTER_BITS):
     raise AssertionError("last_bad must hold a ring index")  # pragma: no cover
@@ -198,7 +209,10 @@ def ingress_registers(n_queues: int = N_QUEUES) -> list[Register]:
             Register.single(f"CMD{q}_BASE_HI", CMD_ADDR_BITS - 32, Access.RW,
                             desc=f"ring {q} physical base, bits {CMD_ADDR_BITS - 1}..32"),
             Register.single(f"CMD{q}_SIZE", CMD_RING_MAX_LOG2.bit_length(), Access.RW,
-                            desc=f"ring {q}: log2 of the entry count, ≤ {CMD_RING_MAX_LOG2}"),
+                            desc=f"ring {q}: log2 of the entry count, ≤ {CMD_RING_MAX_LOG2} "
+                                 f"(CAPS.ring_max_log2; a larger value acts as "
+                                 f"{CMD_RING_MAX_LOG2}); at {CMD_RING_MAX_LOG2} at most "
+                                 f"2^{CMD_INDEX_BITS} − 1 records in flight"),
             Register.single(f"CMD{q}_PROD", CMD_INDEX_BITS, Access.W,
                             desc=f"ring {q} doorbell: the new producer index (free-running); "
                                  "ignored and counted if it overruns the ring"),
@@ -220,7 +234,9 @@ IRQ_CAUSES: tuple[tuple[str, str], ...] = (
                    " (JOB index/entry, EMIT, ATTEND arg/list, KV block request)"),
     ("overrun", "a doorbell overran its ring and was ignored"),
     ("bus_error", "a DMA read or write answered SLVERR/DECERR"),
-    ("drop", "a local packet was dropped (unmapped kv_id, bad seq, bad op)"),
+    ("drop", "a local packet was dropped (landing: unmapped kv_id, bad seq, bad op; local "
+             "sink: bad op, INVALIDATE not DRAIN; decode lander) or a SEND record was not sent "
+             "(send_drop_unmapped, send_drop_bad_seq, send_drop_bad_record)"),
     ("link_error", "a link receiver dropped a frame (CRC, header, oversize, stale) or saw a "
                    "sequence gap: see its linkN_rx_* counters"),
 )

@@ -83,7 +83,7 @@ __all__ = [
     "SeqCounter", "HaltCause", "SEQ_COUNTERS", "SEQ_HALT", "SEQ_STATUS",
     "SEQ_CTRL", "KV_ID_BITS", "ENGINE_CLASSES", "STREAM_OF", "LANDED_WAIT_CLASSES",
     "sequencer_registers", "SeqInputs", "SeqOutputs", "SequencerModel", "DEFAULT_DIR_SETTLE",
-    "DEFAULT_MAX_OUTSTANDING",
+    "DEFAULT_MAX_OUTSTANDING", "HALT_INDEX_DESC",
 ]
 
 KV_ID_BITS = META["kv_id"].width
@@ -125,7 +125,18 @@ SEQ_COUNTERS = counters("retired", "marks", "wait_cycles", "timeouts", "skipped"
 """Records retired (executed, skipped or bad; not aborted), MARKs retired, cycles spent blocked
 on a wait, watchdog halts, records skipped by ``SEQ_CTRL.skip``, records dropped by an abort
 flush, records bad at run time (and stray ``*_done`` cycles), and — latched at a halt — the
-halted record's position in the queue's input since reset (0-based, aborted ones included)."""
+halted record's position in the queue's input since reset (0-based, aborted ones included).
+
+``halt_index`` is **not** a ring index: it counts the records this queue's sequencer took from
+its ring reader (retired, aborted, or still outstanding in an engine), so the malformed records
+and read errors the reader skipped (``cmd<q>_bad_records``, ``cmd<q>_read_errors``) are not in
+it. Its ring index is ``halt_index`` plus the entries the reader skipped before it (mod 2^16):
+equal to it when neither counter moved."""
+
+HALT_INDEX_DESC = ("latched at a watchdog halt: the halted record's 0-based position among the "
+                   "records this queue's sequencer took since reset (aborted ones included; "
+                   "ring entries skipped as malformed or read errors are not) — its ring "
+                   "index (mod 2^16) only while cmd<q>_bad_records and cmd<q>_read_errors are 0")
 
 SEQ_HALT = data.StructLayout({
     "halted": unsigned(1),
@@ -154,7 +165,11 @@ def sequencer_registers(n_queues: int = N_QUEUES) -> list[Register]:
             Field("skip", 1, Access.W, desc="halted: retire the waiting record unexecuted"),
             Field("abort", 1, Access.W, desc="flush the queue's input until run is cleared"),
         ), f"sequencer queue {q} control"))
-        regs += status_registers(f"seq{q}", SEQ_STATUS, f"sequencer queue {q}")
+        regs += [Register.single(r.name, r.fields[0].width, Access.R,
+                                 desc=f"sequencer queue {q}: "
+                                      f"{HALT_INDEX_DESC.replace('<q>', str(q))}")
+                 if r.name == f"seq{q}_halt_index" else r
+                 for r in status_registers(f"seq{q}", SEQ_STATUS, f"sequencer queue {q}")]
     return regs
 
 

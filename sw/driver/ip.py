@@ -9,6 +9,13 @@ configuration from a :class:`mcf.node.layout.NodeLayout` (:mod:`mcf.node.program
 configurations, command rings with their doorbells, sequencer run/stop, waits with a timeout that
 names the stuck queue, and :meth:`NodeDriver.snapshot` of every status register.
 
+A layout the node cannot hold (``KV_COUNT`` beyond the directory, a ring beyond
+``CAPS.ring_max_log2``, both read from the device's ``CAPS``) is refused with one
+:class:`~mcf.driver.node_map.LayoutError` line before any register is written. Without a MARS
+plan, :meth:`NodeDriver.configure_rings` places only the two rings (a
+:class:`~mcf.driver.node_map.RingLayout`) and starts the sequencers, so hand-made
+:class:`mcf.abi.node.Cmd` records can be pushed (docs/board.md "The driver").
+
 Completion is polled (``seq<q>_marks``, ``IRQ_STATUS``): the block design wires ``irq`` straight
 to ``pl_ps_irq0`` with no AXI interrupt controller, so PYNQ exposes no ``Interrupt`` for it.
 Time is measured by the device's ``clock`` when it has one (the simulated board's: simulated
@@ -34,9 +41,13 @@ from .node_map import (
     BindError,
     CommandRing,
     DriverError,
+    NodeLimits,
     StepTimeout,
     check_identity,
+    check_layout,
     config_for_top,
+    node_limits,
+    ring_writes,
     snapshot_from,
     status_registers,
     unpack_halt,
@@ -144,9 +155,32 @@ class NodeDriver(_Base):
 
     # --- configuration -------------------------------------------------------------------------
 
+    @property
+    def limits(self) -> NodeLimits:
+        """What this node can hold, from its ``CAPS`` register read now (directory entries,
+        largest ring), never above the bound configuration's."""
+        return node_limits(self.read_reg("CAPS"), self.config)
+
+    def check_layout(self, layout) -> None:
+        """Raise :class:`LayoutError` unless the node can hold ``layout``
+        (:func:`mcf.driver.node_map.check_layout` against :attr:`limits`). Reads only."""
+        check_layout(layout, self.limits)
+
+    def _check_rings_idle(self) -> None:
+        for q in Queue:
+            head, cons = self.read_reg(f"CMD{q.value}_HEAD"), self.read_reg(f"CMD{q.value}_CONS")
+            if head != cons:
+                raise DriverError(f"ring CMD{q.value} ({q.name}) still has records in flight "
+                                  f"(CMD{q.value}_HEAD {head}, CMD{q.value}_CONS {cons}): "
+                                  "a ring is moved only while idle")
+
     def attach(self, buffer, layout) -> None:
         """Use ``buffer`` (physically contiguous, e.g. ``pynq.allocate``) for ``layout``'s
-        regions: ``layout.base`` must be the buffer's physical address."""
+        regions (a :class:`mcf.node.layout.NodeLayout`, or a
+        :class:`~mcf.driver.node_map.RingLayout` for the rings alone): ``layout.base`` must be
+        the buffer's physical address, and the node must hold the layout (:meth:`check_layout`).
+        Writes no register."""
+        self.check_layout(layout)
         if int(buffer.device_address) != layout.base:
             raise DriverError(f"layout base {layout.base:#x} is not the buffer's physical "
                               f"address {int(buffer.device_address):#x}")
@@ -164,11 +198,40 @@ class NodeDriver(_Base):
         list tables), once the directory is cleared (``DIR_READY``). The rings continue from
         the hardware's accepted producer index (``CMDq_HEAD``)."""
         from ..node.program import configure
-        if self.layout is None:
-            raise DriverError("attach(buffer, layout) before configure()")
+        if self.layout is None or not hasattr(self.layout, "kv"):
+            raise DriverError("attach(buffer, NodeLayout) before configure() (a RingLayout "
+                              "has no KV region: configure_rings() drives the rings alone)")
+        self.check_layout(self.layout)
+        self._check_rings_idle()
         self.wait_counter("DIR_READY", 1, timeout=ready_timeout)
         self.apply(configure(plan, self.layout, node, topology=topology,
                              seq_timeout=seq_timeout, regmap=self.regmap, model=model))
+        self._make_rings()
+
+    def configure_rings(self, *, seq_timeout: int | None = 0, ready_timeout: float = 1e-3) -> None:
+        """Place the two command rings of the attached layout (a
+        :class:`~mcf.driver.node_map.RingLayout` or a ``NodeLayout``) and start both
+        sequencers — nothing else: no identity, routes, KV rule or interrupt enables. Then
+        :meth:`put` / :meth:`push` take hand-made :class:`mcf.abi.node.Cmd` records (a SEND
+        whose packet must leave the node needs ``NODE`` and a route of your own).
+
+        Writes, once the layout is checked (:meth:`check_layout`), both rings are idle and the
+        directory is cleared (``DIR_READY``): ``CMDq_BASE_LO``/``_HI``, ``CMDq_SIZE``,
+        ``SEQ_TIMEOUT`` (unless ``seq_timeout`` is ``None``), ``SEQq_CTRL.run``. The rings
+        continue from the hardware's accepted producer index (``CMDq_HEAD``)."""
+        if self.layout is None:
+            raise DriverError("attach(buffer, layout) before configure_rings()")
+        self.check_layout(self.layout)
+        self._check_rings_idle()
+        self.wait_counter("DIR_READY", 1, timeout=ready_timeout)
+        for reg, word in ring_writes(self.layout, self.regmap):
+            self.write_reg(reg, word)
+        if seq_timeout is not None:
+            self.write_fields("SEQ_TIMEOUT", SEQ_TIMEOUT=seq_timeout)
+        self.start()
+        self._make_rings()
+
+    def _make_rings(self) -> None:
         self.rings = [CommandRing(q, self.layout.cmd_base[q.value] - self.layout.base,
                                   self.layout.cmd_log2, self.read_reg(f"CMD{q.value}_HEAD"))
                       for q in Queue]
@@ -195,7 +258,7 @@ class NodeDriver(_Base):
     def put(self, queue: Queue, cmds: list[Cmd]) -> None:
         """Write records into ring ``queue`` after the producer index (no doorbell)."""
         if self.buffer is None or not self.rings:
-            raise DriverError("configure() the node before writing a ring")
+            raise DriverError("configure() or configure_rings() the node before writing a ring")
         ring = self.rings[queue.value]
         cons = self.read_reg(f"CMD{queue.value}_CONS")
         ring.put(memoryview(self.buffer).cast("B"), cmds, cons)
@@ -205,6 +268,8 @@ class NodeDriver(_Base):
 
     def doorbell(self, queue: Queue) -> None:
         """Publish everything :meth:`put` wrote: one write of ``CMDq_PROD``."""
+        if not self.rings:
+            raise DriverError("configure() or configure_rings() the node before a doorbell")
         q = queue.value
         self.write_fields(f"CMD{q}_PROD", **{f"CMD{q}_PROD": self.rings[q].prod})
 
@@ -289,14 +354,21 @@ class NodeDriver(_Base):
                f"{state[f'seq{n}_marks']} of {marks}; {retired} of {head} records retired "
                f"(ring CONS {state[f'CMD{n}_CONS']}), wait cycles {state[f'seq{n}_wait_cycles']}, "
                f"{_halt_text(unpack_halt(state[f'seq{n}_halt']))}")
-        unretired = (f"seq{n}_skipped", f"seq{n}_aborted", f"cmd{n}_bad_records")
-        if retired < head and not any(state[k] for k in unretired) and self.rings:
-            ring = self.rings[n]         # every record so far retired in order: the next one
-            at = ring.offset + (retired % ring.entries) * CMD_BYTES
+        halt = unpack_halt(state[f"seq{n}_halt"])
+        skipped_at_ring = state[f"cmd{n}_bad_records"] or state[f"cmd{n}_read_errors"]
+        unretired = (f"seq{n}_skipped", f"seq{n}_aborted")
+        index = None
+        if halt["halted"] and not skipped_at_ring:
+            index = state[f"seq{n}_halt_index"]    # the halted record's ring index (§3)
+        elif retired < head and not skipped_at_ring and not any(state[k] for k in unretired):
+            index = retired              # every record so far retired in order: the next one
+        if index is not None and self.rings:
+            ring = self.rings[n]
+            at = ring.offset + (index % ring.entries) * CMD_BYTES
             try:
                 cmd = Cmd.unpack(bytes(memoryview(self.buffer).cast("B")[at: at + CMD_BYTES]))
                 kv_id = (cmd.meta >> META["kv_id"].offset) & ((1 << META["kv_id"].width) - 1)
-                msg += (f"; waiting at record {retired}: {cmd.cls.name} wait {cmd.wait} "
+                msg += (f"; waiting at record {index}: {cmd.cls.name} wait {cmd.wait} "
                         f"kv_id {kv_id} arg {cmd.arg}")
             except ValueError:
                 pass

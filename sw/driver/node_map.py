@@ -14,14 +14,15 @@ import functools
 from dataclasses import dataclass
 
 from ..abi.csrmap import node_regmap
-from ..abi.node import CMD_BYTES, CMD_RING_MAX_LOG2, Cmd, Queue
-from ..abi.node_config import NODE_CONFIGS, NodeConfig
+from ..abi.node import CMD_ADDR_BITS, CMD_BYTES, CMD_RING_MAX_LOG2, Cmd, Queue
+from ..abi.node_config import NODE_CONFIGS, NodeConfig, caps_register
 from ..abi.regs import Access, Register, RegisterMap
 from ..abi.sequencer import SEQ_HALT
 
-__all__ = ["DriverError", "BindError", "RingFull", "StepTimeout", "status_registers",
-           "snapshot_type", "snapshot_from", "check_identity", "config_for_top", "CommandRing",
-           "INDEX_BITS", "unpack_halt"]
+__all__ = ["DriverError", "BindError", "LayoutError", "RingFull", "StepTimeout",
+           "status_registers", "snapshot_type", "snapshot_from", "check_identity",
+           "config_for_top", "CommandRing", "RingLayout", "NodeLimits", "node_limits",
+           "check_layout", "ring_writes", "INDEX_BITS", "unpack_halt"]
 
 INDEX_BITS = 16
 """Ring indices are free-running 16-bit counters (``CMDq_PROD``/``CMDq_CONS``)."""
@@ -33,6 +34,11 @@ class DriverError(RuntimeError):
 
 class BindError(DriverError):
     """The IP at the address does not answer as the node the ABI describes."""
+
+
+class LayoutError(DriverError):
+    """A layout the node cannot hold (``KV_COUNT`` beyond its directory, a ring larger than its
+    ring readers take, a misplaced ring); raised before any register is written."""
 
 
 class RingFull(DriverError):
@@ -127,9 +133,16 @@ class CommandRing:
     def entries(self) -> int:
         return 1 << self.log2
 
+    @property
+    def capacity(self) -> int:
+        """Records that may be in flight: every entry, except at ``2^16`` entries one fewer —
+        ``PROD − CONS`` is taken modulo ``2^16``, so a full ring of ``2^16`` would read as
+        empty and the doorbell would publish nothing (docs/node.md §2)."""
+        return min(self.entries, (1 << INDEX_BITS) - 1)
+
     def free(self, cons: int) -> int:
         """Entries the producer may still write, given the hardware's consumer index."""
-        return self.entries - ((self.prod - cons) % (1 << INDEX_BITS))
+        return self.capacity - ((self.prod - cons) % (1 << INDEX_BITS))
 
     def put(self, mem, cmds: list[Cmd], cons: int) -> int:
         """Write ``cmds`` after the producer index into ``mem`` (a writable byte view of the
@@ -137,9 +150,92 @@ class CommandRing:
         (nothing written) if they do not fit beside the ``PROD − cons`` entries in flight."""
         if len(cmds) > self.free(cons):
             raise RingFull(f"CMD{self.queue.value} ({self.queue.name}): {len(cmds)} records, "
-                           f"{self.free(cons)} of {self.entries} entries free")
+                           f"{self.free(cons)} of {self.capacity} entries free")
         for cmd in cmds:
             at = self.offset + (self.prod % self.entries) * CMD_BYTES
             mem[at: at + CMD_BYTES] = cmd.pack()
             self.prod = (self.prod + 1) % (1 << INDEX_BITS)
         return self.prod
+
+
+@dataclass(frozen=True)
+class RingLayout:
+    """The two command rings alone, for driving a node by hand (no MARS plan, no KV region):
+    the fields of :class:`mcf.node.layout.NodeLayout` that :meth:`NodeDriver.attach` and
+    :meth:`NodeDriver.configure_rings` use. ``base``: the buffer's physical address;
+    ``cmd_base``: CMD0 (NET), CMD1 (COMPUTE); ``size``: bytes from ``base``."""
+    base: int
+    cmd_base: tuple[int, int]
+    cmd_log2: int
+    size: int
+
+    @classmethod
+    def at(cls, base: int, log2: int = 8) -> RingLayout:
+        """Both rings of ``2^log2`` entries back to back from ``base`` (NET first)."""
+        ring = CMD_BYTES << log2
+        return cls(base=base, cmd_base=(base, base + ring), cmd_log2=log2, size=2 * ring)
+
+    @staticmethod
+    def nbytes(log2: int = 8) -> int:
+        """Bytes :meth:`at` needs: two rings of ``2^log2`` 16-byte entries."""
+        return 2 * (CMD_BYTES << log2)
+
+
+@dataclass(frozen=True)
+class NodeLimits:
+    """What a node can hold, from its ``CAPS`` word: directory entries (``KV_COUNT`` ≤) and the
+    largest ring (``CMDq_SIZE`` ≤)."""
+    kv_count: int
+    ring_max_log2: int
+
+
+def node_limits(caps_word: int, config: NodeConfig | None = None) -> NodeLimits:
+    """The limits ``CAPS`` (as read from the device) states, never above ``config``'s nor the
+    ABI's ring bound (the driver's indices are 16-bit)."""
+    caps = caps_register().unpack(caps_word)
+    kv = 1 << caps["kv_count_log2"]
+    ring = min(caps["ring_max_log2"], CMD_RING_MAX_LOG2)
+    if config is not None:
+        kv = min(kv, config.kv_count)
+    return NodeLimits(kv_count=kv, ring_max_log2=ring)
+
+
+def check_layout(layout, limits: NodeLimits) -> None:
+    """Raise :class:`LayoutError` (one line) unless the node can hold ``layout`` (a
+    :class:`mcf.node.layout.NodeLayout` or a :class:`RingLayout`): ``1 ≤ cmd_log2 ≤
+    ring_max_log2``, both rings 16-byte aligned inside ``[base, base + size)`` and below
+    ``2^40``, and — with a KV region — ``KV_COUNT`` ≤ the directory's entries."""
+    log2 = layout.cmd_log2
+    if not 1 <= log2 <= limits.ring_max_log2:
+        raise LayoutError(f"ring size 2^{log2} (cmd_log2 {log2}) is outside what the node's ring "
+                          f"readers take: 2^1..2^{limits.ring_max_log2} "
+                          f"(CAPS.ring_max_log2 {limits.ring_max_log2})")
+    ring_bytes = CMD_BYTES << log2
+    for q, at in enumerate(layout.cmd_base):
+        if at % CMD_BYTES:
+            raise LayoutError(f"ring CMD{q} base {at:#x} is not {CMD_BYTES}-byte aligned")
+        if not (layout.base <= at and at + ring_bytes <= layout.base + layout.size):
+            raise LayoutError(f"ring CMD{q} ({at:#x} + {ring_bytes} B) lies outside the layout "
+                              f"({layout.base:#x} + {layout.size} B)")
+        if at + ring_bytes > 1 << CMD_ADDR_BITS:
+            raise LayoutError(f"ring CMD{q} ends above the {CMD_ADDR_BITS}-bit address space")
+    kv = getattr(layout, "kv", None)
+    if kv is not None and kv.kv_count > limits.kv_count:
+        raise LayoutError(f"KV_COUNT {kv.kv_count} is beyond the node's directory of "
+                          f"{limits.kv_count} entries (CAPS.kv_count_log2 "
+                          f"{limits.kv_count.bit_length() - 1}): kv_ids from {limits.kv_count} "
+                          "on could never land")
+
+
+def ring_writes(layout, regmap: RegisterMap | None = None) -> list[tuple[str, int]]:
+    """``(register, word)`` writes placing both rings of ``layout``: ``CMDq_BASE_LO``/``_HI``
+    and ``CMDq_SIZE`` (what :func:`mcf.node.program.configure` writes for them)."""
+    rm = regmap or node_regmap()
+    out = []
+    for q in Queue:
+        r, at = f"CMD{q.value}", layout.cmd_base[q.value]
+        out += [(f"{r}_BASE_LO", rm.register(f"{r}_BASE_LO").pack(
+                    **{f"{r}_BASE_LO": at & 0xFFFF_FFFF})),
+                (f"{r}_BASE_HI", rm.register(f"{r}_BASE_HI").pack(**{f"{r}_BASE_HI": at >> 32})),
+                (f"{r}_SIZE", rm.register(f"{r}_SIZE").pack(**{f"{r}_SIZE": layout.cmd_log2}))]
+    return out

@@ -8,6 +8,8 @@ the DDR layouts the GEMM engine streams (paper §6.1: weights and KV in INT4).
   ``rows × lanes`` nibbles (row-major, packed as :func:`mcf.abi.fixed.pack_int4`), and one word
   per group holding ``rows`` 16-bit little-endian mantissas.
 * :func:`to_act` / :func:`from_act` — float ↔ ACT codes.
+* :func:`gemm_stripe_image` — a matrix as the four weight stripes the stripe readers read in
+  lockstep (docs/node.md §4).
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .abi.compute import WEIGHT_STRIPES, StripeJob, gemm_w_stream, gemm_w_stripes
 from .abi.fixed import pack_int4, saturate
 from .abi.quant import ACT, GROUP_SIZE, SCALE_MANT_BITS, WEIGHT, Scale
 
 __all__ = ["QuantWeight", "quantize_weight", "weight_tile_bytes", "scale_tile_bytes",
            "to_act", "from_act", "token_scale_words", "pack_token_scale", "gemm_tile_blob",
-           "gemm_x_blob"]
+           "gemm_x_blob", "gemm_stripe_image"]
 
 
 @dataclass
@@ -125,6 +128,25 @@ def gemm_tile_blob(qw: QuantWeight, rows: int, lanes: int, bias=None) -> bytes:
         out += scale_tile_bytes(qw.m[sl], rows)
         out += (bias[sl] & 0xFFFFFFFF).astype("<u4").tobytes()
     return bytes(out)
+
+
+def gemm_stripe_image(qw: QuantWeight, rows: int, lanes: int, bias=None, *, base: int = 0,
+                      ports: int = WEIGHT_STRIPES, beat_bytes: int = 16,
+                      align: int = 4096) -> tuple[bytes, StripeJob]:
+    """A weight matrix as the driver lays it in DDR for the stripe readers (docs/node.md §4):
+    the tile blob (:func:`gemm_tile_blob`) as the engine's stream for a ``w_in`` of ``ports ·
+    beat_bytes`` bytes (:func:`mcf.abi.compute.gemm_w_stream`), split into ``ports`` stripes
+    (:func:`mcf.abi.compute.gemm_w_stripes`: stripe ``p`` = beats ``ports·i + p``), stripe ``p``
+    at offset ``p · pitch`` (the stripe length rounded up to ``align``; zeros between). Returns
+    the image (to place at ``base``) and its job descriptor."""
+    n, k = qw.q.shape
+    ws = gemm_w_stream(gemm_tile_blob(qw, rows, lanes, bias), k // lanes, n // rows, rows, lanes,
+                       ports * beat_bytes, qw.group)
+    stripes = gemm_w_stripes(ws, ports, beat_bytes)
+    length = len(stripes[0])
+    pitch = -(-length // align) * align
+    image = b"".join(s + bytes(pitch - length) for s in stripes[:-1]) + stripes[-1]
+    return image, StripeJob(base, length, pitch)
 
 
 def gemm_x_blob(xq, x_m, x_e, beat_bytes: int) -> bytes:

@@ -13,6 +13,7 @@ from amaranth.hdl import signed, unsigned
 from amaranth.lib import data
 
 from .csrmap import counters
+from .platform import HP_PORTS
 from .quant import GROUP_SIZE, SCALE_EXP_BITS, SCALE_MANT_BITS
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "DMA_READ_STATUS", "DMA_WRITE_STATUS", "DMA_STATUS", "GEMM_STATUS", "VECTOR_STATUS",
     "COMPUTE_BUSY_STATUS",
     "status_values", "gemm_x_stream", "gemm_w_stream", "gemm_w_stripes",
+    "WEIGHT_STRIPES", "stripe_job_layout", "STRIPE_JOB", "StripeJob", "STRIPE_STATUS",
 ]
 
 DMA_ADDR_BITS = 40  # ZU+ HP ports take 49 bits; the K26's DDR needs 36 (upper 2 GiB at 32 GiB)
@@ -185,6 +187,56 @@ def gemm_w_stripes(w_stream: bytes, ports: int, beat_bytes: int) -> list[bytes]:
                      for i in range(0, len(w_stream), word)) for p in range(ports)]
 
 
+WEIGHT_STRIPES = HP_PORTS
+"""Stripes of a weight stream on the kr260 node, one per HP port, read in lockstep into a
+``WEIGHT_STRIPES × 16`` B = 64 B ``w_in`` (docs/node.md §4; :func:`gemm_w_stripes`)."""
+
+
+def stripe_job_layout(addr_bits: int = DMA_ADDR_BITS) -> data.StructLayout:
+    """One weight matrix for the stripe readers (:class:`mcf.hdl.mem.stripe.StripeReader`):
+    stripe ``p`` is the 2-D transfer ``count`` rows of ``length`` bytes, row ``i`` at
+    ``addr + p·pitch + i·stride`` (every stripe the same shape: they are read in lockstep).
+    ``length = 0`` or ``count = 0`` is rejected (counted, no bus access)."""
+    return data.StructLayout({
+        "addr": unsigned(addr_bits),
+        "pitch": unsigned(DMA_STRIDE_BITS),
+        "length": unsigned(DMA_LENGTH_BITS),
+        "stride": unsigned(DMA_STRIDE_BITS),
+        "count": unsigned(DMA_COUNT_BITS),
+    })
+
+
+STRIPE_JOB = stripe_job_layout()
+
+
+@dataclass(frozen=True)
+class StripeJob:
+    """Host view of :data:`STRIPE_JOB`."""
+    addr: int
+    length: int
+    pitch: int
+    stride: int = 0
+    count: int = 1
+
+    def pack(self, layout: data.StructLayout = STRIPE_JOB) -> int:
+        return layout.const(_check_fits(self, layout)).as_bits()
+
+    @classmethod
+    def unpack(cls, raw: int, layout: data.StructLayout = STRIPE_JOB) -> StripeJob:
+        view = layout.from_bits(raw)
+        return cls(**{name: int(view[name]) for name, _ in layout})
+
+    def descriptors(self, ports: int = WEIGHT_STRIPES) -> list[DmaDesc]:
+        """The DMA descriptor of each stripe reader (stripe ``p`` on port ``p``)."""
+        return [DmaDesc(self.addr + p * self.pitch, self.length, self.stride, self.count)
+                for p in range(ports)]
+
+    def words(self, beat_bytes: int) -> int:
+        """``w_in`` words the job delivers: one per beat of a stripe (each row from lane 0,
+        its final beat partial when ``length`` is not a whole number of beats)."""
+        return self.count * -(-self.length // beat_bytes)
+
+
 DMA_READ_STATUS = counters("descs", "beats", "rejects", "errors", "last_resp")
 """DMA read path: descriptors completed (last beat delivered), bus beats received, descriptors
 rejected (zero length/count), non-OKAY read beats, the last non-OKAY ``RRESP`` code."""
@@ -205,6 +257,13 @@ taken. ``steps / active_cycles`` is the MAC utilisation over a run of back-to-ba
 
 VECTOR_STATUS = counters("tokens", "beats_in", "beats_out")
 """Vector unit: tokens completed, operand beats taken (``a`` and ``b``), result beats sent."""
+
+
+STRIPE_STATUS = counters("jobs", "jobs_done", "rejects", "words", "errors", "busy_cycles")
+"""Stripe readers: jobs accepted / completed (final word delivered) / rejected (zero length or
+count), ``w_in`` words delivered, words some port's reader marked ``err`` (a SLVERR/DECERR bus
+beat marks each word it may contribute to: its own and, inside a row, the one before), cycles
+with a job queued or in flight. ``words · 64 / busy_cycles`` is the kr260 weight rate in B/cycle."""
 
 
 COMPUTE_BUSY_STATUS = counters("job_cycles", "emit_cycles", "attend_cycles", "busy_cycles")

@@ -18,9 +18,23 @@ import subprocess
 import pytest
 
 from mcf.abi.node_config import AXI_WIDTH, TOP_ADDR_BITS, TOP_ID_BITS
-from mcf.abi.platform import CTRL_BASE, CTRL_RANGE, ETH_CTRL_BASE, ETH_CTRL_RANGE, HP_PORTS
+from mcf.abi.platform import (
+    ACLK_HZ,
+    CTRL_BASE,
+    CTRL_RANGE,
+    ETH_CTRL_BASE,
+    ETH_CTRL_RANGE,
+    HP_PORTS,
+)
 from mcf.cli import main
-from mcf.hdl.platform.kr260 import ETH_BOARD_PORTS, GT_WIZARD, board_pins
+from mcf.hdl.platform.kr260 import (
+    BOARD_PART,
+    ETH_BOARD_PORTS,
+    GT_WIZARD,
+    RGMII_DELAY_MODE,
+    RGMII_TIMING,
+    board_pins,
+)
 
 NAME = "mcf_node"
 ETH = "mcf_eth"
@@ -57,6 +71,11 @@ def test_writes_the_files_and_prints_command(built):
     assert sorted(p.name for p in out.iterdir()) == FILES
     assert f"cd {out} && vivado -mode batch -nojournal -log vivado.log -source {NAME}.tcl" \
         in stdout
+    # ports of the top counted, not every submodule's (it once said 5340 for 184)
+    from mcf.hdl.tops import TOPS
+    top_ports = len(list(TOPS[NAME]().ports))
+    assert f"{out / NAME}.v  ({top_ports} ports)" in stdout
+    assert len(_DECL.findall((out / f"{NAME}.v").read_text())) > 10 * top_ports
     # the XDC constrains exactly the board pins the block design makes external
     xdc = (out / "kr260.xdc").read_text()
     used = [p for p in board_pins() if p.port.split("[")[0] in ETH_BOARD_PORTS]
@@ -125,17 +144,44 @@ foreach cmd {get_bd_cells get_bd_pins get_bd_intf_pins get_files get_runs get_bd
              get_bd_addr_spaces get_bd_addr_segs} {
     proc $cmd args [format {lappend ::calls [list %s {*}$args]; return [lindex $args end]} $cmd]
 }
+foreach cmd {open_run report_timing_summary} {
+    proc $cmd args [format {lappend ::calls [list %s {*}$args]; return ""} $cmd]
+}
 proc current_project {} { return project }
 proc current_fileset {} { return sources_1 }
-proc get_property {prop obj} { return "100%" }
+# What the stubbed Vivado reports: its version, the installed board parts, the PS's pl_clk0,
+# the routed design's worst setup/hold slack (argv: VERSION BOARDS PL_HZ WNS WHS).
+lassign [lrange $argv 1 end] ::version ::boards ::pl_hz ::wns ::whs
+proc version {flag} { return $::version }
+proc get_board_parts {-quiet pattern} {
+    return [lsearch -all -inline -glob [split $::boards ,] $pattern]
+}
+proc get_timing_paths args {
+    lappend ::calls [list get_timing_paths {*}$args]
+    return [expr {"-hold" in $args ? "hold_path" : "setup_path"}]
+}
+proc get_property {prop obj} {
+    switch -- $prop {
+        PROGRESS { return "100%" }
+        CONFIG.FREQ_HZ { return $::pl_hz }
+        SLACK { return [expr {$obj eq "hold_path" ? $::whs : $::wns}] }
+        default { return "" }
+    }
+}
 proc make_wrapper args { lappend ::calls [list make_wrapper {*}$args]; return wrapper.v }
 source [lindex $argv 0]
 foreach c $::calls { puts "CALL $c" }
 """
 
+GOOD_VIVADO = ["2023.2", f"xilinx.com:kv260_som:part0:1.4,{BOARD_PART}", f"{ACLK_HZ:.0f}",
+               "0.114", "0.021"]
+"""The stubbed Vivado's answers when everything is right: version, installed board parts,
+pl_clk0 in Hz, WNS and WHS in ns."""
 
-@pytest.mark.skipif(TCLSH is None, reason="tclsh (Debian tcl) not installed")
-def test_tcl_runs_to_the_end_and_connects(built, tmp_path):
+
+def _run_tcl(built, tmp_path, vivado=GOOD_VIVADO):
+    """Run the generated script under tclsh with the stubbed Vivado in a copy of the output
+    folder, with the files impl_1 would leave; returns the process."""
     out, _, _ = built
     for f in out.iterdir():
         shutil.copy(f, tmp_path / f.name)
@@ -147,8 +193,14 @@ def test_tcl_runs_to_the_end_and_connects(built, tmp_path):
         f.parent.mkdir(parents=True)
         f.write_text(body)
     (tmp_path / "rec.tcl").write_text(_RECORDER)
-    res = subprocess.run([TCLSH, str(tmp_path / "rec.tcl"), str(tmp_path / f"{NAME}.tcl")],
-                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    return subprocess.run([TCLSH, str(tmp_path / "rec.tcl"), str(tmp_path / f"{NAME}.tcl"),
+                           *vivado], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+
+@pytest.mark.skipif(TCLSH is None, reason="tclsh (Debian tcl) not installed")
+def test_tcl_runs_to_the_end_and_connects(built, tmp_path):
+    res = _run_tcl(built, tmp_path)
+    proj = tmp_path / "project"
     assert res.returncode == 0, res.stderr
     assert (tmp_path / f"{NAME}.bit").read_text() == "BIT"
     assert (tmp_path / f"{NAME}.hwh").read_text() == "<HWH/>"
@@ -234,6 +286,56 @@ def test_tcl_runs_to_the_end_and_connects(built, tmp_path):
         assert f"CONFIG.PSU__USE__{off} 0" in ps_cfg
     assert calls.index("assign_bd_address") < calls.index(
         "launch_runs impl_1 -to_step write_bitstream -jobs 3")
+    # pl_clk0 set to ACLK_HZ; timing read on the routed design before the copy
+    assert f"set_property CONFIG.PSU__CRL_APB__PL0_REF_CTRL__FREQMHZ {ACLK_HZ / 1e6:g} ps" \
+        in calls
+    assert calls.index("open_run impl_1") > calls.index("wait_on_run impl_1")
+    assert any(c.startswith("get_timing_paths") and "-setup" in c for c in calls)
+    assert "timing met: WNS 0.114 ns, WHS 0.021 ns" in lines
+
+
+@pytest.mark.skipif(TCLSH is None, reason="tclsh (Debian tcl) not installed")
+@pytest.mark.parametrize("answers, message", [
+    ({3: "-0.052"}, "timing failed, WNS -0.052 ns < 0"),
+    ({4: "-0.003"}, "timing failed, WHS -0.003 ns < 0"),
+    ({3: ""}, "no timed path (WNS ''"),
+    ({0: "2024.1"}, "written for Vivado 2023.2, this is Vivado 2024.1"),
+    ({1: "xilinx.com:kv260_som:part0:1.4"}, f"board part {BOARD_PART} is not installed"),
+    ({2: "99999001"}, "ps/pl_clk0 is '99999001' Hz"),
+])
+def test_tcl_stops_without_copying(built, tmp_path, answers, message):
+    """A failed check stops the script (non-zero exit, the message) before any .bit or .hwh
+    is copied: timing not met, another Vivado, no KR260 board files, pl_clk0 not ACLK_HZ."""
+    vivado = [answers.get(i, v) for i, v in enumerate(GOOD_VIVADO)]
+    res = _run_tcl(built, tmp_path, vivado)
+    assert res.returncode != 0
+    assert message in res.stderr, res.stderr
+    assert not (tmp_path / f"{NAME}.bit").exists() and not (tmp_path / f"{NAME}.hwh").exists()
+
+
+def test_rgmii_io_constraints(built):
+    """The timing XDC constrains every RGMII data pin against its PHY's clock, on both edges,
+    with the RGMII v2.0 figures of RGMII_TIMING for the delay mode settled (rgmii-id)."""
+    out, _, _ = built
+    timing = (out / f"{ETH}_timing.xdc").read_text()
+    assert RGMII_DELAY_MODE == "rgmii-id"
+    half = RGMII_TIMING["period_ns"] / 2
+    for r in (0, 1):
+        ins = f"{{eth_rgmii{r}_rx_data* eth_rgmii{r}_rx_ctl*}}"
+        outs = f"{{eth_rgmii{r}_tx_data* eth_rgmii{r}_tx_ctl*}}"
+        for edge in ("", " -clock_fall -add_delay"):
+            assert (f"set_input_delay -clock [get_clocks eth_rgmii{r}_rx_clk] -max "
+                    f"{half - RGMII_TIMING['rx_setup_ns']:.3f} [get_ports {ins}]{edge}") in timing
+            assert (f"set_input_delay -clock [get_clocks eth_rgmii{r}_rx_clk] -min "
+                    f"{RGMII_TIMING['rx_hold_ns']:.3f} [get_ports {ins}]{edge}") in timing
+            assert (f"set_output_delay -clock [get_clocks eth_rgmii{r}_tx_clk] -max "
+                    f"{half - RGMII_TIMING['tx_skew_ns']:.3f} [get_ports {outs}]{edge}") in timing
+        assert f"create_generated_clock -name eth_rgmii{r}_tx_clk " in timing
+        assert timing.count(f"_to [get_clocks eth_rgmii{r}_tx_clk]") == 4
+    # every port the constraints name is a board port of the XDC
+    xdc = (out / "kr260.xdc").read_text()
+    for name in set(re.findall(r"(eth_rgmii\d_\w+?)\*", timing)):
+        assert f"{{{name}[0]}}" in xdc or f"{{{name}}}" in xdc, name
 
 
 def test_runs_vivado_when_given(tmp_path, capsys):

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import posixpath
@@ -233,6 +234,7 @@ class Board:
     host_key: object
     authorized: str
     port: int = 0
+    interactive: bool = False     # stream stdin/stdout line by line (the link check's protocol)
 
     @property
     def home(self) -> Path:
@@ -302,6 +304,9 @@ class Servers:
             return
         env = {"PATH": str(board.root / "bin"), "HOME": str(board.home), "LANG": "C.UTF-8",
                "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PYTHONNOUSERSITE": "1"}
+        if board.interactive:
+            await self._stream(exe, argv, board, env, process)
+            return
         proc = await asyncio.create_subprocess_exec(
             exe, *argv[1:], cwd=board.home, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
@@ -309,6 +314,31 @@ class Servers:
         out, err = await proc.communicate()
         with contextlib.suppress(OSError, asyncssh.Error):   # the client may have gone
             process.stdout.write(out.decode(errors="replace"))
+            process.stderr.write(err.decode(errors="replace"))
+            process.exit(proc.returncode if proc.returncode >= 0 else 255)
+
+    async def _stream(self, exe, argv, board: Board, env, process) -> None:
+        """Run the program with the SSH channel's stdin forwarded to it and its stdout
+        forwarded line by line as it comes (an interactive remote process)."""
+        proc = await asyncio.create_subprocess_exec(
+            exe, *argv[1:], cwd=board.home, env=env, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        self.procs.append(proc)
+
+        async def feed():
+            with contextlib.suppress(Exception):
+                while line := await process.stdin.readline():
+                    proc.stdin.write(line.encode())
+                    await proc.stdin.drain()
+
+        feeder = asyncio.ensure_future(feed())
+        while line := await proc.stdout.readline():
+            with contextlib.suppress(OSError, asyncssh.Error):
+                process.stdout.write(line.decode(errors="replace"))
+        err = await proc.stderr.read()
+        await proc.wait()
+        feeder.cancel()
+        with contextlib.suppress(OSError, asyncssh.Error):
             process.stderr.write(err.decode(errors="replace"))
             process.exit(proc.returncode if proc.returncode >= 0 else 255)
 
@@ -533,3 +563,101 @@ def test_remote_commands_are_argument_lists():
         assert shlex.split(shlex.join(argv)) == argv
     assert cmds.probe[-2:] == [PROBE, "/h/x y/mcf_node.bit"]
     assert "--force-reinstall" in cmds.reinstall and "--no-deps" in cmds.reinstall
+
+
+# ------------------------------------------------------------------------------------------------
+# --check-links: the launcher's protocol over SSH (the ring itself: tests/test_deploy_links.py)
+# ------------------------------------------------------------------------------------------------
+
+LINK_SHIM = """#!{python}
+# A board's python3 for the link check's launcher test: answers LINK_PROBE's protocol as a
+# node of a healthy ring would (READY, then on GO one token each way), or fails before READY.
+import json, sys, time
+from pathlib import Path
+_, _, _, bit, node, n, timeout = sys.argv
+node, n = int(node), int(n)
+home = Path.cwd()
+links = [[0, 1, 2], [1, 0, 2]][node % 2]
+def result(**kw):
+    return json.dumps({{"node": node, "links": links, "before": {{}}, "after": {{}},
+                       "pings": 0, "marks": 0, "eth": None, "error": "", **kw}})
+(home / "argv.json").write_text(json.dumps(sys.argv[2:]))
+if {fail}:
+    print("MCF-LINKS-FAILED RuntimeError: the overlay has no MCF node (ol.node)", flush=True)
+    sys.exit(1)
+print("MCF-LINKS-READY " + result(), flush=True)
+line = sys.stdin.readline().strip()
+(home / "go.txt").write_text(f"{{time.monotonic()}} {{line}}")
+if line != "GO":
+    sys.exit(1)
+frames = {{f"link{{p}}_{{c}}": 1 for p in (0, 1) for c in ("tx_frames", "rx_frames_ok")}}
+print("MCF-LINKS-DONE " + result(after=frames, pings=2, marks=1), flush=True)
+"""
+
+
+def _shim_board(root: Path, key_pub: str, fail: bool = False) -> Board:
+    board = make_board(root, key_pub)
+    board.interactive = True
+    (board.root / "bin").mkdir()
+    shim = board.root / "bin" / "python3"
+    shim.write_text(LINK_SHIM.format(python=sys.executable, fail=fail))
+    shim.chmod(0o755)
+    return board
+
+
+def test_check_links_launcher(tmp_path, servers, client_key, wheel):
+    """Every board prepared (READY) before any GO; GO to node 1 before node 0; the verdict per
+    cable from what the boards returned; a board failing before READY stops the others without
+    a GO."""
+    from mcf.deploy.links import LINK_PROBE
+    from mcf.deploy.ssh import check_links, link_report
+
+    key_path, key_pub = client_key
+    boards = [_shim_board(tmp_path / f"b{v}", key_pub) for v in range(2)]
+    for b in boards:
+        servers.start(b)
+    known = tmp_path / "known_hosts"
+    known.write_text("".join(f"[127.0.0.1]:{b.port} {b.host_key.export_public_key().decode()}"
+                             for b in boards))
+    cfg = DeployConfig(hosts=tuple(parse_hosts(",".join(f"127.0.0.1:{b.port}"
+                                                        for b in boards))),
+                       overlay=write_overlay(tmp_path / "o"), wheel=wheel,
+                       pynq=board_pynq_requirement(wheel), key=key_path, known_hosts=known,
+                       timeout=30)
+    results = asyncio.run(check_links(cfg, ["mcf-deploy/mcf_node.bit"] * 2, timeout=2.5))
+    assert [r.error for r in results] == ["", ""] and [r.marks for r in results] == [1, 1]
+    for v, b in enumerate(boards):
+        assert json.loads((b.home / "argv.json").read_text()) == [
+            LINK_PROBE, "mcf-deploy/mcf_node.bit", str(v), "2", "2.5"]
+    t0, t1 = (float((b.home / "go.txt").read_text().split()[0]) for b in boards)
+    assert t1 < t0                                  # node 0, which starts the tokens, last
+    out = io.StringIO()
+    assert link_report(results, file=out)
+    lines = out.getvalue().splitlines()
+    assert lines[1].startswith("node 0 link 0 (SFP+) <-> node 1 link 0 (SFP+): ok")
+    assert lines[-1] == "all 2 cables passed"
+
+    # a board that cannot prepare: the other gets no GO, both are named
+    bad = [_shim_board(tmp_path / f"c{v}", key_pub, fail=v == 1) for v in range(2)]
+    for b in bad:
+        servers.start(b)
+    known.write_text("".join(f"[127.0.0.1]:{b.port} {b.host_key.export_public_key().decode()}"
+                             for b in bad))
+    cfg = DeployConfig(hosts=tuple(parse_hosts(",".join(f"127.0.0.1:{b.port}" for b in bad))),
+                       overlay=cfg.overlay, wheel=wheel, pynq=cfg.pynq, key=key_path,
+                       known_hosts=known, timeout=30)
+    results = asyncio.run(check_links(cfg, ["x.bit"] * 2))
+    assert results[1].error == "RuntimeError: the overlay has no MCF node (ol.node)"
+    assert results[0].error.startswith("not started")
+    assert not (bad[0].home / "go.txt").exists() or \
+        (bad[0].home / "go.txt").read_text().split()[1] == "ABORT"
+    out = io.StringIO()
+    assert not link_report(results, file=out)
+    assert "FAILED" in out.getvalue() and "node 1: RuntimeError" in out.getvalue()
+
+
+def test_check_links_needs_a_ring(tmp_path, capsys):
+    write_overlay(tmp_path)
+    rc = main(["deploy", "--hosts", "h0", "--overlay", str(tmp_path / TOP), "--check-links"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--check-links needs the boards of a ring" in err

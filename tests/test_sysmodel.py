@@ -338,3 +338,155 @@ def test_mcf_model_missing_results(tmp_path, capsys):
     assert main(["model", "--results-dir", str(tmp_path), "--nodes", "2"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no node.json" in err[0]
+
+
+# --- the clock (issue #35 §5) and the compute bound (issue #33) ------------------------------
+
+def _sweep(fig, link, nodes=(2, 4), seq=4096):
+    from mcf.mars.setting import paper_setting
+    from mcf.sysmodel.sweep import ModelSweep, run_sweep
+    st = paper_setting()
+    return run_sweep(ModelSweep(st.alpha, st.kv_budget_mib, seq_len=seq, nodes=nodes,
+                                schemes=("mars", "ring"), link=link), fig)
+
+
+def test_at_clock_keeps_cycles_and_the_links_bit_rates(fig):
+    from mcf.sysmodel.calibration import at_clock
+    slow = at_clock(fig, 250e6)
+    assert slow.clock_hz == 250e6 and fig.clock_hz == ACLK_HZ
+    assert "250 MHz" in slow.sources["clock_hz"]
+    for name in ("kr260_macs_per_cycle", "router_hop_cycles", "framer_beats_per_cycle",
+                 "meta_records_per_cycle", "packet_latency_cycles"):
+        assert getattr(slow, name) == getattr(fig, name)
+    cl = cluster_for("kr260-ring", 4, 64, node_config="kr260")
+    fast_net, slow_net = Network(cl.topology, fig), Network(cl.topology, slow)
+    link = next(iter(cl.topology.link_params))
+    rate = cl.topology.link_params[link].rate_bps
+    assert slow_net.line_bytes_per_cycle(link) == pytest.approx(rate / 8 / 250e6)
+    assert slow_net.line_bytes_per_cycle(link) == pytest.approx(
+        fast_net.line_bytes_per_cycle(link) * ACLK_HZ / 250e6)
+    nic = fig.router_hop_cycles + fig.packet_latency_cycles
+    lat = cl.topology.link_params[link].latency_s
+    assert slow_net.link_latency(link) == pytest.approx(lat * 250e6 + nic)
+    assert at_clock(fig, ACLK_HZ) is fig
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite number > 0"):
+            at_clock(fig, bad)
+
+
+def test_seconds_at_250_mhz(fig):
+    """The rule: a node's cycles do not depend on the clock, so its compute seconds are
+    300/250 x the 300 MHz ones; on links that are not a bottleneck (``ideal``: the NIC alone,
+    whose costs are cycles) the TTFT is too; on the KR260 ring the links keep their seconds, so
+    the TTFT lies between the 300 MHz one and 300/250 x it."""
+    from mcf.sysmodel.calibration import at_clock
+    k = ACLK_HZ / 250e6
+    slow = at_clock(fig, 250e6)
+    for link in ("ideal", "kr260-ring"):
+        fast_rows, slow_rows = _sweep(fig, link), _sweep(slow, link)
+        for f, s in zip(fast_rows, slow_rows):
+            assert (s["scheme"], s["nodes"]) == (f["scheme"], f["nodes"])
+            assert s["clock_hz"] == 250e6 and f["clock_hz"] == ACLK_HZ
+            assert s["compute_s"] == pytest.approx(k * f["compute_s"], rel=1e-12)
+            assert s["compute_bound_s"] == pytest.approx(k * f["compute_bound_s"], rel=1e-12)
+            if link == "ideal":
+                assert s["ttft_s"] == pytest.approx(k * f["ttft_s"], rel=1e-12)
+            else:
+                assert f["ttft_s"] < s["ttft_s"] <= k * f["ttft_s"] * (1 + 1e-12)
+                assert s["exposed_comm_s"] <= k * f["exposed_comm_s"] + 1e-12
+
+
+def test_compute_bound_hand_computed(fig, qwen):
+    """Qwen2.5-1.5B (28 layers, 12 query heads of 128, hidden 1536, 2 KV heads, MLP 8960),
+    S = 1024 on N = 2 kr260 nodes (4 arrays x 16 x 16 = 1024 MACs/cycle) at 300 MHz."""
+    from mcf.sysmodel.rates import peak_macs_per_cycle
+    from mcf.sysmodel.work import compute_bound_s, prefill_ops
+    attn = 4 * 28 * 12 * 128 * (1024 * 1025 // 2)                   # 90,282,393,600
+    params = 1536 * 1536 * 2 + 2 * 1536 * 256 + 3 * 1536 * 8960      # 46,792,704 per layer
+    linear = 2 * 28 * params * 1024                                  # 2,683,280,818,176
+    assert prefill_ops(qwen, 1024, "attention") == attn == 90_282_393_600
+    assert prefill_ops(qwen, 1024) == attn + linear == 2_773_563_211_776
+    assert peak_macs_per_cycle(fig, "kr260")[0] == 1024 == KR260.macs_per_cycle
+    want = 2_773_563_211_776 / (2 * 2 * 1024 * 300e6)                # 2.25713152 s
+    assert compute_bound_s(qwen, 1024, 2, 1024, 300e6) == pytest.approx(want, rel=1e-15)
+    assert want == pytest.approx(2.25713152, rel=1e-12)
+    row = next(r for r in _sweep(fig, "kr260-ring", nodes=(2,), seq=1024)
+               if r["scheme"] == "mars")
+    assert row["compute_bound_s"] == pytest.approx(want * ACLK_HZ / 300e6, rel=1e-12)
+    assert row["macs_per_cycle_peak"] == 1024
+    assert row["compute_bound_s"] < row["ttft_s"]
+
+
+def test_the_peak_has_one_source(tmp_path):
+    from mcf.sysmodel.rates import peak_macs_per_cycle
+    d = _copy_results(tmp_path)
+    node = json.loads((d / "node.json").read_text())
+    node["macs_per_cycle_peak"] = KR260.macs_per_cycle
+    (d / "node.json").write_text(json.dumps(node))
+    peak, src = peak_macs_per_cycle(load_figures([d]), "kr260")
+    assert peak == KR260.macs_per_cycle and "node.json" in src
+    node["macs_per_cycle_peak"] = KR260.macs_per_cycle + 512
+    (d / "node.json").write_text(json.dumps(node))
+    with pytest.raises(CalibrationError, match="GEMM peak"):
+        peak_macs_per_cycle(load_figures([d]), "kr260")
+
+
+def test_mcf_model_clock_mhz(capsys):
+    argv = ["model", "--nodes", "2", "--prompt-tokens", "2048", "--schemes", "mars", "--quiet",
+            "--json"]
+    assert main(argv) == 0
+    fast = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--clock-mhz", "250"]) == 0
+    slow = json.loads(capsys.readouterr().out)
+    assert fast["clock_hz"] == ACLK_HZ and slow["clock_hz"] == 250e6
+    assert "250 MHz" in slow["calibration"]["clock_hz"]
+    f, s = fast["rows"][0], slow["rows"][0]
+    assert s["compute_s"] == pytest.approx(f["compute_s"] * ACLK_HZ / 250e6, rel=1e-12)
+    assert s["compute_bound_s"] == pytest.approx(f["compute_bound_s"] * ACLK_HZ / 250e6)
+    assert main(["model", "--nodes", "2", "--prompt-tokens", "2048", "--schemes", "mars",
+                 "--quiet", "--clock-mhz", "250"]) == 0
+    text = capsys.readouterr().out
+    assert "every cycle at 250 MHz" in text and "bound s" in text
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--clock-mhz", "0"], "--clock-mhz must be a finite number > 0"),
+    (["--clock-mhz", "nan"], "--clock-mhz must be a finite number > 0"),
+    (["--validate-only", "--clock-mhz", "250"], "does not apply with --validate-only"),
+])
+def test_mcf_model_bad_clock(capsys, argv, msg):
+    assert main(["model", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0]
+
+
+def test_readme_headline_is_the_committed_model_run(capsys):
+    """The README's headline block is rendered from docs/results/model*.json, and those are
+    what `mcf model` gives today from the committed bench results (N = 2, MARS rows checked:
+    a changed bench result means running the commands of HEADLINE_COMMANDS again)."""
+    from mcf.commands.tables import render_readme
+    from mcf.sysmodel.calibration import REPO
+    from mcf.sysmodel.report import BLOCKS, HEADLINE_COMMANDS
+    files, _ = BLOCKS["headline"]
+    assert len(files) == len(HEADLINE_COMMANDS)
+    for path, cmd in zip(files, HEADLINE_COMMANDS):
+        assert cmd.endswith(path)
+        doc = json.loads((REPO / path).read_text())
+        row = next(r for r in doc["rows"] if r["scheme"] == "mars" and r["nodes"] == 2)
+        argv = cmd.split()[1:-2] + ["--nodes", "2", "--schemes", "mars", "--quiet", "--json"]
+        assert main(argv) == 0
+        now = json.loads(capsys.readouterr().out)["rows"][0]
+        for key in ("ttft_s", "compute_bound_s", "cost_model_ttft_s", "clock_hz"):
+            assert now[key] == pytest.approx(row[key], rel=1e-9), (
+                f"{path} is stale ({key}): run `{cmd}` (every command of "
+                "mcf.sysmodel.report.HEADLINE_COMMANDS), then `mcf tables`")
+    readme = (REPO / "README.md").read_text()
+    assert "<!-- model:headline -->" in readme and "<!-- model:evaluation -->" in readme
+    import os
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        new, missing = render_readme(readme, REPO / "docs" / "results")
+    finally:
+        os.chdir(cwd)
+    assert not missing and new == readme

@@ -23,6 +23,7 @@ from mcf.sysmodel.evaluation import (
     paper_checks,
     scaled_rates,
     scope_ops,
+    speedups,
     write_report,
 )
 from mcf.sysmodel.rates import NodeRates
@@ -155,11 +156,13 @@ def test_report_files(ev, tmp_path):
     doc = json.loads((tmp_path / "r" / "evaluation.json").read_text())
     assert set(doc) == {"spec", "clock_hz", "calibration", "covers", "fig3", "fig4", "fig5",
                         "table1", "table2_decode", "crossover", "paper_checks", "targets",
-                        "notes"}
+                        "clocks", "notes"}
+    assert [c["clock_mhz"] for c in doc["clocks"]] == [300.0, 250.0]
     assert set(doc["covers"]) == set(SCOPES)
     assert doc["table1"]["paper"]["mars"]["2"]["ttft_s"] == 1.68
     md = (tmp_path / "r" / "summary.md").read_text()
     assert "## Crossover map" in md and "whole model" in md
+    assert "## Table 1 and Table 2 at 300 and 250 MHz" in md
 
 
 def test_mcf_model_evaluate(tmp_path, capsys):
@@ -211,3 +214,59 @@ def test_mcf_model_evaluate_bad_out_and_results(tmp_path, capsys):
     assert main(["model", "--evaluate", "--quick", "--results-dir", str(tmp_path),
                  "--out", str(tmp_path / "r")]) == 1
     assert capsys.readouterr().err.count("\n") == 1
+
+
+# --- the clock (issue #35 §5) -----------------------------------------------------------------
+
+def test_table1_and_table2_at_300_and_250_mhz(ev, spec, fig):
+    """Table 1 and Table 2 at the ABI's clock and at 250 MHz: the same plans and cycles, so every
+    node's compute seconds are 300/250 x; the links keep their seconds, so a TTFT lies between
+    the 300 MHz one and 300/250 x it; decode: the weight stream and the GEMM are node cycles
+    (x 300/250), the DDR roofline is the PL's ports per cycle (x 250/300)."""
+    from mcf.abi.platform import ACLK_HZ
+    assert spec.clocks_mhz == (ACLK_HZ / 1e6, 250.0)
+    assert [c.clock_hz for c in ev.clocks] == [ACLK_HZ, 250e6]
+    fast, slow = ev.clocks
+    assert list(fast.table_runs) == ev.table_runs and list(fast.decode) == ev.decode
+    k = ACLK_HZ / 250e6
+    assert len(fast.table_runs) == len(slow.table_runs) > 0
+    for f, s in zip(fast.table_runs, slow.table_runs):
+        assert (s.scheme, s.nodes, s.scope, s.comm_gib) == (f.scheme, f.nodes, f.scope, f.comm_gib)
+        assert s.compute_s == pytest.approx(k * f.compute_s, rel=1e-12)
+        assert f.ttft_s < s.ttft_s <= k * f.ttft_s * (1 + 1e-12)
+    for f, s in zip(fast.decode, slow.decode):
+        assert (s.mode, s.weight_path, s.context) == (f.mode, f.weight_path, f.context)
+        for name in ("weights_s", "gemm_s", "vector_s", "attention_s"):
+            assert getattr(s, name) == pytest.approx(k * getattr(f, name), rel=1e-12)
+        assert s.roofline_tok_s == pytest.approx(f.roofline_tok_s / k, rel=1e-12)
+        assert s.tok_s < f.tok_s
+    d = ev.to_dict()["clocks"]
+    assert [c["clock_hz"] for c in d] == [ACLK_HZ, 250e6]
+    assert d[1]["table1"]["speedups"] == speedups(slow.table_runs, spec.nodes)
+    assert count_runs(spec) == count_runs(spec, 250e6) == count_runs(spec, 200e6) - len(
+        spec.nodes) * 7
+
+
+def test_evaluate_at_another_clock(fig, spec):
+    """``--clock-mhz 250``: every figure at 250 MHz, and Table 1 / 2 also at 300 MHz."""
+    from dataclasses import replace
+
+    from mcf.abi.platform import ACLK_HZ
+    from mcf.sysmodel.calibration import at_clock
+    small = replace(spec, seq_lens=(1024,), chunks=(1024,), compute_scales=(1,), link_gbps=(10,),
+                    nodes=(2,), memory_nodes=(2,))
+    ev = evaluate(small, at_clock(fig, 250e6))
+    assert ev.clock_hz == 250e6 and "250 MHz" in ev.notes["clock"]
+    assert [c.clock_hz for c in ev.clocks] == [250e6, ACLK_HZ]
+    assert "K26's DSP peak (4 x 1248 DSPs x 250 MHz" in ev.checks[0].finding
+
+
+def test_mcf_model_evaluate_clock(tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["model", "--evaluate", "--quick", "--quiet", "--clock-mhz", "250", "--out",
+                 str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "at 250 MHz: MARS TTFT" in text and "at 300 MHz: MARS TTFT" in text
+    doc = json.loads((out / "evaluation.json").read_text())
+    assert doc["clock_hz"] == 250e6 and [c["clock_mhz"] for c in doc["clocks"]] == [250, 300]
+    assert "## Table 1 and Table 2 at 250 and 300 MHz" in (out / "summary.md").read_text()

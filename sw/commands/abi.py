@@ -66,6 +66,8 @@ def render(markdown: bool = False) -> str:
 
 
 def register(subs) -> None:
-    p = subs.add_parser("abi", help="print the packet metadata layout and the register map")
+    from ._checks import description
+    p = subs.add_parser("abi", help="print the packet metadata layout and the register map",
+                        description=description(__doc__))
     p.add_argument("--markdown", action="store_true", help="Markdown output for docs")
     p.set_defaults(handler=lambda a: print(render(a.markdown)))

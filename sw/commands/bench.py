@@ -19,7 +19,7 @@ __all__ = ["run_benches", "register"]
 
 def _benches() -> tuple[str, ...]:
     from mcf.sim.bench import BENCHES
-    return BENCHES
+    return BENCHES + tuple(n for n in ("depth",) if n not in BENCHES)  # logic depth, issue #35
 
 
 def run_benches(names: list[str], *, small: bool, synth: bool, out: Path,
@@ -62,6 +62,8 @@ def run(args) -> int:
     if unknown:
         raise UsageError(f"unknown bench(es) {', '.join(unknown)}; known: "
                          f"{', '.join(known)}, all")
+    from ._checks import writable_dir
+    writable_dir("--out", args.out)
 
     def say(name):
         print(f"mcf bench: running {name}{' (small)' if args.small else ''}", file=sys.stderr)
@@ -82,10 +84,12 @@ def run(args) -> int:
 
 
 def register(subs) -> None:
-    p = subs.add_parser("bench", help="measure cycles and resources; write build/bench/*.json")
+    from ._checks import description
+    p = subs.add_parser("bench", help="measure cycles and resources; write build/bench/*.json",
+                        description=description(__doc__))
     p.add_argument("names", nargs="*", metavar="NAME",
                    help="packet, nic, compute, attention, csr, plan, node, cluster, eth, task, "
-                        "or all (default all)")
+                        "depth, or all (default all)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--small", action="store_true", help="reduced sizes (what CI runs)")
     p.add_argument("--no-synth", action="store_true", help="skip the yosys resource estimates")

@@ -29,10 +29,34 @@ _PORT = re.compile(r"^\s*(?:input|output|inout)\b(?:\s*(?:wire|reg))?\s*(?:\[[^\
                    r"\s*(\w+)\s*;", re.M)
 
 
-def verilog_ports(text: str) -> list[str]:
-    """The port names declared in a Verilog module (``input [..] name;`` style, as Amaranth
-    writes them)."""
+def verilog_ports(text: str, module: str | None = None) -> list[str]:
+    """The port names declared in Verilog (``input [..] name;`` style, as Amaranth writes
+    them): of ``module`` alone when it is given (the top, not its submodules), else of every
+    module in ``text``."""
+    if module is not None:
+        start = re.search(rf"^module {re.escape(module)}\s*\(", text, re.M)
+        if start is not None:
+            end = text.find("\nendmodule", start.end())
+            text = text[start.start():None if end < 0 else end]
     return _PORT.findall(text)
+
+
+def _flat_ports(factory) -> list[str]:
+    """The port names of the top ``factory`` makes, read from the constructed top (a second,
+    not the conversion's minute); the top is never elaborated, so Amaranth's warning about
+    unused elaboratables is silenced while it is collected."""
+    import gc
+    import warnings
+
+    from amaranth.hdl import UnusedElaboratable
+
+    top = factory()
+    names = [s.name for s in top.ports]
+    del top
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        gc.collect()
+    return names
 
 
 def vivado_command(vivado: str, tcl: Path) -> list[str]:
@@ -42,6 +66,7 @@ def vivado_command(vivado: str, tcl: Path) -> list[str]:
 
 def run(args) -> int:
     from ..cli import UsageError
+    from ._checks import writable_dir
 
     if args.board not in BOARDS:
         raise UsageError(f"unknown board {args.board!r}; known: {', '.join(BOARDS)}")
@@ -56,6 +81,7 @@ def run(args) -> int:
     from mcf.hdl.tops import TOPS
     if args.name not in TOPS:
         raise UsageError(f"unknown top {args.name!r}; known: {', '.join(sorted(TOPS))}")
+    out = writable_dir("--out", args.out or f"build/{args.board}")
 
     from mcf.hdl.platform.kr260 import (
         ETH_BOARD_PORTS,
@@ -65,11 +91,17 @@ def run(args) -> int:
         vivado_tcl,
     )
 
+    flat_ports = _flat_ports(TOPS[args.name])
+    try:
+        top_interfaces(flat_ports)
+    except ValueError as exc:
+        raise UsageError(f"top {args.name} is not a node top: {exc}") from None
+
     from . import verilog
-    out = Path(args.out or f"build/{args.board}")
-    verilog.run(argparse.Namespace(out=str(out), only=[args.name, ETH_TOP]))
+    verilog.run(argparse.Namespace(out=str(out), only=[args.name, ETH_TOP], quiet=args.quiet),
+                prog="mcf build")
     v_path = out / f"{args.name}.v"
-    ports = verilog_ports(v_path.read_text())
+    ports = verilog_ports(v_path.read_text(), args.name)
     try:
         top_interfaces(ports)
     except ValueError as exc:
@@ -103,12 +135,14 @@ def run(args) -> int:
 
 
 def register(subs) -> None:
+    from ._checks import description
     p = subs.add_parser("build", help="Verilog + XDC + Vivado Tcl of a board overlay; "
-                        "runs Vivado when found")
+                        "runs Vivado when found", description=description(__doc__))
     p.add_argument("--board", required=True, help=f"target board ({', '.join(BOARDS)})")
     p.add_argument("--out", default=None, help="output folder (default build/<board>)")
     p.add_argument("--vivado", default=None, help="path of the vivado executable "
                    "(default: vivado on PATH)")
     p.add_argument("--jobs", type=int, default=2, help="Vivado run jobs (default %(default)s)")
     p.add_argument("--name", default="mcf_node", help="top to build (default %(default)s)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(handler=run)

@@ -293,9 +293,8 @@ def run(args) -> int:
                          f"{', '.join(RUN_POLICIES)}")
     if args.parallel < 1:
         raise UsageError(f"--parallel must be at least 1 (got {args.parallel})")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a directory")
+    from ._checks import writable_dir
+    out = writable_dir("--out", args.out)
     spec = DemoSpec(nodes=args.nodes, prompt_tokens=args.prompt_tokens, chunk=args.chunk,
                     decode_tokens=args.decode_tokens, seed=args.seed, policies=policies,
                     parallel=args.parallel, quick=args.quick, out=out)
@@ -342,10 +341,15 @@ def _print(s: dict, spec: DemoSpec) -> None:
     print(f"  report: {spec.out}/summary.md, summary.json, evaluation.json and the PNGs")
 
 
+def _description() -> str:
+    from ._checks import description
+    return description(__doc__)
+
+
 def register(subs) -> None:
     p = subs.add_parser("demo", help="the whole system in a few minutes: a simulated cluster "
                                      "answers retrieval prompts, the RTL comparison, the model",
-                        description=__doc__.splitlines()[0])
+                        description=_description())
     p.add_argument("--nodes", type=int, default=4, help="simulated KR260 nodes (default 4)")
     p.add_argument("--prompt-tokens", type=int, default=64,
                    help="passkey prompt length, a multiple of --chunk (default 64)")

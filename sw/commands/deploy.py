@@ -1,11 +1,12 @@
-"""``mcf deploy --hosts h0,h1,... --overlay build/<board>/<name> [--user U] [--key PATH]
-[--port P] [--known-hosts PATH] [--remote-dir DIR] [--jobs N] [--python PY] [--wheel WHL]
-[--timeout S]``: the overlay and the runtime onto boards over SSH (issue #12 item 5).
+"""``mcf deploy --hostfile FILE|--hosts h0,h1,... --overlay build/<board>/<name> [--user U]
+[--key PATH] [--port P] [--known-hosts PATH] [--remote-dir DIR] [--jobs N] [--python PY]
+[--wheel WHL] [--timeout S]``: the overlay and the runtime onto boards over SSH (issue #12 item 5).
 
 Builds the ``mcf`` wheel of this checkout (unless ``--wheel``), then per host concurrently:
 versions checked, ``.bit``/``.hwh``/wheel copied over SFTP, the wheel installed with the board's
 pip, the overlay loaded and the node's ``ID`` read (:mod:`mcf.deploy.ssh`). Prints a table and one
 line per failed host; exit 0 when every host deployed, 1 when any failed, 2 on bad arguments.
+``--check-links`` then checks the ring's cables (:mod:`mcf.deploy.links`): 1 if one fails.
 """
 
 from __future__ import annotations
@@ -22,9 +23,15 @@ def _targets(args):
     """``--hosts`` and ``--overlay`` checked (before the seconds-long wheel build)."""
     from ..cli import UsageError
     from ..deploy import OverlayFiles, parse_hosts
+    from ._checks import hostfile_hosts
 
+    if (args.hosts is None) == (args.hostfile is None):
+        raise UsageError("name the boards once: --hostfile FILE (as for mcf run) or --hosts "
+                         "a,b,...")
+    text = args.hosts if args.hostfile is None else \
+        ",".join(hostfile_hosts("--hostfile", args.hostfile))
     try:
-        return tuple(parse_hosts(args.hosts)), OverlayFiles.find(args.overlay)
+        return tuple(parse_hosts(text)), OverlayFiles.find(args.overlay)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -54,6 +61,15 @@ def _check(args) -> None:
             raise UsageError(f"--{opt.replace('_', '-')} {value}: no such file")
     if args.wheel is not None and not args.wheel.endswith(".whl"):
         raise UsageError(f"--wheel {args.wheel}: not a .whl file")
+    if args.wheel is not None:
+        import zipfile
+
+        from ..deploy.spec import wheel_metadata
+        try:                    # a zip with one .dist-info/METADATA
+            wheel_metadata(Path(args.wheel))
+        except (ValueError, OSError, zipfile.BadZipFile, UnicodeDecodeError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise UsageError(f"--wheel {args.wheel}: not a valid mcf wheel ({first})") from None
     if not args.remote_dir.strip():
         raise UsageError("--remote-dir is empty")
     if not args.python.strip():
@@ -70,6 +86,8 @@ def run(args) -> int:
     if not HAVE_ASYNCSSH:
         raise UsageError("needs the deploy extra (asyncssh, rich): pip install -e '.[deploy]'")
     hosts, overlay = _targets(args)
+    if args.check_links and len(hosts) < 2:
+        raise UsageError("--check-links needs the boards of a ring: at least two hosts")
     with tempfile.TemporaryDirectory(prefix="mcf-deploy-") as tmp:
         if args.wheel is not None:
             wheel = Path(args.wheel)
@@ -89,13 +107,22 @@ def run(args) -> int:
             raise UsageError(f"--wheel {wheel}: {exc}") from None
         results = asyncio.run(deploy(cfg))
     print_report(results)
-    return 0 if all(r.ok for r in results) else 1
+    ok = all(r.ok for r in results)
+    if ok and args.check_links:             # mcf.deploy.links: a ping over each cable each way
+        from ..deploy.ssh import check_links, link_report
+        ok = link_report(asyncio.run(check_links(cfg, [r.overlay for r in results])))
+    return 0 if ok else 1
 
 
 def register(subs) -> None:
+    from ._checks import description
     p = subs.add_parser("deploy", help="copy an overlay and the runtime to KR260 boards over "
-                        "SSH, load it, read the node ID")
-    p.add_argument("--hosts", required=True, help="comma-separated [user@]host[:port] list")
+                        "SSH, load it, read the node ID", description=description(__doc__))
+    p.add_argument("--hostfile", default=None, metavar="FILE",
+                   help="the boards: the Open MPI hostfile mcf run --hostfile takes (one host "
+                        "per line); or --hosts")
+    p.add_argument("--hosts", default=None, help="the boards as a comma-separated "
+                   "[user@]host[:port] list (for a user or port per board); or --hostfile")
     p.add_argument("--overlay", required=True, help="the overlay: build/<board>/<name> (or its "
                    ".bit, or the folder) with <name>.bit and <name>.hwh side by side")
     p.add_argument("--user", default=None, help="SSH user (default: the local user)")
@@ -114,4 +141,7 @@ def register(subs) -> None:
                    "one from the checkout")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each remote step may "
                    "take (default %(default)g)")
+    p.add_argument("--check-links", action="store_true", help="after the deploy, read every "
+                   "link's status and ping over every cable both ways (host order = "
+                   "node order); one verdict per cable (docs/deploy.md)")
     p.set_defaults(handler=run)

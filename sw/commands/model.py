@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 from ..cli import UsageError
+from ._checks import Progress, add_alias, description, spelling, writable_dir, writable_file
 
 __all__ = ["register", "run"]
 
@@ -72,10 +74,13 @@ def run(args) -> int:
         if s not in SCHEMES:
             raise UsageError(f"unknown scheme {s!r} (one of {', '.join(SCHEMES)})")
     if args.seq < 1 or args.chunk < 1 or args.seq % args.chunk:
-        raise UsageError(f"--seq {args.seq} must be a positive multiple of --chunk {args.chunk}")
+        raise UsageError(f"{spelling(args, 'seq', '--prompt-tokens')} {args.seq} must be a "
+                         f"positive multiple of --chunk {args.chunk}")
     for flag, value in (("--alpha", args.alpha), ("--kv-budget-mib", args.kv_budget_mib)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise UsageError(f"{flag} must be a finite number >= 0, got {value}")
+    if args.clock_mhz is not None and not (math.isfinite(args.clock_mhz) and args.clock_mhz > 0):
+        raise UsageError(f"--clock-mhz must be a finite number > 0, got {args.clock_mhz}")
     from ..mars import get_model
     from ..sysmodel.rates import check_fits
     model = get_model(args.model)
@@ -84,11 +89,22 @@ def run(args) -> int:
         setting = get_setting(args.setting, model)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    for folder in args.results_dir or ():
+        if not Path(folder).is_dir():
+            raise UsageError(f"--results-dir {folder}: no such directory")
+    if args.json not in (None, "-"):
+        writable_file("--json", args.json)
+    if args.evaluate:
+        writable_dir("--out", args.out or "build/report")
     try:
         fig = load_figures(args.results_dir or None)
     except CalibrationError as exc:
         print(f"mcf model: error: {exc}", file=sys.stderr)
         return 1
+    measured_fig = fig     # the validation replays the benches at the clock they assumed
+    if args.clock_mhz is not None:
+        from ..sysmodel.calibration import at_clock
+        fig = at_clock(fig, args.clock_mhz * 1e6)
     if args.alpha is not None or args.kv_budget_mib is not None:
         setting = Setting("given", setting.alpha if args.alpha is None else args.alpha,
                           setting.kv_budget_mib if args.kv_budget_mib is None
@@ -98,7 +114,7 @@ def run(args) -> int:
     out: dict = {}
     try:
         if args.validate:
-            out["validation"] = _validation(args, fig)
+            out["validation"] = _validation(args, measured_fig)
         if not args.validate_only:
             sw = ModelSweep(alpha=setting.alpha, kv_budget_mib=setting.kv_budget_mib,
                             setting=setting.name, model=args.model, seq_len=args.seq,
@@ -106,15 +122,9 @@ def run(args) -> int:
                             node_config=args.node_config,
                             spec=SystemSpec(layout=args.layout, scope=args.scope,
                                             overheads=not args.no_overheads))
-            bar = None
-            if not args.json and sys.stderr.isatty():
-                from tqdm import tqdm
-                bar = tqdm(total=len(nodes) * len(schemes), desc="system model", unit="run",
-                           leave=False)
-            rows = run_sweep(sw, fig, None if bar is None else
-                             lambda label: (bar.set_postfix_str(label), bar.update(1)))
-            if bar is not None:
-                bar.close()
+            with Progress("mcf model", len(nodes) * len(schemes), "system model", "run",
+                          enabled=not args.quiet) as bar:
+                rows = run_sweep(sw, fig, bar.step)
             out |= {"rows": rows, "speedups": summary(rows)}
     except CalibrationError as exc:
         print(f"mcf model: error: {exc}", file=sys.stderr)
@@ -126,7 +136,7 @@ def run(args) -> int:
         out["clock_hz"] = fig.clock_hz
         out["link"] = {"name": args.link, "assumption": LINKS[args.link].text}
         out["setting"] = setting.__dict__
-        print(json.dumps(out))
+        _emit_json(args, json.dumps(out))
         return 0
     if "validation" in out:
         _print_validation(out["validation"], fig)
@@ -137,17 +147,22 @@ def run(args) -> int:
     return 0
 
 
+def _emit_json(args, text: str) -> None:
+    """``--json``: the object printed, or written to ``--json PATH``."""
+    if args.json == "-":
+        print(text)
+    else:
+        Path(args.json).write_text(text + "\n")
+
+
 def _evaluate(args, setting, nodes, fig) -> int:
     """``--evaluate``: every figure and table of the paper's evaluation into ``--out``."""
     from dataclasses import replace
-    from pathlib import Path
 
     from ..mars import PlanError
     from ..sysmodel.calibration import CalibrationError
     from ..sysmodel.evaluation import EvalSpec, count_runs, evaluate, write_report
-    out = Path(args.out or "build/report")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a directory")
+    out = writable_dir("--out", args.out or "build/report")
     try:
         spec = EvalSpec(alpha=setting.alpha, kv_budget_mib=setting.kv_budget_mib,
                         setting=setting.name, model=args.model, node_config=args.node_config,
@@ -162,27 +177,24 @@ def _evaluate(args, setting, nodes, fig) -> int:
                            chunks=chunks or (args.chunk,))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    bar = None
-    if not args.json and sys.stderr.isatty():
-        from tqdm import tqdm
-        bar = tqdm(total=count_runs(spec), desc="evaluation", unit="run", leave=False)
+    bar = Progress("mcf model", count_runs(spec, fig.clock_hz), "evaluation", "run",
+                   enabled=not args.quiet)
     try:
-        ev = evaluate(spec, fig, None if bar is None else
-                      lambda label: (bar.set_postfix_str(label), bar.update(1)))
+        ev = evaluate(spec, fig, bar.step)
     except CalibrationError as exc:
+        bar.close()
         print(f"mcf model: error: {exc}", file=sys.stderr)
         return 1
     except (PlanError, ValueError) as exc:
+        bar.close()
         raise UsageError(str(exc).splitlines()[0]) from None
-    finally:
-        if bar is not None:
-            bar.close()
+    bar.close()
     try:
         written = write_report(ev, out)
     except OSError as exc:
         raise UsageError(f"--out {out}: {exc.strerror or exc}") from None
     if args.json:
-        print(json.dumps(ev.to_dict(), default=str))
+        _emit_json(args, json.dumps(ev.to_dict(), default=str))
         return 0
     t = ev.targets()
     w = t["worst_mars_over_best_fair"]
@@ -192,6 +204,13 @@ def _evaluate(args, setting, nodes, fig) -> int:
           f"({w['where']}, {w['scope']}, N = {w['nodes']})")
     print(f"largest map speedup: {best['speedup']:.2f}x over {best['best_fair']} "
           f"({best['scope']}, compute x{best['compute_scale']:g}, {best['link_gbps']:g} Gb/s)")
+    for c in ev.clocks:
+        mars = {r.nodes: r.ttft_s for r in c.table_runs if r.scheme == "mars"
+                and r.scope == "model"}
+        print(f"at {c.clock_hz / 1e6:g} MHz: MARS TTFT (whole model) " + ", ".join(
+            f"N = {n}: {t:.2f} s" for n, t in mars.items()) + "; decode " + ", ".join(
+            f"{d.mode} {d.context}: {d.tok_s:.1f} tok/s" for d in c.decode
+            if d.weight_path == c.decode[0].weight_path))
     return 0
 
 
@@ -200,17 +219,25 @@ EVALUATE_EXCLUDES = (("--scope", "scope"), ("--layout", "layout"), ("--schemes",
                      ("--validate-only", "validate_only"))
 """Flags ``--evaluate`` does not take: it models both scopes and its own schemes."""
 
+VALIDATE_ONLY_EXCLUDES = (("--nodes", "nodes"), ("--prompt-tokens", "seq"), ("--chunk", "chunk"),
+                          ("--schemes", "schemes"), ("--scope", "scope"), ("--layout", "layout"),
+                          ("--no-overheads", "no_overheads"), ("--alpha", "alpha"),
+                          ("--kv-budget-mib", "kv_budget_mib"), ("--clock-mhz", "clock_mhz"))
+"""Flags of the sweep that ``--validate-only`` does not run."""
+
 DEFAULTS = {"nodes": "2,4,8,16", "seq": 16384, "chunk": 1024, "scope": "model",
             "layout": "plan",
             "schemes": "mars,ring,zigzag,ring-unchunked,zigzag-unchunked,full,pd"}
 
 
 def register(subs) -> None:
-    p = subs.add_parser("model", help="event-level system model calibrated from the RTL benches")
+    p = subs.add_parser("model", help="event-level system model calibrated from the RTL benches",
+                        description=description(__doc__))
     p.add_argument("--nodes", default=None, help="node counts, comma-separated "
                                                  "(default 2,4,8,16)")
-    p.add_argument("--seq", type=int, default=None, help="prompt length S in tokens "
-                                                        "(default 16384)")
+    p.add_argument("--prompt-tokens", dest="seq", type=int, default=None, metavar="N",
+                   help="prompt length S in tokens (default 16384; formerly --seq)")
+    add_alias(p, "--seq", "seq", type=int, metavar="N")
     p.add_argument("--chunk", type=int, default=None, help="chunk size B in tokens "
                                                           "(default 1024)")
     p.add_argument("--link", default="kr260-ring",
@@ -225,6 +252,11 @@ def register(subs) -> None:
     p.add_argument("--kv-budget-mib", type=float, default=None,
                    help="override the setting's S_node (MiB per node)")
     p.add_argument("--node-config", default="kr260", help="node configuration (kr260, sim)")
+    p.add_argument("--clock-mhz", type=float, default=None, metavar="F",
+                   help="turn cycles into seconds at F MHz (default: the ABI's assumed aclk, "
+                        "mcf.abi.platform.ACLK_HZ); the links keep their bit/s and cable "
+                        "latency in seconds; --validate still replays the benches at the clock "
+                        "they assumed")
     p.add_argument("--scope", default=None,
                    help="what TTFT covers: model (the whole layer program, default) or "
                         "attention (the ATTEND records alone)")
@@ -240,7 +272,9 @@ def register(subs) -> None:
     p.add_argument("--results-dir", action="append", default=None, metavar="DIR",
                    help="where bench JSON is read (repeatable, in order; default build/bench "
                         "then docs/results)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help="one JSON object instead of the table: printed, or written to PATH")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--evaluate", action="store_true",
                    help="reproduce the paper's evaluation (Fig. 3-5, Table 1, Table 2's decode "
                         "row, the crossover map): PNGs, summary.md and evaluation.json in --out")
@@ -258,13 +292,19 @@ def _handler(args) -> int:
                 raise UsageError(f"{flag} does not apply with --evaluate (it models both "
                                  "scopes and its own schemes)")
         if args.quick:
-            for flag, attr in (("--nodes", "nodes"), ("--seq", "seq"), ("--chunk", "chunk")):
+            for flag, attr in (("--nodes", "nodes"), (spelling(args, "seq", "--prompt-tokens"),
+                                                      "seq"), ("--chunk", "chunk")):
                 if getattr(args, attr) is not None:
                     raise UsageError(f"{flag} does not apply with --quick (its grid is fixed)")
     else:
         for flag, attr in (("--out", "out"), ("--quick", "quick")):
             if getattr(args, attr) not in (None, False):
                 raise UsageError(f"{flag} needs --evaluate")
+    if args.validate_only:
+        for flag, attr in VALIDATE_ONLY_EXCLUDES:
+            if getattr(args, attr) not in (None, False):
+                raise UsageError(f"{spelling(args, attr, flag)} does not apply with "
+                                 "--validate-only (it replays the measured layer program)")
     for attr, value in DEFAULTS.items():
         if getattr(args, attr) is None:
             setattr(args, attr, value)

@@ -9,6 +9,7 @@ import math
 from ..abi.node_config import NODE_CONFIGS
 from ..abi.platform import ACLK_HZ, K26
 from ..cli import UsageError
+from ._checks import add_alias, description, spelling, writable_dir, writable_file
 
 FLOAT_ARGS = ("kv_budget_mib", "buffer_mib", "alpha", "link_gbps", "link_latency_us", "mhz",
               "compute_eff", "gamma")
@@ -43,15 +44,22 @@ def run(args) -> int:
     if args.node_config not in NODE_CONFIGS:
         raise UsageError(f"unknown node configuration {args.node_config!r} "
                          f"(one of {', '.join(NODE_CONFIGS)})")
+    _check_flags(args)
     for name in FLOAT_ARGS:
         if getattr(args, name) is not None and not math.isfinite(getattr(args, name)):
             raise UsageError(f"--{name.replace('_', '-')} must be a finite number")
     if args.nodes < 1:
         raise UsageError(f"--nodes must be >= 1 (got {args.nodes})")
     if args.seq_len < 1:
-        raise UsageError(f"--seq-len must be >= 1 (got {args.seq_len})")
+        raise UsageError(f"{spelling(args, 'seq_len', '--prompt-tokens')} must be >= 1 "
+                         f"(got {args.seq_len})")
     if args.chunk is not None and (args.chunk < 1 or args.seq_len % args.chunk):
-        raise UsageError(f"--seq-len {args.seq_len} is not a multiple of --chunk {args.chunk}")
+        raise UsageError(f"{spelling(args, 'seq_len', '--prompt-tokens')} {args.seq_len} is "
+                         f"not a multiple of --chunk {args.chunk}")
+    if args.emit_metadata:
+        writable_dir("--emit-metadata", args.emit_metadata)
+    if args.json not in (None, "-"):
+        writable_file("--json", args.json)
     setting = get_setting(args.setting, model)
     if args.alpha is not None or args.kv_budget_mib is not None:
         setting = Setting("given", setting.alpha if args.alpha is None else args.alpha,
@@ -69,7 +77,7 @@ def run(args) -> int:
             reduce_slots=cfg.reduce_slots if args.reduce_slots is None else args.reduce_slots)
         total = args.seq_len // args.chunk if args.chunk else 0
         progress = None
-        if not args.json and (total == 0 or total >= PROGRESS_MIN_CHUNKS):
+        if not args.json and not args.quiet and (total == 0 or total >= PROGRESS_MIN_CHUNKS):
             from tqdm import tqdm
 
             def progress(done, n, state={}):  # noqa: B006 - one bar per run
@@ -89,18 +97,52 @@ def run(args) -> int:
         if not args.json:
             print(f"wrote {len(files)} files to {args.emit_metadata}")
     if args.json:
-        print(json.dumps(plan_dict(p, args.detail) | {"setting": setting.__dict__}))
+        text = json.dumps(plan_dict(p, args.detail) | {"setting": setting.__dict__})
+        if args.json == "-":
+            print(text)
+        else:
+            args.json_path.write_text(text + "\n")
     else:
         print(setting.describe())
         print(plan_table(p))
     return 0
 
 
+UNIFORM_ONLY = (("--link-gbps", "link_gbps", 10.0), ("--link-latency-us", "link_latency_us", 2.0))
+"""Flags of the uniform topologies (ring, mesh, torus, switch) with their defaults; the
+kr260-* topologies use the board's own links."""
+
+
+def _check_flags(args) -> None:
+    """Flags that apply only with another flag, refused without it (issue #36)."""
+    from pathlib import Path
+
+    if args.seq_len is None:
+        raise UsageError("--prompt-tokens N is required (the prompt length S in tokens)")
+    if args.detail and not args.json:
+        raise UsageError("--detail lists the transfers in the JSON: add --json")
+    if args.mesh_dims is not None and args.topology not in ("mesh", "torus"):
+        raise UsageError(f"--mesh-dims applies to --topology mesh or torus, not "
+                         f"{args.topology}")
+    if args.keep_fetched and args.policy != "mars":
+        raise UsageError(f"--keep-fetched is a MARS option, not for --policy {args.policy}")
+    for flag, attr, default in UNIFORM_ONLY:
+        if getattr(args, attr) is None:
+            setattr(args, attr, default)
+        elif args.topology.startswith("kr260-"):
+            raise UsageError(f"{flag} applies to the uniform topologies (ring, mesh, torus, "
+                             f"switch); --topology {args.topology} uses the board's links")
+    args.json_path = None if args.json in (None, "-") else Path(args.json)
+
+
 def register(subs) -> None:
-    p = subs.add_parser("plan", help="MARS prefill plan: replica factors, memory, traffic, TTFT")
+    p = subs.add_parser("plan", help="MARS prefill plan: replica factors, memory, traffic, TTFT",
+                        description=description(__doc__))
     p.add_argument("--model", default="qwen2.5-1.5b", help="model preset (qwen2.5-1.5b, tiny)")
     p.add_argument("--kv-dtype", default=None, help="KV element type: int4, int8 or fp16")
-    p.add_argument("--seq-len", type=int, required=True, help="prompt length S in tokens")
+    p.add_argument("--prompt-tokens", dest="seq_len", type=int, default=None, metavar="N",
+                   help="prompt length S in tokens (required; formerly --seq-len)")
+    add_alias(p, "--seq-len", "seq_len", type=int, metavar="N")
     p.add_argument("--nodes", type=int, required=True, help="number of nodes N")
     p.add_argument("--chunk", type=int, default=None,
                    help="chunk size B in tokens (default: B* by eq 8)")
@@ -126,9 +168,10 @@ def register(subs) -> None:
     p.add_argument("--topology", default="kr260-ring",
                    help="kr260-ring (default), kr260-switch, ring, mesh, torus or switch")
     p.add_argument("--mesh-dims", default=None, help="XxY for mesh/torus (default: squarest)")
-    p.add_argument("--link-gbps", type=float, default=10.0,
-                   help="line rate of every link of a uniform topology")
-    p.add_argument("--link-latency-us", type=float, default=2.0, help="per-hop latency")
+    p.add_argument("--link-gbps", type=float, default=None,
+                   help="line rate of every link of a uniform topology (default 10)")
+    p.add_argument("--link-latency-us", type=float, default=None,
+                   help="per-hop latency of a uniform topology (default 2)")
     p.add_argument("--dsps", type=int, default=K26["DSP"],
                    help=f"DSP48E2 slices per node (default: the K26's {K26['DSP']})")
     p.add_argument("--mhz", type=float, default=ACLK_HZ / 1e6,
@@ -143,9 +186,11 @@ def register(subs) -> None:
     p.add_argument("--reduce-slots", type=int, default=None,
                    help="open reductions per reduction engine (default and maximum: the node "
                         "configuration's reduce_slots)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help="one JSON object instead of the table: printed, or written to PATH")
     p.add_argument("--detail", action="store_true",
                    help="with --json: list every transfer (source, destinations, route id)")
     p.add_argument("--emit-metadata", metavar="DIR", default=None,
                    help="write the packed per-node metadata streams and routes.json to DIR")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(handler=run)

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from ..cli import UsageError
+from ._checks import add_alias, description, hostfile_hosts, spelling, writable_file
 
 __all__ = ["register", "run", "simulate"]
 
@@ -88,18 +89,76 @@ def _check_model(spec):
                          f"exceed the model's {cfg.max_position_embeddings} positions")
     try:
         plan = make_plan(spec, cfg)
-        run_prompt(spec, cfg)
+        prompt, _ = run_prompt(spec, cfg)
     except RunError as exc:
         raise UsageError(str(exc)) from None
     if not plan.totals.memory_ok:
-        raise UsageError(f"--kv-budget-kib {spec.kv_budget / 1024:g}: the {spec.policy} plan "
-                         f"needs {plan.totals.peak_node_kv_bytes / 1024:g} KiB of KV on a node")
+        raise UsageError(f"--kv-budget-mib {spec.kv_budget / 2 ** 20:g}: the {spec.policy} plan "
+                         f"needs {plan.totals.peak_node_kv_bytes / 2 ** 20:g} MiB of KV on a "
+                         "node")
+    _check_integer_model(spec, cfg, tensors, prompt)
     return cfg, tensors, plan
+
+
+QUANTIZE_CHECK_ELEMENTS = 1 << 24
+"""Checkpoints up to this many weights are quantised whole by the check before the run; a
+larger one (minutes to quantise, which the simulation does anyway) on a view of it: its first
+layer and the first :data:`QUANTIZE_CHECK_ROWS` embedding rows — every shape the group limits
+apply to, since every layer has the same shapes."""
+QUANTIZE_CHECK_ROWS = 1024
+
+
+def _check_integer_model(spec, cfg, tensors, prompt) -> None:
+    """The integer model's own checks, before the build: the checkpoint quantised as the run
+    quantises it (:func:`mcf.model.quantize_model`: the weight group divides every K, the
+    scales fit), and the prompt's token ids inside the vocabulary."""
+    import numpy as np
+
+    from ..model import quantize_model
+
+    q_cfg, q_tensors = cfg, tensors
+    if sum(int(np.size(t)) for t in tensors.values()) > QUANTIZE_CHECK_ELEMENTS:
+        from dataclasses import replace
+
+        from ..model.checkpoint import EMBED, LM_HEAD, NORM, layer_names
+
+        rows = min(cfg.vocab_size, QUANTIZE_CHECK_ROWS)
+        q_cfg = replace(cfg, num_hidden_layers=1, vocab_size=rows)
+        q_tensors = {n: tensors[n] for n in layer_names(0).values()}
+        q_tensors |= {NORM: tensors[NORM], EMBED: tensors[EMBED][:rows]}
+        if not cfg.tie_word_embeddings:
+            q_tensors[LM_HEAD] = tensors[LM_HEAD][:rows]
+    try:
+        quantize_model(q_cfg, q_tensors)
+    except (ValueError, KeyError) as exc:
+        raise UsageError(f"--model {spec.model}: the integer model cannot take it: "
+                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") \
+            from None
+    ids = np.asarray(prompt)
+    if ids.size and (ids.min() < 0 or ids.max() >= cfg.vocab_size):
+        raise UsageError(f"the prompt's token ids {int(ids.min())}..{int(ids.max())} fall "
+                         f"outside --model {spec.model}'s vocabulary 0..{cfg.vocab_size - 1}")
+
+
+def _with_model(spec, args):
+    """``spec`` with ``--model`` / ``--checkpoint`` / ``--layers`` as its model spec
+    (:func:`mcf.model.resolve_model`: writes the random-weight qwen2.5-1.5b on first use)."""
+    from dataclasses import replace
+
+    from ..model import CheckpointError, resolve_model
+
+    try:
+        return replace(spec, model=resolve_model(
+            args.model, checkpoint=args.checkpoint, layers=args.layers,
+            **({"progress": None} if args.quiet else {})))
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def run(args) -> int:
     from ..cluster import RunError, RunSpec, float_agreement
 
+    hosts = _check_flags(args)
     try:
         spec = RunSpec(model=args.model, prompt_tokens=args.prompt_tokens, nodes=args.nodes,
                        policy=args.policy, decode_tokens=args.decode_tokens, chunk=args.chunk,
@@ -107,15 +166,11 @@ def run(args) -> int:
                        seed=args.seed, task=args.task, softmax=args.softmax)
     except RunError as exc:
         raise UsageError(str(exc)) from None
+    if hosts is not None and len(hosts) != spec.nodes:
+        raise UsageError(f"--hostfile {args.hostfile} names {len(hosts)} board(s) for --nodes "
+                         f"{spec.nodes}: one line per board, in node order")
+    spec = _with_model(spec, args)
     cfg, tensors, plan = _check_model(spec)
-    if args.hostfile and not args.board:
-        raise UsageError("--hostfile runs on boards: add --board")
-    if args.hostfile and not Path(args.hostfile).is_file():
-        raise UsageError(f"--hostfile {args.hostfile}: no such file")
-    if args.hostfile and not args.overlay:
-        raise UsageError("--hostfile needs --overlay (the node's .bit on the boards)")
-    if args.hostfile and args.link_fault is not None:
-        raise UsageError("--link-fault flips bits on simulated cables: not with --hostfile")
     if args.mpi or args.board:
         from ..sim.mpi import mpirun
 
@@ -150,10 +205,60 @@ def run(args) -> int:
     got["float_agreement"] = {"top1": agree.top1,
                               "max_abs_logit_error": agree.max_abs_logit_error,
                               "cosine": agree.cosine}
+    if args.json == "-":
+        print(json.dumps(got))
+        return 0 if all(got["checks"].values()) else 1
     if args.json:
         Path(args.json).write_text(json.dumps(got, indent=1))
     _print(got, spec)
     return 0 if all(got["checks"].values()) else 1
+
+
+def _check_flags(args) -> list[str] | None:
+    """Every check that needs neither the model nor the plan, before anything is loaded:
+    flags that apply only with another, the numbers, ``--json PATH`` and the hostfile's form.
+    Sets the defaults the other flags decide; returns the hostfile's boards (or ``None``)."""
+    import math
+
+    if args.hostfile is not None and not args.board:
+        raise UsageError("--hostfile runs on boards: add --board")
+    if args.overlay is not None and args.hostfile is None:
+        raise UsageError("--overlay is the node's .bit on the boards: it needs --board "
+                         "--hostfile")
+    if args.python is not None and args.hostfile is None:
+        raise UsageError("--python is the boards' interpreter: it needs --board --hostfile")
+    if args.hostfile is not None and not Path(args.hostfile).is_file():
+        raise UsageError(f"--hostfile {args.hostfile}: no such file")
+    if args.hostfile is not None and not args.overlay:
+        raise UsageError("--hostfile needs --overlay (the node's .bit on the boards)")
+    if args.hostfile is not None and args.link_fault is not None:
+        raise UsageError("--link-fault flips bits on simulated cables: not with --hostfile")
+    if args.mpi and args.board:
+        raise UsageError("--board already runs one MPI rank per node: drop --mpi")
+    if args.link_fault_node is not None and args.link_fault is None:
+        raise UsageError("--link-fault-node names the node whose links --link-fault "
+                         "corrupts: add --link-fault STEP")
+    args.link_fault_node = args.link_fault_node or 0
+    args.python = args.python or "python3"
+    if args.seed < 0:
+        raise UsageError(f"--seed must be at least 0 (got {args.seed})")
+    if args.timeout < 0:
+        raise UsageError(f"--timeout must be at least 0 cycles (got {args.timeout})")
+    if not (math.isfinite(args.alpha) and args.alpha >= 0):
+        raise UsageError(f"--alpha must be a finite number >= 0, got {args.alpha}")
+    kib = getattr(args, "kv_budget_kib", None)
+    if kib is not None and args.kv_budget_mib is not None:
+        raise UsageError("give the KV budget once: --kv-budget-mib (--kv-budget-kib is its "
+                         "former spelling)")
+    budget, flag = (args.kv_budget_mib * 1024, "--kv-budget-mib") if kib is None and \
+        args.kv_budget_mib is not None else (1024.0 if kib is None else kib,
+                                             spelling(args, "kv_budget_kib", "--kv-budget-mib"))
+    if not (math.isfinite(budget) and budget > 0):
+        raise UsageError(f"{flag} must be a finite number > 0")
+    args.kv_budget_kib = budget
+    if args.json not in (None, "-"):
+        writable_file("--json", args.json)
+    return None if args.hostfile is None else hostfile_hosts("--hostfile", args.hostfile)
 
 
 def _backend(got: dict) -> str:
@@ -197,10 +302,18 @@ def register(subs) -> None:
     from ..cluster import RUN_POLICIES, RUN_TASKS
 
     p = subs.add_parser("run", help="a Qwen2 model end to end on a simulated KR260 cluster",
-                        description=__doc__.splitlines()[0])
+                        description=description(__doc__))
     p.add_argument("--model", default="tiny",
                    help="'tiny' (random weights from --seed), 'retrieval' (the trained "
-                        "checkpoint, see --task) or a Qwen2 checkpoint directory")
+                        "checkpoint, see --task), 'qwen2.5-1.5b' (full dimension: random bf16 "
+                        "weights written to build/models on first use, or --checkpoint) or a "
+                        "Qwen2 checkpoint directory")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="with --model qwen2.5-1.5b: a downloaded Qwen2.5-1.5B(-Instruct) "
+                        "folder instead of the random-weight one (docs/model.md)")
+    p.add_argument("--layers", type=int, metavar="K",
+                   help="truncate the model to its first K layers (embedding, K layers, final "
+                        "norm, lm_head; default all), e.g. --model qwen2.5-1.5b --layers 1")
     p.add_argument("--prompt-tokens", type=int, default=64,
                    help="prompt length, a multiple of --chunk (default 64)")
     p.add_argument("--nodes", type=int, default=2, help="simulated KR260 nodes (default 2)")
@@ -210,8 +323,10 @@ def register(subs) -> None:
                    help="greedy decode tokens after the first (default 2)")
     p.add_argument("--chunk", type=int, default=32, help="prefill chunk B (default 32)")
     p.add_argument("--alpha", type=float, default=0.5, help="MARS's alpha (eq 15, default 0.5)")
-    p.add_argument("--kv-budget-kib", type=float, default=1024,
-                   help="per-node KV budget S_node in KiB (default 1024)")
+    p.add_argument("--kv-budget-mib", type=float, default=None, metavar="MIB",
+                   help="per-node KV budget S_node in MiB (default 1; formerly --kv-budget-kib "
+                        "in KiB)")
+    add_alias(p, "--kv-budget-kib", "kv_budget_kib", type=float, metavar="KIB")
     p.add_argument("--seed", type=int, default=0, help="prompt and tiny-model seed")
     p.add_argument("--task", choices=sorted(RUN_TASKS),
                    help="pose a task instead of a random prompt (passkey: key-value retrieval, "
@@ -221,8 +336,9 @@ def register(subs) -> None:
     p.add_argument("--link-fault", type=int, metavar="STEP",
                    help="flip one bit on the links leaving --link-fault-node at this prefill "
                         "step (1-based): the run must stop, naming the node and link")
-    p.add_argument("--link-fault-node", type=int, default=0, metavar="NODE",
-                   help="the node whose outgoing links --link-fault corrupts (default 0)")
+    p.add_argument("--link-fault-node", type=int, default=None, metavar="NODE",
+                   help="with --link-fault: the node whose outgoing links it corrupts "
+                        "(default 0)")
     p.add_argument("--softmax", default="single", choices=RUN_SOFTMAX,
                    help="attention softmax: single (online, one pass) or two_phase (global "
                         "maximum first, exact sums: the same bits for any --nodes)")
@@ -235,9 +351,11 @@ def register(subs) -> None:
     p.add_argument("--hostfile", help="with --board: run on these KR260s (Open MPI hostfile, "
                                       "one board per node, mcf deployed on each)")
     p.add_argument("--overlay", help="with --hostfile: the node's .bit on the boards")
-    p.add_argument("--python", default="python3",
+    p.add_argument("--python", default=None,
                    help="with --hostfile: the boards' interpreter (the PYNQ virtualenv's, as "
                         "for mcf deploy; default python3)")
-    p.add_argument("--json", help="write the full result to this file")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help="the full result as one JSON object: printed instead of the summary, "
+                        "or written to PATH")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(handler=run)

@@ -6,6 +6,11 @@ Every table of measured figures in ``README.md`` sits between ``<!-- bench:NAME 
 ``--from build/bench`` first copies the JSON that ``mcf bench`` wrote there into
 ``docs/results`` (full-size runs only), then rewrites the README. ``--check`` writes
 nothing and exits 1 if the README differs from what the committed JSON gives.
+
+The system model's headline blocks sit between ``<!-- model:NAME -->`` and
+``<!-- /model:NAME -->`` and are :data:`mcf.sysmodel.report.BLOCKS`'s renderer of its committed
+JSON (``docs/results/model*.json`` from ``mcf model --json PATH``,
+``docs/figures/evaluation.json`` from ``mcf model --evaluate --out docs/figures``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ __all__ = ["RESULTS", "render_readme", "register"]
 
 RESULTS = Path("docs/results")
 _BLOCK = re.compile(r"(<!-- bench:(\w+) -->\n)(.*?)(<!-- /bench:\2 -->)", re.S)
+_MODEL = re.compile(r"(<!-- model:(\w+) -->\n)(.*?)(<!-- /model:\2 -->)", re.S)
 
 
 def render_readme(text: str, results: Path) -> tuple[str, list[str]]:
@@ -40,7 +46,23 @@ def render_readme(text: str, results: Path) -> tuple[str, list[str]]:
             body = f"```text\n{body}\n```"
         return f"{match.group(1)}{body}\n{match.group(4)}"
 
-    return _BLOCK.sub(block, text), missing
+    def model_block(match: re.Match) -> str:
+        from mcf.sysmodel.report import BLOCKS
+        name = match.group(2)
+        if name not in BLOCKS:
+            missing.append(f"model:{name}")
+            return match.group(0)
+        from mcf.sysmodel.calibration import REPO
+        files, render = BLOCKS[name]
+        paths = [Path(f) if Path(f).exists() else REPO / f for f in files]
+        absent = [f for f, path in zip(files, paths) if not path.exists()]
+        if absent:
+            missing.append(f"model:{name} ({', '.join(absent)})")
+            return match.group(0)
+        body = render([json.loads(path.read_text()) for path in paths]).rstrip("\n")
+        return f"{match.group(1)}{body}\n{match.group(4)}"
+
+    return _MODEL.sub(model_block, _BLOCK.sub(block, text)), missing
 
 
 def run(args) -> int:
@@ -49,6 +71,11 @@ def run(args) -> int:
     readme = Path(args.readme)
     if not readme.exists():
         raise UsageError(f"no {readme}: run from the project's root or pass --readme")
+    if not args.check:
+        from ._checks import writable_file
+        writable_file("--readme", readme)
+    if args.source is not None and not Path(args.source).is_dir():
+        raise UsageError(f"--from {args.source}: no such directory")
     if args.source is not None:
         src = Path(args.source)
         from mcf.sim.bench import BENCHES
@@ -79,7 +106,9 @@ def run(args) -> int:
 
 
 def register(subs) -> None:
-    p = subs.add_parser("tables", help="regenerate the README's result tables from bench JSON")
+    from ._checks import description
+    p = subs.add_parser("tables", help="regenerate the README's result tables from bench JSON",
+                        description=description(__doc__))
     p.add_argument("--from", dest="source", metavar="DIR",
                    help="publish DIR/*.json (e.g. build/bench) into docs/results first")
     p.add_argument("--readme", default="README.md", help="file to update (default %(default)s)")

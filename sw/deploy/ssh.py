@@ -26,6 +26,7 @@ import getpass
 import os
 import posixpath
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,7 +51,8 @@ except ImportError:     # the board runtime carries no deploy tool: pip install 
 if TYPE_CHECKING:
     from packaging.requirements import Requirement
 
-__all__ = ["DeployConfig", "deploy", "deploy_host", "HAVE_ASYNCSSH"]
+__all__ = ["DeployConfig", "deploy", "deploy_host", "HAVE_ASYNCSSH", "check_links",
+           "link_report", "LINK_TIMEOUT_S"]
 
 HAVE_ASYNCSSH = asyncssh is not None
 
@@ -187,3 +189,109 @@ async def deploy(cfg: DeployConfig) -> list[HostResult]:
             return await deploy_host(cfg, spec)
 
     return list(await asyncio.gather(*(one(s) for s in cfg.hosts)))
+
+
+# ------------------------------------------------------------------------------------------------
+# mcf deploy --check-links: the ring check on the deployed boards (mcf.deploy.links)
+# ------------------------------------------------------------------------------------------------
+
+LINK_TIMEOUT_S = 10.0
+"""How long each board waits for the pings after its GO (the 2N pings take microseconds;
+the GOs reach the boards one SSH round trip apart)."""
+
+
+async def _link_host(cfg: DeployConfig, spec: HostSpec, node: int, n: int, bit: str,
+                     ready: asyncio.Future, go: asyncio.Event, abort: list[bool],
+                     sent: asyncio.Event, timeout: float):
+    """Board ``node``'s side of :func:`check_links`; returns its
+    :class:`~mcf.deploy.links.NodeResult` (``error`` set when it failed)."""
+    from ..abi.link_map import link_map_for
+    from .links import DONE, FAILED, LINK_PROBE, READY, NodeResult
+
+    res = NodeResult(node, tuple(link_map_for(node, n, "ring")))
+    opts = {"known_hosts": str(cfg.known_hosts)} if cfg.known_hosts is not None else {}
+    if cfg.key is not None:
+        opts["client_keys"] = [str(cfg.key)]
+    user, port = spec.user or cfg.user, spec.port or cfg.port
+
+    async def line(proc, want: str) -> str:
+        while True:
+            text = await asyncio.wait_for(proc.stdout.readline(), cfg.timeout)
+            if not text:
+                err = _last_line(str(await proc.stderr.read()))
+                raise DeployError(f"link check ended before {want.strip()}: {err}")
+            if text.startswith(FAILED):
+                raise DeployError(text[len(FAILED):].strip())
+            if text.startswith(want):
+                return text[len(want):]
+
+    try:
+        conn = await asyncio.wait_for(asyncssh.connect(
+            spec.host, **({"port": port} if port else {}),
+            **({"username": user} if user else {}), connect_timeout=cfg.connect_timeout,
+            **opts), cfg.connect_timeout + 5)
+        async with conn:
+            argv = [cfg.python, "-c", LINK_PROBE, bit, str(node), str(n), f"{timeout:g}"]
+            proc = await conn.create_process(shlex.join(argv))
+            res = NodeResult.from_json(await line(proc, READY))
+            ready.set_result(True)
+            await go.wait()
+            if abort[0]:
+                proc.stdin.write("ABORT\n")
+                res.error = "not started: another board failed before the pings"
+                sent.set()
+                return res
+            proc.stdin.write("GO\n")
+            sent.set()
+            res = NodeResult.from_json(await line(proc, DONE))
+            return res
+    except (Exception, asyncio.TimeoutError) as exc:   # one board's failure is its result
+        res.error = _explain(exc, spec, cfg)
+        if not ready.done():
+            ready.set_result(False)
+        sent.set()
+        return res
+
+
+async def check_links(cfg: DeployConfig, bits: list[str],
+                      timeout: float = LINK_TIMEOUT_S) -> list:
+    """The ring check on every host of ``cfg`` (host ``v`` is node ``v``, as ``mcf run``'s
+    ranks), ``bits[v]`` the overlay on board ``v``: each board loads it afresh and prepares
+    (:meth:`~mcf.deploy.links.NodePing.prepare`); once every board is ready the launcher sends
+    ``GO`` to node N−1 first and node 0 last; each returns its
+    counters. Returns the :class:`~mcf.deploy.links.NodeResult` s by node."""
+    if asyncssh is None:
+        raise ImportError("mcf deploy needs asyncssh: pip install 'mcf[deploy]'")
+    n = len(cfg.hosts)
+    loop = asyncio.get_running_loop()
+    ready = [loop.create_future() for _ in range(n)]
+    go = [asyncio.Event() for _ in range(n)]
+    sent = [asyncio.Event() for _ in range(n)]
+    abort = [False]
+    tasks = [asyncio.create_task(_link_host(cfg, spec, v, n, bits[v], ready[v], go[v], abort,
+                                            sent[v], timeout))
+             for v, spec in enumerate(cfg.hosts)]
+    abort[0] = not all(await asyncio.gather(*ready))
+    for v in reversed(range(n)):            # node N-1 first, node 0 last
+        go[v].set()
+        await sent[v].wait()
+    return list(await asyncio.gather(*tasks))
+
+
+def link_report(results, file=None) -> bool:
+    """Print one line per cable (:func:`~mcf.deploy.links.cable_verdicts`), the nodes that
+    missed a ping, and each board's failure; True when every cable passed."""
+    from .links import cable_verdicts, missing
+
+    out = file or sys.stdout
+    print("link check: a ping over every cable, both ways (mcf.deploy.links)", file=out)
+    for v in cable_verdicts(results):
+        print(v.line(), file=out)
+    failed = [r for r in results if r.error]
+    if not failed:
+        where = missing(results)
+        if where:
+            print(where, file=out)
+    ok = all(v.ok for v in cable_verdicts(results)) and not failed
+    print(f"{'all' if ok else 'not all'} {len(cable_verdicts(results))} cables passed", file=out)
+    return ok

@@ -20,13 +20,18 @@ What is read (bench → figure):
   cycles (64-bit path, the node's packet width).
 
 The clock every cycle count is converted at is :data:`mcf.abi.platform.ACLK_HZ` (an assumption,
-no fmax claimed).
+no fmax claimed); :func:`at_clock` gives the same figures at another clock (``mcf model
+--clock-mhz``). Every figure read here is in cycles and does not depend on the clock; what does
+is derived from the clock where it is used: a link's line rate in bytes per cycle
+(``rate_bps / 8 / clock_hz``, :meth:`.network.Network.line_bytes_per_cycle`) and a cable's
+latency in cycles (``LINK_LATENCY_S x clock_hz``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..abi.framing import MAX_PAYLOAD, payload_beats
@@ -34,7 +39,7 @@ from ..abi.node_config import PACKET_WIDTH
 from ..abi.platform import ACLK_HZ
 
 __all__ = ["CalibrationError", "LayerRun", "CommRun", "BenchFigures", "load_figures",
-           "results_dirs", "REPO"]
+           "results_dirs", "at_clock", "REPO"]
 
 REPO = Path(__file__).resolve().parents[2]
 """The checkout the package is installed from (``sw/`` is ``mcf``)."""
@@ -136,6 +141,7 @@ class BenchFigures:
     layer: LayerRun
     comm: CommRun
     sources: dict = field(default_factory=dict)
+    node_macs_per_cycle_peak: float | None = None   # node.json's, when the bench reports it
 
     def attention_pair_cycles(self, group: int) -> tuple[float, str]:
         """Cycles per visible pair measured at GQA group ``group`` (the nearest group measured
@@ -199,4 +205,26 @@ def load_figures(dirs=None) -> BenchFigures:
         packet_header_cycles=float(cpp[size]) - int(size),
         layer=LayerRun.from_entry(layer_entry, f"{node_at}: layer"),
         comm=CommRun.from_entry(comm_entry, f"{node_at}: prefill"),
-        sources=src)
+        sources=src,
+        node_macs_per_cycle_peak=(float(take(node, node_at, "macs_per_cycle_peak",
+                                             "node_macs_per_cycle_peak"))
+                                  if "macs_per_cycle_peak" in node else None))
+
+
+def at_clock(fig: BenchFigures, clock_hz: float) -> BenchFigures:
+    """``fig`` with every cycle turned into seconds at ``clock_hz`` instead of
+    :data:`~mcf.abi.platform.ACLK_HZ`. The measured figures are cycles and stay as they are (the
+    RTL does the same work per cycle at any clock); the links do not: a link keeps its rate in
+    bit/s and its cable latency in seconds, so per cycle it carries ``rate_bps / 8 / clock_hz``
+    bytes and its latency is ``latency_s x clock_hz`` cycles (:class:`.network.Network` derives
+    both from ``fig.clock_hz``). A slower clock therefore stretches every compute-bound second
+    by ``ACLK_HZ / clock_hz`` and leaves link-bound seconds as they were. Raises ``ValueError``
+    for a clock that is not a finite number > 0."""
+    if not (isinstance(clock_hz, (int, float)) and math.isfinite(clock_hz) and clock_hz > 0):
+        raise ValueError(f"the clock must be a finite number > 0 Hz, got {clock_hz}")
+    if clock_hz == fig.clock_hz:
+        return fig
+    src = fig.sources | {"clock_hz": f"given: {clock_hz / 1e6:g} MHz (mcf model --clock-mhz; "
+                                     f"the ABI's assumed aclk is {ACLK_HZ / 1e6:g} MHz, no fmax "
+                                     "claimed)"}
+    return replace(fig, clock_hz=float(clock_hz), sources=src)

@@ -26,7 +26,11 @@ What is computed (:func:`evaluate`):
   compute rate (every node cycle cost divided by ``k``: GEMM, vector, ATTEND, KV reader, EMIT;
   the NIC unchanged) × the link rate (a ring of ``map_nodes`` boards, the same link on every
   cable, :data:`mcf.abi.platform.LINK_LATENCY_S` per cable), with the paper's apparent
-  operating point: the compute rate its Table 1 needs at N = 2 over ours, at the SFP+ rate.
+  operating point: the compute rate its Table 1 needs at N = 2 over ours, at the SFP+ rate;
+* **the clock** — Table 1 and Table 2's decode row again at every clock of
+  :attr:`EvalSpec.clocks_mhz` (the ABI's assumed 300 MHz and 250 MHz, issue #35 §5) besides the
+  run's own (``mcf model --clock-mhz``): the cycles are the same, the seconds are cycles / clock,
+  and the links keep their bit/s and cable seconds (:func:`.calibration.at_clock`).
 
 What a TTFT covers: ``model`` — the layer program of every layer for the whole prompt (Q/K/V,
 attention, O projection, MLP; no embedding lookup, no LM head); ``attention`` — the ATTEND
@@ -47,15 +51,17 @@ from ..abi.platform import ACLK_HZ, HP_PORTS, K26, LINK_LATENCY_S, SFP_RATE_BPS
 from ..abi.query import query_bytes
 from ..mars.sweep import FAIR, SCHEMES
 from ..mars.sweep import PAPER as PAPER_TABLE1
-from .calibration import BenchFigures
+from .calibration import BenchFigures, at_clock
 from .network import LINKS, Network, cluster_for
 from .rates import NodeRates
+from .sweep import clock_line
 from .system import SystemSpec, simulate_plan
-from .work import NodeWork, vector_elements
+from .work import NodeWork, prefill_ops, vector_elements
 
 __all__ = ["EvalSpec", "SchemeRun", "MemoryTrace", "MapPoint", "OperatingPoint", "DecodeRow",
-           "PaperCheck", "Evaluation", "PAPER_DECODE", "SCOPES", "evaluate", "decode",
-           "paper_checks", "count_runs", "write_report", "markdown", "scaled_rates"]
+           "PaperCheck", "ClockRun", "Evaluation", "PAPER_DECODE", "SCOPES", "CLOCKS_MHZ",
+           "evaluate", "decode", "paper_checks", "count_runs", "write_report", "markdown",
+           "scaled_rates", "speedups"]
 
 GIB = 2 ** 30
 MIB = 2 ** 20
@@ -70,6 +76,11 @@ COVERS = {"model": "whole model: the layer program of all layers (Q/K/V, attenti
 PAPER_DECODE = {"nodes": 4, "tok_s": 17.3, "mhz": 200.0, "dsps": 127, "watts_per_node": 4.52,
                 "efficiency": 0.81}
 """Paper Table 2, the MCF column (4 KR260 nodes, Qwen2.5-1.5B, W4): for comparison only."""
+
+CLOCKS_MHZ = (ACLK_HZ / 1e6, 250.0)
+"""The clocks Table 1 and Table 2's decode row are also reported at: the ABI's assumed ``aclk``
+(:data:`mcf.abi.platform.ACLK_HZ`) and 250 MHz — which of them the node's logic depth supports
+is for ``mcf bench depth`` to say (issue #35 §4-5); no fmax is claimed."""
 
 SEQ_SCHEMES = ("mars", "ring", "zigzag", "pd", "full")
 TABLE_SCHEMES = ("mars", "ring", "zigzag")
@@ -101,6 +112,7 @@ class EvalSpec:
     decode_nodes: int = 4
     decode_contexts: tuple[int, ...] = (1024, 16384)
     buffer_mib: float = 8.0
+    clocks_mhz: tuple[float, ...] = CLOCKS_MHZ        # Table 1 and Table 2 again at each
 
     def __post_init__(self):
         if self.link not in LINKS:
@@ -132,6 +144,8 @@ class EvalSpec:
                 raise ValueError(f"{what} must be finite numbers > 0, got {vals}")
         if not self.decode_contexts or any(c < 1 for c in self.decode_contexts):
             raise ValueError(f"decode contexts must be >= 1, got {self.decode_contexts}")
+        if any(not (math.isfinite(f) and f > 0) for f in self.clocks_mhz):
+            raise ValueError(f"clocks must be finite numbers > 0 MHz, got {self.clocks_mhz}")
 
     def quick(self) -> EvalSpec:
         """A small version for tests and a first look (seconds, not minutes): 4K prompt,
@@ -224,6 +238,41 @@ class PaperCheck:
     finding: str
 
 
+@dataclass(frozen=True)
+class ClockRun:
+    """Table 1 and Table 2's decode row at one clock."""
+    clock_hz: float
+    table_runs: tuple            # SchemeRun, as Evaluation.table_runs
+    decode: tuple                # DecodeRow, as Evaluation.decode
+
+    def to_dict(self, nodes) -> dict:
+        return {"clock_hz": self.clock_hz, "clock_mhz": self.clock_hz / 1e6,
+                "table1": {"runs": [asdict(r) for r in self.table_runs],
+                           "speedups": speedups(self.table_runs, nodes)},
+                "table2_decode": [asdict(d) for d in self.decode]}
+
+
+def speedups(table_runs, nodes) -> list[dict]:
+    """Table 1: per (scope, N), MARS over each fair baseline and the best of them."""
+    out = []
+    by = {(r.scope, r.nodes, r.scheme): r for r in table_runs}
+    for scope in SCOPES:
+        for n in nodes:
+            if (scope, n, "mars") not in by:
+                continue
+            mars = by[scope, n, "mars"].ttft_s
+            fair = {f: by[scope, n, f].ttft_s for f in FAIR}
+            best = min(fair, key=fair.get)
+            row = {"scope": scope, "nodes": n, "best_fair": best,
+                   "speedup_vs_best_fair": fair[best] / mars,
+                   **{f"speedup_vs_{f}": v / mars for f, v in fair.items()}}
+            if (scope, n, "full") in by:
+                row["mars_over_full"] = mars / by[scope, n, "full"].ttft_s
+                row["full_fits_budget"] = by[scope, n, "full"].memory_ok
+            out.append(row)
+    return out
+
+
 @dataclass
 class Evaluation:
     spec: EvalSpec
@@ -238,27 +287,12 @@ class Evaluation:
     decode: list                  # DecodeRow
     checks: list                  # PaperCheck
     notes: dict = field(default_factory=dict)
+    clocks: list = field(default_factory=list)   # ClockRun: the run's clock first, then the rest
 
     # --- the targets ---------------------------------------------------------------------
     def speedups(self) -> list[dict]:
         """Table 1: per (scope, N), MARS over each fair baseline and the best of them."""
-        out = []
-        by = {(r.scope, r.nodes, r.scheme): r for r in self.table_runs}
-        for scope in SCOPES:
-            for n in self.spec.nodes:
-                if (scope, n, "mars") not in by:
-                    continue
-                mars = by[scope, n, "mars"].ttft_s
-                fair = {f: by[scope, n, f].ttft_s for f in FAIR}
-                best = min(fair, key=fair.get)
-                row = {"scope": scope, "nodes": n, "best_fair": best,
-                       "speedup_vs_best_fair": fair[best] / mars,
-                       **{f"speedup_vs_{f}": v / mars for f, v in fair.items()}}
-                if (scope, n, "full") in by:
-                    row["mars_over_full"] = mars / by[scope, n, "full"].ttft_s
-                    row["full_fits_budget"] = by[scope, n, "full"].memory_ok
-                out.append(row)
-        return out
+        return speedups(self.table_runs, self.spec.nodes)
 
     def targets(self) -> dict:
         """The issue's targets as measured here, reported (never tuned): MARS's TTFT over the
@@ -309,6 +343,7 @@ class Evaluation:
                           "operating_points": [asdict(o) for o in self.operating_points]},
             "paper_checks": [asdict(c) for c in self.checks],
             "targets": self.targets(),
+            "clocks": [c.to_dict(self.spec.nodes) for c in self.clocks],
             "notes": dict(self.notes),
         }
 
@@ -330,19 +365,27 @@ def scaled_rates(rates: NodeRates, k: float) -> NodeRates:
 
 
 def scope_ops(model, seq_len: int, scope: str) -> float:
-    """Operations of a causal prefill of ``seq_len`` tokens: attention ``4·L·H_q·d`` per
-    (query, key) pair over ``S(S+1)/2`` pairs, plus (scope ``model``) 2 per weight per token."""
-    attn = model.attn_ops_per_pair * seq_len * (seq_len + 1) / 2
-    return attn + (model.linear_ops_per_token * seq_len if scope == "model" else 0)
+    """Operations of a causal prefill of ``seq_len`` tokens (:func:`.work.prefill_ops`)."""
+    return prefill_ops(model, seq_len, scope)
 
 
-def count_runs(spec: EvalSpec) -> int:
-    """How many model runs :func:`evaluate` makes (for a progress bar)."""
+def other_clocks(spec: EvalSpec, clock_hz: float) -> tuple[float, ...]:
+    """The clocks (Hz) of ``spec.clocks_mhz`` besides the run's own ``clock_hz``, in order."""
+    out: list[float] = []
+    for mhz in spec.clocks_mhz:
+        hz = mhz * 1e6
+        if not math.isclose(hz, clock_hz) and not any(math.isclose(hz, o) for o in out):
+            out.append(hz)
+    return tuple(out)
+
+
+def count_runs(spec: EvalSpec, clock_hz: float = ACLK_HZ) -> int:
+    """How many model runs :func:`evaluate` makes at ``clock_hz`` (for a progress bar)."""
     seq = len(SCOPES) * len(spec.seq_lens) * len(SEQ_SCHEMES)
     table = len(spec.nodes) * (len(TABLE_SCHEMES) * len(SCOPES) + 1)
     chunk = len(spec.chunks) * len(CHUNK_SCHEMES)
     grid = len(spec.compute_scales) * len(spec.link_gbps) * len(SCOPES) * (1 + len(FAIR))
-    return seq + table + chunk + grid
+    return seq + table * (1 + len(other_clocks(spec, clock_hz))) + chunk + grid
 
 
 class _Runner:
@@ -375,12 +418,14 @@ class _Runner:
         return self.plans[key]
 
     def run(self, scheme: str, n: int, seq_len: int, chunk: int, scope: str,
-            rates: NodeRates | None = None, **kw) -> SchemeRun:
+            rates: NodeRates | None = None, fig: BenchFigures | None = None, **kw) -> SchemeRun:
+        fig = fig or self.fig
         if self.progress is not None:
-            self.progress(f"{scheme} N={n} S={seq_len} B={chunk} {scope}")
+            clock = "" if fig is self.fig else f" {fig.clock_hz / 1e6:g} MHz"
+            self.progress(f"{scheme} N={n} S={seq_len} B={chunk} {scope}{clock}")
         p = self.plan(scheme, n, seq_len, chunk, **kw)
-        r = simulate_plan(p, self.fig, SystemSpec(scope=scope), rates or self.rates)
-        c, t = self.fig.clock_hz, p.totals
+        r = simulate_plan(p, fig, SystemSpec(scope=scope), rates or self.rates)
+        c, t = fig.clock_hz, p.totals
         return SchemeRun(scheme, n, seq_len, p.chunk, scope, r.ttft_s, r.compute_cycles / c,
                          r.exposed_cycles / c, t.comm_bytes / GIB, t.delivered_bytes / GIB,
                          t.peak_node_kv_bytes / MIB, t.memory_ok)
@@ -441,8 +486,9 @@ def decode(fig: BenchFigures, rates: NodeRates, model, nodes: int, context: int,
       prefill rate) + vector elements x cycles per element; the weight bandwidth is one HP
       port (the node as built: weights on the matrix engine's port) or all four (the
       four-stripe path of docs/node.md §4), each 16 B/cycle x ``dma_efficiency``.
-    * The roofline is the DDR peak (``HP_PORTS`` x 16 B at the clock = DDR4-2400 x 64 bit)
-      over the node's weight bytes (:func:`mcf.mars.setting.weight_bytes`).
+    * The roofline is the PL's DDR reach (``HP_PORTS`` x 16 B per cycle at the clock; at
+      300 MHz that is DDR4-2400 x 64 bit, 19.2 GB/s) over the node's weight bytes
+      (:func:`mcf.mars.setting.weight_bytes`).
     """
     from ..mars.metadata import payloads as cut
     from ..mars.setting import weight_bytes
@@ -468,7 +514,7 @@ def decode(fig: BenchFigures, rates: NodeRates, model, nodes: int, context: int,
     vector = L * (va + vb) * rates.vector_cycles_per_element / c
     total_w = weight_bytes(model)
     port = AXI_WIDTH // 8 * fig.dma_efficiency * c
-    ddr_peak = HP_PORTS * AXI_WIDTH // 8 * ACLK_HZ
+    ddr_peak = HP_PORTS * AXI_WIDTH // 8 * c
     rows = []
     for mode, share, net_cycles in (("replicated", 1, L * kvs),
                                     ("tensor-parallel", nodes, L * (kvs + 2 * allreduce))):
@@ -486,13 +532,14 @@ def decode(fig: BenchFigures, rates: NodeRates, model, nodes: int, context: int,
 
 # --- the paper's own arithmetic --------------------------------------------------------------
 
-def paper_checks(model, seq_len_paper: int = 16384, chunk: int = 1024) -> list[PaperCheck]:
+def paper_checks(model, seq_len_paper: int = 16384, chunk: int = 1024,
+                 clock_hz: float = ACLK_HZ) -> list[PaperCheck]:
     """Where the paper's numbers need more compute than its hardware has, or disagree with
-    its own equations."""
+    its own equations (the K26's DSP peak at ``clock_hz``)."""
     from ..mars.cost import c_ring
     from ..mars.setting import weight_bytes
     out = []
-    k26 = 4 * K26["DSP"] * ACLK_HZ
+    k26 = 4 * K26["DSP"] * clock_hz
     own = 4 * PAPER_DECODE["dsps"] * PAPER_DECODE["mhz"] * 1e6
     t2, t16 = PAPER_TABLE1["mars"][2][0], PAPER_TABLE1["mars"][16][0]
     s = seq_len_paper
@@ -506,7 +553,7 @@ def paper_checks(model, seq_len_paper: int = 16384, chunk: int = 1024) -> list[P
             f"Table 1: MARS {t2} s at N = 2, {s // 1024}K, if it covers {what}",
             f"{ops:.3g} ops / (2 nodes x {t2} s) = {need / 1e12:.3g} Tops/s per node",
             f"{need / k26:.3g}x the K26's DSP peak (4 x {K26['DSP']} DSPs x "
-            f"{ACLK_HZ / 1e6:g} MHz = {k26 / 1e12:.2f} Tops/s); {need / own:.3g}x the paper's "
+            f"{clock_hz / 1e6:g} MHz = {k26 / 1e12:.2f} Tops/s); {need / own:.3g}x the paper's "
             f"own design (4 x {PAPER_DECODE['dsps']} DSPs x {PAPER_DECODE['mhz']:g} MHz = "
             f"{own / 1e12:.2f} Tops/s)"))
     out.append(PaperCheck(
@@ -558,11 +605,23 @@ def evaluate(spec: EvalSpec, fig: BenchFigures, progress=None) -> Evaluation:
     run = _Runner(spec, fig, progress)
     seq_runs = [run.run(s, spec.seq_nodes, seq, spec.chunk, scope)
                 for scope in SCOPES for seq in spec.seq_lens for s in SEQ_SCHEMES]
-    table = []
-    for scope in SCOPES:
-        for n in spec.nodes:
-            schemes = TABLE_SCHEMES + (("full",) if scope == "model" else ())
-            table += [run.run(s, n, spec.seq_len, spec.chunk, scope) for s in schemes]
+
+    def table1(f: BenchFigures) -> list[SchemeRun]:
+        out = []
+        for scope in SCOPES:
+            for n in spec.nodes:
+                schemes = TABLE_SCHEMES + (("full",) if scope == "model" else ())
+                out += [run.run(s, n, spec.seq_len, spec.chunk, scope, fig=f) for s in schemes]
+        return out
+
+    def decode_rows(f: BenchFigures) -> list[DecodeRow]:
+        return [row for ctx in spec.decode_contexts
+                for row in decode(f, run.rates, run.model, spec.decode_nodes, ctx, spec.link,
+                                  spec.buffer_mib)]
+
+    table = table1(fig)
+    clocks = [(fig, table)] + [(f, table1(f)) for f in
+                               (at_clock(fig, hz) for hz in other_clocks(spec, fig.clock_hz))]
     memory = [_memory(run.plan("mars", n, spec.seq_len, spec.chunk)) for n in spec.memory_nodes]
     chunk_runs = [run.run(s, spec.chunk_nodes, spec.seq_len, b, "model")
                   for b in spec.chunks for s in CHUNK_SCHEMES]
@@ -588,12 +647,13 @@ def evaluate(spec: EvalSpec, fig: BenchFigures, progress=None) -> Evaluation:
         paper = ops / (2 * PAPER_TABLE1["mars"][2][0])
         ops_points.append(OperatingPoint(scope, ops, paper, ours, paper / ours,
                                          SFP_RATE_BPS / 1e9))
-    dec = [row for ctx in spec.decode_contexts
-           for row in decode(fig, run.rates, run.model, spec.decode_nodes, ctx, spec.link,
-                             spec.buffer_mib)]
+    dec = decode_rows(fig)
     notes = {
-        "clock": f"every cycle at {fig.clock_hz / 1e6:g} MHz (mcf.abi.platform.ACLK_HZ, an "
-                 "assumption; no fmax claimed)",
+        "clock": clock_line(fig),
+        "clocks": "Table 1 and Table 2's decode row at " + ", ".join(
+            f"{f.clock_hz / 1e6:g} MHz" for f, _ in clocks) + ": the same cycles; seconds = "
+            "cycles / clock; the links keep their bit/s and cable seconds, so their cycles "
+            "change (bytes per cycle = bit/s / 8 / clock, latency cycles = seconds x clock)",
         "links": f"Fig. 3-5, Table 1, decode: {spec.link} - {LINKS[spec.link].text}",
         "map": f"a ring of {n} boards with the same link on every cable, "
                f"{LINK_LATENCY_S * 1e6:g} us per cable; compute scale k divides every node "
@@ -602,9 +662,12 @@ def evaluate(spec: EvalSpec, fig: BenchFigures, progress=None) -> Evaluation:
                    f"{spec.kv_budget_mib:.1f} MiB",
         "rates": run.rates.to_dict(),
     }
+    by_clock = [ClockRun(f.clock_hz, tuple(t), tuple(dec if f is fig else decode_rows(f)))
+                for f, t in clocks]
     return Evaluation(spec, fig.clock_hz, dict(fig.sources), seq_runs, memory, chunk_runs,
-                      table, grid, ops_points, dec, paper_checks(run.model, chunk=spec.chunk),
-                      notes)
+                      table, grid, ops_points, dec,
+                      paper_checks(run.model, chunk=spec.chunk, clock_hz=fig.clock_hz),
+                      notes, by_clock)
 
 
 # --- output ----------------------------------------------------------------------------------
@@ -673,6 +736,7 @@ def markdown(ev: Evaluation) -> str:
                    f"{d.roofline_tok_s:.1f} |")
     out.append(f"| paper (MCF, {PAPER_DECODE['nodes']} KR260) | - | - | - | - | - | - | - | - | "
                f"{PAPER_DECODE['tok_s']} | - |")
+    out += _clock_tables(ev)
     out += ["", f"## Crossover map (N = {sp.map_nodes}, S = {sp.seq_len}, B = {sp.chunk}): "
             "MARS speedup over the best fair baseline", ""]
     for scope in SCOPES:
@@ -707,6 +771,42 @@ def markdown(ev: Evaluation) -> str:
     out += ["", "## The paper's own arithmetic", ""]
     out += [f"* **{c.claim}**: {c.arithmetic} — {c.finding}" for c in ev.checks]
     return "\n".join(out) + "\n"
+
+
+def _clock_tables(ev: Evaluation) -> list[str]:
+    """Table 1 (MARS, the best fair baseline, the speedup) and Table 2's decode row at every
+    clock of the evaluation."""
+    sp = ev.spec
+    if not ev.clocks:
+        return []
+    mhz = [f"{c.clock_hz / 1e6:g}" for c in ev.clocks]
+    out = ["", f"## Table 1 and Table 2 at {' and '.join(mhz)} MHz", "",
+           f"* {ev.notes.get('clocks', '')}", "",
+           f"Table 1 (S = {sp.seq_len}, B = {sp.chunk}): TTFT s of MARS / the best fair "
+           "baseline, and MARS's speedup over it", "",
+           "| clock MHz | scope | " + " | ".join(f"N = {n}" for n in sp.nodes) + " |",
+           "|---|---|" + "---|" * len(sp.nodes)]
+    for c in ev.clocks:
+        by = {(r.scope, r.nodes, r.scheme): r for r in c.table_runs}
+        sps = {(s["scope"], s["nodes"]): s for s in speedups(c.table_runs, sp.nodes)}
+        for scope in SCOPES:
+            out.append(f"| {c.clock_hz / 1e6:g} | {scope} | " + " | ".join(
+                f"{_fmt(by[scope, n, 'mars'].ttft_s)} / "
+                f"{_fmt(by[scope, n, sps[scope, n]['best_fair']].ttft_s)} "
+                f"({sps[scope, n]['speedup_vs_best_fair']:.3f}x)" for n in sp.nodes) + " |")
+    out += ["", f"Table 2, decode row ({sp.decode_nodes} nodes, {sp.link}): tok/s", "",
+            "| clock MHz | mode | weights from | " + " | ".join(
+                f"context {x}" for x in sp.decode_contexts) + " | DDR roofline |",
+            "|---|---|---|" + "---|" * len(sp.decode_contexts) + "---|"]
+    for c in ev.clocks:
+        rows = {}
+        for d in c.decode:
+            rows.setdefault((d.mode, d.weight_path), {})[d.context] = d
+        for (mode, path), per in rows.items():
+            out.append(f"| {c.clock_hz / 1e6:g} | {mode} | {path} | " + " | ".join(
+                f"{per[x].tok_s:.1f}" for x in sp.decode_contexts)
+                + f" | {next(iter(per.values())).roofline_tok_s:.1f} |")
+    return out
 
 
 def write_report(ev: Evaluation, out: Path, dpi: int = 100) -> list[Path]:

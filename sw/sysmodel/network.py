@@ -20,6 +20,12 @@ slowest of these sets the hop's time. A link leaving the switch costs the line r
 Latency per hop: the cable's, plus, at a receiving node, the router hop (``nic.json``) and the
 packet path (``packet.json``, header-only packet). The cluster simulation's ``LinkModel``
 carries link frames without Ethernet framing: ``ethernet=False``.
+
+The clock: the links are physical — a line rate in bit/s and a cable latency in seconds — and
+their per-cycle costs are derived at ``fig.clock_hz`` (:func:`.calibration.at_clock`): bytes
+per cycle = ``rate_bps / 8 / clock_hz``, latency = ``latency_s x clock_hz`` cycles. The NIC's
+figures (framer, router, packet path, ring ingress) are cycles measured in RTL and do not
+change with the clock.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from ..abi.node_config import AXI_WIDTH, NODE_CONFIGS, NodeConfig
 from .calibration import BenchFigures, CalibrationError, LayerRun
 from .work import NodeWork, node_work
 
-__all__ = ["ProgramOverheads", "NodeRates", "run_work", "check_fits"]
+__all__ = ["ProgramOverheads", "NodeRates", "run_work", "check_fits", "peak_macs_per_cycle"]
 
 
 ENGINE_COUNTERS = ("gemm_steps", "gemm_active_cycles", "att_records", "emit_tokens",
@@ -116,6 +116,25 @@ def check_fits(model, cfg: NodeConfig) -> None:
                          f"{cfg.attn_head_dim}, up to {cfg.attn_heads} query heads per KV "
                          f"head; the model has {model.head_dim} and "
                          f"{model.q_heads // model.kv_heads})")
+
+
+def peak_macs_per_cycle(fig: BenchFigures, config: str | NodeConfig) -> tuple[int, str]:
+    """The GEMM's peak multiply-accumulates per cycle of ``config`` and where it comes from: the
+    node configuration in :mod:`mcf.abi.node_config` (arrays x rows x lanes,
+    :attr:`NodeConfig.macs_per_cycle`), the one source of truth. When node.json reports the
+    kr260 node's ``macs_per_cycle_peak`` it must be the same number, or the calibration
+    refuses."""
+    cfg = NODE_CONFIGS[config] if isinstance(config, str) else config
+    peak = cfg.macs_per_cycle
+    src = (f"mcf.abi.node_config.{cfg.name.upper()}: {cfg.gemm_arrays} arrays x "
+           f"{cfg.gemm_rows} rows x {cfg.gemm_lanes} lanes")
+    bench = fig.node_macs_per_cycle_peak
+    if cfg.name == "kr260" and bench is not None:
+        if bench != peak:
+            raise CalibrationError(f"{fig.sources['node_macs_per_cycle_peak']} = {bench:g}, "
+                                   f"the kr260 configuration's GEMM peak is {peak} ({src})")
+        src += f" (= {fig.sources['node_macs_per_cycle_peak']})"
+    return peak, src
 
 
 def _lane_scale(fig: BenchFigures, cfg: NodeConfig, head_dim: int) -> float:

@@ -25,7 +25,7 @@ from ..mars.layout import causal_keys
 from ..mars.model import ModelSpec
 
 __all__ = ["LAYOUTS", "SCOPES", "NodeWork", "linear_macs", "vector_elements", "token_ranges",
-           "node_work", "keys_read_blocks"]
+           "node_work", "keys_read_blocks", "prefill_ops", "compute_bound_s"]
 
 LAYOUTS = ("plan", "node-program")
 SCOPES = ("model", "attention")
@@ -36,6 +36,26 @@ def linear_macs(model: ModelSpec) -> tuple[int, int]:
     (O, gate, up, down)."""
     h, nq, nkv = model.hidden, model.q_heads * model.head_dim, model.kv_heads * model.head_dim
     return h * (nq + 2 * nkv), nq * h + 3 * h * model.intermediate
+
+
+def prefill_ops(model: ModelSpec, seq_len: int, scope: str = "model") -> float:
+    """Operations of a causal prefill of ``seq_len`` tokens over all layers: attention
+    ``4·L·H_q·d`` per (query, key) pair over ``S(S+1)/2`` pairs, plus (scope ``model``) 2 per
+    linear-layer weight per token (no embedding, no LM head: what a ``model`` TTFT covers)."""
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r} (one of {', '.join(SCOPES)})")
+    attn = model.attn_ops_per_pair * seq_len * (seq_len + 1) / 2
+    return attn + (model.linear_ops_per_token * seq_len if scope == "model" else 0)
+
+
+def compute_bound_s(model: ModelSpec, seq_len: int, nodes: int, macs_per_cycle_peak: float,
+                    clock_hz: float, scope: str = "model") -> float:
+    """The TTFT no schedule can beat on ``nodes`` nodes of this configuration: the prefill's
+    operations (:func:`prefill_ops`) over ``N x 2 x macs_per_cycle_peak x clock_hz`` (one
+    multiply-accumulate = 2 operations, every node's GEMM array at its peak every cycle, the
+    work split perfectly, nothing else on the node). ``mcf model`` prints it per row as
+    ``compute_bound_s``, with the configuration's peak (:attr:`NodeConfig.macs_per_cycle`)."""
+    return prefill_ops(model, seq_len, scope) / (nodes * 2 * macs_per_cycle_peak * clock_hz)
 
 
 def vector_elements(model: ModelSpec) -> tuple[int, int]:

@@ -39,11 +39,14 @@ def _limits() -> str:
     from ..abi.csrmap import COUNTER_BITS
     from ..abi.framing import MAX_PAYLOAD
     from ..abi.limits import REDUCE_SLOTS
+    from ..abi.node_config import NODE_CONFIGS
     from ..abi.platform import HP_PORTS, K26
     from ..abi.quant import GROUP_SIZE
     from ..abi.softmax import LANE_BITS
     rows = [("MAX_PAYLOAD", f"{MAX_PAYLOAD} B", "largest packet payload, every engine and MARS"),
-            ("REDUCE_SLOTS", REDUCE_SLOTS, "reductions one engine holds open"),
+            ("REDUCE_SLOTS", REDUCE_SLOTS, "a stand-alone reduction engine's open reductions "
+             "(node tops: " + ", ".join(f"{c.name} {c.reduce_slots}"
+                                       for c in NODE_CONFIGS.values()) + ")"),
             ("COUNTER_BITS", COUNTER_BITS, "status counters (wrap)"),
             ("GROUP_SIZE", GROUP_SIZE, "INT4 weight quantisation group (K elements)"),
             ("LANE_BITS", LANE_BITS, "element lane of states and NIC reductions"),

@@ -1,0 +1,115 @@
+"""Prefill attention on the GEMM arrays: the tile formats (issue #33; paper §3.1, §5).
+
+FlashAttention-style tiling of a prefill chunk's attention, run on the INT4 × INT8 GEMM arrays
+(:mod:`mcf.hdl.compute.gemm_array`: row pairs packed into one DSP48E2, ``(w1·2^k + w0)·a``).
+A tile is a set of query rows (token × query head of one KV head) against one KV block; the KV
+extent of a tile **is** the KV block of :mod:`mcf.golden.attention`, so the per-block state
+``(m_b, l_b, o_b)`` and the in-order ``merge_state`` are those of today's golden model.
+
+``S = Q·Kᵀ`` — K is the weight operand (INT4, rows = keys paired into one DSP), Q the
+activation (INT8 codes, per-channel K: the query folded by the group's header,
+:func:`mcf.abi.kv.fold_query`); the dot product over ``head_dim`` is **one group**, so the
+packed accumulator splits exactly (:func:`qk_pack_shift`) into the exact integer
+``acc = Σ q·k`` of :func:`mcf.abi.kv.score`, :func:`qk_acc_bits` signed bits (19 at
+``head_dim`` 128). Scores, ``m_b``, ``p = exp2_neg(m_b − t)`` and ``w = v_weight(p, sv)`` are
+unchanged.
+
+``P·V`` — V is the weight operand (INT4, rows = channels paired), the probability row the
+activation. Two formats for it:
+
+* :data:`PV_W` — today's ``w`` unpacked: UQ4.16 in :data:`W_BITS` = 20 bits (``p ≤ 2^16``,
+  ``sv ≤ 2^16 − 1``). It does not fit the multiplier's 18-bit B port, so it takes the 27-bit
+  A port with V on B: **one MAC per DSP48E2**, no packing (two INT4 V on B would need
+  ``k ≥ 24`` bits per field, two ``w`` on A 40 bits). Bit-exact with today's golden model.
+* :data:`P8` (**the choice**, docs/attention.md "Prefill on the arrays: formats") — 8 unsigned
+  bits with a **per-row scale** ``2^s``, one per (query row, KV block)::
+
+      w_max = max over the block's unmasked keys of w        (0 if none)
+      s     = p8_row_shift(w_max) = max(0, bitlen(w_max) − 8)
+      w8    = quantize_p8(w, s) = min(round_half_up(w, s), 255)   (the maximum → 128..255)
+      o_b   = (Σ w8 · v) · 2^s                                 (exact integer, then STATE_O)
+
+  ``l_b = Σ p`` stays exact (the unquantised ``p``), ``m_b`` is unchanged. The products
+  ``w8·v`` (|·| ≤ 2040) pack two V channels per DSP48E2 like the GEMM's INT4 × INT8 pairs:
+  :func:`pv_pack_shift` bits per field hold a sum over :data:`PV_SPLIT_KEYS` = 128 keys within
+  the arrays' packing shift (``pack_shift(GROUP_SIZE)`` = 19); a longer block is split into
+  128-key groups whose exact sums are added after the split. The arrays take ``w8``
+  zero-extended (B is 18 bits: 9 bits, sign bit 0) — the one change to the INT8 activation
+  path. The row shift depends on the block's keys, so ``P8`` is defined for SINGLE mode only:
+  FIXED mode (two-phase) keeps :data:`PV_W`, whose per-key rounding is what makes its sums
+  independent of the split.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .fixed import FixedFormat, saturate
+from .kv import KV_ELEM, KV_SCALE, v_weight
+from .quant import GROUP_SIZE, bitlen, group_sum_bits, pack_shift
+from .softmax import EXP_FRAC
+
+__all__ = [
+    "P_ONE", "W_MAX", "W_BITS", "PV_W", "P8", "P8_MAX_PRODUCT", "PV_SPLIT_KEYS",
+    "qk_acc_bits", "qk_pack_shift", "p8_row_shift", "quantize_p8", "pv_pack_shift",
+    "pv_p8_out",
+]
+
+P_ONE = 1 << EXP_FRAC
+"""``exp2_neg(0)``: the probability of a row's maximum key (UQ1.16)."""
+
+W_MAX = int(v_weight(P_ONE, KV_SCALE.max_int))
+"""Largest ``w = v_weight(p, sv)`` (1,048,560)."""
+W_BITS = W_MAX.bit_length()
+PV_W = FixedFormat("pv_w", W_BITS, EXP_FRAC, signed=False)
+"""Today's probability-times-V-scale weight, unpacked: UQ4.16 in 20 bits."""
+
+P8 = FixedFormat("pv_p8", 8, 0, signed=False)
+"""8-bit probability row of the packed P·V, in units of the row's ``2^s``."""
+
+P8_MAX_PRODUCT = P8.max_int * -KV_ELEM.min_int
+"""Largest ``|w8 · v|`` (255 · 8 = 2040)."""
+
+
+def qk_acc_bits(head_dim: int) -> int:
+    """Signed bits of the exact ``acc = Σ q·k`` over ``head_dim`` INT8 × INT4 products."""
+    return group_sum_bits(head_dim)
+
+
+def qk_pack_shift(head_dim: int) -> int:
+    """Field shift ``k`` of two keys packed into one DSP (``(k1·2^k + k0)·q``), accumulated over
+    one dot product of ``head_dim`` products and split exactly."""
+    return pack_shift(head_dim)
+
+
+def pv_pack_shift(keys: int) -> int:
+    """Field shift of two V channels packed into one DSP (``(v1·2^k + v0)·w8``) whose packed sum
+    over ``keys`` keys splits exactly: the signed bits of ``keys · P8_MAX_PRODUCT``."""
+    return int(keys * P8_MAX_PRODUCT).bit_length() + 1
+
+
+PV_SPLIT_KEYS = max(n for n in (1 << i for i in range(16))
+                    if pv_pack_shift(n) <= pack_shift(GROUP_SIZE))
+"""Keys per packed P·V group on the arrays (their shift is ``pack_shift(GROUP_SIZE)``): 128."""
+
+
+def p8_row_shift(w_max, fmt: FixedFormat = P8):
+    """Per (query row, KV block): ``s = max(0, bitlen(w_max) − fmt.width)`` so the row's largest
+    ``w`` lands in ``2^(fmt.width−1) .. 2^fmt.width − 1`` (or below, unshifted). ``fmt`` is
+    :data:`P8`; another unsigned width only for measurements."""
+    return np.maximum(bitlen(np.asarray(w_max, dtype=np.int64)) - fmt.width, 0)
+
+
+def quantize_p8(w, s, fmt: FixedFormat = P8):
+    """``w8 = min(round_half_up(w, s), fmt.max_int)`` (``s`` broadcast per row; ``s = 0``
+    passes ``w`` unchanged)."""
+    w = np.asarray(w, dtype=np.int64)
+    s = np.asarray(s, dtype=np.int64)
+    half = (np.int64(1) << s) >> 1
+    return saturate((w + half) >> s, fmt.width, signed=fmt.signed)
+
+
+def pv_p8_out(acc, s):
+    """A block's ``o_b`` before saturation: the exact packed-P·V sum ``acc = Σ w8·v`` times the
+    row's ``2^s``."""
+    return np.asarray(acc, dtype=np.int64) << np.asarray(s, dtype=np.int64)

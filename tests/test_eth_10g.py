@@ -1,7 +1,8 @@
 """10G MAC (mcf.hdl.eth.xgmii) in amaranth.sim: EthEncap64 → XgmiiTx against the golden XGMII
 transmitter (every word, deficit idle count, lane-4 starts), XgmiiRx → XgmiiDecap back to link
-beats; and the runners of the cocotb + Verilator benches (sim/benches/eth_10g.py against
-cocotbext-eth XgmiiSource/XgmiiSink; sim/benches/eth_10g_pcs.py PCS loopback).
+beats; and the runners of the cocotb + Verilator benches (sim/benches/eth_mac.py, its XGMII
+kind: the module sim/benches/eth_10g.py, against cocotbext-eth XgmiiSource/XgmiiSink;
+sim/benches/eth_10g_pcs.py PCS loopback).
 
 Rate figures: ``mcf bench eth`` (its test: tests/test_eth_bench.py; the same Verilator build).
 """

@@ -1,6 +1,7 @@
 """1G RGMII MAC (mcf.hdl.eth.rgmii): amaranth.sim unit tests of GmiiTx/GmiiRx framing, and the
-runner of the cocotb + Verilator bench (sim/benches/eth_rgmii.py) against cocotbext-eth's
-RgmiiPhy — one Verilator build for all its tests (shared with ``mcf bench eth``).
+runner of the cocotb + Verilator MAC bench (sim/benches/eth_mac.py, its RGMII kind: the
+module sim/benches/eth_rgmii.py) against cocotbext-eth's RgmiiPhy — one Verilator build for all
+its tests (shared with ``mcf bench eth``).
 
 Line-rate figures: ``mcf bench eth`` (its test: tests/test_eth_bench.py).
 """

@@ -25,8 +25,10 @@ from mcf.abi.decode_land import (
     DecodeLandConfig,
     DecodeLandModel,
     DecodeLandResult,
+    decode_head,
     decode_land_decision,
     decode_land_registers,
+    decode_tag,
     mbuf_address,
     mbuf_bytes,
     normalized_row,
@@ -36,6 +38,7 @@ from mcf.abi.decode_land import (
     query_header,
     query_slot_bytes,
     state_bytes,
+    tag_head,
 )
 from mcf.abi.framing import parsed_layout
 from mcf.abi.meta import Collective, Meta, Op, ReduceOp
@@ -215,6 +218,35 @@ def test_abi_maxima_rules():
                             "drop_length": 1}
 
 
+@given(hs.integers(0, 1 << 20), hs.integers(1, 1 << 7), hs.data())
+def test_decode_tag_inverse(k, q_heads, data):
+    """The decode tag and its inverse, one definition: ``tag_head`` undoes ``decode_tag``
+    against the token's base ``decode_tag(k, 0)`` across the 16-bit wrap; MARS tags with it
+    and ``decode_head`` reads it."""
+    head = data.draw(hs.integers(0, q_heads - 1))
+    tag, base = decode_tag(k, head, q_heads), decode_tag(k, 0, q_heads)
+    assert 0 <= tag < 1 << 16 and tag == (k * q_heads + head) % (1 << 16)
+    assert tag_head(tag, base) == head
+    cfg = DecodeLandConfig(0, 0, 64, q_heads, tag_base=base)
+    assert decode_head(cfg, Meta(op=Op.PARTIAL_STATE, kv_id=tag)) == head
+
+
+def test_decode_tag_wraps():
+    """Token 5461 of a 12-head model: base 65,532, head 7's tag wraps to 3 and back to 7; MARS's
+    ``MetaEncoder.decode_tag`` is the same function."""
+    from mcf.mars.metadata import MetaEncoder
+    from mcf.mars.model import get_model
+
+    assert decode_tag(5461, 0, 12) == 65532 and decode_tag(5461, 7, 12) == 3
+    assert tag_head(3, 65532) == 7 and tag_head(65532, 3) == (65532 - 3)
+    model = get_model("tiny")
+    enc = MetaEncoder(model, nodes=2, num_chunks=2)
+    for k in (0, 1, 77, (1 << 16) // model.q_heads + 1):
+        for h in range(model.q_heads):
+            assert enc.decode_tag(k, h) == decode_tag(k, h, model.q_heads)
+            assert tag_head(enc.decode_tag(k, h), enc.decode_tag(k, 0)) == h
+
+
 def pack_query_header(hdr) -> bytes:
     return QUERY_HEADER.const(hdr).as_bits().to_bytes(QUERY_HEADER_BYTES, "little")
 
@@ -239,7 +271,7 @@ def test_mars_decode_records_land():
     for r in records:
         meta = r.meta
         if meta.op == Op.QUERY:
-            head0 = (meta.kv_id - cfg.tag_base) % (1 << 16)
+            head0 = tag_head(meta.kv_id, cfg.tag_base)
             count = (meta.length - QUERY_HEADER_BYTES) // query_head_bytes(hd)
             hdr = {"pos": 0, "layer": meta.seq, "head0": head0, "heads": count}
             result, addr = decode_land_decision(cfg, meta, hdr, hd)

@@ -124,9 +124,9 @@ class DecodeLander(wiring.Component):
         counted.
     cfg : In(:data:`mcf.abi.decode_land.DECODE_LAND_CONFIG`)
         ``qbuf_base``, ``obuf_base``, ``mbuf_base`` (40-bit byte addresses), ``q_slot`` (QBUF
-        slot stride), ``q_heads`` (H_q), ``tag_base`` (the token's ``decode_tag(k, 0)``);
-        sampled in the two cycles after a packet's first beat is taken: change it only between
-        packets.
+        slot stride), ``q_heads`` (H_q), ``tag_base`` (the token's
+        :func:`~mcf.abi.decode_land.decode_tag` ``(k, 0)``); sampled in the two cycles after a
+        packet's first beat is taken: change it only between packets.
     bus : Out(AXI4Signature(data_width=axi_width))
         Write master (AW/W/B; AR/R tied off). INCR bursts, never across 4 KiB; one AXI ID.
     status : Out(:data:`mcf.abi.decode_land.DECODE_LAND_STATUS`)
@@ -221,7 +221,7 @@ class DecodeLander(wiring.Component):
         take = Signal()
         meta = self.i.payload.meta
         hdr = data.View(QUERY_HEADER, self.i.payload.data[:QUERY_HEADER.size])
-        head = Signal(META["kv_id"].width)
+        head = Signal(META["kv_id"].width)   # kv_id − tag_base, wrapping: abi tag_head()
         q_idx = Signal(slot_bits)
         o_idx = Signal(META["kv_id"].width + 1)
         m.d.comb += [

@@ -24,7 +24,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge, SimTimeoutError, with_timeout
 
 from mcf.abi.eth import ETH_STATUS, PCS_STATUS, link_beats
-from mcf.sim.benches.eth_10g import link_frame
+from mcf.sim.benches.eth_common import link_frame
 from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 NODE = 3

@@ -1,7 +1,8 @@
-"""Shared pieces of the Ethernet MAC cocotb benches (:mod:`.eth_rgmii` against cocotbext-eth's
-``RgmiiPhy`` at 1000 Mb/s, :mod:`.eth_10g` against ``XgmiiSource``/``XgmiiSink``): random link
-frames, the status word, and :func:`line_rate` — the full-duplex throughput measurement behind
-both benches' ``rate`` test and ``mcf bench eth`` (:mod:`mcf.sim.bench.eth`).
+"""Shared pieces of the Ethernet cocotb benches (:mod:`.eth_mac`, the MAC bench — RGMII against
+cocotbext-eth's ``RgmiiPhy`` at 1000 Mb/s, XGMII against ``XgmiiSource``/``XgmiiSink`` — and
+:mod:`.eth_10g_pcs`): random link frames, the status word, and :func:`line_rate` — the
+full-duplex throughput measurement behind the MAC bench's ``rate`` test and ``mcf bench eth``
+(:mod:`mcf.sim.bench.eth`).
 
 :func:`line_rate` offers ``n`` back-to-back link frames of one size on ``s_axis`` while the
 PHY model sends ``n`` Ethernet frames of the same size into the RX pins at its line rate
@@ -162,8 +163,8 @@ async def line_rate(tb, line: Line, link_len: int, n: int, rng: random.Random, *
 
 
 class Collector:
-    """The aclk-side ``m_axis`` monitor both TBs share: ``out`` (data, keep, last) of every beat
-    and ``last_ps`` the sim time of every ``last`` beat."""
+    """The aclk-side ``m_axis`` monitor of the MAC bench's TB: ``out`` (data, keep, last) of
+    every beat and ``last_ps`` the sim time of every ``last`` beat."""
 
     def __init__(self, dut):
         self.dut = dut

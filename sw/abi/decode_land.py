@@ -29,8 +29,9 @@ Three packet kinds reach the decode lander (``mcf.hdl.node.decode_land.DecodeLan
       obuf_address = OBUF_BASE + row · 4 · head_dim
 
   ``TAG_BASE`` is the token's ``decode_tag(k, 0) = k · H_q mod 2^16`` (loaded per token, the
-  MARK of docs/node.md §3 (c)). The rows of one parity are the O-projection's input vector
-  ``[H_q · head_dim]`` in head order.
+  MARK of docs/node.md §3 (c)); :func:`decode_tag` and its inverse :func:`tag_head` are the
+  one definition of this tag (``TAG_BITS`` = ``Meta.kv_id``'s 16 bits). The rows of one parity
+  are the O-projection's input vector ``[H_q · head_dim]`` in head order.
 
 * ``Op.REDUCTION`` with ``reduce_op = NONE`` — the two-phase decode's all-reduced maxima of one
   KV head's query heads (the root's ``ReduceOp.MAX`` result, and the root's multicast of it to
@@ -78,9 +79,9 @@ __all__ = [
     "DEC_ADDR_BITS", "Q_SLOT_BITS", "M_SLOT_BYTES", "mbuf_address", "mbuf_bytes", "mbuf_slot",
     "Q_HEADS_BITS", "TAG_BITS", "DECODE_LAND_CONFIG",
     "DECODE_LAND_STATUS", "DecodeLandConfig", "DecodeLandResult", "state_bytes",
-    "obuf_row_bytes", "query_slot_bytes", "query_header", "decode_head", "qbuf_address",
-    "obuf_address", "decode_land_decision", "normalized_row", "decode_land_registers",
-    "DecodeLandModel",
+    "obuf_row_bytes", "query_slot_bytes", "query_header", "decode_tag", "tag_head",
+    "decode_head", "qbuf_address", "obuf_address", "decode_land_decision", "normalized_row",
+    "decode_land_registers", "DecodeLandModel",
 ]
 
 DEC_ADDR_BITS = DMA_ADDR_BITS
@@ -174,9 +175,25 @@ def query_header(payload: bytes) -> dict[str, int]:
     return {name: int(view[name]) for name, _ in QUERY_HEADER}
 
 
+def decode_tag(k: int, head: int, q_heads: int) -> int:
+    """The ``Meta.kv_id`` of decode token ``k``'s packets for query head ``head`` (MARS's query
+    fragments, partial states and maxima), with ``q_heads`` = ``H_q``:
+    ``(k · H_q + head) mod 2^TAG_BITS``. ``decode_tag(k, 0)`` is the token's ``TAG_BASE``;
+    :func:`tag_head` is the inverse."""
+    return (k * q_heads + head) % (1 << TAG_BITS)
+
+
+def tag_head(kv_id: int, tag_base: int) -> int:
+    """Inverse of :func:`decode_tag`: the query head of a packet tagged ``kv_id`` of the token
+    whose ``TAG_BASE`` is ``tag_base``: ``(kv_id − tag_base) mod 2^TAG_BITS`` (the lander's
+    subtraction, ``TAG_BITS`` wide)."""
+    return (kv_id - tag_base) % (1 << TAG_BITS)
+
+
 def decode_head(cfg: DecodeLandConfig, meta: Meta) -> int:
-    """The query head a final state belongs to: ``(kv_id − TAG_BASE) mod 2^16``."""
-    return (meta.kv_id - cfg.tag_base) % (1 << TAG_BITS)
+    """The query head a final state or maxima packet belongs to: :func:`tag_head` of its
+    ``kv_id`` against ``cfg.tag_base``."""
+    return tag_head(meta.kv_id, cfg.tag_base)
 
 
 def qbuf_address(cfg: DecodeLandConfig, meta: Meta, header: Mapping[str, int]) -> int:

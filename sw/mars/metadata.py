@@ -1,7 +1,11 @@
 """Schedule → per-node metadata streams of ABI :class:`~mcf.abi.meta.Meta` records (paper §5).
 
-For every chunk step each node gets an ordered list of records — what its PYNQ driver pushes into
-the packetizer's metadata FIFO, one record per packet:
+For every chunk step each node gets an ordered list of records, one per packet it sends (the
+packet's ``Meta``) or per local FREE. :mod:`mcf.node.program` turns a node's list into its
+command-ring records (docs/node.md §2, §3): each packet a SEND carrying that ``Meta`` (the
+``plan`` phase's in the NET ring, the ``store`` phase's in the COMPUTE ring), each local FREE a
+directory FREE in the COMPUTE ring; the driver writes the rings in DDR and rings the doorbell,
+the node's ring reader fetches them and its sequencer issues them in ring order. The phases:
 
 1. ``plan``  (issued while chunk c−1 computes): DRAIN notices from owners to replica holders,
    FETCH_REQUESTs from requesters to their nearest copy, then the KV sends that serve chunk c's
@@ -43,10 +47,11 @@ Conventions (what the NIC and the node's KV directory rely on):
   :class:`ReduceEntry` configuration returned with the streams) before forwarding a partial result
   towards the root; the root's entry is ``final`` (``mcf.abi.nic``): its result is marked final
   (``reduce_op = NONE``, ``MULTICAST``, ``route_id`` = the root's static unicast route, local at
-  the root), so it reaches the root's router and is never reduced again. The root pushes a
+  the root), so it reaches the root's router and is never reduced again. The root sends a
   wave's query only after the previous wave's results have arrived (``Record.wait``), and no
   node can send a state before it has the wave's query, so at most one wave — ``reduce_slots``
-  tags — is open in any reduction engine.
+  tags — is open in any reduction engine. :mod:`mcf.node.decode` turns the decode records into
+  the node's rings (a ``Record.wait`` becomes ``WAIT(RESULTS_LANDED ≥ wait)``).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..abi import META, Collective, InvalidateKind, Meta, Op, ReduceOp, Stage
+from ..abi.decode_land import decode_tag
 from ..abi.framing import MAX_PAYLOAD
 from ..abi.limits import REDUCE_SLOTS
 from ..abi.query import query_bytes, query_fragments
@@ -69,10 +75,11 @@ PHASES = ("plan", "free", "store", "handoff", "decode")
 
 @dataclass(frozen=True)
 class Record:
-    """One metadata record of ``node``'s stream. ``wait`` (decode): push it only once this many
-    of the current decode token's reduction results have been delivered at this node (its
-    reduction engine's ``tx_results`` counted from the token's start); 0 = no wait."""
-    node: int       # whose stream (the node that pushes it)
+    """One metadata record of ``node``'s stream. ``wait`` (decode): issue it only once this
+    many of the current decode token's reduction results have landed at this node (counted
+    from the token's start; on the node a ``WAIT`` on ``SeqCounter.RESULTS_LANDED`` before
+    it); 0 = no wait."""
+    node: int       # whose stream (the node that issues it)
     phase: str
     meta: Meta
     wait: int = 0
@@ -269,9 +276,11 @@ class MetaEncoder:
         return self.payloads.state_bytes
 
     def decode_tag(self, k: int, head: int) -> int:
-        """``kv_id`` of decode token ``k``'s reduction for ``head`` (with ``seq`` = layer, the
-        reduction engine's key ``(route_id, kv_id, seq)`` is unique among in-flight tokens)."""
-        return (k * self.model.q_heads + head) % (1 << META["kv_id"].width)
+        """``kv_id`` of decode token ``k``'s reduction for ``head``:
+        :func:`mcf.abi.decode_land.decode_tag` with this model's ``H_q`` (the decode lander
+        inverts it, :func:`~mcf.abi.decode_land.tag_head`). With ``seq`` = layer, the reduction
+        engine's key ``(route_id, kv_id, seq)`` is unique among in-flight tokens."""
+        return decode_tag(k, head, self.model.q_heads)
 
     # --- prefill records -----------------------------------------------------------------------
     def _sends(self, t, layers=None):

@@ -84,7 +84,7 @@ from ..abi.attend import (
     max_payload_bytes,
 )
 from ..abi.csrmap import node_regmap
-from ..abi.decode_land import mbuf_slot, normalized_row, obuf_row_bytes
+from ..abi.decode_land import mbuf_slot, normalized_row, obuf_row_bytes, tag_head
 from ..abi.emit import EmitArg
 from ..abi.jobs import JOB_ARG, TemplateBuilder, template_image
 from ..abi.kv import kv_token_bytes, pack_kv_block, quantize_kv_rows, unpack_kv_block
@@ -209,7 +209,7 @@ def query_payloads(plan, k: int, rep: int) -> list[tuple[int, Meta, int]]:
     for r in plan.decode_records(k):
         if r.meta.op != Op.QUERY:
             continue
-        head0 = (r.meta.kv_id - tag0) % (1 << 16)
+        head0 = tag_head(r.meta.kv_id, tag0)
         count = (r.meta.length - QUERY_HEADER_BYTES) // query_head_bytes(hd)
         if head0 % rep or count % rep:
             raise ValueError(f"query fragment of heads {head0}..{head0 + count - 1} splits a "
@@ -523,7 +523,7 @@ def _groups(image: DecodeImage, tag0: int, states, layer: int) -> dict[int, list
     rep = image.cfg.heads // image.cfg.kv_heads
     out: dict[int, list[Meta]] = {}
     for meta in (s for s in states if s.seq == layer):
-        head = (meta.kv_id - tag0) % (1 << 16)
+        head = tag_head(meta.kv_id, tag0)
         out.setdefault(head // rep, []).append(meta)
     return out
 

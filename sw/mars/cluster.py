@@ -268,7 +268,7 @@ class ClusterSpec:
     compute_eff: float = 1.0
     link_eff: float = 0.9          # payload share of the line rate (framing, CRC, gaps)
     gamma: float = 1.0             # eq 8 overlap safety factor
-    t_meta_s: float = 0.5e-6       # PS -> PL metadata push per record (AXI-Lite)
+    t_meta_s: float = 0.5e-6       # host cost per metadata record (ring entry; one doorbell/batch)
     scope: str = "model"           # "model": linear + attention of all layers; "attention"
     max_payload: int = MAX_PAYLOAD  # largest packet payload (B), at most the ABI's MAX_PAYLOAD
     # open reductions per reduction engine: the node configuration's (``make_cluster`` takes it

@@ -43,16 +43,18 @@ activation. Two formats for it:
 from __future__ import annotations
 
 import numpy as np
+from amaranth.hdl import signed, unsigned
+from amaranth.lib import data
 
 from .fixed import FixedFormat, saturate
 from .kv import KV_ELEM, KV_SCALE, v_weight
-from .quant import GROUP_SIZE, bitlen, group_sum_bits, pack_shift
-from .softmax import EXP_FRAC
+from .quant import GROUP_SIZE, SCALE_EXP_BITS, SCALE_MANT_BITS, bitlen, group_sum_bits, pack_shift
+from .softmax import EXP_FRAC, STATE_L, STATE_M
 
 __all__ = [
     "P_ONE", "W_MAX", "W_BITS", "PV_W", "P8", "P8_MAX_PRODUCT", "PV_SPLIT_KEYS",
     "qk_acc_bits", "qk_pack_shift", "p8_row_shift", "quantize_p8", "pv_pack_shift",
-    "pv_p8_out",
+    "pv_p8_out", "P8_SHIFT_MAX", "score_beat_layout", "p8_beat_layout",
 ]
 
 P_ONE = 1 << EXP_FRAC
@@ -113,3 +115,48 @@ def pv_p8_out(acc, s):
     """A block's ``o_b`` before saturation: the exact packed-P·V sum ``acc = Σ w8·v`` times the
     row's ``2^s``."""
     return np.asarray(acc, dtype=np.int64) << np.asarray(s, dtype=np.int64)
+
+
+# --- the tile softmax stage's streams (mcf.hdl.compute.tile_softmax) ----------------------------
+
+P8_SHIFT_MAX = W_BITS - P8.width
+"""Largest row shift :func:`p8_row_shift` gives (``w_max = W_MAX``: 12)."""
+
+
+def score_beat_layout(keys: int, head_dim: int) -> data.StructLayout:
+    """A beat of one (query row, KV block) on its way from ``S = Q·Kᵀ`` to the row softmax:
+    ``keys`` consecutive keys of the row, each its exact ``acc = Σ q·k``
+    (:func:`qk_acc_bits` signed bits), its ``sk`` and ``sv`` (:data:`mcf.abi.kv.KV_SCALE`) and
+    ``masked`` (no probability: causal ``pos > q_pos``, or padding of a block that is not a
+    whole number of beats); the query's scale ``(scale_m, scale_e)``
+    (:class:`mcf.abi.quant.Scale`, per-channel K: the folded ``(m', e')`` of the keys' group,
+    :func:`mcf.abi.kv.fold_query`) shared by the beat's keys; ``last`` on the row's final beat.
+    The key's score is ``score(acc, sk, q_multiplier(scale_m, head_dim),
+    score_shift(scale_e))``."""
+    key = data.StructLayout({
+        "acc": signed(qk_acc_bits(head_dim)),
+        "sk": unsigned(KV_SCALE.width),
+        "sv": unsigned(KV_SCALE.width),
+        "masked": unsigned(1),
+    })
+    return data.StructLayout({
+        "keys": data.ArrayLayout(key, keys),
+        "scale_m": unsigned(SCALE_MANT_BITS),
+        "scale_e": signed(SCALE_EXP_BITS),
+        "last": unsigned(1),
+    })
+
+
+def p8_beat_layout(keys: int) -> data.StructLayout:
+    """A beat of a row's :data:`P8` probabilities for the P·V arrays: ``w8`` of ``keys``
+    consecutive keys (0 for masked keys), and the row's record for the merge, equal on every
+    beat of the row: the block maximum ``m`` (:data:`mcf.abi.softmax.STATE_M`, ``M_EMPTY`` if
+    every key is masked), ``l = Σ p`` (:data:`mcf.abi.softmax.STATE_L`), the row shift ``s``
+    (``o_b = (Σ w8·v) · 2^s``, :func:`pv_p8_out`); ``last`` on the row's final beat."""
+    return data.StructLayout({
+        "w8": data.ArrayLayout(unsigned(P8.width), keys),
+        "m": signed(STATE_M.width),
+        "l": unsigned(STATE_L.width),
+        "s": unsigned(P8_SHIFT_MAX.bit_length()),
+        "last": unsigned(1),
+    })

@@ -35,6 +35,8 @@ FIGURES = {
             "xgmii.payload_gbps_at_64B", "xgmii.line_rate_fraction_1500B"],
     "task": ["float.acc_256", "int4_per_token.acc_256", "int4_per_channel.acc_256",
              "rtl.n2_acc_32", "rtl.bit_exact_vs_golden", "model_bytes"],
+    "decode": ["weights.weight_port_efficiency", "weights_ddr90.weight_port_efficiency",
+               "weights.weight_bytes", "weights_ddr90.ddr_efficiency"],
 }
 
 
@@ -58,6 +60,14 @@ def test_bench_runs_small(name, tmp_path, capsys):
                 assert 0 < v <= 1, (dotted, value)
         if ".acc_" in dotted:
             assert 0 <= value <= 1, (dotted, value)
+    if name == "decode":    # issue #34: the stripe readers' weight stream, both DDR models
+        for key, eff in (("weights", 1.0), ("weights_ddr90", 0.9)):
+            r = written[key]
+            assert r["ddr_efficiency"] == eff and r["ports"] == 4 and r["jobs"] == 7
+            assert r["weight_bytes_per_cycle"] == round(r["weight_bytes"] / r["cycles"], 3)
+            assert r["weight_port_efficiency"] == round(
+                r["weight_bytes"] / r["cycles"] / (r["ports"] * r["port_bytes_per_cycle"]), 4)
+        assert written["weights_ddr90"]["cycles"] > written["weights"]["cycles"]
     if name == "task":      # seeds 0-3 at 256 tokens are answered right by all three models
         assert [written[m]["acc_256"] for m in ("float", "int4_per_token",
                                                 "int4_per_channel")] == [1.0, 1.0, 1.0]
@@ -74,6 +84,25 @@ def test_refusal_writes_nothing(tmp_path, capsys, monkeypatch):
     assert captured.out == ""
     assert "csr refused: reduction: unplanned counter values" in captured.err
     assert not (tmp_path / "csr.json").exists()
+
+
+def test_decode_bench_refuses_a_wrong_stream(tmp_path, capsys, monkeypatch):
+    """``mcf bench decode``: a corrupted DDR byte (a word of the stream differs from the GEMM's
+    weight stream) refuses the figure: exit 1, one line, no JSON."""
+    import mcf.sim.bench.decode as decode_bench
+    from mcf.sim.bench.decode import small_shapes, weight_stream
+
+    tiny = tuple((n, 16, k) for n, _, k in small_shapes())[:2]
+    monkeypatch.setattr(decode_bench, "weight_stream",
+                        lambda small=False, **kw: weight_stream(shapes=tiny,
+                                                                sabotage="corrupt", **kw))
+    assert main(["bench", "decode", "--small", "--no-synth", "--json", "--out",
+                 str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "decode refused: decode weight stream:" in captured.err
+    assert "words differ" in captured.err
+    assert not (tmp_path / "decode.json").exists()
 
 
 def test_unknown_bench_is_a_usage_error(capsys):

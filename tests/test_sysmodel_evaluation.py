@@ -7,26 +7,34 @@ its roofline, the paper's arithmetic, the report files and the command's errors.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from mcf.cli import main
 from mcf.mars import get_model
-from mcf.mars.setting import paper_setting, weight_bytes
+from mcf.mars.setting import paper_setting
 from mcf.sysmodel.calibration import load_figures
 from mcf.sysmodel.evaluation import (
+    AS_BUILT,
     SCOPES,
+    STRIPES,
     EvalSpec,
     count_runs,
     decode,
+    decode_bytes,
+    decode_targets,
     evaluate,
     paper_checks,
     scaled_rates,
     scope_ops,
     speedups,
+    table2_decode,
     write_report,
 )
 from mcf.sysmodel.rates import NodeRates
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -118,19 +126,97 @@ def test_memory_converges_to_owner_only(ev, spec):
 def test_decode_row(fig):
     qwen = get_model("qwen2.5-1.5b")
     rates = NodeRates.calibrated(fig, "kr260", qwen)
-    rows = {(r.mode, r.weight_path.startswith("one")): r
+    rows = {(r.mode, r.weight_path == AS_BUILT): r
             for r in decode(fig, rates, qwen, 4, 16384)}
     rep, tp = rows["replicated", False], rows["tensor-parallel", False]
-    assert rep.weight_bytes_per_node == weight_bytes(qwen)
-    assert tp.roofline_tok_s == pytest.approx(4 * rep.roofline_tok_s, rel=1e-6)
+    assert rep.weight_path == STRIPES
+    assert rep.weight_bytes_per_node == decode_bytes(qwen, 1)[0]
+    assert rep.weight_bytes_per_node == rep.layer_bytes + rep.lm_head_bytes
+    assert rep.roofline_tok_s * rep.weight_bytes_per_node == pytest.approx(
+        tp.roofline_tok_s * tp.weight_bytes_per_node)       # the same DDR peak
+    assert 3.8 < tp.roofline_tok_s / rep.roofline_tok_s < 4   # the busiest node's shards
     for r in rows.values():
         assert r.tok_s < r.roofline_tok_s
         assert r.tok_s == pytest.approx(1 / (max(r.weights_s, r.gemm_s) + r.vector_s
                                              + r.attention_s + r.network_s))
+        assert r.network_s == pytest.approx(sum(r.network.values()))
     assert rows["replicated", True].tok_s < rep.tok_s < tp.tok_s
     assert tp.network_s > rep.network_s                     # the all-reduces
+    assert tp.vector_s < rep.vector_s                       # the shards' passes split
     short = {(r.mode, r.weight_path): r for r in decode(fig, rates, qwen, 4, 1024)}
     assert short[rep.mode, rep.weight_path].attention_s < rep.attention_s
+
+
+# Qwen2.5-1.5B's bytes per token as the node stores its GEMM blobs (INT4 codes, a 16-bit scale
+# per row and group of 128, a 32-bit bias per row) — by hand:
+LAYER = 24_219_648 + 2 * 1536 * 4          # mcf bench decode's one-layer stream + 2 RMSNorms
+HEAD = 151_936 * (1536 // 2 + 12 * 2 + 4) + 1536 * 4     # tied LM head + final RMSNorm
+# tensor-parallel, N = 4, the busiest node: 3 query heads (384 rows), 64 K and 64 V rows,
+# O with K = 384, 18 of the MLP's 70 groups (2,304 rows), down with K = 2,304
+TP4_LAYER = (384 * (768 + 24 + 4) + 2 * 64 * (768 + 24 + 4) + 1536 * (192 + 3 * 2 + 4)
+             + 2 * 2304 * (768 + 24 + 4) + 1536 * (1152 + 18 * 2 + 4) + 2 * 1536 * 4)
+TP4_HEAD = 37_984 * (768 + 24 + 4) + 1536 * 4
+
+
+def test_decode_bytes_by_hand():
+    qwen = get_model("qwen2.5-1.5b")
+    assert decode_bytes(qwen, 1)[:3] == (28 * LAYER + HEAD, 28 * LAYER, HEAD)
+    assert decode_bytes(qwen, 4)[:3] == (28 * TP4_LAYER + TP4_HEAD, 28 * TP4_LAYER, TP4_HEAD)
+
+
+def test_decode_row_from_the_measured_stripe_rate(tmp_path):
+    """Table 2's stripe column is decode.json's ``weights_ddr90.weight_bytes_per_cycle`` and
+    nothing else: with 40 B/cycle written into a copy of the results, a one-board token streams
+    its 799 MB in bytes / (40 x clock), the as-built column in bytes / (16 x DMA efficiency x
+    clock); no decode.json, no stripe column."""
+    import shutil
+
+    from mcf.abi.platform import ACLK_HZ
+    from mcf.sysmodel.calibration import CalibrationError
+    d = tmp_path / "results"
+    shutil.copytree(ROOT / "docs" / "results", d)
+    dec = json.loads((d / "decode.json").read_text())
+    dec["weights_ddr90"]["weight_bytes_per_cycle"] = 40.0
+    dec["weights"]["weight_bytes_per_cycle"] = 60.0
+    (d / "decode.json").write_text(json.dumps(dec))
+    f = load_figures([d])
+    assert f.stripe_weight_bytes_per_cycle == 40.0
+    assert f.sources["stripe_weight_bytes_per_cycle"].endswith(
+        "decode.json: weights_ddr90.weight_bytes_per_cycle")
+    qwen = get_model("qwen2.5-1.5b")
+    rates = NodeRates.calibrated(f, "kr260", qwen)
+    rows = table2_decode(f, rates, qwen, 4, 1024)
+    by = {(r.key, r.weight_path): r for r in rows}
+    assert [r.key for r in rows][::2] == ["replicated_1", "tp_4_switch10g", "replicated_4",
+                                          "tp_4_kr260_ring"]
+    one = by["replicated_1", STRIPES]
+    assert one.nodes == 1 and one.network_s == 0 and one.link == "-"
+    assert one.weight_bytes_per_node == 28 * LAYER + HEAD == 799_441_408
+    assert one.weights_s == pytest.approx(799_441_408 / (40 * ACLK_HZ), rel=1e-12)
+    built = by["replicated_1", AS_BUILT]
+    assert built.weights_s == pytest.approx(799_441_408 / (16 * f.dma_efficiency * ACLK_HZ),
+                                            rel=1e-12)
+    tp = by["tp_4_switch10g", STRIPES]
+    assert tp.weights_s == pytest.approx((28 * TP4_LAYER + TP4_HEAD) / (40 * ACLK_HZ),
+                                         rel=1e-12)
+    assert tp.roofline_tok_s == pytest.approx(64 * ACLK_HZ / (28 * TP4_LAYER + TP4_HEAD))
+    for r in rows:
+        assert r.tok_s == pytest.approx(1 / (max(r.weights_s, r.gemm_s) + r.vector_s
+                                             + r.attention_s + r.network_s))
+    assert set(by["tp_4_kr260_ring", STRIPES].network) == {
+        "attention", "kv_gather", "allreduce_max", "allreduce_sum", "head_gather"}
+    # the 10G switch carries the SUM all-reduces faster than the ring's 1G cables
+    assert by["tp_4_switch10g", STRIPES].network["allreduce_sum"] < \
+        by["tp_4_kr260_ring", STRIPES].network["allreduce_sum"]
+    tg = decode_targets(rows, 1024)
+    assert tg["stripe"]["replicated_1"] == one.tok_s
+    assert set(tg["as_built"]) == set(tg["stripe"]) == {
+        "replicated_1", "replicated_4", "tp_4_kr260_ring", "tp_4_switch10g"}
+    (d / "decode.json").unlink()
+    f = load_figures([d])
+    assert f.stripe_weight_bytes_per_cycle is None
+    with pytest.raises(CalibrationError, match="mcf bench decode"):
+        decode(f, rates, qwen, 4, 1024)
 
 
 def test_paper_arithmetic():
@@ -160,6 +246,8 @@ def test_report_files(ev, tmp_path):
     assert [c["clock_mhz"] for c in doc["clocks"]] == [300.0, 250.0]
     assert set(doc["covers"]) == set(SCOPES)
     assert doc["table1"]["paper"]["mars"]["2"]["ttft_s"] == 1.68
+    assert set(doc["table2_decode"]["tok_s"]["stripe"]) == {
+        "replicated_1", "replicated_4", "tp_4_kr260_ring", "tp_4_switch10g"}
     md = (tmp_path / "r" / "summary.md").read_text()
     assert "## Crossover map" in md and "whole model" in md
     assert "## Table 1 and Table 2 at 300 and 250 MHz" in md

@@ -2,7 +2,8 @@
 :mod:`mcf.sim.synth`), one module per bench: :mod:`.packet`, :mod:`.nic`, :mod:`.compute`,
 :mod:`.attention`, :mod:`.csr`, :mod:`.plan` (MARS cost model), :mod:`.node` (node tops),
 :mod:`.cluster` (the tiny model end to end on simulated rings), :mod:`.eth` (the Ethernet MACs'
-line rates), :mod:`.task` (the trained retrieval model's accuracy, golden and RTL).
+line rates), :mod:`.task` (the trained retrieval model's accuracy, golden and RTL),
+:mod:`.decode` (the weight stream of an M = 1 decode layer from four HP ports, issue #34).
 
 Contract of a bench module:
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 __all__ = ["BENCHES", "BenchRefused", "refuse_unplanned", "resource_table"]
 
 BENCHES = ("packet", "nic", "compute", "attention", "csr", "plan", "node", "cluster", "eth",
-           "task")
+           "task", "decode")
 
 
 class BenchRefused(RuntimeError):

@@ -89,7 +89,7 @@ def register(subs) -> None:
                         description=description(__doc__))
     p.add_argument("names", nargs="*", metavar="NAME",
                    help="packet, nic, compute, attention, csr, plan, node, cluster, eth, task, "
-                        "depth, or all (default all)")
+                        "decode, depth, or all (default all)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--small", action="store_true", help="reduced sizes (what CI runs)")
     p.add_argument("--no-synth", action="store_true", help="skip the yosys resource estimates")

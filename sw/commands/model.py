@@ -208,9 +208,11 @@ def _evaluate(args, setting, nodes, fig) -> int:
         mars = {r.nodes: r.ttft_s for r in c.table_runs if r.scheme == "mars"
                 and r.scope == "model"}
         print(f"at {c.clock_hz / 1e6:g} MHz: MARS TTFT (whole model) " + ", ".join(
-            f"N = {n}: {t:.2f} s" for n, t in mars.items()) + "; decode " + ", ".join(
-            f"{d.mode} {d.context}: {d.tok_s:.1f} tok/s" for d in c.decode
-            if d.weight_path == c.decode[0].weight_path))
+            f"N = {n}: {t:.2f} s" for n, t in mars.items()))
+        for path in dict.fromkeys(d.weight_path for d in c.decode):
+            print(f"  decode tok/s, weights from {path}: " + ", ".join(
+                f"{d.key} (context {d.context}) {d.tok_s:.1f}" for d in c.decode
+                if d.weight_path == path))
     return 0
 
 

@@ -88,7 +88,8 @@ class Plan:
         return self.encoder.step_records(step, self.scheduler.routes.unicast)
 
     def step_metadata(self, index: int) -> dict[int, list]:
-        """``{node: [Meta, ...]}`` for chunk step ``index``: what each node's driver writes into its command rings."""
+        """``{node: [Meta, ...]}`` for chunk step ``index``: what each node's driver writes
+        into its command rings."""
         return by_node(self.step_records(index), self.cluster.nodes)
 
     def step_words(self, index: int) -> dict[int, list[int]]:

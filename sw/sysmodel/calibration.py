@@ -17,7 +17,12 @@ What is read (bench → figure):
 * ``nic`` — the router's hop latency and output beats per cycle, the link framer's wire beats
   per cycle;
 * ``packet`` — the packet path's latency of a header-only packet and its per-packet header
-  cycles (64-bit path, the node's packet width).
+  cycles (64-bit path, the node's packet width);
+* ``decode`` (optional: only Table 2's decode row needs it) — the weight stream of the stripe
+  readers (:class:`mcf.hdl.mem.stripe.StripeReader`, four HP ports in lockstep into the GEMM's
+  512-bit ``w_in``) in bytes per cycle, measured on an M = 1 Qwen2.5-1.5B layer against DDR
+  port models that idle 10 % of cycles (``weights_ddr90``: the realistic figure, the 90 %
+  controller efficiency an assumption) and ideal ones (``weights``).
 
 The clock every cycle count is converted at is :data:`mcf.abi.platform.ACLK_HZ` (an assumption,
 no fmax claimed); :func:`at_clock` gives the same figures at another clock (``mcf model
@@ -142,6 +147,9 @@ class BenchFigures:
     comm: CommRun
     sources: dict = field(default_factory=dict)
     node_macs_per_cycle_peak: float | None = None   # node.json's, when the bench reports it
+    stripe_weight_bytes_per_cycle: float | None = None  # decode.json weights_ddr90 (no file: None)
+    stripe_ddr_efficiency: float | None = None          # the DDR efficiency it was measured at
+    stripe_ideal_weight_bytes_per_cycle: float | None = None    # decode.json weights
 
     def attention_pair_cycles(self, group: int) -> tuple[float, str]:
         """Cycles per visible pair measured at GQA group ``group`` (the nearest group measured
@@ -180,6 +188,21 @@ def load_figures(dirs=None) -> BenchFigures:
     size = str(payload_beats(MAX_PAYLOAD, PACKET_WIDTH))
     if size not in cpp:
         raise CalibrationError(f"{pkt_at}: no {size}-beat (MAX_PAYLOAD) packet at {width} bits")
+    stripe = {}
+    try:
+        dec, dec_at = _load("decode", dirs)
+    except CalibrationError:
+        src["stripe_weight_bytes_per_cycle"] = "no decode.json (run `mcf bench decode`)"
+    else:
+        stripe = dict(
+            stripe_weight_bytes_per_cycle=float(take(
+                dec, dec_at, "weights_ddr90.weight_bytes_per_cycle",
+                "stripe_weight_bytes_per_cycle")),
+            stripe_ddr_efficiency=float(take(dec, dec_at, "weights_ddr90.ddr_efficiency",
+                                             "stripe_ddr_efficiency")),
+            stripe_ideal_weight_bytes_per_cycle=float(take(
+                dec, dec_at, "weights.weight_bytes_per_cycle",
+                "stripe_ideal_weight_bytes_per_cycle")))
     layer_entry = take(node, node_at, "layer", "layer")
     comm_entry = take(node, node_at, "prefill", "comm")
     return BenchFigures(
@@ -208,7 +231,8 @@ def load_figures(dirs=None) -> BenchFigures:
         sources=src,
         node_macs_per_cycle_peak=(float(take(node, node_at, "macs_per_cycle_peak",
                                              "node_macs_per_cycle_peak"))
-                                  if "macs_per_cycle_peak" in node else None))
+                                  if "macs_per_cycle_peak" in node else None),
+        **stripe)
 
 
 def at_clock(fig: BenchFigures, clock_hz: float) -> BenchFigures:

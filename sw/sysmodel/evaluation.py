@@ -60,8 +60,10 @@ from .work import NodeWork, prefill_ops, vector_elements
 
 __all__ = ["EvalSpec", "SchemeRun", "MemoryTrace", "MapPoint", "OperatingPoint", "DecodeRow",
            "PaperCheck", "ClockRun", "Evaluation", "PAPER_DECODE", "SCOPES", "CLOCKS_MHZ",
-           "evaluate", "decode", "paper_checks", "count_runs", "write_report", "markdown",
-           "scaled_rates", "speedups"]
+           "AS_BUILT", "STRIPES", "DECODE_LINKS", "LM_HEAD", "evaluate", "decode",
+           "table2_decode", "decode_bytes", "decode_network", "decode_paths",
+           "decode_targets", "decode_vector_elements", "paper_checks", "count_runs",
+           "write_report", "markdown", "scaled_rates", "speedups"]
 
 GIB = 2 ** 30
 MIB = 2 ** 20
@@ -228,6 +230,13 @@ class DecodeRow:
     network_s: float             # query multicast, state reduction (and TP's all-reduces)
     tok_s: float
     roofline_tok_s: float        # the DDR peak over the node's weights
+    key: str = ""                # replicated_1, replicated_4, tp_4_kr260_ring, tp_4_switch10g
+    link: str = "-"
+    weight_bytes_per_cycle: float = 0.0
+    layer_bytes: int = 0         # of weight_bytes_per_node: the layers' GEMM blobs and norms
+    lm_head_bytes: int = 0       # of weight_bytes_per_node: the LM head rows and final norm
+    ddr_bytes_per_node: int = 0  # weights in the node's DDR (mcf.cluster.tp.tp_node_bytes)
+    network: dict = field(default_factory=dict)   # seconds by message kind
 
 
 @dataclass(frozen=True)
@@ -337,6 +346,8 @@ class Evaluation:
                        "paper": {s: {str(n): {"ttft_s": v[0], "comm_gib": v[1]}
                                      for n, v in d.items()} for s, d in PAPER_TABLE1.items()}},
             "table2_decode": {"rows": [asdict(d) for d in self.decode],
+                              "tok_s": decode_targets(self.decode,
+                                                      min(self.spec.decode_contexts)),
                               "paper": dict(PAPER_DECODE)},
             "crossover": {"nodes": self.spec.map_nodes,
                           "points": [asdict(p) for p in self.crossover],
@@ -468,66 +479,245 @@ def _round_trip(net: Network, topo, root: int, down, up) -> float:
 
 AS_BUILT = "one HP port (as built)"
 """:class:`DecodeRow` ``weight_path`` of the node as built (weights through one HP port)."""
+STRIPES = "stripe readers (component measured, not yet in the node top)"
+""":class:`DecodeRow` ``weight_path`` of the stripe readers: every weight matrix read from the
+four HP ports in lockstep at the rate ``mcf bench decode`` measured
+(:attr:`.calibration.BenchFigures.stripe_weight_bytes_per_cycle`); the component is built and
+measured, the node top does not use it yet (docs/node.md §4)."""
+DECODE_LINKS = ("kr260-ring", "switch10g")
+"""The links tensor-parallel decode is reported on (Table 2's ``tp_4_<link>`` rows)."""
+LM_HEAD = ("the final RMSNorm and the tied LM head run on the host (the PS) today; every row, "
+           "in both columns, counts the head's bytes and MACs as a node JOB streaming them "
+           "through the PL (tensor-parallel: the vocabulary split over the nodes, one (max, "
+           "index) pair per node gathered to the root) - the stripe column is what the stripe "
+           "path gives once the head is a node JOB (issue #34 item 2, not built); the host's own "
+           "head time on the A53s is not measured and is in no row")
 
 
-def decode(fig: BenchFigures, rates: NodeRates, model, nodes: int, context: int,
-           link: str = "kr260-ring", buffer_mib: float = 8.0) -> list[DecodeRow]:
-    """One decode token (batch 1) after a ``context``-token prompt, KV-stationary on ``nodes``
-    nodes (each holds ``⌈context / N⌉`` tokens of KV), per layer in order: the linear layers,
-    the query multicast from the root, every node's ATTEND over its shard, the softmax states
-    reduced back (one wave per ``reduce_slots`` heads), and for tensor parallelism an
-    all-reduce of the hidden vector (32-bit partial sums, reduce to the root then multicast)
-    after the attention block and after the MLP.
+def decode_bytes(model, nodes: int) -> tuple[int, int, int, int]:
+    """Weight bytes one decode token streams on the busiest of ``nodes`` tensor-parallel nodes
+    (``nodes = 1``: one node, everything): ``(total, layers, lm_head, ddr)`` — its GEMM blobs of
+    every layer as the node stores them (:func:`mcf.golden.tp_decode.node_weight_bytes`: INT4
+    codes, a 16-bit scale per row and group, a 32-bit bias per row, the two RMSNorm weights;
+    :func:`mcf.golden.tp_decode.tp_split`'s shards), its rows of the tied LM head
+    (:func:`~mcf.golden.tp_decode.gemm_blob_bytes` of ``⌈vocab / N⌉ × hidden``) and the final
+    RMSNorm's weights; ``ddr`` is the node's weights in DDR as the TP run lays them out
+    (:func:`mcf.cluster.tp.tp_node_bytes`: its layer shards and the whole INT4 embedding table
+    the host keeps, the busiest node)."""
+    from ..cluster.tp import tp_node_bytes
+    from ..golden.tp_decode import gemm_blob_bytes, node_weight_bytes, tp_split
+    from ..model.config import Qwen2Config
+    cfg = Qwen2Config(model.hidden, model.layers, model.q_heads, model.kv_heads, model.head_dim,
+                      model.intermediate, max(model.vocab, 1))
+    lay = cfg.layer
+    split = tp_split(lay, nodes)
+    layers = max(node_weight_bytes(lay, split, i, model.layers) for i in range(nodes))
+    head = (gemm_blob_bytes(-(-model.vocab // nodes), model.hidden, lay.group)
+            + model.hidden * 4) if model.vocab else 0
+    ddr = max(tp_node_bytes(cfg, split, i) for i in range(nodes)) if model.vocab else layers
+    return layers + head, layers, head, ddr
 
-    * ``replicated`` — every node holds all weights; the root streams all of them (linear
-      layers and the tied LM head) and runs every MAC; ``tensor-parallel`` — each node streams
-      and multiplies ``1/N`` of them; vector passes are not split.
-    * Linear time per token = max(weights / weight bandwidth, MACs / the GEMM's measured
-      prefill rate) + vector elements x cycles per element; the weight bandwidth is one HP
-      port (the node as built: weights on the matrix engine's port) or all four (the
-      four-stripe path of docs/node.md §4), each 16 B/cycle x ``dma_efficiency``.
-    * The roofline is the PL's DDR reach (``HP_PORTS`` x 16 B per cycle at the clock; at
-      300 MHz that is DDR4-2400 x 64 bit, 19.2 GB/s) over the node's weight bytes
-      (:func:`mcf.mars.setting.weight_bytes`).
-    """
+
+def _decode_macs(model, nodes: int) -> int:
+    """MACs of one decode token on the busiest of ``nodes`` TP nodes (its shards and head rows;
+    row-parallel shards as the whole groups they touch)."""
+    from ..golden.qwen_layer import LayerConfig
+    from ..golden.tp_decode import tp_split
+    lay = LayerConfig(model.hidden, model.q_heads, model.kv_heads, model.head_dim,
+                      model.intermediate)
+    s = tp_split(lay, nodes)
+    h = model.hidden
+
+    def padded(r):
+        j0, j1 = s.groups(r)
+        return (j1 - j0) * s.group
+
+    per = max((s.q_rows(i)[1] - s.q_rows(i)[0]) * h
+              + 2 * (s.kv_rows[i][1] - s.kv_rows[i][0]) * h + h * padded(s.q_rows(i))
+              + 2 * (s.inter[i][1] - s.inter[i][0]) * h + h * padded(s.inter[i])
+              for i in range(nodes))
+    return model.layers * per + -(-model.vocab // nodes) * h
+
+
+def decode_vector_elements(model, nodes: int) -> int:
+    """Vector elements per layer of one decode token on each of ``nodes`` TP nodes (``1``:
+    :func:`.work.vector_elements`' two JOBs): the passes over the whole hidden row (RMSNorm and
+    requantise before Q/K/V and before the MLP, the residual adds) run on every node, as the
+    TP golden model does (:func:`mcf.golden.tp_decode.tp_layer`); the passes over a node's
+    column-parallel shard (RoPE of its Q heads, its K/V rows, the query and attention-row
+    requantise, SiLU·mul and its requantise of its intermediate rows) are ``1/N`` of them
+    (rounded up)."""
+    va, vb = vector_elements(model)
+    if nodes == 1:
+        return va + vb
+    h, nq = model.hidden, model.q_heads * model.head_dim
+    nkv, inter = model.kv_heads * model.head_dim, model.intermediate
+    whole = 2 * h + 4 * h
+    if whole + 3 * nq + 2 * nkv + 2 * inter != va + vb:
+        raise AssertionError("vector_elements changed: update decode_vector_elements")
+    return whole + -(-(3 * nq + 2 * nkv + 2 * inter) // nodes)
+
+
+def _parts(total: int) -> tuple[int, ...]:
+    """``total`` bytes cut into payloads of at most ``MAX_PAYLOAD``."""
+    return (MAX_PAYLOAD,) * (total // MAX_PAYLOAD) + ((total % MAX_PAYLOAD,)
+                                                      if total % MAX_PAYLOAD else ())
+
+
+def decode_network(fig: BenchFigures, model, nodes: int, link: str, mode: str,
+                   node_config: str = "kr260", buffer_mib: float = 8.0) -> dict:
+    """Cycles of one decode token's messages on ``nodes`` nodes over ``link``, by kind (every
+    layer): ``attention`` — the query multicast from the root and the softmax states reduced
+    back (one wave per ``reduce_slots`` heads); tensor-parallel also ``kv_gather`` — every
+    node's K/V row shard (32-bit ACT words) to the token's root; ``allreduce_max`` — the two
+    row-parallel GEMMs' (O, down) scale all-reduce (``ReduceOp.MAX``, :data:`ACC_LANES` lanes
+    of :func:`mcf.abi.tp.absmax_lanes`); ``allreduce_sum`` — their partial accumulators
+    (``ReduceOp.SUM``, ``hidden`` x :data:`mcf.abi.tp.ACC_LANES` 32-bit lanes, cut into
+    ``MAX_PAYLOAD`` payloads); and once per token ``head_gather`` — each node's (max logit,
+    index) of its vocabulary rows to the root. An all-reduce is modelled as a reduction to the
+    root and a multicast back (the slowest node's round trip, :func:`_round_trip`)."""
+    from ..abi.nic import LANE_BYTES
+    from ..abi.tp import ACC_LANES
     from ..mars.metadata import payloads as cut
-    from ..mars.setting import weight_bytes
-    c = fig.clock_hz
-    cl = cluster_for(link, nodes, 1 << 20, node_config=rates.config, buffer_mib=buffer_mib)
+    if nodes == 1:
+        return {"attention": 0.0}
+    cl = cluster_for(link, nodes, 1 << 20, node_config=node_config, buffer_mib=buffer_mib)
     net = Network(cl.topology, fig)
     pay = cut(model, cl.max_payload, cl.reduce_slots)
     L, d = model.layers, model.head_dim
-    shard = -(-context // nodes)
-    w = NodeWork(1, 0, 0, 0, 0, model.kv_heads, shard * model.q_heads,
-                 shard * model.kv_heads * kv_token_bytes(d), 0)
-    attention = L * rates.attend(w) / c
     kvs = 0.0
     for wave in pay.waves:
         down = tuple(query_bytes(h, d) for _, h in wave)
         up = (pay.state_bytes,) * sum(h for _, h in wave)
         kvs += _round_trip(net, cl.topology, 0, down, up)
-    sums = model.hidden * 4
-    parts = (MAX_PAYLOAD,) * (sums // MAX_PAYLOAD) + ((sums % MAX_PAYLOAD,) if sums %
-                                                       MAX_PAYLOAD else ())
-    allreduce = _round_trip(net, cl.topology, 0, parts, parts)
-    va, vb = vector_elements(model)
-    vector = L * (va + vb) * rates.vector_cycles_per_element / c
-    total_w = weight_bytes(model)
-    port = AXI_WIDTH // 8 * fig.dma_efficiency * c
+    out = {"attention": L * kvs}
+    if mode == "replicated":
+        return out
+    topo = cl.topology
+    kv_rows = -(-model.kv_heads * d // nodes)
+    gather = max(_path_cycles(net, topo.path(i, 0), _parts(2 * kv_rows * LANE_BYTES))
+                 for i in range(1, nodes))
+    mx = (ACC_LANES * LANE_BYTES,)
+    sums = _parts(model.hidden * ACC_LANES * LANE_BYTES)
+    out |= {"kv_gather": L * gather,
+            "allreduce_max": L * 2 * _round_trip(net, topo, 0, mx, mx),
+            "allreduce_sum": L * 2 * _round_trip(net, topo, 0, sums, sums),
+            "head_gather": max(_path_cycles(net, topo.path(i, 0), (2 * LANE_BYTES,))
+                               for i in range(1, nodes))}
+    return out
+
+
+def decode_paths(fig: BenchFigures) -> tuple[tuple[str, float], ...]:
+    """``(weight_path, bytes per cycle)`` of the two columns: the node as built (one HP port,
+    16 B/cycle x ``compute.json``'s DMA efficiency) and the stripe readers at the rate
+    ``decode.json`` measured with DDR ports at the assumed 90 % efficiency. Raises
+    :class:`~.calibration.CalibrationError` when there is no ``decode.json``."""
+    from .calibration import CalibrationError
+    if fig.stripe_weight_bytes_per_cycle is None:
+        raise CalibrationError("Table 2's decode row needs decode.json (run `mcf bench "
+                               "decode`)")
+    return ((AS_BUILT, AXI_WIDTH // 8 * fig.dma_efficiency),
+            (STRIPES, fig.stripe_weight_bytes_per_cycle))
+
+
+def _decode_weights_note(fig: BenchFigures) -> str:
+    """Where the two decode columns' weight rates come from."""
+    src = fig.sources
+    one = (f"{AS_BUILT}: {AXI_WIDTH // 8} B/cycle x DMA efficiency {fig.dma_efficiency:.4f} "
+           f"({src.get('dma_efficiency', '?')})")
+    if fig.stripe_weight_bytes_per_cycle is None:
+        return one + f"; {STRIPES}: {src.get('stripe_weight_bytes_per_cycle', 'no decode.json')}"
+    return (one + f"; {STRIPES}: {fig.stripe_weight_bytes_per_cycle:g} B/cycle "
+            f"({src['stripe_weight_bytes_per_cycle']}; DDR ports idle "
+            f"{100 * (1 - fig.stripe_ddr_efficiency):.0f} % of cycles, an assumed controller "
+            f"efficiency of {fig.stripe_ddr_efficiency:g}; "
+            f"{fig.stripe_ideal_weight_bytes_per_cycle:g} B/cycle with ideal ports, "
+            f"{src['stripe_ideal_weight_bytes_per_cycle']}); the "
+            f"GEMM is assumed to take a 512-bit w_in word every cycle at M = 1, as the bench's "
+            f"consumer does")
+
+
+def decode(fig: BenchFigures, rates: NodeRates, model, nodes: int, context: int,
+           link: str = "kr260-ring", buffer_mib: float = 8.0,
+           modes: tuple[str, ...] = ("replicated", "tensor-parallel")) -> list[DecodeRow]:
+    """One decode token (batch 1) after a ``context``-token prompt, KV-stationary on ``nodes``
+    nodes (each holds ``⌈context / N⌉`` tokens of KV), per layer in order: the linear layers,
+    the query multicast from the root, every node's ATTEND over its shard, the softmax states
+    reduced back, and for tensor parallelism the messages of :func:`decode_network`.
+
+    * ``replicated`` — every node holds all weights; the root streams all of them
+      (:func:`decode_bytes` at N = 1: every layer and the LM head) and runs every MAC;
+      ``nodes = 1`` is one board (no network). ``tensor-parallel`` — each node streams and
+      multiplies its shards (:func:`mcf.golden.tp_decode.tp_split`, the busiest node) and
+      ``1/N`` of the LM head's rows; the vector passes over its shards are split, those over
+      the whole hidden row are not (:func:`decode_vector_elements`).
+    * Linear time per token = max(weights / weight bandwidth, MACs / the GEMM's measured
+      prefill rate) + vector elements x cycles per element; the weight bandwidth is each of
+      :func:`decode_paths`: one HP port (the node as built) or the stripe readers' measured
+      bytes per cycle (``mcf bench decode``, DDR ports idle 10 % of cycles: assumed).
+    * The roofline is the PL's DDR reach (``HP_PORTS`` x 16 B per cycle at the clock; at
+      300 MHz that is DDR4-2400 x 64 bit, 19.2 GB/s) over the node's weight bytes.
+    * Where the LM head runs: :data:`LM_HEAD`.
+    """
+    c = fig.clock_hz
+    L = model.layers
+    shard = -(-context // nodes)
+    w = NodeWork(1, 0, 0, 0, 0, model.kv_heads, shard * model.q_heads,
+                 shard * model.kv_heads * kv_token_bytes(model.head_dim), 0)
+    attention = L * rates.attend(w) / c
     ddr_peak = HP_PORTS * AXI_WIDTH // 8 * c
+    paths = decode_paths(fig)
     rows = []
-    for mode, share, net_cycles in (("replicated", 1, L * kvs),
-                                    ("tensor-parallel", nodes, L * (kvs + 2 * allreduce))):
-        wb = -(-total_w // share)
-        gemm = model.weight_params / share / rates.gemm_macs_per_cycle / c
-        for path, ports in ((AS_BUILT, 1),
-                            (f"{HP_PORTS} HP ports (four-stripe design)", HP_PORTS)):
-            weights = wb / (ports * port)
-            t = max(weights, gemm) + vector + attention + net_cycles / c
-            rows.append(DecodeRow(mode, path, ports * port / 1e9, nodes, context, wb, weights,
-                                  gemm, vector, attention, net_cycles / c, 1 / t,
-                                  ddr_peak / wb))
+    for mode in modes:
+        share = 1 if mode == "replicated" else nodes
+        vector = (L * decode_vector_elements(model, share) * rates.vector_cycles_per_element
+                  / c)
+        wb, layers_b, head_b, ddr_b = decode_bytes(model, share)
+        gemm = _decode_macs(model, share) / rates.gemm_macs_per_cycle / c
+        net = decode_network(fig, model, nodes, link, mode, rates.config, buffer_mib)
+        net_s = sum(net.values()) / c
+        key = (f"replicated_{nodes}" if mode == "replicated"
+               else f"tp_{nodes}_{link.replace('-', '_')}")
+        for path, bpc in paths:
+            weights = wb / (bpc * c)
+            t = max(weights, gemm) + vector + attention + net_s
+            rows.append(DecodeRow(mode, path, bpc * c / 1e9, nodes, context, wb, weights,
+                                  gemm, vector, attention, net_s, 1 / t, ddr_peak / wb,
+                                  key=key, link=link if nodes > 1 else "-",
+                                  weight_bytes_per_cycle=bpc, layer_bytes=layers_b,
+                                  lm_head_bytes=head_b, ddr_bytes_per_node=ddr_b,
+                                  network={k: v / c for k, v in net.items()}))
     return rows
+
+
+def table2_decode(fig: BenchFigures, rates: NodeRates, model, nodes: int, context: int,
+                  link: str = "kr260-ring", buffer_mib: float = 8.0) -> list[DecodeRow]:
+    """Table 2's decode rows at ``context``: ``replicated_1`` (one board), then tensor-parallel
+    on ``nodes`` nodes over every link of :data:`DECODE_LINKS` other than ``link``, then
+    ``replicated_<nodes>`` and ``tp_<nodes>_<link>`` on ``link`` (last, so that a reader keyed
+    by mode finds the run's own link's rows), each in both columns of :func:`decode_paths`."""
+    rows = decode(fig, rates, model, 1, context, link, buffer_mib, modes=("replicated",))
+    for other in DECODE_LINKS:
+        if other != link:
+            rows += decode(fig, rates, model, nodes, context, other, buffer_mib,
+                           modes=("tensor-parallel",))
+    return rows + decode(fig, rates, model, nodes, context, link, buffer_mib)
+
+
+def _row_order(r) -> tuple:
+    """Reading order of Table 2's decode rows: replicated by N, then tensor-parallel by link."""
+    return r.mode != "replicated", r.nodes, DECODE_LINKS.index(r.link) if r.link in \
+        DECODE_LINKS else -1
+
+
+def decode_targets(rows, context: int = 1024) -> dict:
+    """``tok_s.<key>`` of every row at ``context`` in each column (issue #34's figures; the
+    targets reported, never tuned): ``{"as_built": {...}, "stripe": {...}}``."""
+    out: dict = {"context": context, "as_built": {}, "stripe": {}}
+    for r in sorted(rows, key=_row_order):
+        if r.context == context:
+            out["as_built" if r.weight_path == AS_BUILT else "stripe"][r.key] = r.tok_s
+    return out
 
 
 # --- the paper's own arithmetic --------------------------------------------------------------
@@ -616,8 +806,8 @@ def evaluate(spec: EvalSpec, fig: BenchFigures, progress=None) -> Evaluation:
 
     def decode_rows(f: BenchFigures) -> list[DecodeRow]:
         return [row for ctx in spec.decode_contexts
-                for row in decode(f, run.rates, run.model, spec.decode_nodes, ctx, spec.link,
-                                  spec.buffer_mib)]
+                for row in table2_decode(f, run.rates, run.model, spec.decode_nodes, ctx,
+                                         spec.link, spec.buffer_mib)]
 
     table = table1(fig)
     clocks = [(fig, table)] + [(f, table1(f)) for f in
@@ -655,6 +845,9 @@ def evaluate(spec: EvalSpec, fig: BenchFigures, progress=None) -> Evaluation:
             "cycles / clock; the links keep their bit/s and cable seconds, so their cycles "
             "change (bytes per cycle = bit/s / 8 / clock, latency cycles = seconds x clock)",
         "links": f"Fig. 3-5, Table 1, decode: {spec.link} - {LINKS[spec.link].text}",
+        "decode_links": "; ".join(f"{k}: {LINKS[k].text}" for k in DECODE_LINKS),
+        "decode_weights": _decode_weights_note(fig),
+        "lm_head": LM_HEAD,
         "map": f"a ring of {n} boards with the same link on every cable, "
                f"{LINK_LATENCY_S * 1e6:g} us per cable; compute scale k divides every node "
                "cycle cost (GEMM, vector, ATTEND, KV reader, EMIT), the NIC unchanged",
@@ -724,18 +917,7 @@ def markdown(ev: Evaluation) -> str:
     for b in sp.chunks:
         out.append(f"| {b} | " + " | ".join(f"{_fmt(by[b, s].ttft_s)} | {_fmt(by[b, s].comm_gib)}"
                                             for s in CHUNK_SCHEMES) + " |")
-    out += ["", f"## Table 2, decode row ({sp.decode_nodes} nodes, {sp.link})", "",
-            "| mode | weights from | context | weights MB/node | weights ms | GEMM ms | "
-            "vector ms | attention ms | network ms | tok/s | DDR roofline tok/s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for d in ev.decode:
-        out.append(f"| {d.mode} | {d.weight_path} | {d.context} | "
-                   f"{d.weight_bytes_per_node / 1e6:.0f} | {1e3 * d.weights_s:.1f} | "
-                   f"{1e3 * d.gemm_s:.1f} | {1e3 * d.vector_s:.1f} | "
-                   f"{1e3 * d.attention_s:.1f} | {1e3 * d.network_s:.2f} | {d.tok_s:.1f} | "
-                   f"{d.roofline_tok_s:.1f} |")
-    out.append(f"| paper (MCF, {PAPER_DECODE['nodes']} KR260) | - | - | - | - | - | - | - | - | "
-               f"{PAPER_DECODE['tok_s']} | - |")
+    out += _decode_tables(ev)
     out += _clock_tables(ev)
     out += ["", f"## Crossover map (N = {sp.map_nodes}, S = {sp.seq_len}, B = {sp.chunk}): "
             "MARS speedup over the best fair baseline", ""]
@@ -773,6 +955,62 @@ def markdown(ev: Evaluation) -> str:
     return "\n".join(out) + "\n"
 
 
+DECODE_TARGETS = {"replicated": 22.0, "tp_switch10g": 60.0}
+"""Issue #34's decode targets (tok/s): printed beside the model's figures, never tuned to."""
+
+
+def _decode_tables(ev: Evaluation) -> list[str]:
+    """Table 2's decode row: every row in full, then tok/s per row in the two columns."""
+    sp = ev.spec
+    n = ev.notes
+    out = ["", f"## Table 2, decode row ({sp.model}, {sp.decode_nodes} nodes)", "",
+           f"* weights: {n.get('decode_weights', '')}", f"* LM head: {n.get('lm_head', '')}",
+           f"* links: {n.get('decode_links', '')}",
+           "* weights MB/node: what one token streams on the busiest node (every layer's GEMM "
+           "blobs with scales and biases, the RMSNorm weights, the LM head's rows); DDR MiB: "
+           "the node's weights in DDR (mcf.cluster.tp.tp_node_bytes, the host's embedding "
+           "table included)", "",
+           "| row | mode | N | link | weights from | context | weights MB/node (LM head) "
+           "| DDR MiB/node | weights ms | GEMM ms | vector ms | attention ms | network ms "
+           "| tok/s | DDR roofline tok/s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"
+           "---|---|---|"]
+    for d in sorted(ev.decode, key=lambda d: (d.context, _row_order(d))):
+        out.append(f"| {d.key} | {d.mode} | {d.nodes} | {d.link} | {d.weight_path} | "
+                   f"{d.context} | {d.weight_bytes_per_node / 1e6:.1f} "
+                   f"({d.lm_head_bytes / 1e6:.1f}) | {d.ddr_bytes_per_node / MIB:.1f} | "
+                   f"{1e3 * d.weights_s:.1f} | {1e3 * d.gemm_s:.1f} | {1e3 * d.vector_s:.1f} | "
+                   f"{1e3 * d.attention_s:.1f} | {1e3 * d.network_s:.2f} | {d.tok_s:.1f} | "
+                   f"{d.roofline_tok_s:.1f} |")
+    out.append(f"| paper (MCF, {PAPER_DECODE['nodes']} KR260) | - | - | - | - | - | - | - | - | "
+               f"- | - | - | - | {PAPER_DECODE['tok_s']} | - |")
+    net = [d for d in sorted(ev.decode, key=_row_order) if d.mode == "tensor-parallel"
+           and d.context == min(sp.decode_contexts) and d.weight_path == AS_BUILT]
+    if net:
+        kinds = list(net[0].network)
+        out += ["", f"Network per token, tensor-parallel (context {min(sp.decode_contexts)}), "
+                "ms:", "", "| row | " + " | ".join(kinds) + " |",
+                "|---|" + "---|" * len(kinds)]
+        for d in net:
+            out.append(f"| {d.key} | " + " | ".join(f"{1e3 * d.network[k]:.2f}"
+                                                   for k in kinds) + " |")
+    for ctx in sp.decode_contexts:
+        tg = decode_targets(ev.decode, ctx)
+        keys = list(tg["as_built"])
+        out += ["", f"tok/s at context {ctx}:", "",
+                f"| row | {AS_BUILT} | {STRIPES} |", "|---|---|---|"]
+        out += [f"| {k} | {tg['as_built'][k]:.1f} | {tg['stripe'].get(k, float('nan')):.1f} |"
+                for k in keys]
+    tg = decode_targets(ev.decode, min(sp.decode_contexts))["stripe"]
+    rep = {k: v for k, v in tg.items() if k.startswith("replicated")}
+    tps = {k: v for k, v in tg.items() if k.startswith("tp_")}
+    out += ["", f"Targets (issue #34; reported, not tuned; stripe readers, context "
+            f"{min(sp.decode_contexts)}): replicated >= {DECODE_TARGETS['replicated']:g} tok/s: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in rep.items())
+            + f"; tensor-parallel on switch10g >= {DECODE_TARGETS['tp_switch10g']:g} tok/s, "
+            "kr260-ring stated: " + ", ".join(f"{k} {v:.1f}" for k, v in tps.items())]
+    return out
+
+
 def _clock_tables(ev: Evaluation) -> list[str]:
     """Table 1 (MARS, the best fair baseline, the speedup) and Table 2's decode row at every
     clock of the evaluation."""
@@ -794,16 +1032,16 @@ def _clock_tables(ev: Evaluation) -> list[str]:
                 f"{_fmt(by[scope, n, 'mars'].ttft_s)} / "
                 f"{_fmt(by[scope, n, sps[scope, n]['best_fair']].ttft_s)} "
                 f"({sps[scope, n]['speedup_vs_best_fair']:.3f}x)" for n in sp.nodes) + " |")
-    out += ["", f"Table 2, decode row ({sp.decode_nodes} nodes, {sp.link}): tok/s", "",
-            "| clock MHz | mode | weights from | " + " | ".join(
+    out += ["", f"Table 2, decode row ({sp.decode_nodes} nodes): tok/s", "",
+            "| clock MHz | row | weights from | " + " | ".join(
                 f"context {x}" for x in sp.decode_contexts) + " | DDR roofline |",
             "|---|---|---|" + "---|" * len(sp.decode_contexts) + "---|"]
     for c in ev.clocks:
         rows = {}
-        for d in c.decode:
-            rows.setdefault((d.mode, d.weight_path), {})[d.context] = d
-        for (mode, path), per in rows.items():
-            out.append(f"| {c.clock_hz / 1e6:g} | {mode} | {path} | " + " | ".join(
+        for d in sorted(c.decode, key=_row_order):
+            rows.setdefault((d.key, d.weight_path), {})[d.context] = d
+        for (key, path), per in rows.items():
+            out.append(f"| {c.clock_hz / 1e6:g} | {key} | {path} | " + " | ".join(
                 f"{per[x].tok_s:.1f}" for x in sp.decode_contexts)
                 + f" | {next(iter(per.values())).roofline_tok_s:.1f} |")
     return out
@@ -863,16 +1101,33 @@ def write_report(ev: Evaluation, out: Path, dpi: int = 100) -> list[Path]:
                title=f"{t}, N = {sp.chunk_nodes}, S = {sp.seq_len}")
         _log_ticks(ax, sp.chunks)
     save(f, "fig5_chunk.png")
-    # Table 1
-    f, axes = plt.subplots(1, 2, figsize=(8, 3.2))
-    for ax, scope in zip(axes, SCOPES):
+    # Table 1: TTFT per scheme (top), MARS over the best fair baseline per N (bottom)
+    f, axes = plt.subplots(2, 2, figsize=(8, 5.6),
+                           gridspec_kw={"height_ratios": (3, 2)})
+    rows = speedups(ev.table_runs, sp.nodes)
+    for (ax, bx), scope in zip(axes.T, SCOPES):
         for s in TABLE_SCHEMES + ("full",):
             rs = [r for r in ev.table_runs if r.scope == scope and r.scheme == s]
             if rs:
                 ax.plot([r.nodes for r in rs], [r.ttft_s for r in rs], marker="o", label=s)
-        ax.set(xlabel="nodes N", ylabel="TTFT (s)", xscale="log", yscale="log",
+        ax.set(ylabel="TTFT (s)", xscale="log", yscale="log",
                title=f"{scope}, S = {sp.seq_len}")
+        _log_y_ticks(ax)
         _log_ticks(ax, sp.nodes)
+        mine = [r for r in rows if r["scope"] == scope]
+        ns, ups = [r["nodes"] for r in mine], [r["speedup_vs_best_fair"] for r in mine]
+        bx.bar(range(len(ns)), ups, color="tab:blue", width=0.6)
+        for i, (u, r) in enumerate(zip(ups, mine)):
+            bx.text(i, u, f"{u:.3f}x\nvs {r['best_fair']}", ha="center", va="bottom",
+                    fontsize=7)
+        bx.axhline(1.0, color="grey", lw=0.8, ls=":")
+        lo = min(ups + [1.0])
+        bx.set_ylim(lo - 0.05 * max(1e-3, max(ups + [1.0]) - lo) - 0.01,
+                    max(ups + [1.0]) * 1.06)
+        bx.set_xscale("linear")
+        bx.set_xticks(range(len(ns)), [str(n) for n in ns])
+        bx.set(xlabel="nodes N", ylabel="MARS speedup (x)",
+               title="MARS over the best fair baseline")
     save(f, "table1_ttft_vs_nodes.png")
     # crossover map
     f, axes = plt.subplots(1, 2, figsize=(9, 3.6))
@@ -912,6 +1167,16 @@ def _log_ticks(ax, ticks) -> None:
     ax.minorticks_off()
     ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.legend()
+
+
+def _log_y_ticks(ax) -> None:
+    """Label a log y axis at 1-2-5 steps so every decade shows numbers, not one tick."""
+    from matplotlib.ticker import LogLocator, ScalarFormatter
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_minor_locator(LogLocator(base=10, subs=()))
+    fmt = ScalarFormatter()
+    fmt.set_scientific(False)
+    ax.yaxis.set_major_formatter(fmt)
 
 
 def _index(axis, v: float) -> float:

@@ -8,7 +8,9 @@ from committed JSON, so that every headline figure has one source and is never t
   written by ``mcf model --schemes mars,ring,zigzag --json PATH`` (``--clock-mhz 250`` for the
   second; :data:`HEADLINE_COMMANDS`).
 * ``evaluation`` — where MARS wins on the crossover map and the paper's apparent operating
-  point, from ``docs/figures/evaluation.json`` (``mcf model --evaluate --out docs/figures``).
+  point, from ``docs/figures/evaluation.json`` (``mcf model --evaluate --out docs/figures``);
+* ``decode`` — Table 2's decode row (issue #34's ``tok_s.*``) in its two columns, the node as
+  built and the stripe readers at the rate ``mcf bench decode`` measured, from the same file.
 
 A block sits between ``<!-- model:NAME -->`` and ``<!-- /model:NAME -->``; :data:`BLOCKS` maps
 NAME to its source files and renderer.
@@ -18,7 +20,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["BLOCKS", "HEADLINE_COMMANDS", "render_headline", "render_evaluation"]
+__all__ = ["BLOCKS", "HEADLINE_COMMANDS", "render_headline", "render_evaluation",
+           "render_decode"]
 
 HEADLINE_COMMANDS = (
     "mcf model --schemes mars,ring,zigzag --json docs/results/model.json",
@@ -103,8 +106,40 @@ def render_evaluation(docs: list[dict]) -> str:
     return " ".join(out)
 
 
+def render_decode(docs: list[dict]) -> str:
+    """Table 2's decode row at its shortest context from ``evaluation.json``: tokens/s per row
+    (one board, N boards replicated, tensor-parallel per link) in both weight columns."""
+    ev = docs[0]
+    t2 = ev["table2_decode"]
+    ctx = t2["tok_s"]["context"]
+    rows = [r for r in t2["rows"] if r["context"] == ctx]
+    paths = list(dict.fromkeys(r["weight_path"] for r in rows))
+    by = {(r["key"], r["weight_path"]): r for r in rows}
+    keys = list(dict.fromkeys(r["key"] for r in sorted(
+        rows, key=lambda r: (r["mode"] != "replicated", r["nodes"], r["link"]))))
+    out = ["| `tok_s.` | mode | N | link | weights MB per token and node (LM head) | "
+           + " | ".join(f"tok/s, {p}" for p in paths) + " | DDR roofline tok/s |",
+           "|---|---|---|---|---|" + "---|" * len(paths) + "---|"]
+    for k in keys:
+        r = by[k, paths[0]]
+        out.append(f"| `{k}` | {r['mode']} | {r['nodes']} | {r['link']} | "
+                   f"{r['weight_bytes_per_node'] / 1e6:.1f} ({r['lm_head_bytes'] / 1e6:.1f}) | "
+                   + " | ".join(f"**{by[k, p]['tok_s']:.1f}**" if i else
+                                f"{by[k, p]['tok_s']:.1f}" for i, p in enumerate(paths))
+                   + f" | {r['roofline_tok_s']:.1f} |")
+    notes = ev["notes"]
+    paper = t2["paper"]
+    out += ["", f"{ev['spec']['model']}, one decode token after a {ctx:,}-token prompt, batch 1, "
+            f"at {ev['clock_hz'] / 1e6:g} MHz (assumed, no fmax claimed). Weights: "
+            f"{notes['decode_weights']}. LM head: {notes['lm_head']}. Links: "
+            f"{notes['decode_links']}. The paper's Table 2: {paper['tok_s']} tok/s on "
+            f"{paper['nodes']} KR260s."]
+    return "\n".join(out)
+
+
 BLOCKS = {
     "headline": (("docs/results/model.json", "docs/results/model_250mhz.json"), render_headline),
     "evaluation": (("docs/figures/evaluation.json",), render_evaluation),
+    "decode": (("docs/figures/evaluation.json",), render_decode),
 }
 """Block name -> (its JSON files, relative to the checkout; the renderer of their objects)."""

@@ -107,6 +107,15 @@ class ClusterGolden:
         self._extra = {}
         return self.run
 
+    def _decode_layers(self, x, position: int, root: int) -> list:
+        """Every layer of one decode token (embedded row ``x``) rooted at ``root``: the
+        replicated root's decode (:func:`mcf.node.decode.golden_decode`)."""
+        return golden_decode(x, self.qm.layers, self.cfg, position, root,
+                             reduction_parents(self.plan, root),
+                             prompt_blocks(self.plan, self.run.prefill, self._extra),
+                             open_block=(self.seq_len, slice_tokens(self.plan)),
+                             two_phase=self.softmax == "two_phase")
+
     def decode_token(self, k: int) -> list[GoldenDecodeLayer]:
         """Decode token ``k`` (the next one: ``k = len(run.decode)``)."""
         run = self.run
@@ -114,11 +123,7 @@ class ClusterGolden:
             raise ValueError(f"decode token {k} out of order")
         root, _ = decode_slot(self.plan, k)
         position = self.seq_len + k
-        layers = golden_decode(self.embed([run.tokens[-1]])[0], self.qm.layers, self.cfg,
-                               position, root, reduction_parents(self.plan, root),
-                               prompt_blocks(self.plan, run.prefill, self._extra),
-                               open_block=(self.seq_len, slice_tokens(self.plan)),
-                               two_phase=self.softmax == "two_phase")
+        layers = self._decode_layers(self.embed([run.tokens[-1]])[0], position, root)
         recs, pos = self._extra.setdefault(
             root, ([[b"" for _ in range(self.cfg.kv_heads)] for _ in layers], []))
         for li, gl in enumerate(layers):

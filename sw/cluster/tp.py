@@ -20,8 +20,8 @@ from ..golden.tp_decode import (
 )
 from ..mars.setting import BOARD_RESERVE_MIB, KR260_DDR_BYTES
 from ..model.config import Qwen2Config
-from ..node.decode import decode_slot, prompt_blocks, reduction_parents, slice_tokens
-from .golden import ClusterGolden, GoldenRun, greedy
+from ..node.decode import prompt_blocks, reduction_parents, slice_tokens
+from .golden import ClusterGolden, GoldenRun
 
 __all__ = ["TPError", "check_tp", "tp_node_bytes", "TPClusterGolden", "tp_golden_run"]
 
@@ -92,29 +92,12 @@ class TPClusterGolden(ClusterGolden):
         self.split = tp_split(self.cfg, plan.cluster.nodes)
         self.order = order
 
-    def decode_token(self, k: int):
-        run = self.run
-        if run is None or k != len(run.decode):
-            raise ValueError(f"decode token {k} out of order")
-        root, _ = decode_slot(self.plan, k)
-        position = self.seq_len + k
-        layers = tp_golden_decode(self.embed([run.tokens[-1]])[0], self.qm.layers, self.cfg,
-                                  position, root, reduction_parents(self.plan, root),
-                                  prompt_blocks(self.plan, run.prefill, self._extra),
-                                  self.split, open_block=(self.seq_len, slice_tokens(self.plan)),
-                                  two_phase=self.softmax == "two_phase", order=self.order)
-        recs, pos = self._extra.setdefault(
-            root, ([[b"" for _ in range(self.cfg.kv_heads)] for _ in layers], []))
-        for li, gl in enumerate(layers):
-            for g, raw in enumerate(gl.kv):
-                recs[li][g] += raw
-        pos.append(position)
-        logits = self.head(layers[-1].y)
-        run.decode.append(layers)
-        run.roots.append(root)
-        run.logits.append(logits)
-        run.tokens.append(greedy(logits))
-        return layers
+    def _decode_layers(self, x, position: int, root: int) -> list:
+        return tp_golden_decode(x, self.qm.layers, self.cfg, position, root,
+                                reduction_parents(self.plan, root),
+                                prompt_blocks(self.plan, self.run.prefill, self._extra),
+                                self.split, open_block=(self.seq_len, slice_tokens(self.plan)),
+                                two_phase=self.softmax == "two_phase", order=self.order)
 
 
 def tp_golden_run(qm, plan, prompt, decode_tokens: int, softmax: str = "single",

@@ -24,7 +24,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge, SimTimeoutError, with_timeout
 
 from mcf.abi.eth import ETH_STATUS, PCS_STATUS, link_beats
-from mcf.sim.benches.eth_common import link_frame
+from mcf.sim.benches.eth_common import drive_link, link_frame
 from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 NODE = 3
@@ -137,15 +137,7 @@ class TB:
     async def send_links(self, links: list[bytes]):
         d = self.dut
         for lk in links:
-            for data, keep, last in link_beats(lk):
-                d.s_axis_tdata.value = data
-                d.s_axis_tkeep.value = keep
-                d.s_axis_tlast.value = last
-                d.s_axis_tvalid.value = 1
-                while True:
-                    await RisingEdge(d.clk)
-                    if d.s_axis_tready.value:
-                        break
+            await drive_link(d, lk)
         d.s_axis_tvalid.value = 0
 
     async def round_trip(self, links: list[bytes], timeout_us: float = 200):

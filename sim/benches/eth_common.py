@@ -180,3 +180,17 @@ class Collector:
                 self.out.append((int(d.m_axis_tdata.value), int(d.m_axis_tkeep.value), last))
                 if last:
                     self.last_ps.append(get_sim_time())
+
+
+async def drive_link(dut, link: bytes) -> None:
+    """Drive one link packet into ``s_axis`` beat by beat (:func:`mcf.abi.eth.link_beats`),
+    each beat held until ``tready``; ``tvalid`` stays high (the caller drops it)."""
+    for data, keep, last in link_beats(link):
+        dut.s_axis_tdata.value = data
+        dut.s_axis_tkeep.value = keep
+        dut.s_axis_tlast.value = last
+        dut.s_axis_tvalid.value = 1
+        while True:
+            await RisingEdge(dut.clk)
+            if dut.s_axis_tready.value:
+                break

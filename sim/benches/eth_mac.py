@@ -59,7 +59,17 @@ from mcf.abi.eth import (
 )
 from mcf.sim.toolchain import bench_params, skip_unless_selected
 
-from .eth_common import LOCAL, PEER, Collector, Line, line_rate, link_frame, status, with_fcs
+from .eth_common import (
+    LOCAL,
+    PEER,
+    Collector,
+    Line,
+    drive_link,
+    line_rate,
+    link_frame,
+    status,
+    with_fcs,
+)
 
 __all__ = ["MacKind", "XGMII", "RGMII", "TB", "cocotb_tests"]
 
@@ -204,15 +214,7 @@ class TB:
         d = self.dut
         for lk in links:
             self.model_tx.send(lk)
-            for data, keep, last in link_beats(lk):
-                d.s_axis_tdata.value = data
-                d.s_axis_tkeep.value = keep
-                d.s_axis_tlast.value = last
-                d.s_axis_tvalid.value = 1
-                while True:
-                    await RisingEdge(d.clk)
-                    if d.s_axis_tready.value:
-                        break
+            await drive_link(d, lk)
         d.s_axis_tvalid.value = 0
 
     async def tx_frames(self, n: int) -> list:

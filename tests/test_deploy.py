@@ -572,7 +572,7 @@ def test_remote_commands_are_argument_lists():
 LINK_SHIM = """#!{python}
 # A board's python3 for the link check's launcher test: answers LINK_PROBE's protocol as a
 # node of a healthy ring would (READY, then on GO one token each way), or fails before READY.
-import json, sys, time
+import json, sys
 from pathlib import Path
 _, _, _, bit, node, n, timeout = sys.argv
 node, n = int(node), int(n)
@@ -587,20 +587,26 @@ if {fail}:
     sys.exit(1)
 print("MCF-LINKS-READY " + result(), flush=True)
 line = sys.stdin.readline().strip()
-(home / "go.txt").write_text(f"{{time.monotonic()}} {{line}}")
+(home / "go.txt").write_text(line)
+with open({log!r}, "a") as log:
+    log.write(f"{{node}} {{line}}\\n")
 if line != "GO":
     sys.exit(1)
+print("MCF-LINKS-STARTED", flush=True)
 frames = {{f"link{{p}}_{{c}}": 1 for p in (0, 1) for c in ("tx_frames", "rx_frames_ok")}}
 print("MCF-LINKS-DONE " + result(after=frames, pings=2, marks=1), flush=True)
 """
 
 
 def _shim_board(root: Path, key_pub: str, fail: bool = False) -> Board:
+    """A board whose python3 answers the link check (LINK_SHIM); every board of a test appends
+    what it was told to ``root.parent / "go.log"``, in the order the launcher told them."""
     board = make_board(root, key_pub)
     board.interactive = True
     (board.root / "bin").mkdir()
     shim = board.root / "bin" / "python3"
-    shim.write_text(LINK_SHIM.format(python=sys.executable, fail=fail))
+    shim.write_text(LINK_SHIM.format(python=sys.executable, fail=fail,
+                                     log=str(root.parent / "go.log")))
     shim.chmod(0o755)
     return board
 
@@ -629,8 +635,8 @@ def test_check_links_launcher(tmp_path, servers, client_key, wheel):
     for v, b in enumerate(boards):
         assert json.loads((b.home / "argv.json").read_text()) == [
             LINK_PROBE, "mcf-deploy/mcf_node.bit", str(v), "2", "2.5"]
-    t0, t1 = (float((b.home / "go.txt").read_text().split()[0]) for b in boards)
-    assert t1 < t0                                  # node 0, which starts the tokens, last
+    # node 0, which starts the tokens, last: node 1 had answered STARTED before node 0's GO
+    assert (tmp_path / "go.log").read_text().splitlines() == ["1 GO", "0 GO"]
     out = io.StringIO()
     assert link_report(results, file=out)
     lines = out.getvalue().splitlines()
@@ -650,7 +656,7 @@ def test_check_links_launcher(tmp_path, servers, client_key, wheel):
     assert results[1].error == "RuntimeError: the overlay has no MCF node (ol.node)"
     assert results[0].error.startswith("not started")
     assert not (bad[0].home / "go.txt").exists() or \
-        (bad[0].home / "go.txt").read_text().split()[1] == "ABORT"
+        (bad[0].home / "go.txt").read_text() == "ABORT"
     out = io.StringIO()
     assert not link_report(results, file=out)
     assert "FAILED" in out.getvalue() and "node 1: RuntimeError" in out.getvalue()

@@ -48,14 +48,16 @@ from ..abi.route import RingPort, route_entry
 
 __all__ = ["RING_LOG2", "BUFFER_BYTES", "PINGS_PER_NODE", "ping_routes", "ping_records",
            "ring_hops", "NodePing", "NodeResult", "CableVerdict", "cable_verdicts", "missing",
-           "board_session", "LINK_PROBE", "READY", "DONE", "FAILED", "link_name"]
+           "board_session", "LINK_PROBE", "READY", "STARTED", "DONE", "FAILED", "link_name"]
 
 RING_LOG2 = 2
 """The NET ring of the check: 4 entries (three records)."""
 BUFFER_BYTES = 4096
 """The host buffer that holds the ring (one page)."""
-READY, DONE, FAILED = "MCF-LINKS-READY ", "MCF-LINKS-DONE ", "MCF-LINKS-FAILED "
-"""Line prefixes of :func:`board_session`'s output."""
+READY, STARTED, DONE, FAILED = ("MCF-LINKS-READY ", "MCF-LINKS-STARTED", "MCF-LINKS-DONE ",
+                                "MCF-LINKS-FAILED ")
+"""Line prefixes of :func:`board_session`'s output (``STARTED``: the pings are out; the
+launcher sends the next board its ``GO`` only then)."""
 
 
 def link_name(link: int) -> str:
@@ -307,9 +309,9 @@ def board_session(bit: str, node: int, n: int, timeout: float, *, stdin=None,
                   stdout=None) -> int:
     """The board side of :func:`mcf.deploy.ssh.check_links`, run as ``python3 -c`` on a board
     over SSH: load the overlay (a fresh PL), :meth:`NodePing.prepare`, print
-    ``MCF-LINKS-READY <json>``, wait for the line ``GO`` on stdin, start, wait up to ``timeout``
-    seconds, print ``MCF-LINKS-DONE <json>`` (a :class:`NodeResult`). Any failure prints
-    ``MCF-LINKS-FAILED <message>`` and returns 1."""
+    ``MCF-LINKS-READY <json>``, wait for the line ``GO`` on stdin, start, print
+    ``MCF-LINKS-STARTED``, wait up to ``timeout`` seconds, print ``MCF-LINKS-DONE <json>``
+    (a :class:`NodeResult`). Any failure prints ``MCF-LINKS-FAILED <message>`` and returns 1."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
 
     def say(prefix: str, text: str) -> None:
@@ -333,6 +335,7 @@ def board_session(bit: str, node: int, n: int, timeout: float, *, stdin=None,
         if line != "GO":
             raise RuntimeError(f"expected GO from the launcher, got {line!r}")
         ping.start()
+        say(STARTED, "")
         say(DONE, ping.wait(timeout).to_json())
         return 0
     except Exception as exc:  # noqa: BLE001 - one line for the launcher

@@ -197,7 +197,7 @@ async def deploy(cfg: DeployConfig) -> list[HostResult]:
 
 LINK_TIMEOUT_S = 10.0
 """How long each board waits for the pings after its GO (the 2N pings take microseconds;
-the GOs reach the boards one SSH round trip apart)."""
+the GOs reach the boards one SSH round trip apart: each after the previous board said STARTED)."""
 
 
 async def _link_host(cfg: DeployConfig, spec: HostSpec, node: int, n: int, bit: str,
@@ -206,7 +206,7 @@ async def _link_host(cfg: DeployConfig, spec: HostSpec, node: int, n: int, bit: 
     """Board ``node``'s side of :func:`check_links`; returns its
     :class:`~mcf.deploy.links.NodeResult` (``error`` set when it failed)."""
     from ..abi.link_map import link_map_for
-    from .links import DONE, FAILED, LINK_PROBE, READY, NodeResult
+    from .links import DONE, FAILED, LINK_PROBE, READY, STARTED, NodeResult
 
     res = NodeResult(node, tuple(link_map_for(node, n, "ring")))
     opts = {"known_hosts": str(cfg.known_hosts)} if cfg.known_hosts is not None else {}
@@ -242,6 +242,7 @@ async def _link_host(cfg: DeployConfig, spec: HostSpec, node: int, n: int, bit: 
                 sent.set()
                 return res
             proc.stdin.write("GO\n")
+            await line(proc, STARTED)       # this board's pings are out: the next one may go
             sent.set()
             res = NodeResult.from_json(await line(proc, DONE))
             return res
@@ -258,7 +259,8 @@ async def check_links(cfg: DeployConfig, bits: list[str],
     """The ring check on every host of ``cfg`` (host ``v`` is node ``v``, as ``mcf run``'s
     ranks), ``bits[v]`` the overlay on board ``v``: each board loads it afresh and prepares
     (:meth:`~mcf.deploy.links.NodePing.prepare`); once every board is ready the launcher sends
-    ``GO`` to node N−1 first and node 0 last; each returns its
+    ``GO`` to node N−1 first and node 0 last, each only after the previous board answered
+    ``STARTED``; each returns its
     counters. Returns the :class:`~mcf.deploy.links.NodeResult` s by node."""
     if asyncssh is None:
         raise ImportError("mcf deploy needs asyncssh: pip install 'mcf[deploy]'")

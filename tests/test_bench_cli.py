@@ -136,3 +136,15 @@ def test_tables_refuse_small_runs(tmp_path, capsys, monkeypatch):
     (tmp_path / "csr.json").write_text(json.dumps({"maps": {}, "small": True}))
     assert main(["tables", "--from", str(tmp_path), "--check"]) == 2
     assert "ran with --small" in capsys.readouterr().err
+
+
+def test_json_path_and_json_before_a_name(tmp_path, capsys, monkeypatch):
+    """``--json PATH`` writes the object there and prints nothing; ``--json NAME`` (a bench's
+    name right after the flag) is that bench, printed."""
+    monkeypatch.setattr(csr_bench, "collect", lambda small=False, synth=True: {"cycles": 7})
+    path = tmp_path / "csr_figures.json"
+    assert main(["bench", "csr", "--json", str(path), "--out", str(tmp_path / "b")]) == 0
+    assert capsys.readouterr().out == ""
+    assert json.loads(path.read_text()) == {"cycles": 7, "small": False}
+    assert main(["bench", "--json", "csr", "--out", str(tmp_path / "b")]) == 0
+    assert json.loads(capsys.readouterr().out) == {"cycles": 7, "small": False}

@@ -108,6 +108,9 @@ CASES = {
     "bench-out-is-a-file": (["bench", "csr", "--out", "{t}/file"],
                             "exists and is not a directory"),
     "bench-out-under-a-file": (["bench", "csr", "--out", "{t}/file/b"], "is not a directory"),
+    "bench-json-no-folder": (["bench", "csr", "--json", "{t}/missing/b.json"], "no folder"),
+    "bench-json-a-directory": (["bench", "csr", "--json", "{t}"], "is a directory"),
+    "bench-unknown-after-json": (["bench", "--json", "cvs"], "unknown bench(es) cvs"),
     # mcf deploy
     "deploy-wheel-not-a-zip": ([*DEPLOY, "--hosts", "h0", "--wheel", "{t}/corrupt.whl"],
                                "not a valid mcf wheel"),

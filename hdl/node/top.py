@@ -12,7 +12,7 @@ merged packet by packet into the local sink → landing engine (KV slots), decod
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Signal, Value
+from amaranth import Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -259,7 +259,10 @@ class NodeTop(wiring.Component):
         kv_cfg = [
             land.cfg.kv_base.eq(Cat(bank.port("KV_BASE_LO"), bank.port("KV_BASE_HI"))),
             land.cfg.kv_slot.eq(bank.port("KV_SLOT")),
-            land.cfg.kv_count.eq(bank.port("KV_COUNT")),
+            # a KV_COUNT beyond the directory (the driver refuses it) counts as the directory's
+            # size: a kv_id past it is unmapped at the landing and the send unit alike
+            land.cfg.kv_count.eq(Mux(bank.port("KV_COUNT") > cfg.kv_count, cfg.kv_count,
+                                     bank.port("KV_COUNT"))),
         ]
         m.d.comb += kv_cfg
         m.d.comb += send.cfg.eq(land.cfg)

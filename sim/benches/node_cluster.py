@@ -621,8 +621,12 @@ async def bad_input(dut):
     op = META["op"]
     bad_op = Cmd(RecordClass.SEND, Queue.NET, src=PayloadSource.HDR,     # op code 7: unassigned
                  meta=good[0].replace(length=0).pack() | (((1 << op.width) - 1) << op.offset))
+    # KV_COUNT written past the directory (the driver refuses it; a raw write here): the node
+    # takes the directory's size, so a kv_id just past the directory is still unmapped
+    directory = NODE_CONFIGS[params.get("config", "sim")].kv_count
+    await h0.write("KV_COUNT", directory + 44)
     unmapped = Cmd(RecordClass.SEND, Queue.NET, src=PayloadSource.KV, meta=good[0].replace(
-        kv_id=layout.kv.kv_count + 3).pack())
+        kv_id=directory).pack())
     hdr_kv = Cmd(RecordClass.SEND, Queue.NET, src=PayloadSource.HDR,
                  meta=good[0].replace(length=0).pack())
     never = Cmd(RecordClass.DIR, Queue.COMPUTE, meta=good[0].replace(

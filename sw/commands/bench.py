@@ -1,10 +1,12 @@
-"""``mcf bench [NAME ...|all] [--json] [--small] [--no-synth] [--out DIR]``: run the benches of
-:mod:`mcf.sim.bench` and write one ``DIR/<name>.json`` each (default ``build/bench``).
+"""``mcf bench [NAME ...|all] [--json [PATH]] [--small] [--no-synth] [--out DIR]``: run the
+benches of :mod:`mcf.sim.bench` and write one ``DIR/<name>.json`` each (default ``build/bench``).
 
 A bench that sees a mismatch or an unplanned drop refuses (:class:`mcf.sim.bench.BenchRefused`):
 its figure is not written, the refusal is printed as one line and the exit status is 1.
-``--json`` prints one JSON object: the bench's own for one bench; for several, one member per
-bench plus ``resources`` (every top's yosys estimate, by bench and top name).
+``--json`` prints one JSON object (``--json PATH`` writes it to PATH): the bench's own for one
+bench; for several, one member per bench plus ``resources`` (every top's yosys estimate, by
+bench and top name). A ``--json`` value without a ``.`` or ``/`` is a bench's name, not a path
+(``mcf bench --json decode`` prints decode's object).
 """
 
 from __future__ import annotations
@@ -57,13 +59,18 @@ def run(args) -> int:
     from ..cli import UsageError
 
     known = _benches()
+    j = args.json
+    if j not in (None, "-") and (j in known or j == "all" or not set("./") & set(j)):
+        args.names, args.json = [*args.names, j], "-"   # `mcf bench --json decode`: a name
     names = list(known) if args.names in ([], ["all"]) else args.names
     unknown = [n for n in names if n not in known]
     if unknown:
         raise UsageError(f"unknown bench(es) {', '.join(unknown)}; known: "
                          f"{', '.join(known)}, all")
-    from ._checks import writable_dir
+    from ._checks import writable_dir, writable_file
     writable_dir("--out", args.out)
+    if args.json not in (None, "-"):
+        writable_file("--json", args.json)
 
     def say(name):
         print(f"mcf bench: running {name}{' (small)' if args.small else ''}", file=sys.stderr)
@@ -74,8 +81,10 @@ def run(args) -> int:
         print(f"mcf bench: {line}", file=sys.stderr)
     if args.json:
         obj = results[names[0]] if len(names) == 1 and results else _combined(results)
-        if results:
+        if results and args.json == "-":
             print(json.dumps(obj))
+        elif results:
+            Path(args.json).write_text(json.dumps(obj, indent=1) + "\n")
     else:
         for name, result in results.items():
             mod = importlib.import_module(f"mcf.sim.bench.{name}")
@@ -90,7 +99,8 @@ def register(subs) -> None:
     p.add_argument("names", nargs="*", metavar="NAME",
                    help="packet, nic, compute, attention, csr, plan, node, cluster, eth, task, "
                         "decode, depth, or all (default all)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help="one JSON object instead of the tables: printed, or written to PATH")
     p.add_argument("--small", action="store_true", help="reduced sizes (what CI runs)")
     p.add_argument("--no-synth", action="store_true", help="skip the yosys resource estimates")
     p.add_argument("--out", default="build/bench",

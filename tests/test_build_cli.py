@@ -10,6 +10,7 @@ paths Vivado writes — not Vivado's own semantics (no Vivado here).
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import stat
@@ -31,6 +32,7 @@ from mcf.hdl.platform.kr260 import (
     BOARD_PART,
     ETH_BOARD_PORTS,
     GT_WIZARD,
+    PL_CLK0_CLOCK,
     RGMII_DELAY_MODE,
     RGMII_TIMING,
     board_pins,
@@ -141,7 +143,7 @@ foreach cmd {create_project set_property add_files update_compile_order create_b
     proc $cmd args [format {lappend ::calls [list %s {*}$args]; return ""} $cmd]
 }
 foreach cmd {get_bd_cells get_bd_pins get_bd_intf_pins get_files get_runs get_bd_ports
-             get_bd_addr_spaces get_bd_addr_segs} {
+             get_bd_addr_spaces get_bd_addr_segs get_clocks} {
     proc $cmd args [format {lappend ::calls [list %s {*}$args]; return [lindex $args end]} $cmd]
 }
 foreach cmd {open_run report_timing_summary} {
@@ -150,21 +152,25 @@ foreach cmd {open_run report_timing_summary} {
 proc current_project {} { return project }
 proc current_fileset {} { return sources_1 }
 # What the stubbed Vivado reports: its version, the installed board parts, the PS's pl_clk0,
-# the routed design's worst setup/hold slack (argv: VERSION BOARDS PL_HZ WNS WHS).
-lassign [lrange $argv 1 end] ::version ::boards ::pl_hz ::wns ::whs
+# the routed design's worst setup/hold slack, aclk's period and intra-clock setup slack
+# (argv: VERSION BOARDS PL_HZ WNS WHS PERIOD ACLK_WNS).
+lassign [lrange $argv 1 end] ::version ::boards ::pl_hz ::wns ::whs ::period ::aclk_wns
 proc version {flag} { return $::version }
 proc get_board_parts {-quiet pattern} {
     return [lsearch -all -inline -glob [split $::boards ,] $pattern]
 }
 proc get_timing_paths args {
     lappend ::calls [list get_timing_paths {*}$args]
+    if {"-from" in $args} { return aclk_path }
     return [expr {"-hold" in $args ? "hold_path" : "setup_path"}]
 }
 proc get_property {prop obj} {
     switch -- $prop {
         PROGRESS { return "100%" }
         CONFIG.FREQ_HZ { return $::pl_hz }
-        SLACK { return [expr {$obj eq "hold_path" ? $::whs : $::wns}] }
+        SLACK { return [dict get [list hold_path $::whs setup_path $::wns aclk_path \
+                                       $::aclk_wns] $obj] }
+        PERIOD { return $::period }
         default { return "" }
     }
 }
@@ -174,9 +180,9 @@ foreach c $::calls { puts "CALL $c" }
 """
 
 GOOD_VIVADO = ["2023.2", f"xilinx.com:kv260_som:part0:1.4,{BOARD_PART}", f"{ACLK_HZ:.0f}",
-               "0.114", "0.021"]
+               "0.114", "0.021", f"{1e9 / ACLK_HZ:.3f}", "0.233"]
 """The stubbed Vivado's answers when everything is right: version, installed board parts,
-pl_clk0 in Hz, WNS and WHS in ns."""
+pl_clk0 in Hz, WNS and WHS in ns, aclk's period and its own WNS in ns."""
 
 
 def _run_tcl(built, tmp_path, vivado=GOOD_VIVADO):
@@ -292,6 +298,11 @@ def test_tcl_runs_to_the_end_and_connects(built, tmp_path):
     assert calls.index("open_run impl_1") > calls.index("wait_on_run impl_1")
     assert any(c.startswith("get_timing_paths") and "-setup" in c for c in calls)
     assert "timing met: WNS 0.114 ns, WHS 0.021 ns" in lines
+    assert f"get_timing_paths -max_paths 1 -nworst 1 -setup -from {PL_CLK0_CLOCK} -to " \
+        f"{PL_CLK0_CLOCK}" in calls
+    assert json.loads((tmp_path / f"{NAME}.timing.json").read_text()) == {
+        "wns_ns": 0.114, "whs_ns": 0.021, "aclk_period_ns": round(1e9 / ACLK_HZ, 3),
+        "aclk_wns_ns": 0.233}
 
 
 @pytest.mark.skipif(TCLSH is None, reason="tclsh (Debian tcl) not installed")
@@ -340,17 +351,44 @@ def test_rgmii_io_constraints(built):
 
 def test_runs_vivado_when_given(tmp_path, capsys):
     """``--vivado PATH``: the batch command runs in the output folder (a stand-in executable
-    records its arguments and working directory, then fails: exit 1)."""
+    records its arguments and working directory, leaves the timing file the script writes for
+    a routed design that misses aclk by 0.5 ns, then fails: exit 1); ``--json PATH`` holds
+    Vivado's status and the timing read back, with the clock the routed design meets."""
     fake = tmp_path / "vivado"
-    fake.write_text('#!/bin/sh\necho "$PWD $*" > "$PWD/ran.txt"\nexit 3\n')
+    timing = '{"wns_ns": -0.5, "whs_ns": 0.02, "aclk_period_ns": 3.333, "aclk_wns_ns": -0.5}'
+    fake.write_text(f'#!/bin/sh\necho "$PWD $*" > "$PWD/ran.txt"\n'
+                    f"echo '{timing}' > \"$PWD/{NAME}.timing.json\"\nexit 3\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     out = tmp_path / "out"
-    rc = main(["build", "--board", "kr260", "--out", str(out), "--vivado", str(fake)])
+    rc = main(["build", "--board", "kr260", "--out", str(out), "--vivado", str(fake),
+               "--json", str(tmp_path / "build.json")])
     assert (out / "ran.txt").read_text().split() == [
         str(out.resolve()), "-mode", "batch", "-nojournal", "-log", "vivado.log",
         "-source", f"{NAME}.tcl"]
     assert rc == 1                                      # Vivado's failure is the build's
-    assert "vivado exited 3" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "vivado exited 3" in printed
+    assert "aclk 300.03 MHz wanted, 260.892 MHz met (aclk WNS -0.5 ns)" in printed
+    result = json.loads((tmp_path / "build.json").read_text())
+    assert result["rc"] == 1 and result["vivado_rc"] == 3 and result["bit"] is None
+    assert result["files"][-1] == str(out / f"{NAME}.tcl")
+    t = result["timing"]
+    assert t["met"] is False and t["wns_ns"] == -0.5
+    assert t["aclk_target_mhz"] == round(1000 / 3.333, 3)
+    assert t["aclk_achieved_mhz"] == round(1000 / 3.833, 3)
+
+
+@pytest.mark.parametrize("text", ["", "[1]", '{"wns_ns": 0.1}', "not json"])
+def test_read_timing_refuses_what_the_script_did_not_write(tmp_path, text):
+    from mcf.commands.build import read_timing
+
+    (tmp_path / "t.json").write_text(text)
+    assert read_timing(tmp_path / "t.json") is None
+    assert read_timing(tmp_path / "missing.json") is None
+    (tmp_path / "t.json").write_text('{"wns_ns": null, "whs_ns": null, "aclk_period_ns": null, '
+                                     '"aclk_wns_ns": null}')          # no timed path
+    t = read_timing(tmp_path / "t.json")
+    assert t["met"] is False and t["aclk_achieved_mhz"] is None
 
 
 @pytest.mark.parametrize("argv, message", [

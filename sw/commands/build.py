@@ -1,5 +1,5 @@
-"""``mcf build --board kr260 [--out DIR] [--vivado PATH] [--jobs N] [--name TOP]``: the Vivado
-flow of a PYNQ overlay.
+"""``mcf build --board kr260 [--out DIR] [--vivado PATH] [--jobs N] [--name TOP] [--json [PATH]]``:
+the Vivado flow of a PYNQ overlay.
 
 Writes, into ``--out`` (default ``build/<board>``): ``<name>.v`` and ``mcf_eth.v`` (the node top
 and the MAC wrapper, through the same code path as ``mcf verilog``), ``<board>.xdc`` (the board
@@ -8,18 +8,27 @@ MAC wrapper's asynchronous clock groups) and ``<name>.tcl``
 (project, block design, synthesis → implementation → bitstream, then ``<name>.bit`` +
 ``<name>.hwh`` copied side by side). Runs Vivado when it is found (``--vivado`` or ``vivado`` on
 ``PATH``), else prints the exact command and exits 0. docs/board.md.
+
+After a Vivado run the script's ``<name>.timing.json`` (the routed design's worst setup and hold
+slack, and ``aclk``'s period and intra-clock setup slack) is read back: ``--json`` prints one
+object with the files, the command, Vivado's exit status and ``timing`` (with ``aclk_achieved_mhz``
+= 1000 / (period − aclk WNS), the clock the routed design would meet; ``null`` without Vivado),
+or writes it to PATH.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
-__all__ = ["BOARDS", "verilog_ports", "vivado_command", "register"]
+__all__ = ["BOARDS", "verilog_ports", "vivado_command", "read_timing", "register"]
 
 BOARDS = ("kr260",)
 ETH_TOP = "mcf_eth"
@@ -64,9 +73,30 @@ def vivado_command(vivado: str, tcl: Path) -> list[str]:
     return [vivado, "-mode", "batch", "-nojournal", "-log", "vivado.log", "-source", tcl.name]
 
 
+def read_timing(path: Path) -> dict | None:
+    """``<name>.timing.json`` as the script wrote it, with the clock it implies: ``met`` (WNS
+    and WHS ≥ 0), ``aclk_target_mhz`` (1000 / period) and ``aclk_achieved_mhz`` (1000 /
+    (period − aclk WNS)); None when the file is missing or not the script's JSON."""
+    try:
+        t = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    keys = ("wns_ns", "whs_ns", "aclk_period_ns", "aclk_wns_ns")
+    if not isinstance(t, dict) or not all(k in t for k in keys):
+        return None
+    wns, whs, period, aclk_wns = (t[k] for k in keys)
+    num = all(isinstance(v, (int, float)) for v in (period, aclk_wns)) and period - aclk_wns > 0
+    return {**{k: t[k] for k in keys},
+            "met": isinstance(wns, (int, float)) and isinstance(whs, (int, float))
+            and wns >= 0 and whs >= 0,
+            "aclk_target_mhz": round(1000 / period, 3) if num and period > 0 else None,
+            "aclk_achieved_mhz": round(1000 / (period - aclk_wns), 3) if num else None,
+            "report": str(path.with_suffix(".rpt"))}
+
+
 def run(args) -> int:
     from ..cli import UsageError
-    from ._checks import writable_dir
+    from ._checks import writable_dir, writable_file
 
     if args.board not in BOARDS:
         raise UsageError(f"unknown board {args.board!r}; known: {', '.join(BOARDS)}")
@@ -81,8 +111,27 @@ def run(args) -> int:
     from mcf.hdl.tops import TOPS
     if args.name not in TOPS:
         raise UsageError(f"unknown top {args.name!r}; known: {', '.join(sorted(TOPS))}")
+    from mcf.hdl.platform.kr260 import top_interfaces
+    try:
+        top_interfaces(_flat_ports(TOPS[args.name]))
+    except ValueError as exc:
+        raise UsageError(f"top {args.name} is not a node top: {exc}") from None
     out = writable_dir("--out", args.out or f"build/{args.board}")
+    if args.json not in (None, "-"):
+        writable_file("--json", args.json)
+    # with --json printing, stdout holds the one JSON object: the human lines go to stderr
+    with contextlib.redirect_stdout(sys.stderr if args.json == "-" else sys.stdout):
+        result = run_flow(args, out, vivado)
+    if args.json == "-":
+        print(json.dumps(result, indent=1))
+    elif args.json is not None:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return result["rc"]
 
+
+def run_flow(args, out: Path, vivado: str | None) -> dict:
+    """Write the files and run Vivado when found; returns the ``--json`` object (``rc``: the
+    command's exit status)."""
     from mcf.hdl.platform.kr260 import (
         ETH_BOARD_PORTS,
         eth_timing_xdc,
@@ -91,12 +140,7 @@ def run(args) -> int:
         vivado_tcl,
     )
 
-    flat_ports = _flat_ports(TOPS[args.name])
-    try:
-        top_interfaces(flat_ports)
-    except ValueError as exc:
-        raise UsageError(f"top {args.name} is not a node top: {exc}") from None
-
+    from ..cli import UsageError
     from . import verilog
     verilog.run(argparse.Namespace(out=str(out), only=[args.name, ETH_TOP], quiet=args.quiet),
                 prog="mcf build")
@@ -121,17 +165,33 @@ def run(args) -> int:
 
     vivado = vivado or shutil.which("vivado")
     cmd = vivado_command(vivado or "vivado", tcl_path)
+    bit, hwh = out / f"{args.name}.bit", out / f"{args.name}.hwh"
+    result = {"board": args.board, "top": args.name, "out": str(out),
+              "files": [str(p) for p in (v_path, out / f"{ETH_TOP}.v", xdc_path, timing_path,
+                                         tcl_path)],
+              "command": cmd, "vivado_found": vivado is not None, "vivado_rc": None,
+              "timing": None, "bit": None, "hwh": None, "rc": 0}
     if vivado is None:
         print("Vivado not found (--vivado or PATH); to build the bitstream run:")
         print(f"  cd {shlex.quote(str(out))} && {shlex.join(cmd)}")
-        return 0
+        return result
     print(f"running: cd {shlex.quote(str(out))} && {shlex.join(cmd)}")
+    bit.unlink(missing_ok=True)                 # what is there after the run is this run's
+    (out / f"{args.name}.timing.json").unlink(missing_ok=True)
     rc = subprocess.run(cmd, cwd=out).returncode
+    timing = read_timing(out / f"{args.name}.timing.json")
+    result.update(vivado_rc=rc, timing=timing)
+    if timing is not None:
+        print(f"timing: WNS {timing['wns_ns']} ns, WHS {timing['whs_ns']} ns; aclk "
+              f"{timing['aclk_target_mhz']} MHz wanted, {timing['aclk_achieved_mhz']} MHz met "
+              f"(aclk WNS {timing['aclk_wns_ns']} ns)")
     if rc != 0:
         print(f"mcf build: vivado exited {rc}; see {out / 'vivado.log'}")
-        return 1
-    print(f"{out / (args.name + '.bit')}\n{out / (args.name + '.hwh')}")
-    return 0
+        result["rc"] = 1
+        return result
+    result.update(bit=str(bit), hwh=str(hwh))
+    print(f"{bit}\n{hwh}")
+    return result
 
 
 def register(subs) -> None:
@@ -145,4 +205,7 @@ def register(subs) -> None:
     p.add_argument("--jobs", type=int, default=2, help="Vivado run jobs (default %(default)s)")
     p.add_argument("--name", default="mcf_node", help="top to build (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help="one JSON object (files, Vivado's status, timing): printed, or written "
+                        "to PATH")
     p.set_defaults(handler=run)

@@ -103,6 +103,8 @@ CASES = {
                             "exists and is not a directory"),
     "build-out-under-a-file": (["build", "--board", "kr260", "--out", "{t}/file/b"],
                                "is not a directory"),
+    "build-json-no-folder": (["build", "--board", "kr260", "--out", "{t}/b", "--json",
+                              "{t}/missing/b.json"], "no folder"),
     "build-not-a-node-top": (["build", "--board", "kr260", "--out", "{t}/b", "--name",
                               "mcf_kv_quantizer"], "not a node top: the top has no port aclk"),
     "bench-out-is-a-file": (["bench", "csr", "--out", "{t}/file"],

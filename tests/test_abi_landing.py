@@ -14,7 +14,6 @@ from mcf.abi.landing import (
     LANDING_CONFIG,
     LANDING_STATUS,
     LandingConfig,
-    LandingModel,
     LandResult,
     kv_address,
     land_decision,
@@ -24,6 +23,7 @@ from mcf.abi.landing import (
 )
 from mcf.abi.meta import META, Meta, Op
 from mcf.abi.regs import Access, RegisterMap
+from mcf.golden.landing import LandingModel
 from mcf.mars.metadata import MetaEncoder
 from mcf.mars.model import get_model
 

@@ -20,10 +20,9 @@ from mcf.abi.sequencer import (
     STREAM_OF,
     HaltCause,
     SeqCounter,
-    SeqInputs,
-    SequencerModel,
     sequencer_registers,
 )
+from mcf.golden.sequencer import SeqInputs, SequencerModel
 
 
 def rec(cls, queue=Queue.COMPUTE, *, kv=0, wait=0, arg=0, irq=False) -> int:

@@ -28,13 +28,13 @@ from mcf.abi.eth import (
     ETH_TYPE,
     MAX_FRAME,
     EthDrop,
-    EthModel,
     decap,
     encap,
     link_beats,
     mac_bytes,
 )
 from mcf.abi.framing import MAX_PAYLOAD
+from mcf.golden.eth import EthModel
 from mcf.hdl.eth.encap import EthCounters, EthDecap, EthEncap, Pack8to64, Unpack64to8
 from mcf.sim.benches.eth_common import link_frame
 

@@ -17,7 +17,6 @@ from mcf.abi.eth import (
     ETH_MAP_VERSION,
     RXCLK_MIN_RESET,
     RXCLK_WINDOW,
-    EthModel,
     eth_regmap,
     link_beats,
 )
@@ -26,6 +25,7 @@ from mcf.abi.regs import Access
 from mcf.driver.eth import eth_writes, link_status_from
 from mcf.driver.node_map import status_registers
 from mcf.golden.csr import OKAY, SLVERR
+from mcf.golden.eth import EthModel
 from mcf.hdl.eth.links import EthLinks
 
 ACLK = 10e-9          # 100 MHz

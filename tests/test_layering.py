@@ -7,10 +7,12 @@ functions, ``try``/``except``, ``if TYPE_CHECKING``), is resolved to an absolute
 an f-string's literal prefix). The rules:
 
 * ``sw/`` outside the command line (``sw/commands/``, ``sw/cli.py``) never imports ``mcf.sim``;
-* ``sw/golden/`` and ``sw/abi/`` never import ``mcf.hdl``;
+* ``sw/golden/`` (the golden models) never imports ``mcf.hdl`` or ``mcf.sim``;
 * ``hdl/`` never imports ``mcf.sim``;
-* ``sw/abi/`` (the contract: layouts, enums, widths, formats, registers) imports nothing of
-  ``mcf`` outside ``mcf.abi`` — golden models import the ABI, never the reverse;
+* ``sw/abi/`` (the contract: layouts, enums, widths, limits, formats, registers) imports nothing
+  of ``mcf`` outside ``mcf.abi`` — not ``mcf.golden``, ``mcf.hdl`` or ``mcf.sim``: golden models
+  import the ABI, never the reverse;
+* ``sw/abi/`` defines no golden model (no class named ``*Model``): those live in ``sw/golden/``;
 * the board runtime (``sw/driver/``, ``sw/cluster/board*.py``, ``sw/deploy/``) imports no
   ``amaranth_boards`` — neither itself nor through any ``mcf`` module it reaches (the static
   import graph, parent packages included).
@@ -74,10 +76,11 @@ class Rule:
 RULES = (
     Rule("sw outside the CLI never imports mcf.sim", ("sw/*",), ("mcf.sim",),
          exclude=("sw/commands/*", "sw/cli.py")),
-    Rule("golden models and the ABI never import mcf.hdl", ("sw/golden/*", "sw/abi/*"),
-         ("mcf.hdl",)),
+    Rule("golden models never import mcf.hdl or mcf.sim", ("sw/golden/*",),
+         ("mcf.hdl", "mcf.sim")),
     Rule("hdl never imports mcf.sim", ("hdl/*",), ("mcf.sim",)),
-    Rule("the ABI imports only the ABI", ("sw/abi/*",), ("mcf",), allow=("mcf.abi",)),
+    Rule("the ABI imports only the ABI (not mcf.golden, mcf.hdl, mcf.sim)", ("sw/abi/*",),
+         ("mcf",), allow=("mcf.abi",)),
 )
 
 BOARD_RUNTIME = ("sw/driver/*", "sw/cluster/board*.py", "sw/deploy/*")
@@ -233,6 +236,30 @@ def test_layering(rule, graph):
     assert not found, f"{rule.name}:\n" + "\n".join(found)
 
 
+GOLDEN_IN_ABI = "sw/abi/*"
+
+
+def golden_models_in(path: str, source: str) -> list[str]:
+    """``file:line: class Name`` of every class (at any depth) named ``*Model`` in ``source`` —
+    a golden model, which belongs in ``sw/golden/``, not in the ABI — if ``path`` is under
+    ``sw/abi/``."""
+    if not fnmatch(path, GOLDEN_IN_ABI):
+        return []
+    return [f"{path}:{node.lineno}: class {node.name}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Model")]
+
+
+def test_the_abi_defines_no_golden_model():
+    found = [v for path, source in source_files().items() for v in golden_models_in(path, source)]
+    assert not found, "golden models belong in sw/golden/, not sw/abi/:\n" + "\n".join(found)
+
+
+def test_golden_model_check_flags_a_model_class():
+    source = "class LandingConfig:\n    pass\n\n\ndef f():\n    class SendModel:\n        pass\n"
+    assert golden_models_in("sw/abi/send.py", source) == ["sw/abi/send.py:6: class SendModel"]
+    assert golden_models_in("sw/golden/send.py", source) == []
+
+
 def test_board_runtime_has_no_amaranth_boards(graph):
     starts = [f for f in graph.path.values() if BOARD_BANNED.applies(f)]
     assert any(f.startswith("sw/driver/") for f in starts) and "sw/cluster/board.py" in starts
@@ -279,7 +306,11 @@ def test_checker_flags_an_import_inside_a_function():
     ("sw/node/x.py", "\n\nfrom mcf import sim\n", 0, 3),
     ("sw/sysmodel/x.py", "from ..sim.benches.node_jobs import tiny_plan\n", 0, 1),
     ("sw/x.py", "import importlib\nm = importlib.import_module(f'mcf.sim.bench.{n}')\n", 0, 2),
-    ("sw/abi/x.py", "def f():\n    from mcf.hdl.nic import link\n", 1, 2),
+    ("sw/abi/x.py", "def f():\n    from mcf.hdl.nic import link\n", 3, 2),
+    ("sw/golden/x.py", "def f():\n    import mcf.sim.ddr\n", 1, 2),
+    ("sw/golden/x.py", "from ..sim.benches.node_jobs import tiny_plan\n", 1, 1),
+    ("sw/abi/x.py", "def f():\n    from ..sim import toolchain\n", 3, 2),
+    ("sw/abi/x.py", "from ..golden.landing import LandingModel\n", 3, 1),
     ("sw/golden/sub/__init__.py", "from ...hdl import csr\n", 1, 1),
     ("hdl/eth/x.py", "try:\n    pass\nexcept ImportError:\n    from ...sim.benches import ddr\n",
      2, 4),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mcf.abi.attend import ATTEND_ARG
-from mcf.abi.decode_land import DecodeLandConfig, DecodeLandModel, decode_land_decision
+from mcf.abi.decode_land import DecodeLandConfig, decode_land_decision
 from mcf.abi.emit import EmitArg
 from mcf.abi.kv import kv_token_bytes
 from mcf.abi.meta import Collective, Meta, Op, ReduceOp, Stage
@@ -19,6 +19,7 @@ from mcf.abi.node_config import SIM
 from mcf.abi.sequencer import SeqCounter
 from mcf.abi.softmax import state_words
 from mcf.golden.attend_unit import attend_model
+from mcf.golden.decode_land import DecodeLandModel
 from mcf.golden.nic import softmax_payload_merge
 from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
 from mcf.mars import ClusterSpec, make_topology, plan

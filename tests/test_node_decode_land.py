@@ -23,7 +23,6 @@ from mcf.abi.decode_land import (
     DECODE_LAND_STATUS,
     M_SLOT_BYTES,
     DecodeLandConfig,
-    DecodeLandModel,
     DecodeLandResult,
     decode_head,
     decode_land_decision,
@@ -44,6 +43,7 @@ from mcf.abi.framing import parsed_layout
 from mcf.abi.meta import Collective, Meta, Op, ReduceOp
 from mcf.abi.query import QUERY_HEADER, QUERY_HEADER_BYTES, query_bytes, query_head_bytes
 from mcf.abi.softmax import normalize, pack_state
+from mcf.golden.decode_land import DecodeLandModel
 from mcf.hdl.node.decode_land import DecodeLander, PacketUpsizer
 from mcf.sim.axi_slave import write_slave
 from mcf.sim.benches.node_decode_land import (

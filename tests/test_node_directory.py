@@ -1,5 +1,5 @@
 """kv_id directory (mcf.hdl.node.directory, docs/node.md §5): amaranth.sim against the golden
-model (mcf.abi.directory.DirectoryModel), every cycle on a read port, plus the ABI semantics.
+model (mcf.golden.directory.DirectoryModel), every cycle on a read port, plus the ABI semantics.
 
 Rate (reported, not asserted beyond the docstring's figure):
 ``pytest tests/test_node_directory.py -k rate -s``.
@@ -20,7 +20,6 @@ from mcf.abi.directory import (
     DIRECTORY_STATUS,
     LAND_EVENT,
     LANDED_MAX,
-    DirectoryModel,
     DirEntry,
     DirOp,
     DirState,
@@ -28,6 +27,7 @@ from mcf.abi.directory import (
 )
 from mcf.abi.landing import LANDED_BITS
 from mcf.abi.regs import Access
+from mcf.golden.directory import DirectoryModel
 from mcf.hdl.node.directory import Directory, DirOpArbiter
 
 

@@ -1,5 +1,5 @@
 """EMIT executor (mcf.hdl.node.emit, docs/node.md §3 EMIT row, §6 rule 3): amaranth.sim unit tests
-of ``EmitUnit`` against the golden model (:class:`mcf.abi.emit.EmitModel`) with an in-test AXI
+of ``EmitUnit`` against the golden model (:class:`mcf.golden.emit.EmitModel`) with an in-test AXI
 read slave — the tee's two outputs bit-exact, backpressure on each independently, replicate on
 and off, bad records and read errors counted and retired, staged copies offered only when
 complete — and the runner of the cocotb + Verilator bench (``sim/benches/node_emit.py``).
@@ -24,7 +24,6 @@ from mcf.abi.emit import (
     EMIT_STATUS,
     EmitArg,
     EmitConfig,
-    EmitModel,
     emit_registers,
     kv_pair_bytes,
     max_fragment_tokens,
@@ -35,6 +34,7 @@ from mcf.abi.landing import LAND_OFF_ENTRY, LANDING_CONFIG, LANDING_STATUS
 from mcf.abi.meta import META, Collective, Meta, Op, Stage
 from mcf.abi.node import CMD, Cmd, Queue, RecordClass
 from mcf.abi.node_config import SIM
+from mcf.golden.emit import EmitModel
 from mcf.hdl.mem.axi import ADDR_BITS, AXI4Signature
 from mcf.hdl.node.emit import EmitUnit
 from mcf.hdl.node.landing import LandingEngine

@@ -1,5 +1,5 @@
 """KV landing engine (mcf.hdl.node.landing, docs/node.md §5): amaranth.sim unit tests against
-the golden model (mcf.abi.landing.LandingModel: DDR bytes, status, the land-event stream to the
+the golden model (mcf.golden.landing.LandingModel: DDR bytes, status, the land-event stream to the
 directory) with an in-test AXI slave, and the runner of the cocotb + Verilator bench
 (sim/benches/node_landing.py) against cocotbext-axi AxiRam.
 
@@ -17,19 +17,20 @@ from amaranth import Elaboratable, Module
 from amaranth.lib import stream, wiring
 from amaranth.sim import Simulator
 
-from mcf.abi.directory import DIR_OP, DirectoryModel, DirEntry, DirOp, DirState
+from mcf.abi.directory import DIR_OP, DirEntry, DirOp, DirState
 from mcf.abi.framing import parsed_layout
 from mcf.abi.landing import (
     LAND_OFF_ENTRIES,
     LANDING_STATUS,
     LandingConfig,
-    LandingModel,
     LandResult,
     land_decision,
     land_off_entry,
 )
-from mcf.abi.local_sink import LocalSinkModel, SinkBeat
 from mcf.abi.meta import InvalidateKind, Meta, Op
+from mcf.golden.directory import DirectoryModel
+from mcf.golden.landing import LandingModel
+from mcf.golden.local_sink import LocalSinkModel, SinkBeat
 from mcf.hdl.node.directory import Directory, DirOpArbiter
 from mcf.hdl.node.landing import LandingEngine
 from mcf.hdl.node.local_sink import LocalSink

@@ -1,6 +1,6 @@
 """Local-packet sink (mcf.hdl.node.local_sink, docs/node.md §5, §6 rule 1): amaranth.sim with
 random packets of every op, idle input and backpressure on every output, scoreboarded beat for
-beat against mcf.abi.local_sink.LocalSinkModel; bad framing never stalls the sink."""
+beat against mcf.golden.local_sink.LocalSinkModel; bad framing never stalls the sink."""
 
 from __future__ import annotations
 
@@ -11,15 +11,9 @@ from amaranth.sim import Simulator
 
 from mcf.abi.directory import DIR_OP, DirOp
 from mcf.abi.framing import parsed_layout
-from mcf.abi.local_sink import (
-    LOCAL_SINK_STATUS,
-    LocalSinkModel,
-    SinkBeat,
-    SinkRoute,
-    local_sink_registers,
-    sink_route,
-)
+from mcf.abi.local_sink import LOCAL_SINK_STATUS, SinkRoute, local_sink_registers, sink_route
 from mcf.abi.meta import META, InvalidateKind, Meta, Op
+from mcf.golden.local_sink import LocalSinkModel, SinkBeat
 from mcf.hdl.node.local_sink import LocalSink
 
 PARSED = parsed_layout(64)

@@ -1,5 +1,5 @@
 """Send unit (mcf.hdl.node.send, docs/node.md §3, §5, §6 rule 3): amaranth.sim tests against the
-golden model (mcf.abi.send.SendModel) with an in-test AXI read slave, random records on both
+golden model (mcf.golden.send.SendModel) with an in-test AXI read slave, random records on both
 queues, staged packets, random idle/backpressure; and the runners of the cocotb + Verilator
 bench (sim/benches/node_send.py: SendUnit → Packetizer(64) against cocotbext-axi AxiRam).
 
@@ -20,7 +20,8 @@ from mcf.abi.framing import beat_layout, keep_mask, payload_beats
 from mcf.abi.landing import land_off_entry
 from mcf.abi.meta import Meta
 from mcf.abi.node import PayloadSource
-from mcf.abi.send import SEND_STATUS, SendModel, send_packets
+from mcf.abi.send import SEND_STATUS
+from mcf.golden.send import SendModel, send_packets
 from mcf.hdl.node.send import SendUnit
 from mcf.sim.benches.node_send import MEM, Scenario, make_scenario, match_packets
 

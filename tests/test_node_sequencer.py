@@ -1,7 +1,7 @@
 """The node sequencer (mcf.hdl.node.sequencer, docs/node.md §3).
 
 Every test runs the HDL in lockstep with the cycle-exact golden model
-(:class:`mcf.abi.sequencer.SequencerModel`): the same inputs each cycle, every output compared
+(:class:`mcf.golden.sequencer.SequencerModel`): the same inputs each cycle, every output compared
 (``rec.ready``, the directory address, each issue stream's ``valid`` and payload, ``irq_mark``,
 ``halted``, ``retired``, the whole ``SEQ_STATUS``). The environment (producer with idle
 cycles, random ``ready`` on every issue stream, engines with random latencies, a directory
@@ -27,9 +27,8 @@ from mcf.abi.sequencer import (
     STREAM_OF,
     HaltCause,
     SeqCounter,
-    SeqInputs,
-    SequencerModel,
 )
+from mcf.golden.sequencer import SeqInputs, SequencerModel
 from mcf.hdl.node.sequencer import QueueSequencer
 
 N_CNT = len(SeqCounter)

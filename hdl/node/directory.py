@@ -3,7 +3,7 @@
 sequencer's queues and the KV reader (docs/node.md §5 "Directory"; paper §4, replica states).
 
 Semantics (states, semaphore FREE, saturating counts, refusals) are :mod:`mcf.abi.directory`'s;
-:class:`mcf.abi.directory.DirectoryModel` is the golden model.
+:class:`mcf.golden.directory.DirectoryModel` is the golden model.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (docs/node.md §5 "Landing engine", §6 rule 1; paper §5, local delivery).
 
 Routes, counters and the golden model are :mod:`mcf.abi.local_sink`'s
-(:func:`mcf.abi.local_sink.sink_route`, :class:`mcf.abi.local_sink.LocalSinkModel`).
+(:func:`mcf.abi.local_sink.sink_route`, :class:`mcf.golden.local_sink.LocalSinkModel`).
 """
 
 from __future__ import annotations

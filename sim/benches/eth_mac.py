@@ -19,7 +19,7 @@ Tests (``tests`` param selects):
   preamble + SFD + :func:`mcf.abi.eth.encap` byte for byte with no ``tx_er`` / control
   character inside; the same link frames encapsulated for this node enter RX and leave
   ``m_axis`` as :func:`mcf.abi.eth.link_beats`; ``status`` equals
-  :class:`mcf.abi.eth.EthModel`'s. XGMII: TX and RX both meet start lanes 0 and 4.
+  :class:`mcf.golden.eth.EthModel`'s. XGMII: TX and RX both meet start lanes 0 and 4.
 * ``bad`` — good frames around each fault class: a PHY error inside a frame (``rx_er``; on
   XGMII an /E/), broken preamble, runt, oversize, bad FCS, wrong EtherType, foreign MAC, bad
   length — only good frames delivered, bit-exact; every counter equals the model's.
@@ -53,10 +53,10 @@ from mcf.abi.eth import (
     SFD,
     XGMII_ERROR,
     XGMII_START,
-    EthModel,
     encap,
     link_beats,
 )
+from mcf.golden.eth import EthModel
 from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 from .eth_common import (

@@ -17,7 +17,7 @@ other op. One OBUF row and one MBUF slot have an injected SLVERR (``AxiRam``'s o
 mechanism: a write that raises). ``MBUF_BASE`` is 4- but not 16-byte aligned, so maxima
 slots share AXI beats and one slot crosses a 4 KiB page.
 
-Scoreboard (:class:`mcf.abi.decode_land.DecodeLandModel`): every byte of QBUF, OBUF and MBUF
+Scoreboard (:class:`mcf.golden.decode_land.DecodeLandModel`): every byte of QBUF, OBUF and MBUF
 and around them equals the model's (bytes never written keep the fill pattern; the failed
 writes' bytes are skipped), and every ``DECODE_LAND_STATUS`` counter exactly. Idle cycles on
 the input, pauses on AW/W/B.
@@ -46,7 +46,6 @@ from mcf.abi.decode_land import (
     DECODE_LAND_STATUS,
     M_SLOT_BYTES,
     DecodeLandConfig,
-    DecodeLandModel,
     DecodeLandResult,
     decode_land_decision,
     mbuf_bytes,
@@ -59,6 +58,7 @@ from mcf.abi.meta import META, Collective, Meta, Op, ReduceOp, Stage
 from mcf.abi.quant import SCALE_EXP_BITS, SCALE_MANT_BITS
 from mcf.abi.query import QUERY_HEADER, pack_query, query_bytes, query_fragments
 from mcf.abi.softmax import M_EMPTY, STATE_L, STATE_M, STATE_O, merge_states, pack_state
+from mcf.golden.decode_land import DecodeLandModel
 from mcf.sim.benches.cycles import cycle_counter
 from mcf.sim.benches.pauses import pattern
 from mcf.sim.ddr import WRITE, ddr_ram

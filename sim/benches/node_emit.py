@@ -9,7 +9,7 @@ fragment MARS cuts (``MetaEncoder.fragments`` / ``fragment_tokens``: ``seq = f·
 ``replicate`` at random, mixed with bad records (length, op, zero tokens) and one fragment whose
 rows answer SLVERR on a read (``AxiRam``'s own mechanism: an access that raises).
 
-Scoreboard (:class:`mcf.abi.emit.EmitModel`): every byte of the KV region equals the golden
+Scoreboard (:class:`mcf.golden.emit.EmitModel`): every byte of the KV region equals the golden
 fragments at :func:`mcf.abi.landing.kv_address` (``LAND_OFF`` = :func:`per_token_land_off`),
 bytes never landed stay at the fill pattern; the land events are ``(kv_id, owner=True)`` per
 good fragment in order (the local copy carries ``src = local_id``); the staged payloads equal
@@ -35,12 +35,13 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 from cocotbext.axi import AxiStreamBus, AxiStreamSink
 
-from mcf.abi.emit import EMIT_STATUS, EmitArg, EmitConfig, EmitModel, kv_pair_bytes
+from mcf.abi.emit import EMIT_STATUS, EmitArg, EmitConfig, kv_pair_bytes
 from mcf.abi.framing import payload_beats
 from mcf.abi.landing import LANDING_STATUS, LandingConfig, kv_address, per_token_land_off
 from mcf.abi.meta import Collective, Meta, Op, Stage
 from mcf.abi.node import Cmd, Queue, RecordClass
 from mcf.abi.node_config import SIM
+from mcf.golden.emit import EmitModel
 from mcf.sim.benches.pauses import pattern
 from mcf.sim.ddr import ddr_ram
 from mcf.sim.toolchain import bench_params, skip_unless_selected

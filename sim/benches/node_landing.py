@@ -9,7 +9,7 @@ without a ``LAND_OFF`` entry, lengths that overflow the slot, zero length, and e
 ``LAND_OFF`` is :func:`mcf.abi.landing.per_token_land_off`. One ``kv_id`` has an injected
 SLVERR on the first beat of its slot (``AxiRam``'s own mechanism: an access that raises).
 
-Scoreboard (:class:`mcf.abi.landing.LandingModel`): every byte of the KV region equals the
+Scoreboard (:class:`mcf.golden.landing.LandingModel`): every byte of the KV region equals the
 model's (bytes never written stay at the fill pattern; the failed write's bytes are skipped),
 the land-event stream (``landed``: ``(kv_id, owner)`` per landed packet, in order; the bench's
 ``local_id`` is :data:`LOCAL_ID`, traffic ``src`` is 0 or 1), and every ``LANDING_STATUS``
@@ -38,12 +38,12 @@ from mcf.abi.kv import pack_kv_block
 from mcf.abi.landing import (
     LANDING_STATUS,
     LandingConfig,
-    LandingModel,
     LandResult,
     land_decision,
     per_token_land_off,
 )
 from mcf.abi.meta import META, Collective, Meta, Op
+from mcf.golden.landing import LandingModel
 from mcf.sim.benches.cycles import cycle_counter
 from mcf.sim.benches.pauses import pattern
 from mcf.sim.ddr import WRITE, ddr_ram

@@ -10,7 +10,7 @@ with malformed records of every kind (unmapped ``kv_id``, ``seq`` without an ent
 slot, zero/oversize length, HDR with a length, unassigned ``src``/``op``, not a SEND).
 
 Scoreboard: the packets on ``m_axis_pkt`` (decoded with :mod:`mcf.abi.framing`'s format:
-header beat = ``Meta``, then the payload) against :class:`mcf.abi.send.SendModel` run per queue
+header beat = ``Meta``, then the payload) against :class:`mcf.golden.send.SendModel` run per queue
 (:func:`match_packets`: any interleaving of the two queues, each in order), and every
 ``SEND_STATUS`` counter exactly. AxiRam pauses on AR/R (``pause``), backpressure on the
 packet output and idle cycles on every input (``bp``).
@@ -44,7 +44,8 @@ from mcf.abi.framing import MAX_PAYLOAD, beat_layout
 from mcf.abi.landing import LAND_OFF_ENTRIES, LANDING_CONFIG, LandingConfig, land_off_entry
 from mcf.abi.meta import META, Collective, Meta, Op
 from mcf.abi.node import CMD, PayloadSource, Queue, RecordClass, cmd_raw
-from mcf.abi.send import SEND_STATUS, STAGED_SOURCES, SendModel
+from mcf.abi.send import SEND_STATUS, STAGED_SOURCES
+from mcf.golden.send import SendModel
 from mcf.hdl.mem.axi import AXI4Signature
 from mcf.sim.benches.pauses import pattern
 from mcf.sim.ddr import READ, ddr_ram

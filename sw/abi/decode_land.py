@@ -52,8 +52,8 @@ reduction engine (``drop_reduce_op``); a query whose header names no head, whose
 ``Q_SLOT``, a state or maxima with ``head ≥ Q_HEADS`` (``drop_slot``). A REDUCTION whose
 ``reduce_op`` is not NONE counts as ``drop_reduce_op`` like a state.
 
-:class:`DecodeLandModel` is the golden model of the hardware; :func:`decode_land_decision` its
-decision, :func:`normalized_row` its datapath.
+:func:`decode_land_decision` is the lander's decision, :func:`normalized_row` its datapath; the
+golden model of the hardware, :class:`mcf.golden.decode_land.DecodeLandModel`, applies them.
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
 from amaranth.hdl import unsigned
 from amaranth.lib import data
 
@@ -81,7 +80,7 @@ __all__ = [
     "DECODE_LAND_STATUS", "DecodeLandConfig", "DecodeLandResult", "state_bytes",
     "obuf_row_bytes", "query_slot_bytes", "query_header", "decode_tag", "tag_head",
     "decode_head", "qbuf_address", "obuf_address", "decode_land_decision", "normalized_row",
-    "decode_land_registers", "DecodeLandModel",
+    "decode_land_registers",
 ]
 
 DEC_ADDR_BITS = DMA_ADDR_BITS
@@ -277,53 +276,6 @@ def normalized_row(state: bytes, head_dim: int) -> bytes:
     :data:`mcf.abi.kv.ATTN_OUT` words."""
     _m, l_sum, o = unpack_state(state, head_dim)
     return (normalize(l_sum, o) & 0xFFFFFFFF).astype("<u4").tobytes()
-
-
-class DecodeLandModel:
-    """Golden model of the decode lander: DDR bytes written (``mem``: address → byte) and the
-    :data:`DECODE_LAND_STATUS` counters (``status``)."""
-
-    def __init__(self, cfg: DecodeLandConfig, head_dim: int):
-        self.cfg, self.head_dim = cfg, head_dim
-        self.mem: dict[int, int] = {}
-        self.status = {name: 0 for name, _ in DECODE_LAND_STATUS}
-
-    def land(self, meta: Meta, payload: bytes, write_error: bool = False) -> DecodeLandResult:
-        """One packet as 64-bit parsed beats carrying ``payload`` (its length may disagree with
-        ``meta.length``: the lander takes ``meta.length`` bytes, cut or zero-padded);
-        ``write_error``: its write is answered SLVERR (its bytes are then not modelled)."""
-        body = (bytes(payload) + bytes(meta.length))[:meta.length]
-        result, addr = decode_land_decision(self.cfg, meta, payload, self.head_dim)
-        if addr is None:
-            self.status[result.value] += 1
-            return result
-        if write_error:
-            self.status["write_errors"] += 1
-            return result
-        beats = max(1, -(-len(payload) // 8))      # the 64-bit beats that carried it
-        if beats != -(-meta.length // 8):
-            self.status["framing_errors"] += 1
-        if result is DecodeLandResult.RESULT:
-            body = normalized_row(body, self.head_dim)
-        for i, b in enumerate(body):
-            self.mem[(addr + i) % (1 << DEC_ADDR_BITS)] = b
-        self.status[result.value] += 1
-        return result
-
-    def row(self, layer: int, head: int) -> np.ndarray:
-        """OBUF row ``(layer mod 2, head)`` as signed ATTN_OUT codes (unwritten bytes: 0)."""
-        base = self.cfg.obuf_base + ((layer & 1) * self.cfg.q_heads + head) * \
-            obuf_row_bytes(self.head_dim)
-        raw = bytes(self.mem.get((base + i) % (1 << DEC_ADDR_BITS), 0)
-                    for i in range(obuf_row_bytes(self.head_dim)))
-        return np.frombuffer(raw, dtype="<i4").astype(np.int64)
-
-    def maxima(self, layer: int, head0: int, heads: int) -> np.ndarray:
-        """MBUF slot ``(layer mod 2, head0)``'s first ``heads`` maxima (unwritten bytes: 0)."""
-        base = self.cfg.mbuf_base + ((layer & 1) * self.cfg.q_heads + head0) * M_SLOT_BYTES
-        raw = bytes(self.mem.get((base + i) % (1 << DEC_ADDR_BITS), 0)
-                    for i in range(4 * heads))
-        return np.frombuffer(raw, dtype="<i4").astype(np.int64)
 
 
 def decode_land_registers() -> list[Register]:

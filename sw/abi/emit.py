@@ -1,7 +1,7 @@
 """The EMIT executor's contract: the record's fields, the ACT K/V row layout it reads, its
-registers and status counters, and the bit-exact golden model (docs/node.md §3 EMIT row, §6 rule
-3; issue #11 §1.3 "K/V emitter output goes to local DDR always and to the packetizer when the
-record says replicate (a tee, no second computation)").
+registers and status counters (docs/node.md §3 EMIT row, §6 rule 3; issue #11 §1.3 "K/V
+emitter output goes to local DDR always and to the packetizer when the record says replicate (a
+tee, no second computation)"). The bit-exact golden model is :mod:`mcf.golden.emit`.
 
 **Record** (:data:`mcf.abi.node.CMD`, ``cls = EMIT``, COMPUTE queue):
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 from amaranth.hdl import unsigned
 from amaranth.lib import data
 
@@ -41,12 +40,7 @@ from .compute import DMA_ADDR_BITS, DMA_STRIDE_BITS
 from .csrmap import counters
 from .framing import MAX_PAYLOAD
 from .kv import (
-    KV_SCALE,
-    KVQ_SCALE_SHIFT,
     kv_token_bytes,
-    kvq_scale_mult,
-    pack_kv_block,
-    quantize_kv_rows,
 )
 from .meta import Meta, Op
 from .quant import ACT
@@ -54,8 +48,7 @@ from .regs import Access, Register, status_registers
 
 __all__ = [
     "EMIT_ARG", "EMIT_CONFIG", "EMIT_STATUS", "EmitArg", "EmitConfig", "kv_pair_bytes",
-    "max_fragment_tokens", "emit_registers", "act_kv_rows", "emit_check", "EmitResult",
-    "emit_fragment", "EmitModel",
+    "max_fragment_tokens", "emit_registers", "emit_check",
 ]
 
 EMIT_ARG = data.StructLayout({
@@ -135,93 +128,7 @@ def emit_registers() -> list[Register]:
     ] + status_registers("emit", EMIT_STATUS, "KV emitter")
 
 
-# --- golden model ------------------------------------------------------------------------------
-
-def act_kv_rows(mem: bytes | bytearray, cfg: EmitConfig, head_dim: int, row: int, head: int,
-                tokens: int, base: int = 0):
-    """Read a fragment's (K rows, V rows) ``[tokens, head_dim]`` ACT codes from a memory image
-    ``mem`` that starts at address ``base``."""
-    pb = kv_pair_bytes(head_dim)
-    out = np.zeros((tokens, 2 * head_dim), dtype=np.int64)
-    for t in range(tokens):
-        a = cfg.pair_address(head_dim, row + t, head) - base
-        out[t] = np.frombuffer(bytes(mem[a:a + pb]), dtype="<i4")
-    return out[:, :head_dim], out[:, head_dim:]
-
-
-def _saturated(x) -> int:
-    """Rows whose KV scale saturates (the quantizer's ``scale_sat``)."""
-    s = (np.abs(x).max(axis=-1) * kvq_scale_mult() + (1 << (KVQ_SCALE_SHIFT - 1))) \
-        >> KVQ_SCALE_SHIFT
-    return int(np.sum(s > KV_SCALE.max_int))
-
-
 def emit_check(meta: Meta, arg: EmitArg, head_dim: int) -> bool:
     """Is the record good (see the module docstring's bad records)?"""
     return (meta.op == Op.KV_REPLICA and 1 <= arg.tokens <= max_fragment_tokens(head_dim)
             and meta.length == arg.tokens * kv_token_bytes(head_dim))
-
-
-@dataclass(frozen=True)
-class EmitResult:
-    """What one EMIT record produces: the local packet ``(meta, payload)`` (``None`` for a bad
-    record or a read error), the staged payload (``None`` unless replicated), the counters
-    touched, and the scale saturations."""
-    local: tuple[Meta, bytes] | None
-    staged: bytes | None
-    bad: bool = False
-    read_error: bool = False
-    scale_sat: int = 0
-
-
-def emit_fragment(meta: Meta, arg: EmitArg, replicate: bool, k, v, local_id: int,
-                  read_error: bool = False) -> EmitResult:
-    """The emitter, bit for bit: K/V ACT rows ``[tokens, head_dim]`` → INT4 fragment payload
-    (:func:`mcf.abi.kv.quantize_kv_rows`, :func:`mcf.abi.kv.pack_kv_block`) → the local packet
-    (``meta.src = local_id``) and, when ``replicate``, the same payload staged."""
-    k, v = np.asarray(k, dtype=np.int64), np.asarray(v, dtype=np.int64)
-    head_dim = k.shape[1]
-    if not emit_check(meta, arg, head_dim):
-        return EmitResult(None, None, bad=True)
-    k4, sk = quantize_kv_rows(k)
-    v4, sv = quantize_kv_rows(v)
-    sat = _saturated(k) + _saturated(v)
-    if read_error:
-        return EmitResult(None, None, read_error=True, scale_sat=sat)
-    payload = pack_kv_block(k4, sk, v4, sv)
-    return EmitResult((meta.replace(src=local_id), payload), payload if replicate else None,
-                      scale_sat=sat)
-
-
-class EmitModel:
-    """Golden model of a run of EMIT records against a memory image: keeps the counters of
-    :data:`EMIT_STATUS` and the lists of local packets and staged payloads, in order."""
-
-    def __init__(self, cfg: EmitConfig, head_dim: int, local_id: int, mem: bytes, base: int = 0):
-        self.cfg, self.head_dim, self.local_id = cfg, head_dim, local_id
-        self.mem, self.base = mem, base
-        self.status = {name: 0 for name, _ in EMIT_STATUS}
-        self.local: list[tuple[Meta, bytes]] = []
-        self.staged: list[bytes] = []
-
-    def run(self, meta: Meta, arg: EmitArg, replicate: bool,
-            read_error: bool = False) -> EmitResult:
-        st = self.status
-        st["records"] += 1
-        if not emit_check(meta, arg, self.head_dim):
-            st["bad_record"] += 1
-            return EmitResult(None, None, bad=True)
-        k, v = act_kv_rows(self.mem, self.cfg, self.head_dim, arg.row, arg.head, arg.tokens,
-                           self.base)
-        res = emit_fragment(meta, arg, replicate, k, v, self.local_id, read_error)
-        st["tokens"] += arg.tokens
-        st["scale_sat"] += res.scale_sat
-        if read_error:
-            st["read_errors"] += 1
-            return res
-        st["local"] += 1
-        self.local.append(res.local)
-        if replicate:
-            st["staged"] += 1
-            self.staged.append(res.staged)
-        return res

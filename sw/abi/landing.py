@@ -10,9 +10,10 @@ Every arriving ``Op.KV_REPLICA`` fragment lands at
 offset and a valid bit (:data:`LAND_OFF_ENTRY`). The table, not arithmetic on ``seq``, places
 fragments, so neither ``H_kv`` nor the record format is wired into the engine;
 :func:`per_token_land_off` builds it the way MARS numbers fragments
-(``MetaEncoder.fragment_tokens``). :func:`kv_address` and :func:`land_decision` are the golden
-model of the engine (``mcf.hdl.node.landing.LandingEngine``); :class:`LandingModel` also gives
-the land events the engine sends to the directory (:mod:`mcf.abi.directory`).
+(``MetaEncoder.fragment_tokens``). :func:`kv_address` and :func:`land_decision` define what
+the engine (``mcf.hdl.node.landing.LandingEngine``) does with a packet; the golden model
+:class:`mcf.golden.landing.LandingModel` applies them to a packet stream and also gives the land
+events the engine sends to the directory (:mod:`mcf.abi.directory`).
 
 A packet is dropped whole, and counted, when its ``op`` is not ``KV_REPLICA`` (``drop_op``:
 the node's :mod:`mcf.abi.local_sink` routes the other ops elsewhere, so none arrive there),
@@ -24,7 +25,6 @@ length is 0 or above :data:`~mcf.abi.framing.MAX_PAYLOAD`, or ``offset + length 
 from __future__ import annotations
 
 import enum
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,7 +41,7 @@ __all__ = [
     "LAND_OFF_BITS", "LAND_OFF_ENTRY", "LAND_OFF_ENTRIES", "KV_BASE_BITS", "KV_SLOT_BITS",
     "KV_COUNT_BITS", "LANDED_BITS", "LANDING_CONFIG", "LANDING_STATUS", "LandingConfig",
     "LandResult", "land_off_entry", "kv_address", "land_decision", "KvLayout",
-    "per_token_land_off", "landing_registers", "LandingModel",
+    "per_token_land_off", "landing_registers",
 ]
 
 LAND_OFF_BITS = 24
@@ -137,46 +137,6 @@ def land_decision(cfg: LandingConfig, meta: Meta, land_off: Sequence[int | None]
             off + meta.length > cfg.kv_slot:
         return LandResult.DROP_BAD_SEQ, None
     return LandResult.LANDED, kv_address(cfg, meta.kv_id, meta.seq, land_off)
-
-
-class LandingModel:
-    """Golden model of the landing engine: DDR bytes written (``mem``: address → byte),
-    :data:`LANDING_STATUS` counters (``status``), the land events in order (``events``:
-    ``(kv_id, owner)``, ``owner`` = ``meta.src == local_id``; what the engine's ``landed`` stream
-    carries to :class:`mcf.abi.directory.DirectoryModel`) and their number per ``kv_id``
-    (``landed``)."""
-
-    def __init__(self, cfg: LandingConfig, land_off: Sequence[int | None],
-                 kv_capacity: int | None = None, local_id: int = 0):
-        self.cfg, self.land_off, self.kv_capacity = cfg, land_off, kv_capacity
-        self.local_id = local_id
-        self.mem: dict[int, int] = {}
-        self.status = {name: 0 for name, _ in LANDING_STATUS}
-        self.events: list[tuple[int, bool]] = []
-        self.landed: Counter = Counter()
-
-    def land(self, meta: Meta, payload: bytes, write_error: bool = False) -> LandResult:
-        """One packet as 64-bit parsed beats carrying ``payload`` (its length may disagree with
-        ``meta.length``: the engine writes ``meta.length`` bytes, cut or zero-padded);
-        ``write_error``: its write is answered SLVERR (the bytes are then not modelled — the
-        bus may or may not have stored them)."""
-        result, addr = land_decision(self.cfg, meta, self.land_off, self.kv_capacity)
-        if result is not LandResult.LANDED:
-            self.status[result.value] += 1
-            return result
-        if write_error:
-            self.status["write_errors"] += 1
-            return result
-        beats = max(1, -(-len(payload) // 8))      # the 64-bit beats that carried it
-        if beats != -(-meta.length // 8):
-            self.status["framing_errors"] += 1
-        for i, b in enumerate((bytes(payload) + bytes(meta.length))[:meta.length]):
-            self.mem[addr + i] = b
-        self.status["packets"] += 1
-        self.status["bytes"] += meta.length
-        self.events.append((meta.kv_id, meta.src == self.local_id))
-        self.landed[meta.kv_id] += 1
-        return result
 
 
 @dataclass(frozen=True)

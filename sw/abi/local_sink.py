@@ -1,6 +1,6 @@
-"""The node's local-packet sink: which local packet goes where, its status and registers, and
-the golden model (docs/node.md §5 "Landing engine", §6 rule 1: every local output ends in
-memory or a counter, so it always drains).
+"""The node's local-packet sink: which local packet goes where, its status and registers
+(docs/node.md §5 "Landing engine", §6 rule 1: every local output ends in memory or a counter, so
+it always drains). The golden model is :class:`mcf.golden.local_sink.LocalSinkModel`.
 
 Every packet delivered to this node (after the packet-granular arbiter) is routed whole, by the
 ``Meta.op`` of its first beat, to one place (:func:`sink_route`, :class:`SinkRoute`):
@@ -24,15 +24,12 @@ a DRAIN is consumed. Status ``packets`` counts every packet.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 
 from .csrmap import counters
-from .directory import DirOp
-from .meta import META, InvalidateKind, Op
+from .meta import InvalidateKind, Op
 from .regs import Register, status_registers
 
-__all__ = ["SinkRoute", "sink_route", "LOCAL_SINK_STATUS", "SinkBeat", "LocalSinkModel",
-           "local_sink_registers"]
+__all__ = ["SinkRoute", "sink_route", "LOCAL_SINK_STATUS", "local_sink_registers"]
 
 
 class SinkRoute(enum.Enum):
@@ -64,46 +61,6 @@ def sink_route(op: int, seq: int) -> SinkRoute:
 LOCAL_SINK_STATUS = counters("packets", *(r.value for r in SinkRoute))
 """Packets seen, and per route (:class:`SinkRoute`). ``control`` is also the barrier counter
 the sequencer's WAIT tests. Registers ``lsink_<field>``."""
-
-
-@dataclass(frozen=True)
-class SinkBeat:
-    """One ``parsed_layout(64)`` beat: the raw ``Meta`` word, ``data``, ``keep``, ``last``."""
-    meta: int
-    data: int
-    keep: int
-    last: bool
-
-
-@dataclass
-class LocalSinkModel:
-    """Golden model: feed beats with :meth:`beat`; ``kv`` and ``decode`` are the beats passed
-    on (exact copies), ``dir_ops`` the ``(DirOp, kv_id)`` DRAINs emitted, ``status`` the
-    :data:`LOCAL_SINK_STATUS` counters."""
-    kv: list[SinkBeat] = field(default_factory=list)
-    decode: list[SinkBeat] = field(default_factory=list)
-    dir_ops: list[tuple[DirOp, int]] = field(default_factory=list)
-    status: dict[str, int] = field(
-        default_factory=lambda: {name: 0 for name, _ in LOCAL_SINK_STATUS})
-    _route: SinkRoute | None = None
-
-    def beat(self, b: SinkBeat) -> None:
-        if self._route is None:
-            raw = b.meta
-            op = (raw >> META["op"].offset) & ((1 << META["op"].width) - 1)
-            seq = (raw >> META["seq"].offset) & ((1 << META["seq"].width) - 1)
-            self._route = sink_route(op, seq)
-            self.status["packets"] += 1
-            self.status[self._route.value] += 1
-            if self._route is SinkRoute.DRAIN:
-                kv_id = (raw >> META["kv_id"].offset) & ((1 << META["kv_id"].width) - 1)
-                self.dir_ops.append((DirOp.DRAIN, kv_id))
-        if self._route is SinkRoute.KV:
-            self.kv.append(b)
-        elif self._route is SinkRoute.DECODE:
-            self.decode.append(b)
-        if b.last:
-            self._route = None
 
 
 def local_sink_registers() -> list[Register]:

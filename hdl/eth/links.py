@@ -35,9 +35,11 @@ from mcf.abi.eth import (
     eth_regmap,
 )
 from mcf.abi.framing import beat_layout
+from mcf.abi.mdio import MDC_HALF_PERIOD, MDIO_COUNTERS
 
 from ..csr.axil import AxiLiteSignature
 from ..csr.bank import CsrBank
+from .mdio import MdioMaster
 from .rgmii import RGMII_PINS, RgmiiMac
 from .tengig import TenGigLink
 
@@ -120,7 +122,11 @@ class EthLinks(wiring.Component):
         ``m_axis_link{l}`` / ``s_axis_link{l}``; l = 0 SFP+, 1 and 2 RGMII.
     rgmii{l}_<pin> : the members of ``RGMII_PINS`` as plain ports, l = 1, 2 — the PHY's RGMII
         pins (board ports ``eth_rgmii{l-1}_*``); ``rgmii{l}_rst_b`` — ``Out(1)`` the PHY's
-        reset, low while aclk is in reset.
+        reset, low while aclk is in reset, released (high) after it.
+    rgmii{l}_mdc / rgmii{l}_mdio_o / rgmii{l}_mdio_t : ``Out(1)``; rgmii{l}_mdio_i : ``In(1)`` —
+        the PHY's management pins from link l's :class:`~mcf.hdl.eth.mdio.MdioMaster`
+        (``_t``: the Xilinx IOBUF's tristate control, 1 = MDIO released), behind
+        ``ETH{l}_MDIO_CMD`` / ``ETH{l}_MDIO`` / ``eth{l}_mdio_*`` (:mod:`mcf.abi.mdio`).
     eth_clk : ``In(1)`` — 125 MHz, the RGMII transmitters' clock (``eth_tx``).
     eth_clk90 : ``In(1)`` — simulation only (``primitives=False``): the same delayed by 2 ns.
     gt_tx_clk / gt_rx_clk : ``In(1)`` — the GT's TXUSRCLK2 / RXUSRCLK2 (10.3125 GHz / 64).
@@ -137,11 +143,14 @@ class EthLinks(wiring.Component):
     link 0's ``block_lock & ~hi_ber`` and links 1/2's :class:`RxClockMonitor` ``up``.
     ``primitives``: elaborate the MACs with :class:`~mcf.hdl.platform.kr260.KR260Platform`
     (ODDRE1/IDDRE1 on the RGMII pins, ASYNC_REG synchronisers) — the Verilog for Vivado.
+    ``mdc_half_period``: aclk cycles per MDC half period (default
+    :data:`mcf.abi.mdio.MDC_HALF_PERIOD`, 2.5 MHz at 300 MHz; tests use fewer).
     Latency: register reads/writes as :class:`CsrBank`; status a few aclk cycles behind the MAC
-    domains (their event FIFOs).
+    domains (their event FIFOs); MDIO as :class:`~mcf.hdl.eth.mdio.MdioMaster` (a command
+    starts its frame the cycle after the write's strobe).
     """
 
-    def __init__(self, *, primitives: bool = False):
+    def __init__(self, *, primitives: bool = False, mdc_half_period: int = MDC_HALF_PERIOD):
         self._primitives = primitives
         self.regmap = eth_regmap()
         self.bank = CsrBank(self.regmap)
@@ -152,6 +161,8 @@ class EthLinks(wiring.Component):
         for lk in ETH_LINK_RGMII:      # plain ports, not an interface: no bus for Vivado
             members.update({f"rgmii{lk}_{name}": pin for name, pin in RGMII_PINS.members.items()})
             members[f"rgmii{lk}_rst_b"] = Out(1)
+            members.update({f"rgmii{lk}_mdc": Out(1), f"rgmii{lk}_mdio_o": Out(1),
+                            f"rgmii{lk}_mdio_t": Out(1), f"rgmii{lk}_mdio_i": In(1)})
         members["eth_clk"] = In(1)
         if not primitives:
             members["eth_clk90"] = In(1)
@@ -167,6 +178,7 @@ class EthLinks(wiring.Component):
         super().__init__(members)
         self.macs = {ETH_LINK_SFP: TenGigLink(GT_WIDTH)}
         self.macs.update({lk: RgmiiMac() for lk in ETH_LINK_RGMII})
+        self.mdio = {lk: MdioMaster(mdc_half_period) for lk in ETH_LINK_RGMII}
 
     def elaborate(self, platform):
         m = Module()
@@ -229,6 +241,26 @@ class EthLinks(wiring.Component):
             m.d.comb += rg.rx_clk_count.eq(mon.count)
             status(f"eth{lk}", rg)
             up[lk] = mon.up
+            # the PHY's MDIO station
+            m.submodules[f"mdio{lk}"] = md = self.mdio[lk]
+            cmd = getattr(regs, f"ETH{lk}_MDIO_CMD")
+            m.d.comb += [
+                md.start.eq(cmd.data.stb | cmd.reg.stb | cmd.phy.stb | cmd.read.stb),
+                md.read.eq(cmd.read.value), md.phy.eq(cmd.phy.value),
+                md.reg.eq(cmd.reg.value), md.wdata.eq(cmd.data.value),
+                getattr(self, f"rgmii{lk}_mdc").eq(md.mdc),
+                getattr(self, f"rgmii{lk}_mdio_o").eq(md.mdio_o),
+                getattr(self, f"rgmii{lk}_mdio_t").eq(~md.mdio_oe),
+                md.mdio_i.eq(getattr(self, f"rgmii{lk}_mdio_i")),
+            ]
+            st = getattr(regs, f"ETH{lk}_MDIO")
+            m.d.comb += [st.rdata.eq(md.rdata), st.busy.eq(md.busy), st.done.eq(md.done),
+                         st.no_answer.eq(md.no_answer)]
+            count = {"mdio_reads": md.reads, "mdio_writes": md.writes,
+                     "mdio_no_answer": md.no_answers, "mdio_cmd_busy": md.cmd_busy}
+            assert set(count) == {n for n, _ in MDIO_COUNTERS}
+            for name, value in count.items():
+                m.d.comb += bank.port(f"eth{lk}_{name}").eq(value)
         for lk in range(ETH_LINKS):
             m.d.comb += getattr(regs.ETH_LINK, f"link{lk}_up").eq(up[lk])
         return m

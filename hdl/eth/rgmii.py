@@ -18,12 +18,12 @@ PHY's ``rx_clk`` (through a BUFG the platform places). Each domain's reset is th
 through a :class:`amaranth.lib.cdc.ResetSynchronizer`. ``local_id``/``peer_id`` are
 quasi-static (set before the link carries traffic) and cross through ``FFSynchronizer``.
 
-PHY set-up assumed (DP83867 on the KR260): 1000BASE-T, auto-negotiation advertising 1000 Mb/s
-full duplex only (MDIO: ANAR/CFG1; the board's straps give RGMII mode), RGMII internal delays
-enabled in the PHY on both directions (RGMIICTL: ``RGMII_TX_DELAY_CTRL``/``RGMII_RX_DELAY_CTRL``
-= 2.0 ns via RGMIIDCTL), so the MAC sends ``tx_clk`` edge-aligned with the data (``ODDRE1``
-of 1/0) and samples ``rxd`` with the received clock's own edges (``IDDRE1``), no IDELAY.
-The MDIO writes belong to the board bring-up (PS software); 10/100 Mb/s are not supported.
+PHY set-up (DP83867 on the KR260): 1000BASE-T (auto-negotiation as strapped; the board's straps
+give RGMII mode), RGMII internal delays enabled in the PHY on both directions (``RGMIICTL``,
+2.0 ns each in ``RGMIIDCTL``), written over MDIO by ``mcf.driver.eth.phy_setup_ops`` through
+:class:`mcf.hdl.eth.mdio.MdioMaster`, so the MAC sends ``tx_clk`` edge-aligned with the data
+(``ODDRE1`` of 1/0) and samples ``rxd`` with the received clock's own edges (``IDDRE1``), no
+IDELAY. 10/100 Mb/s are not supported.
 """
 
 from __future__ import annotations

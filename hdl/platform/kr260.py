@@ -42,6 +42,7 @@ from amaranth.vendor import XilinxPlatform
 from amaranth_boards.resources import I2CResource, LEDResources
 
 from mcf.abi.eth import RGMII_RX_CLK_HZ as RGMII_RX_HZ
+from mcf.abi.mdio import RGMII_DELAY_MODE, RGMII_RX_DELAY_NS, RGMII_TX_DELAY_NS
 from mcf.abi.node_config import AXI_WIDTH
 from mcf.abi.platform import ACLK_HZ, HP_PORTS, MODULE_REF_VLNV
 
@@ -69,21 +70,13 @@ PL_CLK0_CLOCK = "clk_pl_0"
 """The timing clock Vivado creates for the PS's ``pl_clk0`` (``aclk``): the script reads its
 period and its worst intra-clock setup slack into ``<name>.timing.json``."""
 
-RGMII_DELAY_MODE = "rgmii-id"
-"""Where the RGMII clock-to-data delays are made, as Linux names the modes: ``rgmii-id`` — the
-DP83867 delays both its received ``RX_CLK`` (clock centred in the data at the FPGA's pins) and
-the ``GTX_CLK`` it receives (so the MAC forwards ``tx_clk`` edge-aligned, ``ODDRE1`` 1/0, and
-samples ``rxd`` with ``IDDRE1`` on the clock's own edges, no IDELAY; hdl/eth/rgmii.py).
-
-Settled from: the TI DP83867 data sheet (SNLS484, registers ``RGMIICTL`` 0x0032 and
-``RGMIIDCTL`` 0x0086: both delay enables and the 0.25–4.00 ns delay values default to the
-strap pins and can be rewritten over MDIO) and the Linux ``ti,dp83867`` binding (with the
-default strapping the PHY behaves as ``rgmii-id`` with 2.00 ns each way). The KR260 carrier's
-own strap table (UG1092, the KR260 carrier card user guide, and the carrier schematic) was not
-available here: it must show RX and TX delays strapped on for U79/U80, or the PS must write
-``RGMIICTL``/``RGMIIDCTL`` over MDIO before the links are used (no MDIO master in the PL yet;
-docs/deploy.md "The RGMII PHYs"). A wrong mode shows as FCS errors on the RGMII links
-(``mcf deploy --check-links``)."""
+# RGMII_DELAY_MODE ("rgmii-id") and the PHYs' delays live in mcf.abi.mdio, which the driver's
+# PHY set-up (mcf.driver.eth.phy_setup_ops) writes over MDIO: the DP83867 delays both its
+# received RX_CLK (clock centred in the data at the FPGA's pins) and the GTX_CLK it receives (so
+# the MAC forwards tx_clk edge-aligned, ODDRE1 1/0, and samples rxd with IDDRE1 on the clock's
+# own edges, no IDELAY; hdl/eth/rgmii.py). Not left to the straps: AMD's KR260 carrier device
+# tree (linux-xlnx zynqmp-sck-kr-g-revB.dtso) programs the carrier's DP83867s over MDIO with the
+# RX_CTRL strap quirk, and so does driver (docs/deploy.md "The RGMII PHYs").
 
 RGMII_TIMING = {"period_ns": 1e9 / RGMII_RX_HZ, "rx_setup_ns": 1.0, "rx_hold_ns": 1.0,
                 "tx_skew_ns": 0.5}
@@ -91,7 +84,10 @@ RGMII_TIMING = {"period_ns": 1e9 / RGMII_RX_HZ, "rx_setup_ns": 1.0, "rx_hold_ns"
 at the FPGA's inputs the PHY (internal delay) guarantees data valid ``rx_setup_ns`` before and
 ``rx_hold_ns`` after each ``rx_clk`` edge (TsetupR/TholdR, 1.0 ns min); at its outputs the MAC
 (no internal delay) keeps data within ±``tx_skew_ns`` of each forwarded ``tx_clk`` edge (TskewT,
-±0.5 ns), the PHY adding its ~2 ns."""
+±0.5 ns), the PHY adding the ``RGMIIDCTL`` delay the driver writes
+(:data:`mcf.abi.mdio.RGMII_TX_DELAY_NS`/``RGMII_RX_DELAY_NS``, 2.0 ns: a quarter period, the
+clock edge in the middle of each DDR bit — asserted below)."""
+assert RGMII_TX_DELAY_NS == RGMII_RX_DELAY_NS == RGMII_TIMING["period_ns"] / 4
 BOARD_CONNECTIONS = ("som240_1_connector xilinx.com:kr260_carrier:som240_1_connector:1.0 "
                      "som240_2_connector xilinx.com:kr260_carrier:som240_2_connector:1.0")
 

@@ -30,7 +30,6 @@ the end-to-end guarantee.
 from __future__ import annotations
 
 import enum as py_enum
-from dataclasses import dataclass, field
 
 from amaranth.hdl import unsigned
 from amaranth.lib import data
@@ -47,7 +46,7 @@ __all__ = [
     "MIN_FRAME", "LINK_OVERHEAD", "MAX_LINK_FRAME", "MAX_FRAME", "MAC_RX_BUFFER_BYTES",
     "PREAMBLE", "SFD", "IFG_BYTES",
     "EthDrop", "ETH_STATUS", "ETH_EVENT", "eth_registers", "link_length", "encap", "decap",
-    "EthModel", "wire_bytes", "link_beats", "LENGTH_OFFSET", "LENGTH_SHIFT", "LENGTH_BYTES",
+    "wire_bytes", "link_beats", "LENGTH_OFFSET", "LENGTH_SHIFT", "LENGTH_BYTES",
     "NODE_BITS",
     "RX_COUNTER",
     "XGMII_IDLE", "XGMII_START", "XGMII_TERM", "XGMII_ERROR", "XGMII_SEQ", "XGMII_SIG",
@@ -198,29 +197,6 @@ def link_beats(link: bytes) -> list[tuple[int, int, int]]:
             for a, b in zip(cuts, cuts[1:])]
 
 
-@dataclass
-class EthModel:
-    """Counting golden model of one MAC: :data:`ETH_STATUS` after ``send``/``receive``."""
-    local: int
-    peer: int
-    status: dict = field(default_factory=lambda: {n: 0 for n, _ in ETH_STATUS})
-
-    def send(self, link: bytes) -> bytes:
-        frame = encap(link, self.local, self.peer)
-        self.status["tx_frames"] += 1
-        self.status["tx_bytes"] += len(frame)
-        return frame
-
-    def receive(self, frame: bytes, **kw) -> bytes | None:
-        cause, link = decap(frame, self.local, **kw)
-        if cause == EthDrop.OK:
-            self.status["rx_frames"] += 1
-            self.status["rx_bytes"] += len(frame)
-            return link
-        self.status[RX_COUNTER[cause]] += 1
-        return None
-
-
 # ---- 10GBASE-R (IEEE 802.3 clauses 46 and 49) -------------------------------------------------
 
 XGMII_IDLE = 0x07
@@ -309,7 +285,7 @@ def xgmii_period_bytes(frame_len: int) -> float:
 ETH_LINKS = 3                   # physical links: 0 SFP+ (10GBASE-R), 1 and 2 RGMII (1000BASE-T)
 ETH_LINK_SFP = 0
 ETH_LINK_RGMII = (1, 2)
-ETH_MAP_VERSION = 0x0100
+ETH_MAP_VERSION = 0x0101         # minor 1: the MDIO registers (appended)
 ETH_MAP_IDENT = 0x4D45          # "ME": the MCF Ethernet block (the node's map says "MC")
 
 RGMII_RX_CLK_HZ = RGMII_RATE_BPS / 8   # the PHY's RGMII receive clock at 1000 Mb/s: 125 MHz
@@ -379,6 +355,8 @@ def eth_regmap():
             rm.add_status(f"eth{lk}", SFP_STATUS, f"link {lk} SFP+ cage and GT")
         else:
             rm.add_status(f"eth{lk}", RGMII_STATUS, f"link {lk} RGMII PHY")
+    from .mdio import mdio_registers
+    rm.extend(mdio_registers(ETH_LINK_RGMII))
     return rm
 
 

@@ -7,13 +7,22 @@ from the same topology rule as the node's ``LINK_MAP`` (:func:`mcf.abi.eth.link_
 The pure parts — :func:`eth_writes`, :func:`link_status_from`, :func:`check_eth_identity` —
 work on register values by name, so they run on plain Python (and on values read from the RTL in
 ``tests/test_ethlinks.py``); the class is a thin layer over ``read``/``write``.
+
+PHY set-up (issue #36): :func:`phy_setup_ops` is the register conversation that sets one
+DP83867 to :data:`mcf.abi.mdio.RGMII_DELAY_MODE` through its link's MDIO station — a generator
+of ``("read", name)`` / ``("write", name, fields)`` operations (it is sent each read's word) —
+so the same code runs over PYNQ's MMIO (:meth:`EthDriver.phy_setup`, via :func:`run_ops`) and
+against the RTL in amaranth.sim (``tests/test_mdio.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
+from ..abi import mdio as md
 from ..abi.eth import (
+    ETH_LINK_RGMII,
     ETH_LINK_SFP,
     ETH_LINKS,
     ETH_STATUS,
@@ -37,7 +46,8 @@ except ImportError:
             raise ImportError("mcf.driver.EthDriver needs PYNQ (pip install 'mcf[board]')")
 
 __all__ = ["EthDriver", "LinkStatus", "ETH_TOP", "eth_writes", "link_status_from",
-           "check_eth_identity"]
+           "check_eth_identity", "PhySetup", "PhySetupError", "phy_setup_ops", "mdio_ops",
+           "run_ops", "MDIO_POLLS"]
 
 ETH_TOP = "mcf_eth"
 _RX_DROPS = [n for n, _ in ETH_STATUS if n.startswith("rx_") and n not in ("rx_frames",
@@ -131,6 +141,130 @@ def check_eth_identity(id_word: int, regmap: RegisterMap | None = None) -> None:
                         f"{want['ident']:#06x} version {want['version']:#06x}")
 
 
+# ---- PHY set-up over MDIO (issue #36) -------------------------------------------------------
+
+MDIO_POLLS = 10_000
+"""Status reads :func:`mdio_ops` waits for one frame (a frame is 25.6 µs at MDC 2.5 MHz; a
+PYNQ register read takes about 1 µs) before it gives up."""
+
+Ops = Generator[tuple, int | None, object]
+
+
+class PhySetupError(RuntimeError):
+    """A PHY did not answer, is not a DP83867, or did not keep what was written."""
+
+
+@dataclass(frozen=True)
+class PhySetup:
+    """One PHY after :func:`phy_setup_ops`, every value read back over MDIO: ``phy_id``
+    (``PHYIDR1 << 16 | PHYIDR2``), ``cfg4``, ``rgmiictl``, ``rgmiidctl``, ``phycr`` and the
+    delays ``RGMIIDCTL`` gives (ns)."""
+    link: int
+    phy: int
+    phy_id: int
+    cfg4: int
+    rgmiictl: int
+    rgmiidctl: int
+    phycr: int
+    tx_delay_ns: float
+    rx_delay_ns: float
+
+
+def mdio_ops(link: int, *, read: bool, phy: int, reg: int, data: int = 0,
+             regmap: RegisterMap | None = None) -> Ops:
+    """One clause 22 frame on RGMII link ``link``'s station: write ``ETH{l}_MDIO_CMD``, poll
+    ``ETH{l}_MDIO`` until it is done; returns the read data (``None`` for a write). Raises
+    :class:`PhySetupError` when no PHY answers a read or the station stays busy."""
+    rm = regmap or eth_regmap()
+    yield ("write", f"ETH{link}_MDIO_CMD",
+           {"read": int(read), "phy": phy, "reg": reg, "data": data})
+    for _ in range(MDIO_POLLS):
+        st = rm.register(f"ETH{link}_MDIO").unpack((yield ("read", f"ETH{link}_MDIO")))
+        if st["done"] and not st["busy"]:
+            break
+    else:
+        raise PhySetupError(f"link {link}: the MDIO station stayed busy for {MDIO_POLLS} reads")
+    if not read:
+        return None
+    if st["no_answer"]:
+        raise PhySetupError(f"link {link}: no PHY answers at MDIO address {phy} "
+                            f"(read {reg:#04x} gave {st['rdata']:#06x})")
+    return st["rdata"]
+
+
+def _ext_ops(link: int, phy: int, addr: int, rm: RegisterMap, write: int | None = None) -> Ops:
+    """A DP83867 extended register through ``REGCR``/``ADDAR``: read it, or write ``write``."""
+    for reg, data in ((md.REGCR, md.REGCR_ADDRESS | md.REGCR_DEVAD), (md.ADDAR, addr),
+                      (md.REGCR, md.REGCR_DATA | md.REGCR_DEVAD)):
+        yield from mdio_ops(link, read=False, phy=phy, reg=reg, data=data, regmap=rm)
+    return (yield from mdio_ops(link, read=write is None, phy=phy, reg=md.ADDAR,
+                                data=write or 0, regmap=rm))
+
+
+def phy_setup_ops(link: int, phy: int, *, tx_delay_ns: float = md.RGMII_TX_DELAY_NS,
+                  rx_delay_ns: float = md.RGMII_RX_DELAY_NS,
+                  regmap: RegisterMap | None = None) -> Ops:
+    """Set the DP83867 at MDIO address ``phy`` on RGMII link ``link`` to ``rgmii-id``: check
+    its ID (``0x2000``/``0xA231``, the revision nibble ignored), clear ``CFG4`` bit 7 (the
+    RX_CTRL strap quirk), set both delay enables in ``RGMIICTL``, write ``RGMIIDCTL`` with the
+    delays, set ``PHYCR``'s TX FIFO depth to 4 nibbles; then read all four back. Returns a
+    :class:`PhySetup`; raises :class:`PhySetupError` (one line) on a foreign ID, no answer,
+    or a value that did not stick."""
+    if md.RGMII_DELAY_MODE != "rgmii-id":
+        raise PhySetupError(f"no PHY set-up written for RGMII mode {md.RGMII_DELAY_MODE!r}")
+    rm = regmap or eth_regmap()
+    dctl = md.rgmiidctl(tx_delay_ns, rx_delay_ns)
+
+    def read(reg):
+        return mdio_ops(link, read=True, phy=phy, reg=reg, regmap=rm)
+
+    def write(reg, data):
+        return mdio_ops(link, read=False, phy=phy, reg=reg, data=data, regmap=rm)
+
+    id1 = yield from read(md.PHYIDR1)
+    id2 = yield from read(md.PHYIDR2)
+    want1, want2 = md.DP83867_ID
+    if id1 != want1 or id2 & md.PHY_ID_MODEL_MASK != want2 & md.PHY_ID_MODEL_MASK:
+        raise PhySetupError(f"link {link}: the PHY at MDIO address {phy} has ID "
+                            f"{id1:#06x}:{id2:#06x}, not a DP83867 ({want1:#06x}:{want2:#06x})")
+    cfg4 = (yield from _ext_ops(link, phy, md.CFG4, rm)) & ~md.CFG4_RXCTRL_STRAP
+    yield from _ext_ops(link, phy, md.CFG4, rm, cfg4)
+    ctl = (yield from _ext_ops(link, phy, md.RGMIICTL, rm))
+    ctl |= md.RGMIICTL_TX_DELAY_EN | md.RGMIICTL_RX_DELAY_EN
+    yield from _ext_ops(link, phy, md.RGMIICTL, rm, ctl)
+    yield from _ext_ops(link, phy, md.RGMIIDCTL, rm, dctl)
+    phycr = (yield from read(md.PHYCR)) & ~md.PHYCR_FIFO_MASK
+    phycr |= md.PHYCR_FIFO_4_NIBBLES << md.PHYCR_FIFO_SHIFT
+    yield from write(md.PHYCR, phycr)
+    got = {"CFG4": (yield from _ext_ops(link, phy, md.CFG4, rm)),
+           "RGMIICTL": (yield from _ext_ops(link, phy, md.RGMIICTL, rm)),
+           "RGMIIDCTL": (yield from _ext_ops(link, phy, md.RGMIIDCTL, rm)),
+           "PHYCR": (yield from read(md.PHYCR))}
+    want = {"CFG4": cfg4, "RGMIICTL": ctl, "RGMIIDCTL": dctl, "PHYCR": phycr}
+    for name, value in want.items():
+        if got[name] != value:
+            raise PhySetupError(f"link {link}: PHY {phy} {name} reads {got[name]:#06x} after "
+                                f"writing {value:#06x}")
+    return PhySetup(link=link, phy=phy, phy_id=id1 << 16 | id2, cfg4=got["CFG4"],
+                    rgmiictl=got["RGMIICTL"], rgmiidctl=got["RGMIIDCTL"], phycr=got["PHYCR"],
+                    tx_delay_ns=md.delay_ns(dctl >> 4), rx_delay_ns=md.delay_ns(dctl & 0xF))
+
+
+def run_ops(ops: Ops, read: Callable[[str], int], write: Callable[..., None]):
+    """Run a generator of :func:`phy_setup_ops`'s kind with ``read(name) -> word`` and
+    ``write(name, **fields)``; returns its result."""
+    try:
+        op = next(ops)
+        while True:
+            if op[0] == "read":
+                op = ops.send(read(op[1]))
+            else:
+                write(op[1], **op[2])
+                op = ops.send(None)
+    except StopIteration as stop:
+        return stop.value
+
+
 class EthDriver(_Base):
     """``mcf_eth`` behind its AXI-Lite window ``s_axi_eth`` (``ol.eth``). Raises
     :class:`BindError` when ``ID`` is not the ABI's. ``aclk_hz``: the frequency of
@@ -170,3 +304,14 @@ class EthDriver(_Base):
         names += [f"ETH{lk}_CFG" for lk in range(ETH_LINKS)]
         return link_status_from({n: self.read_reg(n) for n in names}, aclk_hz=self.aclk_hz,
                                 regmap=self.regmap)
+
+    def phy_setup(self, *, tx_delay_ns: float = md.RGMII_TX_DELAY_NS,
+                  rx_delay_ns: float = md.RGMII_RX_DELAY_NS) -> tuple[PhySetup, ...]:
+        """Set both PL RGMII PHYs (link ``ETH_LINK_RGMII[i]`` at MDIO address
+        ``mcf.abi.mdio.PHY_ADDRS[i]``) with :func:`phy_setup_ops`, before the RGMII links carry
+        traffic (after ``configure``). Raises :class:`PhySetupError` on the first PHY that
+        fails."""
+        return tuple(run_ops(phy_setup_ops(lk, addr, tx_delay_ns=tx_delay_ns,
+                                           rx_delay_ns=rx_delay_ns, regmap=self.regmap),
+                             self.read_reg, self.write_fields)
+                     for lk, addr in zip(ETH_LINK_RGMII, md.PHY_ADDRS))

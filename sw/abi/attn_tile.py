@@ -49,12 +49,14 @@ from amaranth.lib import data
 from .fixed import FixedFormat, saturate
 from .kv import KV_ELEM, KV_SCALE, v_weight
 from .quant import GROUP_SIZE, SCALE_EXP_BITS, SCALE_MANT_BITS, bitlen, group_sum_bits, pack_shift
-from .softmax import EXP_FRAC, STATE_L, STATE_M
+from .softmax import EXP_FRAC, STATE_L, STATE_M, STATE_O
 
 __all__ = [
     "P_ONE", "W_MAX", "W_BITS", "PV_W", "P8", "P8_MAX_PRODUCT", "PV_SPLIT_KEYS",
     "qk_acc_bits", "qk_pack_shift", "p8_row_shift", "quantize_p8", "pv_pack_shift",
-    "pv_p8_out", "P8_SHIFT_MAX", "score_beat_layout", "p8_beat_layout",
+    "pv_p8_out", "P8_SHIFT_MAX", "score_beat_layout", "p8_beat_layout", "PV_SHIFT",
+    "pv_acc_bits", "v_beat_layout", "tile_state_layout", "merge_in_layout", "merge_out_layout",
+    "score_row_beat_layout", "pv_out_layout",
 ]
 
 P_ONE = 1 << EXP_FRAC
@@ -93,6 +95,15 @@ def pv_pack_shift(keys: int) -> int:
 PV_SPLIT_KEYS = max(n for n in (1 << i for i in range(16))
                     if pv_pack_shift(n) <= pack_shift(GROUP_SIZE))
 """Keys per packed P·V group on the arrays (their shift is ``pack_shift(GROUP_SIZE)``): 128."""
+
+PV_SHIFT = pv_pack_shift(PV_SPLIT_KEYS)
+"""Field shift of the packed P·V (``(v1·2^k + v0)·w8``, 19): exact for a packed group of up to
+:data:`PV_SPLIT_KEYS` keys."""
+
+
+def pv_acc_bits(keys: int) -> int:
+    """Signed bits of a channel's exact ``Σ w8·v`` over ``keys`` keys."""
+    return pv_pack_shift(keys)
 
 
 def p8_row_shift(w_max, fmt: FixedFormat = P8):
@@ -159,4 +170,73 @@ def p8_beat_layout(keys: int) -> data.StructLayout:
         "l": unsigned(STATE_L.width),
         "s": unsigned(P8_SHIFT_MAX.bit_length()),
         "last": unsigned(1),
+    })
+
+
+# --- the P·V arrays and the merge (mcf.hdl.compute.tile_pv, mcf.hdl.compute.tile_merge) ----------
+
+def v_beat_layout(keys: int, head_dim: int, max_rows: int) -> data.StructLayout:
+    """A beat of a KV block's V for the P·V arrays: ``keys`` consecutive keys' V rows
+    (``v[key][channel]``, :data:`mcf.abi.kv.KV_ELEM` codes; padding keys 0), as many beats as the
+    block's P rows have; ``rows``, read on the ``last`` beat: the query rows that run against the
+    block (1 .. ``max_rows``; 0: the block is dropped)."""
+    return data.StructLayout({
+        "v": data.ArrayLayout(data.ArrayLayout(signed(KV_ELEM.width), head_dim), keys),
+        "rows": unsigned(int(max_rows).bit_length()),
+        "last": unsigned(1),
+    })
+
+
+def tile_state_layout(head_dim: int) -> data.StructLayout:
+    """One row's softmax state ``(m, l, o)`` (:data:`mcf.abi.softmax.STATE_M`, ``STATE_L``,
+    ``STATE_O``): a row's merged state."""
+    return data.StructLayout({
+        "m": signed(STATE_M.width),
+        "l": unsigned(STATE_L.width),
+        "o": data.ArrayLayout(signed(STATE_O.width), head_dim),
+    })
+
+
+def pv_out_layout(head_dim: int, max_block: int) -> data.StructLayout:
+    """A row's block state out of the P·V arrays: ``m_b``, ``l_b``, the row shift ``s`` and per
+    channel the exact ``acc = Σ w8·v`` (:func:`pv_acc_bits` of ``max_block``), so that
+    ``o_b = sat(pv_p8_out(acc, s))`` (``STATE_O``) — the shift and saturation are left to the
+    merge, which takes a few channels per cycle."""
+    return data.StructLayout({
+        "m": signed(STATE_M.width),
+        "l": unsigned(STATE_L.width),
+        "s": unsigned(P8_SHIFT_MAX.bit_length()),
+        "acc": data.ArrayLayout(signed(pv_acc_bits(max_block)), head_dim),
+    })
+
+
+def merge_in_layout(head_dim: int, rows: int, max_block: int) -> data.StructLayout:
+    """A block state on its way into the merge (:func:`pv_out_layout`), the row (``0 ..
+    rows−1`` of the query tile), ``first`` (the row's first block: merged into the empty
+    state) and ``final`` (its last block: the merged state is emitted)."""
+    return data.StructLayout({
+        "state": pv_out_layout(head_dim, max_block),
+        "row": unsigned(max(1, (rows - 1).bit_length())),
+        "first": unsigned(1),
+        "final": unsigned(1),
+    })
+
+
+def score_row_beat_layout(keys: int, head_dim: int, rows: int) -> data.StructLayout:
+    """A beat of :func:`score_beat_layout` with the row's place in the tile for the merge
+    (read on the row's first beat): ``row``, ``first``, ``final`` as in
+    :func:`merge_in_layout`."""
+    return data.StructLayout({
+        "beat": score_beat_layout(keys, head_dim),
+        "row": unsigned(max(1, (rows - 1).bit_length())),
+        "first": unsigned(1),
+        "final": unsigned(1),
+    })
+
+
+def merge_out_layout(head_dim: int, rows: int) -> data.StructLayout:
+    """A row's merged state after its final block, and the row."""
+    return data.StructLayout({
+        "state": tile_state_layout(head_dim),
+        "row": unsigned(max(1, (rows - 1).bit_length())),
     })

@@ -23,6 +23,11 @@ mode only) P·V takes 8-bit probabilities with a per-row, per-block shift
 ``array=True`` computes both products the way the arrays do — rows paired into one packed DSP
 product, the packed sums accumulated in 48 bits and split (:func:`mcf.golden.gemm.dsp_unpack`)
 — instead of a plain integer matrix product; the tests show the two agree bit for bit.
+
+The stages the RTL (``mcf.hdl.compute.tile_*``) is compared against are functions of their own,
+used by the model's loop: :func:`tile_schedule` (which rows meet which block, the causal masks),
+:func:`tile_weights` (``m_b``, ``p``, ``w``, ``l_b``), :func:`p8_rows` (``s``, ``w8``),
+:func:`pv_p8_acc` / :func:`pv_p8_block` (the exact P·V sums, ``o_b``).
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ from mcf.abi.softmax import LANE_BITS, M_EMPTY, STATE_L, STATE_O, exp2_neg, merg
 
 from .attention import KVChannelBlock, State, normalize_state
 
-__all__ = ["P_FORMATS", "packed_matmul", "tile_scores", "tile_block_state", "attend_tiled_rows",
+__all__ = ["P_FORMATS", "packed_matmul", "tile_scores", "tile_weights", "p8_rows", "pv_p8_acc",
+           "pv_p8_block", "tile_block_state", "tile_schedule", "attend_tiled_rows",
            "attend_prefill_tiled"]
 
 P_FORMATS = {"w": None, "p8": P8}
@@ -106,16 +112,54 @@ def tile_scores(q, sq, blk, array: bool = False):
     return np.concatenate(out, axis=1) if out else np.zeros((len(q), 0), dtype=np.int64)
 
 
+def p8_rows(w, p_format=P8):
+    """The P rows of weights ``w[R, T]`` as the P·V arrays take them: the row shifts ``s[R]``
+    (:func:`mcf.abi.attn_tile.p8_row_shift` of the row maximum) and ``w8[R, T]``
+    (:func:`mcf.abi.attn_tile.quantize_p8`)."""
+    w = np.asarray(w, dtype=np.int64)
+    s = p8_row_shift(w.max(axis=1, initial=0), p_format)
+    return s, quantize_p8(w, s[:, None], p_format)
+
+
+def pv_p8_acc(w8, v, array: bool = False):
+    """The exact sums ``acc[R, d] = Σ w8·v`` of P rows ``w8[R, T]`` against V codes ``v[T, d]``
+    (packed two channels per DSP in groups of ``PV_SPLIT_KEYS`` keys with ``array``) — what
+    :class:`mcf.hdl.compute.tile_pv.TilePV` emits."""
+    w8 = np.asarray(w8, dtype=np.int64)
+    v = np.asarray(v, dtype=np.int64)
+    return (packed_matmul(w8, v.T, pv_pack_shift(PV_SPLIT_KEYS), PV_SPLIT_KEYS) if array
+            else w8 @ v)
+
+
+def pv_p8_block(w8, s, v, array: bool = False):
+    """``o_b`` of P rows ``(s[R], w8[R, T])`` against V codes ``v[T, d]``: :func:`pv_p8_acc`
+    shifted by ``2^s`` and saturated to ``STATE_O`` (what :class:`mcf.hdl.compute.tile_merge.
+    TileMerge` takes into the merge)."""
+    return saturate(pv_p8_out(pv_p8_acc(w8, v, array), np.asarray(s, dtype=np.int64)[:, None]),
+                    STATE_O.width, signed=True)
+
+
 def _pv(w, v, p_format, array: bool):
-    """``o_b`` (unsaturated) of weights ``w[R, T]`` and V codes ``v[T, d]``."""
+    """``o_b`` (unsaturated for today's ``w``) of weights ``w[R, T]`` and V codes ``v[T, d]``."""
     v = np.asarray(v, dtype=np.int64)
     if p_format is None:
         return w @ v                      # one MAC per DSP: no packing to model
-    s = p8_row_shift(w.max(axis=1), p_format)[:, None]
-    w8 = quantize_p8(w, s, p_format)
-    acc = (packed_matmul(w8, v.T, pv_pack_shift(PV_SPLIT_KEYS), PV_SPLIT_KEYS) if array
-           else w8 @ v)
-    return pv_p8_out(acc, s)
+    s, w8 = p8_rows(w, p_format)
+    return pv_p8_block(w8, s, v, array)
+
+
+def tile_weights(t, valid, sv):
+    """Per row of scores ``t[R, T]`` (``valid[R, T]``) and the keys' ``sv[T]``: the block
+    maximum ``m[R]`` (``M_EMPTY`` if no key is valid), ``p = exp2_neg(m − t)`` (0 where masked),
+    ``w = v_weight(p, sv)`` and ``l = sat(Σ p)`` — what
+    :class:`mcf.hdl.compute.tile_softmax.TileSoftmax` computes before ``w8``."""
+    valid = np.broadcast_to(valid, np.shape(t))
+    m = np.where(valid, t, np.iinfo(np.int64).min).max(axis=1)
+    p = np.where(valid, exp2_neg(np.where(valid, m[:, None] - t, 0)), 0)
+    w = v_weight(p, np.asarray(sv)[None, :])
+    has = valid.any(axis=1)
+    return (np.where(has, m, M_EMPTY).astype(np.int64), p, w,
+            saturate(p.sum(axis=1), STATE_L.width, signed=False))
 
 
 def tile_block_state(t, valid, blk, p_format=None, array: bool = False) -> State:
@@ -123,14 +167,31 @@ def tile_block_state(t, valid, blk, p_format=None, array: bool = False) -> State
     :func:`mcf.golden.attention.block_state` with P·V in ``p_format``. A row with no unmasked
     key gets the empty state."""
     valid = np.broadcast_to(valid, t.shape)
-    m = np.where(valid, t, np.iinfo(np.int64).min).max(axis=1)
-    p = np.where(valid, exp2_neg(np.where(valid, m[:, None] - t, 0)), 0)
-    w = v_weight(p, np.asarray(blk.sv)[None, :])
+    m, _, w, l_sum = tile_weights(t, valid, blk.sv)
     o = _pv(w, blk.v, p_format, array)
     has = valid.any(axis=1)
-    return State(np.where(has, m, M_EMPTY).astype(np.int64),
-                 saturate(p.sum(axis=1), STATE_L.width, signed=False),
-                 np.where(has[:, None], saturate(o, STATE_O.width, signed=True), 0))
+    return State(m, l_sum, np.where(has[:, None], saturate(o, STATE_O.width, signed=True), 0))
+
+
+def tile_schedule(q_pos, blocks: list, q_tile: int, causal: bool = True):
+    """The order of the tiled computation: per query tile (``q_tile`` consecutive rows of
+    positions ``q_pos[R]``), per KV block in order, the rows that run against it. Yields
+    ``(tile, b, r, valid)``: the tile's rows, the block's index, the rows ``r`` of the tile not
+    wholly before the block (causal; all rows otherwise; none: the pair is skipped) and their
+    key mask ``valid[len(r), len(block)]`` (causal: ``pos ≤ q_pos``, the diagonal tile)."""
+    q_pos = np.asarray(q_pos, dtype=np.int64)
+    for lo in range(0, len(q_pos), q_tile):
+        tile = np.arange(lo, min(lo + q_tile, len(q_pos)))
+        for b, blk in enumerate(blocks):
+            if len(blk) == 0:
+                continue
+            r = tile[q_pos[tile] >= int(np.min(blk.pos))] if causal else tile
+            if r.size == 0:           # the tile lies wholly before the block
+                continue
+            pos = np.asarray(blk.pos, dtype=np.int64)
+            valid = (pos[None, :] <= q_pos[r, None] if causal
+                     else np.ones((r.size, len(blk)), dtype=bool))
+            yield tile, b, r, valid
 
 
 def attend_tiled_rows(q, sq, blocks: list, q_pos, mode: str = "single", causal: bool = True,
@@ -155,30 +216,21 @@ def attend_tiled_rows(q, sq, blocks: list, q_pos, mode: str = "single", causal: 
         l_sum = np.zeros(rows, dtype=np.int64)
         o_sum = np.zeros((rows, d), dtype=np.int64)
     bad = 0
-    for lo in range(0, rows, q_tile):
-        tile = np.arange(lo, min(lo + q_tile, rows))
-        for blk in blocks:
-            if len(blk) == 0:
-                continue
-            r = tile[q_pos[tile] >= int(np.min(blk.pos))] if causal else tile
-            if r.size == 0:           # the tile lies wholly before the block
-                continue
-            t = tile_scores(q[r], sq[r], blk, array)
-            pos = np.asarray(blk.pos, dtype=np.int64)
-            valid = (pos[None, :] <= q_pos[r, None] if causal
-                     else np.ones((r.size, len(blk)), dtype=bool))
-            if mode == "max":
-                m_max[r] = np.maximum(m_max[r], np.where(valid, t, M_EMPTY).max(axis=1))
-            elif mode == "fixed":
-                dd = m_fix[r, None] - t
-                bad += int(((dd < 0) & valid).sum())
-                p = np.where(valid, exp2_neg(np.maximum(dd, 0)), 0)
-                l_sum[r] += p.sum(axis=1)
-                o_sum[r] += _pv(v_weight(p, np.asarray(blk.sv)[None, :]), blk.v, None, array)
-            else:
-                b = tile_block_state(t, valid, blk, p_format, array)
-                mm, ll, oo = merge_state((run.m[r], run.l[r], run.o[r]), (b.m, b.l, b.o))
-                run.m[r], run.l[r], run.o[r] = mm, ll, oo
+    for _, b, r, valid in tile_schedule(q_pos, blocks, q_tile, causal):
+        blk = blocks[b]
+        t = tile_scores(q[r], sq[r], blk, array)
+        if mode == "max":
+            m_max[r] = np.maximum(m_max[r], np.where(valid, t, M_EMPTY).max(axis=1))
+        elif mode == "fixed":
+            dd = m_fix[r, None] - t
+            bad += int(((dd < 0) & valid).sum())
+            p = np.where(valid, exp2_neg(np.maximum(dd, 0)), 0)
+            l_sum[r] += p.sum(axis=1)
+            o_sum[r] += _pv(v_weight(p, np.asarray(blk.sv)[None, :]), blk.v, None, array)
+        else:
+            st = tile_block_state(t, valid, blk, p_format, array)
+            mm, ll, oo = merge_state((run.m[r], run.l[r], run.o[r]), (st.m, st.l, st.o))
+            run.m[r], run.l[r], run.o[r] = mm, ll, oo
     if mode == "max":
         return m_max
     if mode == "fixed":

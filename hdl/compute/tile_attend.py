@@ -1,0 +1,87 @@
+"""The tiled prefill's softmax, P·V and merge chained (issue #33; paper §3.1, §5): score rows of
+a query tile against its KV blocks in, the rows' merged SINGLE-mode states out —
+:func:`mcf.golden.attention_tiled.attend_tiled_rows` (``p_format = P8``, ``array=True``) bit for
+bit from the arrays' ``S = Q·Kᵀ`` accumulators on.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Module, Signal
+from amaranth.lib import fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from mcf.abi.attn_tile import merge_out_layout, score_row_beat_layout, v_beat_layout
+
+from .tile_merge import TileMerge
+from .tile_pv import TilePV
+from .tile_softmax import TileSoftmax
+
+__all__ = ["TileAttend"]
+
+
+class TileAttend(wiring.Component):
+    """:class:`~.tile_softmax.TileSoftmax` → :class:`~.tile_pv.TilePV` →
+    :class:`~.tile_merge.TileMerge`, each row's place in the tile (``row``, ``first``,
+    ``final``) carried beside them in a FIFO of ``tags`` entries.
+
+    Members
+    -------
+    s : In(stream.Signature(score_row_beat_layout(keys, head_dim, rows)))
+        Score rows in the order of :func:`mcf.golden.attention_tiled.tile_schedule` (per query
+        tile, per KV block, the tile's rows that see the block, their causal masks in
+        ``masked``); ``row``, ``first``, ``final`` read on a row's first beat.
+    v : In(stream.Signature(v_beat_layout(keys, head_dim, rows)))
+        Each block's V with its count of rows, in the same block order (TilePV's ``v``).
+    o : Out(stream.Signature(merge_out_layout(head_dim, rows)))
+        A row's merged ``(m, l, o)`` after its final block (TileMerge's ``o``).
+
+    Rate: one score beat (``keys`` keys) per cycle and ``keys × head_dim`` P·V MACs per cycle
+    while TileSoftmax runs at its full rate (``slots · N ≥ 3N + HOLD`` for rows of ``N``
+    beats) and ``N ≥`` :meth:`TileMerge.row_cycles`; measured in ``tests/test_tile_attend.py``.
+    Latency: TileSoftmax's, TilePV's and TileMerge's in sequence.
+    """
+
+    def __init__(self, keys: int = 4, head_dim: int = 128, max_block: int = 256,
+                 rows: int = 64, slots: int = 4, merge_lanes: int = 4, tags: int = 16,
+                 dsp: str = "model"):
+        self.keys, self.head_dim, self.max_block, self.rows = keys, head_dim, max_block, rows
+        self.softmax = TileSoftmax(keys=keys, head_dim=head_dim, max_block=max_block,
+                                   slots=slots)
+        self.pv = TilePV(keys=keys, head_dim=head_dim, max_block=max_block, max_rows=rows,
+                         dsp=dsp)
+        self.merge = TileMerge(head_dim=head_dim, rows=rows, lanes=merge_lanes,
+                               max_block=max_block)
+        self.tags = tags
+        super().__init__({
+            "s": In(stream.Signature(score_row_beat_layout(keys, head_dim, rows))),
+            "v": In(stream.Signature(v_beat_layout(keys, head_dim, rows))),
+            "o": Out(stream.Signature(merge_out_layout(head_dim, rows))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        sm, pv, mg = self.softmax, self.pv, self.merge
+        m.submodules.softmax, m.submodules.pv, m.submodules.merge = sm, pv, mg
+        tag_w = len(self.s.payload.row) + 2
+        m.submodules.tag = tag = fifo.SyncFIFOBuffered(width=tag_w, depth=self.tags)
+
+        # a row's first beat enters only with room for its tag
+        s = self.s
+        in_row = Signal()
+        room = in_row | tag.w_rdy
+        m.d.comb += [sm.i.payload.eq(s.payload.beat), sm.i.valid.eq(s.valid & room),
+                     s.ready.eq(sm.i.ready & room),
+                     tag.w_data.eq(Cat(s.payload.row, s.payload.first, s.payload.final)),
+                     tag.w_en.eq(s.valid & s.ready & ~in_row)]
+        with m.If(s.valid & s.ready):
+            m.d.sync += in_row.eq(~s.payload.beat.last)
+
+        wiring.connect(m, sm.o, pv.p)
+        wiring.connect(m, wiring.flipped(self.v), pv.v)
+        # a block state meets its row's tag (rows stay in order through both stages)
+        tag_v = Cat(mg.i.payload.row, mg.i.payload.first, mg.i.payload.final)
+        m.d.comb += [mg.i.payload.state.eq(pv.o.payload), tag_v.eq(tag.r_data),
+                     mg.i.valid.eq(pv.o.valid & tag.r_rdy), pv.o.ready.eq(mg.i.ready & tag.r_rdy),
+                     tag.r_en.eq(pv.o.valid & mg.i.ready)]
+        wiring.connect(m, mg.o, wiring.flipped(self.o))
+        return m

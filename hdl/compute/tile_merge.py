@@ -1,0 +1,139 @@
+"""Online merge of the tiled prefill's block states (issue #33 step 4; paper §3.1, §5).
+
+After :class:`~.tile_pv.TilePV`: each query row of a tile keeps a running state ``(m, l, o)``;
+a block's ``(m_b, l_b, o_b = sat(acc·2^s))`` is merged into it with
+:func:`mcf.abi.softmax.merge_state` bit for bit (through :class:`~.attn_merge.MergeUnit`), the
+row's first block into the empty state, and after the row's final block the merged state goes
+out — the SINGLE-mode loop of
+:func:`mcf.golden.attention_tiled.attend_tiled_rows`.
+"""
+
+from __future__ import annotations
+
+from amaranth import Array, Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from mcf.abi.attn_tile import merge_in_layout, merge_out_layout
+from mcf.abi.softmax import LANE_BITS, M_EMPTY, STATE_L, STATE_M, STATE_O
+
+from .attn_merge import MergeUnit
+from .fixed_ops import sat
+
+__all__ = ["TileMerge"]
+
+
+class TileMerge(wiring.Component):
+    """Running states of a query tile's ``rows`` rows, block states merged in, one row at a
+    time, ``lanes`` ``o`` lanes per cycle.
+
+    Members
+    -------
+    i : In(stream.Signature(merge_in_layout(head_dim, rows, max_block)))
+        A row's block state as TilePV emits it (``m_b``, ``l_b``, ``s``, the exact sums
+        ``acc``: ``o_b = sat(acc << s)`` is formed here, ``lanes`` channels per cycle), the row
+        (``0 .. rows−1``), ``first`` (merge into the empty state: the running state is not
+        read) and ``final`` (emit the merged state). A row's blocks come in KV order; rows of
+        a block in any order. Ready in the idle state while no output waits (or it is taken in
+        this cycle).
+    o : Out(stream.Signature(merge_out_layout(head_dim, rows)))
+        After a ``final`` block: the row's merged ``(m, l, o)`` and the row. The payload holds
+        until taken.
+
+    The running states live in two memories (``m, l`` per row; ``o`` in ``head_dim / lanes``
+    words of ``lanes`` lanes per row).
+
+    Rate: one block state per :meth:`cycles_per_row` = ``MergeUnit.LATENCY + head_dim/lanes
+    + 3`` cycles (measured in ``tests/test_tile_merge.py``): 38 at ``head_dim`` 128 and the
+    default 4 lanes (14 with 16), against the P·V arrays' one row per ``block / keys`` = 64
+    cycles on the kr260 shape.
+    Latency: the same, from a ``final`` state taken to its ``o.valid``.
+    """
+
+    def __init__(self, head_dim: int = 128, rows: int = 64, lanes: int = 4,
+                 max_block: int = 256):
+        if head_dim % lanes:
+            raise ValueError("lanes must divide head_dim")
+        self.head_dim, self.rows, self.lanes, self.max_block = head_dim, rows, lanes, max_block
+        super().__init__({
+            "i": In(stream.Signature(merge_in_layout(head_dim, rows, max_block))),
+            "o": Out(stream.Signature(merge_out_layout(head_dim, rows))),
+        })
+
+    @property
+    def cycles_per_row(self) -> int:
+        return self.row_cycles(self.head_dim, self.lanes)
+
+    @staticmethod
+    def row_cycles(head_dim: int, lanes: int) -> int:
+        """Cycles per block state (and from a ``final`` one taken to its output)."""
+        return MergeUnit.LATENCY + head_dim // lanes + 3
+
+    def elaborate(self, platform):
+        m = Module()
+        D, ML, R = self.head_dim, self.lanes, self.rows
+        NB = D // ML
+        W = ML * LANE_BITS
+        m.submodules.unit = mu = MergeUnit(ML, LANE_BITS)
+        ml_lay = data.StructLayout({"m": signed(STATE_M.width), "l": unsigned(STATE_L.width)})
+        m.submodules.mlmem = mlmem = Memory(shape=ml_lay, depth=R, init=[])
+        m.submodules.omem = omem = Memory(shape=unsigned(W), depth=R * NB, init=[])
+        ml_wr, ml_rd = mlmem.write_port(), mlmem.read_port(transparent_for=())
+        o_wr, o_rd = omem.write_port(), omem.read_port(transparent_for=())
+
+        blk = Signal(self.i.payload.shape())
+        # o_b of word cd's lanes: the word's sums selected, then sat(acc << s) on ``lanes``
+        # shifters (mcf.abi.attn_tile.pv_p8_out, STATE_O)
+        AW = len(blk.state.acc[0])
+        acc_words = Array(blk.state.acc.as_value()[j * ML * AW:(j + 1) * ML * AW]
+                          for j in range(NB))
+        acc_sel = Signal(ML * AW)
+        bword = Cat(*(sat(acc_sel[n * AW:(n + 1) * AW].as_signed() << blk.state.s,
+                          STATE_O.width, True) for n in range(ML)))
+        c = Signal(range(NB + 1))              # word read
+        cd = Signal(range(NB))                 # word whose data is on o_rd
+        vld, started = Signal(), Signal()
+        out = self.o.payload
+        out_words = Array(Signal(W, name=f"out{j}") for j in range(NB))
+        idle = Signal()
+        m.d.comb += [out.state.o.eq(Cat(*out_words)),
+                     ml_rd.addr.eq(Mux(idle, self.i.payload.row, blk.row)),
+                     o_rd.addr.eq(blk.row * NB + c)]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        m.d.comb += [
+            mu.m_run.eq(Mux(blk.first, M_EMPTY, ml_rd.data.m)), mu.m_blk.eq(blk.state.m),
+            mu.l_run.eq(Mux(blk.first, 0, ml_rd.data.l)), mu.l_blk.eq(blk.state.l),
+            mu.o_run.eq(Mux(blk.first, 0, o_rd.data)), mu.o_blk.eq(bword),
+            acc_sel.eq(acc_words[cd]),
+            o_wr.addr.eq(blk.row * NB + cd), o_wr.data.eq(mu.o_out),
+            ml_wr.addr.eq(blk.row), ml_wr.data.m.eq(mu.m_new), ml_wr.data.l.eq(mu.l_out),
+        ]
+        with m.FSM() as fsm:
+            with m.State("IDLE"):
+                m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready)
+                with m.If(self.i.valid & self.i.ready):
+                    m.d.sync += [blk.eq(self.i.payload), started.eq(0)]
+                    m.next = "HEAD"
+            with m.State("HEAD"):
+                # the row's m, l on ml_rd; m_new, then the scale factors (MergeUnit.LATENCY)
+                m.d.comb += mu.start.eq(~started)
+                m.d.sync += started.eq(1)
+                with m.If(mu.done):
+                    m.d.sync += [c.eq(0), vld.eq(0)]
+                    m.next = "RUN"
+            with m.State("RUN"):
+                # read word c; merge and write back word cd (read the cycle before)
+                m.d.sync += [vld.eq(c != NB), cd.eq(c), c.eq(Mux(c == NB, NB, c + 1))]
+                with m.If(vld):
+                    m.d.comb += o_wr.en.eq(1)
+                    m.d.sync += out_words[cd].eq(mu.o_out)
+                    with m.If(cd == NB - 1):
+                        m.d.comb += ml_wr.en.eq(1)
+                        with m.If(blk.final):
+                            m.d.sync += [self.o.valid.eq(1), out.row.eq(blk.row),
+                                         out.state.m.eq(mu.m_new), out.state.l.eq(mu.l_out)]
+                        m.next = "IDLE"
+        m.d.comb += idle.eq(fsm.ongoing("IDLE"))
+        return m

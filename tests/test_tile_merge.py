@@ -1,0 +1,192 @@
+"""amaranth.sim tests of the tiled prefill's online merge (issue #33, mcf.hdl.compute.tile_merge):
+the block states of whole query chunks against several KV blocks, in the golden model's order
+(:func:`mcf.golden.attention_tiled.tile_schedule`), merged into the same bits as
+:func:`~mcf.golden.attention_tiled.attend_tiled_rows` (SINGLE, P8), under random valid/ready;
+the merge's cycles per row measured."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+
+from mcf.abi.attn_tile import P8, merge_in_layout, merge_out_layout, pv_acc_bits, pv_p8_out
+from mcf.abi.fixed import saturate
+from mcf.abi.quant import ACT
+from mcf.abi.softmax import M_EMPTY, STATE_L, STATE_O
+from mcf.golden.attention import KVChannelCache, random_blocks, random_query
+from mcf.golden.attention_tiled import (
+    attend_tiled_rows,
+    p8_rows,
+    pv_p8_acc,
+    tile_block_state,
+    tile_schedule,
+    tile_scores,
+    tile_weights,
+)
+from mcf.hdl.compute.tile_merge import TileMerge
+
+
+def schedule(q, sq, blocks, q_pos, q_tile):
+    """The merge's input, in order: ``(row in tile, first, final, m, l, (s, acc))`` per (row,
+    block) of :func:`tile_schedule`, the block states from the golden stages (P8, packed
+    arrays; their ``o_b`` checked against ``tile_block_state``), and the tile's start."""
+    sched = list(tile_schedule(q_pos, blocks, q_tile))
+    seen = {}
+    for n, (_, _, r, _) in enumerate(sched):
+        for x in r:
+            seen.setdefault(int(x), []).append(n)
+    items = []
+    for n, (tile, b, r, valid) in enumerate(sched):
+        t = tile_scores(q[r], sq[r], blocks[b], array=True)
+        m, _, w, l_sum = tile_weights(t, valid, blocks[b].sv)
+        sh, w8 = p8_rows(w)
+        acc = pv_p8_acc(w8, blocks[b].v, array=True)
+        st = tile_block_state(t, valid, blocks[b], p_format=P8, array=True)
+        assert np.array_equal(st.o, saturate(pv_p8_out(acc, sh[:, None]), STATE_O.width, True))
+        for j, x in enumerate(r):
+            x = int(x)
+            items.append((x - int(tile[0]), int(seen[x][0] == n), int(seen[x][-1] == n),
+                          int(m[j]), int(l_sum[j]), (int(sh[j]), acc[j]), int(tile[0])))
+    return items
+
+
+def run(dut, items, idle=0.0, stall=0.0, seed=0):
+    """Drive the items; returns ``{tile start + row: (m, l, o)}`` of the emitted rows in
+    order, and the cycles of the inputs taken and of the outputs."""
+    d = dut.head_dim
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    rng = np.random.default_rng(seed)
+    ilay, olay = merge_in_layout(d, dut.rows, dut.max_block), merge_out_layout(d, dut.rows)
+    n_final = sum(it[2] for it in items)
+    got, tr = [], {"take": [], "out": []}
+    bases = [it[6] for it in items if it[2]]
+
+    async def feed(ctx):
+        for row, first, final, m, l_sum, (sh, acc), _ in items:
+            while idle and rng.random() < idle:
+                ctx.set(dut.i.valid, 0)
+                await ctx.tick()
+            ctx.set(dut.i.payload.as_value(), ilay.const({
+                "state": {"m": m, "l": l_sum, "s": sh, "acc": [int(x) for x in acc]},
+                "row": row, "first": first, "final": final}).as_bits())
+            ctx.set(dut.i.valid, 1)
+            await ctx.tick().until(dut.i.ready)
+        ctx.set(dut.i.valid, 0)
+
+    async def sink(ctx):
+        cyc = 0
+        srng = np.random.default_rng(seed + 1)
+        while len(got) < n_final:
+            ctx.set(dut.o.ready, int(not stall or srng.random() >= stall))
+            _, _, iv, ir, ov, ordy, op = await ctx.tick().sample(
+                dut.i.valid, dut.i.ready, dut.o.valid, dut.o.ready, dut.o.payload.as_value())
+            if iv and ir:
+                tr["take"].append(cyc)
+            if ov and ordy:
+                b = olay.from_bits(op)
+                got.append((bases[len(got)] + int(b.row), int(b.state.m), int(b.state.l),
+                            np.array([int(b.state.o[n]) for n in range(d)])))
+                tr["out"].append(cyc)
+            cyc += 1
+
+    sim.add_testbench(feed, background=True)
+    sim.add_testbench(sink)
+    sim.run()
+    return got, tr
+
+
+def check(got, expect, n_rows):
+    assert sorted(g[0] for g in got) == list(range(n_rows))
+    for row, m, l_sum, o in got:
+        assert (m, l_sum) == (expect.m[row], expect.l[row]), f"row {row}: (m, l)"
+        np.testing.assert_array_equal(o, expect.o[row], err_msg=f"row {row}: o")
+
+
+def chunk(rng, lens, n_tok, g, d, per_channel=False):
+    """A causal prefill chunk: the last ``n_tok`` tokens of the keys (``g`` query heads each),
+    KV blocks of ``lens`` tokens."""
+    if per_channel:
+        cache = KVChannelCache(d)
+        n = sum(lens)
+        cache.append(ACT.quantize(rng.normal(0, 1, (n, d)) + rng.normal(0, 1, d)),
+                     ACT.quantize(rng.normal(0, 1, (n, d))))
+        blocks = cache.blocks(max_block=max(lens))
+    else:
+        blocks = random_blocks(rng, lens, d)
+    n = sum(len(b) for b in blocks)
+    q, sq = random_query(rng, n_tok * g, d, sigma=2.0)
+    return q, sq, blocks, np.repeat(np.arange(n - n_tok, n), g)
+
+
+@pytest.mark.parametrize("per_channel,lanes", [(False, 4), (True, 8)])
+def test_chunk_against_blocks(per_channel, lanes):
+    """A 12-token chunk, GQA 2:1 (24 rows), query tiles of 8 rows, against four KV blocks of 16
+    keys (the chunk spans the last blocks: diagonal tiles, rows skipped for blocks after
+    them), under random valid/ready; the merged states equal ``attend_tiled_rows``."""
+    rng = np.random.default_rng(60 + per_channel)
+    d, q_tile = 16, 8
+    q, sq, blocks, q_pos = chunk(rng, [16, 16, 16, 16], 12, 2, d, per_channel)
+    items = schedule(q, sq, blocks, q_pos, q_tile)
+    assert {it[:3] for it in items} >= {(0, 1, 0), (0, 0, 1)}
+    assert len({(it[6], it[0]) for it in items}) == len(q)
+    expect = attend_tiled_rows(q, sq, blocks, q_pos, "single", p_format=P8, q_tile=q_tile,
+                               array=True)
+    got, _ = run(TileMerge(head_dim=d, rows=q_tile, lanes=lanes), items, idle=0.3, stall=0.4,
+                 seed=per_channel)
+    check(got, expect, len(q))
+
+
+def test_edge_states():
+    """Hand-made block states: empty blocks (``M_EMPTY``) first and later, equal maxima, ``o_b``
+    saturating both ways (``acc`` at the ends of a 320-key block's 21 bits, ``s`` = 12) and
+    not, ``l`` saturating, a block maximum far below the running one; against ``merge_state``
+    of ``sat(acc·2^s)``."""
+    from mcf.abi.softmax import merge_state
+    d = 8
+    amax = (1 << (pv_acc_bits(320) - 1)) - 1
+    big = np.array([amax, -amax - 1, amax, -amax - 1, 5, -5, 0, 1])
+    zero = np.zeros(d, dtype=np.int64)
+    seq = {0: [(M_EMPTY, 0, 0, zero), (100, 1 << 16, 12, big),
+               (100, (1 << STATE_L.width) - 1, 12, big)],
+           1: [(-(1 << 31) + 5, 3, 3, big), (1 << 30, 7, 11, -big - 1), (-(1 << 30), 9, 0, big)],
+           2: [(7, 1 << 16, 7, big), (M_EMPTY, 0, 0, zero)],
+           3: [(M_EMPTY, 0, 0, zero)]}
+    items, expect = [], {}
+    for row, states in seq.items():
+        run_ = (M_EMPTY, 0, np.zeros(d, dtype=np.int64))
+        for j, (m, l_sum, sh, acc) in enumerate(states):
+            o = saturate(pv_p8_out(acc, sh), STATE_O.width, True)
+            run_ = merge_state(run_, (m, l_sum, o))
+            items.append((row, int(j == 0), int(j == len(states) - 1), m, l_sum, (sh, acc), 0))
+        expect[row] = run_
+    assert saturate(pv_p8_out(big, 12), STATE_O.width, True)[0] == (1 << 31) - 1
+    # interleave the rows' blocks as the tiles do: block by block
+    items = sorted(items, key=lambda it: (sum(1 for x in items[:items.index(it)]
+                                              if x[0] == it[0]), it[0]))
+    got, _ = run(TileMerge(head_dim=d, rows=4, lanes=4, max_block=320), items, stall=0.3,
+                 seed=2)
+    assert [g[0] for g in got] == [3, 2, 0, 1]
+    for row, m, l_sum, o in got:
+        em, el, eo = expect[row]
+        assert (m, l_sum) == (int(em), int(el))
+        np.testing.assert_array_equal(o, eo)
+
+
+@pytest.mark.parametrize("d,lanes", [(16, 4), (128, 4), (128, 16)])
+def test_cycles_per_row(d, lanes):
+    """Back to back with ``o.ready`` high: one block state every ``cycles_per_row`` cycles
+    (38 at head_dim 128, 4 lanes; 14 with 16) and each final state out that many cycles after
+    it."""
+    rng = np.random.default_rng(70)
+    q, sq, blocks, q_pos = chunk(rng, [8, 8], 4, 2, d)
+    items = schedule(q, sq, blocks, q_pos, 8)
+    dut = TileMerge(head_dim=d, rows=8, lanes=lanes)
+    got, tr = run(dut, items)
+    check(got, attend_tiled_rows(q, sq, blocks, q_pos, "single", p_format=P8, q_tile=8,
+                                 array=True), len(q))
+    assert np.all(np.diff(tr["take"]) == dut.cycles_per_row)
+    finals = [t for t, it in zip(tr["take"], items) if it[2]]
+    assert [o - t for o, t in zip(tr["out"], finals)] == [dut.cycles_per_row] * len(finals)
+    assert (TileMerge.row_cycles(128, 4), TileMerge.row_cycles(128, 16)) == (38, 14)

@@ -31,9 +31,7 @@ from mcf.abi.eth import (
     LINK_OVERHEAD,
     MAC_OUI,
     MAC_RX_BUFFER_BYTES,
-    MAX_FRAME,
     MAX_LINK_FRAME,
-    MIN_FRAME,
     MIN_PAYLOAD,
     NODE_BITS,
     RX_COUNTER,
@@ -44,13 +42,14 @@ from mcf.abi.meta import META
 from mcf.abi.nic import CRC32_INIT, CRC32_XOROUT
 from mcf.hdl.nic.crc import crc32_update
 
+from .rx_verdict import RxVerdict
+
 __all__ = ["BYTE", "RX_BYTE", "LINK_BYTE", "EthEncap", "EthDecap", "Pack8to64", "Unpack64to8",
            "EthCounters"]
 
 BYTE = data.StructLayout({"data": unsigned(8), "last": unsigned(1)})
 RX_BYTE = data.StructLayout({"data": unsigned(8), "last": unsigned(1), "err": unsigned(1)})
 LINK_BYTE = data.StructLayout({"data": unsigned(8), "last": unsigned(1), "flush": unsigned(1)})
-CRC_RESIDUE = 0xDEBB20E3     # CRC register after a frame followed by its own (good) FCS
 
 
 def _mac_bytes(node) -> list:
@@ -142,7 +141,8 @@ class EthDecap(wiring.Component):
     ``ready`` ignored.
 
     The bytes of a frame are written into a ``depth``-byte buffer as they arrive; at the FCS
-    the checks of :func:`mcf.abi.eth.decap` decide (same order), and the link frame's bytes
+    the checks of :func:`mcf.abi.eth.decap` decide (same order:
+    :class:`~mcf.hdl.eth.rx_verdict.RxVerdict`), and the link frame's bytes
     are committed or the write pointer rolled back. A frame with a byte that found the buffer
     full (the output stalled) is dropped as ``OVERFLOW``; the reader drains while a frame
     arrives, so at line rate with ``o.ready`` high a 4,096-byte buffer never overflows.
@@ -222,24 +222,12 @@ class EthDecap(wiring.Component):
         # ---- the decision at the frame's last byte -------------------------------------------
         n = Signal(16)
         m.d.comb += n.eq(Mux(k.all(), k, k + 1))
-        cause = Signal(4)
-        pay = n - HEADER_BYTES - FCS_BYTES
-        with m.If(err | i.payload.err):
-            m.d.comb += cause.eq(EthDrop.PHY_ERROR)
-        with m.Elif(~room_now):
-            m.d.comb += cause.eq(EthDrop.OVERFLOW)
-        with m.Elif(n < MIN_FRAME):
-            m.d.comb += cause.eq(EthDrop.RUNT)
-        with m.Elif(n > MAX_FRAME):
-            m.d.comb += cause.eq(EthDrop.OVERSIZE)
-        with m.Elif(crc_next != CRC_RESIDUE):
-            m.d.comb += cause.eq(EthDrop.FCS)
-        with m.Elif(etype != ETH_TYPE):
-            m.d.comb += cause.eq(EthDrop.ETHERTYPE)
-        with m.Elif(~dst_ok):
-            m.d.comb += cause.eq(EthDrop.FOREIGN)
-        with m.Elif((ll > MAX_LINK_FRAME) | (pay != Mux(ll < MIN_PAYLOAD, MIN_PAYLOAD, ll))):
-            m.d.comb += cause.eq(EthDrop.BAD_LENGTH)
+        m.submodules.verdict = verdict = RxVerdict()
+        m.d.comb += [verdict.phy_err.eq(err | i.payload.err), verdict.room.eq(room_now),
+                     verdict.frame_bytes.eq(n), verdict.crc.eq(crc_next),
+                     verdict.ethertype.eq(etype), verdict.dst_ok.eq(dst_ok),
+                     verdict.link_bytes.eq(ll)]
+        cause = verdict.cause
         with m.If(fire & i.payload.last):
             m.d.comb += [self.event.valid.eq(1), self.event.payload.cause.eq(cause),
                          self.event.payload.bytes.eq(n)]

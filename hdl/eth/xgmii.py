@@ -31,7 +31,6 @@ from mcf.abi.eth import (
     MAX_FRAME,
     MAX_LINK_FRAME,
     MIN_FRAME,
-    MIN_PAYLOAD,
     NODE_BITS,
     PREAMBLE,
     SFD,
@@ -47,7 +46,8 @@ from mcf.abi.meta import META
 from mcf.abi.nic import CRC32_INIT, CRC32_XOROUT
 from mcf.hdl.nic.crc import crc32_update
 
-from .encap import CRC_RESIDUE, _mac_bytes
+from .encap import _mac_bytes
+from .rx_verdict import RxVerdict
 
 __all__ = ["RX64", "EthEncap64", "XgmiiTx", "XgmiiRx", "XgmiiDecap"]
 
@@ -375,7 +375,9 @@ class XgmiiDecap(wiring.Component):
 
     The link frame's 8-byte words (frame bytes 14.. realigned) are written into a
     ``depth``-word buffer as they arrive; at the last beat the frame is committed or the write
-    pointer rolled back. A frame meeting a full buffer is dropped as ``OVERFLOW``. The reader
+    pointer rolled back (the verdict: :class:`~mcf.hdl.eth.rx_verdict.RxVerdict`, as in
+    :class:`~mcf.hdl.eth.encap.EthDecap`). A frame meeting a full buffer is dropped as
+    ``OVERFLOW``. The reader
     emits one beat per cycle (two read ports: the CRC beat may straddle two words). Latency:
     the first beat is offered 2 cycles after the frame's last beat."""
 
@@ -445,24 +447,12 @@ class XgmiiDecap(wiring.Component):
 
         total = Signal(16)
         m.d.comb += total.eq(k + n)
-        cause = Signal(4)
-        pay = total - HEADER_BYTES - FCS_BYTES
-        with m.If(Mux(first, 0, err) | i.payload.err):
-            m.d.comb += cause.eq(EthDrop.PHY_ERROR)
-        with m.Elif(~room_now):
-            m.d.comb += cause.eq(EthDrop.OVERFLOW)
-        with m.Elif(total < MIN_FRAME):
-            m.d.comb += cause.eq(EthDrop.RUNT)
-        with m.Elif(total > MAX_FRAME):
-            m.d.comb += cause.eq(EthDrop.OVERSIZE)
-        with m.Elif(crc_next != CRC_RESIDUE):
-            m.d.comb += cause.eq(EthDrop.FCS)
-        with m.Elif(etype != ETH_TYPE):
-            m.d.comb += cause.eq(EthDrop.ETHERTYPE)
-        with m.Elif(~dst_ok):
-            m.d.comb += cause.eq(EthDrop.FOREIGN)
-        with m.Elif((ll > MAX_LINK_FRAME) | (pay != Mux(ll < MIN_PAYLOAD, MIN_PAYLOAD, ll))):
-            m.d.comb += cause.eq(EthDrop.BAD_LENGTH)
+        m.submodules.verdict = verdict = RxVerdict()
+        m.d.comb += [verdict.phy_err.eq(Mux(first, 0, err) | i.payload.err),
+                     verdict.room.eq(room_now), verdict.frame_bytes.eq(total),
+                     verdict.crc.eq(crc_next), verdict.ethertype.eq(etype),
+                     verdict.dst_ok.eq(dst_ok), verdict.link_bytes.eq(ll)]
+        cause = verdict.cause
         with m.If(i.valid & i.payload.last):
             m.d.comb += [self.event.valid.eq(1), self.event.payload.cause.eq(cause),
                          self.event.payload.bytes.eq(total)]

@@ -5,7 +5,7 @@
 end).
 
 The slot and row rules, the drop rules, the configuration and the status counters are
-:mod:`mcf.abi.decode_land`'s; :class:`mcf.abi.decode_land.DecodeLandModel` is the golden model.
+:mod:`mcf.abi.decode_land`'s; :class:`mcf.golden.decode_land.DecodeLandModel` is the golden model.
 The normaliser is the attention engine's arithmetic (:class:`mcf.hdl.compute.recip.Recip`,
 ``round_shift_var``, ``sat``: :func:`mcf.abi.softmax.normalize` bit for bit), two words per
 cycle with one reciprocal per packet in flight.
@@ -13,7 +13,7 @@ cycle with one reciprocal per packet in flight.
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -32,71 +32,23 @@ from mcf.abi.softmax import LANE_BITS, RECIP_IN_BITS
 
 from ..compute.fixed_ops import round_shift_var, sat
 from ..compute.recip import Recip
-from ..mem.axi import (
-    BOUNDARY_BYTES,
-    MAX_BURST_BEATS,
-    AXI4Signature,
-    AxiResp,
-    descriptor_layout,
+from ..mem.axi import AXI4Signature
+from .packet_writer import (
+    PACKET_WIDTH,
+    FramingGuard,
+    PacketUpsizer,
+    PacketWriter,
+    packet_beat_layout,
 )
-from ..mem.dma import DmaWriter
 
 __all__ = ["DecodeLander", "PacketUpsizer", "packet_beat_layout"]
 
-PACKET_WIDTH = 64   # docs/node.md §1: every packet stream is 64 bits
 WORDS = PACKET_WIDTH // LANE_BITS
 
 if QUERY_HEADER_BYTES * 8 != PACKET_WIDTH:  # pragma: no cover - the header is beat 0
     raise AssertionError("the query header must fill exactly the first 64-bit beat")
 if M_SLOT_BYTES & (M_SLOT_BYTES - 1):  # pragma: no cover - the MBUF offset is a shift
     raise AssertionError("M_SLOT_BYTES must be a power of two")
-
-
-def packet_beat_layout(width: int = PACKET_WIDTH) -> data.StructLayout:
-    """A packet's payload beat without its Meta: ``data`` and ``last``."""
-    return data.StructLayout({"data": unsigned(width), "last": unsigned(1)})
-
-
-class PacketUpsizer(wiring.Component):
-    """64-bit packet beats → ``width``-bit words: each packet's beats packed from lane 0, the
-    word flushed when full or at the packet's ``last`` beat (so every packet starts a word).
-
-    Members
-    -------
-    i : In(stream.Signature(packet_beat_layout(64)))
-    o : Out(stream.Signature(unsigned(width)))
-
-    Latency 0 (``o`` is combinational on the beat that completes a word); one beat per cycle.
-    ``o.valid`` depends only on ``i.valid`` and the lane count; ``i.ready`` is high except
-    while a completing beat waits for ``o.ready``.
-    """
-
-    def __init__(self, width: int = 128):
-        if width % PACKET_WIDTH:
-            raise ValueError(f"width must be a multiple of {PACKET_WIDTH}")
-        self.width = width
-        super().__init__({
-            "i": In(stream.Signature(packet_beat_layout())),
-            "o": Out(stream.Signature(unsigned(width))),
-        })
-
-    def elaborate(self, platform):
-        m = Module()
-        ratio = self.width // PACKET_WIDTH
-        acc = Signal(self.width)
-        cnt = Signal(range(ratio))
-        lanes = Cat(*(Mux(cnt == k, self.i.payload.data,
-                          acc[k * PACKET_WIDTH:(k + 1) * PACKET_WIDTH]) for k in range(ratio)))
-        flush = Signal()
-        m.d.comb += [flush.eq(self.i.payload.last | (cnt == ratio - 1)),
-                     self.o.valid.eq(self.i.valid & flush), self.o.payload.eq(lanes),
-                     self.i.ready.eq(~flush | self.o.ready)]
-        with m.If(self.i.valid & self.i.ready):
-            with m.If(flush):
-                m.d.sync += [acc.eq(0), cnt.eq(0)]
-            with m.Else():
-                m.d.sync += [acc.eq(lanes), cnt.eq(cnt + 1)]
-        return m
 
 
 class DecodeLander(wiring.Component):
@@ -139,13 +91,15 @@ class DecodeLander(wiring.Component):
     Structure: beat → stage 1 (register; slot index · ``q_slot``, row · row bytes, the same
     row index · :data:`mcf.abi.decode_land.M_SLOT_BYTES` (a shift) for MBUF, the query length
     ``8 + heads · query_head_bytes``) → stage 2 (the packet's fate, latched on its first beat;
-    address, write length) → framing guard (exactly ``ceil(length / 8)`` beats go on) → a
+    address, write length) → framing guard (:class:`FramingGuard`: exactly ``ceil(length / 8)``
+    beats go on) → a
     state's first beat (``m``, ``l``) feeds the reciprocal pipeline (:class:`Recip`, 3 cycles)
     whose factors queue per packet, its ``o`` beats and a query's or maxima's beats queue in a
     16-beat FIFO → normaliser (``o · r`` registered, then ``sat32(round_half_up(· >> e))``, two
-    words per beat; queries and maxima pass unchanged) → :class:`PacketUpsizer` → payload FIFO
-    → :class:`DmaWriter`, one descriptor per packet pushed at its first beat; the packet's kind
-    and burst count queue until its B responses, which pick the counter.
+    words per beat; queries and maxima pass unchanged) → :class:`PacketUpsizer` →
+    :class:`PacketWriter` (payload FIFO → :class:`~mcf.hdl.mem.dma.DmaWriter`, one descriptor
+    per packet pushed at its first beat; the packet's kind and burst count queue until its B
+    responses, whose completion picks the counter).
 
     Latency (measured, AXI slave always ready; ``test_latency``): the first AW is valid 7
     cycles after a packet's first beat is taken, its first W beat 9 cycles after (a query,
@@ -172,6 +126,9 @@ class DecodeLander(wiring.Component):
     nothing waits on anything but the lander's own writes.
     """
 
+    PEND = data.StructLayout({"result": unsigned(1), "maxes": unsigned(1)})
+    """What a packet's write carries to its completion (the :class:`PacketWriter` tag): a
+    final state's OBUF row, maxima, or (neither) a query."""
     FACTORS = 4      # final states between the guard and the normaliser (reciprocals queued)
     MID_DEPTH = 16   # beats between the guard and the normaliser
 
@@ -179,16 +136,12 @@ class DecodeLander(wiring.Component):
                  outstanding: int = 8, fifo_depth: int = 64):
         if head_dim < 1:
             raise ValueError("head_dim must be >= 1")
-        if axi_width % PACKET_WIDTH:
-            raise ValueError(f"axi_width must be a multiple of {PACKET_WIDTH}")
-        bb = axi_width // 8
-        if (MAX_PAYLOAD + 2 * bb - 2) // bb > min(MAX_BURST_BEATS, BOUNDARY_BYTES // bb) + 1:
-            raise ValueError("a MAX_PAYLOAD packet would need more than two bursts")
         if obuf_row_bytes(head_dim) > MAX_PAYLOAD:
             raise ValueError("an OBUF row must fit in MAX_PAYLOAD bytes")
         self.head_dim, self.axi_width, self.addr_width = head_dim, axi_width, addr_width
         self.outstanding, self.fifo_depth = outstanding, fifo_depth
-        self.writer = DmaWriter(axi_width, addr_width, outstanding)
+        self.writer = PacketWriter(self.PEND, axi_width=axi_width, addr_width=addr_width,
+                                   outstanding=outstanding, fifo_depth=fifo_depth)
         super().__init__({
             "i": In(stream.Signature(parsed_layout(PACKET_WIDTH))),
             "cfg": In(DECODE_LAND_CONFIG),
@@ -199,8 +152,6 @@ class DecodeLander(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         aw = self.addr_width
-        bb = self.axi_width // 8
-        lb = (bb - 1).bit_length()
         st, cfg = self.status, self.cfg
         len_bits = META["length"].width
         row_bytes = obuf_row_bytes(self.head_dim)
@@ -297,23 +248,7 @@ class DecodeLander(wiring.Component):
         with m.Elif(s2_move):
             m.d.sync += s2_valid.eq(0)
 
-        # --- descriptors and the packets awaiting their B responses ----------------------
-        desc_l = descriptor_layout(aw)
-        m.submodules.desc_fifo = desc_fifo = fifo.SyncFIFOBuffered(width=desc_l.size, depth=4)
-        pend_l = data.StructLayout({"result": unsigned(1), "maxes": unsigned(1),
-                                    "two": unsigned(1)})
-        m.submodules.pend_fifo = pend = fifo.SyncFIFOBuffered(
-            width=pend_l.size, depth=4 + self.outstanding + 4)
-        # a packet's write in bursts as DmaWriter cuts it: one, or two across a 4 KiB page
-        total = Signal(len_bits + 1)
-        to_4k = Signal(range(BOUNDARY_BYTES // bb + 1))
-        first_n = Signal.like(to_4k)
-        m.d.comb += [total.eq((s2.addr[:lb] + s2.wlen + (bb - 1)) >> lb),
-                     to_4k.eq((BOUNDARY_BYTES - Cat(Const(0, lb), s2.addr[lb:12])) >> lb),
-                     first_n.eq(Mux(to_4k < MAX_BURST_BEATS, to_4k, MAX_BURST_BEATS))]
-        head_ok = Signal()
-        m.d.comb += head_ok.eq(desc_fifo.w_rdy & pend.w_rdy)
-
+        m.submodules.writer = wr = self.writer
         # --- framing guard: exactly ceil(length / 8) beats of a landing packet go on ------
         mid_l = data.StructLayout({"data": unsigned(PACKET_WIDTH), "state": unsigned(1),
                                    "last": unsigned(1)})
@@ -322,38 +257,28 @@ class DecodeLander(wiring.Component):
         fac_take = Signal()
         fac_free = Signal()
         m.d.comb += fac_free.eq(fac_out < self.FACTORS)
-        n64 = Signal(len_bits - 2)
-        j = Signal(len_bits - 2)
-        j_cur = Signal(len_bits - 2)
-        m.d.comb += [n64.eq((s2.length + 7) >> 3), j_cur.eq(Mux(s2.first, 0, j))]
-        extra, short, final, l_beat = Signal(), Signal(), Signal(), Signal()
-        m.d.comb += [extra.eq(j_cur >= n64), final.eq(j_cur == n64 - 1),
-                     short.eq(s2.last & (j_cur < n64 - 1)),
-                     l_beat.eq(s2.state & s2.first)]
+        m.submodules.guard = guard = FramingGuard()
+        # a state's (m, l) beat goes to the reciprocal, the others to the FIFO; a first beat
+        # only with its write head
+        l_beat = Signal()
+        offer = Signal()
         push = Signal()
-        m.d.comb += push.eq(s2_valid & s2.keep & ~extra & Mux(
-            l_beat, head_ok & fac_free, mid.w_rdy & (~s2.first | head_ok)))
-        m.d.comb += s2_move.eq(s2_valid & (~s2.keep | extra | (push & ~short)))
-        with m.If(push):
-            m.d.sync += j.eq(j_cur + 1)
-        with m.If(push & short):            # stay: pad with zero beats up to the length
+        m.d.comb += [guard.valid.eq(s2_valid & s2.keep), guard.first.eq(s2.first),
+                     guard.last.eq(s2.last), guard.length.eq(s2.length), guard.push.eq(push),
+                     l_beat.eq(s2.state & s2.first),
+                     offer.eq(guard.want & Mux(l_beat, fac_free, mid.w_rdy)),
+                     push.eq(offer & (~s2.first | wr.head.ready)),
+                     s2_move.eq(s2_valid & (~s2.keep | guard.done))]
+        with m.If(guard.pad):           # stay: pad with zero beats up to the length
             m.d.sync += [s2.data.eq(0), s2.first.eq(0)]
-        frame_bad = Signal()
-        bad_now = (push & short) | (s2_valid & s2.keep & extra)
-        with m.If(s2_move & s2.keep & s2.last):
-            m.d.sync += frame_bad.eq(0)
-            with m.If(frame_bad | bad_now):
-                m.d.sync += st.framing_errors.eq(st.framing_errors + 1)
-        with m.Elif(bad_now):
-            m.d.sync += frame_bad.eq(1)
-        desc = Signal(desc_l)
-        m.d.comb += [desc.addr.eq(s2.addr), desc.length.eq(s2.wlen), desc.stride.eq(0),
-                     desc.count.eq(1)]
-        with m.If(push & s2.first):
-            m.d.comb += [desc_fifo.w_en.eq(1), desc_fifo.w_data.eq(desc), pend.w_en.eq(1),
-                         pend.w_data.eq(Cat(s2.state, s2.maxes, total > first_n))]
+        with m.If(guard.error):
+            m.d.sync += st.framing_errors.eq(st.framing_errors + 1)
+        m.d.comb += [wr.head.valid.eq(offer & s2.first), wr.head.payload.addr.eq(s2.addr),
+                     wr.head.payload.length.eq(s2.wlen),
+                     wr.head.payload.tag.result.eq(s2.state),
+                     wr.head.payload.tag.maxes.eq(s2.maxes)]
         with m.If(push & ~l_beat):
-            m.d.comb += [mid.w_en.eq(1), mid.w_data.eq(Cat(s2.data, s2.state, final))]
+            m.d.comb += [mid.w_en.eq(1), mid.w_data.eq(Cat(s2.data, s2.state, guard.final))]
 
         # --- reciprocal of a state's l: normalised by its leading one, 3-cycle pipeline ---
         m.submodules.recip = recip = Recip()
@@ -407,37 +332,17 @@ class DecodeLander(wiring.Component):
         m.d.comb += [up.i.valid.eq(n_valid), up.i.payload.last.eq(nr.last),
                      up.i.payload.data.eq(Mux(nr.state, Cat(*ys), nr.data))]
 
-        # --- payload FIFO and the writer -------------------------------------------------
-        m.submodules.pay_fifo = pay = fifo.SyncFIFOBuffered(width=self.axi_width,
-                                                            depth=self.fifo_depth)
-        wiring.connect(m, up.o, pay.w_stream)
-        m.submodules.writer = wr = self.writer
-        m.d.comb += [wr.desc.valid.eq(desc_fifo.r_rdy), desc_fifo.r_en.eq(wr.desc.ready),
-                     wr.desc.payload.eq(desc_fifo.r_data)]
-        wiring.connect(m, pay.r_stream, wr.i)
-        bus = self.bus
-        for n in ("awaddr", "awlen", "awsize", "awburst", "awid", "awcache", "awprot",
-                  "awvalid", "wdata", "wstrb", "wlast", "wvalid", "bready"):
-            m.d.comb += getattr(bus, n).eq(getattr(wr.bus, n))
-        for n in ("awready", "wready", "bresp", "bid", "bvalid"):
-            m.d.comb += getattr(wr.bus, n).eq(getattr(bus, n))
-        m.d.comb += [bus.arvalid.eq(0), bus.rready.eq(0)]
-
-        # --- completions: B responses in order, two per packet crossing a page ----------
-        pend_head = data.View(pend_l, pend.r_data)
-        b_seen, b_err, b_fire, done = Signal(), Signal(), Signal(), Signal()
-        m.d.comb += b_fire.eq(bus.bvalid & bus.bready)
-        err_now = b_err | (bus.bresp != AxiResp.OKAY)
-        m.d.comb += done.eq(b_fire & pend.r_rdy & (b_seen == pend_head.two))
-        with m.If(b_fire):
-            m.d.sync += [b_seen.eq(~done), b_err.eq(Mux(done, 0, err_now))]
-        m.d.comb += pend.r_en.eq(done)
-        with m.If(done & err_now):
+        # --- the packet writer and its completions ---------------------------------------
+        wiring.connect(m, up.o, wr.i)
+        wiring.connect(m, wr.bus, wiring.flipped(self.bus))
+        done = wr.done
+        m.d.comb += done.ready.eq(1)
+        with m.If(done.valid & done.payload.err):
             m.d.sync += st.write_errors.eq(st.write_errors + 1)
-        with m.Elif(done & pend_head.result):
+        with m.Elif(done.valid & done.payload.tag.result):
             m.d.sync += st.results_landed.eq(st.results_landed + 1)
-        with m.Elif(done & pend_head.maxes):
+        with m.Elif(done.valid & done.payload.tag.maxes):
             m.d.sync += st.maxes_landed.eq(st.maxes_landed + 1)
-        with m.Elif(done):
+        with m.Elif(done.valid):
             m.d.sync += st.queries_landed.eq(st.queries_landed + 1)
         return m

@@ -8,17 +8,18 @@ The record rules, the status counters and the golden model are :mod:`mcf.abi.sen
 from __future__ import annotations
 
 from amaranth import Const, Module, Mux, Signal, unsigned
-from amaranth.lib import data, enum, fifo, memory, stream, wiring
+from amaranth.lib import data, enum, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.framing import MAX_PAYLOAD, beat_layout, payload_beats
-from mcf.abi.landing import LAND_OFF_ENTRIES, LAND_OFF_ENTRY, LANDING_CONFIG
+from mcf.abi.landing import LAND_OFF_ENTRY, LANDING_CONFIG
 from mcf.abi.meta import META, Op
 from mcf.abi.node import CMD, N_QUEUES, PayloadSource, RecordClass
 from mcf.abi.send import SEND_STATUS
 
 from ..mem.axi import ADDR_BITS, AXI4Signature
 from ..mem.dma import DmaReader, read_beat_layout
+from .kv_address import KvAddress
 
 __all__ = ["SendUnit", "ReadDownsizer"]
 
@@ -97,7 +98,8 @@ class SendUnit(wiring.Component):
         ``kv_base``, ``kv_slot``, ``kv_count`` — the landing engine's (same CSRs).
     land_off_we, land_off_seq, land_off_data : In
         ``LAND_OFF`` write port, identical to ``LandingEngine``'s (its own copy of the table,
-        written by the same strobe). Write it while no KV record is being taken.
+        a :class:`~mcf.hdl.node.kv_address.KvAddress` like the engine's, written by the same
+        strobe). Write it while no KV record is being taken.
     qbuf_base : In(addr_width)
         ``QBUF`` base: a ``QBUF`` send reads ``meta.length`` bytes at ``qbuf_base + arg``.
     staged_attn, staged_emit : In(stream.Signature(beat_layout(64)))
@@ -165,13 +167,11 @@ class SendUnit(wiring.Component):
         m.submodules.down = down = ReadDownsizer(self.axi_width, PACKET_WIDTH)
         wiring.connect(m, rd.o, down.i)
 
-        # --- LAND_OFF table (a copy of the landing engine's) ---------------------------
-        m.submodules.land_off = lo_mem = memory.Memory(shape=LAND_OFF_ENTRY,
-                                                       depth=LAND_OFF_ENTRIES, init=[])
-        lo_wr = lo_mem.write_port()
-        m.d.comb += [lo_wr.en.eq(self.land_off_we), lo_wr.addr.eq(self.land_off_seq),
-                     lo_wr.data.eq(self.land_off_data)]
-        lo_rd = lo_mem.read_port()
+        # --- LAND_OFF table (a copy of the landing engine's) and the KV slot address -----
+        m.submodules.kv_addr = kva = KvAddress(aw)
+        m.d.comb += [kva.land_off_we.eq(self.land_off_we),
+                     kva.land_off_seq.eq(self.land_off_seq),
+                     kva.land_off_data.eq(self.land_off_data), kva.cfg.eq(cfg)]
 
         # --- payload jobs: one per packet with a payload, or a staged packet to discard --
         job_l = data.StructLayout({"kind": _Job, "emit": unsigned(1),
@@ -208,19 +208,20 @@ class SendUnit(wiring.Component):
                         with m.If(elig[q]):
                             m.d.comb += pick.eq(q)
 
-        prod = Signal(META["kv_id"].width + LANDING_CONFIG["kv_slot"].shape.width)
         picked = Signal(CMD)                 # the request TAKE would take
         with m.Switch(pick):
             for q, r in enumerate(reqs):
                 with m.Case(q):
                     m.d.comb += picked.eq(r.payload)
         picked_meta = data.View(META, picked.meta)
+        # LAND_OFF[seq] is read and kv_id · KV_SLOT registered as TAKE takes the picked
+        # record, so CHECK sees them
         in_take = Signal()
-        # LAND_OFF[seq] is read in the TAKE cycle (the picked record's seq), so CHECK sees it
-        m.d.comb += lo_rd.addr.eq(Mux(in_take, picked_meta.seq, meta.seq))
+        free = Signal()         # the previous record's issue completes this cycle (or did)
+        m.d.comb += [kva.take.eq(in_take & elig.any() & free), kva.kv_id.eq(picked_meta.kv_id),
+                     kva.seq.eq(picked_meta.seq), kva.length.eq(meta.length)]
 
         # decision signals (valid in CHECK)
-        lo = data.View(LAND_OFF_ENTRY, lo_rd.data)
         src = cur.src
         is_staged = Signal()
         m.d.comb += is_staged.eq((src == PayloadSource.ATTN) | (src == PayloadSource.EMIT))
@@ -235,11 +236,10 @@ class SendUnit(wiring.Component):
         bad_seq = Signal()
         m.d.comb += [
             unmapped.eq(meta.kv_id >= cfg.kv_count),
-            bad_seq.eq(~lo.valid | (lo.offset + meta.length > cfg.kv_slot)),
+            bad_seq.eq(~kva.fits),
         ]
         addr = Signal(aw)
-        m.d.comb += addr.eq(Mux(src == PayloadSource.KV, cfg.kv_base + prod + lo.offset,
-                                self.qbuf_base + cur.arg))
+        m.d.comb += addr.eq(Mux(src == PayloadSource.KV, kva.addr, self.qbuf_base + cur.arg))
 
         # issue: registered valids, each cleared by its handshake
         meta_pend = Signal()
@@ -260,7 +260,6 @@ class SendUnit(wiring.Component):
             for s in staged:
                 m.d.comb += pend_inc[s].eq(job.kind == staged[s][1])
 
-        free = Signal()         # the previous record's issue completes this cycle (or did)
         m.d.comb += free.eq((~meta_pend | self.o_meta.ready) & (~desc_pend | desc.ready) &
                             (~job_pend | jobs.w_rdy))
         with m.FSM():
@@ -268,8 +267,7 @@ class SendUnit(wiring.Component):
                 m.d.comb += in_take.eq(1)
                 with m.If(elig.any() & free):
                     m.d.comb += [r.ready.eq(pick == q) for q, r in enumerate(reqs)]
-                    m.d.sync += [cur.eq(picked), rr.eq(pick),
-                                 prod.eq(picked_meta.kv_id * cfg.kv_slot)]
+                    m.d.sync += [cur.eq(picked), rr.eq(pick)]
                     m.next = "CHECK"
             with m.State("CHECK"):
                 kv = src == PayloadSource.KV

@@ -81,10 +81,15 @@ def test_writes_the_files_and_prints_command(built):
     # the XDC constrains exactly the board pins the block design makes external
     xdc = (out / "kr260.xdc").read_text()
     used = [p for p in board_pins() if p.port.split("[")[0] in ETH_BOARD_PORTS]
-    assert xdc.count("PACKAGE_PIN") == len(used) == 36 and len(board_pins()) == 47
+    assert xdc.count("PACKAGE_PIN") == len(used) == 40 and len(board_pins()) == 47
     for p in used:
         assert f"set_property PACKAGE_PIN {p.pin} [get_ports {{{p.port}}}]" in xdc
-    assert "eth_rgmii0_mdc" not in xdc and "led0" not in xdc
+    assert "led0" not in xdc and "sfp_i2c0" not in xdc and "fan0_b" not in xdc
+    # both PHYs' management pins (docs/board.md's pin table), 1.8 V, slow slew
+    for port, pin in (("eth_rgmii0_mdc", "G3"), ("eth_rgmii0_mdio", "F3"),
+                      ("eth_rgmii1_mdc", "R8"), ("eth_rgmii1_mdio", "T8")):
+        for prop in (f"PACKAGE_PIN {pin}", "IOSTANDARD LVCMOS18", "SLEW SLOW"):
+            assert f"set_property {prop} [get_ports {{{port}}}]" in xdc, (port, prop)
     assert "create_clock -name eth_rgmii1_rx_clk -period 8.000" in xdc
     assert "create_clock -name sfp_refclk0 -period 6.400" in xdc
     timing = (out / f"{ETH}_timing.xdc").read_text()
@@ -127,6 +132,9 @@ def test_tcl_names_every_interface_of_the_top(built):
             assert any(p.startswith(ref + "_") for p in eth), ref
     assert eth["gt_txdata"] == ("output", 64) and eth["gt_rxdata"] == ("input", 64)
     assert eth["rgmii1_txd"] == ("output", 4) and eth["rgmii2_rxd"] == ("input", 4)
+    for lk in (1, 2):
+        assert [eth[f"rgmii{lk}_{p}"] for p in ("mdc", "mdio_o", "mdio_t", "mdio_i")] == \
+            [("output", 1)] * 3 + [("input", 1)]
     assert eth["s_axi_eth_awaddr"] == ("input", 12)
     for lk in range(3):
         assert eth[f"s_axis_link{lk}_tdata"] == ("input", 64)
@@ -273,6 +281,18 @@ def test_tcl_runs_to_the_end_and_connects(built, tmp_path):
     assert net_of("sfp0_tx_p") == {"sfp0_tx_p", "gt/gthtxp_out"}
     assert net_of("sfp_ctl0_tx_disable") == {"sfp_ctl0_tx_disable", "eth/sfp_tx_disable"}
     assert net_of("sfp_refclk0_p") == {"sfp_refclk0_p", "refclk_buf/IBUF_DS_P"}
+    # each PHY's MDC straight out; its MDIO through an IOBUF whose I/T/O are the wrapper's
+    # mdio_o / mdio_t (1 = released) / mdio_i and whose IO is the board port
+    for r, lk in ((0, 1), (1, 2)):
+        buf = f"mdio{lk}_buf"
+        assert f"create_bd_cell -type ip -vlnv xilinx.com:ip:util_ds_buf {buf}" in calls
+        assert f"set_property CONFIG.C_BUF_TYPE IOBUF {buf}" in calls
+        assert "-dir O" in made[f"eth_rgmii{r}_mdc"] and "-dir IO" in made[f"eth_rgmii{r}_mdio"]
+        assert net_of(f"eth_rgmii{r}_mdc") == {f"eth_rgmii{r}_mdc", f"eth/rgmii{lk}_mdc"}
+        assert net_of(f"eth_rgmii{r}_mdio") == {f"eth_rgmii{r}_mdio", f"{buf}/IOBUF_IO_IO"}
+        assert net_of(f"{buf}/IOBUF_IO_I") == {f"eth/rgmii{lk}_mdio_o", f"{buf}/IOBUF_IO_I"}
+        assert net_of(f"{buf}/IOBUF_IO_T") == {f"eth/rgmii{lk}_mdio_t", f"{buf}/IOBUF_IO_T"}
+        assert net_of(f"{buf}/IOBUF_IO_O") == {f"{buf}/IOBUF_IO_O", f"eth/rgmii{lk}_mdio_i"}
     # the XDC enabled, the timing constraints late; the two control windows side by side
     assert "set_property is_enabled true kr260.xdc" in calls
     assert f"set_property PROCESSING_ORDER LATE {ETH}_timing.xdc" in calls

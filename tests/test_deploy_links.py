@@ -1,11 +1,17 @@
 """``mcf deploy --check-links`` (issue #36 item 3, :mod:`mcf.deploy.links`): the ping records
 and routes, the per-cable verdicts, and the check itself on two simulated KR260s in the ring
 (``node_cluster2``, the build ``tests/test_node_cluster.py`` shares): every cable passes both
-ways, and a cable that corrupts a frame is named with the receiver's CRC error."""
+ways, and a cable that corrupts a frame is named with the receiver's CRC error. The board side's
+PHY set-up (the simulated KR260 has no ``mcf_eth``): :func:`board_session` with the node's
+register bank as the golden CSR model and an ``eth`` whose ``phy_setup`` returns or raises."""
+
 
 from __future__ import annotations
 
+import io
 import json
+from dataclasses import asdict
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,7 +19,11 @@ from mcf.abi.meta import Collective, Meta, Op, Port, dispatch_port
 from mcf.abi.node import PayloadSource, Queue, RecordClass
 from mcf.abi.route import RingPort, route_entry
 from mcf.deploy.links import (
+    DONE,
+    FAILED,
+    READY,
     NodeResult,
+    board_session,
     cable_verdicts,
     missing,
     ping_records,
@@ -93,6 +103,127 @@ def test_verdicts_read_the_macs():
     b.eth[1] = {**b.eth[1], "link_up": False, "fcs_errors": 3}
     v = cable_verdicts([a, b])
     assert v[0].ok and not v[1].ok and "node 1 MAC down, fcs_errors 3" in v[1].line()
+
+
+def _phys(delays=(2.0, 2.0)):
+    """What ``EthDriver.phy_setup`` returns for the two PL PHYs (ID, registers read back)."""
+    from mcf.abi.eth import ETH_LINK_RGMII
+    from mcf.abi.mdio import PHY_ADDRS
+    from mcf.driver.eth import PhySetup
+    return tuple(PhySetup(link=lk, phy=addr, phy_id=0x2000A231, cfg4=0x1031, rgmiictl=0x00D3,
+                          rgmiidctl=0x77, phycr=0x5048, tx_delay_ns=delays[0],
+                          rx_delay_ns=delays[1])
+                 for lk, addr in zip(ETH_LINK_RGMII, PHY_ADDRS))
+
+
+def test_verdicts_show_the_phys():
+    """The RGMII cable's line names each end's PHY (MDIO address, delay mode, delays read
+    back); a PHY missing from the set-up or with other delays fails that cable, not the SFP+
+    one."""
+    eth = [{"link": lk, "link_up": True, "peer_id": 1, "rx_clk_hz": 125e6 if lk else None}
+           for lk in range(3)]
+    a = _result(0, (0, 1, 2), (1, 1), (1, 1))
+    b = _result(1, (1, 0, 2), (1, 1), (1, 1))
+    a.eth, b.eth = eth, [{**e, "peer_id": 0} for e in eth]
+    a.phys = b.phys = [asdict(p) for p in _phys()]
+    a, b = (NodeResult.from_json(r.to_json()) for r in (a, b))      # as the launcher reads them
+    v = cable_verdicts([a, b])
+    assert [x.ok for x in v] == [True, True]
+    assert "node 1 MAC up, rx_clk 125.0 MHz, PHY 2 rgmii-id tx 2 ns rx 2 ns" in v[1].line()
+    assert "PHY" not in v[0].line()                                 # the SFP+ cable
+    b.phys = [asdict(p) for p in _phys((2.75, 2.25))]
+    v = cable_verdicts([a, b])
+    assert [x.ok for x in v] == [True, False]
+    assert "node 1 MAC up, rx_clk 125.0 MHz, PHY 2 rgmii-id tx 2.75 ns rx 2.25 ns (not 2/2)" \
+        in v[1].line() and "FAILED" in v[1].line()
+    b.phys = [p for p in b.phys if p["link"] != 1]
+    v = cable_verdicts([a, b])
+    assert not v[1].ok and "node 1 MAC up, rx_clk 125.0 MHz, PHY not set up" in v[1].line()
+
+
+class _NodeBank:
+    """The node's register bank as :class:`mcf.golden.csr.CsrModel` of ``node_regmap`` (a
+    freshly loaded node: every status 0, ``DIR_READY`` 1), with ``NodeDriver``'s register
+    calls; ``log`` gets each register written."""
+
+    def __init__(self, log):
+        from mcf.abi.csrmap import node_regmap
+        from mcf.golden.csr import CsrModel
+        self.regmap, self.log = node_regmap(), log
+        self.csr = CsrModel(self.regmap)
+        self.csr.inputs[("DIR_READY", "ready")] = 1
+
+    def read_reg(self, name):
+        return self.csr.read(self.regmap.addr(name))[1]
+
+    def write_fields(self, name, **fields):
+        self.log.append(name)
+        self.csr.write(self.regmap.addr(name), self.regmap.register(name).pack(**fields), 0xF)
+
+    def wait_counter(self, name, at_least, *, timeout):
+        assert self.read_reg(name) >= at_least
+        return self.read_reg(name)
+
+
+class _Eth:
+    """``ol.eth`` for :func:`board_session`: ``phy_setup`` returns ``phys`` or raises
+    ``error``; every call in ``log``."""
+
+    def __init__(self, log, phys=(), error=None):
+        self.log, self.phys, self.error = log, phys, error
+
+    def configure(self, node, n):
+        self.log.append(("configure", node, n))
+
+    def phy_setup(self):
+        self.log.append("phy_setup")
+        if self.error is not None:
+            raise self.error
+        return self.phys
+
+    def link_status(self):
+        return []
+
+
+def _session(monkeypatch, eth, log, go=""):
+    """:func:`board_session` of node 1 of 2 with an overlay of :class:`_NodeBank` and ``eth``;
+    returns (exit code, the lines it printed)."""
+    import pynq
+    node = _NodeBank(log)
+    monkeypatch.setattr(pynq, "Overlay", lambda bit: SimpleNamespace(
+        node=node, eth=eth, ip_dict={"node": {}, "eth": {}}))
+    monkeypatch.setattr(pynq, "allocate", lambda shape, dtype: SimpleNamespace(
+        device_address=0x4000_0000))
+    out = io.StringIO()
+    rc = board_session("x.bit", 1, 2, 1e-3, stdin=io.StringIO(go), stdout=out)
+    return rc, out.getvalue().splitlines()
+
+
+def test_board_session_sets_up_the_phys(monkeypatch):
+    """After the MACs are configured and before the node is written, both PHYs are set up;
+    what they read back is in the READY result."""
+    log = []
+    rc, lines = _session(monkeypatch, _Eth(log, _phys()), log)
+    assert lines[0].startswith(READY) and rc == 1         # no GO: it stops after READY
+    assert lines[1] == FAILED + "RuntimeError: expected GO from the launcher, got ''"
+    assert log[:3] == [("configure", 1, 2), "phy_setup", "NODE"]
+    res = NodeResult.from_json(lines[0][len(READY):])
+    assert res.phys == [asdict(p) for p in _phys()] and res.eth == []
+    assert [(p["link"], p["phy"], p["rgmiidctl"]) for p in res.phys] == [(1, 2, 0x77),
+                                                                       (2, 3, 0x77)]
+
+
+def test_board_session_ends_on_a_phy_refused(monkeypatch):
+    """A PHY that does not answer ends the board's check with the driver's one line, before
+    READY and before the node is written."""
+    from mcf.driver.eth import PhySetupError
+    log = []
+    err = PhySetupError("link 1: no PHY answers at MDIO address 2 (read 0x02 gave 0xffff)")
+    rc, lines = _session(monkeypatch, _Eth(log, error=err), log, go="GO\n")
+    assert rc == 1 and lines == [FAILED + "PhySetupError: link 1: no PHY answers at MDIO "
+                                 "address 2 (read 0x02 gave 0xffff)"]
+    assert log == [("configure", 1, 2), "phy_setup"]
+    assert not any(line.startswith((READY, DONE)) for line in lines)
 
 
 # ---- on simulated KR260s ------------------------------------------------------------------------

@@ -107,6 +107,7 @@ def test_rgmii_phys():
             p = pins[f"eth_rgmii{i}_{sub}"]
             assert dict(p.attrs)["IOSTANDARD"] == "LVCMOS18", p
             assert (dict(p.attrs).get("SLEW") == "FAST") == sub.startswith("tx_"), p
+            assert (dict(p.attrs).get("SLEW") == "SLOW") == sub.startswith("md"), p
     assert pins["eth_rgmii0_rx_clk"].pin == "D4" and pins["eth_rgmii1_tx_clk"].pin == "J1"
     assert pins["eth_rgmii0_rx_clk"].clock_hz == 125e6
 

@@ -19,7 +19,8 @@ Every pin and I/O standard comes from ``shared/design/platform.md``:
   (J10A) in platform.md's order, LVCMOS18 (the SOM240 HPA/HPB banks run at 1.8 V), subsignals
   named as amaranth-boards' RGMII boards name them: ``tx_clk``, ``tx_ctl``, ``tx_data[0..3]``
   (outputs, fast slew), ``rx_clk`` (125 MHz, ``create_clock -period 8.000``), ``rx_ctl``,
-  ``rx_data[0..3]``, ``rst`` (active low), ``mdc``, ``mdio``. platform.md does not list these
+  ``rx_data[0..3]``, ``rst`` (active low), ``mdc`` (out) and ``mdio`` (in/out), both slow slew
+  (2.5 MHz management, :data:`mcf.abi.mdio.MDC_HALF_PERIOD`). platform.md does not list these
   pins: they are the carrier's nets (U79 on ``som240_1``, bank HPA; U80 on ``som240_2``, bank
   HPB) as the open KR260 Ethernet designs constrain them — check them against the carrier's
   schematic before the first bitstream (docs/board.md §4).
@@ -49,7 +50,8 @@ from mcf.abi.platform import ACLK_HZ, HP_PORTS, MODULE_REF_VLNV
 __all__ = ["KR260Platform", "BoardPin", "board_pins", "kr260_xdc", "vivado_tcl", "top_interfaces",
            "PART", "BOARD_PART", "BOARD_CONNECTIONS", "RGMII_PINS", "VIVADO_VERSION",
            "PL_CLK0_MHZ", "PL_CLK0_TOLERANCE", "RGMII_DELAY_MODE", "RGMII_TIMING",
-           "GT_WIZARD", "ETH_BOARD_PORTS", "eth_timing_xdc", "rgmii_io_xdc", "rgmii_board_port"]
+           "GT_WIZARD", "ETH_BOARD_PORTS", "eth_timing_xdc", "rgmii_io_xdc", "rgmii_board_port",
+           "mdio_buffer"]
 
 PART = "xck26-sfvc784-2LV-c"
 BOARD_PART = "xilinx.com:kr260_som:part0:1.1"
@@ -107,7 +109,8 @@ RGMII_PINS = (
 
 
 _RGMII_SUBSIGNAL = {"txd": "tx_data", "tx_ctl": "tx_ctl", "tx_clk": "tx_clk",
-                    "rxd": "rx_data", "rx_ctl": "rx_ctl", "rx_clk": "rx_clk", "rst_b": "rst_b"}
+                    "rxd": "rx_data", "rx_ctl": "rx_ctl", "rx_clk": "rx_clk", "rst_b": "rst_b",
+                    "mdc": "mdc", "mdio": "mdio"}
 
 
 def rgmii_board_port(link: int, pin: str) -> str:
@@ -115,6 +118,14 @@ def rgmii_board_port(link: int, pin: str) -> str:
     is the ``eth_rgmii`` resource ℓ − 1 (U79/J10B, U80/J10A)."""
     from mcf.abi.eth import ETH_LINK_RGMII
     return f"eth_rgmii{ETH_LINK_RGMII.index(link)}_{_RGMII_SUBSIGNAL[pin]}"
+
+
+def mdio_buffer(link: int) -> str:
+    """The block-design cell of RGMII link ``link``'s MDIO pin: a Utility Buffer
+    (``util_ds_buf``, ``C_BUF_TYPE IOBUF``) whose ``IOBUF_IO_I``/``IOBUF_IO_T``/``IOBUF_IO_O``
+    are ``mcf_eth``'s ``rgmii<link>_mdio_o``/``_mdio_t`` (1 = released)/``_mdio_i`` and whose
+    ``IOBUF_IO_IO`` is the board port (:func:`_eth_tcl`)."""
+    return f"mdio{link}_buf"
 
 
 def _eth_board_ports() -> list[tuple[str, str, int, str, str]]:
@@ -125,9 +136,11 @@ def _eth_board_ports() -> list[tuple[str, str, int, str, str]]:
     for lk in ETH_LINK_RGMII:
         for pin, d, w in (("txd", "O", 4), ("tx_ctl", "O", 1), ("tx_clk", "O", 1),
                           ("rxd", "I", 4), ("rx_ctl", "I", 1), ("rx_clk", "I", 1),
-                          ("rst_b", "O", 1)):
+                          ("rst_b", "O", 1), ("mdc", "O", 1)):
             out.append((rgmii_board_port(lk, pin), d, w, "clk" if pin == "rx_clk" else "data",
                         f"eth/rgmii{lk}_{pin}"))
+        out.append((rgmii_board_port(lk, "mdio"), "IO", 1, "data",
+                    f"{mdio_buffer(lk)}/IOBUF_IO_IO"))
     out += [("sfp_ctl0_tx_disable", "O", 1, "data", "eth/sfp_tx_disable"),
             ("sfp_ctl0_tx_fault", "I", 1, "data", "eth/sfp_tx_fault"),
             ("sfp_ctl0_rx_los", "I", 1, "data", "eth/sfp_rx_los"),
@@ -173,7 +186,7 @@ the core, free-running clock 125 MHz (the clocking wizard's). docs/board.md §2.
 
 def _rgmii(number: int, *, tx_clk, tx_ctl, tx_data, rx_clk, rx_ctl, rx_data, rst, mdc,
            mdio) -> Resource:
-    fast = Attrs(SLEW="FAST")
+    fast, slow = Attrs(SLEW="FAST"), Attrs(SLEW="SLOW")
     return Resource(
         "eth_rgmii", number,
         Subsignal("tx_clk", Pins(tx_clk, dir="o"), fast),
@@ -183,8 +196,8 @@ def _rgmii(number: int, *, tx_clk, tx_ctl, tx_data, rx_clk, rx_ctl, rx_data, rst
         Subsignal("rx_ctl", Pins(rx_ctl, dir="i")),
         Subsignal("rx_data", Pins(rx_data, dir="i")),
         Subsignal("rst", PinsN(rst, dir="o")),
-        Subsignal("mdc", Pins(mdc, dir="o")),
-        Subsignal("mdio", Pins(mdio, dir="io")),
+        Subsignal("mdc", Pins(mdc, dir="o"), slow),
+        Subsignal("mdio", Pins(mdio, dir="io"), slow),
         Attrs(IOSTANDARD="LVCMOS18"))
 
 
@@ -373,6 +386,7 @@ def rgmii_io_xdc() -> str:
 
 def _eth_tcl(eth: str, links: list[str]) -> str:
     """The block-design part that adds ``mcf_eth`` (see docs/board.md §2)."""
+    from mcf.abi.eth import ETH_LINK_RGMII
     from mcf.abi.platform import CTRL_BASE, CTRL_RANGE, ETH_CLK_HZ, ETH_CTRL_BASE, ETH_CTRL_RANGE
     mhz = f"{ETH_CLK_HZ / 1e6:.3f}"
     gt_cfg = " \\\n    ".join(f"CONFIG.{k} {{{v}}}" for k, v in GT_WIZARD.items())
@@ -384,6 +398,16 @@ def _eth_tcl(eth: str, links: list[str]) -> str:
         ports.append(f"create_bd_port -dir {d}{width}{typ}{freq} {name}")
         ports.append(f"connect_bd_net [get_bd_ports {name}] [get_bd_pins {pin}]")
     ports = "\n".join(ports)
+    mdio = []
+    for lk in ETH_LINK_RGMII:
+        buf = mdio_buffer(lk)
+        mdio += [f"create_bd_cell -type ip -vlnv xilinx.com:ip:util_ds_buf {buf}",
+                 f"set_property CONFIG.C_BUF_TYPE {{IOBUF}} [get_bd_cells {buf}]",
+                 *(f"connect_bd_net [get_bd_pins {a}] [get_bd_pins {b}]" for a, b in (
+                     (f"eth/rgmii{lk}_mdio_o", f"{buf}/IOBUF_IO_I"),
+                     (f"eth/rgmii{lk}_mdio_t", f"{buf}/IOBUF_IO_T"),
+                     (f"{buf}/IOBUF_IO_O", f"eth/rgmii{lk}_mdio_i")))]
+    mdio = "\n".join(mdio)
     link_nets = []
     for lk in sorted({int(re.sub(r"\D", "", s)) for s in links}):
         link_nets.append(f"connect_bd_intf_net [get_bd_intf_pins node/m_axis_link{lk}] "
@@ -445,6 +469,10 @@ set_property CONFIG.CONST_VAL {{0}} [get_bd_cells gt_zero]
 connect_bd_net [get_bd_pins gt_zero/dout] {zeros}
 connect_bd_net [get_bd_pins eth_clk/clk_out1] [get_bd_pins eth/eth_clk] \\
     [get_bd_pins gt/gtwiz_reset_clk_freerun_in]
+
+# Each RGMII PHY's MDIO: a tri-state IOBUF (util_ds_buf, C_BUF_TYPE IOBUF) between the
+# wrapper's mdio_o/mdio_t (T = 1: released)/mdio_i and the board pin (docs/board.md section 2).
+{mdio}
 
 # Board pins: block-design ports named as the XDC's (hdl/platform/kr260.py).
 {ports}

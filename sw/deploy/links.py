@@ -6,7 +6,11 @@ What is checked, per board, after the overlay is loaded:
 1. **Status registers.** The node's link counters (``link<p>_tx_frames``, ``link<p>_rx_*`` of
    :func:`mcf.abi.csrmap.node_regmap`, per router port ``p``) and, when the overlay has the MAC
    wrapper (``ol.eth``, :class:`mcf.driver.EthDriver`), every physical link's status
-   (``ETH_LINK`` up, SFP+ block lock and BER, RGMII receive clock, FCS errors and drops).
+   (``ETH_LINK`` up, SFP+ block lock and BER, RGMII receive clock, FCS errors and drops). With
+   the MAC wrapper the two RGMII PHYs are set up first (:meth:`mcf.driver.EthDriver.phy_setup`
+   over MDIO, after the MACs are configured): what each PHY read back goes into the result and
+   the RGMII cables' lines; a PHY that does not answer, is not a DP83867 or does not keep its
+   delays ends that board's check with the driver's one line.
 2. **A ping over every cable, both ways: the ring's round in each direction.** Each node sends
    one header-only ``Op.FETCH_REQUEST`` packet to each neighbour (two ``SEND`` records of 16
    bytes, no payload, no DDR read, then a ``MARK``): its parser hands a point-to-point packet for
@@ -105,7 +109,9 @@ class NodeResult:
     """What one node's host read: the link map (router port → physical link), the link
     counters before and after the pings, the pings it counted (``lsink_fetch_requests``) and
     its MARKs retired, the MACs' status per physical link (``None``: no MAC wrapper in the
-    overlay), and ``error`` if the host failed (a node not freshly loaded, a timeout)."""
+    overlay), the RGMII PHYs' set-up (``phys``: one :class:`mcf.driver.eth.PhySetup` as a dict
+    per PHY, what it read back; ``None`` without the MAC wrapper), and ``error`` if the host
+    failed (a node not freshly loaded, a PHY refused, a timeout)."""
     node: int
     links: tuple[int, ...]
     before: dict[str, int] = field(default_factory=dict)
@@ -113,6 +119,7 @@ class NodeResult:
     pings: int = 0
     marks: int = 0
     eth: list[dict] | None = None
+    phys: list[dict] | None = None
     error: str = ""
     state: dict[str, int] = field(default_factory=dict)
     """The NET queue's ring and sequencer registers, the local sink's and parsers' counters
@@ -155,8 +162,11 @@ class NodePing:
         return [asdict(s) for s in self.eth.link_status()]
 
     def prepare(self, ready_timeout: float = 1e-3) -> NodeResult:
-        """Check the node is fresh, write identity, link map, the hop routes and the NET ring's
-        place (``CMD0_BASE``/``CMD0_SIZE``), start the NET queue, read the counters."""
+        """Check the node is fresh; with the MAC wrapper, configure the MACs and set up the
+        RGMII PHYs (:meth:`mcf.driver.EthDriver.phy_setup`; its
+        :class:`~mcf.driver.eth.PhySetupError` propagates: the board's check ends with its
+        line); write identity, link map, the hop routes and the NET ring's place
+        (``CMD0_BASE``/``CMD0_SIZE``), start the NET queue, read the counters."""
         from ..driver.node_map import CommandRing
         drv = self.driver
         if drv.read_reg("lsink_fetch_requests"):
@@ -165,7 +175,9 @@ class NodePing:
                                "again (a PL reset) before the check")
         drv.wait_counter("DIR_READY", 1, timeout=ready_timeout)
         if self.eth is not None:
+            from dataclasses import asdict
             self.eth.configure(self.node, self.n)
+            self.result.phys = [asdict(p) for p in self.eth.phy_setup()]
         drv.write_fields("NODE", local_id=self.node, num_nodes=self.n)
         drv.write_fields("LINK_MAP", **{f"port{p}_link": ln for p, ln in enumerate(self.links)})
         for _, rid, entry in ping_routes(self.node, self.n):
@@ -251,9 +263,28 @@ def _direction(src: NodeResult, dst: NodeResult, sport: int, dport: int) -> tupl
     return ok, text
 
 
+def _phy(r: NodeResult, link: int) -> tuple[bool, str]:
+    """What node ``r``'s PHY set-up says of RGMII link ``link``: not ok when no set-up is
+    recorded for the link or its delays read back are not :data:`mcf.abi.mdio.RGMII_TX_DELAY_NS`
+    / ``RGMII_RX_DELAY_NS``; the text names the PHY's MDIO address and the delays. ``(True,
+    "")`` for the SFP+ link or without PHY results."""
+    from ..abi.eth import ETH_LINK_RGMII
+    from ..abi.mdio import RGMII_DELAY_MODE, RGMII_RX_DELAY_NS, RGMII_TX_DELAY_NS
+    if r.phys is None or link not in ETH_LINK_RGMII:
+        return True, ""
+    p = next((x for x in r.phys if x["link"] == link), None)
+    if p is None:
+        return False, ", PHY not set up"
+    got = (p["tx_delay_ns"], p["rx_delay_ns"])
+    text = f", PHY {p['phy']} {RGMII_DELAY_MODE} tx {got[0]:g} ns rx {got[1]:g} ns"
+    if got != (RGMII_TX_DELAY_NS, RGMII_RX_DELAY_NS):
+        return False, (f"{text} (not {RGMII_TX_DELAY_NS:g}/{RGMII_RX_DELAY_NS:g})")
+    return True, text
+
+
 def _mac(r: NodeResult, link: int, peer: int) -> tuple[bool, str]:
-    """The MAC's view of ``link`` at node ``r``, whose cable leads to node ``peer``
-    (``(True, "")`` without a MAC wrapper)."""
+    """The MAC's view of ``link`` at node ``r``, whose cable leads to node ``peer``, and the
+    link's PHY set-up (:func:`_phy`) (``(True, "")`` without a MAC wrapper)."""
     if r.eth is None:
         return True, ""
     s = next(x for x in r.eth if x["link"] == link)
@@ -272,7 +303,8 @@ def _mac(r: NodeResult, link: int, peer: int) -> tuple[bool, str]:
     extra = ""
     if s.get("rx_clk_hz") is not None:
         extra = f", rx_clk {s['rx_clk_hz'] / 1e6:.1f} MHz"
-    return not bad, f"node {r.node} MAC {'up' if not bad else ', '.join(bad)}{extra}"
+    phy_ok, phy = _phy(r, link)
+    return not bad and phy_ok, f"node {r.node} MAC {', '.join(bad) or 'up'}{extra}{phy}"
 
 
 def cable_verdicts(results: list[NodeResult]) -> list[CableVerdict]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .abi.compute import WEIGHT_STRIPES, StripeJob, gemm_w_stream, gemm_w_stripes
+from .abi.compute import STRIPE_ALIGN, WEIGHT_STRIPES, StripeJob, gemm_w_stream, gemm_w_stripes
 from .abi.fixed import pack_int4, saturate
 from .abi.quant import ACT, GROUP_SIZE, SCALE_MANT_BITS, WEIGHT, Scale
 
@@ -132,7 +132,7 @@ def gemm_tile_blob(qw: QuantWeight, rows: int, lanes: int, bias=None) -> bytes:
 
 def gemm_stripe_image(qw: QuantWeight, rows: int, lanes: int, bias=None, *, base: int = 0,
                       ports: int = WEIGHT_STRIPES, beat_bytes: int = 16,
-                      align: int = 4096) -> tuple[bytes, StripeJob]:
+                      align: int = STRIPE_ALIGN) -> tuple[bytes, StripeJob]:
     """A weight matrix as the driver lays it in DDR for the stripe readers (docs/node.md §4):
     the tile blob (:func:`gemm_tile_blob`) as the engine's stream for a ``w_in`` of ``ports ·
     beat_bytes`` bytes (:func:`mcf.abi.compute.gemm_w_stream`), split into ``ports`` stripes

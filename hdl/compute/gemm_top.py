@@ -13,6 +13,7 @@ from mcf.abi.fixed import INT8
 from mcf.abi.quant import GROUP_SIZE, ReadDest, WriteSrc
 
 from ..mem.dma import DmaLoader
+from ..mem.stripe import StripeReader
 from .gemm import GemmEngine
 from .vector import VectorUnit
 
@@ -24,10 +25,16 @@ class MatrixEngine(wiring.Component):
 
     ``arrays`` is the GEMM's number of token-parallel 16 × 16 arrays (:class:`GemmEngine`; 1
     today, 4 on the kr260 node, docs/node.md §11); ports and stream formats do not depend on
-    it. The weight stream comes from one port here (``w_in`` = ``data_width``): with 4 arrays
-    the GEMM runs at full rate from 32-token jobs up and at the port's rate below (the node
-    top feeds a 512-bit ``w_in`` from four ports instead, docs/node.md §4). ``chain``, ``dsp``:
-    the arrays' post-adder chain length and how its slices are built (:class:`GemmArray`).
+    it. ``chain``, ``dsp``: the arrays' post-adder chain length and how its slices are built
+    (:class:`GemmArray`).
+
+    Weights: with ``w_ports = 0`` they come from port 1 (``rd_dest1 = GEMM_W``; ``w_in`` =
+    ``data_width``): with 4 arrays the GEMM runs at full rate from 32-token jobs up and at the
+    port's rate below. With ``w_ports = P`` > 0 (the node top: one per HP port, docs/node.md
+    §4) a :class:`~mcf.hdl.mem.stripe.StripeReader` of ``P`` ports feeds the GEMM's
+    ``P · data_width``-bit ``w_in`` (:func:`mcf.quant.gemm_stripe_image` layout), one job per
+    GEMM job on ``w_job``; ``GEMM_W`` is then no destination of port 0 or 1 (port 1 reads the
+    vector unit's second operand only).
 
     Members
     -------
@@ -47,23 +54,31 @@ class MatrixEngine(wiring.Component):
     gemm_status : Out(:data:`mcf.abi.compute.GEMM_STATUS`)
     vec_status : Out(:data:`mcf.abi.compute.VECTOR_STATUS`)
         Status counters of the parts.
+    w_job : In(stream.Signature(:func:`mcf.abi.compute.stripe_job_layout`)) — ``w_ports`` > 0
+        only: the weight matrix of each GEMM job, in job order.
+    m_axi_w0 … m_axi_w{P-1} : Out(AXI4Signature) — ``w_ports`` > 0 only: the stripe readers'
+        read masters, one per HP port (R only).
+    stripe_status : Out(:data:`mcf.abi.compute.STRIPE_STATUS`) — ``w_ports`` > 0 only.
     wr_busy, gemm_busy : Out(1)
         Port 0's write path has something outstanding; the GEMM has a job queued or in
-        flight.
+        flight (or, with stripe readers, a weight job is queued or not yet consumed).
 
     Latency: the sum of the parts; the routing adds none (combinational).
     """
 
     def __init__(self, rows=16, lanes=16, group=GROUP_SIZE, k_max=8960, m_max=64,
                  vec_n_max=8960, data_width=128, outstanding=8, arrays=1, chain=1,
-                 dsp="fabric"):
+                 dsp="fabric", w_ports=0):
         vec_lanes = data_width // 32
         if lanes * INT8.width != data_width:
             raise ValueError("the GEMM beat (lanes·8) must equal the port width")
+        self.w_ports = w_ports
         self.dma0 = DmaLoader(data_width, outstanding=outstanding)
         self.dma1 = DmaLoader(data_width, outstanding=outstanding)
         self.gemm = GemmEngine(rows, lanes, group, k_max, m_max, arrays=arrays,
-                               chain=chain, dsp=dsp)
+                               w_width=data_width * (w_ports or 1), chain=chain, dsp=dsp)
+        self.stripes = (StripeReader(w_ports, data_width, outstanding=outstanding)
+                        if w_ports else None)
         self.vec = VectorUnit(vec_lanes, vec_n_max)
         d0 = self.dma0.signature.members
         g = self.gemm.signature.members
@@ -77,7 +92,13 @@ class MatrixEngine(wiring.Component):
             "dma0_status": Out(DMA_STATUS), "dma1_status": Out(DMA_STATUS),
             "gemm_status": Out(GEMM_STATUS), "vec_status": Out(VECTOR_STATUS),
             "wr_busy": d0["wr_busy"], "gemm_busy": g["busy"],
+            **(self._stripe_members() if w_ports else {}),
         })
+
+    def _stripe_members(self) -> dict:
+        s = self.stripes.signature.members
+        return {"w_job": s["job"], "stripe_status": s["status"],
+                **{f"m_axi_w{p}": s[f"bus{p}"] for p in range(self.w_ports)}}
 
     def elaborate(self, platform):
         m = Module()
@@ -96,10 +117,20 @@ class MatrixEngine(wiring.Component):
                      v.eps.eq(self.vec_eps),
                      self.dma0_status.eq(d0.status), self.dma1_status.eq(d1.status),
                      self.gemm_status.eq(g.status), self.vec_status.eq(v.status),
-                     self.wr_busy.eq(d0.wr_busy), self.gemm_busy.eq(g.busy)]
+                     self.wr_busy.eq(d0.wr_busy),
+                     self.gemm_busy.eq(g.busy | self.stripes.busy if self.w_ports else g.busy)]
 
         sinks = {ReadDest.GEMM_X: g.x_in, ReadDest.GEMM_W: g.w_in, ReadDest.VEC_A: v.a,
                  ReadDest.VEC_B: v.b}
+        if self.w_ports:
+            m.submodules.stripes = s = self.stripes
+            del sinks[ReadDest.GEMM_W]
+            wiring.connect(m, wiring.flipped(self.w_job), s.job)
+            wiring.connect(m, s.o, g.w_in)
+            for p in range(self.w_ports):
+                wiring.connect(m, getattr(s, f"bus{p}"),
+                               wiring.flipped(getattr(self, f"m_axi_w{p}")))
+            m.d.comb += self.stripe_status.eq(s.status)
         for dest, sink in sinks.items():
             sel1 = Signal(name=f"from1_{dest.name.lower()}")
             m.d.comb += sel1.eq((self.rd_dest1 == dest) & (self.rd_dest0 != dest))

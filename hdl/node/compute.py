@@ -14,7 +14,9 @@ from mcf.abi.compute import (
     DMA_ADDR_BITS,
     DMA_STATUS,
     GEMM_STATUS,
+    STRIPE_STATUS,
     VECTOR_STATUS,
+    WEIGHT_STRIPES,
 )
 from mcf.abi.emit import EMIT_CONFIG, EMIT_STATUS
 from mcf.abi.framing import beat_layout, parsed_layout
@@ -35,13 +37,21 @@ from .kv_reader import KvReader
 
 __all__ = ["NodeCompute", "COMPUTE_BUSES"]
 
-COMPUTE_BUSES = ("walker", "mat0", "mat1", "emit", "att_rd", "att_wr", "kvr")
+WEIGHT_BUSES = tuple(f"w{p}" for p in range(WEIGHT_STRIPES))
+"""The stripe readers' masters, ``w<p>`` on HP port ``p`` (docs/node.md §4)."""
+
+COMPUTE_BUSES = ("walker", "mat0", "mat1", "emit", "att_rd", "att_wr", "kvr", *WEIGHT_BUSES)
 """The AXI4 masters of the compute half (members ``m_axi_<name>``); the node top places each
 on an HP port (docs/node.md §4)."""
 
 
 class NodeCompute(wiring.Component):
     """JOB walker + matrix engine, K/V emitter, ATTEND executor + KV reader + attention engine.
+
+    The matrix engine reads its weights through stripe readers on every HP port
+    (``MatrixEngine(w_ports=WEIGHT_STRIPES)``, the walker's STRIPE entries; docs/node.md §4) in
+    both configurations: its ``w_in`` is ``WEIGHT_STRIPES · 128`` = 512 bits wide; port 1
+    (``mat1``) reads only the vector unit's second operand.
 
     Parameters
     ----------
@@ -61,11 +71,11 @@ class NodeCompute(wiring.Component):
     staged_emit, staged_attn : Out(stream.Signature(beat_layout(64)))
         EMIT's replica payloads and ATTEND's decode states, to the send unit's staged FIFOs.
     m_axi_<bus> : Out(AXI4Signature(40, 128)) for each of :data:`COMPUTE_BUSES`
-        walker (template rows, R only), mat0 (activations R, results W), mat1 (weights R),
-        emit (ACT K/V rows R), att_rd (lists and queries R), att_wr (PREFILL ``o/l`` W),
-        kvr (K/V token records R).
+        walker (template rows, R only), mat0 (activations R, results W), mat1 (vector 2nd
+        operand R), emit (ACT K/V rows R), att_rd (lists and queries R), att_wr (PREFILL
+        ``o/l`` W), kvr (K/V token records R), w0..w3 (weight stripe ``p``, R only).
     jobs_status, emit_status, att_status, kvr_status, dma0_status, dma1_status, gemm_status,
-    vector_status, attn_status : Out — every unit's counters.
+    vector_status, attn_status, stripe_status : Out — every unit's counters.
     cmp_status : Out(:data:`mcf.abi.compute.COMPUTE_BUSY_STATUS`) — busy cycles per record
         stream and in all (a record is in progress from its transfer to its ``done``).
 
@@ -75,11 +85,15 @@ class NodeCompute(wiring.Component):
 
     def __init__(self, config: NodeConfig):
         c = self.config = config
-        self.walker = JobWalker(c.gemm_limits, vec_n_max=c.vec_n_max, data_width=AXI_WIDTH)
+        if c.hp_ports != WEIGHT_STRIPES:
+            raise ValueError(f"{c.name}: the weights are striped over {WEIGHT_STRIPES} HP ports")
+        self.walker = JobWalker(c.gemm_limits, vec_n_max=c.vec_n_max, data_width=AXI_WIDTH,
+                                stripes=True)
         self.matrix = MatrixEngine(rows=c.gemm_rows, lanes=c.gemm_lanes, group=c.group,
                                    k_max=c.gemm_k_max, m_max=c.gemm_m_max,
                                    vec_n_max=c.vec_n_max, data_width=AXI_WIDTH,
-                                   arrays=c.gemm_arrays, chain=c.gemm_chain, dsp=c.gemm_dsp)
+                                   arrays=c.gemm_arrays, chain=c.gemm_chain, dsp=c.gemm_dsp,
+                                   w_ports=WEIGHT_STRIPES)
         self.emitter = EmitUnit(c.attn_head_dim)
         self.attender = AttendUnit(c.attn_head_dim, c.attn_lanes, c.attn_heads, c.attn_block,
                                    out_width=PACKET_WIDTH, data_width=AXI_WIDTH)
@@ -103,7 +117,7 @@ class NodeCompute(wiring.Component):
             "att_status": Out(ATTEND_STATUS), "kvr_status": Out(KV_READER_STATUS),
             "dma0_status": Out(DMA_STATUS), "dma1_status": Out(DMA_STATUS),
             "gemm_status": Out(GEMM_STATUS), "vector_status": Out(VECTOR_STATUS),
-            "attn_status": Out(attn_status_layout()),
+            "attn_status": Out(attn_status_layout()), "stripe_status": Out(STRIPE_STATUS),
             "cmp_status": Out(COMPUTE_BUSY_STATUS),
         })
 
@@ -141,7 +155,8 @@ class NodeCompute(wiring.Component):
         m.d.comb += [self.attend_done.eq(a.done), a.list_base.eq(self.att_list_base)]
 
         buses = {"walker": w.m_axi, "mat0": x.m_axi0, "mat1": x.m_axi1, "emit": e.bus,
-                 "att_rd": a.rd_bus, "att_wr": a.wr_bus, "kvr": r.bus}
+                 "att_rd": a.rd_bus, "att_wr": a.wr_bus, "kvr": r.bus,
+                 **{b: getattr(x, f"m_axi_{b}") for b in WEIGHT_BUSES}}
         for name, bus in buses.items():
             wiring.connect(m, bus, wiring.flipped(getattr(self, f"m_axi_{name}")))
 
@@ -149,7 +164,7 @@ class NodeCompute(wiring.Component):
                      self.att_status.eq(a.status), self.kvr_status.eq(r.status),
                      self.dma0_status.eq(x.dma0_status), self.dma1_status.eq(x.dma1_status),
                      self.gemm_status.eq(x.gemm_status), self.vector_status.eq(x.vec_status),
-                     self.attn_status.eq(g.status)]
+                     self.attn_status.eq(g.status), self.stripe_status.eq(x.stripe_status)]
 
         # busy cycles: a record is in progress from its transfer to its done strobe
         st = self.cmp_status

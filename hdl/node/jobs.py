@@ -8,13 +8,14 @@ from amaranth import Cat, Module, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.compute import GEMM_JOB, GemmLimits
+from mcf.abi.compute import DMA_DESC, GEMM_JOB, STRIPE_ALIGN, GemmLimits, stripe_job_layout
 from mcf.abi.jobs import (
     ENTRY_BYTES,
     JOB_ARG,
     JOB_INDEX_BITS,
     JOBS_STATUS,
     ROUTE,
+    STRIPE_KIND,
     TEMPLATE_ENTRY,
     TEMPLATE_REF,
     VEC_CFG,
@@ -51,6 +52,11 @@ class JobWalker(wiring.Component):
     rd_desc0, rd_desc1, wr_desc, gemm_job : Out(stream)
         To the engine's members of the same names; each behind a ``queue``-deep FIFO so the
         walker runs ahead of a busy stream.
+    w_job : Out(stream.Signature(:func:`mcf.abi.compute.stripe_job_layout`)) — ``stripes``
+        only: STRIPE entries as stripe-reader jobs (``pitch`` = the entry's ``ext`` ·
+        :data:`mcf.abi.compute.STRIPE_ALIGN`), to the engine's ``w_job`` (a
+        ``MatrixEngine(w_ports > 0)``), behind its own queue. Without ``stripes`` a STRIPE
+        entry is a bad entry.
     rd_dest0, rd_dest1, wr_src, vec_op, vec_n_beats, vec_eps : Out
         The engine's routing and vector configuration (held between ROUTE / VEC entries).
     wr_busy, gemm_busy : In(1)
@@ -68,8 +74,8 @@ class JobWalker(wiring.Component):
     """
 
     def __init__(self, gemm: GemmLimits, vec_n_max=8960, data_width=128,
-                 addr_width=ADDR_BITS, queue=8):
-        self.queue, self.gemm = queue, gemm
+                 addr_width=ADDR_BITS, queue=8, stripes=False):
+        self.queue, self.gemm, self.stripes = queue, gemm, stripes
         self.reader = DmaReader(data_width, addr_width, outstanding=2, fifo_depth=256)
         dma = stream.Signature(descriptor_layout(addr_width))
         super().__init__({
@@ -84,6 +90,8 @@ class JobWalker(wiring.Component):
             "vec_eps": Out(32),
             "wr_busy": In(1), "gemm_busy": In(1),
             "status": Out(JOBS_STATUS),
+            **({"w_job": Out(stream.Signature(stripe_job_layout(addr_width)))}
+               if stripes else {}),
         })
 
     def elaborate(self, platform):
@@ -92,14 +100,19 @@ class JobWalker(wiring.Component):
         wiring.connect(m, rd.bus, wiring.flipped(self.m_axi))
         st = self.status
 
-        outs = {EntryKind.RD0: self.rd_desc0, EntryKind.RD1: self.rd_desc1,
-                EntryKind.WR: self.wr_desc, EntryKind.GEMM: self.gemm_job}
+        outs = {EntryKind.RD0.value: ("rd0", self.rd_desc0),
+                EntryKind.RD1.value: ("rd1", self.rd_desc1),
+                EntryKind.WR.value: ("wr", self.wr_desc),
+                EntryKind.GEMM.value: ("gemm", self.gemm_job)}
+        if self.stripes:
+            outs[STRIPE_KIND] = ("stripe", self.w_job)
         queues = {}
-        for kind, port in outs.items():
+        for kind, (name, port) in outs.items():
             q = fifo.SyncFIFOBuffered(width=port.payload.shape().size, depth=self.queue)
-            m.submodules[f"q_{kind.name.lower()}"] = queues[kind] = q
+            m.submodules[f"q_{name}"] = queues[kind] = q
             m.d.comb += [port.valid.eq(q.r_rdy), port.payload.eq(q.r_data),
                          q.r_en.eq(port.ready)]
+        last_kind = STRIPE_KIND if self.stripes else EntryKind.VEC.value
 
         # fence: queues empty and the engine idle for SETTLE cycles
         idle_now = Signal()
@@ -190,9 +203,11 @@ class JobWalker(wiring.Component):
                     with m.Else():
                         with m.Switch(ent.kind):
                             for kind, q in queues.items():
-                                with m.Case(kind.value):
+                                with m.Case(kind):
                                     m.d.comb += [q.w_en.eq(1), q.w_data.eq(ent.body),
                                                  take.eq(q.w_rdy)]
+                                    if kind == STRIPE_KIND:
+                                        m.d.comb += q.w_data.eq(self._stripe_job(m, ent))
                             with m.Case(EntryKind.ROUTE.value):
                                 r = data.View(ROUTE, ent.body[:ROUTE.size])
                                 m.d.sync += [self.rd_dest0.eq(r.rd_dest0),
@@ -209,7 +224,7 @@ class JobWalker(wiring.Component):
                                 m.d.comb += take.eq(1)
                                 m.d.sync += st.bad_entries.eq(st.bad_entries + 1)
                                 abort()
-                        with m.If(take & (ent.kind <= EntryKind.VEC.value)):
+                        with m.If(take & (ent.kind <= last_kind)):
                             m.d.sync += st.entries.eq(st.entries + 1)
                             with m.If(fences):
                                 m.d.sync += st.fences.eq(st.fences + 1)
@@ -232,6 +247,17 @@ class JobWalker(wiring.Component):
         return m
 
 
+    def _stripe_job(self, m: Module, ent) -> data.View:
+        """A STRIPE entry as the stripe readers' job: the body's transfer (stripe 0), ``pitch``
+        from ``ext``."""
+        d = data.View(DMA_DESC, ent.body[:DMA_DESC.size])
+        job = Signal(self.w_job.payload.shape(), name="stripe_job")
+        m.d.comb += [job.addr.eq(d.addr), job.length.eq(d.length), job.stride.eq(d.stride),
+                     job.count.eq(d.count),
+                     job.pitch.eq(ent.ext << (STRIPE_ALIGN.bit_length() - 1))]
+        return job
+
+
 STREAMS = ("rd_desc0", "rd_desc1", "wr_desc", "gemm_job")
 SETTINGS = ("rd_dest0", "rd_dest1", "wr_src", "vec_op", "vec_n_beats", "vec_eps")
 
@@ -241,5 +267,7 @@ def connect_engine(m: Module, walker: JobWalker, engine) -> None:
     streams with ``wiring.connect``, the settings and busy flags member to member."""
     for name in STREAMS:
         wiring.connect(m, getattr(walker, name), getattr(engine, name))
+    if walker.stripes:
+        wiring.connect(m, walker.w_job, engine.w_job)
     m.d.comb += [getattr(engine, n).eq(getattr(walker, n)) for n in SETTINGS]
     m.d.comb += [walker.wr_busy.eq(engine.wr_busy), walker.gemm_busy.eq(engine.gemm_busy)]

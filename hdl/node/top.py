@@ -52,12 +52,13 @@ from .sequencer import QueueSequencer
 __all__ = ["NodeTop", "node_axis_names", "HP_CLIENTS"]
 
 HP_CLIENTS: dict[int, tuple[str, ...]] = {
-    0: ("ring0", "ring1", "walker", "mat0"),
-    1: ("mat1", "kvr"),
-    2: ("land", "dec", "att_wr"),
-    3: ("send", "emit", "att_rd"),
+    0: ("ring0", "ring1", "walker", "mat0", "w0"),
+    1: ("mat1", "kvr", "w1"),
+    2: ("land", "dec", "att_wr", "w2"),
+    3: ("send", "emit", "att_rd", "w3"),
 }
-"""The AXI4 masters on each HP port, in client (AXI ID) order (docs/node.md §4)."""
+"""The AXI4 masters on each HP port, in client (AXI ID) order (docs/node.md §4): weight stripe
+``p`` (``w<p>``, the GEMM's stripe readers) on HP port ``p`` beside that port's other clients."""
 
 
 def node_axis_names(links: int = NODE_LINKS) -> dict[str, str]:
@@ -192,7 +193,7 @@ class NodeTop(wiring.Component):
         wiring.connect(m, comp.staged_emit, send.staged_emit)
         wiring.connect(m, comp.staged_attn, send.staged_attn)
         for prefix in ("jobs", "emit", "att", "kvr", "dma0", "dma1", "gemm", "vector", "attn",
-                       "cmp"):
+                       "cmp", "stripe"):
             status(prefix, getattr(comp, f"{prefix}_status"))
 
         parsers = [Parser(PACKET_WIDTH, max_payload=cfg.max_payload)
@@ -330,7 +331,7 @@ class NodeTop(wiring.Component):
                                      land.status.write_errors, dec.status.write_errors,
                                      send.status.read_errors, comp.jobs_status.read_errors,
                                      comp.emit_status.read_errors, comp.att_status.write_errors,
-                                     comp.kvr_status.bus_errors,
+                                     comp.kvr_status.bus_errors, comp.stripe_status.errors,
                                      *(getattr(comp, f"dma{i}_status")[f"{d}_errors"]
                                        for i in (0, 1) for d in ("rd", "wr"))]),
             "drop": _bumped(m, [land.status.drop_unmapped, land.status.drop_bad_seq,

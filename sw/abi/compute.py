@@ -22,7 +22,8 @@ __all__ = [
     "DMA_READ_STATUS", "DMA_WRITE_STATUS", "DMA_STATUS", "GEMM_STATUS", "VECTOR_STATUS",
     "COMPUTE_BUSY_STATUS",
     "status_values", "gemm_x_stream", "gemm_w_stream", "gemm_w_stripes",
-    "WEIGHT_STRIPES", "stripe_job_layout", "STRIPE_JOB", "StripeJob", "STRIPE_STATUS",
+    "WEIGHT_STRIPES", "STRIPE_ALIGN", "stripe_job_layout", "STRIPE_JOB", "StripeJob",
+    "STRIPE_STATUS",
 ]
 
 DMA_ADDR_BITS = 40  # ZU+ HP ports take 49 bits; the K26's DDR needs 36 (upper 2 GiB at 32 GiB)
@@ -189,7 +190,14 @@ def gemm_w_stripes(w_stream: bytes, ports: int, beat_bytes: int) -> list[bytes]:
 
 WEIGHT_STRIPES = HP_PORTS
 """Stripes of a weight stream on the kr260 node, one per HP port, read in lockstep into a
-``WEIGHT_STRIPES × 16`` B = 64 B ``w_in`` (docs/node.md §4; :func:`gemm_w_stripes`)."""
+``WEIGHT_STRIPES × 16`` B = 64 B ``w_in`` (docs/node.md §4; :func:`gemm_w_stripes`). Both node
+configurations (``kr260`` and ``sim``) read their weights this way: one stripe per HP port."""
+
+STRIPE_ALIGN = 4096
+"""Alignment of each stripe of a weight matrix in DDR (:func:`mcf.quant.gemm_stripe_image`): a
+stripe's ``pitch`` is a whole number of these (a 4 KiB page: no AXI burst of one stripe crosses
+into the next), and a template's STRIPE entry carries ``pitch`` in these units
+(:data:`mcf.abi.jobs.TEMPLATE_ENTRY` ``ext``)."""
 
 
 def stripe_job_layout(addr_bits: int = DMA_ADDR_BITS) -> data.StructLayout:

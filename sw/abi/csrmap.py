@@ -16,10 +16,10 @@ from .regs import Access, Field, Register, RegisterMap, status_registers
 __all__ = ["COUNTER_BITS", "DropCause", "counters", "PARSER_STATUS", "PACKETIZER_STATUS",
            "node_regmap", "nic_regmap", "nic_registers", "node_register", "NODE_MAP_VERSION",
            "NIC_MAP_VERSION", "NODE_LINKS", "PARSER_PORTS", "compute_registers",
-           "node_top_registers"]
+           "node_top_registers", "stripe_registers"]
 
 COUNTER_BITS = 32
-NODE_MAP_VERSION = 0x0401  # minor 1: jobs_bad_gemm (the map grew by one counter)
+NODE_MAP_VERSION = 0x0402  # minor 1: jobs_bad_gemm; minor 2: the stripe_* counters (appended)
 NIC_MAP_VERSION = 0x0200
 NODE_LINKS = 3  # KR260 PL-side links: one 10G SFP+, two 1G RGMII
 PARSER_PORTS = NODE_LINKS + 1
@@ -108,7 +108,15 @@ def node_regmap() -> RegisterMap:
     regs.extend(nic_registers())
     regs.extend(compute_registers())
     regs.extend(node_top_registers())
+    regs.extend(stripe_registers())
     return regs
+
+
+def stripe_registers() -> list[Register]:
+    """``stripe_<field>``: the GEMM's stripe readers (:data:`mcf.abi.compute.STRIPE_STATUS`;
+    weights from every HP port, docs/node.md §4), after every other register of the map."""
+    from .compute import STRIPE_STATUS
+    return status_registers("stripe", STRIPE_STATUS, "stripe readers (GEMM weights)")
 
 
 def node_top_registers() -> list[Register]:

@@ -21,7 +21,15 @@ WR           :data:`~mcf.abi.compute.DMA_DESC`  push on ``wr_desc``
 GEMM         :data:`~mcf.abi.compute.GEMM_JOB`  push on ``gemm_job``
 ROUTE        :data:`ROUTE`                  set ``rd_dest0``, ``rd_dest1``, ``wr_src``
 VEC          :data:`VEC_CFG`                set ``vec_op``, ``vec_n_beats``, ``vec_eps``
+STRIPE (6)   :data:`~mcf.abi.compute.DMA_DESC`  push a :data:`~mcf.abi.compute.STRIPE_JOB` on
+             of stripe 0, ``ext`` = pitch   ``w_job`` (the stripe readers: a GEMM job's weights)
 ===========  =============================  ==============================================
+
+A STRIPE entry is one weight matrix laid out by :func:`mcf.quant.gemm_stripe_image`: its body
+is stripe 0's transfer (``addr``, ``length``, ``stride``, ``count``) and ``ext`` the ``pitch``
+between stripes in :data:`~mcf.abi.compute.STRIPE_ALIGN` units (< 2^11 · 4 KiB = 8 MiB per
+stripe; :meth:`Entry.pack` refuses more). Only a walker built with ``stripes`` (the node top's)
+has a ``w_job`` stream; to any other walker it is an unknown kind.
 
 ``fence`` = 1: before this entry, everything issued before it has completed (the walker's
 queues are empty, the engine's ``wr_busy`` and ``gemm_busy`` are low: every write descriptor
@@ -48,7 +56,17 @@ from dataclasses import dataclass
 from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
-from .compute import DMA_ADDR_BITS, DMA_DESC, GEMM_JOB, DmaDesc, GemmJob, GemmLimits
+from .compute import (
+    DMA_ADDR_BITS,
+    DMA_DESC,
+    GEMM_JOB,
+    STRIPE_ALIGN,
+    STRIPE_JOB,
+    DmaDesc,
+    GemmJob,
+    GemmLimits,
+    StripeJob,
+)
 from .csrmap import counters
 from .node import CMD
 from .quant import ReadDest, VectorOp, WriteSrc
@@ -57,6 +75,7 @@ from .regs import Access, Register, status_registers
 __all__ = [
     "JOB_INDEX_BITS", "JOB_ARG", "TEMPLATE_REF", "TEMPLATE_ENTRY", "ENTRY_BYTES", "EntryKind",
     "ROUTE", "VEC_CFG", "VEC_N_BEATS_BITS", "JOBS_STATUS", "Entry", "TemplateBuilder",
+    "STRIPE_KIND", "STRIPE_PITCH_BITS", "stripe_entry_job",
     "template_image", "walk", "jobs_registers",
 ]
 
@@ -75,13 +94,20 @@ TEMPLATE_REF = data.StructLayout({
 
 
 class EntryKind(enum.Enum, shape=4):
-    """What a template entry does (codes 6..15 are bad entries)."""
+    """What a template entry does (codes 6..15 are bad entries, except :data:`STRIPE_KIND` to a
+    walker with stripe readers)."""
     RD0 = 0
     RD1 = 1
     WR = 2
     GEMM = 3
     ROUTE = 4
     VEC = 5
+
+
+STRIPE_KIND = 6
+"""Kind code of a STRIPE entry: a weight matrix for the stripe readers (module docstring). Not an
+:class:`EntryKind` member: only a walker built with ``stripes`` (the node top's) executes it;
+to any other it is an unknown kind (a bad entry)."""
 
 
 ROUTE = data.StructLayout({"rd_dest0": ReadDest, "rd_dest1": ReadDest, "wr_src": WriteSrc})
@@ -99,9 +125,11 @@ TEMPLATE_ENTRY = data.StructLayout({
     "body": unsigned(_BODY_BITS),
     "kind": unsigned(4),                  # EntryKind code (kept raw: bad codes are counted)
     "fence": unsigned(1),
-    "reserved": unsigned(128 - _BODY_BITS - 5),
+    "ext": unsigned(128 - _BODY_BITS - 5),  # STRIPE: pitch / STRIPE_ALIGN; 0 for other kinds
 })
 """One template entry: one 128-bit beat."""
+
+STRIPE_PITCH_BITS = TEMPLATE_ENTRY["ext"].shape.width
 
 ENTRY_BYTES = TEMPLATE_ENTRY.size // 8
 
@@ -148,13 +176,22 @@ class Entry:
             return self.body
         if isinstance(self.body, (DmaDesc, GemmJob)):
             return self.body.pack()
+        if isinstance(self.body, StripeJob):
+            b = self.body
+            return DmaDesc(b.addr, b.length, b.stride, b.count).pack()
         layout = ROUTE if self.kind == EntryKind.ROUTE else VEC_CFG
         return layout.const(self.body).as_bits()
 
     def pack(self) -> int:
         kind = self.kind.value if isinstance(self.kind, EntryKind) else self.kind
+        ext = 0
+        if isinstance(self.body, StripeJob):
+            ext, rem = divmod(self.body.pitch, STRIPE_ALIGN)
+            if rem or ext >> STRIPE_PITCH_BITS:
+                raise ValueError(f"stripe pitch {self.body.pitch}: a multiple of {STRIPE_ALIGN} "
+                                 f"below {STRIPE_ALIGN << STRIPE_PITCH_BITS}")
         return TEMPLATE_ENTRY.const({"body": self.body_bits(), "kind": kind,
-                                     "fence": int(self.fence)}).as_bits()
+                                     "fence": int(self.fence), "ext": ext}).as_bits()
 
     def to_bytes(self) -> bytes:
         return self.pack().to_bytes(ENTRY_BYTES, "little")
@@ -229,7 +266,11 @@ class TemplateBuilder:
         self.transfer([(a, n * 4, a_stride, m)], [], wr)
 
     def gemms(self, jobs):
-        """``jobs``: ``(xq, m, k, (blob_addr, blob_bytes), QuantWeight, out)`` as the bench's."""
+        """``jobs``: ``(xq, m, k, weights, QuantWeight, out)`` as the bench's; ``weights`` is
+        ``(blob_addr, blob_bytes)`` of a tile blob (:func:`mcf.quant.gemm_tile_blob`, read by
+        the engine's port 1: an RD1 entry) or the :class:`~mcf.abi.compute.StripeJob` of a
+        stripe image (:func:`mcf.quant.gemm_stripe_image`, read by the stripe readers: a
+        STRIPE entry)."""
         self.route(ReadDest.GEMM_X, ReadDest.GEMM_W, WriteSrc.GEMM)
         for xq, m, k, blob, qw, out in jobs:
             n = qw.q.shape[0]
@@ -237,7 +278,10 @@ class TemplateBuilder:
             self.entries.append(Entry(EntryKind.GEMM, job))
             self._descs(EntryKind.RD0, [dataclasses.astuple(x)
                                         for x in job.x_descriptors(xq, self.lanes)])
-            self._descs(EntryKind.RD1, [(blob[0], blob[1], 0, 1)])
+            if isinstance(blob, StripeJob):
+                self.entries.append(Entry(STRIPE_KIND, blob))
+            else:
+                self._descs(EntryKind.RD1, [(blob[0], blob[1], 0, 1)])
             self._descs(EntryKind.WR, [(out + t * self.rows * 4, self.rows * 4, n * 4, m)
                                        for t in range(n // self.rows)])
 
@@ -245,14 +289,26 @@ class TemplateBuilder:
         self.gemms([(xq, m, k, blob, qw, out)])
 
 
-def walk(read, table: int, table_len: int, arg: int, gemm: GemmLimits) -> tuple[list, dict]:
+def stripe_entry_job(entry) -> int:
+    """The :data:`~mcf.abi.compute.STRIPE_JOB` (as an integer) a STRIPE entry (a
+    :data:`TEMPLATE_ENTRY` value) pushes on the walker's ``w_job``."""
+    d = DMA_DESC.from_bits(int(entry.body) & ((1 << DMA_DESC.size) - 1))
+    return STRIPE_JOB.const({"addr": int(d.addr), "pitch": int(entry.ext) * STRIPE_ALIGN,
+                             "length": int(d.length), "stride": int(d.stride),
+                             "count": int(d.count)}).as_bits()
+
+
+def walk(read, table: int, table_len: int, arg: int, gemm: GemmLimits,
+         stripes: bool = True) -> tuple[list, dict]:
     """Golden model of the walker for one JOB record (``arg`` = ``CMD.arg``) in front of an
-    engine accepting ``gemm``: ``read(addr, n)`` returns ``n`` bytes of DDR. Returns
+    engine accepting ``gemm`` (with stripe readers, as the node top's, when ``stripes``: STRIPE
+    entries go to ``w_job``; else they are bad entries): ``read(addr, n)`` returns ``n`` bytes
+    of DDR. Returns
     ``(actions, counts)``: the actions in issue order, each ``(group, target, value)`` —
     ``group`` counts the fences passed so far (an action may reach the engine only after every
     WR and GEMM action of a lower group completed), ``target`` a walker output (``rd_desc0``,
-    ``rd_desc1``, ``wr_desc``, ``gemm_job``, ``route``, ``vec``) and ``value`` its integer
-    payload — and the :data:`JOBS_STATUS` increments."""
+    ``rd_desc1``, ``wr_desc``, ``gemm_job``, ``route``, ``vec``, ``w_job``) and ``value`` its
+    integer payload — and the :data:`JOBS_STATUS` increments."""
     c = {name: 0 for name, _ in JOBS_STATUS}
     c["jobs"] = 1
     idx = JOB_ARG.from_bits(arg).template
@@ -271,6 +327,8 @@ def walk(read, table: int, table_len: int, arg: int, gemm: GemmLimits) -> tuple[
         try:
             kind = EntryKind(int(e.kind))
         except ValueError:
+            kind = STRIPE_KIND if stripes and int(e.kind) == STRIPE_KIND else None
+        if kind is None:
             c["bad_entries"] += 1
             return actions, c
         if kind == EntryKind.GEMM:
@@ -281,8 +339,11 @@ def walk(read, table: int, table_len: int, arg: int, gemm: GemmLimits) -> tuple[
         if e.fence or kind in (EntryKind.ROUTE, EntryKind.VEC):
             group += 1
             c["fences"] += 1
-        name, layout = targets[kind]
-        actions.append((group, name, int(e.body) & ((1 << layout.size) - 1)))
+        if kind == STRIPE_KIND:
+            actions.append((group, "w_job", stripe_entry_job(e)))
+        else:
+            name, layout = targets[kind]
+            actions.append((group, name, int(e.body) & ((1 << layout.size) - 1)))
         c["entries"] += 1
     c["fences"] += 1
     return actions, c

@@ -24,6 +24,7 @@ same order and block partition), against which the RTL is compared bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +40,7 @@ from ..abi.attend import (
     attend_list_bytes,
     prefill_query_address,
 )
+from ..abi.compute import STRIPE_ALIGN, StripeJob
 from ..abi.decode_land import query_slot_bytes
 from ..abi.emit import EmitArg, EmitConfig, kv_pair_bytes
 from ..abi.jobs import JOB_ARG, TemplateBuilder, template_image
@@ -46,7 +48,7 @@ from ..abi.kv import kv_token_bytes, pack_kv_block, quantize_kv_rows
 from ..abi.kv_reader import block_address
 from ..abi.meta import Collective, Meta, Op, Stage
 from ..abi.node import Cmd, PayloadSource, Queue, RecordClass
-from ..abi.node_config import NodeConfig
+from ..abi.node_config import AXI_WIDTH, NodeConfig
 from ..abi.quant import (
     VectorOp,
     norm_eps_code,
@@ -57,7 +59,7 @@ from ..abi.quant import (
 from ..abi.query import QUERY_HEADER, QUERY_HEADER_BYTES, query_head_bytes
 from ..golden.attention import KVBlock, attend_prefill
 from ..golden.qwen_layer import LayerConfig, QuantLayer, layer_fixed
-from ..quant import QuantWeight, gemm_tile_blob, to_act
+from ..quant import QuantWeight, gemm_stripe_image, to_act
 from .layout import REGION_ALIGN, NodeLayout
 
 __all__ = ["ModelImage", "LayerBuffers", "layer_records", "golden_prefill", "act_bytes",
@@ -103,8 +105,10 @@ def pair_ordered(ql: QuantLayer, cfg: LayerConfig) -> dict[str, tuple[QuantWeigh
 
 @dataclass
 class LayerBuffers:
-    """Addresses of one layer's weights and activation buffers in a node's DDR."""
-    blobs: dict[str, tuple[int, int]]
+    """Addresses of one layer's weights and activation buffers in a node's DDR: ``blobs`` the
+    stripe job of each projection (its stripe image, :func:`mcf.quant.gemm_stripe_image`, at
+    the job's ``addr``)."""
+    blobs: dict[str, StripeJob]
     g1: int
     g2: int
     x: int                      # input rows (layer 0: the host's; layer l: layer l-1's ``y``)
@@ -163,8 +167,12 @@ class ModelImage:
         for ql in self.layers:
             blobs = {}
             for name, (qw, b) in pair_ordered(ql, cfg).items():
-                raw = gemm_tile_blob(qw, self.config.gemm_rows, self.config.gemm_lanes, b)
-                blobs[name] = (put(raw), len(raw))
+                raw, job = gemm_stripe_image(qw, self.config.gemm_rows, self.config.gemm_lanes,
+                                             b, ports=self.config.hp_ports,
+                                             beat_bytes=AXI_WIDTH // 8)
+                at = alloc(len(raw), STRIPE_ALIGN)
+                self.image[at] = raw
+                blobs[name] = dataclasses.replace(job, addr=at)
             g1 = put(act_bytes(ql.gamma["g1"] & 0xFFFF))
             g2 = put(act_bytes(ql.gamma["g2"] & 0xFFFF))
             buf = {name: alloc(m * n * 4) for name, n in (

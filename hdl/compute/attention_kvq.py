@@ -21,10 +21,8 @@ from mcf.abi.framing import beat_layout
 from mcf.abi.kv import (
     KV_ELEM,
     KV_GROUP,
-    KV_ONE,
     KV_SCALE,
     KVQ_SCALE_SHIFT,
-    PRESCALE_SHIFT_BASE,
     KVFormat,
     kv_group_header_bytes,
     kv_token_bytes,
@@ -34,13 +32,11 @@ from mcf.abi.meta import META
 from mcf.abi.quant import ACT
 from mcf.abi.softmax import RECIP_FRAC, RECIP_IN_BITS
 
+from .kvq_emit import KvqGroupEmit
+from .kvq_scale import HALF, KVQ_LANES, KvqChannelParams, KvqScaleUnit, kvq_par_layout
 from .recip import Recip
 
 __all__ = ["KVQuantizer", "kvq_in_layout", "KVQ_LANES"]
-
-KVQ_LANES = 4
-"""ACT elements per input beat; 4 INT4 codes make one 16-bit unit of the payload."""
-HALF = 16
 
 
 def kvq_in_layout(kv_format: KVFormat = KVFormat.PER_TOKEN) -> data.StructLayout:
@@ -97,6 +93,11 @@ class KVQuantizer(wiring.Component):
     one is emitted. An open group adds ``head_dim/4`` header beats, ``head_dim + 4`` cycles for
     the header's reciprocals, ``head_dim/4`` cycles per token for the in-place prescale and ~5
     for its K scale. Output stream rules as the engine's.
+
+    Structure (PER_CHANNEL_K): this component receives the group and sequences the channel
+    scales; :class:`~.kvq_scale.KvqScaleUnit` (absmax → scale, reciprocal),
+    :class:`~.kvq_scale.KvqChannelParams` (per-channel parameter pipeline) and
+    :class:`~.kvq_emit.KvqGroupEmit` (header, token scales, records, open-group prescale).
     """
 
     def __init__(self, head_dim: int = 128, data_width: int = 64, out_fifo_depth: int = 16,
@@ -265,18 +266,16 @@ class KVQuantizer(wiring.Component):
 
     def _elaborate_channel(self, m):
         """PER_CHANNEL_K: buffer a group's rows (channel absmax per K beat, row absmax per V
-        row), compute the channel scales one channel per cycle, emit the header, then per
-        token its V scale and record. A block that starts with header beats is an open group:
-        the header's reciprocals are computed first, the group's K rows are prescaled in place
-        after arrival (one word per cycle through the emission multipliers, the K row absmax
-        on the way), and the records carry per-token K scales."""
+        row), compute the channel scales one channel per cycle (:class:`KvqChannelParams`),
+        then emit the group (:class:`KvqGroupEmit`: header, per token its V scale and record).
+        A block that starts with header beats is an open group: the header's reciprocals are
+        computed first, the group's K rows are prescaled in place after arrival, and the
+        records carry per-token K scales."""
         D, NL, G = self.head_dim, KVQ_LANES, self.group
         RB = D // NL                     # beats per row
         TW = 2 * RB                      # buffer words per token (K row, V row)
         AW = ACT.width
-        RW = RECIP_IN_BITS + 4           # 7 · r (closed) or r (open prescale)
-        SW = 6                           # rounding shift
-        PW = RW + SW + 1                 # per-channel parameters: rmul, rsh, zero
+        PW = kvq_par_layout().size       # per-channel parameters: rmul, rsh, zero
         LB = (NL - 1).bit_length()
         m.submodules.buf = buf = Memory(shape=unsigned(NL * AW), depth=G * TW, init=[])
         wr, rd = buf.write_port(), buf.read_port()
@@ -291,25 +290,19 @@ class KVQuantizer(wiring.Component):
         m.submodules.csc = csc = Memory(shape=unsigned(NL * HALF), depth=RB, init=[])
         csc_w, csc_r = csc.write_port(granularity=HALF), csc.read_port()
         csc_rc = csc.read_port(domain="comb")
-        m.submodules.recip = recip = Recip()
+        m.submodules.scale = su = KvqScaleUnit()
+        m.submodules.chan = cp = KvqChannelParams(D)
+        m.submodules.emit = em = KvqGroupEmit(D, G)
 
         cnt = Signal(range(TW))          # receive: beat within the token
         tok = Signal(range(G))           # receive: token within the group
         hcnt = Signal(range(RB))         # receive: header beat
         ntok = Signal(range(G + 1))      # tokens of the group being emitted
-        etok = Signal(range(G))          # emission: token
         blk_last = Signal()
         opened = Signal()                # this block is an open group (header beats came first)
         first = Signal()                 # next beat is the block's first
-        vmax, kmax = Signal(AW), Signal(AW)    # V row absmax (receive), K row (prescale)
+        vmax = Signal(AW)                # V row absmax (receive)
         c_iss = Signal(range(D + 1))     # channel pipeline: next channel
-        unit = Signal(range(max(D, 2 + TW) + 1))
-        wait = Signal(3)
-        which = Signal()                 # VSC: 0 = K row scale (open groups), 1 = V row scale
-        v_rmul, v_rsh, v_zero = Signal(RW), Signal(SW), Signal()
-        v_sc = Signal(KV_SCALE.width)
-        k_rmul, k_rsh, k_zero = Signal(RW), Signal(SW), Signal()
-        k_sc = Signal(KV_SCALE.width)
 
         # --- receive: magnitudes of the beat's lanes, channel and V-row maxima
         ip = self.i.payload
@@ -324,118 +317,40 @@ class KVQuantizer(wiring.Component):
             vnew = mx
 
         # --- shared scale unit: channel absmax (CHAN), header scale (OCHAN: its reciprocal for
-        # the prescale), or the emitted token's K / V row absmax (VSC)
+        # the prescale), or the emitted token's K / V row absmax (emission)
         in_chan, in_ochan = Signal(), Signal()
-        a = Signal(AW)
         a_lane = Array(cabs_r.data[k * AW:(k + 1) * AW] for k in range(NL))[c_iss[:LB]]
         h_lane = Array(csc_rc.data[k * HALF:(k + 1) * HALF] for k in range(NL))[c_iss[:LB]]
-        m.d.comb += [vabs_r.addr.eq(etok), kabs_r.addr.eq(etok), csc_rc.addr.eq(c_iss >> LB),
-                     a.eq(Mux(in_chan, a_lane, Mux(in_ochan, h_lane,
-                                                   Mux(which, vabs_r.data, kabs_r.data))))]
-        lead = Signal(range(AW + 1))
-        for b in range(AW):
-            with m.If(a[b]):
-                m.d.comb += lead.eq(b + 1)            # bit length
-        norm = ((a << RECIP_IN_BITS) >> lead)[:RECIP_IN_BITS]    # normalisation
-        m.d.comb += recip.x.eq(Mux(a == 0, 1 << (RECIP_IN_BITS - 1), norm))
-        s_full = Signal(AW + 20)
-        m.d.comb += s_full.eq((a * kvq_scale_mult() + (1 << (KVQ_SCALE_SHIFT - 1)))
-                              >> KVQ_SCALE_SHIFT)
-        over = s_full > KV_SCALE.max_int
-        sc = Mux(over, KV_SCALE.max_int, Mux(s_full < 1, 1, s_full))[:KV_SCALE.width]
-        rmul = (recip.r * KV_ELEM.max_int)[:RW]
+        m.d.comb += [vabs_r.addr.eq(em.etok), kabs_r.addr.eq(em.etok),
+                     csc_rc.addr.eq(c_iss >> LB),
+                     su.a.eq(Mux(in_chan, a_lane, Mux(in_ochan, h_lane,
+                                                      Mux(em.which, vabs_r.data, kabs_r.data))))]
+        # channel pipeline: issue channel c_iss, its parameters written LATENCY cycles later
+        m.d.comb += [cp.issue.eq((in_chan | in_ochan) & (c_iss < D)), cp.chan.eq(c_iss),
+                     cp.opened.eq(opened),
+                     cpar_w.addr.eq(cp.par_addr), cpar_w.data.eq(cp.par_data),
+                     cpar_w.en.eq(cp.par_en)]
+        for n in ("lead", "sc", "over", "zero", "r", "rmul"):
+            m.d.comb += getattr(cp, n).eq(getattr(su, n))
+        with m.If(cp.sc_we):
+            m.d.comb += [csc_w.addr.eq(cp.sc_addr), csc_w.data.eq(cp.sc_data),
+                         csc_w.en.eq(cp.sc_en)]
+        with m.If(cp.sat | em.sat):
+            m.d.sync += self.scale_sat.eq(self.scale_sat + 1)
 
-        # channel pipeline: issue channel c_iss, Recip.LATENCY cycles later write its params
-        LAT = Recip.LATENCY
-        d_v = [Signal(name=f"cp_v{i}") for i in range(LAT)]
-        d_c = [Signal(range(D), name=f"cp_c{i}") for i in range(LAT)]
-        d_lead = [Signal(range(AW + 1), name=f"cp_lead{i}") for i in range(LAT)]
-        d_sc = [Signal(KV_SCALE.width, name=f"cp_sc{i}") for i in range(LAT)]
-        d_over = [Signal(name=f"cp_over{i}") for i in range(LAT)]
-        d_zero = [Signal(name=f"cp_zero{i}") for i in range(LAT)]
-        issuing = (in_chan | in_ochan) & (c_iss < D)
-        m.d.sync += [d_v[0].eq(issuing), d_c[0].eq(c_iss), d_lead[0].eq(lead), d_sc[0].eq(sc),
-                     d_over[0].eq(over), d_zero[0].eq(a == 0)]
-        for i in range(1, LAT):
-            m.d.sync += [d_v[i].eq(d_v[i - 1]), d_c[i].eq(d_c[i - 1]),
-                         d_lead[i].eq(d_lead[i - 1]), d_sc[i].eq(d_sc[i - 1]),
-                         d_over[i].eq(d_over[i - 1]), d_zero[i].eq(d_zero[i - 1])]
-        assert len(rmul) == RW
-        par_closed = Cat(rmul, (RECIP_FRAC - RECIP_IN_BITS + d_lead[-1])[:SW], d_zero[-1])
-        r_ext = Signal(RW)
-        m.d.comb += r_ext.eq(recip.r)
-        par_open = Cat(r_ext, (PRESCALE_SHIFT_BASE + d_lead[-1])[:SW], Const(0, 1))
-        par = Mux(opened, par_open, par_closed)
-        m.d.comb += [cpar_w.addr.eq(d_c[-1] >> LB), cpar_w.data.eq(Cat(*[par] * NL))]
-        with m.If(d_v[-1]):
-            m.d.comb += cpar_w.en.eq(Const(1, NL) << d_c[-1][:LB])
-            with m.If(~opened):
-                m.d.comb += [csc_w.addr.eq(d_c[-1] >> LB), csc_w.data.eq(Cat(*[d_sc[-1]] * NL)),
-                             csc_w.en.eq(Const(1, NL) << d_c[-1][:LB])]
-                with m.If(d_over[-1]):
-                    m.d.sync += self.scale_sat.eq(self.scale_sat + 1)
-        chan_busy = Cat(*d_v).any()
-
-        # --- emission pipeline: issue → e1 (memory words) → e2 (products) → e3 (unit) → FIFO
-        # value sources: 0 header scale, 1 sk (KV_ONE or the token's), 2 sv, 3 INT4 codes; codes
-        # use per-lane channel parameters (closed K) or the token's K / V row parameters
+        # --- emission (and the open group's prescale) into the unit FIFO
         m.submodules.fifo = fifo = SyncFIFOBuffered(width=HALF + 1, depth=self.out_fifo_depth)
-        e_issue, e_src, e_bc, e_isv, e_last = Signal(), Signal(2), Signal(), Signal(), Signal()
-        e1, e1_src, e1_bc, e1_isv, e1_last = Signal(), Signal(2), Signal(), Signal(), Signal()
-        e1_lane = Signal(LB)
-        e2, e2_src, e2_last = Signal(), Signal(2), Signal()
-        e2_p = [Signal(signed(AW + RW + 1), name=f"e2_p{k}") for k in range(NL)]
-        e2_sh = [Signal(SW, name=f"e2_sh{k}") for k in range(NL)]
-        e2_zero = [Signal(name=f"e2_zero{k}") for k in range(NL)]
-        e2_sc = Signal(HALF)
-        e3, e3_val, e3_last = Signal(), Signal(HALF), Signal()
-        # prescale pass of an open group (issue → pre1 → pre2: write y back, K row absmax)
-        e_pre, pre1, pre2 = Signal(), Signal(), Signal()
-        pre1_first, pre1_lastw, pre2_first, pre2_lastw = Signal(), Signal(), Signal(), Signal()
-        pre1_addr, pre2_addr = Signal(range(G * TW)), Signal(range(G * TW))
-        pre1_tok, pre2_tok = Signal(range(G)), Signal(range(G))
-        space = fifo.level <= self.out_fifo_depth - 4
-        m.d.comb += [csc_r.addr.eq(unit >> LB), cpar_r.addr.eq(unit - 2),
-                     rd.addr.eq(etok * TW + unit - 2)]
-        m.d.sync += [e1.eq(e_issue), e1_src.eq(e_src), e1_bc.eq(e_bc), e1_isv.eq(e_isv),
-                     e1_last.eq(e_last), e1_lane.eq(unit[:LB])]
-        hdr_val = Array(csc_r.data[k * HALF:(k + 1) * HALF] for k in range(NL))[e1_lane]
-        m.d.sync += [e2.eq(e1), e2_src.eq(e1_src), e2_last.eq(e1_last),
-                     e2_sc.eq(Mux(e1_src == 0, hdr_val,
-                                  Mux(e1_src == 1, Mux(opened, k_sc, KV_ONE), v_sc)))]
-        t_rmul = Mux(e1_isv, v_rmul, k_rmul)
-        t_rsh = Mux(e1_isv, v_rsh, k_rsh)
-        t_zero = Mux(e1_isv, v_zero, k_zero)
-        for k in range(NL):
-            lane = cpar_r.data[k * PW:(k + 1) * PW]
-            rm = Mux(e1_bc, t_rmul, lane[:RW])
-            m.d.sync += [e2_p[k].eq(rd.data[k * AW:(k + 1) * AW].as_signed() * rm),
-                         e2_sh[k].eq(Mux(e1_bc, t_rsh, lane[RW:RW + SW])),
-                         e2_zero[k].eq(Mux(e1_bc, t_zero, lane[RW + SW]))]
-        codes, ys = [], []
-        for k in range(NL):
-            q = (e2_p[k] + ((Const(1, 64) << e2_sh[k]) >> 1)) >> e2_sh[k]
-            lo, hi = KV_ELEM.min_int, KV_ELEM.max_int
-            codes.append(Mux(e2_zero[k], 0, Mux(q > hi, hi, Mux(q < lo, lo, q)))[:KV_ELEM.width])
-            ys.append(Mux(q > ACT.max_int, ACT.max_int, Mux(q < ACT.min_int, ACT.min_int, q))[:AW])
-        m.d.sync += [pre1.eq(e_pre), pre1_first.eq(unit == 2), pre1_lastw.eq(unit == 1 + RB),
-                     pre1_addr.eq(etok * TW + unit - 2), pre1_tok.eq(etok),
-                     pre2.eq(pre1), pre2_first.eq(pre1_first), pre2_lastw.eq(pre1_lastw),
-                     pre2_addr.eq(pre1_addr), pre2_tok.eq(pre1_tok)]
-        kcur = Mux(pre2_first, 0, kmax)
-        for y in ys:
-            mag = Mux(y.as_signed() < 0, -y.as_signed(), y.as_signed())[:AW]
-            mx = Signal(AW)
-            m.d.comb += mx.eq(Mux(mag > kcur, mag, kcur))
-            kcur = mx
-        m.d.sync += [e3.eq(e2), e3_last.eq(e2_last),
-                     e3_val.eq(Mux(e2_src == 3, Cat(*codes), e2_sc))]
-        m.d.comb += [fifo.w_data.eq(Cat(e3_val, e3_last)), fifo.w_en.eq(e3)]
-        busy = e1 | e2 | e3
+        for n in ("lead", "sc", "over", "zero", "rmul"):
+            m.d.comb += getattr(em, n).eq(getattr(su, n))
+        m.d.comb += [em.ntok.eq(ntok), em.blk_last.eq(blk_last), em.opened.eq(opened),
+                     rd.addr.eq(em.rd_addr), csc_r.addr.eq(em.csc_addr),
+                     cpar_r.addr.eq(em.par_addr), em.rd_data.eq(rd.data),
+                     em.hdr_data.eq(csc_r.data), em.par_data.eq(cpar_r.data),
+                     em.space.eq(fifo.level <= self.out_fifo_depth - 4),
+                     fifo.w_data.eq(em.w_data), fifo.w_en.eq(em.w_en)]
 
         blk_len = Signal.like(self.i_meta.payload.length)
         blk_bytes = Signal(len(blk_len) + 8)
-        rec_last = unit == 2 + TW - 1
         with m.FSM(name="kvq"):
             with m.State("META"):
                 m.d.comb += [self.o_meta.payload.eq(self.i_meta.payload),
@@ -468,79 +383,37 @@ class KVQuantizer(wiring.Component):
                         m.d.sync += [cnt.eq(0), tok.eq(tok + 1)]
                         with m.If(ip.last | (tok == G - 1)):
                             m.d.sync += [ntok.eq(tok + 1), blk_last.eq(ip.last), tok.eq(0),
-                                         c_iss.eq(0), unit.eq(0)]
+                                         c_iss.eq(0)]
                             with m.If(opened):
-                                m.d.sync += [unit.eq(2), etok.eq(0)]
-                                m.next = "PRE"
+                                m.d.comb += [em.start.eq(1), em.pre.eq(1)]
+                                m.next = "EMIT"
                             with m.Else():
                                 m.next = "CHAN"
-            with m.State("PRE"):
-                # open group: y = prescale(x) for every K word, written back in place, one word
-                # per cycle through the emission multipliers (per-lane header reciprocals)
-                m.d.comb += e_pre.eq(1)
-                m.d.sync += unit.eq(unit + 1)
-                with m.If(unit == 1 + RB):
-                    m.d.sync += [unit.eq(2), etok.eq(etok + 1)]
-                    with m.If(etok == ntok - 1):
-                        m.next = "PREDRAIN"
-            with m.State("PREDRAIN"), m.If(~pre1 & ~pre2):
-                m.d.sync += unit.eq(0)
-                m.next = "HDR"
             with m.State("OCHAN"):
                 m.d.comb += in_ochan.eq(1)
                 with m.If(c_iss < D):
                     m.d.sync += c_iss.eq(c_iss + 1)
-                with m.Elif(~chan_busy):
+                with m.Elif(~cp.busy):
                     m.next = "RECV"
             with m.State("CHAN"):
                 m.d.comb += [in_chan.eq(1), cabs_r.addr.eq(c_iss >> LB)]
                 with m.If(c_iss < D):
                     m.d.sync += c_iss.eq(c_iss + 1)
-                with m.Elif(~chan_busy):
-                    m.d.sync += unit.eq(0)
-                    m.next = "HDR"
-            with m.State("HDR"), m.If(space):
-                m.d.comb += [e_issue.eq(1), e_src.eq(0)]
-                m.d.sync += unit.eq(unit + 1)
-                with m.If(unit == D - 1):
-                    m.d.sync += [etok.eq(0), wait.eq(0), unit.eq(0), which.eq(~opened)]
-                    m.next = "VSC"
-            with m.State("VSC"):
-                m.d.sync += wait.eq(wait + 1)
-                with m.If(wait == LAT):
-                    m.d.sync += [wait.eq(0), which.eq(1)]
-                    vals = (rmul, RECIP_FRAC - RECIP_IN_BITS + lead, a == 0, sc)
-                    with m.If(which):
-                        m.d.sync += [s.eq(v) for s, v in zip((v_rmul, v_rsh, v_zero, v_sc), vals)]
-                        m.d.sync += unit.eq(0)
-                        m.next = "REC"
-                    with m.Else():
-                        m.d.sync += [s.eq(v) for s, v in zip((k_rmul, k_rsh, k_zero, k_sc), vals)]
-                    with m.If(over):
-                        m.d.sync += self.scale_sat.eq(self.scale_sat + 1)
-            with m.State("REC"), m.If(space):
-                m.d.comb += [e_issue.eq(1),
-                             e_src.eq(Mux(unit == 0, 1, Mux(unit == 1, 2, 3))),
-                             e_isv.eq(unit >= 2 + RB),
-                             e_bc.eq(opened | (unit >= 2 + RB)),
-                             e_last.eq(rec_last & (etok == ntok - 1) & blk_last)]
-                m.d.sync += unit.eq(unit + 1)
-                with m.If(rec_last):
-                    m.d.sync += [etok.eq(etok + 1), wait.eq(0), which.eq(~opened)]
-                    with m.If(etok == ntok - 1):
-                        m.next = "DRAIN"
-                    with m.Else():
-                        m.next = "VSC"
-            with m.State("DRAIN"), m.If(~busy):
+                with m.Elif(~cp.busy):
+                    m.d.comb += em.start.eq(1)
+                    m.next = "EMIT"
+            with m.State("EMIT"), m.If(em.done):
+                m.next = "DRAIN"
+            with m.State("DRAIN"), m.If(~em.busy):
                 nbytes = blk_bytes + kv_group_header_bytes(D) + ntok * kv_token_bytes(D)
                 m.d.sync += [blk_bytes.eq(nbytes), self.tokens.eq(self.tokens + ntok),
                              self.groups.eq(self.groups + 1)]
                 self._unit_done(m, nbytes, blk_last, blk_len)
-        with m.If(pre2):
-            m.d.comb += [wr.addr.eq(pre2_addr), wr.data.eq(Cat(*ys)), wr.en.eq(1)]
-            m.d.sync += kmax.eq(kcur)
-            with m.If(pre2_lastw):
-                m.d.comb += [kabs_w.addr.eq(pre2_tok), kabs_w.data.eq(kcur), kabs_w.en.eq(1)]
+        wb = em.wb                       # the prescaled K words, written back in place
+        with m.If(wb.valid):
+            m.d.comb += [wr.addr.eq(wb.addr), wr.data.eq(wb.data), wr.en.eq(1)]
+            with m.If(wb.lastw):
+                m.d.comb += [kabs_w.addr.eq(wb.tok), kabs_w.data.eq(wb.kmax), kabs_w.en.eq(1)]
         return fifo
 
     def _unit_done(self, m, nbytes, blk_last, blk_len):

@@ -1,0 +1,256 @@
+"""Token control of the vector unit (paper §5 compute engine): takes the operands, buffers a
+token for the two-pass ops (RMSNorm, requantisation), runs their per-token calculation with the
+sequential helpers of :mod:`.vector_math` and issues beats into the datapath of
+:mod:`.vector_pipe` (formats :mod:`mcf.abi.quant`, arithmetic :mod:`mcf.golden.vector`).
+"""
+
+from __future__ import annotations
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from mcf.abi.quant import (
+    ACT,
+    ACT_FRAC,
+    NORM_RECIP_BITS,
+    NORM_SQRT_SHIFT,
+    QMAX_SHIFT,
+    RECIP_BITS,
+    RSQRT_MANT_BITS,
+    SCALE_MANT_BITS,
+    VectorOp,
+)
+
+from .vector_math import VectorDivider, VectorSqrt
+from .vector_pipe import SS_BITS, VectorKind, vector_acc_layout, vector_issue_layout
+
+__all__ = ["BUF_BANK_DEPTH", "VectorControl"]
+
+BUF_BANK_DEPTH = 2048
+"""The token buffer is split into banks of at most this depth: yosys' Xilinx memory mapping
+fails on deeper 128-bit memories (e.g. 2240 × 128 for an 8960-element token)."""
+
+
+def _bitlen(m, value, name):
+    """Comb bit length of an unsigned value (priority encoder)."""
+    out = Signal(range(len(value) + 1), name=name)
+    m.d.comb += out.eq(0)
+    for i in range(len(value)):
+        with m.If(value[i]):
+            m.d.comb += out.eq(i + 1)
+    return out
+
+
+class _Port:
+    def __init__(self, width, addr_width):
+        self.addr = Signal(addr_width, name="buf_addr")
+        self.data = Signal(width, name="buf_data")
+        self.en = Signal(name="buf_en")
+
+
+def _token_buffer(m: Module, width: int, depth: int):
+    """A ``depth`` × ``width`` buffer (one write, one synchronous read port, enable-held) in
+    banks of :data:`BUF_BANK_DEPTH`; returns the write and read port records."""
+    bank = min(depth, BUF_BANK_DEPTH)
+    n_banks = -(-depth // bank)
+    lg = (bank - 1).bit_length()
+    abits = max(depth - 1, 1).bit_length()
+    w, r = _Port(width, abits), _Port(width, abits)
+    sel = Signal(range(n_banks), name="buf_sel")
+    datas = []
+    for i in range(n_banks):
+        mem = memory.Memory(shape=unsigned(width), depth=bank, init=[])
+        m.submodules[f"buf{i}"] = mem
+        wp, rp = mem.write_port(), mem.read_port()
+        m.d.comb += [wp.addr.eq(w.addr), wp.data.eq(w.data),
+                     wp.en.eq(w.en & ((w.addr >> lg) == i)),
+                     rp.addr.eq(r.addr), rp.en.eq(r.en)]
+        datas.append(rp.data)
+    with m.If(r.en):
+        m.d.sync += sel.eq(r.addr >> lg)
+    m.d.comb += r.data.eq(Array(datas)[sel])
+    return w, r
+
+
+class VectorControl(wiring.Component):
+    """Operand intake, token buffer and per-token calculation of the vector unit.
+
+    Members
+    -------
+    op, n_beats, eps : In
+        As :class:`~mcf.hdl.compute.vector.VectorUnit`'s, sampled in IDLE.
+    a, b : In(stream.Signature(unsigned(lanes · 32)))
+        The operand streams (``ready`` only with ``en``).
+    en : In(1)
+        Pipeline enable; a beat is issued only with it, and ``s0`` holds while it is low.
+    acc : In(vector_acc_layout())
+        The pass-1 contribution of the beat in S1 (:class:`~.vector_pipe.VectorFront`), added
+        to the token's sum of squares or absmax with ``en``.
+    s0 : Out(vector_issue_layout(lanes))
+        The issued beat (the S0 register; ``x`` comes from the token buffer in pass 2).
+
+    Latency: a streaming beat is in ``s0`` 1 cycle after its handshake. RMSNORM / REQUANT:
+    pass 1 takes a beat per cycle into the buffer, then (after pass 1 has left S1) ⌊Σ/N⌋
+    (73 cycles), integer square root (37), ⌊2^48/rms⌋ (73), or ⌊2^31/m⌋ (73), then pass 2
+    issues a beat per cycle (REQUANT adds its scale beat).
+    """
+
+    def __init__(self, lanes: int, n_max: int):
+        self.lanes, self.n_max = lanes, n_max
+        self.beats_max = n_max // lanes
+        W = lanes * ACT.width
+        super().__init__({
+            "op": In(VectorOp), "n_beats": In(range(self.beats_max + 1)), "eps": In(32),
+            "a": In(stream.Signature(unsigned(W))), "b": In(stream.Signature(unsigned(W))),
+            "en": In(1), "acc": In(vector_acc_layout()),
+            "s0": Out(vector_issue_layout(lanes)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        L, en, acc = self.lanes, self.en, self.acc
+        lb = (L - 1).bit_length()
+        bw, br = _token_buffer(m, L * 32, self.beats_max)
+        op = Signal(VectorOp)
+        nb = Signal.like(self.n_beats)
+        eps = Signal(32)
+        cnt = Signal(range(self.beats_max + 1))      # beats issued in this pass
+        p1_seen = Signal(range(self.beats_max + 1))  # pass-1 beats through the pipeline
+        ss = Signal(SS_BITS)
+        amax = Signal(32)
+        tok_k = Signal(RSQRT_MANT_BITS + 1)          # multiplier of pass 2 (rm or r)
+        tok_sh = Signal(6)
+        scale_word = Signal(32)
+
+        # S0 register; in pass 2 its operand comes from the buffer's read port
+        s0 = Signal(vector_issue_layout(L))
+        from_buf0 = Signal()
+        m.d.comb += [self.s0.eq(s0), self.s0.x.eq(Mux(from_buf0, br.data, s0.x))]
+
+        m.submodules.div = div = VectorDivider(SS_BITS, 40)
+        m.submodules.sqrt = sq = VectorSqrt(SS_BITS)
+        m.d.comb += [bw.addr.eq(cnt), bw.data.eq(self.a.payload), br.addr.eq(cnt), br.en.eq(en)]
+
+        def issue(kind, last, from_buf=0, x=None, b=None):
+            m.d.sync += [s0.valid.eq(1), s0.kind.eq(kind), s0.last.eq(last),
+                         from_buf0.eq(from_buf), s0.k.eq(tok_k), s0.sh.eq(tok_sh)]
+            if x is not None:
+                m.d.sync += s0.x.eq(x)
+            if b is not None:
+                m.d.sync += s0.b.eq(b)
+
+        with m.If(en):
+            m.d.sync += s0.valid.eq(0)
+        stream_kind = Signal(VectorKind)
+        m.d.comb += stream_kind.eq(Mux(op == VectorOp.ADD, VectorKind.ADD,
+                                       Mux(op == VectorOp.SILU_MUL, VectorKind.SILU,
+                                           VectorKind.ROPE)))
+        final = Signal()
+        m.d.comb += final.eq(cnt == nb - 1)
+        norm = Signal()
+        m.d.comb += norm.eq(op == VectorOp.RMSNORM)
+        n_elems = Signal(range(self.n_max + 1))
+        m.d.comb += n_elems.eq(nb << lb)
+        rinv_len = Signal(range(64))
+        t_len = Signal(range(64))
+
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.sync += [op.eq(self.op), nb.eq(self.n_beats), eps.eq(self.eps), cnt.eq(0),
+                             p1_seen.eq(0), ss.eq(0), amax.eq(0)]
+                with m.If(self.a.valid & (self.n_beats != 0)):
+                    with m.If((self.op == VectorOp.RMSNORM) | (self.op == VectorOp.REQUANT)):
+                        m.next = "P1"
+                    with m.Elif(self.op.as_value() <= VectorOp.ROPE.value):
+                        m.next = "STREAM"
+            with m.State("STREAM"):
+                go = Signal()
+                m.d.comb += [go.eq(en & self.a.valid & self.b.valid),
+                             self.a.ready.eq(go), self.b.ready.eq(go)]
+                with m.If(go):
+                    issue(stream_kind, final, x=self.a.payload, b=self.b.payload)
+                    m.d.sync += cnt.eq(cnt + 1)
+                    with m.If(final):
+                        m.next = "IDLE"
+            with m.State("P1"):
+                go = Signal()
+                m.d.comb += [go.eq(en & self.a.valid), self.a.ready.eq(en),
+                             bw.en.eq(go)]
+                with m.If(go):
+                    issue(Mux(norm, VectorKind.SQ, VectorKind.MAX), 0, x=self.a.payload)
+                    m.d.sync += cnt.eq(cnt + 1)
+                    with m.If(final):
+                        m.next = "DRAIN"
+            with m.State("DRAIN"), m.If(p1_seen == nb):
+                m.d.sync += cnt.eq(0)
+                with m.If(norm):
+                    m.d.comb += [div.start.eq(1), div.n.eq(ss), div.d.eq(n_elems)]
+                    m.next = "NORM_DIV"
+                with m.Else():
+                    m.next = "REQ_NORMALISE"
+            with m.State("NORM_DIV"), m.If(div.done):
+                m.d.comb += [sq.start.eq(1),
+                             sq.x.eq((div.q + eps) << NORM_SQRT_SHIFT)]
+                m.next = "NORM_SQRT"
+            with m.State("NORM_SQRT"), m.If(sq.done):
+                m.d.comb += [div.start.eq(1), div.n.eq(1 << NORM_RECIP_BITS),
+                             div.d.eq(Mux(sq.root == 0, 1, sq.root))]
+                m.next = "NORM_RECIP"
+            with m.State("NORM_RECIP"):
+                rinv = div.q[:NORM_RECIP_BITS + 1]
+                m.d.comb += rinv_len.eq(_bitlen(m, rinv, "rinv_len"))
+                with m.If(div.done):
+                    tr = rinv_len - RSQRT_MANT_BITS   # may be negative
+                    with m.If(rinv_len >= RSQRT_MANT_BITS):
+                        m.d.sync += tok_k.eq(rinv >> (rinv_len - RSQRT_MANT_BITS).as_unsigned())
+                    with m.Else():
+                        m.d.sync += tok_k.eq(rinv << (RSQRT_MANT_BITS - rinv_len).as_unsigned())
+                    m.d.sync += tok_sh.eq(NORM_RECIP_BITS - ACT_FRAC - tr)
+                    m.next = "P2"
+            with m.State("REQ_NORMALISE"):
+                m.d.comb += t_len.eq(_bitlen(m, amax, "amax_len"))
+                mant = Signal(SCALE_MANT_BITS)
+                with m.If(t_len >= SCALE_MANT_BITS):
+                    m.d.comb += mant.eq(amax >> (t_len - SCALE_MANT_BITS).as_unsigned())
+                with m.Else():
+                    m.d.comb += mant.eq(amax << (SCALE_MANT_BITS - t_len).as_unsigned())
+                t = t_len - SCALE_MANT_BITS
+                e = t - QMAX_SHIFT - ACT_FRAC
+                m.d.sync += [tok_sh.eq(RECIP_BITS - QMAX_SHIFT + t),
+                             scale_word.eq(Mux(amax == 0, 0,
+                                               Cat(mant, e[:8], Const(0, 8))))]
+                with m.If(amax == 0):
+                    m.d.sync += tok_k.eq(0)
+                    m.next = "P2"
+                with m.Else():
+                    m.d.comb += [div.start.eq(1), div.n.eq(1 << RECIP_BITS), div.d.eq(mant)]
+                    m.next = "REQ_RECIP"
+            with m.State("REQ_RECIP"), m.If(div.done):
+                m.d.sync += tok_k.eq(div.q)
+                m.next = "P2"
+            with m.State("P2"):
+                go = Signal()
+                m.d.comb += [go.eq(en & (~norm | self.b.valid)),
+                             self.b.ready.eq(en & norm)]
+                with m.If(go):
+                    issue(Mux(norm, VectorKind.NORM, VectorKind.REQ), final, from_buf=1,
+                          b=self.b.payload)
+                    m.d.sync += cnt.eq(cnt + 1)
+                    with m.If(final):
+                        with m.If(norm):
+                            m.next = "IDLE"
+                        with m.Else():
+                            m.next = "SCALE"
+            with m.State("SCALE"), m.If(en):
+                issue(VectorKind.SCALE, 1, x=scale_word)
+                m.next = "IDLE"
+
+        # pass-1 reductions straight into the token accumulators
+        with m.If(en & acc.valid):
+            with m.If(acc.kind == VectorKind.SQ):
+                m.d.sync += [ss.eq(ss + acc.sq), p1_seen.eq(p1_seen + 1)]
+            with m.If(acc.kind == VectorKind.MAX):
+                m.d.sync += [amax.eq(Mux(acc.max > amax, acc.max, amax)),
+                             p1_seen.eq(p1_seen + 1)]
+        return m

@@ -1,8 +1,9 @@
-"""amaranth.sim tests of the tiled prefill chained from the arrays' ``S`` accumulators to the
-merged row states (issue #33, mcf.hdl.compute.tile_attend: TileSoftmax → TilePV → TileMerge):
-whole causal query chunks against several KV blocks, per-token and per-channel K, the output
-states equal to :func:`mcf.golden.attention_tiled.attend_tiled_rows` (SINGLE, P8, packed arrays)
-bit for bit under random valid/ready; the chain's rate measured in cycles."""
+"""amaranth.sim tests of the tiled prefill chained to the merged row states (issue #33,
+mcf.hdl.compute.tile_attend): TileAttend from the arrays' ``S`` accumulators (TileSoftmax →
+TilePV → TileMerge) and TileAttention from Q, K and V (TileScore first): whole causal query
+chunks against several KV blocks, per-token and per-channel K, GQA, the output states equal to
+:func:`mcf.golden.attention_tiled.attend_tiled_rows` (SINGLE, P8, packed arrays) bit for bit
+under random valid/ready; the chains' rates measured in cycles."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from amaranth.sim import Simulator
 
 from mcf.abi.attn_tile import (
     P8,
+    k_word_layout,
     merge_out_layout,
     qk_pack_shift,
+    qk_tile_keys,
+    score_q_layout,
     score_row_beat_layout,
     v_beat_layout,
 )
@@ -21,7 +25,7 @@ from mcf.abi.kv import fold_query
 from mcf.abi.quant import ACT
 from mcf.golden.attention import KVChannelBlock, KVChannelCache, random_blocks, random_query
 from mcf.golden.attention_tiled import attend_tiled_rows, packed_matmul, tile_schedule
-from mcf.hdl.compute.tile_attend import TileAttend
+from mcf.hdl.compute.tile_attend import TileAttend, TileAttention
 
 
 def stimulus(q, sq, blocks, q_pos, q_tile, keys, d):
@@ -72,13 +76,71 @@ def stimulus(q, sq, blocks, q_pos, q_tile, keys, d):
     return rows, vblocks
 
 
-def run(dut, rows, vblocks, idle=0.0, stall=0.0, seed=0):
+def score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, max_block):
+    """TileScore's inputs in :func:`tile_schedule`'s order: per (query tile, block) the block's K
+    words (key tile by key tile, ``lanes`` channels each, padding keys 0, word ``n`` carrying
+    the scales of keys ``n·keys ..``) and per row one query beat per key tile (per-channel K:
+    the query folded by the tile's group header; ``visible`` from the causal mask)."""
+    R = qk_tile_keys(keys, d, lanes)
+    steps = d // lanes
+    klay = k_word_layout(keys, d, lanes, max_block, q_tile)
+    qlay = score_q_layout(d, max_block, q_tile)
+    sched = list(tile_schedule(q_pos, blocks, q_tile))
+    seen = {}
+    for n, (_, _, r, _) in enumerate(sched):
+        for x in r:
+            seen.setdefault(int(x), []).append(n)
+    kblocks, qbeats = [], []
+    for n, (tile, b, r, valid) in enumerate(sched):
+        blk = blocks[b]
+        nk = len(blk)
+        nt = -(-nk // R)
+        kp = np.zeros((nt * R, d), dtype=np.int64)
+        kp[:nk] = np.asarray(blk.k)
+        sk = np.zeros(nt * R, dtype=np.int64)
+        sv = np.zeros(nt * R, dtype=np.int64)
+        sk[:nk], sv[:nk] = np.asarray(blk.sk), np.asarray(blk.sv)
+        words = []
+        for kt in range(nt):
+            for c in range(steps):
+                w = kt * steps + c
+                words.append(klay.const({
+                    "k": [[int(kp[kt * R + i, c * lanes + j]) for j in range(lanes)]
+                          for i in range(R)],
+                    "sk": [int(x) for x in sk[w * keys:(w + 1) * keys]],
+                    "sv": [int(x) for x in sv[w * keys:(w + 1) * keys]],
+                    "n": nk, "rows": len(r), "last": int(w == nt * steps - 1)}).as_bits())
+        kblocks.append(words)
+        hdrs = []
+        for kt in range(nt):
+            if isinstance(blk, KVChannelBlock):
+                ks = np.asarray(blk.ks)[kt * R:min(nk, (kt + 1) * R)]
+                assert (ks == ks[0]).all(), "a key tile lies in one group"
+                hdrs.append(ks[0])
+            else:
+                hdrs.append(None)
+        for j, x in enumerate(r):
+            x = int(x)
+            vis = int(valid[j].sum())
+            assert valid[j, :vis].all(), "a row sees a prefix of the block"
+            for hdr in hdrs:
+                qf, sf = (q[x], sq[x]) if hdr is None else fold_query(q[x], sq[x], hdr)
+                qbeats.append(qlay.const({
+                    "q": [int(v) for v in qf], "scale_m": int(sf[0]), "scale_e": int(sf[1]),
+                    "visible": vis, "row": x - int(tile[0]), "first": int(seen[x][0] == n),
+                    "final": int(seen[x][-1] == n)}).as_bits())
+    return kblocks, qbeats
+
+
+def run(dut, rows, vblocks, idle=0.0, stall=0.0, seed=0, qk=None):
     """Returns the emitted rows' ``(row in the chunk, m, l, o)`` and the cycles of the score
-    beats taken, the count of cycles ``s.ready`` was low under a valid beat, and the outputs."""
+    beats taken, the count of cycles the score stream's ``ready`` was low under a valid beat,
+    and the outputs. ``qk = (kblocks, qbeats)`` (a :class:`TileAttention`): K and the query
+    beats go in instead of the score rows, which are then watched inside, between TileScore
+    and TileAttend."""
     d = dut.head_dim
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    rng = np.random.default_rng(seed)
     olay = merge_out_layout(d, dut.rows)
     finals = []                     # the chunk row of each final tag, in the order sent
     for x, beats in rows:
@@ -86,29 +148,27 @@ def run(dut, rows, vblocks, idle=0.0, stall=0.0, seed=0):
         if tag.final:
             finals.append(x)
     got, tr = [], {"take": [], "wait": 0, "out": []}
+    if qk is None:
+        feeds = [(dut.v, [b for bl in vblocks for b in bl]),
+                 (dut.s, [b for _, bl in rows for b in bl])]
+        s_port = dut.s
+    else:
+        feeds = [(dut.v, [b for bl in vblocks for b in bl]),
+                 (dut.k, [b for bl in qk[0] for b in bl]), (dut.q, qk[1])]
+        s_port = dut.score.o
 
-    async def feed_v(ctx):
-        for beats in vblocks:
+    def feeder(port, beats, n):
+        async def feed(ctx):
+            rng = np.random.default_rng(seed + 7 * n)
             for bits in beats:
                 while idle and rng.random() < idle:
-                    ctx.set(dut.v.valid, 0)
+                    ctx.set(port.valid, 0)
                     await ctx.tick()
-                ctx.set(dut.v.payload.as_value(), bits)
-                ctx.set(dut.v.valid, 1)
-                await ctx.tick().until(dut.v.ready)
-        ctx.set(dut.v.valid, 0)
-
-    async def feed_s(ctx):
-        srng = np.random.default_rng(seed + 7)
-        for _, beats in rows:
-            for bits in beats:
-                while idle and srng.random() < idle:
-                    ctx.set(dut.s.valid, 0)
-                    await ctx.tick()
-                ctx.set(dut.s.payload.as_value(), bits)
-                ctx.set(dut.s.valid, 1)
-                await ctx.tick().until(dut.s.ready)
-        ctx.set(dut.s.valid, 0)
+                ctx.set(port.payload.as_value(), bits)
+                ctx.set(port.valid, 1)
+                await ctx.tick().until(port.ready)
+            ctx.set(port.valid, 0)
+        return feed
 
     async def sink(ctx):
         cyc = 0
@@ -116,7 +176,7 @@ def run(dut, rows, vblocks, idle=0.0, stall=0.0, seed=0):
         while len(got) < len(finals):
             ctx.set(dut.o.ready, int(not stall or orng.random() >= stall))
             _, _, sv_, sr, ov, ordy, op = await ctx.tick().sample(
-                dut.s.valid, dut.s.ready, dut.o.valid, dut.o.ready, dut.o.payload.as_value())
+                s_port.valid, s_port.ready, dut.o.valid, dut.o.ready, dut.o.payload.as_value())
             if sv_ and sr:
                 tr["take"].append(cyc)
             elif sv_:
@@ -130,8 +190,8 @@ def run(dut, rows, vblocks, idle=0.0, stall=0.0, seed=0):
                 tr["out"].append(cyc)
             cyc += 1
 
-    sim.add_testbench(feed_v, background=True)
-    sim.add_testbench(feed_s, background=True)
+    for n, (port, beats) in enumerate(feeds):
+        sim.add_testbench(feeder(port, beats, n), background=True)
     sim.add_testbench(sink)
     sim.run()
     return got, tr
@@ -199,4 +259,54 @@ def test_rate():
     span = take[-1] - take[0] + 1
     pv_macs = n_beats * keys * d
     print(f"score beats {n_beats} in {span} cycles; P·V {pv_macs / span:.2f} MACs/cycle")
+    assert span == n_beats and tr["wait"] == 0
+
+
+@pytest.mark.parametrize("per_channel,g", [(False, 2), (True, 2), (True, 6)])
+def test_qkv_chunk_bit_exact(per_channel, g):
+    """TileAttention from Q, K, V: a causal chunk (36 tokens at GQA 2:1, 12 at 6:1; query
+    tiles of 16 rows) at the end of 96 keys (per-token K: blocks of 32, 34, 30 keys — a partial
+    key tile, padded beats; per-channel K: 32-key groups, the query folded per key tile), rows
+    skipping the last block, the diagonal tile; random valid/ready on Q, K, V and the output:
+    every row's merged state equals ``attend_tiled_rows(..., "single", p_format=P8,
+    array=True)``."""
+    rng = np.random.default_rng(100 + 10 * per_channel + g)
+    d, keys, lanes, q_tile = 16, 4, 4, 16
+    lens = [32, 32, 32] if per_channel else [32, 34, 30]
+    q, sq, blocks, q_pos = chunk(rng, lens, 72 // g, g, d, per_channel)
+    mb = 48                                      # whole key tiles of 16 keys
+    rows, vblocks = stimulus(q, sq, blocks, q_pos, q_tile, keys, d)
+    qk = score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, mb)
+    expect = attend_tiled_rows(q, sq, blocks, q_pos, "single", p_format=P8, q_tile=q_tile,
+                               array=True)
+    dut = TileAttention(keys=keys, head_dim=d, lanes=lanes, max_block=mb, rows=q_tile)
+    got, _ = run(dut, rows, vblocks, idle=0.25, stall=0.4, seed=g + per_channel, qk=qk)
+    check(got, expect, len(q))
+
+
+@pytest.mark.parametrize("d,lanes,nk,n_blocks,n_tok", [(16, 4, 64, 3, 8), (128, 16, 256, 2, 4)])
+def test_qkv_rate(d, lanes, nk, n_blocks, n_tok):
+    """TileAttention at full rate (whole key tiles, rows of N = nk/4 beats, 4 softmax slots:
+    4·N ≥ 3N + 9, the merge's cycles per row ≤ N), inputs always valid, output always ready:
+    after the first row the score beats pass from TileScore to the softmax one per cycle —
+    ``keys × head_dim`` QKᵀ and as many P·V MACs per cycle — across rows, blocks and query
+    tiles; the outputs equal the golden model's. The second shape is the kr260's (4 keys,
+    head_dim 128, 16 lanes, 256-key blocks): 1,024 MACs per cycle."""
+    rng = np.random.default_rng(91)
+    keys, q_tile = 4, 8
+    q, sq, blocks, q_pos = chunk(rng, [nk] * n_blocks, n_tok, 2, d, False)
+    rows, vblocks = stimulus(q, sq, blocks, q_pos, q_tile, keys, d)
+    qk = score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, nk)
+    dut = TileAttention(keys=keys, head_dim=d, lanes=lanes, max_block=nk, rows=q_tile)
+    got, tr = run(dut, rows, vblocks, qk=qk)
+    check(got, attend_tiled_rows(q, sq, blocks, q_pos, "single", p_format=P8, q_tile=q_tile,
+                                 array=True), len(q))
+    take = tr["take"]
+    n_beats = sum(len(b) for _, b in rows)
+    assert len(take) == n_beats
+    span = take[-1] - take[0] + 1
+    macs = 2 * n_beats * keys * d
+    print(f"score beats {n_beats} in {span} cycles; QKᵀ + P·V {macs / span:.2f} MACs/cycle; "
+          f"all {len(got)} rows out {tr['out'][-1] + 1} cycles from the start "
+          f"({macs / (tr['out'][-1] + 1):.1f} MACs/cycle with fill and drain)")
     assert span == n_beats and tr["wait"] == 0

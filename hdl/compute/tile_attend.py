@@ -1,7 +1,8 @@
-"""The tiled prefill's softmax, P·V and merge chained (issue #33; paper §3.1, §5): score rows of
-a query tile against its KV blocks in, the rows' merged SINGLE-mode states out —
+"""The tiled prefill's stages chained (issue #33; paper §3.1, §5): :class:`TileAttend` from the
+arrays' ``S = Q·Kᵀ`` accumulators on (softmax, P·V, merge), :class:`TileAttention` from the query
+and the KV blocks' K and V (``S`` first) — the rows' merged SINGLE-mode states out,
 :func:`mcf.golden.attention_tiled.attend_tiled_rows` (``p_format = P8``, ``array=True``) bit for
-bit from the arrays' ``S = Q·Kᵀ`` accumulators on.
+bit.
 """
 
 from __future__ import annotations
@@ -10,13 +11,20 @@ from amaranth import Cat, Module, Signal
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.attn_tile import merge_out_layout, score_row_beat_layout, v_beat_layout
+from mcf.abi.attn_tile import (
+    k_word_layout,
+    merge_out_layout,
+    score_q_layout,
+    score_row_beat_layout,
+    v_beat_layout,
+)
 
 from .tile_merge import TileMerge
 from .tile_pv import TilePV
+from .tile_score import TileScore
 from .tile_softmax import TileSoftmax
 
-__all__ = ["TileAttend"]
+__all__ = ["TileAttend", "TileAttention"]
 
 
 class TileAttend(wiring.Component):
@@ -84,4 +92,55 @@ class TileAttend(wiring.Component):
                      mg.i.valid.eq(pv.o.valid & tag.r_rdy), pv.o.ready.eq(mg.i.ready & tag.r_rdy),
                      tag.r_en.eq(pv.o.valid & mg.i.ready)]
         wiring.connect(m, mg.o, wiring.flipped(self.o))
+        return m
+
+
+class TileAttention(wiring.Component):
+    """:class:`~.tile_score.TileScore` → :class:`TileAttend`: query beats and each block's K and
+    V in, the rows' merged states out.
+
+    Members
+    -------
+    q : In(stream.Signature(score_q_layout(head_dim, max_block, rows)))
+        Per row of :func:`mcf.golden.attention_tiled.tile_schedule`'s order (per query tile,
+        per KV block, the tile's rows that see the block) one beat per key tile of the block:
+        the query (per-channel K: folded by the tile's group header), its scale, ``visible``
+        (the causal mask), ``row``, ``first``, ``final`` (TileScore's ``q``).
+    k : In(stream.Signature(k_word_layout(keys, head_dim, lanes, max_block, rows)))
+        Each block's K words with its keys' ``sk``, ``sv``, its count of keys and of rows, in
+        the schedule's block order (TileScore's ``k``).
+    v : In(stream.Signature(v_beat_layout(keys, head_dim, rows)))
+        Each block's V with its count of rows, in the same order (TilePV's ``v``).
+    o : Out(stream.Signature(merge_out_layout(head_dim, rows)))
+        A row's merged ``(m, l, o)`` after its final block.
+
+    Rate: one score beat per cycle — ``keys × head_dim`` QKᵀ and as many P·V MACs per cycle —
+    when the block's keys are a whole number of TileScore key tiles and TileAttend runs at its
+    full rate; measured in ``tests/test_tile_attend.py``.
+    Latency: TileScore's, then TileAttend's.
+    """
+
+    def __init__(self, keys: int = 4, head_dim: int = 128, lanes: int = 16,
+                 max_block: int = 256, rows: int = 64, slots: int = 4, merge_lanes: int = 4,
+                 tags: int = 16, dsp: str = "model"):
+        self.keys, self.head_dim, self.max_block, self.rows = keys, head_dim, max_block, rows
+        self.score = TileScore(keys=keys, head_dim=head_dim, lanes=lanes, max_block=max_block,
+                               max_rows=rows, dsp=dsp)
+        self.attend = TileAttend(keys=keys, head_dim=head_dim, max_block=max_block, rows=rows,
+                                 slots=slots, merge_lanes=merge_lanes, tags=tags, dsp=dsp)
+        super().__init__({
+            "q": In(stream.Signature(score_q_layout(head_dim, max_block, rows))),
+            "k": In(stream.Signature(k_word_layout(keys, head_dim, lanes, max_block, rows))),
+            "v": In(stream.Signature(v_beat_layout(keys, head_dim, rows))),
+            "o": Out(stream.Signature(merge_out_layout(head_dim, rows))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.score, m.submodules.attend = sc, at = self.score, self.attend
+        wiring.connect(m, wiring.flipped(self.q), sc.q)
+        wiring.connect(m, wiring.flipped(self.k), sc.k)
+        wiring.connect(m, sc.o, at.s)
+        wiring.connect(m, wiring.flipped(self.v), at.v)
+        wiring.connect(m, at.o, wiring.flipped(self.o))
         return m

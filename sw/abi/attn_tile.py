@@ -47,7 +47,7 @@ from amaranth.hdl import signed, unsigned
 from amaranth.lib import data
 
 from .fixed import FixedFormat, saturate
-from .kv import KV_ELEM, KV_SCALE, v_weight
+from .kv import KV_ELEM, KV_SCALE, Q_ELEM, v_weight
 from .quant import GROUP_SIZE, SCALE_EXP_BITS, SCALE_MANT_BITS, bitlen, group_sum_bits, pack_shift
 from .softmax import EXP_FRAC, STATE_L, STATE_M, STATE_O
 
@@ -56,7 +56,8 @@ __all__ = [
     "qk_acc_bits", "qk_pack_shift", "p8_row_shift", "quantize_p8", "pv_pack_shift",
     "pv_p8_out", "P8_SHIFT_MAX", "score_beat_layout", "p8_beat_layout", "PV_SHIFT",
     "pv_acc_bits", "v_beat_layout", "tile_state_layout", "merge_in_layout", "merge_out_layout",
-    "score_row_beat_layout", "pv_out_layout",
+    "score_row_beat_layout", "pv_out_layout", "qk_tile_keys", "k_word_layout",
+    "score_q_layout",
 ]
 
 P_ONE = 1 << EXP_FRAC
@@ -239,4 +240,51 @@ def merge_out_layout(head_dim: int, rows: int) -> data.StructLayout:
     return data.StructLayout({
         "state": tile_state_layout(head_dim),
         "row": unsigned(max(1, (rows - 1).bit_length())),
+    })
+
+
+# --- the S = Q·Kᵀ arrays (mcf.hdl.compute.tile_score) --------------------------------------------
+
+def qk_tile_keys(keys: int, head_dim: int, lanes: int) -> int:
+    """Keys of one key tile of the ``S`` arrays: ``keys × head_dim / lanes`` (``lanes`` channels
+    per cycle, ``head_dim / lanes`` cycles per tile, so a tile's scores leave at ``keys`` per
+    cycle)."""
+    return keys * (head_dim // lanes)
+
+
+def k_word_layout(keys: int, head_dim: int, lanes: int, max_block: int,
+                  max_rows: int) -> data.StructLayout:
+    """A weight word of a KV block's K for the ``S`` arrays: the :func:`qk_tile_keys` keys of a
+    key tile × ``lanes`` consecutive channels (``k[key][lane]``, :data:`mcf.abi.kv.KV_ELEM`
+    codes; padding keys 0), words in the order (key tile, channel chunk); with it the scales
+    ``sk``, ``sv`` of ``keys`` keys — word ``n`` of the block carries those of keys
+    ``n·keys ..``, the keys of score beat ``n``. On the ``last`` word: ``n`` (the block's keys,
+    1 .. ``max_block``) and ``rows`` (the query rows that run against the block, 1 ..
+    ``max_rows``; 0: the block is dropped)."""
+    tile = qk_tile_keys(keys, head_dim, lanes)
+    return data.StructLayout({
+        "k": data.ArrayLayout(data.ArrayLayout(signed(KV_ELEM.width), lanes), tile),
+        "sk": data.ArrayLayout(unsigned(KV_SCALE.width), keys),
+        "sv": data.ArrayLayout(unsigned(KV_SCALE.width), keys),
+        "n": unsigned(int(max_block).bit_length()),
+        "rows": unsigned(int(max_rows).bit_length()),
+        "last": unsigned(1),
+    })
+
+
+def score_q_layout(head_dim: int, max_block: int, rows: int) -> data.StructLayout:
+    """A query row's beat into the ``S`` arrays, one per key tile of the block it runs against:
+    the INT8 query (:data:`mcf.abi.kv.Q_ELEM` codes; per-channel K: folded by the group header
+    of the tile's keys, :func:`mcf.abi.kv.fold_query`) and its scale ``(scale_m, scale_e)``;
+    ``visible``: the keys of the block the row sees (keys ``≥ visible`` are masked — causal
+    ``pos > q_pos`` on the diagonal tile; a block's positions increase); the row's place in the
+    query tile ``row``, ``first``, ``final`` (:func:`merge_in_layout`)."""
+    return data.StructLayout({
+        "q": data.ArrayLayout(signed(Q_ELEM.width), head_dim),
+        "scale_m": unsigned(SCALE_MANT_BITS),
+        "scale_e": signed(SCALE_EXP_BITS),
+        "visible": unsigned(int(max_block).bit_length()),
+        "row": unsigned(max(1, (rows - 1).bit_length())),
+        "first": unsigned(1),
+        "final": unsigned(1),
     })

@@ -26,7 +26,8 @@ product, the packed sums accumulated in 48 bits and split (:func:`mcf.golden.gem
 
 The stages the RTL (``mcf.hdl.compute.tile_*``) is compared against are functions of their own,
 used by the model's loop: :func:`tile_schedule` (which rows meet which block, the causal masks),
-:func:`tile_weights` (``m_b``, ``p``, ``w``, ``l_b``), :func:`p8_rows` (``s``, ``w8``),
+:func:`qk_acc` (the exact ``S`` accumulators), :func:`tile_weights` (``m_b``, ``p``, ``w``,
+``l_b``), :func:`p8_rows` (``s``, ``w8``),
 :func:`pv_p8_acc` / :func:`pv_p8_block` (the exact P·V sums, ``o_b``).
 """
 
@@ -50,8 +51,8 @@ from mcf.abi.softmax import LANE_BITS, M_EMPTY, STATE_L, STATE_O, exp2_neg, merg
 
 from .attention import KVChannelBlock, State, normalize_state
 
-__all__ = ["P_FORMATS", "packed_matmul", "tile_scores", "tile_weights", "p8_rows", "pv_p8_acc",
-           "pv_p8_block", "tile_block_state", "tile_schedule", "attend_tiled_rows",
+__all__ = ["P_FORMATS", "packed_matmul", "qk_acc", "tile_scores", "tile_weights", "p8_rows",
+           "pv_p8_acc", "pv_p8_block", "tile_block_state", "tile_schedule", "attend_tiled_rows",
            "attend_prefill_tiled"]
 
 P_FORMATS = {"w": None, "p8": P8}
@@ -85,7 +86,11 @@ def packed_matmul(a, w, shift: int, group: int) -> np.ndarray:
     return out[:, :n]
 
 
-def _qk(q, k, array: bool):
+def qk_acc(q, k, array: bool = False) -> np.ndarray:
+    """The exact ``acc[R, T] = Σ q·k`` of query codes ``q[R, d]`` (folded, per-channel K)
+    against K codes ``k[T, d]`` (with ``array``: two keys packed per DSP, the dot product over
+    ``d`` one packed group, split) — what :class:`mcf.hdl.compute.tile_score.TileScore`
+    emits."""
     q = np.asarray(q, dtype=np.int64)
     k = np.asarray(k, dtype=np.int64)
     if not array:
@@ -106,7 +111,7 @@ def tile_scores(q, sq, blk, array: bool = False):
     out = []
     for hdr, run in runs:
         qf, sf = (q, sq) if hdr is None else fold_query(q, sq, hdr)
-        acc = _qk(qf, run.k, array)
+        acc = qk_acc(qf, run.k, array)
         out.append(score(acc, np.asarray(run.sk)[None, :], q_multiplier(sf[:, 0], d)[:, None],
                          score_shift(sf[:, 1])[:, None]))
     return np.concatenate(out, axis=1) if out else np.zeros((len(q), 0), dtype=np.int64)

@@ -18,7 +18,6 @@ from mcf.sysmodel.calibration import load_figures
 from mcf.sysmodel.evaluation import (
     AS_BUILT,
     SCOPES,
-    STRIPES,
     EvalSpec,
     count_runs,
     decode,
@@ -126,10 +125,11 @@ def test_memory_converges_to_owner_only(ev, spec):
 def test_decode_row(fig):
     qwen = get_model("qwen2.5-1.5b")
     rates = NodeRates.calibrated(fig, "kr260", qwen)
-    rows = {(r.mode, r.weight_path == AS_BUILT): r
-            for r in decode(fig, rates, qwen, 4, 16384)}
-    rep, tp = rows["replicated", False], rows["tensor-parallel", False]
-    assert rep.weight_path == STRIPES
+    rows = {r.mode: r for r in decode(fig, rates, qwen, 4, 16384)}
+    assert len(rows) == 2                                   # one weight path: the node as built
+    rep, tp = rows["replicated"], rows["tensor-parallel"]
+    assert rep.weight_path == tp.weight_path == AS_BUILT
+    assert rep.weight_bytes_per_cycle == fig.stripe_weight_bytes_per_cycle
     assert rep.weight_bytes_per_node == decode_bytes(qwen, 1)[0]
     assert rep.weight_bytes_per_node == rep.layer_bytes + rep.lm_head_bytes
     assert rep.roofline_tok_s * rep.weight_bytes_per_node == pytest.approx(
@@ -140,7 +140,7 @@ def test_decode_row(fig):
         assert r.tok_s == pytest.approx(1 / (max(r.weights_s, r.gemm_s) + r.vector_s
                                              + r.attention_s + r.network_s))
         assert r.network_s == pytest.approx(sum(r.network.values()))
-    assert rows["replicated", True].tok_s < rep.tok_s < tp.tok_s
+    assert rep.tok_s < tp.tok_s
     assert tp.network_s > rep.network_s                     # the all-reduces
     assert tp.vector_s < rep.vector_s                       # the shards' passes split
     short = {(r.mode, r.weight_path): r for r in decode(fig, rates, qwen, 4, 1024)}
@@ -165,10 +165,10 @@ def test_decode_bytes_by_hand():
 
 
 def test_decode_row_from_the_measured_stripe_rate(tmp_path):
-    """Table 2's stripe column is decode.json's ``weights_ddr90.weight_bytes_per_cycle`` and
-    nothing else: with 40 B/cycle written into a copy of the results, a one-board token streams
-    its 799 MB in bytes / (40 x clock), the as-built column in bytes / (16 x DMA efficiency x
-    clock); no decode.json, no stripe column."""
+    """Table 2's decode row (the node as built: weights through the stripe readers) reads its
+    weight rate from decode.json's ``weights_ddr90.weight_bytes_per_cycle`` and nothing else:
+    with 40 B/cycle written into a copy of the results, a one-board token streams its 799 MB in
+    bytes / (40 x clock); no decode.json, no decode row."""
     import shutil
 
     from mcf.abi.platform import ACLK_HZ
@@ -187,30 +187,29 @@ def test_decode_row_from_the_measured_stripe_rate(tmp_path):
     rates = NodeRates.calibrated(f, "kr260", qwen)
     rows = table2_decode(f, rates, qwen, 4, 1024)
     by = {(r.key, r.weight_path): r for r in rows}
-    assert [r.key for r in rows][::2] == ["replicated_1", "tp_4_switch10g", "replicated_4",
-                                          "tp_4_kr260_ring"]
-    one = by["replicated_1", STRIPES]
+    assert [r.key for r in rows] == ["replicated_1", "tp_4_switch10g", "replicated_4",
+                                     "tp_4_kr260_ring"]
+    assert {r.weight_path for r in rows} == {AS_BUILT}
+    one = by["replicated_1", AS_BUILT]
     assert one.nodes == 1 and one.network_s == 0 and one.link == "-"
     assert one.weight_bytes_per_node == 28 * LAYER + HEAD == 799_441_408
     assert one.weights_s == pytest.approx(799_441_408 / (40 * ACLK_HZ), rel=1e-12)
-    built = by["replicated_1", AS_BUILT]
-    assert built.weights_s == pytest.approx(799_441_408 / (16 * f.dma_efficiency * ACLK_HZ),
-                                            rel=1e-12)
-    tp = by["tp_4_switch10g", STRIPES]
+    tp = by["tp_4_switch10g", AS_BUILT]
     assert tp.weights_s == pytest.approx((28 * TP4_LAYER + TP4_HEAD) / (40 * ACLK_HZ),
                                          rel=1e-12)
     assert tp.roofline_tok_s == pytest.approx(64 * ACLK_HZ / (28 * TP4_LAYER + TP4_HEAD))
     for r in rows:
         assert r.tok_s == pytest.approx(1 / (max(r.weights_s, r.gemm_s) + r.vector_s
                                              + r.attention_s + r.network_s))
-    assert set(by["tp_4_kr260_ring", STRIPES].network) == {
+    assert set(by["tp_4_kr260_ring", AS_BUILT].network) == {
         "attention", "kv_gather", "allreduce_max", "allreduce_sum", "head_gather"}
     # the 10G switch carries the SUM all-reduces faster than the ring's 1G cables
-    assert by["tp_4_switch10g", STRIPES].network["allreduce_sum"] < \
-        by["tp_4_kr260_ring", STRIPES].network["allreduce_sum"]
+    assert by["tp_4_switch10g", AS_BUILT].network["allreduce_sum"] < \
+        by["tp_4_kr260_ring", AS_BUILT].network["allreduce_sum"]
     tg = decode_targets(rows, 1024)
-    assert tg["stripe"]["replicated_1"] == one.tok_s
-    assert set(tg["as_built"]) == set(tg["stripe"]) == {
+    assert tg["as_built"]["replicated_1"] == one.tok_s
+    assert set(tg) == {"context", "as_built"}
+    assert set(tg["as_built"]) == {
         "replicated_1", "replicated_4", "tp_4_kr260_ring", "tp_4_switch10g"}
     (d / "decode.json").unlink()
     f = load_figures([d])
@@ -246,7 +245,7 @@ def test_report_files(ev, tmp_path):
     assert [c["clock_mhz"] for c in doc["clocks"]] == [300.0, 250.0]
     assert set(doc["covers"]) == set(SCOPES)
     assert doc["table1"]["paper"]["mars"]["2"]["ttft_s"] == 1.68
-    assert set(doc["table2_decode"]["tok_s"]["stripe"]) == {
+    assert set(doc["table2_decode"]["tok_s"]["as_built"]) == {
         "replicated_1", "replicated_4", "tp_4_kr260_ring", "tp_4_switch10g"}
     md = (tmp_path / "r" / "summary.md").read_text()
     assert "## Crossover map" in md and "whole model" in md

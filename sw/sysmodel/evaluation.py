@@ -21,7 +21,8 @@ What is computed (:func:`evaluate`):
   baseline (:data:`mcf.mars.sweep.FAIR`);
 * **Table 2's decode row** — tokens/s of one decode token on ``decode_nodes`` nodes, weights
   replicated or tensor-parallel (an all-reduce over the NIC after the attention and the MLP
-  block of every layer), against the DDR roofline (:func:`decode`);
+  block of every layer), read through the node's stripe readers at their measured rate
+  (:data:`AS_BUILT`), against the DDR roofline (:func:`decode`);
 * **the crossover map** — MARS's speedup over the best fair baseline across the node's
   compute rate (every node cycle cost divided by ``k``: GEMM, vector, ATTEND, KV reader, EMIT;
   the NIC unchanged) × the link rate (a ring of ``map_nodes`` boards, the same link on every
@@ -60,7 +61,7 @@ from .work import NodeWork, prefill_ops, vector_elements
 
 __all__ = ["EvalSpec", "SchemeRun", "MemoryTrace", "MapPoint", "OperatingPoint", "DecodeRow",
            "PaperCheck", "ClockRun", "Evaluation", "PAPER_DECODE", "SCOPES", "CLOCKS_MHZ",
-           "AS_BUILT", "STRIPES", "DECODE_LINKS", "LM_HEAD", "evaluate", "decode",
+           "AS_BUILT", "DECODE_LINKS", "LM_HEAD", "evaluate", "decode",
            "table2_decode", "decode_bytes", "decode_network", "decode_paths",
            "decode_targets", "decode_vector_elements", "paper_checks", "count_runs",
            "write_report", "markdown", "scaled_rates", "speedups"]
@@ -477,21 +478,20 @@ def _round_trip(net: Network, topo, root: int, down, up) -> float:
                 for d in range(topo.n) if d != root), default=0.0)
 
 
-AS_BUILT = "one HP port (as built)"
-""":class:`DecodeRow` ``weight_path`` of the node as built (weights through one HP port)."""
-STRIPES = "stripe readers (component measured, not yet in the node top)"
-""":class:`DecodeRow` ``weight_path`` of the stripe readers: every weight matrix read from the
-four HP ports in lockstep at the rate ``mcf bench decode`` measured
-(:attr:`.calibration.BenchFigures.stripe_weight_bytes_per_cycle`); the component is built and
-measured, the node top does not use it yet (docs/node.md §4)."""
+AS_BUILT = "stripe readers (as built)"
+""":class:`DecodeRow` ``weight_path`` of the node as built: every GEMM reads its weights through
+the stripe readers, each matrix from the four HP ports in lockstep into the 512-bit ``w_in``
+(docs/node.md §4), at the rate ``mcf bench decode`` measured against DDR ports at an assumed
+90 % controller efficiency
+(:attr:`.calibration.BenchFigures.stripe_weight_bytes_per_cycle`)."""
 DECODE_LINKS = ("kr260-ring", "switch10g")
 """The links tensor-parallel decode is reported on (Table 2's ``tp_4_<link>`` rows)."""
-LM_HEAD = ("the final RMSNorm and the tied LM head run on the host (the PS) today; every row, "
-           "in both columns, counts the head's bytes and MACs as a node JOB streaming them "
-           "through the PL (tensor-parallel: the vocabulary split over the nodes, one (max, "
-           "index) pair per node gathered to the root) - the stripe column is what the stripe "
-           "path gives once the head is a node JOB (issue #34 item 2, not built); the host's own "
-           "head time on the A53s is not measured and is in no row")
+LM_HEAD = ("the final RMSNorm and the tied LM head run on the host (the PS) today; every row "
+           "counts the head's bytes and MACs as a node JOB streaming them through the stripe "
+           "readers (tensor-parallel: the vocabulary split over the nodes, one (max, index) "
+           "pair per node gathered to the root) - what the node gives once the head is a node "
+           "JOB (issue #34 item 2, not built); the host's own head time on the A53s is not "
+           "measured and is in no row")
 
 
 def decode_bytes(model, nodes: int) -> tuple[int, int, int, int]:
@@ -608,33 +608,32 @@ def decode_network(fig: BenchFigures, model, nodes: int, link: str, mode: str,
 
 
 def decode_paths(fig: BenchFigures) -> tuple[tuple[str, float], ...]:
-    """``(weight_path, bytes per cycle)`` of the two columns: the node as built (one HP port,
-    16 B/cycle x ``compute.json``'s DMA efficiency) and the stripe readers at the rate
-    ``decode.json`` measured with DDR ports at the assumed 90 % efficiency. Raises
-    :class:`~.calibration.CalibrationError` when there is no ``decode.json``."""
+    """``(weight_path, bytes per cycle)`` of the decode row's weight stream: the node as built,
+    :data:`AS_BUILT`, at the rate ``decode.json`` measured with DDR ports at the assumed 90 %
+    efficiency. Raises :class:`~.calibration.CalibrationError` when there is no
+    ``decode.json``."""
     from .calibration import CalibrationError
     if fig.stripe_weight_bytes_per_cycle is None:
         raise CalibrationError("Table 2's decode row needs decode.json (run `mcf bench "
                                "decode`)")
-    return ((AS_BUILT, AXI_WIDTH // 8 * fig.dma_efficiency),
-            (STRIPES, fig.stripe_weight_bytes_per_cycle))
+    return ((AS_BUILT, fig.stripe_weight_bytes_per_cycle),)
 
 
 def _decode_weights_note(fig: BenchFigures) -> str:
-    """Where the two decode columns' weight rates come from."""
+    """Where the decode row's weight rate comes from."""
     src = fig.sources
-    one = (f"{AS_BUILT}: {AXI_WIDTH // 8} B/cycle x DMA efficiency {fig.dma_efficiency:.4f} "
-           f"({src.get('dma_efficiency', '?')})")
     if fig.stripe_weight_bytes_per_cycle is None:
-        return one + f"; {STRIPES}: {src.get('stripe_weight_bytes_per_cycle', 'no decode.json')}"
-    return (one + f"; {STRIPES}: {fig.stripe_weight_bytes_per_cycle:g} B/cycle "
+        return f"{AS_BUILT}: {src.get('stripe_weight_bytes_per_cycle', 'no decode.json')}"
+    return (f"{AS_BUILT}: {fig.stripe_weight_bytes_per_cycle:g} B/cycle "
             f"({src['stripe_weight_bytes_per_cycle']}; DDR ports idle "
             f"{100 * (1 - fig.stripe_ddr_efficiency):.0f} % of cycles, an assumed controller "
-            f"efficiency of {fig.stripe_ddr_efficiency:g}; "
+            f"efficiency of {fig.stripe_ddr_efficiency:g} of the {HP_PORTS} ports' "
+            f"{HP_PORTS * AXI_WIDTH // 8} B/cycle; "
             f"{fig.stripe_ideal_weight_bytes_per_cycle:g} B/cycle with ideal ports, "
-            f"{src['stripe_ideal_weight_bytes_per_cycle']}); the "
-            f"GEMM is assumed to take a 512-bit w_in word every cycle at M = 1, as the bench's "
-            f"consumer does")
+            f"{src['stripe_ideal_weight_bytes_per_cycle']}); measured on the stripe reader "
+            f"alone (the node-top runs check the stripe path bit for bit, publish no rate), "
+            f"the GEMM assumed to take a 512-bit w_in word every cycle at M = 1, as the "
+            f"bench's consumer does")
 
 
 def decode(fig: BenchFigures, rates: NodeRates, model, nodes: int, context: int,
@@ -652,9 +651,9 @@ def decode(fig: BenchFigures, rates: NodeRates, model, nodes: int, context: int,
       ``1/N`` of the LM head's rows; the vector passes over its shards are split, those over
       the whole hidden row are not (:func:`decode_vector_elements`).
     * Linear time per token = max(weights / weight bandwidth, MACs / the GEMM's measured
-      prefill rate) + vector elements x cycles per element; the weight bandwidth is each of
-      :func:`decode_paths`: one HP port (the node as built) or the stripe readers' measured
-      bytes per cycle (``mcf bench decode``, DDR ports idle 10 % of cycles: assumed).
+      prefill rate) + vector elements x cycles per element; the weight bandwidth is
+      :func:`decode_paths`: the stripe readers of the node as built at their measured bytes
+      per cycle (``mcf bench decode``, DDR ports idle 10 % of cycles: assumed).
     * The roofline is the PL's DDR reach (``HP_PORTS`` x 16 B per cycle at the clock; at
       300 MHz that is DDR4-2400 x 64 bit, 19.2 GB/s) over the node's weight bytes.
     * Where the LM head runs: :data:`LM_HEAD`.
@@ -695,7 +694,8 @@ def table2_decode(fig: BenchFigures, rates: NodeRates, model, nodes: int, contex
     """Table 2's decode rows at ``context``: ``replicated_1`` (one board), then tensor-parallel
     on ``nodes`` nodes over every link of :data:`DECODE_LINKS` other than ``link``, then
     ``replicated_<nodes>`` and ``tp_<nodes>_<link>`` on ``link`` (last, so that a reader keyed
-    by mode finds the run's own link's rows), each in both columns of :func:`decode_paths`."""
+    by mode finds the run's own link's rows), each for every weight path of
+    :func:`decode_paths` (one: the node as built)."""
     rows = decode(fig, rates, model, 1, context, link, buffer_mib, modes=("replicated",))
     for other in DECODE_LINKS:
         if other != link:
@@ -711,12 +711,13 @@ def _row_order(r) -> tuple:
 
 
 def decode_targets(rows, context: int = 1024) -> dict:
-    """``tok_s.<key>`` of every row at ``context`` in each column (issue #34's figures; the
-    targets reported, never tuned): ``{"as_built": {...}, "stripe": {...}}``."""
-    out: dict = {"context": context, "as_built": {}, "stripe": {}}
+    """``tok_s.<key>`` of every row of the node as built (:data:`AS_BUILT`) at ``context``
+    (issue #34's figures; the targets reported, never tuned): ``{"context": context,
+    "as_built": {key: tok/s}}``."""
+    out: dict = {"context": context, "as_built": {}}
     for r in sorted(rows, key=_row_order):
-        if r.context == context:
-            out["as_built" if r.weight_path == AS_BUILT else "stripe"][r.key] = r.tok_s
+        if r.context == context and r.weight_path == AS_BUILT:
+            out["as_built"][r.key] = r.tok_s
     return out
 
 
@@ -960,7 +961,7 @@ DECODE_TARGETS = {"replicated": 22.0, "tp_switch10g": 60.0}
 
 
 def _decode_tables(ev: Evaluation) -> list[str]:
-    """Table 2's decode row: every row in full, then tok/s per row in the two columns."""
+    """Table 2's decode row: every row in full, then tok/s per row at every context."""
     sp = ev.spec
     n = ev.notes
     out = ["", f"## Table 2, decode row ({sp.model}, {sp.decode_nodes} nodes)", "",
@@ -994,16 +995,13 @@ def _decode_tables(ev: Evaluation) -> list[str]:
             out.append(f"| {d.key} | " + " | ".join(f"{1e3 * d.network[k]:.2f}"
                                                    for k in kinds) + " |")
     for ctx in sp.decode_contexts:
-        tg = decode_targets(ev.decode, ctx)
-        keys = list(tg["as_built"])
-        out += ["", f"tok/s at context {ctx}:", "",
-                f"| row | {AS_BUILT} | {STRIPES} |", "|---|---|---|"]
-        out += [f"| {k} | {tg['as_built'][k]:.1f} | {tg['stripe'].get(k, float('nan')):.1f} |"
-                for k in keys]
-    tg = decode_targets(ev.decode, min(sp.decode_contexts))["stripe"]
+        tg = decode_targets(ev.decode, ctx)["as_built"]
+        out += ["", f"tok/s at context {ctx}:", "", f"| row | {AS_BUILT} |", "|---|---|"]
+        out += [f"| {k} | {v:.1f} |" for k, v in tg.items()]
+    tg = decode_targets(ev.decode, min(sp.decode_contexts))["as_built"]
     rep = {k: v for k, v in tg.items() if k.startswith("replicated")}
     tps = {k: v for k, v in tg.items() if k.startswith("tp_")}
-    out += ["", f"Targets (issue #34; reported, not tuned; stripe readers, context "
+    out += ["", f"Targets (issue #34; reported, not tuned; {AS_BUILT}, context "
             f"{min(sp.decode_contexts)}): replicated >= {DECODE_TARGETS['replicated']:g} tok/s: "
             + ", ".join(f"{k} {v:.1f}" for k, v in rep.items())
             + f"; tensor-parallel on switch10g >= {DECODE_TARGETS['tp_switch10g']:g} tok/s, "

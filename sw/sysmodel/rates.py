@@ -6,7 +6,9 @@ Two kinds of figure go in:
   ``macs_per_cycle``, the kr260 GEMM on the Qwen-shaped prefill sequence), the attention
   engine's cycles per visible (query, key, head) (``attention.json``, the prefill case of the
   model's GQA group, carried from the bench's ``head_dim / lanes`` to the configuration's), the
-  KV reader's bytes per cycle (one 128-bit HP port x ``compute.json`` ``dma_efficiency``);
+  KV reader's bytes per cycle (one 128-bit HP port, HP1, x ``compute.json``
+  ``dma_efficiency``; the GEMM's weights come through the stripe readers on all four ports,
+  whose decode rate :mod:`.evaluation` reads from ``decode.json``);
 * **node-program overheads** the engine benches cannot see, from the measured layer program
   (``node.json`` ``layer``, :class:`~.calibration.LayerRun`): the JOB cycles the GEMM is not
   active (vector passes, requantisation, fences, DMA round trips) per vector element, the fixed

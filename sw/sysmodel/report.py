@@ -9,8 +9,8 @@ from committed JSON, so that every headline figure has one source and is never t
   second; :data:`HEADLINE_COMMANDS`).
 * ``evaluation`` — where MARS wins on the crossover map and the paper's apparent operating
   point, from ``docs/figures/evaluation.json`` (``mcf model --evaluate --out docs/figures``);
-* ``decode`` — Table 2's decode row (issue #34's ``tok_s.*``) in its two columns, the node as
-  built and the stripe readers at the rate ``mcf bench decode`` measured, from the same file.
+* ``decode`` — Table 2's decode row (issue #34's ``tok_s.*``) of the node as built, its weights
+  through the stripe readers at the rate ``mcf bench decode`` measured, from the same file.
 
 A block sits between ``<!-- model:NAME -->`` and ``<!-- /model:NAME -->``; :data:`BLOCKS` maps
 NAME to its source files and renderer.
@@ -108,7 +108,8 @@ def render_evaluation(docs: list[dict]) -> str:
 
 def render_decode(docs: list[dict]) -> str:
     """Table 2's decode row at its shortest context from ``evaluation.json``: tokens/s per row
-    (one board, N boards replicated, tensor-parallel per link) in both weight columns."""
+    (one board, N boards replicated, tensor-parallel per link), a column per weight path of the
+    file's rows (one: the node as built), the last in bold."""
     ev = docs[0]
     t2 = ev["table2_decode"]
     ctx = t2["tok_s"]["context"]
@@ -124,7 +125,7 @@ def render_decode(docs: list[dict]) -> str:
         r = by[k, paths[0]]
         out.append(f"| `{k}` | {r['mode']} | {r['nodes']} | {r['link']} | "
                    f"{r['weight_bytes_per_node'] / 1e6:.1f} ({r['lm_head_bytes'] / 1e6:.1f}) | "
-                   + " | ".join(f"**{by[k, p]['tok_s']:.1f}**" if i else
+                   + " | ".join(f"**{by[k, p]['tok_s']:.1f}**" if i == len(paths) - 1 else
                                 f"{by[k, p]['tok_s']:.1f}" for i, p in enumerate(paths))
                    + f" | {r['roofline_tok_s']:.1f} |")
     notes = ev["notes"]

@@ -57,7 +57,7 @@ __all__ = [
     "pv_p8_out", "P8_SHIFT_MAX", "score_beat_layout", "p8_beat_layout", "PV_SHIFT",
     "pv_acc_bits", "v_beat_layout", "tile_state_layout", "merge_in_layout", "merge_out_layout",
     "score_row_beat_layout", "pv_out_layout", "qk_tile_keys", "k_word_layout",
-    "score_q_layout",
+    "score_q_layout", "kv_rows_layout", "fold_row_layout", "fold_header_layout",
 ]
 
 P_ONE = 1 << EXP_FRAC
@@ -288,3 +288,40 @@ def score_q_layout(head_dim: int, max_block: int, rows: int) -> data.StructLayou
         "first": unsigned(1),
         "final": unsigned(1),
     })
+
+
+# --- feeding the S and P·V arrays from the KV records (tile_kv, tile_fold) ------------------------
+
+def kv_rows_layout(max_rows: int) -> data.StructLayout:
+    """Per KV block, for :class:`mcf.hdl.compute.tile_kv.TileKV`: ``rows``, the query rows that
+    run against the block (1 .. ``max_rows``; 0: the arrays drop the block) — put on the block's
+    last K word (:func:`k_word_layout`) and last V beat (:func:`v_beat_layout`)."""
+    return data.StructLayout({"rows": unsigned(int(max_rows).bit_length())})
+
+
+def fold_row_layout(head_dim: int, max_block: int, rows: int) -> data.StructLayout:
+    """A query row against one KV block, for :class:`mcf.hdl.compute.tile_fold.TileFold`: the
+    row's INT8 query and scale (**not** folded), ``visible`` and the tags as in
+    :func:`score_q_layout`, ``n`` (the block's keys, 1 .. ``max_block``: the row's key tiles
+    and, per-channel K, its 32-key groups) and ``last`` (the block's last row: its group
+    headers are done with)."""
+    return data.StructLayout({
+        "q": data.ArrayLayout(signed(Q_ELEM.width), head_dim),
+        "scale_m": unsigned(SCALE_MANT_BITS),
+        "scale_e": signed(SCALE_EXP_BITS),
+        "visible": unsigned(int(max_block).bit_length()),
+        "n": unsigned(int(max_block).bit_length()),
+        "row": unsigned(max(1, (rows - 1).bit_length())),
+        "first": unsigned(1),
+        "final": unsigned(1),
+        "last": unsigned(1),
+    })
+
+
+def fold_header_layout(lanes: int) -> data.StructLayout:
+    """A beat of a KV block's per-channel K group headers for
+    :class:`mcf.hdl.compute.tile_fold.TileFold`: ``lanes`` K channel scale codes (channel ``i``
+    of the beat in bits ``[16i, 16i+16)``, :func:`mcf.abi.kv.kv_header_layout`'s ``data``),
+    ``head_dim/lanes`` beats per header, the block's headers (one per 32-key group from its
+    first key) in order; ``last`` on the block's final beat."""
+    return data.StructLayout({"data": unsigned(lanes * KV_SCALE.width), "last": unsigned(1)})

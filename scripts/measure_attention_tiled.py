@@ -229,13 +229,14 @@ def retrieval(args) -> dict:
               f"{out['w_bit_exact']}", flush=True)
     mg.attend_prefill = tiled
     for L in args.lengths:
-        prompts = [make_prompt(L, s) for s in range(args.n)]
+        seeds = range(args.first_seed, args.first_seed + args.n)
+        prompts = [make_prompt(L, s) for s in seeds]
         t0 = time.monotonic()
         preds = [im.generate(p.tokens, PASSKEY.value_len).tokens for p in prompts]
-        wrong = [s for s, (p, r) in enumerate(zip(prompts, preds))
-                 if not np.array_equal(r, p.answer)]
+        wrong = [s for s, p, r in zip(seeds, prompts, preds) if not np.array_equal(r, p.answer)]
         a = accuracy(preds, [p.answer for p in prompts])
-        out[str(L)] = {"accuracy": a, "prompts": args.n, "wrong_seeds": wrong,
+        out[str(L)] = {"accuracy": a, "prompts": args.n, "first_seed": args.first_seed,
+                       "wrong_seeds": wrong,
                        "seconds_per_prompt": round((time.monotonic() - t0) / args.n, 2)}
         print(f"{L}: {100 * a:.1f} % of {args.n} (wrong seeds {wrong or '-'})", flush=True)
     mg.attend_prefill = today
@@ -258,6 +259,7 @@ def main(argv=None) -> int:
     r.add_argument("--block-tokens", type=int, default=256)
     r.add_argument("--lengths", type=int, nargs="+", default=[1024, 4094])
     r.add_argument("--n", type=int, default=20)
+    r.add_argument("--first-seed", type=int, default=0, help="prompts first-seed .. +n-1")
     r.add_argument("--check-w", action="store_true")
     ap.add_argument("--json", help="write the result here")
     args = ap.parse_args(argv)

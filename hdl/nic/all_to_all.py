@@ -177,17 +177,21 @@ class AllToAll(wiring.Component):
                 m.d.comb += hit_idx.eq(s)
             with m.If(g_free[s]):
                 m.d.comb += free_idx.eq(s)
-        hit_len = Signal(lw)
-        hit_have = Signal(N)
-        with m.Switch(hit_idx):
-            for s in range(S):
-                with m.Case(s):
-                    m.d.comb += [hit_len.eq(g_len[s]), hit_have.eq(g_have[s])]
         plen_i = meta.length
+        # per slot, in parallel with the match (no multiplexer addressed by hit_idx): the
+        # lowest open slot of the tag (first_hit) and the lowest free one (first_free); the
+        # length check and the duplicate test are the first hit's, sel is slot_sel one-hot
+        first_hit = Signal(S)
+        first_free = Signal(S)
+        sel = Signal(S)
+        m.d.comb += [first_hit.eq(hits & ~Cat(hits[:s].any() for s in range(S))),
+                     first_free.eq(g_free & ~Cat(g_free[:s].any() for s in range(S))),
+                     sel.eq(Mux(hit, first_hit, first_free))]
+        len_mm = (first_hit & Cat(g_len[s] != plen_i for s in range(S))).any()
         bad_len = ((plen_i == 0) | (plen_i[:log_bpb] != 0) | (plen_i > self._part_max)
-                   | (hit & (hit_len != plen_i)))
+                   | len_mm)
         bad_src = (meta.src >= self.num_nodes) | (meta.src >= N)
-        dup = hit & (hit_have >> meta.src)[0]
+        dup = (first_hit & Cat((g_have[s] >> meta.src)[0] for s in range(S))).any()
         full_slots = ~hit & (g_free == 0)
         no_slot = full_slots & (g_done == 0)
         cause = Signal(len(A2ADrop))
@@ -265,13 +269,16 @@ class AllToAll(wiring.Component):
         # while the engine itself holds an offered part off (waiting for a slot to drain)
         refusing = i.valid & ~i.ready
         for s in range(S):
-            active = (in_pkt & (c_slot == s)) | (accept & (slot_sel == s))
+            # accept & sel[s] == accept & (slot_sel == s): whenever a head is accepted, sel is
+            # slot_sel one-hot (a new tag is accepted only while a slot is free)
+            take_s = accept & sel[s]
+            active = (in_pkt & (c_slot == s)) | take_s
             m.d.comb += trips[s].eq(g_valid[s] & ~g_done[s] & ~active & (self.timeout != 0)
                                     & ~refusing & (g_timer[s] >= self.timeout))
             have_next = Mux(accept & hit, g_have[s], 0) | (Const(1, N) << meta.src[:nbits])
             with m.If(freeing[s]):
                 m.d.sync += [g_done[s].eq(0), g_valid[s].eq(0), g_have[s].eq(0)]
-            with m.If(accept & (slot_sel == s)):
+            with m.If(take_s):
                 m.d.sync += [g_timer[s].eq(0), g_have[s].eq(have_next)]
                 with m.If(~hit):
                     m.d.sync += [g_valid[s].eq(1), g_tag[s].eq(meta.kv_id), g_len[s].eq(plen_i),
@@ -287,7 +294,8 @@ class AllToAll(wiring.Component):
             have_cur = Mux(head, have_next, g_have[s])
             all_mask = ((Const(1, N + 1) << self.num_nodes) - 1)[:N]
             m.d.comb += full.eq((have_cur & all_mask) == all_mask)
-            with m.If(last_beat & (cur_slot == s) & full):
+            # cur_slot == s: on a head beat last_beat implies accept, where sel[s] is exact
+            with m.If(last_beat & Mux(in_pkt, c_slot == s, sel[s]) & full):
                 m.d.sync += g_done[s].eq(1)
         m.d.sync += st.watchdog_trips.eq(st.watchdog_trips + sum(trips[s] for s in range(S)))
         return m

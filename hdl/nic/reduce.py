@@ -258,11 +258,14 @@ class ReduceEngine(wiring.Component):
         # ---- slot table updates + watchdog -----------------------------------------------------
         trips = Signal(S)
         for s in range(S):
-            active = (in_pkt & (hc.slot == s)) | (accept & (slot_sel == s))
+            # accept & dec.sel[s] == accept & (slot_sel == s) (sel is slot_sel one-hot
+            # whenever the head is accepted), without the encoded index on the path
+            take_s = accept & dec.sel[s]
+            active = (in_pkt & (hc.slot == s)) | take_s
             # the watchdog guards open slots only: a complete result waits for the output
             m.d.comb += trips[s].eq(s_open[s] & ~active & (self.timeout != 0)
                                     & (s_timer[s] >= self.timeout))
-            with m.If(accept & (slot_sel == s)):
+            with m.If(take_s):
                 m.d.sync += [s_timer[s].eq(0), s_cnt[s].eq(dec.cnt_next), s_m[s].eq(dec.m_new)]
                 with m.If(~hit):
                     m.d.sync += [s_valid[s].eq(1), s_tag[s].eq(dec.tag),

@@ -35,14 +35,14 @@ def reduce_slot_layout(meta_layout: data.StructLayout) -> data.StructLayout:
 
 def reduce_decision_layout(meta_layout: data.StructLayout, n_slots: int) -> data.StructLayout:
     """The head decode's result: the route's configured ``k``, drop (and its one-hot
-    ``cause``), ``hit`` (an open slot of the
-    tag) and the slot used, the tag, ``final`` (this contribution completes the slot), the
-    count after it, the slot's maximum ``hit_m``, the merged maximum ``m_new`` and the result
-    meta ``res_meta`` (the ABI's final-result rewrite applied when configured)."""
+    ``cause``), ``hit`` (an open slot of the tag) and the slot used (``slot``, and one-hot
+    ``sel``), the tag, ``final`` (this contribution completes the slot), the count after it,
+    the slot's maximum ``hit_m``, the merged maximum ``m_new`` and the result meta
+    ``res_meta`` (the ABI's final-result rewrite applied when configured)."""
     kbits = reduce_config_layout(meta_layout)["k"].width
     return data.StructLayout({
         "k": kbits, "drop": 1, "cause": len(ReduceDrop), "hit": 1, "slot": range(n_slots),
-        "tag": reduce_tag_layout(meta_layout), "final": 1, "cnt_next": kbits,
+        "sel": n_slots, "tag": reduce_tag_layout(meta_layout), "final": 1, "cnt_next": kbits,
         "hit_m": signed(LANE_BITS), "m_new": signed(LANE_BITS), "res_meta": meta_layout})
 
 
@@ -123,7 +123,16 @@ class ReduceHead(wiring.Component):
             for s in range(S):
                 with m.Case(s):
                     m.d.comb += hit_slot.eq(slots[s])
-        mismatch = hit & ((hit_slot.op != meta.reduce_op) | (hit_slot.len != length))
+        # per slot, in parallel with the match (not through hit_idx → hit_slot): the lowest
+        # open slot of the tag (first_hit), the lowest free slot (first_free), and whether the
+        # slot's op / length differ from the head's; mismatch = the first hit's
+        first_hit = Signal(S)
+        first_free = Signal(S)
+        m.d.comb += [first_hit.eq(hits & ~Cat(hits[:s].any() for s in range(S))),
+                     first_free.eq(~s_valid & ~Cat((~s_valid[:s]).any() for s in range(S)))]
+        mm = Cat((slots[s].op != meta.reduce_op) | (slots[s].len != length) for s in range(S))
+        mismatch = (first_hit & mm).any()
+        m.d.comb += dec.sel.eq(Mux(hit, first_hit, first_free))
         no_slot = held | (~hit & ~any_free)
         m.d.comb += dec.cause.eq(Cat(
             bad_len, ~bad_len & bad_op, ~bad_len & ~bad_op & no_cfg,

@@ -22,6 +22,7 @@ from mcf.abi.nic import Topology
 from mcf.abi.node_config import SIM
 
 from ..csr.bank import CsrBank, register_signature
+from ..stream import RegisterSlice
 from .all_to_all import AllToAll
 from .link import LinkRx, LinkTx
 from .reduce import ReduceEngine
@@ -70,8 +71,10 @@ class NicTop(wiring.Component):
 
     What stays outside (the node top's choice): the per-link parsers between ``link_rx{p}``
     and ``net_in{p}`` (each link needs its own, see the router's deadlock argument) and where
-    parser outputs, reduction results and all-to-all parts go. Latency: the engines' own; the
-    register paths add none beyond the bank's.
+    parser outputs, reduction results and all-to-all parts go. Latency: the engines' own plus
+    one cycle on each of ``deliver``, ``reduce_in``, ``a2a_in`` and ``a2a_out``: a full
+    :class:`~mcf.hdl.stream.RegisterSlice` each (full rate; cuts the node's arbiter → engine
+    paths, docs/depth.md); the register paths add none beyond the bank's.
     """
 
     def __init__(self, *, data_width: int = 64, n_links: int = NODE_LINKS,
@@ -140,13 +143,24 @@ class NicTop(wiring.Component):
         for j in range(self._n_inject):
             wiring.connect(m, flip(getattr(self, f"inject{j}")),
                            r.inputs()[self._n_links + j])
-        wiring.connect(m, r.local, flip(self.deliver))
-        wiring.connect(m, flip(self.reduce_in), red.i)
+        # register slices where the node's arbiters meet the engines (docs/depth.md): each
+        # engine's input decision starts from a register, and the node's local sink's ready
+        # does not reach into the router's or the all-to-all's output logic
+        slices = {name: RegisterSlice(self.reduce_in.payload.shape())
+                  for name in ("deliver", "reduce_in", "a2a_in", "a2a_out")}
+        for name, sl in slices.items():
+            m.submodules[f"slice_{name}"] = sl
+        wiring.connect(m, r.local, slices["deliver"].i)
+        wiring.connect(m, slices["deliver"].o, flip(self.deliver))
+        wiring.connect(m, flip(self.reduce_in), slices["reduce_in"].i)
+        wiring.connect(m, slices["reduce_in"].o, red.i)
         wiring.connect(m, red.o, flip(self.reduce_out))
         wiring.connect(m, flip(self.a2a_scatter), a2a.scatter)
         wiring.connect(m, a2a.net, flip(self.a2a_net))
-        wiring.connect(m, flip(self.a2a_in), a2a.i)
-        wiring.connect(m, a2a.o, flip(self.a2a_out))
+        wiring.connect(m, flip(self.a2a_in), slices["a2a_in"].i)
+        wiring.connect(m, slices["a2a_in"].o, a2a.i)
+        wiring.connect(m, a2a.o, slices["a2a_out"].i)
+        wiring.connect(m, slices["a2a_out"].o, flip(self.a2a_out))
 
         # ---- control registers ------------------------------------------------------------------
         m.d.comb += [

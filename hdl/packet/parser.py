@@ -15,6 +15,7 @@ from mcf.abi.csrmap import PARSER_STATUS, DropCause
 from mcf.abi.framing import MAX_PAYLOAD, beat_layout, parsed_layout, payload_beats
 from mcf.abi.meta import DISPATCH_RULES, META, Port, ReduceOp
 
+from ..stream import RegisterSlice
 from .packet_buffer import PacketBuffer
 
 __all__ = ["Parser", "port_member_name"]
@@ -304,21 +305,33 @@ class Parser(wiring.Component):
         m.d.comb += is_last.eq(zero | (out_idx == beats_of(q_out.meta.length) - 1))
 
         valid = queue.r_stream.valid & (zero | buf.r_stream.valid)
-        sel_ready = Signal()
+        # a ready slice between the buffer's read side and the outputs: the outputs' ready
+        # (the node's arbiters and sinks) stops at a register instead of reaching the buffer's
+        # read pointer and commit counter (docs/depth.md); no latency added
+        out_entry = data.StructLayout({"beat": parsed_layout(width, layout), "port": Port})
+        m.submodules.out_slice = osl = RegisterSlice(out_entry, forward=False)
+        sel_ready = osl.i.ready
+        m.d.comb += [
+            osl.i.valid.eq(valid),
+            osl.i.payload.port.eq(q_out.port),
+            osl.i.payload.beat.meta.eq(q_out.meta),
+            osl.i.payload.beat.data.eq(Mux(zero, 0, buf.r_stream.payload)),
+            osl.i.payload.beat.keep.eq(Mux(zero, 0, Mux(is_last, last_keep_of(q_out.meta.length),
+                                                        all_keep))),
+            osl.i.payload.beat.last.eq(is_last),
+        ]
+        out_ready = Signal()
         for port in Port:
             o = self.output(port)
             m.d.comb += [
-                o.valid.eq(valid & (q_out.port == port)),
-                o.payload.meta.eq(q_out.meta),
-                o.payload.data.eq(Mux(zero, 0, buf.r_stream.payload)),
-                o.payload.keep.eq(Mux(zero, 0, Mux(is_last, last_keep_of(q_out.meta.length),
-                                                   all_keep))),
-                o.payload.last.eq(is_last),
+                o.valid.eq(osl.o.valid & (osl.o.payload.port == port)),
+                o.payload.eq(osl.o.payload.beat),
             ]
-        with m.Switch(q_out.port):
+        with m.Switch(osl.o.payload.port):
             for port in Port:
                 with m.Case(port):
-                    m.d.comb += sel_ready.eq(self.output(port).ready)
+                    m.d.comb += out_ready.eq(self.output(port).ready)
+        m.d.comb += osl.o.ready.eq(out_ready)
 
         sent = valid & sel_ready
         m.d.comb += [
@@ -327,9 +340,10 @@ class Parser(wiring.Component):
         ]
         with m.If(sent):
             m.d.sync += out_idx.eq(Mux(is_last, 0, out_idx + 1))
-            with m.If(is_last), m.Switch(q_out.port):
-                for port in Port:
-                    with m.Case(port):
-                        counter = status[f"tx_{port.name.lower()}"]
-                        m.d.sync += counter.eq(counter + 1)
+        out_end = osl.o.valid & out_ready & osl.o.payload.beat.last
+        with m.If(out_end), m.Switch(osl.o.payload.port):
+            for port in Port:
+                with m.Case(port):
+                    counter = status[f"tx_{port.name.lower()}"]
+                    m.d.sync += counter.eq(counter + 1)
         return m

@@ -105,8 +105,9 @@ def test_the_board_runtime_runs_the_tiny_model_on_two_simulated_kr260s(tmp_path,
     assert got["mpi_ranks"] == 2 and got["spec"] == asdict(RunSpec(
         nodes=2, prompt_tokens=64, decode_tokens=2))
     assert got["tokens"] == got["golden_tokens"] and len(got["tokens"]) == 3
-    assert got["checks"] == {"bit_exact": True, "tokens_match": True, "owner_only": True,
-                             "memory_within_budget": True}
+    assert got["checks"] == {"bit_exact": True, "logits_bit_exact": True, "tokens_match": True,
+                             "owner_only": True, "memory_within_budget": True}
+    assert got["head_cycles"] > 0 and len(got["logits"]) == 3
     assert got["roots"] == [0, 1] and got["owned_tokens"] == {"0": 32, "1": 32}
     assert len(got["prefill_step_cycles"]) == 2 and min(got["prefill_step_cycles"]) > 0
     assert len(got["decode_cycles"]) == 2 and min(got["decode_cycles"]) > 0

@@ -177,15 +177,19 @@ def test_mcf_run_rejects_a_checkpoint_that_is_not_qwen2(tmp_path, capsys):
 
 def test_two_nodes_run_the_tiny_model_end_to_end(tmp_path, capsys):
     """``mcf run`` on two node tops: MARS prefill (64 tokens, 2 chunk steps), then 2 decode
-    tokens on alternating roots; every step bit-exact (checked in the bench), the tokens the
-    golden model's, the KV owner-only in the nodes' directories."""
+    tokens on alternating roots; every step bit-exact (checked in the bench), the LM head on the
+    nodes (the first token's head phase, then inside each decode token) writing the golden
+    head's logits bit for bit, the tokens the golden model's, the KV owner-only in the nodes'
+    directories."""
     out = tmp_path / "run.json"
     assert main(["run", "--quiet", "--nodes", "2", "--prompt-tokens", "64",
                  "--decode-tokens", "2", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["tokens"] == got["golden_tokens"] and len(got["tokens"]) == 3
-    assert got["checks"] == {"bit_exact": True, "tokens_match": True, "owner_only": True,
-                             "memory_within_budget": True}
+    assert got["checks"] == {"bit_exact": True, "logits_bit_exact": True, "tokens_match": True,
+                             "owner_only": True, "memory_within_budget": True}
+    assert got["head_cycles"] > 0 and len(got["logits"]) == 3
+    assert got["tokens"] == [int(np.argmax(row)) for row in got["logits"]]
     assert got["roots"] == [0, 1]
     assert got["owned_tokens"] == {"0": 32, "1": 32}
     assert len(got["prefill_step_cycles"]) == 2 and got["ttft_cycles"] == \

@@ -16,22 +16,25 @@ does the same thing at the same cycle whether the other nodes are in this simula
    bit against the run's golden model (:class:`mcf.cluster.ClusterGolden`: every layer's
    attention and output rows, the KV of every block it read, the counters) and reads its
    directory; then all meet. A step's cycles run from the first doorbell to the last landing.
-2. **First token**: the node that computed the last prompt row reads it and runs the LM head
-   (:meth:`~mcf.cluster.ClusterGolden.head`); the token goes to every host at the grid.
+2. **First token**: a head phase (:meth:`mcf.cluster.RunSetup.head_program`, both MARKs on
+   every node): the node that computed the last prompt row runs the LM head on it
+   (:mod:`mcf.node.head`); its host reads the logits and picks the token, which goes to every
+   host at the grid.
 3. **Decode**: per token each host writes its records (:func:`mcf.node.decode.decode_program`)
    and rings its doorbells, the root's COMPUTE doorbell last (after the grid); the root's
-   MARK ends the token's cycles; the root checks OBUF, output row and new KV bit for bit, reads
-   its last-layer row and runs the LM head for the next token.
+   program ends with the LM head and its MARK ends the token's cycles; the root checks OBUF,
+   output row and new KV bit for bit and its host reads the logits for the next token.
 
 After the prefill every node's owned KV is checked in its DDR and the layout read from the
-directories must be owner-only. The generated tokens must equal the golden model's. A frame
-dropped by a receiver's MAC buffer fails the run at the next window (:func:`mac_drops`).
+directories must be owner-only. Every logits row the nodes wrote must equal the golden head's
+bit for bit, and the generated tokens the golden model's. A frame dropped by a receiver's MAC
+buffer fails the run at the next window (:func:`mac_drops`).
 
 Written to ``out`` (JSON, by node 0's simulation): the tokens (RTL and golden), per-step prefill
 cycles, the COMPUTE queue's wait cycles per step and node (the cycles the compute engines waited
-for KV and counters: the exposed communication), TTFT in cycles (the prefill steps; the LM
-head's host time is not counted), per-token decode cycles, owned tokens per node, the checks,
-the simulated cycles and wall time.
+for KV and counters: the exposed communication), TTFT in cycles (the prefill steps; the first
+token's head phase is ``head_cycles``), per-token decode cycles (each with its LM head), owned
+tokens per node, the checks, the simulated cycles and wall time.
 
 ``fault = {"step": s, "node": v}`` arms a one-bit fault on every link leaving node ``v`` just
 before prefill step ``s``: a receiver's CRC check drops the frame and raises ``link_error``,
@@ -260,6 +263,25 @@ async def _decode_token(h: Host, r: Run, k: int, token: int, marks: int) -> dict
     return out
 
 
+async def _first_head(h: Host, r: Run, marks: int) -> dict | None:
+    """Node ``h``'s head phase after the prefill (:meth:`mcf.cluster.RunSetup.head_program`):
+    both rings and doorbells, its two MARKs (the ``marks``-th), no bad counter. The node that
+    computed the prompt's last row returns the phase's cycles (doorbell to MARKs) and the
+    logits its LM head wrote; the others None."""
+    net, compute = r.setup.head_program(h.i, r.image)
+    h.put(Queue.NET, net)
+    h.put(Queue.COMPUTE, compute)
+    t0 = r.grid.now()
+    for q in Queue:
+        await h.doorbell(q)
+    await _wait_marks(r.dut, [h], [marks], r.limit)
+    cycles = r.grid.now() - t0
+    bad = await _bad_counters(h)
+    assert not bad, f"head phase node {h.i}: {bad}"
+    logits = r.setup.first_logits(h.i, h.mem, r.image)
+    return None if logits is None else {"cycles": cycles, "logits": logits}
+
+
 async def node_host(h: Host, r: Run) -> dict:
     """Everything node ``h``'s host does in a run; meets the others only at ``r.grid``.
     Returns the run's record (the same on every node)."""
@@ -273,11 +295,13 @@ async def node_host(h: Host, r: Run) -> dict:
         if r.bar is not None and h.i == min(r.ports):
             r.bar.update()
     check_owned_kv(h.mem, h.i, p, h.layout, r.setup.gold.prefill)
-    mine = r.setup.first_logits(h.i, h.mem, r.image)
-    logits = [next(v for v in await r.grid.gather(h.i, mine) if v is not None)]
+    marks = len(p.steps) + 1
+    head = await _first_head(h, r, marks)
+    got = await r.grid.gather(h.i, head)
+    first = next(v for v in got if v is not None)
+    logits = [first["logits"]]
     tokens = [int(np.argmax(logits[-1]))]
     decode_cycles = []
-    marks = len(p.steps)
     for k in range(spec.decode_tokens):
         got = await r.grid.gather(h.i, await _decode_token(h, r, k, tokens[-1], marks))
         marks += 1
@@ -287,7 +311,7 @@ async def node_host(h: Host, r: Run) -> dict:
         tokens.append(int(np.argmax(logits[-1])))
         if r.bar is not None and h.i == min(r.ports):
             r.bar.update()
-    return {**run_record(r.setup, steps, tokens, logits, decode_cycles),
+    return {**run_record(r.setup, steps, tokens, logits, decode_cycles, first["cycles"]),
             "sim_cycles": r.grid.now()}
 
 

@@ -6,13 +6,14 @@ MPI.
 :class:`mcf.driver.NodeDriver` (``Overlay(...).node``) and one ``allocate`` buffer: the model
 image in the buffer, the node's configuration, every prefill step (embedding rows, routes, rings
 and ATTEND lists, doorbells, both MARKs, every planned landing, the step's checks, the
-directory), the first token's LM head at the node that computed the prompt's last row, then each
-decode token (records and doorbells, the root's COMPUTE doorbell after a meeting, both MARKs, the
-root's checks and LM head). The hosts meet only through ``meet`` (:class:`Meet`): an MPI
-``allgather`` on boards (:class:`MpiMeet`), the co-simulation's window grid on simulated KR260s
-(``mcf.sim.benches.board_run``). Every check of the simulated back end is made, on what the host
-reads from its node (:mod:`mcf.cluster.checks`); the record is the same
-(:func:`mcf.cluster.setup.run_record`).
+directory), the head phase (the node that computed the prompt's last row runs the LM head on
+it, :mod:`mcf.node.head`; its host reads the logits), then each decode token (records and
+doorbells, the root's COMPUTE doorbell after a meeting, both MARKs, the root's checks; its
+program ends with the LM head, whose logits the root's host reads). The hosts meet only through
+``meet`` (:class:`Meet`): an MPI ``allgather`` on boards (:class:`MpiMeet`), the
+co-simulation's window grid on simulated KR260s (``mcf.sim.benches.board_run``). Every check of
+the simulated back end is made, on what the host reads from its node
+(:mod:`mcf.cluster.checks`); the record is the same (:func:`mcf.cluster.setup.run_record`).
 
 Time is the driver's clock (wall time on a board, simulated seconds on the simulated board),
 given in cycles of ``clock_hz`` (``aclk``; :data:`mcf.abi.platform.ACLK_HZ` on a KR260, no fmax
@@ -229,9 +230,25 @@ class BoardHost:
             entries.append(self.driver.read_fields("DIR_ENTRY"))
         return held_from_directory(self.setup.plan, entries)
 
-    def first_logits(self) -> list | None:
-        """The LM head of the prompt's last row, at the node that computed it (else None)."""
-        return self.setup.first_logits(self.node, self.mem, self.image)
+    def first_head(self, marks: int) -> dict | None:
+        """This node's head phase after the prefill (:meth:`RunSetup.head_program`): both rings
+        and doorbells, both MARKs (the ``marks``-th), no bad counter. The node that computed
+        the prompt's last row returns the phase's cycles and the logits its LM head wrote."""
+        drv, v = self.driver, self.node
+        net, compute = self.setup.head_program(v, self.image)
+        drv.put(Queue.NET, net)
+        drv.put(Queue.COMPUTE, compute)
+        t0 = self.now()
+        for q in Queue:
+            drv.doorbell(q)
+        self._wait("the MARKs of the head phase", lambda: self._marks_at_least(marks), t0)
+        cycles = self.now() - t0
+        self._irq_marks("head phase")
+        assert [drv.read_reg(f"seq{q.value}_marks") for q in Queue] == [marks] * 2
+        bad = bad_counters({n: drv.read_reg(n) for n in bad_counter_names(self.regmap)})
+        assert not bad, f"head phase node {v}: {bad}"
+        logits = self.setup.first_logits(v, self.mem, self.image)
+        return None if logits is None else {"cycles": cycles, "logits": logits}
 
     def decode_token(self, k: int, token: int, marks: int) -> dict:
         """This node's part of decode token ``k`` (input ``token``); the root returns the
@@ -314,10 +331,11 @@ def run_node(host: BoardHost, *, progress: bool = False) -> dict:
         steps.append(host.meet.gather(host.prefill_step(step)))
         bar.update()
     check_owned_kv(host.mem, host.node, p, host.image.layout, setup.gold.prefill)
-    logits = [next(v for v in host.meet.gather(host.first_logits()) if v is not None)]
+    marks = len(p.steps) + 1
+    first = next(v for v in host.meet.gather(host.first_head(marks)) if v is not None)
+    logits = [first["logits"]]
     tokens = [int(np.argmax(logits[-1]))]
     decode_cycles = []
-    marks = len(p.steps)
     for k in range(setup.spec.decode_tokens):
         got = host.meet.gather(host.decode_token(k, tokens[-1], marks))
         marks += 1
@@ -327,7 +345,7 @@ def run_node(host: BoardHost, *, progress: bool = False) -> dict:
         tokens.append(int(np.argmax(logits[-1])))
         bar.update()
     bar.close()
-    record = run_record(setup, steps, tokens, logits, decode_cycles)
+    record = run_record(setup, steps, tokens, logits, decode_cycles, first["cycles"])
     cycles, wall = host.now() - c0, time.monotonic() - wall0
     record.update(setup.prompt_record(tokens), backend="board", sim_cycles=cycles,
                   wall_seconds=wall, clock_hz=host.clock_hz,

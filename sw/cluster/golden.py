@@ -1,6 +1,6 @@
 """The integer golden model of a whole cluster run (issue #14 items 1 and 5): the prompt's
 MARS prefill and the KV-stationary decode tokens, chained exactly as the node tops compute them,
-with the embedding lookup and the LM head on the host (docs/cluster.md "Who runs what").
+with the embedding lookup and the token choice on the host (docs/cluster.md "Who runs what").
 
 * **Embedding** (host): :func:`mcf.model.golden.embed_codes` — the INT4 row of the token
   dequantised into ACT codes, written into the node's input rows.
@@ -15,9 +15,10 @@ with the embedding lookup and the LM head on the host (docs/cluster.md "Who runs
   softmax, whose bits follow the block partition and so N; ``two_phase`` — PREFILL EXACT and
   the two-phase decode: the run equals :class:`~mcf.model.golden.IntModel` with
   ``prefill_mode="exact"``, ``decode_mode="two_phase"`` for every N (tested).
-* **Head** (host): :meth:`mcf.model.golden.IntModel.head` — final RMSNorm, requantisation, the
-  INT4 lm_head GEMM — on the last prompt row, then on every decode token's last-layer row;
-  greedy is the first index of the largest logit code.
+* **Head** (node; :mod:`mcf.node.head`): :meth:`mcf.model.golden.IntModel.head` — final
+  RMSNorm, requantisation, the INT4 lm_head GEMM — on the last prompt row, then on every decode
+  token's last-layer row; the node's logits must equal these bit for bit. Greedy (host) is the
+  first index of the largest logit code.
 
 Token ``g_0`` comes from the prompt's last row; decode token ``k`` takes ``g_k`` as input and
 yields ``g_{k+1}``.

@@ -55,18 +55,20 @@ class RunSetup:
         return self.spec.nodes
 
     def image(self, base: int, cmd_log2: int = 10):
-        """The node image (:class:`mcf.node.decode.DecodeImage`) of a node whose buffer starts
-        at bus address ``base``; it ends at ``image.alloc.at``."""
-        from ..node.decode import DecodeImage, decode_layout, slice_tokens
+        """The node image (:class:`mcf.node.head.HeadImage`: the decode image plus the LM head)
+        of a node whose buffer starts at bus address ``base``; it ends at ``image.alloc.at``."""
+        from ..node.decode import decode_layout, slice_tokens
+        from ..node.head import HeadImage
         from ..node.layer import max_read_set
         from ..node.layout import NodeLayout
 
-        p, cfg = self.plan, self.config
+        p, cfg, qm = self.plan, self.config, self.quantized
         lay0 = NodeLayout.for_plan(p, cfg, base=base, cmd_log2=cmd_log2)
         lay = decode_layout(p, cfg, lay0.base, lay0.cmd_log2, decode_blocks=self.decode_blocks)
-        return DecodeImage(self.model.layer, self.quantized.layers, cfg, lay,
-                           tokens=slice_tokens(p), decode_blocks=self.decode_blocks,
-                           max_blocks=max_read_set(p), softmax=self.spec.softmax)
+        return HeadImage(self.model.layer, qm.layers, cfg, lay,
+                         tokens=slice_tokens(p), decode_blocks=self.decode_blocks,
+                         max_blocks=max_read_set(p), softmax=self.spec.softmax,
+                         lm_head=qm.lm_head, norm=qm.norm)
 
     def decode_gold(self, k: int) -> list:
         """The golden layers of decode token ``k`` (computed once)."""
@@ -83,24 +85,29 @@ class RunSetup:
                     "name": self.spec.task, "answer": answer.tolist(),
                     "generated": tokens[:n], "correct": tokens[:n] == answer.tolist()}}
 
-    def first_logits(self, node: int, mem, image) -> list | None:
-        """The LM head of the prompt's last row, read from node ``node``'s DDR (``mem``, by
-        bus address; ``image`` its node image) if ``node`` computed that row, else None."""
-        from .checks import act_rows
+    def head_program(self, node: int, image) -> tuple[list, list]:
+        """``(net, compute)`` records of the first token's head phase on ``node``, after the
+        prefill: the node that computed the prompt's last row runs the LM head on it
+        (:meth:`mcf.node.head.HeadImage.head_job`); every node ends both queues with a MARK
+        (interrupt), as a prefill step does."""
+        from ..abi.node import Cmd, Queue, RecordClass
 
         owner, row = self.last_row_owner()
-        if owner != node:
-            return None
-        hidden = image.cfg.hidden
-        last = act_rows(mem, image.bufs[-1].buf["y"] + row * hidden * 4, 1, hidden)[0]
-        return self.golden.head(last).tolist()
+        compute = [image.head_job(row)] if node == owner else []
+        return ([Cmd(RecordClass.MARK, Queue.NET, irq=True)],
+                compute + [Cmd(RecordClass.MARK, Queue.COMPUTE, irq=True)])
+
+    def first_logits(self, node: int, mem, image) -> list | None:
+        """The logits of the prompt's last row, read from node ``node``'s DDR (``mem``, by bus
+        address; ``image`` its node image) after its head phase (:meth:`head_program`) if
+        ``node`` computed that row, else None."""
+        owner, _ = self.last_row_owner()
+        return image.read_logits(mem).tolist() if owner == node else None
 
     def decode_logits(self, mem, image) -> list:
-        """The LM head of a decode token's last-layer row, read at its root (``mem``)."""
-        from .checks import act_rows
-
-        y = act_rows(mem, image.dbufs[-1].buf["y"], 1, image.cfg.hidden)[0]
-        return self.golden.head(y).tolist()
+        """A decode token's logits, read at its root (``mem``), whose decode program ends with
+        the LM head."""
+        return image.read_logits(mem).tolist()
 
     def last_row_owner(self) -> tuple[int, int]:
         """``(node, row)``: who computed the prompt's last position, and its row in the
@@ -163,10 +170,12 @@ def planned_landings(p, index: int, progs: list, node: int, tokens: int) -> int:
 
 
 def run_record(setup: RunSetup, steps: list[list[dict]], tokens: list[int], logits: list,
-               decode_cycles: list[int]) -> dict:
+               decode_cycles: list[int], head_cycles: int) -> dict:
     """The run's record from every node's step values (``steps[i][v]``: ``t0``, ``t1``,
-    ``wait``, ``owned``, ``replicas``, ``kv_bytes``); checks the layout after the prefill and
-    the tokens (``AssertionError``)."""
+    ``wait``, ``owned``, ``replicas``, ``kv_bytes``), the logits the nodes' LM heads wrote
+    (first token, then each decode token) and the first token's head phase cycles; checks the
+    layout after the prefill, the logits bit for bit against the golden run's and the tokens
+    (``AssertionError``)."""
     from ..node.layer import slice_positions
 
     p, n, spec, gold = setup.plan, setup.nodes, setup.spec, setup.gold
@@ -176,6 +185,9 @@ def run_record(setup: RunSetup, steps: list[list[dict]], tokens: list[int], logi
         tuple(x) for st in steps[-1] for x in st["owned"]) == sorted(
         (b, s) for b in range(1, p.num_chunks + 1) for s in range(n))
     assert owner_only, f"the KV layout after the prefill is not owner-only: {steps[-1]}"
+    bad = [i for i, (a, b) in enumerate(zip(logits, gold.logits, strict=True))
+           if not np.array_equal(np.asarray(a, dtype=np.int64), b)]
+    assert not bad, f"the node's logits differ from the golden head's at tokens {bad}"
     assert tokens == gold.tokens, f"generated tokens {tokens}, golden {gold.tokens}"
     kv_bytes = [[st["kv_bytes"] for st in s] for s in steps]
     peak = max(max(b) for b in kv_bytes)
@@ -184,9 +196,11 @@ def run_record(setup: RunSetup, steps: list[list[dict]], tokens: list[int], logi
         "nodes": n, "policy": spec.policy, "tokens": tokens, "golden_tokens": gold.tokens,
         "roots": gold.roots, "prefill_step_cycles": span,
         "exposed_comm_cycles": [[v["wait"] for v in s] for s in steps],
-        "ttft_cycles": sum(span), "decode_cycles": decode_cycles, "logits": logits,
+        "ttft_cycles": sum(span), "head_cycles": head_cycles, "decode_cycles": decode_cycles,
+        "logits": logits,
         "owned_tokens": owned, "kv_bytes_per_step": kv_bytes, "peak_kv_bytes": peak,
         "kv_budget": spec.kv_budget, "planned_peak_kv_bytes": p.totals.peak_node_kv_bytes,
-        "checks": {"bit_exact": True, "tokens_match": tokens == gold.tokens,
+        "checks": {"bit_exact": True, "logits_bit_exact": True,
+                   "tokens_match": tokens == gold.tokens,
                    "owner_only": owner_only, "memory_within_budget": peak <= spec.kv_budget},
     }

@@ -277,8 +277,9 @@ def _print(got: dict, spec) -> None:
         t = got["task"]
         print(f"  task {t['name']:<11}: answer {t['generated']}, expected {t['answer']}: "
               f"{'right' if t['correct'] else 'WRONG'}")
+    width = max(map(len, got["checks"]), default=0)
     for name, ok in got["checks"].items():
-        print(f"  check {name:<14}: {'pass' if ok else 'FAIL'}")
+        print(f"  check {name:<{width}}: {'pass' if ok else 'FAIL'}")
     print("  owned tokens     : " + ", ".join(f"node {k}: {v}"
                                                for k, v in got["owned_tokens"].items()))
     print(f"  TTFT             : {got['ttft_cycles']:,} cycles (prefill steps: "

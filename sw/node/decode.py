@@ -36,7 +36,10 @@ head is split so that the result does not depend on how the KV is spread over th
   maxima landed there, so a MAX reduction and the state reduction with the same tag are never
   open in one engine at once. States with one ``m`` merge (``SOFTMAX_MERGE``) as exact sums.
 
-The token's COMPUTE ring ends with a ``MARK`` (interrupt) whose clear mask re-bases
+The token's COMPUTE ring ends with a ``MARK`` (interrupt; on a
+:class:`mcf.node.head.HeadImage` the root's record before it is the LM head's ``JOB``,
+:meth:`DecodeImage.head_job`: final RMSNorm and the head GEMM on the last layer's output, the
+logits into DDR) whose clear mask re-bases
 ``RESULTS_LANDED``, ``QUERIES_LANDED`` and ``MAXES_LANDED``: the next token counts from zero
 (the first token counts from reset — a prefill lands none of them); at the root it is the
 token's end.
@@ -86,7 +89,7 @@ from ..abi.attend import (
 from ..abi.csrmap import node_regmap
 from ..abi.decode_land import mbuf_slot, normalized_row, obuf_row_bytes, tag_head
 from ..abi.emit import EmitArg
-from ..abi.jobs import JOB_ARG, TemplateBuilder, template_image
+from ..abi.jobs import ENTRY_BYTES, JOB_ARG, TemplateBuilder, template_image
 from ..abi.kv import kv_token_bytes, pack_kv_block, quantize_kv_rows, unpack_kv_block
 from ..abi.kv_reader import block_address
 from ..abi.landing import LAND_OFF_ENTRIES, KvLayout, LandingConfig
@@ -289,8 +292,10 @@ class DecodeImage(ModelImage):
         templates = [t for lb in self.bufs for t in self._templates(lb)]
         for layer in range(L):
             templates += self._decode_templates(layer)
+        self.templates = templates
         del self.image[self.table]
-        self.table = alloc(16 * (1 + sum(len(t) for t in templates)), REGION_ALIGN)
+        self.table = alloc(ENTRY_BYTES * (len(templates) + sum(len(t) for t in templates)),
+                           REGION_ALIGN)     # the table's rows, then every entry
         raw, self.table_len = template_image(templates, self.table)
         self.image[self.table] = raw
         self.per_list = 1 + self.max_blocks + self.decode_blocks
@@ -343,6 +348,11 @@ class DecodeImage(ModelImage):
         t1.gemms(mm((("down", "d"),), inter, inter))
         t1.vector(VectorOp.ADD, h, 1, buf["h"], buf["d"], buf["y"], b_stride=h * 4)
         return [t0.entries, t1.entries]
+
+    def head_job(self, row: int | None = None):
+        """The COMPUTE record of the LM head (None: this image has none;
+        :class:`mcf.node.head.HeadImage` has)."""
+        return None
 
     def obuf_rows(self, layer: int) -> int:
         """First OBUF row of ``layer``'s parity: ``H_q`` rows in head order = the attention
@@ -483,6 +493,9 @@ def decode_program(plan, k: int, node: int, image: DecodeImage) -> DecodeProgram
                             wait=waited))
             out.append(_cmd(RecordClass.JOB, arg=JOB_ARG.const(
                 {"template": image.template0 + 2 * layer + 1}).as_bits()))
+    head = image.head_job() if node == root else None
+    if head is not None:
+        out.append(head)
     out.append(_cmd(RecordClass.MARK, irq=True, arg=COUNTER_CLEAR))
     prog.net.append(Cmd(RecordClass.MARK, Queue.NET))
     if node == root:

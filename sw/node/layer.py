@@ -43,7 +43,7 @@ from ..abi.attend import (
 from ..abi.compute import STRIPE_ALIGN, StripeJob
 from ..abi.decode_land import query_slot_bytes
 from ..abi.emit import EmitArg, EmitConfig, kv_pair_bytes
-from ..abi.jobs import JOB_ARG, TemplateBuilder, template_image
+from ..abi.jobs import ENTRY_BYTES, JOB_ARG, TemplateBuilder, template_image
 from ..abi.kv import kv_token_bytes, pack_kv_block, quantize_kv_rows
 from ..abi.kv_reader import block_address
 from ..abi.meta import Collective, Meta, Op, Stage
@@ -187,7 +187,8 @@ class ModelImage:
         templates = []
         for lb in self.bufs:
             templates += self._templates(lb)
-        self.table = alloc(16 * (1 + sum(len(t) for t in templates)), REGION_ALIGN)
+        self.table = alloc(ENTRY_BYTES * (len(templates) + sum(len(t) for t in templates)),
+                           REGION_ALIGN)     # the table's rows, then every entry
         raw, self.table_len = template_image(templates, self.table)
         self.image[self.table] = raw
         blocks = self.max_blocks

@@ -486,12 +486,11 @@ the stripe readers, each matrix from the four HP ports in lockstep into the 512-
 (:attr:`.calibration.BenchFigures.stripe_weight_bytes_per_cycle`)."""
 DECODE_LINKS = ("kr260-ring", "switch10g")
 """The links tensor-parallel decode is reported on (Table 2's ``tp_4_<link>`` rows)."""
-LM_HEAD = ("the final RMSNorm and the tied LM head run on the host (the PS) today; every row "
-           "counts the head's bytes and MACs as a node JOB streaming them through the stripe "
-           "readers (tensor-parallel: the vocabulary split over the nodes, one (max, index) "
-           "pair per node gathered to the root) - what the node gives once the head is a node "
-           "JOB (issue #34 item 2, not built); the host's own head time on the A53s is not "
-           "measured and is in no row")
+LM_HEAD = ("the final RMSNorm and the tied LM head run on the node as a JOB (mcf.node.head: "
+           "RMSNORM, REQUANT and the head GEMM in vocabulary slices through the stripe readers; "
+           "the host reads the logits and picks the token); every row counts the head's bytes and "
+           "MACs that way (tensor-parallel: the vocabulary split over the nodes, one (max, index) "
+           "pair per node gathered to the root - not built: one node runs the whole head today)")
 
 
 def decode_bytes(model, nodes: int) -> tuple[int, int, int, int]:

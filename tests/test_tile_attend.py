@@ -26,6 +26,7 @@ from mcf.abi.quant import ACT
 from mcf.golden.attention import KVChannelBlock, KVChannelCache, random_blocks, random_query
 from mcf.golden.attention_tiled import attend_tiled_rows, packed_matmul, tile_schedule
 from mcf.hdl.compute.tile_attend import TileAttend, TileAttention
+from mcf.sim.amsim import send
 
 
 def stimulus(q, sq, blocks, q_pos, q_tile, keys, d):
@@ -159,15 +160,7 @@ def run(dut, rows, vblocks, idle=0.0, stall=0.0, seed=0, qk=None):
 
     def feeder(port, beats, n):
         async def feed(ctx):
-            rng = np.random.default_rng(seed + 7 * n)
-            for bits in beats:
-                while idle and rng.random() < idle:
-                    ctx.set(port.valid, 0)
-                    await ctx.tick()
-                ctx.set(port.payload.as_value(), bits)
-                ctx.set(port.valid, 1)
-                await ctx.tick().until(port.ready)
-            ctx.set(port.valid, 0)
+            await send(ctx, port, beats, np.random.default_rng(seed + 7 * n), idle)
         return feed
 
     async def sink(ctx):

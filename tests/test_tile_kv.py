@@ -17,6 +17,7 @@ from mcf.abi.kv import pack_kv_block
 from mcf.abi.kv_reader import block_beats
 from mcf.golden.attention_tiled import tile_schedule
 from mcf.hdl.compute.tile_kv import TileKV
+from mcf.sim.amsim import send
 
 
 def kv_inputs(blocks, q_pos, q_tile, d, in_lanes, max_rows):
@@ -36,15 +37,7 @@ def kv_inputs(blocks, q_pos, q_tile, d, in_lanes, max_rows):
 
 def feeder(port, beats, seed, idle):
     async def feed(ctx):
-        rng = np.random.default_rng(seed)
-        for bits in beats:
-            while idle and rng.random() < idle:
-                ctx.set(port.valid, 0)
-                await ctx.tick()
-            ctx.set(port.payload.as_value(), bits)
-            ctx.set(port.valid, 1)
-            await ctx.tick().until(port.ready)
-        ctx.set(port.valid, 0)
+        await send(ctx, port, beats, np.random.default_rng(seed), idle)
     return feed
 
 

@@ -25,6 +25,7 @@ from mcf.golden.attention_tiled import (
     tile_weights,
 )
 from mcf.hdl.compute.tile_merge import TileMerge
+from mcf.sim.amsim import send
 
 
 def schedule(q, sq, blocks, q_pos, q_tile):
@@ -64,16 +65,10 @@ def run(dut, items, idle=0.0, stall=0.0, seed=0):
     bases = [it[6] for it in items if it[2]]
 
     async def feed(ctx):
-        for row, first, final, m, l_sum, (sh, acc), _ in items:
-            while idle and rng.random() < idle:
-                ctx.set(dut.i.valid, 0)
-                await ctx.tick()
-            ctx.set(dut.i.payload.as_value(), ilay.const({
-                "state": {"m": m, "l": l_sum, "s": sh, "acc": [int(x) for x in acc]},
-                "row": row, "first": first, "final": final}).as_bits())
-            ctx.set(dut.i.valid, 1)
-            await ctx.tick().until(dut.i.ready)
-        ctx.set(dut.i.valid, 0)
+        await send(ctx, dut.i, (ilay.const({
+            "state": {"m": m, "l": l_sum, "s": sh, "acc": [int(x) for x in acc]},
+            "row": row, "first": first, "final": final}).as_bits()
+            for row, first, final, m, l_sum, (sh, acc), _ in items), rng, idle)
 
     async def sink(ctx):
         cyc = 0

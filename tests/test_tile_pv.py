@@ -31,6 +31,7 @@ from mcf.golden.attention_tiled import (
     tile_weights,
 )
 from mcf.hdl.compute.tile_pv import TilePV
+from mcf.sim.amsim import send
 
 
 def v_beats(v, keys, d, rows, max_rows):
@@ -67,29 +68,15 @@ def run(dut, blocks, idle=0.0, stall=0.0, seed=0, v_first=False):
     tr = {"take": [], "out": [], "p_wait": 0}
 
     async def v_feed(ctx):
-        for v, rows in blocks:
-            for bits in v_beats(v, keys, d, len(rows), dut.max_rows):
-                while idle and rng.random() < idle:
-                    ctx.set(dut.v.valid, 0)
-                    await ctx.tick()
-                ctx.set(dut.v.payload.as_value(), bits)
-                ctx.set(dut.v.valid, 1)
-                await ctx.tick().until(dut.v.ready)
-        ctx.set(dut.v.valid, 0)
+        await send(ctx, dut.v, (bits for v, rows in blocks
+                                for bits in v_beats(v, keys, d, len(rows), dut.max_rows)),
+                   rng, idle)
 
     async def p_feed(ctx):
         if v_first:
             await ctx.tick().until(dut.p.ready)
-        for _, rows in blocks:
-            for row in rows:
-                for bits in p_beats(*row, keys):
-                    while idle and rng.random() < idle:
-                        ctx.set(dut.p.valid, 0)
-                        await ctx.tick()
-                    ctx.set(dut.p.payload.as_value(), bits)
-                    ctx.set(dut.p.valid, 1)
-                    await ctx.tick().until(dut.p.ready)
-        ctx.set(dut.p.valid, 0)
+        await send(ctx, dut.p, (bits for _, rows in blocks for row in rows
+                                for bits in p_beats(*row, keys)), rng, idle)
 
     async def sink(ctx):
         cyc = 0

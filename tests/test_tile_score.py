@@ -17,6 +17,7 @@ from mcf.abi.kv import KV_ELEM, Q_ELEM
 from mcf.golden.attention import KVBlock
 from mcf.golden.attention_tiled import packed_matmul, qk_acc, tile_schedule
 from mcf.hdl.compute.tile_score import TileScore
+from mcf.sim.amsim import send
 
 
 def run(dut, kblocks, qbeats, n_out, idle=0.0, stall=0.0, seed=0):
@@ -29,27 +30,11 @@ def run(dut, kblocks, qbeats, n_out, idle=0.0, stall=0.0, seed=0):
     tr = {"out": [], "qtake": [], "qwait": 0}
 
     async def feed_k(ctx):
-        rng = np.random.default_rng(seed)
-        for words in kblocks:
-            for bits in words:
-                while idle and rng.random() < idle:
-                    ctx.set(dut.k.valid, 0)
-                    await ctx.tick()
-                ctx.set(dut.k.payload.as_value(), bits)
-                ctx.set(dut.k.valid, 1)
-                await ctx.tick().until(dut.k.ready)
-        ctx.set(dut.k.valid, 0)
+        await send(ctx, dut.k, (b for words in kblocks for b in words),
+                   np.random.default_rng(seed), idle)
 
     async def feed_q(ctx):
-        rng = np.random.default_rng(seed + 3)
-        for bits in qbeats:
-            while idle and rng.random() < idle:
-                ctx.set(dut.q.valid, 0)
-                await ctx.tick()
-            ctx.set(dut.q.payload.as_value(), bits)
-            ctx.set(dut.q.valid, 1)
-            await ctx.tick().until(dut.q.ready)
-        ctx.set(dut.q.valid, 0)
+        await send(ctx, dut.q, qbeats, np.random.default_rng(seed + 3), idle)
 
     async def sink(ctx):
         rng = np.random.default_rng(seed + 5)

@@ -30,6 +30,7 @@ from mcf.abi.softmax import M_EMPTY, STATE_O, exp2_neg
 from mcf.golden.attention import KVBlock, KVChannelCache, random_blocks, random_query
 from mcf.golden.attention_tiled import packed_matmul, tile_block_state, tile_scores
 from mcf.hdl.compute.tile_softmax import TileSoftmax
+from mcf.sim.amsim import send
 
 D = 128                      # head_dim: the accumulator width and the score constant
 
@@ -97,15 +98,7 @@ def run(rows: list[Row], keys: int, max_block: int, slots: int = 4, idle: float 
     trace = {"take": [], "last_out": [], "ready_low": 0}
 
     async def producer(ctx):
-        for rb in stim:
-            for bits in rb:
-                while idle and rng.random() < idle:
-                    ctx.set(dut.i.valid, 0)
-                    await ctx.tick()
-                ctx.set(dut.i.payload.as_value(), bits)
-                ctx.set(dut.i.valid, 1)
-                await ctx.tick().until(dut.i.ready)
-        ctx.set(dut.i.valid, 0)
+        await send(ctx, dut.i, (bits for rb in stim for bits in rb), rng, idle)
 
     async def consumer(ctx):
         cyc = 0

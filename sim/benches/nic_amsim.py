@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import random
 
+from mcf.sim.amsim import send
+
 
 async def drive(ctx, stream, beats: list[dict], rng: random.Random, idle: float = 0.0) -> None:
     """Send beats (dicts of payload fields) on ``stream``; idle cycles with probability idle."""
     layout = stream.payload.shape()
-    for beat in beats:
-        while idle and rng.random() < idle:
-            ctx.set(stream.valid, 0)
-            await ctx.tick()
-        ctx.set(stream.payload.as_value(), pack_fields(layout, beat))
-        ctx.set(stream.valid, 1)
-        await ctx.tick().until(stream.ready)
-    ctx.set(stream.valid, 0)
+    await send(ctx, stream, (pack_fields(layout, beat) for beat in beats), rng, idle)
 
 
 def sink_process(stream, out: list, rng: random.Random, ready: float = 1.0):

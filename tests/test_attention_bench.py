@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mcf.sim.bench import BenchRefused
-from mcf.sim.bench import attention as bench
+from mcf.sim.perf import BenchRefused
+from mcf.sim.perf import attention as bench
 
 
 def _tiny(fault: str) -> list[dict]:

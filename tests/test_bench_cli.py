@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-import mcf.sim.bench.csr as csr_bench
+import mcf.sim.perf.csr as csr_bench
 from mcf.cli import main
 from mcf.commands.tables import RESULTS, render_readme
-from mcf.sim.bench import BENCHES, BenchRefused
+from mcf.sim.perf import BENCHES, BenchRefused
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,8 +89,8 @@ def test_refusal_writes_nothing(tmp_path, capsys, monkeypatch):
 def test_decode_bench_refuses_a_wrong_stream(tmp_path, capsys, monkeypatch):
     """``mcf bench decode``: a corrupted DDR byte (a word of the stream differs from the GEMM's
     weight stream) refuses the figure: exit 1, one line, no JSON."""
-    import mcf.sim.bench.decode as decode_bench
-    from mcf.sim.bench.decode import small_shapes, weight_stream
+    import mcf.sim.perf.decode as decode_bench
+    from mcf.sim.perf.decode import small_shapes, weight_stream
 
     tiny = tuple((n, 16, k) for n, _, k in small_shapes())[:2]
     monkeypatch.setattr(decode_bench, "weight_stream",

@@ -1,10 +1,10 @@
 """The compute bench refuses to report figures from a run it cannot vouch for: a job checked
 against the wrong weights (mismatch) and a job descriptor the engine rejects (unplanned
-``bad_jobs``) each make ``collect`` raise BenchRefused (sim/bench/compute.py)."""
+``bad_jobs``) each make ``collect`` raise BenchRefused (sim/perf/compute.py)."""
 
 import pytest
 
-from mcf.sim.bench import BenchRefused, compute
+from mcf.sim.perf import BenchRefused, compute
 
 
 def test_sequences_cover_qwen_projections():

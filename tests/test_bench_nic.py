@@ -1,4 +1,4 @@
-"""The NIC bench (mcf.sim.bench.nic): figures from golden-checked runs, and refusal of every
+"""The NIC bench (mcf.sim.perf.nic): figures from golden-checked runs, and refusal of every
 misconfiguration that makes an engine drop (amaranth.sim, ~15 s)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from mcf.abi.meta import ReduceOp
 from mcf.abi.route import route_entry
-from mcf.sim.bench import BenchRefused, nic
+from mcf.sim.perf import BenchRefused, nic
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The packet bench (mcf.sim.bench.packet): both widths in one result, every output checked
+"""The packet bench (mcf.sim.perf.packet): both widths in one result, every output checked
 against the golden models, and refusal of a packet the parser drops (amaranth.sim, ~10 s)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mcf.abi.framing import MAX_PAYLOAD
-from mcf.sim.bench import BenchRefused, packet
+from mcf.sim.perf import BenchRefused, packet
 
 
 def test_small_run_reports_both_widths_at_line_rate():

@@ -216,7 +216,7 @@ def test_same_dsp_and_ram_cells_as_the_resource_estimate(probe):
 def test_node_depth_bench():
     """`mcf bench depth` on the kr260 node top (minutes: a full synthesis, cached after)."""
     from mcf.hdl.tops import TOPS
-    from mcf.sim.bench.depth import TARGET_LEVELS, collect, render
+    from mcf.sim.perf.depth import TARGET_LEVELS, collect, render
     from mcf.sim.synth import resources
 
     out = collect(only=["mcf_node_kr260"])

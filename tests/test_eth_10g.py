@@ -95,7 +95,7 @@ def test_mac_loopback_vs_golden():
 
 def test_10g_bench():
     from mcf.sim import run
-    from mcf.sim.bench.eth import built
+    from mcf.sim.perf.eth import built
     run(built("xgmii"), BENCH, params={"seed": 1, "tests": ["lengths", "bad"]})
 
 

@@ -1,4 +1,4 @@
-"""The Ethernet bench (mcf.sim.bench.eth, ``mcf bench eth``): a small run of both MACs in cocotb
+"""The Ethernet bench (mcf.sim.perf.eth, ``mcf bench eth``): a small run of both MACs in cocotb
 + Verilator (the builds tests/test_eth_rgmii.py and tests/test_eth_10g.py use) reports rates
 that are physically possible — never above the theoretical payload rate of the line, at least
 99 % of it for 1,500-byte payloads — and a MAC configured with the wrong node id makes the bench
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from mcf.abi.eth import FCS_BYTES, HEADER_BYTES, IFG_BYTES, LINK_OVERHEAD, PREAMBLE
-from mcf.sim.bench import BenchRefused, eth
 from mcf.sim.benches.eth_common import LOCAL
+from mcf.sim.perf import BenchRefused, eth
 
 
 @pytest.fixture(scope="module")

@@ -85,5 +85,5 @@ def test_gmii_tx_rx():
 
 def test_rgmii_bench():
     from mcf.sim import run
-    from mcf.sim.bench.eth import built
+    from mcf.sim.perf.eth import built
     run(built("rgmii"), BENCH, params={"seed": 1, "tests": ["lengths", "bad"]})

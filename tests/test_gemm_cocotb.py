@@ -8,7 +8,7 @@ import pytest
 
 from mcf.abi.quant import GROUP_SIZE
 from mcf.sim import run
-from mcf.sim.bench.compute import (
+from mcf.sim.perf.compute import (
     KR260_ARRAYS,
     KR260_CHAIN,
     KR260_SIM_DSP,

@@ -111,7 +111,7 @@ def _resolve(level: int, module: str | None, here: str, package: bool) -> str:
 
 def _literal_prefix(node: ast.expr) -> str | None:
     """The module name an ``import_module`` argument names: a literal, or an f-string's literal
-    start up to its last dot (``f"mcf.sim.bench.{n}"`` → ``mcf.sim.bench``)."""
+    start up to its last dot (``f"mcf.sim.perf.{n}"`` → ``mcf.sim.perf``)."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr) and node.values:
@@ -305,7 +305,7 @@ def test_checker_flags_an_import_inside_a_function():
     ("sw/mars/x.py", "import mcf.sim.benches.grid\n", 0, 1),
     ("sw/node/x.py", "\n\nfrom mcf import sim\n", 0, 3),
     ("sw/sysmodel/x.py", "from ..sim.benches.node_jobs import tiny_plan\n", 0, 1),
-    ("sw/x.py", "import importlib\nm = importlib.import_module(f'mcf.sim.bench.{n}')\n", 0, 2),
+    ("sw/x.py", "import importlib\nm = importlib.import_module(f'mcf.sim.perf.{n}')\n", 0, 2),
     ("sw/abi/x.py", "def f():\n    from mcf.hdl.nic import link\n", 3, 2),
     ("sw/golden/x.py", "def f():\n    import mcf.sim.ddr\n", 1, 2),
     ("sw/golden/x.py", "from ..sim.benches.node_jobs import tiny_plan\n", 1, 1),
@@ -324,7 +324,7 @@ def test_checker_flags(path, source, rule, line):
 
 
 @pytest.mark.parametrize("path, source", [
-    ("sw/commands/bench.py", "from mcf.sim.bench import packet\n"),   # the CLI may
+    ("sw/commands/bench.py", "from mcf.sim.perf import packet\n"),   # the CLI may
     ("sw/cli.py", "import mcf.sim\n"),
     ("sw/mars/x.py", "import mcf.simulate\nfrom mcf.abi import sim\n"),  # names, not mcf.sim
     ("sw/golden/x.py", "from ..abi.regs import bank_registers\n"),

@@ -1,5 +1,5 @@
 """Stripe readers (mcf.hdl.mem.stripe, docs/node.md §4): amaranth.sim tests against one AXI4
-read-slave model per HP port (:class:`mcf.sim.bench.decode.DdrPort`: random latency, R idle
+read-slave model per HP port (:class:`mcf.sim.perf.decode.DdrPort`: random latency, R idle
 cycles, AR stalls, protocol checks, and an assertion that ``rready`` is never low under
 ``rvalid``) with random output backpressure: the word stream bit for bit against the stripes in
 DDR for back-to-back jobs (unaligned, 2-D, rejected); prefetch across jobs; the ports shared
@@ -28,8 +28,8 @@ from mcf.hdl.mem.axi_mux import AxiPortMux
 from mcf.hdl.mem.dma import DmaReader
 from mcf.hdl.mem.stripe import StripeReader
 from mcf.quant import QuantWeight, gemm_stripe_image, gemm_tile_blob, gemm_x_blob
-from mcf.sim.bench import BenchRefused
-from mcf.sim.bench.decode import DdrPort, simulate, small_shapes, weight_stream
+from mcf.sim.perf import BenchRefused
+from mcf.sim.perf.decode import DdrPort, simulate, small_shapes, weight_stream
 
 P, BB = 4, 16
 WB = P * BB

@@ -86,7 +86,7 @@ class AttentionEngine(wiring.Component):
     hand-over) and per job the query load (QK side), accumulator clear, last merge and output
     (PV side); the SINGLE-mode merge of a block (``heads·(head_dim/lanes · (lanes/merge_lanes +
     1) + 5)`` cycles) runs while the PV bank works on the next block. Causally masked K rows and
-    their V rows pass at one beat per cycle, unscored. ``sim/bench/attention.py`` measures it.
+    their V rows pass at one beat per cycle, unscored. ``sim/perf/attention.py`` measures it.
     Latency: the output of a job starts ~10 cycles after its last V beat (SINGLE mode adds the
     last block's merge). Stream rules: ``o`` raises ``valid`` without waiting for ``ready`` and
     holds the beat; inputs are consumed only when needed, so sources may present beats early.

@@ -1,4 +1,4 @@
-"""Cycle measurement of the attention engine for :mod:`mcf.sim.bench.attention`: per case, jobs
+"""Cycle measurement of the attention engine for :mod:`mcf.sim.perf.attention`: per case, jobs
 run back to back at full rate (no idle, no backpressure); cycles from the first submission to the
 case's last output beat. Every output is compared with the golden model and the status counters
 are read after each case; mismatches and counters are reported in the JSON written to

@@ -2,7 +2,7 @@
 cocotbext-eth's ``RgmiiPhy`` at 1000 Mb/s, XGMII against ``XgmiiSource``/``XgmiiSink`` — and
 :mod:`.eth_10g_pcs`): random link frames, the status word, and :func:`line_rate` — the
 full-duplex throughput measurement behind the MAC bench's ``rate`` test and ``mcf bench eth``
-(:mod:`mcf.sim.bench.eth`).
+(:mod:`mcf.sim.perf.eth`).
 
 :func:`line_rate` offers ``n`` back-to-back link frames of one size on ``s_axis`` while the
 PHY model sends ``n`` Ethernet frames of the same size into the RX pins at its line rate

@@ -28,7 +28,7 @@ Tests (``tests`` param selects):
   ``rate_n`` frames each way at once (full duplex; on XGMII TX gaps of 9..15 bytes as the
   deficit idle count allows, starts on lanes 0 and 4): the raw measurements (frames checked,
   steady-state windows, counter changes) go to the ``out`` JSON file, keyed by size; the
-  rates and the checks are made by :mod:`mcf.sim.bench.eth`. ``local_id`` (param) configures
+  rates and the checks are made by :mod:`mcf.sim.perf.eth`. ``local_id`` (param) configures
   the MAC with another node id than the frames sent to it carry (a misconfiguration the bench
   must refuse).
 """

@@ -1,7 +1,7 @@
 """``mcf bench [NAME ...|all] [--json [PATH]] [--small] [--no-synth] [--out DIR]``: run the
-benches of :mod:`mcf.sim.bench` and write one ``DIR/<name>.json`` each (default ``build/bench``).
+benches of :mod:`mcf.sim.perf` and write one ``DIR/<name>.json`` each (default ``build/bench``).
 
-A bench that sees a mismatch or an unplanned drop refuses (:class:`mcf.sim.bench.BenchRefused`):
+A bench that sees a mismatch or an unplanned drop refuses (:class:`mcf.sim.perf.BenchRefused`):
 its figure is not written, the refusal is printed as one line and the exit status is 1.
 ``--json`` prints one JSON object (``--json PATH`` writes it to PATH): the bench's own for one
 bench; for several, one member per bench plus ``resources`` (every top's yosys estimate, by
@@ -20,7 +20,7 @@ __all__ = ["run_benches", "register"]
 
 
 def _benches() -> tuple[str, ...]:
-    from mcf.sim.bench import BENCHES
+    from mcf.sim.perf import BENCHES
     return BENCHES + tuple(n for n in ("depth",) if n not in BENCHES)  # logic depth, issue #35
 
 
@@ -28,14 +28,14 @@ def run_benches(names: list[str], *, small: bool, synth: bool, out: Path,
                 progress=None) -> tuple[dict, list[str]]:
     """Run ``names``; returns ``(results, refusals)`` and writes ``out/<name>.json`` for every
     bench that reported."""
-    from mcf.sim.bench import BenchRefused
+    from mcf.sim.perf import BenchRefused
 
     out.mkdir(parents=True, exist_ok=True)
     results, refusals = {}, []
     for name in names:
         if progress:
             progress(name)
-        mod = importlib.import_module(f"mcf.sim.bench.{name}")
+        mod = importlib.import_module(f"mcf.sim.perf.{name}")
         try:
             result = mod.collect(small=small, synth=synth)
         except BenchRefused as exc:
@@ -87,7 +87,7 @@ def run(args) -> int:
             Path(args.json).write_text(json.dumps(obj, indent=1) + "\n")
     else:
         for name, result in results.items():
-            mod = importlib.import_module(f"mcf.sim.bench.{name}")
+            mod = importlib.import_module(f"mcf.sim.perf.{name}")
             print(f"## {name}\n\n{mod.render(result)}\n")
     return 1 if refusals else 0
 

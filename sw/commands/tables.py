@@ -1,7 +1,7 @@
 """``mcf tables [--from DIR] [--check]``: regenerate the README's result tables from bench JSON.
 
 Every table of measured figures in ``README.md`` sits between ``<!-- bench:NAME -->`` and
-``<!-- /bench:NAME -->`` and is exactly ``mcf.sim.bench.NAME.render(result)`` of the committed
+``<!-- /bench:NAME -->`` and is exactly ``mcf.sim.perf.NAME.render(result)`` of the committed
 ``docs/results/NAME.json`` (in a ``text`` code block unless it is a Markdown table).
 ``--from build/bench`` first copies the JSON that ``mcf bench`` wrote there into
 ``docs/results`` (full-size runs only), then rewrites the README. ``--check`` writes
@@ -40,7 +40,7 @@ def render_readme(text: str, results: Path) -> tuple[str, list[str]]:
         if not path.exists():
             missing.append(name)
             return match.group(0)
-        mod = importlib.import_module(f"mcf.sim.bench.{name}")
+        mod = importlib.import_module(f"mcf.sim.perf.{name}")
         body = mod.render(json.loads(path.read_text())).rstrip("\n")
         if not body.lstrip().startswith("|"):        # a plain-text table: keep its columns
             body = f"```text\n{body}\n```"
@@ -78,7 +78,7 @@ def run(args) -> int:
         raise UsageError(f"--from {args.source}: no such directory")
     if args.source is not None:
         src = Path(args.source)
-        from mcf.sim.bench import BENCHES
+        from mcf.sim.perf import BENCHES
         files = sorted(f for f in src.glob("*.json") if f.stem in BENCHES)
         if not files:
             raise UsageError(f"no bench results in {src}: run `mcf bench` first")

@@ -13,7 +13,7 @@ torch): greedy exact match on the fixed-seed prompts of :func:`mcf.model.task.ma
   multiple of 32.
 
 On one core a 4094-token prompt takes ~20 s in either integer model and ~1 s in float.
-``scripts/eval_retrieval.py`` and ``mcf bench task`` (:mod:`mcf.sim.bench.task`) use this.
+``scripts/eval_retrieval.py`` and ``mcf bench task`` (:mod:`mcf.sim.perf.task`) use this.
 """
 
 from __future__ import annotations

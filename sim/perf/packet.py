@@ -5,7 +5,7 @@ For each data width and payload size (in beats) a train of packets is pushed thr
 parser output always ready. Every beat leaving any parser port is compared with the golden
 models chained (:func:`mcf.golden.packet.packetize` → :class:`mcf.golden.packet.ParserModel`)
 and every parser counter with the model's; a mismatch, a stall or any drop counter above zero
-raises :class:`~mcf.sim.bench.BenchRefused` (the bench plans no drop). Measured (simulation
+raises :class:`~mcf.sim.perf.BenchRefused` (the bench plans no drop). Measured (simulation
 cycles, no timing claims):
 
 * ``cycles_per_packet`` — steady-state interval between packets at the parser output;
@@ -33,8 +33,8 @@ from mcf.abi.meta import Port
 from mcf.golden.packet import ParserModel, packetize, payload_frame
 from mcf.hdl.packet.parser import port_member_name
 from mcf.hdl.packet.top import PacketPath
-from mcf.sim.bench import BenchRefused, refuse_unplanned, resource_table
 from mcf.sim.benches.packet_streams import Sink, fields, pack, send
+from mcf.sim.perf import BenchRefused, refuse_unplanned, resource_table
 
 __all__ = ["collect", "render", "measure", "WIDTHS", "sizes"]
 

@@ -13,7 +13,7 @@ the bench refuse. Cycles are ``aclk`` cycles (link rates at an assumed 300 MHz; 
 
 from __future__ import annotations
 
-from mcf.sim.bench import BenchRefused
+from mcf.sim.perf import BenchRefused
 
 __all__ = ["collect", "render", "POLICIES"]
 

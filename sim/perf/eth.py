@@ -9,7 +9,7 @@ sends Ethernet frames at line rate into RX, delivered whole on ``m_axis``. Every
 compared byte for byte with preamble + SFD + :func:`mcf.abi.eth.encap`, every RX beat with
 :func:`mcf.abi.eth.link_beats`, and every ``ETH_STATUS`` counter's change with the run's plan
 (``n`` frames and ``n × frame`` bytes each way, no drop, no underrun). A mismatch, a missing
-frame or any other counter change raises :class:`~mcf.sim.bench.BenchRefused`.
+frame or any other counter change raises :class:`~mcf.sim.perf.BenchRefused`.
 
 Sizes: ``64B`` — minimum frames (a 20-byte link frame padded to 46 payload bytes, 64 bytes
 dst..FCS); ``1500B`` — 1,500-byte Ethernet payloads (a 1,480-byte link payload, 1,518-byte
@@ -38,7 +38,7 @@ import tempfile
 from pathlib import Path
 
 from mcf.abi.eth import FCS_BYTES, HEADER_BYTES, LINK_OVERHEAD
-from mcf.sim.bench import BenchRefused, refuse_unplanned, resource_table
+from mcf.sim.perf import BenchRefused, refuse_unplanned, resource_table
 
 __all__ = ["collect", "render", "measure", "built", "SIZES", "MACS"]
 

@@ -27,7 +27,7 @@ the PV bank likewise (MAX jobs excluded). Top level: steady state, the lower of 
 prefill cases at GQA 6:1; ``decode_cycles_per_qk`` / ``prefill_cycles_per_qk`` are those cases'
 steady-state cycles per visible pair. A mismatch, a time-out, a job not completed or a non-zero
 error counter (``err_rows``, ``err_max``, ``err_job``) raises
-:class:`~mcf.sim.bench.BenchRefused`.
+:class:`~mcf.sim.perf.BenchRefused`.
 
 Accuracy of the KV formats (:func:`mcf.golden.kv_accuracy.kv_format_error`, the golden path the
 engine matches bit for bit): relative L2 error and cosine of the attention output against float64

@@ -5,7 +5,7 @@ the ``tiny`` model twice: with the KV placed by the PS (the communication alone,
 checked at every planned receiver) and as the **layer program** (every node computes its slices
 on its own engines: JOB, EMIT tee, ATTEND, bit-exact against
 :func:`mcf.node.layer.golden_prefill`); the metadata ingress rate through the whole node; the
-kr260 GEMM's MACs/cycle (:func:`mcf.sim.bench.compute.kr260_gemm`, bit-exact); yosys resources of
+kr260 GEMM's MACs/cycle (:func:`mcf.sim.perf.compute.kr260_gemm`, bit-exact); yosys resources of
 both node tops.
 
 What is not measured yet, and why, is in the result's ``not_measured``. A cocotb assertion (a
@@ -19,8 +19,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from mcf.sim.bench import BenchRefused, resource_table
 from mcf.sim.cluster import BENCH_LATENCY_CYCLES
+from mcf.sim.perf import BenchRefused, resource_table
 
 __all__ = ["collect", "render"]
 
@@ -92,7 +92,7 @@ def synth_figures() -> dict:
 
 
 def collect(small: bool = False, synth: bool = True) -> dict:
-    from mcf.sim.bench.compute import kr260_gemm
+    from mcf.sim.perf.compute import kr260_gemm
     pre = prefill(small)
     lay = layer(small)
     dec = decode(small)

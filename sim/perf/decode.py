@@ -7,7 +7,7 @@ up and down matrices (hidden 1,536, KV 256, MLP 8,960), each laid out by the hos
 (:func:`mcf.quant.gemm_stripe_image`) in a DDR model and queued as one job, back to back. Every
 word leaving the reader is checked against the GEMM's weight stream
 (:func:`mcf.abi.compute.gemm_w_stream`); a mismatch, a missing word, a rejected job or an error
-beat refuses the figure (:class:`~mcf.sim.bench.BenchRefused`).
+beat refuses the figure (:class:`~mcf.sim.perf.BenchRefused`).
 
 The DDR model (:class:`DdrPort`, one per port): an AXI4 read slave answering each burst
 ``latency`` cycles after its AR (:data:`DDR_LATENCY` = 100 cycles, 333 ns at the assumed 300 MHz,
@@ -21,7 +21,7 @@ Figures: ``weight_bytes_per_cycle`` = weight-stream bytes delivered / cycles fro
 to the last word; ``weight_port_efficiency`` = that / 64 B; ``busy_cycles`` the reader's own
 count (:data:`mcf.abi.compute.STRIPE_STATUS`).
 
-    python -c "from mcf.sim.bench.decode import weight_stream; print(weight_stream())"
+    python -c "from mcf.sim.perf.decode import weight_stream; print(weight_stream())"
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 
 from mcf.abi.compute import STRIPE_STATUS, WEIGHT_STRIPES, gemm_w_stream
 from mcf.abi.quant import GROUP_SIZE
-from mcf.sim.bench import BenchRefused, refuse_unplanned
+from mcf.sim.perf import BenchRefused, refuse_unplanned
 
 __all__ = ["DECODE_SHAPES", "DDR_LATENCY", "DdrPort", "packer", "simulate", "layer_image",
            "weight_stream", "collect", "render"]
@@ -47,7 +47,7 @@ DECODE_SHAPES = (("q", HIDDEN, HIDDEN), ("k", KV, HIDDEN), ("v", KV, HIDDEN),
                  ("down", HIDDEN, INTER))
 """``(name, N, K)`` of one Qwen2.5-1.5B layer's matrices, in the order decode runs them."""
 DDR_LATENCY = 100
-"""Cycles from a burst's AR handshake to its first R beat (as ``mcf.sim.bench.compute``)."""
+"""Cycles from a burst's AR handshake to its first R beat (as ``mcf.sim.perf.compute``)."""
 SMALL_DIV = 32
 """``small``: every N divided by this (rounded to whole tiles)."""
 
@@ -321,7 +321,7 @@ def weight_stream(small: bool = False, *, latency: int = DDR_LATENCY,
 
 
 def collect(small: bool = False, synth: bool = True) -> dict:
-    """The bench contract (:mod:`mcf.sim.bench`): today the weight stream (ideal DDR ports and
+    """The bench contract (:mod:`mcf.sim.perf`): today the weight stream (ideal DDR ports and
     ports at an assumed 90 % efficiency) and, with ``synth``, the reader's resources."""
     out = {"weights": weight_stream(small),
            "weights_ddr90": weight_stream(small, ddr_efficiency=0.9)}
@@ -344,6 +344,6 @@ def render(result: dict) -> str:
                      f"{r['weight_port_efficiency']:.4f} of 64 B/cycle (DDR latency "
                      f"{r['ddr_latency']} cycles, port efficiency {r['ddr_efficiency']})")
     if "resources" in result:
-        from mcf.sim.bench import resource_table
+        from mcf.sim.perf import resource_table
         lines += resource_table(result["resources"], "Resources")
     return "\n".join(lines)

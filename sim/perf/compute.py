@@ -7,7 +7,7 @@ array, group :data:`mcf.abi.quant.GROUP_SIZE`, 64-token chunks) fed by stream so
 delivers through the DMA loader (measured separately, ``dma_efficiency``). Every job of every
 sequence is checked bit-exact against :func:`mcf.golden.gemm.gemm`; a mismatch, a rejected job
 descriptor, a step count other than planned, or a failed/hung simulation raises
-:class:`~mcf.sim.bench.BenchRefused`.
+:class:`~mcf.sim.perf.BenchRefused`.
 
 Sequences (Qwen2.5-1.5B shapes, N sliced so the simulation stays short; K = 1536, and
 K = 8960 for the down projection): Q, K, V projections of one chunk, then gate, up, down; in
@@ -50,7 +50,7 @@ from pathlib import Path
 from mcf.abi.compute import GEMM_STATUS
 from mcf.abi.node_config import KR260
 from mcf.abi.quant import GROUP_SIZE
-from mcf.sim.bench import BenchRefused, refuse_unplanned, resource_table
+from mcf.sim.perf import BenchRefused, refuse_unplanned, resource_table
 
 __all__ = ["collect", "render", "sequences", "gemm_build", "ROWS", "LANES", "KR260_ARRAYS"]
 

@@ -8,7 +8,7 @@ Every figure is computed from a run whose outputs were all checked bit-exact aga
 models of :mod:`mcf.golden.nic` (every copy on every router output, every reduction result, every
 link frame, every all-to-all part and gathered tensor), and whose status counters equal the
 models'. A run with a mismatch, a stall, or any drop / reject / watchdog counter above zero (the
-bench plans none) raises :class:`~mcf.sim.bench.BenchRefused`. The per-engine functions take
+bench plans none) raises :class:`~mcf.sim.perf.BenchRefused`. The per-engine functions take
 the configuration as parameters (route entry, contributor count ``k``, ``reduce_op``,
 all-to-all ``num_nodes``, ...), so a misconfigured run is expressible — and refused.
 
@@ -37,8 +37,8 @@ from mcf.hdl.nic.all_to_all import AllToAll
 from mcf.hdl.nic.link import LinkRx, LinkTx
 from mcf.hdl.nic.reduce import ReduceEngine
 from mcf.hdl.nic.router import Router
-from mcf.sim.bench import BenchRefused, refuse_unplanned, resource_table
 from mcf.sim.benches.nic_amsim import pack_fields, unpack_fields, write_table
+from mcf.sim.perf import BenchRefused, refuse_unplanned, resource_table
 
 __all__ = ["collect", "render", "router_rate", "reduce_rate", "link_rate", "a2a_rate"]
 

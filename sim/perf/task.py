@@ -18,7 +18,7 @@ Cycles are ``aclk`` cycles (no fmax is claimed).
 
 from __future__ import annotations
 
-from mcf.sim.bench import BenchRefused
+from mcf.sim.perf import BenchRefused
 
 __all__ = ["collect", "render", "LENGTHS", "PROMPTS", "RTL_TOKENS", "RTL_PROMPTS"]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
+from test_tile_merge import check
 
 from mcf.abi.attn_tile import (
     P8,
@@ -29,6 +30,15 @@ from mcf.hdl.compute.tile_attend import TileAttend, TileAttention
 from mcf.sim.amsim import send
 
 
+def row_visits(sched) -> dict[int, list[int]]:
+    """Query row → the indices of the schedule's steps that visit it (its first and final)."""
+    seen: dict[int, list[int]] = {}
+    for n, (_, _, r, _) in enumerate(sched):
+        for x in r:
+            seen.setdefault(int(x), []).append(n)
+    return seen
+
+
 def stimulus(q, sq, blocks, q_pos, q_tile, keys, d):
     """The score rows (with their tags) and the V blocks in :func:`tile_schedule`'s order: S
     through the packed-array model (per-channel K: the query folded per group header), the
@@ -36,10 +46,7 @@ def stimulus(q, sq, blocks, q_pos, q_tile, keys, d):
     slay = score_row_beat_layout(keys, d, q_tile)
     vlay = v_beat_layout(keys, d, q_tile)
     sched = list(tile_schedule(q_pos, blocks, q_tile))
-    seen = {}
-    for n, (_, _, r, _) in enumerate(sched):
-        for x in r:
-            seen.setdefault(int(x), []).append(n)
+    seen = row_visits(sched)
     rows, vblocks = [], []
     for n, (tile, b, r, valid) in enumerate(sched):
         blk = blocks[b]
@@ -87,10 +94,7 @@ def score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, max_block):
     klay = k_word_layout(keys, d, lanes, max_block, q_tile)
     qlay = score_q_layout(d, max_block, q_tile)
     sched = list(tile_schedule(q_pos, blocks, q_tile))
-    seen = {}
-    for n, (_, _, r, _) in enumerate(sched):
-        for x in r:
-            seen.setdefault(int(x), []).append(n)
+    seen = row_visits(sched)
     kblocks, qbeats = [], []
     for n, (tile, b, r, valid) in enumerate(sched):
         blk = blocks[b]
@@ -188,13 +192,6 @@ def run(dut, rows, vblocks, idle=0.0, stall=0.0, seed=0, qk=None):
     sim.add_testbench(sink)
     sim.run()
     return got, tr
-
-
-def check(got, expect, n_rows):
-    assert sorted(g[0] for g in got) == list(range(n_rows))
-    for x, m, l_sum, o in got:
-        assert (m, l_sum) == (expect.m[x], expect.l[x]), f"row {x}: (m, l)"
-        np.testing.assert_array_equal(o, expect.o[x], err_msg=f"row {x}: o")
 
 
 def chunk(rng, lens, n_tok, g, d, per_channel):

@@ -22,6 +22,8 @@ from mcf.abi.decode_land import (
 )
 from mcf.abi.meta import Meta
 
+from .landing import framing_error
+
 __all__ = ["DecodeLandModel"]
 
 
@@ -46,8 +48,7 @@ class DecodeLandModel:
         if write_error:
             self.status["write_errors"] += 1
             return result
-        beats = max(1, -(-len(payload) // 8))      # the 64-bit beats that carried it
-        if beats != -(-meta.length // 8):
+        if framing_error(payload, meta.length):
             self.status["framing_errors"] += 1
         if result is DecodeLandResult.RESULT:
             body = normalized_row(body, self.head_dim)

@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from mcf.abi.landing import LANDING_STATUS, LandingConfig, LandResult, land_decision
 from mcf.abi.meta import Meta
 
-__all__ = ["LandingModel"]
+__all__ = ["LandingModel", "framing_error"]
+
+
+def framing_error(payload, length: int) -> bool:
+    """A packet whose 64-bit beats (at least one) are not ``ceil(length / 8)``: the landing
+    engines' ``framing_errors`` (hdl/node/packet_writer.py ``FramingGuard`` pads or cuts it)."""
+    return max(1, -(-len(payload) // 8)) != -(-length // 8)
 
 
 class LandingModel:
@@ -44,8 +50,7 @@ class LandingModel:
         if write_error:
             self.status["write_errors"] += 1
             return result
-        beats = max(1, -(-len(payload) // 8))      # the 64-bit beats that carried it
-        if beats != -(-meta.length // 8):
+        if framing_error(payload, meta.length):
             self.status["framing_errors"] += 1
         for i, b in enumerate((bytes(payload) + bytes(meta.length))[:meta.length]):
             self.mem[addr + i] = b

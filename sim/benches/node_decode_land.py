@@ -32,15 +32,12 @@ three without maxima — and ``with_maxima``).
 from __future__ import annotations
 
 import json
-import logging
 import random
 from dataclasses import dataclass
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
-from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSource
+from cocotb.triggers import RisingEdge, with_timeout
 
 from mcf.abi.decode_land import (
     DECODE_LAND_STATUS,
@@ -60,8 +57,7 @@ from mcf.abi.query import QUERY_HEADER, pack_query, query_bytes, query_fragments
 from mcf.abi.softmax import M_EMPTY, STATE_L, STATE_M, STATE_O, merge_states, pack_state
 from mcf.golden.decode_land import DecodeLandModel
 from mcf.sim.benches.cycles import cycle_counter
-from mcf.sim.benches.pauses import pattern
-from mcf.sim.ddr import WRITE, ddr_ram
+from mcf.sim.benches.packet_lander import LanderTB
 from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 MEM = 1 << 20
@@ -283,46 +279,14 @@ def _malform(rng, cfg, head_dim, k, meta, payload):
     return query_packet(rng, cfg, head_dim, k, meta.seq, 0, count)
 
 
-def _status(dut) -> dict[str, int]:
-    raw = int(dut.status.value)
-    return {name: (raw >> f.offset) & ((1 << f.width) - 1) for name, f in DECODE_LAND_STATUS}
-
-
-class TB:
+class TB(LanderTB):
     def __init__(self, dut, rng, idle=0.0, pause=0.0):
-        self.dut = dut
-        cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
-        dut.rst.value = 1
-        self.bad_write: set[int] = set()
-        self.ram = ddr_ram(dut, "bus", dut.clk, dut.rst, size=MEM, fill=FILL, pause=pause,
-                           rng=rng, channels=WRITE, bad_write=self.bad_write)
-        self.src = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis"), dut.clk, dut.rst)
-        self.src.log.setLevel(logging.WARNING)
-        if idle:
-            self.src.set_pause_generator(pattern(idle, rng))
-        self.bpb = len(dut.s_axis_tdata) // 8
+        super().__init__(dut, rng, bus="bus", size=MEM, fill=FILL, fields=DECODE_LAND_STATUS,
+                         idle=idle, pause=pause)
 
     async def reset(self, t: Traffic):
-        d = self.dut
-        d.cfg.value = t.cfg.pack()
-        d.rst.value = 1
-        await ClockCycles(d.clk, 3)
-        d.rst.value = 0
-        await RisingEdge(d.clk)
-
-    def frame(self, meta: Meta, payload: bytes) -> AxiStreamFrame:
-        if not payload:
-            return AxiStreamFrame(bytes(self.bpb), tkeep=[0] * self.bpb, tuser=meta.pack())
-        return AxiStreamFrame(payload, tuser=meta.pack())
-
-
-async def _drain(tb: TB, expected: dict, timeout_cycles: int) -> int:
-    """Wait until the status equals ``expected`` (or time out); the cycle it happened."""
-    for cycle in range(timeout_cycles):
-        await RisingEdge(tb.dut.clk)
-        if _status(tb.dut) == expected:
-            return cycle
-    raise AssertionError(f"status {_status(tb.dut)} never reached {expected}")
+        await self.release(t.cfg)
+        await RisingEdge(self.dut.clk)
 
 
 def _regions(t: Traffic) -> list[tuple[int, int]]:
@@ -375,7 +339,7 @@ async def random_mix(dut):
     for meta, payload in t.packets:
         await tb.src.send(tb.frame(meta, payload))
     beats = sum(max(1, payload_beats(len(pl), 64)) for _, pl in t.packets)
-    await _drain(tb, model.status, 20 * beats + 20_000)
+    await tb.drain(model.status, 20 * beats + 20_000)
     st = model.status
     assert st["write_errors"] >= 2 and st["queries_landed"] > 0 and st["results_landed"] > 0
     assert st["maxes_landed"] > 0
@@ -419,7 +383,7 @@ async def rate(dut):
                     await RisingEdge(dut.clk)
                 start = cycle[0]
         beats = sum(payload_beats(len(pl), 64) for _, pl in t.packets)
-        await with_timeout(_drain(tb, model.status, 10 * beats + 10_000), 10, "ms")
+        await with_timeout(tb.drain(model.status, 10 * beats + 10_000), 10, "ms")
         cycles = cycle[0] - start
         _check(tb, t, model)
         results.append({"mix": mix, "packets": len(t.packets),

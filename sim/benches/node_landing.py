@@ -23,15 +23,12 @@ pauses; payload beats landed per cycle from the first input beat to the last cou
 from __future__ import annotations
 
 import json
-import logging
 import random
 from dataclasses import dataclass
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
-from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSource
+from cocotb.triggers import RisingEdge, with_timeout
 
 from mcf.abi.framing import MAX_PAYLOAD, payload_beats
 from mcf.abi.kv import pack_kv_block
@@ -45,8 +42,8 @@ from mcf.abi.landing import (
 from mcf.abi.meta import META, Collective, Meta, Op
 from mcf.golden.landing import LandingModel
 from mcf.sim.benches.cycles import cycle_counter
+from mcf.sim.benches.packet_lander import LanderTB
 from mcf.sim.benches.pauses import pattern
-from mcf.sim.ddr import WRITE, ddr_ram
 from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 MEM = 1 << 21
@@ -140,26 +137,12 @@ def make_traffic(seed: int, n: int, kv_count: int = 200, kv_base: int = 0x1008,
     return Traffic(cfg, layout.land_off, packets, bad_kv, bad_addr - bad_addr % 16)
 
 
-def _status(dut) -> dict[str, int]:
-    raw = int(dut.status.value)
-    return {name: (raw >> f.offset) & ((1 << f.width) - 1) for name, f in LANDING_STATUS}
-
-
-class TB:
+class TB(LanderTB):
     def __init__(self, dut, rng, idle=0.0, pause=0.0):
-        self.dut = dut
-        cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
-        dut.rst.value = 1
-        self.bad_write: set[int] = set()
-        self.ram = ddr_ram(dut, "m_axi", dut.clk, dut.rst, size=MEM, fill=FILL, pause=pause,
-                           rng=rng, channels=WRITE, bad_write=self.bad_write)
+        super().__init__(dut, rng, bus="m_axi", size=MEM, fill=FILL, fields=LANDING_STATUS,
+                         idle=idle, pause=pause)
         self.events: list[tuple[int, bool]] = []
         cocotb.start_soon(self._events(pattern(pause, rng) if pause else None))
-        self.src = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis"), dut.clk, dut.rst)
-        self.src.log.setLevel(logging.WARNING)
-        if idle:
-            self.src.set_pause_generator(pattern(idle, rng))
-        self.bpb = len(dut.s_axis_tdata) // 8
         dut.land_off_we.value = 0
         dut.local_id.value = LOCAL_ID
         dut.landed_tready.value = 1
@@ -176,10 +159,7 @@ class TB:
 
     async def reset(self, t: Traffic):
         d = self.dut
-        d.cfg.value = t.cfg.pack()
-        d.rst.value = 1
-        await ClockCycles(d.clk, 3)
-        d.rst.value = 0
+        await self.release(t.cfg)
         for seq, off in enumerate(t.land_off):
             d.land_off_we.value = 1
             d.land_off_seq.value = seq
@@ -188,27 +168,12 @@ class TB:
         d.land_off_we.value = 0
         await RisingEdge(d.clk)
 
-    def frame(self, meta: Meta, payload: bytes) -> AxiStreamFrame:
-        if not payload:
-            return AxiStreamFrame(bytes(self.bpb), tkeep=[0] * self.bpb, tuser=meta.pack())
-        return AxiStreamFrame(payload, tuser=meta.pack())
-
-
 
 def _model(t: Traffic) -> LandingModel:
     model = LandingModel(t.cfg, t.land_off, KV_CAPACITY, LOCAL_ID)
     for meta, payload in t.packets:
         model.land(meta, payload, t.write_error(meta))
     return model
-
-
-async def _drain(tb: TB, expected: dict, timeout_cycles: int) -> int:
-    """Wait until the status equals ``expected`` (or time out); the cycle it happened."""
-    for cycle in range(timeout_cycles):
-        await RisingEdge(tb.dut.clk)
-        if _status(tb.dut) == expected:
-            return cycle
-    raise AssertionError(f"status {_status(tb.dut)} never reached {expected}")
 
 
 async def _check(tb: TB, t: Traffic, model) -> None:
@@ -255,7 +220,7 @@ async def random_mix(dut):
     for meta, payload in t.packets:
         await tb.src.send(tb.frame(meta, payload))
     beats = sum(max(1, payload_beats(len(pl), 64)) for _, pl in t.packets)
-    await _drain(tb, model.status, 20 * beats + 20_000)
+    await tb.drain(model.status, 20 * beats + 20_000)
     assert model.status["write_errors"] >= 1 and model.status["drop_op"] > 0
     assert min(model.status[k] for k in ("drop_unmapped", "drop_bad_seq")) > 0
     await _check(tb, t, model)
@@ -289,7 +254,7 @@ async def rate(dut):
                     await RisingEdge(dut.clk)
                 start = cycle[0]
         beats = sum(payload_beats(len(pl), 64) for _, pl in t.packets)
-        await with_timeout(_drain(tb, model.status, 10 * beats + 10_000), 10, "ms")
+        await with_timeout(tb.drain(model.status, 10 * beats + 10_000), 10, "ms")
         cycles = cycle[0] - start
         await _check(tb, t, model)
         results.append({"max_payload": max_payload, "packets": len(t.packets),

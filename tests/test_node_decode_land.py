@@ -39,12 +39,12 @@ from mcf.abi.decode_land import (
     state_bytes,
     tag_head,
 )
-from mcf.abi.framing import parsed_layout
 from mcf.abi.meta import Collective, Meta, Op, ReduceOp
 from mcf.abi.query import QUERY_HEADER, QUERY_HEADER_BYTES, query_bytes, query_head_bytes
 from mcf.abi.softmax import normalize, pack_state
 from mcf.golden.decode_land import DecodeLandModel
 from mcf.hdl.node.decode_land import DecodeLander, PacketUpsizer
+from mcf.sim.amsim import parsed_beats
 from mcf.sim.axi_slave import write_slave
 from mcf.sim.benches.node_decode_land import (
     HEAD_DIM,
@@ -56,21 +56,6 @@ from mcf.sim.benches.node_decode_land import (
     random_state,
     state_packet,
 )
-
-PARSED = parsed_layout(64)
-
-
-def _beat(**fields: int) -> int:
-    return sum(v << PARSED[n].offset for n, v in fields.items())
-
-
-def _beats(meta: Meta, payload: bytes) -> list[int]:
-    raw = meta.pack()
-    if not payload:
-        return [_beat(meta=raw, data=0, keep=0, last=1)]
-    return [_beat(meta=raw, data=int.from_bytes(payload[k:k + 8], "little"),
-                  keep=(1 << len(payload[k:k + 8])) - 1, last=int(k + 8 >= len(payload)))
-            for k in range(0, len(payload), 8)]
 
 
 def simulate(packets, cfg: DecodeLandConfig, *, head_dim=HEAD_DIM, bad_beats=(), idle=0.0,
@@ -90,7 +75,7 @@ def simulate(packets, cfg: DecodeLandConfig, *, head_dim=HEAD_DIM, bad_beats=(),
         ctx.set(dut.cfg.as_value(), cfg.pack())
         await ctx.tick()
         for meta, payload in packets:
-            for beat in _beats(meta, payload):
+            for beat in parsed_beats(meta, payload):
                 while rng.random() < idle:
                     await ctx.tick()
                 ctx.set(dut.i.valid, 1)
@@ -384,7 +369,7 @@ def test_back_to_back_full_rate(max_fraction):
     t = make_traffic(seed=6, n=80, bad_fraction=0.0, bad_write=False,
                      max_fraction=max_fraction)
     assert sum(m.op == Op.REDUCTION for m, _ in t.packets) >= (15 if max_fraction else 0)
-    beats = sum(len(_beats(m, p)) for m, p in t.packets)
+    beats = sum(len(parsed_beats(m, p)) for m, p in t.packets)
     mem, status, _, cycles, stalls = simulate(t.packets, t.cfg, b_latency=(1, 3))
     model = t.model()
     assert status == model.status and mem == model.mem
@@ -465,7 +450,7 @@ def _events(packet, cfg):
         ctx.set(bus.awready, 1)
         ctx.set(bus.wready, 1)
         await ctx.tick()
-        beats = _beats(*packet)
+        beats = parsed_beats(*packet)
         k = 0
         b_due: list[int] = []
         st0 = ctx.get(dut.status.as_value())
@@ -532,7 +517,7 @@ def test_drops_at_full_rate():
     model = _model(cfg, packets)
     assert model.status == {**dict.fromkeys(model.status, 0), "drop_op": 10,
                             "drop_reduce_op": 10, "drop_length": 30, "drop_slot": 15}
-    beats = sum(len(_beats(m, p)) for m, p in packets)
+    beats = sum(len(parsed_beats(m, p)) for m, p in packets)
     mem, status, aws, cycles, stalls = simulate(packets, cfg)
     assert aws == [] and mem == {} and status == model.status
     assert stalls == 0 and cycles <= beats + 10

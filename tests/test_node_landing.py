@@ -34,23 +34,11 @@ from mcf.golden.local_sink import LocalSinkModel, SinkBeat
 from mcf.hdl.node.directory import Directory, DirOpArbiter
 from mcf.hdl.node.landing import LandingEngine
 from mcf.hdl.node.local_sink import LocalSink
+from mcf.sim.amsim import parsed_beats
 from mcf.sim.axi_slave import write_slave
 from mcf.sim.benches.node_landing import KV_CAPACITY, make_traffic
 
 PARSED = parsed_layout(64)
-
-
-def _beat(**fields: int) -> int:
-    return sum(v << PARSED[n].offset for n, v in fields.items())
-
-
-def _beats(meta: Meta, payload: bytes) -> list[int]:
-    raw = meta.pack()
-    if not payload:
-        return [_beat(meta=raw, data=0, keep=0, last=1)]
-    return [_beat(meta=raw, data=int.from_bytes(payload[k:k + 8], "little"),
-                  keep=(1 << len(payload[k:k + 8])) - 1, last=int(k + 8 >= len(payload)))
-            for k in range(0, len(payload), 8)]
 
 
 def simulate(packets, cfg: LandingConfig, land_off, *, kv_count=KV_CAPACITY, bad_beats=(),
@@ -88,7 +76,7 @@ def simulate(packets, cfg: LandingConfig, land_off, *, kv_count=KV_CAPACITY, bad
             await ctx.tick()
         ctx.set(dut.land_off_we, 0)
         for meta, payload in packets:
-            for beat in _beats(meta, payload):
+            for beat in parsed_beats(meta, payload):
                 while rng.random() < idle:
                     await ctx.tick()
                 ctx.set(dut.i.valid, 1)
@@ -318,7 +306,7 @@ def test_landing_path(seed, stall):
             await ctx.tick()
         ctx.set(lander.land_off_we, 0)
         for meta, payload in packets:
-            for beat in _beats(meta, payload):
+            for beat in parsed_beats(meta, payload):
                 while rng.random() < 0.2:
                     await ctx.tick()
                 ctx.set(sink.i.valid, 1)
@@ -390,7 +378,7 @@ def test_landing_path(seed, stall):
     sink_model = LocalSinkModel()
     land_model = LandingModel(t.cfg, t.land_off, KV_CAPACITY, local_id)
     for meta, payload in packets:
-        for raw in _beats(meta, payload):
+        for raw in parsed_beats(meta, payload):
             v = PARSED.from_bits(raw)
             sink_model.beat(SinkBeat(v.meta.as_bits(), int(v.data), int(v.keep), bool(v.last)))
         if meta.op == Op.KV_REPLICA:

@@ -60,8 +60,8 @@ def test_a_small_demo_answers_and_writes_its_report(tmp_path, capsys):
     assert inv["runs"]["4"]["tokens"][:len(run["expected"])] == run["expected"]
     assert s["rtl"]["nodes"] == 4 and s["rtl"]["prompt_tokens"] == 64
     assert run["answer"] == run["expected"] and run["correct"] is True
-    assert run["checks"] == {"bit_exact": True, "tokens_match": True, "owner_only": True,
-                             "memory_within_budget": True}
+    assert run["checks"] == {"bit_exact": True, "logits_bit_exact": True, "tokens_match": True,
+                             "owner_only": True, "memory_within_budget": True}
     assert run["ttft_cycles"] > 0 and len(run["decode_cycles"]) == 1
     m = s["model"]
     n = m["nodes"]                       # the small grid's largest N

@@ -33,7 +33,7 @@ from ..cli import UsageError
 __all__ = ["register", "demo", "DemoSpec", "CHECKS", "INVARIANCE_NODES", "n_invariant",
            "summary_model"]
 
-CHECKS = ("bit_exact", "owner_only", "memory_within_budget", "n_invariant")
+CHECKS = ("bit_exact", "logits_bit_exact", "owner_only", "memory_within_budget", "n_invariant")
 """The checks ``summary.json`` reports (issue #15 §5), each over every RTL run."""
 
 INVARIANCE_NODES = (1, 2, 4)

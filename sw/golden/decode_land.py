@@ -22,7 +22,7 @@ from mcf.abi.decode_land import (
 )
 from mcf.abi.meta import Meta
 
-from .landing import framing_error
+from .landing import write_outcome
 
 __all__ = ["DecodeLandModel"]
 
@@ -42,14 +42,9 @@ class DecodeLandModel:
         ``write_error``: its write is answered SLVERR (its bytes are then not modelled)."""
         body = (bytes(payload) + bytes(meta.length))[:meta.length]
         result, addr = decode_land_decision(self.cfg, meta, payload, self.head_dim)
-        if addr is None:
-            self.status[result.value] += 1
+        drop = result.value if addr is None else None
+        if not write_outcome(self.status, drop, payload, meta.length, write_error):
             return result
-        if write_error:
-            self.status["write_errors"] += 1
-            return result
-        if framing_error(payload, meta.length):
-            self.status["framing_errors"] += 1
         if result is DecodeLandResult.RESULT:
             body = normalized_row(body, self.head_dim)
         for i, b in enumerate(body):

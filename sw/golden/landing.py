@@ -13,7 +13,23 @@ from collections.abc import Sequence
 from mcf.abi.landing import LANDING_STATUS, LandingConfig, LandResult, land_decision
 from mcf.abi.meta import Meta
 
-__all__ = ["LandingModel", "framing_error"]
+__all__ = ["LandingModel", "framing_error", "write_outcome"]
+
+
+def write_outcome(status, drop: str | None, payload, length: int, write_error: bool) -> bool:
+    """What the shared packet writer (``hdl/node/packet_writer.py``) does with a packet, in
+    ``status``: a drop counted under its cause ``drop``, a write answered SLVERR in
+    ``write_errors``, a framing mismatch in ``framing_errors`` (the packet still lands).
+    True when the bytes land."""
+    if drop is not None:
+        status[drop] += 1
+        return False
+    if write_error:
+        status["write_errors"] += 1
+        return False
+    if framing_error(payload, length):
+        status["framing_errors"] += 1
+    return True
 
 
 def framing_error(payload, length: int) -> bool:
@@ -44,14 +60,9 @@ class LandingModel:
         ``write_error``: its write is answered SLVERR (the bytes are then not modelled — the
         bus may or may not have stored them)."""
         result, addr = land_decision(self.cfg, meta, self.land_off, self.kv_capacity)
-        if result is not LandResult.LANDED:
-            self.status[result.value] += 1
+        drop = None if result is LandResult.LANDED else result.value
+        if not write_outcome(self.status, drop, payload, meta.length, write_error):
             return result
-        if write_error:
-            self.status["write_errors"] += 1
-            return result
-        if framing_error(payload, meta.length):
-            self.status["framing_errors"] += 1
         for i, b in enumerate((bytes(payload) + bytes(meta.length))[:meta.length]):
             self.mem[addr + i] = b
         self.status["packets"] += 1

@@ -16,18 +16,43 @@ step", §5, §7; issue #11 §1.2–1.4). Its bit-exact golden model is
   softmax whose sums do not depend on how the keys are split into blocks or nodes.
 
 **The list** (16-byte entries, little-endian): entry 0 is the header :data:`ATTEND_HEADER`
-(``q_addr``: the query record; ``out_addr``: PREFILL's ``o/l`` row; in DECODE FIXED the
+(``q_addr``: the query record — PREFILL_TILE: the chunk's first query slot; ``out_addr``:
+PREFILL's ``o/l`` row — PREFILL_TILE: the chunk's first token's row; in DECODE FIXED the
 ``heads`` 32-bit maxima :data:`mcf.abi.softmax.STATE_M` the phase computes against — an MBUF
-slot, :func:`mcf.abi.decode_land.mbuf_address`, 16-byte aligned —; ignored otherwise), then
-``blocks`` entries :data:`ATTEND_BLOCK` (``addr`` of the block's first token record — the
-landing rule, :func:`mcf.abi.kv_reader.block_address` —, ``tokens`` 1..``max_block``,
-``pos0``). Reserved bits must be 0 (not checked).
+slot, :func:`mcf.abi.decode_land.mbuf_address`, 16-byte aligned —; ignored otherwise;
+``tokens`` and ``out_stride``: PREFILL_TILE's chunk, reserved otherwise), then ``blocks``
+entries :data:`ATTEND_BLOCK` (``addr`` of the block's first token record — the landing rule,
+:func:`mcf.abi.kv_reader.block_address`; a per-channel-K block's first group header —,
+``tokens`` 1..``max_block``, ``pos0``). Reserved bits must be 0 (not checked).
 
 **The query** at ``q_addr`` (any alignment) is one :func:`mcf.abi.query.pack_query` record of
 exactly ``heads`` heads: its header ``pos`` is the query position (causal mask in PREFILL).
 DECODE: the QBUF slot the decode lander wrote (:func:`mcf.abi.decode_land.qbuf_address`).
 PREFILL: the token's row in the driver's query region of ACT, :func:`prefill_query_address`,
 written in the same format (the vector unit's requantised Q head rows).
+
+**PREFILL_TILE: a chunk of query tokens on the tiled datapath** (issue #33,
+``mcf.hdl.compute.tile_*``): the header's ``tokens`` (1..``max_chunk``, the executor's chunk
+limit; :data:`ATTEND_CHUNK_BITS` bits) consecutive query tokens — token ``i``'s query slot
+at ``prefill_query_address(q_addr, i, heads, head_dim)``, the layout of PREFILL's rows, each
+a :func:`~mcf.abi.query.pack_query` record of ``heads`` heads at position ``pos₀ + i`` (``pos₀``:
+slot 0's header, modulo ``2^KV_POS_BITS``) — against the block list, causal. Its
+``tokens · heads`` rows (token × query head, row ``i · heads + h``) run in query tiles of
+:data:`ATTEND_TILE_ROWS` rows against the blocks in list order, a tile's blocks requested
+again per tile and a block a tile lies wholly before skipped
+(:func:`mcf.golden.attention_tiled.tile_schedule`); P·V in the 8-bit row-scaled
+:data:`mcf.abi.attn_tile.P8` format. Token ``i``'s ``heads · d`` ATTN_OUT words ``o/l``
+(:func:`prefill_out_bytes`) go to :func:`prefill_tile_out_address` ``= out_addr + i ·
+out_stride`` — PREFILL's output row, so a loop of PREFILL records with ``out_addr`` stepping
+by ``out_stride`` writes the same places (``out_stride``: bytes, :data:`ATTEND_STRIDE_BITS`
+bits, ``≥ prefill_out_bytes(heads, d)``; the node's attention rows interleave the KV heads, so
+its stride is the whole row of all query heads). SINGLE only (:data:`SOFTMAX_OF_MODE`): P8's
+row shift depends on the block's keys, so its sums are not split-invariant, and FIXED's unpacked
+20-bit ``w`` (:data:`mcf.abi.attn_tile.PV_W`) does not fit the packed P·V arrays — a
+``two_phase`` run keeps PREFILL EXACT records. The query tile size changes the order and the
+number of block requests, never the bits (rows are independent). The RTL ``AttendUnit`` has no
+tiled path yet: it counts PREFILL_TILE records as ``bad_record`` (the golden model with
+``max_chunk`` = 0).
 
 **Outputs.** DECODE SINGLE (not normalised): per query head one payload, the state
 ``(m, l, o)`` (:func:`mcf.abi.softmax.pack_state`, ``state_bytes(d)``), staged whole in the send
@@ -43,12 +68,16 @@ after the write's B responses. PREFILL EXACT: the unit runs a causal MAX job ove
 keeps the maxima, then a causal FIXED job over the same list, normalised, written like SINGLE's
 — ``o/l`` that does not depend on the blocks' partition.
 
-**Bad records** (counted, retired with ``done``, nothing emitted): undefined ``mode``, a
-``softmax`` the mode does not run (:data:`SOFTMAX_OF_MODE`),
+PREFILL_TILE writes ``tokens`` rows, the record is done after the last write's B responses.
+
+**Bad records** (counted, retired with ``done``, nothing emitted): undefined ``mode`` (3, or
+PREFILL_TILE on an executor without the tiled path, ``max_chunk`` = 0), a ``softmax`` the mode
+does not run (:data:`SOFTMAX_OF_MODE`),
 ``heads`` outside 1..``max_heads``, ``blocks`` 0 or above ``max_list`` (``bad_record``); a read
 error on the list or the query, a block entry with ``tokens`` outside 1..``max_block``, a query
-whose header ``heads`` differs from ``arg.heads``, a read error on FIXED's maxima
-(``bad_list``). A write error on ``o/l`` is
+whose header ``heads`` differs from ``arg.heads``, a read error on FIXED's maxima; PREFILL_TILE:
+a header ``tokens`` outside 1..``max_chunk``, an ``out_stride`` below one output row, a query
+slot whose ``pos`` is not ``pos₀ + i`` (``bad_list``). A write error on ``o/l`` is
 counted (``write_errors``) and the record retires.
 """
 
@@ -62,7 +91,7 @@ from amaranth.lib import data, enum
 from .compute import DMA_ADDR_BITS
 from .csrmap import counters
 from .decode_land import query_slot_bytes
-from .kv import KV_POS_BITS, AttnMode
+from .kv import ATTN_OUT, KV_POS_BITS, AttnMode
 from .kv_reader import KV_BLOCK_TOKENS_BITS
 from .regs import Access, Register, status_registers
 
@@ -71,7 +100,8 @@ __all__ = [
     "ATTEND_STATUS", "AttendArg", "AttendBlock", "AttendHeader",
     "attend_list_bytes", "prefill_query_address", "attend_registers",
     "ENGINE_MODE", "AttendSoftmax", "SOFTMAX_OF_MODE", "max_payload_bytes",
-    "RUN_SOFTMAX", "PREFILL_SOFTMAX",
+    "RUN_SOFTMAX", "PREFILL_SOFTMAX", "ATTEND_CHUNK_BITS", "ATTEND_STRIDE_BITS",
+    "ATTEND_TILE_ROWS", "prefill_out_bytes", "prefill_tile_out_address",
 ]
 
 ATT_ENTRY_BYTES = 16
@@ -79,9 +109,10 @@ ATT_ENTRY_BYTES = 16
 
 
 class AttendMode(enum.Enum, shape=2):
-    """What an ATTEND computes (codes 2, 3 are undefined: a bad record)."""
-    DECODE = 0    # per-head states (m, l, o) → staged for SEND src=ATTN
-    PREFILL = 1   # causal, o/l → DDR at out_addr
+    """What an ATTEND computes (code 3 is undefined: a bad record)."""
+    DECODE = 0        # per-head states (m, l, o) → staged for SEND src=ATTN
+    PREFILL = 1       # one query token, causal, o/l → DDR at out_addr
+    PREFILL_TILE = 2  # a chunk of query tokens on the tiled arrays (P8), causal, o/l rows → DDR
 
 
 class AttendSoftmax(enum.Enum, shape=2):
@@ -95,8 +126,11 @@ class AttendSoftmax(enum.Enum, shape=2):
 SOFTMAX_OF_MODE = {
     AttendMode.DECODE: (AttendSoftmax.SINGLE, AttendSoftmax.MAX, AttendSoftmax.FIXED),
     AttendMode.PREFILL: (AttendSoftmax.SINGLE, AttendSoftmax.EXACT),
+    AttendMode.PREFILL_TILE: (AttendSoftmax.SINGLE,),
 }
-"""The softmax settings each mode runs; any other pair is a bad record."""
+"""The softmax settings each mode runs; any other pair is a bad record. PREFILL_TILE runs SINGLE
+only: its P·V format :data:`mcf.abi.attn_tile.P8` is defined for one online pass (the row shift
+depends on the block's keys) and FIXED's unpacked ``w`` does not fit the packed arrays."""
 
 ENGINE_MODE = {AttendSoftmax.SINGLE: AttnMode.SINGLE, AttendSoftmax.MAX: AttnMode.MAX,
                AttendSoftmax.FIXED: AttnMode.FIXED}
@@ -112,6 +146,21 @@ keys are split into blocks or over nodes, so a run's bits do not depend on N."""
 
 PREFILL_SOFTMAX = {"single": AttendSoftmax.SINGLE, "two_phase": AttendSoftmax.EXACT}
 """The PREFILL ATTEND setting of each :data:`RUN_SOFTMAX`."""
+
+
+ATTEND_CHUNK_BITS = 16
+"""Width of the header's ``tokens`` (PREFILL_TILE: query tokens in the chunk; the executor's
+``max_chunk`` bounds it)."""
+
+ATTEND_STRIDE_BITS = 24
+"""Width of the header's ``out_stride`` (PREFILL_TILE: bytes between consecutive tokens'
+``o/l`` rows)."""
+
+ATTEND_TILE_ROWS = 64
+"""Query rows (token × query head) per query tile of a PREFILL_TILE record: the rows that run
+against a KV block between two requests of it (``q_tile`` of
+:func:`mcf.golden.attention_tiled.tile_schedule`; ``TileMerge`` holds a tile's running states,
+its ``rows``). It sets the order and the block requests, not the bits."""
 
 
 def max_payload_bytes(heads: int) -> int:
@@ -131,9 +180,11 @@ ATTEND_ARG = data.StructLayout({
 ATTEND_HEADER = data.StructLayout({
     "q_addr": unsigned(DMA_ADDR_BITS),
     "out_addr": unsigned(DMA_ADDR_BITS),
-    "reserved": unsigned(128 - 2 * DMA_ADDR_BITS),
+    "tokens": unsigned(ATTEND_CHUNK_BITS),
+    "out_stride": unsigned(ATTEND_STRIDE_BITS),
+    "reserved": unsigned(128 - 2 * DMA_ADDR_BITS - ATTEND_CHUNK_BITS - ATTEND_STRIDE_BITS),
 })
-"""List entry 0."""
+"""List entry 0 (``tokens``, ``out_stride``: PREFILL_TILE only, reserved in the other modes)."""
 
 ATTEND_BLOCK = data.StructLayout({
     "addr": unsigned(DMA_ADDR_BITS),
@@ -148,9 +199,15 @@ if ATTEND_HEADER.size != 8 * ATT_ENTRY_BYTES or ATTEND_BLOCK.size != 8 * ATT_ENT
 
 ATTEND_STATUS = counters("records", "blocks", "bad_record", "bad_list", "write_errors")
 """Records done (good ones), blocks requested (PREFILL EXACT requests its list twice, once
-per pass), records rejected on their ``arg``, records rejected on their list/query/maxima (read
+per pass; PREFILL_TILE once per query tile and block the tile does not lie wholly before),
+records rejected on their ``arg``, records rejected on their list/query/maxima (read
 error, bad entry, heads mismatch), ``o/l`` writes answered with an error. Registers
 ``att_<field>``."""
+
+
+def _fields(layout: data.StructLayout, bits: int, names) -> dict:
+    view = layout.from_bits(bits)
+    return {n: int(view[n]) for n in names}
 
 
 @dataclass(frozen=True)
@@ -165,15 +222,28 @@ class AttendArg:
         return ATTEND_ARG.const({"list": self.list, "blocks": self.blocks, "mode": self.mode,
                                  "heads": self.heads, "softmax": self.softmax}).as_bits()
 
+    @classmethod
+    def unpack(cls, bits: int) -> AttendArg:
+        f = _fields(ATTEND_ARG, bits, ("list", "blocks", "mode", "heads"))
+        return cls(**f, softmax=AttendSoftmax(ATTEND_ARG.from_bits(bits).softmax))
+
 
 @dataclass(frozen=True)
 class AttendHeader:
     q_addr: int
     out_addr: int = 0
+    tokens: int = 0          # PREFILL_TILE: query tokens in the chunk
+    out_stride: int = 0      # PREFILL_TILE: bytes between consecutive tokens' o/l rows
 
     def pack(self) -> bytes:
-        raw = ATTEND_HEADER.const({"q_addr": self.q_addr, "out_addr": self.out_addr})
+        raw = ATTEND_HEADER.const({"q_addr": self.q_addr, "out_addr": self.out_addr,
+                                   "tokens": self.tokens, "out_stride": self.out_stride})
         return raw.as_bits().to_bytes(ATT_ENTRY_BYTES, "little")
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> AttendHeader:
+        return cls(**_fields(ATTEND_HEADER, int.from_bytes(raw[:ATT_ENTRY_BYTES], "little"),
+                             ("q_addr", "out_addr", "tokens", "out_stride")))
 
 
 @dataclass(frozen=True)
@@ -187,6 +257,11 @@ class AttendBlock:
                                   "pos0": self.pos0 & ((1 << KV_POS_BITS) - 1)})
         return raw.as_bits().to_bytes(ATT_ENTRY_BYTES, "little")
 
+    @classmethod
+    def unpack(cls, raw: bytes) -> AttendBlock:
+        return cls(**_fields(ATTEND_BLOCK, int.from_bytes(raw[:ATT_ENTRY_BYTES], "little"),
+                             ("addr", "tokens", "pos0")))
+
 
 def attend_list_bytes(header: AttendHeader, blocks: list[AttendBlock]) -> bytes:
     """The list as the driver writes it at ``ATT_LIST_BASE + list · 16``."""
@@ -197,6 +272,18 @@ def prefill_query_address(q_base: int, token: int, heads: int, head_dim: int) ->
     """PREFILL query row of chunk token ``token`` (0-based) in the driver's ACT query region:
     ``q_base + token · query_slot_bytes(heads, head_dim)`` (slots 16-byte aligned)."""
     return q_base + token * query_slot_bytes(heads, head_dim)
+
+
+def prefill_out_bytes(heads: int, head_dim: int) -> int:
+    """One token's ``o/l`` row of a PREFILL or PREFILL_TILE record: ``heads · head_dim``
+    ATTN_OUT words."""
+    return heads * head_dim * (ATTN_OUT.width // 8)
+
+
+def prefill_tile_out_address(out_addr: int, token: int, out_stride: int) -> int:
+    """PREFILL_TILE: the ``o/l`` row of chunk token ``token`` (0-based):
+    ``out_addr + token · out_stride``."""
+    return (out_addr + token * out_stride) % (1 << DMA_ADDR_BITS)
 
 
 def attend_registers() -> list[Register]:

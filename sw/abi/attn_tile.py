@@ -47,7 +47,7 @@ from amaranth.hdl import signed, unsigned
 from amaranth.lib import data
 
 from .fixed import FixedFormat, saturate
-from .kv import KV_ELEM, KV_SCALE, Q_ELEM, v_weight
+from .kv import ATTN_OUT, KV_ELEM, KV_POS_BITS, KV_SCALE, Q_ELEM, v_weight
 from .quant import GROUP_SIZE, SCALE_EXP_BITS, SCALE_MANT_BITS, bitlen, group_sum_bits, pack_shift
 from .softmax import EXP_FRAC, STATE_L, STATE_M, STATE_O
 
@@ -58,6 +58,8 @@ __all__ = [
     "pv_acc_bits", "v_beat_layout", "tile_state_layout", "merge_in_layout", "merge_out_layout",
     "score_row_beat_layout", "pv_out_layout", "qk_tile_keys", "k_word_layout",
     "score_q_layout", "kv_rows_layout", "fold_row_layout", "fold_header_layout",
+    "chunk_layout", "query_row_layout", "block_desc_layout", "tile_rows_layout",
+    "norm_row_layout",
 ]
 
 P_ONE = 1 << EXP_FRAC
@@ -325,3 +327,53 @@ def fold_header_layout(lanes: int) -> data.StructLayout:
     ``head_dim/lanes`` beats per header, the block's headers (one per 32-key group from its
     first key) in order; ``last`` on the block's final beat."""
     return data.StructLayout({"data": unsigned(lanes * KV_SCALE.width), "last": unsigned(1)})
+
+
+# --- the query sequencer and the output (tile_query, tile_normalize, tile_prefill) ---------------
+
+def chunk_layout(max_rows: int, max_heads: int) -> data.StructLayout:
+    """A prefill chunk for :class:`mcf.hdl.compute.tile_query.TileQuery`: ``pos``, the position
+    of its first token (token ``t`` at ``pos + t``); ``rows``, its query rows (tokens × query
+    heads of one KV head, 1 .. ``max_rows``); ``heads``, the query heads per KV head (GQA,
+    1 .. ``max_heads``): row ``x`` is token ``x // heads``, head ``x % heads``."""
+    return data.StructLayout({
+        "pos": unsigned(KV_POS_BITS),
+        "rows": unsigned(int(max_rows).bit_length()),
+        "heads": unsigned(int(max_heads).bit_length()),
+    })
+
+
+def query_row_layout(head_dim: int) -> data.StructLayout:
+    """A chunk's query row: the INT8 query (:data:`mcf.abi.kv.Q_ELEM` codes) and its scale
+    ``(scale_m, scale_e)`` (:class:`mcf.abi.quant.Scale`), not folded."""
+    return data.StructLayout({
+        "q": data.ArrayLayout(signed(Q_ELEM.width), head_dim),
+        "scale_m": unsigned(SCALE_MANT_BITS),
+        "scale_e": signed(SCALE_EXP_BITS),
+    })
+
+
+def block_desc_layout(max_block: int) -> data.StructLayout:
+    """A KV block as a query tile meets it: ``pos0``, the position of its first key (key ``i``
+    at ``pos0 + i``), ``n``, its keys (1 .. ``max_block``), and ``last`` on the query tile's
+    final block. The blocks come in increasing positions, all of them once per query tile."""
+    return data.StructLayout({
+        "pos0": unsigned(KV_POS_BITS),
+        "n": unsigned(int(max_block).bit_length()),
+        "last": unsigned(1),
+    })
+
+
+def tile_rows_layout(rows: int) -> data.StructLayout:
+    """Per query tile: ``rows``, the tile's rows that see a key (0 .. ``rows``) — the merged
+    states it will emit; ``last`` on the chunk's final tile."""
+    return data.StructLayout({"rows": unsigned(int(rows).bit_length()), "last": unsigned(1)})
+
+
+def norm_row_layout(head_dim: int, rows: int) -> data.StructLayout:
+    """A normalised output row ``o / l`` (:data:`mcf.abi.kv.ATTN_OUT` codes, the PREFILL
+    output, :func:`mcf.abi.softmax.normalize`) and its row (``0 .. rows−1``)."""
+    return data.StructLayout({
+        "o": data.ArrayLayout(signed(ATTN_OUT.width), head_dim),
+        "row": unsigned(max(1, (rows - 1).bit_length())),
+    })

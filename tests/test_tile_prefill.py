@@ -1,0 +1,270 @@
+"""amaranth.sim tests of the tiled prefill's output stage and whole compute chain (issue #33):
+TileNormalize (mcf.hdl.compute.tile_normalize: merged ``(m, l, o)`` → ``o / l`` equal to
+:func:`mcf.abi.softmax.normalize`) and TilePrefill (mcf.hdl.compute.tile_prefill: a chunk's
+query rows, the blocks' descriptors and the KV reader's K/V beats in → every row's ``o / l``
+equal to :func:`mcf.golden.attention_tiled.attend_prefill_tiled` with ``p_format=P8``,
+``array=True``), per-token and per-channel K, GQA, partial diagonal blocks, blocks a whole
+query tile skips, gaps on the inputs and backpressure on the output; cycles measured."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+from test_tile_attend import chunk
+from test_tile_kv import feeder
+
+from mcf.abi.attn_tile import (
+    P8,
+    block_desc_layout,
+    chunk_layout,
+    fold_header_layout,
+    merge_out_layout,
+    norm_row_layout,
+    query_row_layout,
+)
+from mcf.abi.kv import KVFormat, pack_kv_block
+from mcf.abi.kv_channel import KV_GROUP
+from mcf.abi.kv_reader import block_beats
+from mcf.abi.softmax import LANE_BITS, STATE_L, STATE_O, normalize
+from mcf.golden.attention import KVChannelBlock
+from mcf.golden.attention_tiled import attend_prefill_tiled, tile_schedule
+from mcf.hdl.compute.tile_normalize import TileNormalize
+from mcf.hdl.compute.tile_prefill import TilePrefill
+
+# ---- TileNormalize ---------------------------------------------------------------------------
+
+
+def norm_states(rng, n, d):
+    """``n`` merged states: random, and the edges (``l`` = 0, 1, 2^32 − 1, a power of two,
+    ``o`` at both saturation ends)."""
+    lo_, hi_ = -(1 << (STATE_O.width - 1)), (1 << (STATE_O.width - 1)) - 1
+    ls = [0, 1, STATE_L.max_int, 1 << 20, 3, 65535]
+    ls += [int(x) for x in rng.integers(1, 1 << rng.integers(1, 32, n - len(ls)), dtype=np.int64)]
+    out = []
+    for j, l_sum in enumerate(ls):
+        if j % 3 == 0:
+            o = rng.choice([lo_, hi_, 0, -1, 1], d)
+        else:
+            o = rng.integers(lo_, hi_, d, endpoint=True)
+        out.append((l_sum, np.asarray(o, dtype=np.int64)))
+    return out
+
+
+def run_norm(dut, states, rows, seed, idle, stall):
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    d = dut.head_dim
+    ilay, olay = merge_out_layout(d, dut.rows), norm_row_layout(d, dut.rows)
+    beats = [ilay.const({"state": {"m": 0, "l": l_sum, "o": [int(x) for x in o]},
+                         "row": r}).as_bits() for (l_sum, o), r in zip(states, rows)]
+    got, cyc = [], {"in": [], "out": []}
+
+    async def sink(ctx):
+        rng = np.random.default_rng(seed + 1)
+        c = 0
+        while len(got) < len(beats):
+            ctx.set(dut.o.ready, int(not stall or rng.random() >= stall))
+            _, _, iv, ir, ov, ordy, op = await ctx.tick().sample(
+                dut.i.valid, dut.i.ready, dut.o.valid, dut.o.ready, dut.o.payload.as_value())
+            if iv and ir:
+                cyc["in"].append(c)
+            if ov and ordy:
+                b = olay.from_bits(op)
+                got.append((int(b.row), np.array([int(b.o[n]) for n in range(d)])))
+                cyc["out"].append(c)
+            c += 1
+
+    sim.add_testbench(feeder(dut.i, beats, seed, idle), background=True)
+    sim.add_testbench(sink)
+    sim.run()
+    return got, cyc
+
+
+@pytest.mark.parametrize("d,lanes", [(16, 4), (8, 8), (12, 1)])
+def test_normalize_bit_exact(d, lanes):
+    """Every output row equals ``normalize(l, o)`` (and its row), random and edge states, random
+    valid/ready."""
+    rng = np.random.default_rng(500 + d + lanes)
+    states = norm_states(rng, 24, d)
+    rows = [int(x) for x in rng.integers(0, 16, len(states))]
+    dut = TileNormalize(head_dim=d, rows=16, lanes=lanes)
+    got, _ = run_norm(dut, states, rows, lanes, 0.3, 0.4)
+    assert [g[0] for g in got] == rows
+    for n, ((l_sum, o), (_, y)) in enumerate(zip(states, got)):
+        np.testing.assert_array_equal(y, normalize(l_sum, o), err_msg=f"row {n}")
+    assert any((normalize(s[0], s[1]) == (1 << (LANE_BITS - 1)) - 1).any() for s in states)
+
+
+def test_normalize_rate():
+    """Always valid, always ready: a row per :meth:`row_cycles` = ``head_dim/lanes + 5``
+    cycles, its output that many cycles after it is taken (the kr260 shape: 128 channels,
+    4 lanes: 37)."""
+    rng = np.random.default_rng(510)
+    d, lanes = 128, 4
+    states = norm_states(rng, 8, d)
+    dut = TileNormalize(head_dim=d, rows=64, lanes=lanes)
+    got, cyc = run_norm(dut, states, [0] * len(states), 0, 0.0, 0.0)
+    for (l_sum, o), (_, y) in zip(states, got):
+        np.testing.assert_array_equal(y, normalize(l_sum, o))
+    print(f"rows taken at {cyc['in']}, out at {cyc['out']}")
+    assert dut.row_cycles() == 37
+    assert set(np.diff(cyc["in"])) == {dut.row_cycles()}
+    assert [b - a for a, b in zip(cyc["in"], cyc["out"])] == [dut.row_cycles()] * len(states)
+
+
+# ---- TilePrefill -----------------------------------------------------------------------------
+
+MAX_ROWS, MAX_HEADS = 96, 4
+
+
+def prefill_inputs(q, sq, blocks, pos, g, q_tile, d, in_lanes, mb, fl):
+    """The chain's inputs: the chunk beat, its query rows, per query tile every block's
+    descriptor, K/V beats (the reader's golden beats) and, per-channel K, group headers."""
+    n = len(q)
+    clay, qlay, dlay = chunk_layout(MAX_ROWS, MAX_HEADS), query_row_layout(d), block_desc_layout(mb)
+    hlay = fold_header_layout(fl)
+    ins = {"chunk": [clay.const({"pos": pos, "rows": n, "heads": g}).as_bits()],
+           "q": [qlay.const({"q": [int(v) for v in q[x]], "scale_m": int(sq[x, 0]),
+                             "scale_e": int(sq[x, 1])}).as_bits() for x in range(n)],
+           "desc": [], "k": [], "v": [], "kh": []}
+    for _ in range(0, n, q_tile):
+        for j, blk in enumerate(blocks):
+            ins["desc"].append(dlay.const({"pos0": int(blk.pos[0]), "n": len(blk),
+                                           "last": int(j == len(blocks) - 1)}).as_bits())
+            k, v = block_beats(pack_kv_block(blk.k, blk.sk, blk.v, blk.sv), d, in_lanes,
+                               pos0=int(blk.pos[0]))
+            ins["k"] += k
+            ins["v"] += v
+            if isinstance(blk, KVChannelBlock):
+                ng = -(-len(blk) // KV_GROUP)
+                for gi in range(ng):
+                    h = np.asarray(blk.ks)[gi * KV_GROUP]
+                    for c in range(d // fl):
+                        word = sum(int(h[c * fl + i]) << (16 * i) for i in range(fl))
+                        ins["kh"].append(hlay.const({"data": word, "last": int(
+                            gi == ng - 1 and c == d // fl - 1)}).as_bits())
+    if not ins["kh"]:
+        del ins["kh"]
+    return ins
+
+
+def run_prefill(dut, ins, n_rows, seed, idle, stall):
+    """Returns ``{chunk row: o}`` in the order out, the cycles of the output rows, and those
+    the score beats passed from TileScore to TileAttend."""
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    olay = norm_row_layout(dut.head_dim, dut.max_rows)
+    got, cyc = [], {"out": [], "beats": []}
+    s = dut.att.score.o
+
+    async def sink(ctx):
+        rng = np.random.default_rng(seed + 11)
+        c = 0
+        while len(got) < n_rows:
+            ctx.set(dut.o.ready, int(not stall or rng.random() >= stall))
+            _, _, sv, sr, ov, ordy, op = await ctx.tick().sample(
+                s.valid, s.ready, dut.o.valid, dut.o.ready, dut.o.payload.as_value())
+            if sv and sr:
+                cyc["beats"].append(c)
+            if ov and ordy:
+                b = olay.from_bits(op)
+                got.append((int(b.row), np.array([int(b.o[n]) for n in range(dut.head_dim)])))
+                cyc["out"].append(c)
+            c += 1
+        for _ in range(8):
+            await ctx.tick()
+            assert not ctx.get(dut.o.valid)
+
+    for n, (name, beats) in enumerate(ins.items()):
+        sim.add_testbench(feeder(getattr(dut, name), beats, seed + 7 * n, idle), background=True)
+    sim.add_testbench(sink)
+    sim.run()
+    return got, cyc
+
+
+def check_rows(got, want):
+    assert sorted(r for r, _ in got) == list(range(len(want)))
+    for r, o in got:
+        np.testing.assert_array_equal(o, want[r], err_msg=f"row {r}")
+
+
+@pytest.mark.parametrize("per_channel,g,n_tok,lens,q_tile", [
+    (False, 2, 14, [16, 16, 12, 8], 8),  # partial diagonal blocks, a tile skips the last block
+    (True, 2, 20, [32, 32, 16], 8),      # per-channel: the open group diagonal, a block dropped
+])
+def test_chunk_bit_exact(per_channel, g, n_tok, lens, q_tile):
+    """A causal chunk at the end of the keys (its diagonal block partial; a query tile wholly
+    before the last block: that block is read and dropped, per-channel K its headers too),
+    head_dim 16, gaps on every input and backpressure on the output: every row's ``o / l``
+    equals ``attend_prefill_tiled(..., p_format=P8, array=True)``."""
+    rng = np.random.default_rng(520 + 10 * per_channel + g)
+    d, keys, lanes, in_lanes, fl, mb = 16, 4, 4, 8, 4, 32
+    q, sq, blocks, q_pos = chunk(rng, lens, n_tok, g, d, per_channel)
+    pos = int(q_pos[0])
+    sched = list(tile_schedule(q_pos, blocks, q_tile))
+    assert any(not v.all() for _, _, _, v in sched)                     # the diagonal
+    assert len(sched) < len(blocks) * -(-len(q) // q_tile)              # a block dropped
+    want = attend_prefill_tiled(q.reshape(n_tok, g, d), sq.reshape(n_tok, g, 2), blocks,
+                                q_pos[::g], p_format=P8, q_tile=q_tile, array=True)
+    fmt = KVFormat.PER_CHANNEL_K if per_channel else KVFormat.PER_TOKEN
+    dut = TilePrefill(keys=keys, head_dim=d, lanes=lanes, in_lanes=in_lanes, max_block=mb,
+                      rows=q_tile, max_rows=MAX_ROWS, max_heads=MAX_HEADS, kv_format=fmt,
+                      fold_lanes=fl)
+    ins = prefill_inputs(q, sq, blocks, pos, g, q_tile, d, in_lanes, mb, fl)
+    got, _ = run_prefill(dut, ins, len(q), g, 0.25, 0.4)
+    check_rows(got, want.reshape(len(q), d))
+
+
+def unmasked_macs(q_pos, blocks, q_tile, d):
+    """QKᵀ + P·V multiply-accumulates of the schedule's unmasked (row, key) pairs."""
+    return sum(int(v.sum()) for _, _, _, v in tile_schedule(q_pos, blocks, q_tile)) * 2 * d
+
+
+def measure(per_channel, g, n_tok, lens, q_tile, d, lanes, in_lanes, fl, seed):
+    """The chain at full rate (inputs always valid, output always ready): the rows against
+    the golden model, the score beats' span, and the chunk's cycles from the first input to
+    the last row out against its unmasked MACs."""
+    rng = np.random.default_rng(seed)
+    keys, mb = 4, max(lens)
+    q, sq, blocks, q_pos = chunk(rng, lens, n_tok, g, d, per_channel)
+    fmt = KVFormat.PER_CHANNEL_K if per_channel else KVFormat.PER_TOKEN
+    dut = TilePrefill(keys=keys, head_dim=d, lanes=lanes, in_lanes=in_lanes, max_block=mb,
+                      rows=q_tile, max_rows=MAX_ROWS, max_heads=6, kv_format=fmt,
+                      fold_lanes=fl)
+    assert len(q) <= dut.max_rows
+    ins = prefill_inputs(q, sq, blocks, int(q_pos[0]), g, q_tile, d, in_lanes, mb, fl)
+    ins["chunk"] = [chunk_layout(MAX_ROWS, 6).const({"pos": int(q_pos[0]), "rows": len(q),
+                                                      "heads": g}).as_bits()]
+    got, cyc = run_prefill(dut, ins, len(q), seed, 0.0, 0.0)
+    want = attend_prefill_tiled(q.reshape(n_tok, g, d), sq.reshape(n_tok, g, 2), blocks,
+                                q_pos[::g], p_format=P8, q_tile=q_tile, array=True)
+    check_rows(got, want.reshape(len(q), d))
+    n_beats = sum(len(r) * -(-len(blocks[b]) // keys)
+                  for _, b, r, _ in tile_schedule(q_pos, blocks, q_tile))
+    beats = cyc["beats"]
+    cycles = cyc["out"][-1] + 1
+    macs = unmasked_macs(q_pos, blocks, q_tile, d)
+    print(f"\n{len(q)} rows (GQA {g}:1, head_dim {d}) against {sum(lens)} keys: score beats "
+          f"{len(beats)} in {beats[-1] - beats[0] + 1} cycles; the chunk {cycles} cycles, "
+          f"{macs} unmasked QKᵀ + P·V MACs: {macs / cycles:.1f} MACs/cycle "
+          f"(peak {2 * keys * d}: {macs / cycles / (2 * keys * d):.3f})")
+    return n_beats, beats
+
+
+def test_chunk_rate():
+    """Full rate at head_dim 16 (4 keys per beat, 4 lanes, the reader's 8 lanes; a 16-row
+    query tile against three 64-key blocks, the last the diagonal): after the first row the
+    score beats pass TileScore → TileAttend one per cycle through the whole chain; the chunk's
+    MACs per cycle are printed (not asserted)."""
+    n_beats, beats = measure(False, 2, 8, [64, 64, 64], 16, 16, 4, 8, 4, 530)
+    assert len(beats) == n_beats and beats[-1] - beats[0] + 1 == n_beats
+
+
+@pytest.mark.slow
+def test_kr260_shape_rate():
+    """Near the kr260 shape (head_dim 128, 16 lanes, the reader's 64 lanes, GQA 6:1, 256-key
+    blocks, 64-row query tiles): a 16-token causal chunk (96 rows) at the end of 512 keys, bit
+    exact; the score beats one per cycle; the MACs per cycle printed."""
+    n_beats, beats = measure(False, 6, 16, [256, 256], 64, 128, 16, 64, 16, 540)
+    assert len(beats) == n_beats and beats[-1] - beats[0] + 1 == n_beats

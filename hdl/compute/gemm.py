@@ -3,7 +3,9 @@ and dequantising epilogue (paper §5 compute engine and its ping-pong DMA loader
 INT4 weights).
 
 The host lays tiles out with :func:`mcf.quant.gemm_tile_blob`; the arithmetic is
-:func:`mcf.golden.gemm.gemm` bit for bit.
+:func:`mcf.golden.gemm.gemm` bit for bit, and for tensor-parallel decode's row-parallel GEMM
+(``acc_out`` / ``acc_in`` jobs, :data:`mcf.abi.compute.GEMM_JOB`)
+:func:`mcf.golden.gemm.partial_lanes` / :func:`mcf.golden.gemm.lanes_epilogue`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from mcf.abi.quant import (
     WEIGHT,
     XQ,
 )
+from mcf.abi.tp import ACC_LANES, ACC_LO_BITS
 
 from .gemm_array import GemmArray
 
@@ -90,26 +93,36 @@ class GemmEngine(wiring.Component):
         Job descriptors, queued (up to ``jobs``). A job with ``m_count`` not in 1..m_max,
         ``k_steps`` not in 1..k_max/lanes or not a whole number of groups, or ``n_tiles = 0``
         is taken, counted in ``status.bad_jobs`` and ignored (its data must not be sent).
+        ``acc_out``: the job's results are SUM lanes (below); ``acc_in``: the job runs only
+        the epilogue, on accumulators from summed lanes (``x_in``, ``w_in`` below; no array
+        steps; ``k_steps`` must still pass the check).
     x_in : In(stream)
         Per job, in job order: ``ceil(m_count · 32 / beat)`` beats of per-token scale words
         (:func:`mcf.quant.pack_token_scale`), then ``m_count · k_steps`` beats of INT8
         activations, token-major (:func:`mcf.abi.compute.gemm_x_stream`). Two activation
         banks (ping-pong): job j+1's chunk loads while job j computes; computing starts as soon
         as the steps it needs have arrived. ``ready`` is low
-        while no queued job has a free bank.
+        while no queued job has a free bank. An ``acc_in`` job: the scale beats, then per
+        tile, per token, ``rows`` summed accumulators as :data:`mcf.abi.tp.ACC_LANES` 32-bit
+        lanes ``lo, hi`` (:func:`mcf.abi.compute.gemm_lanes_x_stream`), taken by the epilogue
+        as it runs (the next job's activations load after them); ``acc = hi ·
+        2^ACC_LO_BITS + lo`` wrapped to ACC_BITS.
     w_in : In(stream)
         Per job, ``n_tiles`` tile blobs (:func:`mcf.quant.gemm_tile_blob`): ``k_steps · rows /
         2`` weight beats, ``K / group · rows · 16 / beat`` scale beats, ``rows · 32 / beat``
         bias beats, in ``w_width``-bit words: a tile's scales and its bias each padded to a
         whole word (:func:`mcf.abi.compute.gemm_w_stream`; no padding when ``w_width`` is the
         beat, nor at 16 × 16 with 512 bits and an even number of groups). Weights and scales
-        take one word per cycle, the bias one beat per cycle.
+        take one word per cycle, the bias one beat per cycle. An ``acc_in`` job: each tile's
+        bias only, padded to a whole word (:func:`mcf.abi.compute.gemm_bias_stream`).
         Two tile banks (ping-pong) shared across jobs: a tile — also the next job's
         first — loads while the previous one computes. ``ready`` is low while no job is
         queued for it or both banks are held.
     o : Out(stream)
         ACT results, job by job, token-major per tile: for each tile, for each token, ``rows``
-        32-bit little-endian lanes (``rows · 32 / beat`` beats).
+        32-bit little-endian lanes (``rows · 32 / beat`` beats). An ``acc_out`` job: ``2 ·
+        rows`` lanes per token and tile, each element's exact accumulator as ``lo = acc mod
+        2^ACC_LO_BITS``, ``hi = acc >> ACC_LO_BITS`` (:func:`mcf.abi.tp.acc_lanes`); no bias.
     busy : Out(1)
         A job is queued or in flight.
     status : Out(:data:`mcf.abi.compute.GEMM_STATUS`)
@@ -121,7 +134,8 @@ class GemmEngine(wiring.Component):
     lanes`` MACs), across job boundaries too, as long as the next tile and the next job's
     activations have loaded. The epilogue handles one output lane per cycle, ``rows`` cycles
     per token: with ``arrays · rows > k_steps`` (K < 1,024 at 16 × 16, 4 arrays) it, not the
-    arrays, sets the rate.
+    arrays, sets the rate. An ``acc_out`` job's epilogue takes two cycles per element (one per
+    lane); an ``acc_in`` job's one per element, as its lanes arrive.
     """
 
     def __init__(self, rows: int = 16, lanes: int = 16, group: int = GROUP_SIZE,
@@ -212,6 +226,8 @@ class GemmEngine(wiring.Component):
         jk = Array(Signal(range(ks_max + 1), name=f"job{i}_k") for i in range(J))
         jn = Array(Signal(GEMM_JOB["n_tiles"].shape, name=f"job{i}_n") for i in range(J))
         je = Array(Signal(signed(SCALE_EXP_BITS), name=f"job{i}_e") for i in range(J))
+        jai = Array(Signal(name=f"job{i}_acc_in") for i in range(J))
+        jao = Array(Signal(name=f"job{i}_acc_out") for i in range(J))
         wp, xp, lp, ip, ep = (Signal(pbits, name=n) for n in ("jq_w", "jq_x", "jq_l", "jq_i",
                                                                  "jq_e"))
 
@@ -229,6 +245,7 @@ class GemmEngine(wiring.Component):
             with m.If(job_ok):
                 m.d.sync += [jm[slot(wp)].eq(jp.m_count), jk[slot(wp)].eq(jp.k_steps),
                              jn[slot(wp)].eq(jp.n_tiles), je[slot(wp)].eq(jp.w_exp),
+                             jai[slot(wp)].eq(jp.acc_in), jao[slot(wp)].eq(jp.acc_out),
                              wp.eq(wp + 1), st.jobs.eq(st.jobs + 1)]
             with m.Else():
                 m.d.sync += st.bad_jobs.eq(st.bad_jobs + 1)
@@ -244,16 +261,24 @@ class GemmEngine(wiring.Component):
         xws = [xm.write_port() for xm in xmems]
         tw = tmem.write_port()
         x_m_, x_k_ = jm[slot(xp)], jk[slot(xp)]
+        # an acc_in job's lanes follow its scale words on x_in: the epilogue takes them
+        x_lanes = Signal()                          # x_in carries job xp's lanes
+        x_lanes_take = Signal()                     # the epilogue takes a lanes beat
+        x_lanes_end = Signal()                      # ... the job's final one
+        m.d.comb += x_lanes.eq(x_on & jai[slot(xp)] & (t_cnt == t_total))
         with m.If(~x_on & (xp != wp) & ~xbusy.bit_select(xp[0], 1)):
             m.d.sync += [x_on.eq(1), xbusy.bit_select(xp[0], 1).eq(1),
                          t_total.eq((x_m_ + (tpb - 1)) >> lg_tpb)]
-        m.d.comb += [self.x_in.ready.eq(x_on),
+        m.d.comb += [self.x_in.ready.eq(Mux(x_lanes, x_lanes_take, x_on)),
                      tw.addr.eq(t_cnt + Mux(xp[0], TD, 0)), tw.data.eq(self.x_in.payload)]
         for xw in xws:
             m.d.comb += [xw.addr.eq(x_row + x_step + Mux(xp[0], XD, 0)),
                          xw.data.eq(self.x_in.payload)]
-        with m.If(self.x_in.valid & x_on):
+        with m.If(self.x_in.valid & self.x_in.ready):
             m.d.sync += st.x_beats.eq(st.x_beats + 1)
+        with m.If(x_lanes_end):
+            m.d.sync += [x_on.eq(0), xp.eq(xp + 1), t_cnt.eq(0)]
+        with m.If(self.x_in.valid & x_on & ~x_lanes):
             with m.If(t_cnt != t_total):
                 m.d.comb += tw.en.eq(1)
                 m.d.sync += t_cnt.eq(t_cnt + 1)
@@ -282,6 +307,8 @@ class GemmEngine(wiring.Component):
         sub = Signal(range(max(w_beats, s_beats, 2) + 1))
         asm = Signal(max(w_word, s_word))
         l_k = jk[slot(lp)]
+        ph = Signal(2)                              # the phase; an acc_in job's: bias only
+        m.d.comb += ph.eq(Mux(jai[slot(lp)], 2, phase))
         w_ok = Signal()
         # weights and scales come a w_in word at a time (a scale entry = spw scale words);
         # bias one beat at a time: beat ws of the word, taken at its last beat or at the end
@@ -292,9 +319,9 @@ class GemmEngine(wiring.Component):
         tile_end = Signal()
         m.d.comb += [
             new_asm.eq(Cat(asm[W:], self.w_in.payload)),
-            tile_end.eq((phase == 2) & (wcnt == BT - 1)),
+            tile_end.eq((ph == 2) & (wcnt == BT - 1)),
             w_ok.eq((lp != wp) & ~full.bit_select(lb, 1)),
-            self.w_in.ready.eq(w_ok & ((phase != 2) | (ws == nsub - 1) | tile_end)
+            self.w_in.ready.eq(w_ok & ((ph != 2) | (ws == nsub - 1) | tile_end)
                                if nsub > 1 else w_ok),
             ww.addr.eq(wcnt + Mux(lb, ks_max, 0)), ww.data.eq(new_asm[len(asm) - w_word:]),
             sw.addr.eq(wcnt + Mux(lb, se_max, 0)),
@@ -305,9 +332,9 @@ class GemmEngine(wiring.Component):
             m.d.sync += st.w_beats.eq(st.w_beats + 1)
         with m.If(self.w_in.valid & w_ok):
             if nsub > 1:
-                with m.If(phase == 2):
+                with m.If(ph == 2):
                     m.d.sync += ws.eq(Mux((ws == nsub - 1) | tile_end, 0, ws + 1))
-            with m.If(phase == 0):
+            with m.If(ph == 0):
                 m.d.sync += asm.eq(new_asm)
                 with m.If(sub == w_beats - 1):
                     m.d.comb += ww.en.eq(1)
@@ -316,7 +343,7 @@ class GemmEngine(wiring.Component):
                         m.d.sync += [phase.eq(1), wcnt.eq(0)]
                 with m.Else():
                     m.d.sync += sub.eq(sub + 1)
-            with m.Elif(phase == 1):
+            with m.Elif(ph == 1):
                 m.d.sync += asm.eq(new_asm)
                 with m.If(sub == s_beats - 1):
                     m.d.comb += sw.en.eq(1)
@@ -354,10 +381,15 @@ class GemmEngine(wiring.Component):
         sr = smem.read_port()
         go = Signal()
         m.d.comb += go.eq(Cat(*[arr_a.i.ready for arr_a in arrs]).all())
-        # a step may use a row once the loader wrote it (early start on the first tile)
+        # a step may use a row once the loader wrote it (early start on the first tile); the
+        # issuer passes an acc_in job at once, so the loader may be behind it (x_d > J)
+        x_d = Signal(pbits)
         m.d.comb += [
+            x_d.eq(xp - ip),
             t_last.eq(Mux(mi + (A - 1) < i_m, mi + (A - 1), i_m - 1) if A > 1 else mi),
-            x_ok.eq((xp != ip) | (x_tok > t_last) | ((x_tok == t_last) & (x_step > si))),
+            x_ok.eq(((x_d != 0) & (x_d <= J)) | ((x_d == 0) & ((x_tok > t_last) |
+                                                               ((x_tok == t_last) &
+                                                                (x_step > si))))),
             wr.en.eq(go), sr.en.eq(go),
             wr.addr.eq(si + Mux(ib, ks_max, 0)),
             sr.addr.eq((si >> lg_spg + lg_spw) + Mux(ib, se_max, 0))]
@@ -384,6 +416,11 @@ class GemmEngine(wiring.Component):
                         m.d.sync += [issuing.eq(0), ib.eq(~ib), ti.eq(ti + 1)]
                         with m.If(ti == jn[slot(ip)] - 1):
                             m.d.sync += [ti.eq(0), ip.eq(ip + 1)]
+            with m.Elif(~issuing & avail.bit_select(ib, 1) & jai[slot(ip)]):
+                # an acc_in job's tile (its bias) goes to the epilogue without array steps
+                m.d.sync += [avail.bit_select(ib, 1).eq(0), ib.eq(~ib), ti.eq(ti + 1)]
+                with m.If(ti == jn[slot(ip)] - 1):
+                    m.d.sync += [ti.eq(0), ip.eq(ip + 1)]
             with m.Elif(~issuing & avail.bit_select(ib, 1)):
                 m.d.sync += [issuing.eq(1), avail.bit_select(ib, 1).eq(0), mi.eq(0), si.eq(0),
                              gi.eq(0), xrow.eq(0)]
@@ -423,11 +460,53 @@ class GemmEngine(wiring.Component):
         # E0: pick lane er of the current vector
         m.d.comb += [tr.addr.eq((em >> lg_tpb) + Mux(ep[0], TD, 0)),
                      br.addr.eq((er >> lg_tpb) + Mux(eb, BT, 0))]
+        e_in, e_out = jai[slot(ep)], jao[slot(ep)]
         for a, rq_a in enumerate(rqs):
             sel = (em[:lg_a] == a) if A > 1 else 1
-            m.d.comb += rq_a.r_en.eq(~cur_v & sel)
-            with m.If(~cur_v & rq_a.r_rdy & sel):
+            m.d.comb += rq_a.r_en.eq(~cur_v & sel & ~e_in)
+            with m.If(~cur_v & rq_a.r_rdy & sel & ~e_in):
                 m.d.sync += [cur.eq(rq_a.r_data), cur_v.eq(1), er.eq(0)]
+        # acc_in: element er's summed lanes (lo, hi) from x_in, once its tile's bias is loaded
+        lane_ok = Signal()
+        lane_lo = Signal(32)
+        lane_hi = Signal(32)
+        lane_beat_end = Signal()                    # the element ends its x_in beat
+        lanes_here = Signal()
+        lo_take = Signal()                          # a 32-bit beat's lo lane, latched
+        e_ok = Signal()                             # element er is there
+        half = Signal()                             # acc_out: lo sent, hi next
+        e_step = Signal()                           # element er is done this cycle
+        m.d.comb += lanes_here.eq(x_lanes & (xp == ep) & e_in & full.bit_select(eb, 1))
+        if B >= ACC_LANES * 32:
+            epb = B // (ACC_LANES * 32)             # elements per beat
+            pair = self.x_in.payload.word_select(er[:epb.bit_length() - 1], ACC_LANES * 32) \
+                if epb > 1 else self.x_in.payload[:ACC_LANES * 32]
+            m.d.comb += [lane_ok.eq(lanes_here & self.x_in.valid),
+                         lane_lo.eq(pair[:32]), lane_hi.eq(pair[32:64]),
+                         lane_beat_end.eq(er[:epb.bit_length() - 1] == epb - 1
+                                          if epb > 1 else 1)]
+        else:                                       # a 32-bit beat: lo, then hi
+            lo_have = Signal()
+            lo_reg = Signal(32)
+            m.d.comb += [lane_ok.eq(lanes_here & lo_have & self.x_in.valid),
+                         lane_lo.eq(lo_reg), lane_hi.eq(self.x_in.payload),
+                         lane_beat_end.eq(1)]
+            with m.If(lanes_here & ~lo_have):
+                m.d.comb += lo_take.eq(1)
+                with m.If(self.x_in.valid):
+                    m.d.sync += [lo_reg.eq(self.x_in.payload), lo_have.eq(1)]
+            with m.If(e_step & e_in):
+                m.d.sync += lo_have.eq(0)
+        # acc = hi · 2^ACC_LO_BITS + lo, wrapped to ACC_BITS (lo a signed lane sum)
+        lane_acc = Signal(signed(ACC_BITS))
+        m.d.comb += lane_acc.eq(Cat(lane_lo[:ACC_LO_BITS],
+                                    (lane_hi + lane_lo.as_signed()[ACC_LO_BITS:].as_signed())
+                                    [:ACC_BITS - ACC_LO_BITS]))
+        acc_e = Signal(signed(ACC_BITS))
+        m.d.comb += [e_ok.eq(Mux(e_in, lane_ok, cur_v)),
+                     acc_e.eq(Mux(e_in, lane_acc, cur.word_select(er, ACC_BITS).as_signed())),
+                     e_step.eq(ee & e_ok & (~e_out | half))]
+        m.d.comb += x_lanes_take.eq(lo_take | (e_step & e_in & lane_beat_end))
         t_word = tr.data.word_select(em[:lg_tpb], 32) if lg_tpb else tr.data
         b_word = br.data.word_select(er[:lg_tpb], 32) if lg_tpb else br.data
         x_m = t_word[:SCALE_MANT_BITS]
@@ -437,23 +516,31 @@ class GemmEngine(wiring.Component):
         p1 = Signal(signed(ACC_BITS + SCALE_MANT_BITS + 1))
         sh1 = Signal(range(SHIFT_MAX + 1))
         bias1 = Signal(signed(32))
+        lane1 = Signal(signed(32))                  # acc_out: the lane sent instead
+        raw1 = Signal()
         v1 = Signal()
         with m.If(ee):
-            m.d.sync += v1.eq(cur_v)
-            with m.If(cur_v):
+            m.d.sync += v1.eq(e_ok)
+            with m.If(e_ok):
                 m.d.sync += [
-                    p1.eq(cur.word_select(er, ACC_BITS).as_signed() * x_m),
+                    p1.eq(acc_e * x_m),
                     sh1.eq(Mux(sh_raw < 0, 0, Mux(sh_raw > SHIFT_MAX, SHIFT_MAX, sh_raw))),
-                    bias1.eq(b_word), er.eq(er + 1)]
-                with m.If(er == R - 1):
-                    m.d.sync += [cur_v.eq(0), em.eq(em + 1)]
-                    with m.If(em == jm[slot(ep)] - 1):
-                        m.d.sync += [em.eq(0), eb.eq(~eb), full.bit_select(eb, 1).eq(0),
-                                     te.eq(te + 1), st.tiles_done.eq(st.tiles_done + 1)]
-                        with m.If(te == jn[slot(ep)] - 1):
-                            m.d.sync += [te.eq(0), ep.eq(ep + 1),
-                                         xbusy.bit_select(ep[0], 1).eq(0),
-                                         st.jobs_done.eq(st.jobs_done + 1)]
+                    bias1.eq(b_word), raw1.eq(e_out),
+                    lane1.eq(Mux(half, acc_e[ACC_LO_BITS:].as_signed(), acc_e[:ACC_LO_BITS]))]
+                with m.If(e_out):
+                    m.d.sync += half.eq(~half)
+        with m.If(e_step):
+            m.d.sync += er.eq(er + 1)
+            with m.If(er == R - 1):
+                m.d.sync += [cur_v.eq(0), er.eq(0), em.eq(em + 1)]
+                with m.If(em == jm[slot(ep)] - 1):
+                    m.d.sync += [em.eq(0), eb.eq(~eb), full.bit_select(eb, 1).eq(0),
+                                 te.eq(te + 1), st.tiles_done.eq(st.tiles_done + 1)]
+                    with m.If(te == jn[slot(ep)] - 1):
+                        m.d.sync += [te.eq(0), ep.eq(ep + 1),
+                                     xbusy.bit_select(ep[0], 1).eq(0),
+                                     st.jobs_done.eq(st.jobs_done + 1)]
+                        m.d.comb += x_lanes_end.eq(e_in)
         # E1: round and saturate; E2: bias, saturate, pack
         rounded = gemm_round_shift(m, p1, sh1, len(p1))
         y1 = _sat(m, rounded, ACT.width, "y1")
@@ -461,7 +548,7 @@ class GemmEngine(wiring.Component):
         b2 = Signal(signed(32))
         v2 = Signal()
         with m.If(ee):
-            m.d.sync += [y2.eq(y1), b2.eq(bias1), v2.eq(v1)]
+            m.d.sync += [y2.eq(Mux(raw1, lane1, y1)), b2.eq(Mux(raw1, 0, bias1)), v2.eq(v1)]
         ysum = Signal(signed(34))
         m.d.comb += ysum.eq(y2 + b2)
         y3 = _sat(m, ysum, ACT.width, "y3")

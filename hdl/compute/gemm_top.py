@@ -47,7 +47,8 @@ class MatrixEngine(wiring.Component):
     wr_src : In(WriteSrc)
         Which result stream port 0 writes.
     gemm_job : In(stream.Signature(:data:`mcf.abi.compute.GEMM_JOB`))
-        GEMM jobs, queued and run back to back (:class:`GemmEngine`).
+        GEMM jobs, queued and run back to back (:class:`GemmEngine`; with the ``acc_out`` /
+        ``acc_in`` flags of tensor-parallel decode).
     vec_op, vec_n_beats, vec_eps : In
         Configuration of :class:`VectorUnit`.
     dma0_status, dma1_status : Out(:data:`mcf.abi.compute.DMA_STATUS`)

@@ -1,5 +1,6 @@
 """Vector unit: the non-GEMM, non-attention ops of a Qwen2 layer in the ABI's fixed-point
-formats — residual add, SiLU-gated multiply, RoPE, RMSNorm, requantisation to INT8 (paper §5
+formats — residual add, SiLU-gated multiply, RoPE, RMSNorm, requantisation to INT8, and the row
+scale of tensor-parallel decode from the shards (ABSMAX, REQUANT_EXT) (paper §5
 compute engine; formats :mod:`mcf.abi.quant`; arithmetic :mod:`mcf.golden.vector` bit for bit).
 """
 
@@ -32,19 +33,26 @@ class VectorUnit(wiring.Component):
         First operand (ACT codes, lane ``l`` in bits ``32l``…).
     b : In(stream.Signature(unsigned(lanes · 32)))
         Second operand: ADD — ACT; SILU_MUL — ``up`` (ACT); ROPE — :func:`rope_words`;
-        RMSNORM — γ as GAMMA codes in the low 16 bits of each lane; REQUANT — unused.
+        RMSNORM — γ as GAMMA codes in the low 16 bits of each lane; REQUANT, ABSMAX — unused;
+        REQUANT_EXT — one beat per token, lanes 0 and 1 the MAX-reduced ABSMAX lanes of the
+        row (:func:`mcf.abi.tp.lanes_absmax`; the other lanes are ignored).
     o : Out(stream.Signature(vector_out_layout))
-        ``n_beats`` result beats per token, ``last`` on the token's final beat. REQUANT emits
-        the INT8 codes densely packed (``4 · lanes`` per beat, ``ceil(n_beats / 4)`` beats,
-        zero-padded), then one beat whose lane 0 is the scale word
-        (:func:`mcf.quant.pack_token_scale`), flagged ``last``.
+        ``n_beats`` result beats per token, ``last`` on the token's final beat. REQUANT and
+        REQUANT_EXT emit the INT8 codes densely packed (``4 · lanes`` per beat,
+        ``ceil(n_beats / 4)`` beats, zero-padded), then one beat whose lane 0 is the scale word
+        (:func:`mcf.quant.pack_token_scale`), flagged ``last``; REQUANT_EXT's absmax is the
+        larger of the token's and the ``b`` lanes' (:func:`mcf.golden.vector.requantize_ext`).
+        ABSMAX emits one beat, ``last``: lane 0 ``max x``, lane 1 ``max ~x``, the others 0
+        (:func:`mcf.golden.vector.absmax`) — a shard's contribution to the row scale's MAX
+        all-reduce in tensor-parallel decode.
     status : Out(:data:`mcf.abi.compute.VECTOR_STATUS`)
         Counters: tokens completed, operand beats taken (``a`` and ``b``), result beats.
 
     Latency: streaming ops (ADD, SILU_MUL, ROPE) 8 cycles, one beat per cycle, one bubble
     between tokens. RMSNORM and REQUANT buffer the token (``n_max`` elements), then run a
     sequential calculation — RMSNorm: ⌊Σ/N⌋ (73 cycles), integer square root (37), ⌊2^48/rms⌋
-    (73); REQUANT: ⌊2^31/m⌋ (73) — then a second pass at one beat per cycle.
+    (73); REQUANT, REQUANT_EXT: ⌊2^31/m⌋ (73) — then a second pass at one beat per cycle.
+    ABSMAX: one pass at one beat per cycle, its beat 11 cycles after the last ``a`` beat.
 
     Structure: :class:`~.vector_ctrl.VectorControl` (operands, token buffer, per-token
     calculation, issue), :class:`~.vector_pipe.VectorFront` (S1–S2) and

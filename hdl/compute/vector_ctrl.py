@@ -6,7 +6,7 @@ sequential helpers of :mod:`.vector_math` and issues beats into the datapath of
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -86,14 +86,16 @@ class VectorControl(wiring.Component):
         Pipeline enable; a beat is issued only with it, and ``s0`` holds while it is low.
     acc : In(vector_acc_layout())
         The pass-1 contribution of the beat in S1 (:class:`~.vector_pipe.VectorFront`), added
-        to the token's sum of squares or absmax with ``en``.
+        to the token's sum of squares or lane maxima with ``en``.
     s0 : Out(vector_issue_layout(lanes))
         The issued beat (the S0 register; ``x`` comes from the token buffer in pass 2).
 
     Latency: a streaming beat is in ``s0`` 1 cycle after its handshake. RMSNORM / REQUANT:
     pass 1 takes a beat per cycle into the buffer, then (after pass 1 has left S1) ⌊Σ/N⌋
     (73 cycles), integer square root (37), ⌊2^48/rms⌋ (73), or ⌊2^31/m⌋ (73), then pass 2
-    issues a beat per cycle (REQUANT adds its scale beat).
+    issues a beat per cycle (REQUANT adds its scale beat). REQUANT_EXT: as REQUANT, with one
+    more cycle once pass 1 has left S1 and the ``b`` beat is there. ABSMAX: pass 1 (no second
+    pass), then its one beat is in ``s0`` 2 cycles after pass 1 has left S1.
     """
 
     def __init__(self, lanes: int, n_max: int):
@@ -119,6 +121,8 @@ class VectorControl(wiring.Component):
         p1_seen = Signal(range(self.beats_max + 1))  # pass-1 beats through the pipeline
         ss = Signal(SS_BITS)
         amax = Signal(32)
+        smax = Signal(signed(32))                    # ABSMAX lanes: max x, max ~x
+        nmax = Signal(signed(32))
         tok_k = Signal(RSQRT_MANT_BITS + 1)          # multiplier of pass 2 (rm or r)
         tok_sh = Signal(6)
         scale_word = Signal(32)
@@ -158,9 +162,11 @@ class VectorControl(wiring.Component):
         with m.FSM():
             with m.State("IDLE"):
                 m.d.sync += [op.eq(self.op), nb.eq(self.n_beats), eps.eq(self.eps), cnt.eq(0),
-                             p1_seen.eq(0), ss.eq(0), amax.eq(0)]
+                             p1_seen.eq(0), ss.eq(0), amax.eq(0),
+                             smax.eq(-(1 << 31)), nmax.eq(-(1 << 31))]
                 with m.If(self.a.valid & (self.n_beats != 0)):
-                    with m.If((self.op == VectorOp.RMSNORM) | (self.op == VectorOp.REQUANT)):
+                    with m.If((self.op == VectorOp.RMSNORM) | (self.op == VectorOp.REQUANT) |
+                              (self.op == VectorOp.ABSMAX) | (self.op == VectorOp.REQUANT_EXT)):
                         m.next = "P1"
                     with m.Elif(self.op.as_value() <= VectorOp.ROPE.value):
                         m.next = "STREAM"
@@ -187,7 +193,28 @@ class VectorControl(wiring.Component):
                 with m.If(norm):
                     m.d.comb += [div.start.eq(1), div.n.eq(ss), div.d.eq(n_elems)]
                     m.next = "NORM_DIV"
+                with m.Elif(op == VectorOp.ABSMAX):
+                    m.next = "LANES"
+                with m.Elif(op == VectorOp.REQUANT_EXT):
+                    m.next = "EXT"
                 with m.Else():
+                    m.next = "REQ_NORMALISE"
+                # the token's absmax max |x| = max(max x, max ~x + 1) (≤ 2^31)
+                tok_amax = Signal(signed(34))
+                m.d.comb += tok_amax.eq(Mux(nmax + 1 > smax, nmax + 1, smax))
+                m.d.sync += amax.eq(tok_amax[:32])
+            with m.State("LANES"), m.If(en):
+                issue(VectorKind.SCALE, 1, x=Cat(smax, nmax))
+                m.next = "IDLE"
+            with m.State("EXT"):
+                # the MAX-reduced ABSMAX lanes: absmax = max(l0, l1 + 1), at least 0
+                l0 = self.b.payload[:32].as_signed()
+                l1 = self.b.payload[32:64].as_signed()
+                ext = Signal(signed(34))
+                m.d.comb += [ext.eq(Mux(l1 + 1 > l0, l1 + 1, l0)), self.b.ready.eq(1)]
+                with m.If(self.b.valid):
+                    with m.If(ext > amax):                  # amax ≥ 0: a negative ext is 0
+                        m.d.sync += amax.eq(ext[:32])
                     m.next = "REQ_NORMALISE"
             with m.State("NORM_DIV"), m.If(div.done):
                 m.d.comb += [sq.start.eq(1),
@@ -251,6 +278,7 @@ class VectorControl(wiring.Component):
             with m.If(acc.kind == VectorKind.SQ):
                 m.d.sync += [ss.eq(ss + acc.sq), p1_seen.eq(p1_seen + 1)]
             with m.If(acc.kind == VectorKind.MAX):
-                m.d.sync += [amax.eq(Mux(acc.max > amax, acc.max, amax)),
+                m.d.sync += [smax.eq(Mux(acc.smax > smax, acc.smax, smax)),
+                             nmax.eq(Mux(acc.nmax > nmax, acc.nmax, nmax)),
                              p1_seen.eq(p1_seen + 1)]
         return m

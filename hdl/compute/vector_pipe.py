@@ -41,7 +41,7 @@ class VectorKind(enum.Enum, shape=3):
     SILU = 1
     ROPE = 2
     SQ = 3       # RMSNorm pass 1: sum of squares (no output)
-    MAX = 4      # requant pass 1: absmax (no output)
+    MAX = 4      # requant, ABSMAX pass 1: lane maxima (no output)
     NORM = 5     # RMSNorm pass 2
     REQ = 6      # requant pass 2
     SCALE = 7    # requant scale word
@@ -61,9 +61,11 @@ def vector_issue_layout(lanes: int) -> data.StructLayout:
 
 
 def vector_acc_layout() -> data.StructLayout:
-    """Pass-1 contribution of the beat in S1: its sum of squares and lane absmax."""
+    """Pass-1 contribution of the beat in S1: its sum of squares and the lanes' signed maxima
+    of ``x`` and ``~x`` (ABSMAX's lanes, :func:`mcf.abi.tp.absmax_lanes`; the token's absmax is
+    ``max(max x, max ~x + 1)``)."""
     return data.StructLayout({"valid": 1, "kind": VectorKind, "sq": unsigned(SS_BITS),
-                              "max": unsigned(32)})
+                              "smax": signed(32), "nmax": signed(32)})
 
 
 def vector_mid_layout(lanes: int) -> data.StructLayout:
@@ -93,7 +95,7 @@ class VectorFront(wiring.Component):
     s0 : In(vector_issue_layout(lanes))
         The issued beat.
     acc : Out(vector_acc_layout())
-        Combinational from the S1 registers: the beat's pass-1 sum of squares and lane absmax
+        Combinational from the S1 registers: the beat's pass-1 sum of squares and lane maxima
         (for the token accumulators, taken with ``en``).
     s2 : Out(vector_mid_layout(lanes))
         The S2 registers.
@@ -160,7 +162,6 @@ class VectorFront(wiring.Component):
         with m.If(en):
             m.d.sync += [s2.valid.eq(s1.valid), s2.kind.eq(s1.kind), s2.last.eq(s1.last)]
         sq_terms = []
-        abs_terms = []
         for i in range(L):
             p1, p2, x1 = s1.p1[i], s1.p2[i], s1.x[i]
             rounded = gemm_round_shift(m, p1, s1.sh, 62)
@@ -175,9 +176,6 @@ class VectorFront(wiring.Component):
             interp = Signal(SIG_FRAC + 1, name=f"interp{i}")
             m.d.comb += interp.eq(sig_a[i] + ((diff * s1.f[i]) >> SIG_STEP_SHIFT))
             sq_terms.append(p1)
-            ax = Signal(32, name=f"abs{i}")
-            m.d.comb += ax.eq(Mux(x1 < 0, -x1, x1))
-            abs_terms.append(ax)
             with m.If(en):
                 m.d.sync += [s2.x[i].eq(x1), s2.b[i].eq(s1.b[i]), s2.s[i].eq(interp),
                              s2.y[i].eq(rounded)]
@@ -191,11 +189,16 @@ class VectorFront(wiring.Component):
                     with m.Default():
                         m.d.sync += s2.res[i].eq(x1)
         # pass-1 reductions, for the token accumulators
-        lane_max = abs_terms[0]
-        for t_ in abs_terms[1:]:
-            lane_max = Mux(t_ > lane_max, t_, lane_max)
+        def tree_max(terms):
+            best = terms[0]
+            for t_ in terms[1:]:
+                best = Mux(t_ > best, t_, best)
+            return best
+
         m.d.comb += [self.acc.valid.eq(s1.valid), self.acc.kind.eq(s1.kind),
-                     self.acc.sq.eq(sum(sq_terms)), self.acc.max.eq(lane_max)]
+                     self.acc.sq.eq(sum(sq_terms)),
+                     self.acc.smax.eq(tree_max([s1.x[i] for i in range(L)])),
+                     self.acc.nmax.eq(tree_max([~s1.x[i] for i in range(L)]))]
         return m
 
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 from amaranth.hdl import signed, unsigned
 from amaranth.lib import data
 
 from .csrmap import counters
 from .platform import HP_PORTS
 from .quant import GROUP_SIZE, SCALE_EXP_BITS, SCALE_MANT_BITS
+from .tp import ACC_LANES
 
 __all__ = [
     "DMA_ADDR_BITS", "DMA_LENGTH_BITS", "DMA_STRIDE_BITS", "DMA_COUNT_BITS", "dma_desc_layout",
@@ -22,6 +24,7 @@ __all__ = [
     "DMA_READ_STATUS", "DMA_WRITE_STATUS", "DMA_STATUS", "GEMM_STATUS", "VECTOR_STATUS",
     "COMPUTE_BUSY_STATUS",
     "status_values", "gemm_x_stream", "gemm_w_stream", "gemm_w_stripes",
+    "gemm_lanes_x_stream", "gemm_bias_stream",
     "WEIGHT_STRIPES", "STRIPE_ALIGN", "stripe_job_layout", "STRIPE_JOB", "StripeJob",
     "STRIPE_STATUS",
 ]
@@ -87,11 +90,24 @@ GEMM_JOB = data.StructLayout({
     "k_steps": unsigned(GEMM_JOB_FIELD_BITS),   # K / lanes; K a multiple of the group
     "n_tiles": unsigned(GEMM_JOB_FIELD_BITS),   # N / rows
     "w_exp": signed(SCALE_EXP_BITS),            # the weight tensor's shared scale exponent
+    "acc_in": unsigned(1),                      # accumulators from summed lanes (x_in)
+    "acc_out": unsigned(1),                     # accumulators out as lanes, no epilogue
 })
 """One GEMM job ``Y[M, N] = epilogue(X[M, K] · W[N, K]ᵀ)``. The engine queues jobs and runs
 them back to back: a job's activations and first weight tile load while the previous job
 computes (ping-pong). A job with a zero or out-of-range field is rejected and counted
-(:meth:`GemmLimits.accepts`)."""
+(:meth:`GemmLimits.accepts`; ``k_steps`` is checked in ``acc_in`` jobs too, though unused).
+
+The two flags are tensor-parallel decode's row-parallel GEMM (:mod:`mcf.abi.tp`):
+
+* ``acc_out``: the results are each element's exact accumulator as :data:`mcf.abi.tp.ACC_LANES`
+  32-bit SUM lanes (:func:`mcf.abi.tp.acc_lanes`: ``lo, hi``), not the epilogue's ACT code:
+  ``rows · ACC_LANES`` lanes per token and tile (:func:`mcf.golden.gemm.partial_lanes`).
+* ``acc_in``: no weights and no array steps; ``x_in`` brings, after the scale words, the
+  summed lanes (:func:`gemm_lanes_x_stream`), ``w_in`` only each tile's bias
+  (:func:`gemm_bias_stream`), and the epilogue runs on ``lanes_acc`` wrapped to ACC_BITS
+  (:func:`mcf.golden.gemm.lanes_epilogue`).
+"""
 
 
 @dataclass(frozen=True)
@@ -122,6 +138,8 @@ class GemmJob:
     k_steps: int
     n_tiles: int
     w_exp: int
+    acc_in: int = 0
+    acc_out: int = 0
 
     def pack(self) -> int:
         return GEMM_JOB.const(_check_fits(self, GEMM_JOB)).as_bits()
@@ -133,10 +151,10 @@ class GemmJob:
 
     @classmethod
     def for_shape(cls, m: int, n: int, k: int, w_exp: int, rows: int = 16,
-                  lanes: int = 16) -> GemmJob:
+                  lanes: int = 16, acc_in: int = 0, acc_out: int = 0) -> GemmJob:
         if n % rows or k % lanes:
             raise ValueError(f"N={n} must be a multiple of {rows} and K={k} of {lanes}")
-        return cls(m, k // lanes, n // rows, w_exp)
+        return cls(m, k // lanes, n // rows, w_exp, acc_in, acc_out)
 
     def x_descriptors(self, xq_addr: int, lanes: int = 16) -> list[DmaDesc]:
         """The activation stream from a requantised chunk at ``xq_addr`` (codes token-major,
@@ -175,6 +193,29 @@ def gemm_w_stream(tile_blob: bytes, k_steps: int, n_tiles: int, rows: int, lanes
         blob = tile_blob[t * tile:(t + 1) * tile]
         out += blob[:w_bytes] + pad(blob[w_bytes:w_bytes + s_bytes]) + pad(blob[w_bytes + s_bytes:])
     return bytes(out)
+
+
+def gemm_lanes_x_stream(scale_words: bytes, lanes, rows: int, beat_bytes: int) -> bytes:
+    """An ``acc_in`` job's activation stream: the ``m`` scale words (padded to a beat), then the
+    summed lanes ``lanes[m, 2n]`` (signed 32-bit; :func:`mcf.abi.tp.acc_lanes` order) tile by
+    tile, token by token inside a tile (``rows · ACC_LANES`` lanes each) — the order an
+    ``acc_out`` job writes them; for ``m = 1`` the row as it is."""
+    v = np.asarray(lanes, dtype=np.int64)
+    m, w = v.shape
+    per = rows * ACC_LANES
+    tiles = v.reshape(m, w // per, per).transpose(1, 0, 2)
+    return (scale_words + bytes((-len(scale_words)) % beat_bytes)
+            + (tiles & 0xFFFFFFFF).astype("<u4").tobytes())
+
+
+def gemm_bias_stream(tile_blob: bytes, n_tiles: int, rows: int, word_bytes: int) -> bytes:
+    """An ``acc_in`` job's weight stream from :func:`mcf.quant.gemm_tile_blob`: each tile's
+    ``rows`` bias words only (the blob's last ``rows · 4`` bytes of each tile; one 2-D read),
+    each padded to a whole ``w_in`` word of ``word_bytes``."""
+    tile = len(tile_blob) // n_tiles
+    b = rows * 4
+    return b"".join(tile_blob[(t + 1) * tile - b:(t + 1) * tile] + bytes((-b) % word_bytes)
+                    for t in range(n_tiles))
 
 
 def gemm_w_stripes(w_stream: bytes, ports: int, beat_bytes: int) -> list[bytes]:

@@ -73,6 +73,8 @@ class VectorOp(enum.Enum, shape=3):
     ROPE = 2       # a in pair order, b = rope_words      (Q, K)
     RMSNORM = 3    # o = rmsnorm(a) · γ, b = γ codes      (two passes over a buffered token)
     REQUANT = 4    # o = INT8 codes of a, then one scale word (two passes)
+    ABSMAX = 5     # o = one beat: lanes 0, 1 = mcf.abi.tp.absmax_lanes(a), the rest 0 (TP)
+    REQUANT_EXT = 6  # REQUANT, the absmax also over b's lanes 0, 1 (MAX-reduced ABSMAX lanes)
 
 GROUP_SIZE = 128
 """Default weight-scale group along K (Qwen2.5 INT4 checkpoints use 128)."""

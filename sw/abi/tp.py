@@ -25,6 +25,12 @@ Group boundaries do not enter the arithmetic; they are the engine's job format (
 number of groups, :class:`mcf.abi.compute.GemmLimits`): a shard that starts or ends inside a
 group is run as the whole groups it touches with zero weight codes outside its range.
 
+The node's datapath for these steps: the vector unit's ``ABSMAX`` (the MAX contribution) and
+``REQUANT_EXT`` (requantisation with the reduced lanes; :class:`mcf.abi.quant.VectorOp`,
+:func:`mcf.golden.vector.absmax` / :func:`mcf.golden.vector.requantize_ext`), and the GEMM's
+``acc_out`` / ``acc_in`` job flags (:data:`mcf.abi.compute.GEMM_JOB`,
+:func:`mcf.golden.gemm.partial_lanes` / :func:`mcf.golden.gemm.lanes_epilogue`).
+
 Not adopted: summing each node's epilogue output (ACT codes, one lane per element, half the
 bytes) rounds N times: up to ``⌊(N + 1)/2⌋`` ACT codes off per element and projection.
 """

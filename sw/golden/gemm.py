@@ -8,6 +8,12 @@ For tokens ``m``, output rows ``n`` and weight groups ``j`` of ``G`` K-elements:
 3. epilogue ``y = sat32(round_half_even(acc · x_m[m], sh[m]))`` with
    ``sh = epilogue_shift(w_e, x_e[m])``, then ``sat32(y + bias[n])``.
 
+The two tensor-parallel job flags (:data:`mcf.abi.compute.GEMM_JOB`, docs/cluster.md
+"Tensor-parallel decode"): ``acc_out`` writes step 2's accumulators as the SUM lanes of
+:func:`mcf.abi.tp.acc_lanes` instead of step 3 (:func:`partial_lanes`); ``acc_in`` takes the
+accumulators from summed lanes (:func:`lanes_in`: :func:`mcf.abi.tp.lanes_acc` wrapped to
+ACC_BITS) instead of steps 1–2 and runs step 3 on them (:func:`lanes_epilogue`).
+
 :func:`dsp_pack` / :func:`dsp_unpack` model the DSP48E2 packing the array uses: two rows' weights
 share one multiplier as ``(w1 · 2^k + w0) · a``; a whole group is accumulated packed and split
 at the group end (``low`` is the sign-extended bottom k bits, ``high = (P − low) >> k``).
@@ -19,9 +25,10 @@ import numpy as np
 
 from mcf.abi.fixed import round_shift, saturate, wrap
 from mcf.abi.quant import ACC_BITS, ACT, GROUP_SIZE, epilogue_shift, pack_shift
+from mcf.abi.tp import acc_lanes, lanes_acc
 
 __all__ = ["group_sums", "accumulate", "epilogue", "gemm", "dsp_pack", "dsp_unpack",
-           "packed_group_sums"]
+           "packed_group_sums", "partial_lanes", "lanes_in", "lanes_epilogue"]
 
 
 def group_sums(xq, wq, group: int = GROUP_SIZE) -> np.ndarray:
@@ -62,6 +69,25 @@ def gemm(xq, x_m, x_e, wq, w_m, w_e: int, bias=None, group: int = GROUP_SIZE) ->
     """INT8 activations ``xq[M, K]`` (scales ``x_m·2^x_e`` per token) times INT4 weights
     ``wq[N, K]`` (scales ``w_m[N, K/G]·2^w_e``) → ACT codes ``[M, N]``."""
     return epilogue(accumulate(group_sums(xq, wq, group), w_m), x_m, x_e, w_e, bias)
+
+
+def partial_lanes(xq, wq, w_m, group: int = GROUP_SIZE) -> np.ndarray:
+    """An ``acc_out`` job: the exact accumulators of ``xq[M, K] · wq[N, K]ᵀ`` as SUM lanes
+    ``[M, 2N]`` (:func:`mcf.abi.tp.acc_lanes`: ``lo, hi`` per element); no epilogue."""
+    return acc_lanes(accumulate(group_sums(xq, wq, group), w_m))
+
+
+def lanes_in(lanes) -> np.ndarray:
+    """The accumulators an ``acc_in`` job takes from lanes ``[M, 2N]`` (signed 32-bit
+    values): ``hi · 2^ACC_LO_BITS + lo`` wrapped to ACC_BITS, as the engine's 48-bit datapath
+    does (the sum of a TP split's partial accumulators is the whole K's, which
+    :func:`accumulate` holds in ACC_BITS)."""
+    return wrap(lanes_acc(lanes), ACC_BITS)
+
+
+def lanes_epilogue(lanes, x_m, x_e, w_e: int, bias=None) -> np.ndarray:
+    """An ``acc_in`` job: the epilogue (and bias) of the accumulators in ``lanes[M, 2N]``."""
+    return epilogue(lanes_in(lanes), x_m, x_e, w_e, bias)
 
 
 def dsp_pack(w0, w1, group: int = GROUP_SIZE) -> np.ndarray:

@@ -12,6 +12,11 @@ unless stated; every function mirrors the hardware's order of rounding and satur
 * :func:`silu_mul` — ``σ(g)`` from the interpolated table, ``silu = sat32(rhe(g · σ, 16))``,
   ``out = sat32(rhe(silu · u, ACT_FRAC))``.
 * :func:`requantize` — ACT → INT8 with per-token scale (from :mod:`mcf.abi.quant`).
+* :func:`absmax` — ABSMAX, a shard's contribution to the row scale's ``ReduceOp.MAX``
+  all-reduce in tensor-parallel decode: :func:`mcf.abi.tp.absmax_lanes` ``[max x, max ~x]``.
+* :func:`requantize_ext` — REQUANT_EXT: :func:`requantize` of the token with the absolute
+  maximum the MAX-reduced lanes give (:func:`mcf.abi.tp.lanes_absmax`, negative taken as 0)
+  appended and dropped: the whole row's codes (:func:`mcf.abi.tp.requantize_with_absmax`).
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ from mcf.abi.quant import (
     rsqrt_mantissa,
     sigmoid_lut,
 )
+from mcf.abi.tp import absmax_lanes, lanes_absmax
 
 __all__ = ["residual_add", "rmsnorm", "rmsnorm_factors", "rope", "rope_pairs", "sigmoid",
-           "silu_mul", "requantize", "mul_round"]
+           "silu_mul", "requantize", "mul_round", "absmax", "requantize_ext"]
 
 
 def _rhe(x, s):
@@ -142,3 +148,20 @@ def silu_mul(g, u):
     s = sigmoid(g)
     silu = saturate(_rhe(g * s, SIG_FRAC), ACT.width)
     return saturate(mul_round(silu, u, ACT_FRAC).astype(np.int64), ACT.width)
+
+
+def absmax(x):
+    """ABSMAX of ACT codes ``x[..., N]`` → ``[..., 2]``: ``[max x, max ~x]`` per token (the
+    vector unit's one output beat holds them in lanes 0 and 1, zeros in the others)."""
+    return absmax_lanes(x)
+
+
+def requantize_ext(x, lanes):
+    """REQUANT_EXT of ACT codes ``x[..., N]`` with MAX-reduced ABSMAX lanes ``lanes[..., 2]``:
+    ``requantize`` of ``x`` with ``max(lanes_absmax(lanes), 0)`` appended, the appended code
+    dropped. Returns ``(q, m, e)`` as :func:`requantize`. With the all-reduced lanes of a row's
+    shards this is :func:`mcf.abi.tp.requantize_with_absmax`, the whole row's codes."""
+    x = np.asarray(x, dtype=np.int64)
+    a = np.maximum(lanes_absmax(lanes), 0)
+    q, m, e = requantize(np.concatenate([x, np.asarray(a)[..., None]], axis=-1))
+    return q[..., :-1], m, e

@@ -248,6 +248,8 @@ def test_bad_records(case):
     for tokens in (0, case.max_block + 1):                                   # a bad block entry
         ents = case.ents[:1] + [AttendBlock(case.ents[1].addr, tokens, case.ents[1].pos0)]
         assert bad(with_list(hdr, ents)) == "bad_list"
+    late = [e for e in case.ents if e.pos0 > case.pos[0]]    # the first token precedes them
+    assert late and bad(with_list(hdr, late)) == "bad_list"
     rng = np.random.default_rng(5)
     q, sq = random_query(rng, G, D)
     for i, qh, pos in ((5, G - 1, P0 + 5), (7, G, P0 + 8), (0, G, P0 - 1)):

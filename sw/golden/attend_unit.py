@@ -173,6 +173,8 @@ def _prefill_tile(hdr: AttendHeader, ents: list[AttendBlock], read, heads: int, 
         if qr is None or (i and qr.pos != (qs[0].pos + i) & _POS_MASK):
             return AttendResult([], bad="bad_list")
         qs.append(qr)
+    if qs[0].pos < ents[0].pos0:    # the first token would see no key: never a causal prefill
+        return AttendResult([], bad="bad_list")
     blocks = [_block(read, e, head_dim, kv_format) for e in ents]
     pos = np.array([q.pos for q in qs], dtype=np.int64)
     out = attend_prefill_tiled(np.stack([q.codes for q in qs]),

@@ -1,6 +1,7 @@
-"""Simulation side of MCF (``sim/`` → ``mcf.sim``): the Verilator/cocotb bootstrap
-(:mod:`mcf.sim.toolchain`), the cocotb benches (``benches/``), and — as they land — the simulated
-PYNQ device, the N-node cluster harness and the system-level performance model."""
+"""Simulation side of MCF (``sim/`` → ``mcf.sim``): the Verilator/cocotb bootstrap and runner
+(:mod:`mcf.sim.toolchain`), the cocotb benches (``benches/``, imported by nothing outside it),
+the helpers they share with tests and benchmarks (:mod:`mcf.sim.tb`, :mod:`mcf.sim.amsim`), the
+measured benches of ``mcf bench`` (``perf/``), the simulated boards (``board/``) and cluster."""
 
 from .toolchain import Built, ToolchainError, bench_params, build, run, verilator_env
 

@@ -13,7 +13,7 @@ import random
 
 from cocotbext.axi import AxiBus, AxiRam
 
-from .benches.pauses import pattern
+from mcf.sim.tb import pattern
 
 __all__ = ["ddr_ram", "READ", "WRITE", "ALL"]
 

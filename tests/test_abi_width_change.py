@@ -35,14 +35,17 @@ from mcf.hdl.nic.reduce import ReduceEngine
 from mcf.hdl.nic.router import Router
 from mcf.hdl.packet.packetizer import Packetizer
 from mcf.hdl.packet.parser import Parser
-from mcf.sim.benches.nic_amsim import (
+from mcf.sim.amsim import (
     drive,
+    expected_parsed,
+    pack_fields,
+    run_packetizer,
+    run_parser,
     sinks_process,
     split_packets,
     unpack_fields,
     write_table,
 )
-from mcf.sim.benches.packet_streams import expected_parsed, pack, run_packetizer, run_parser
 
 WIDE = meta_layout(MetaWidths(kv_id=48))
 WIDTH = 128
@@ -91,7 +94,7 @@ def test_packetizer_with_wide_meta():
     dut = Packetizer(WIDTH, WIDE, meta_depth=4, payload_depth=8)
     got, status = run_packetizer(dut, metas, frames, idle=0.2, backpressure=0.3, seed=2)
     layout = beat_layout(WIDTH, WIDE)
-    assert got == [pack(layout, b._asdict()) for b in expected]
+    assert got == [pack_fields(layout, b._asdict()) for b in expected]
     assert status["packets"] == len(packets)
 
 

@@ -13,7 +13,7 @@ from mcf.abi.regs import WORD_BYTES, Access
 from mcf.golden.csr import OKAY, SLVERR, CsrModel, byte_mask
 from mcf.hdl.csr import AxiLiteSignature, AxiResp, CsrBank
 from mcf.hdl.csr.bank import DEFAULT_ADDR_WIDTH
-from mcf.sim.benches.csr_maps import kinds_regmap
+from mcf.sim.tb import kinds_regmap
 
 READ_LATENCY = 1   # rvalid high in the cycle after the AR handshake
 WRITE_LATENCY = 2  # bvalid high 2 cycles after the later of the AW/W handshakes
@@ -45,12 +45,7 @@ class Axil:
             w_done |= bool(w_hs)
         ctx.set(bus.awvalid, 0)
         ctx.set(bus.wvalid, 0)
-        waited = 1
-        while not ctx.get(bus.bvalid):
-            await ctx.tick()
-            waited += 1
-            assert waited < 20, "no write response"
-        self.latency = waited
+        await self._response(bus.bvalid, "write")
         resp = ctx.get(bus.bresp)
         for _ in range(b_delay):
             await ctx.tick()
@@ -61,6 +56,15 @@ class Axil:
         assert not ctx.get(bus.bvalid)
         return AxiResp(resp).value
 
+    async def _response(self, valid, what: str) -> None:
+        """Wait for ``valid`` (at most 20 cycles); ``latency``: the cycles it took."""
+        waited = 1
+        while not self.ctx.get(valid):
+            await self.ctx.tick()
+            waited += 1
+            assert waited < 20, f"no {what} response"
+        self.latency = waited
+
     async def read(self, addr, r_delay=0):
         ctx, bus = self.ctx, self.bus
         ctx.set(bus.araddr, addr)
@@ -70,12 +74,7 @@ class Axil:
             await ctx.tick()
         await ctx.tick()
         ctx.set(bus.arvalid, 0)
-        waited = 1
-        while not ctx.get(bus.rvalid):
-            await ctx.tick()
-            waited += 1
-            assert waited < 20, "no read response"
-        self.latency = waited
+        await self._response(bus.rvalid, "read")
         resp, data = ctx.get(bus.rresp), ctx.get(bus.rdata)
         for _ in range(r_delay):
             await ctx.tick()
@@ -93,6 +92,23 @@ def run(dut, bench):
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
+
+
+async def _write_then_read(ctx, bus, addr, wdata=None):
+    """AW and W at ``addr`` (all byte strobes; ``wdata`` if given) for one cycle, then AR at
+    ``addr`` on the write's commit edge (responses not taken)."""
+    ctx.set(bus.awaddr, addr)
+    if wdata is not None:
+        ctx.set(bus.wdata, wdata)
+    ctx.set(bus.wstrb, 0xF)
+    ctx.set(bus.awvalid, 1)
+    ctx.set(bus.wvalid, 1)
+    await ctx.tick()
+    ctx.set(bus.awvalid, 0)
+    ctx.set(bus.wvalid, 0)
+    ctx.set(bus.araddr, addr)
+    ctx.set(bus.arvalid, 1)
+    await ctx.tick()
 
 
 def addr_of(regmap, name):
@@ -373,16 +389,7 @@ def test_bus_errors_wraps_and_counts_concurrent_errors():
 
     async def bench(ctx):
         # a read and a write failing at the same edge count 2
-        ctx.set(bus.awaddr, bad)
-        ctx.set(bus.wstrb, 0xF)
-        ctx.set(bus.awvalid, 1)
-        ctx.set(bus.wvalid, 1)
-        await ctx.tick()
-        ctx.set(bus.awvalid, 0)
-        ctx.set(bus.wvalid, 0)
-        ctx.set(bus.araddr, bad)
-        ctx.set(bus.arvalid, 1)          # AR handshake at the write's commit edge
-        await ctx.tick()
+        await _write_then_read(ctx, bus, bad)   # AR handshake at the write's commit edge
         ctx.set(bus.arvalid, 0)
         assert ctx.get(bus.bvalid) and ctx.get(bus.rvalid)
         assert ctx.get(bus.bresp) == ctx.get(bus.rresp) == AxiResp.SLVERR.value
@@ -549,17 +556,7 @@ def test_read_at_commit_edge_sees_old_value():
     reset = regmap.register("SCRATCH").reset
 
     async def bench(ctx):
-        ctx.set(bus.awaddr, addr)
-        ctx.set(bus.wdata, 0xAAAA_5555)
-        ctx.set(bus.wstrb, 0xF)
-        ctx.set(bus.awvalid, 1)
-        ctx.set(bus.wvalid, 1)
-        await ctx.tick()
-        ctx.set(bus.awvalid, 0)
-        ctx.set(bus.wvalid, 0)
-        ctx.set(bus.araddr, addr)
-        ctx.set(bus.arvalid, 1)
-        await ctx.tick()                     # commit edge and AR handshake edge
+        await _write_then_read(ctx, bus, addr, 0xAAAA_5555)  # commit edge and AR handshake edge
         ctx.set(bus.arvalid, 0)
         assert ctx.get(bus.bvalid) and ctx.get(bus.rvalid)
         assert ctx.get(bus.rdata) == reset

@@ -8,7 +8,7 @@ import pytest
 
 from mcf.hdl.csr.top import csr_flat_top
 from mcf.sim import build, run
-from mcf.sim.benches.csr_maps import MAPS
+from mcf.sim.tb import MAPS
 
 BENCH = "mcf.sim.benches.csr_bank"
 

@@ -19,8 +19,8 @@ from amaranth.lib.wiring import In
 
 from mcf.abi.csrmap import node_regmap
 from mcf.hdl.csr import AxiLiteSignature, CsrBank
-from mcf.sim.benches.csr_maps import kinds_regmap
 from mcf.sim.formal import check
+from mcf.sim.tb import kinds_regmap
 
 
 class Formal(wiring.Component):

@@ -1,10 +1,9 @@
 """10G MAC (mcf.hdl.eth.xgmii) in amaranth.sim: EthEncap64 → XgmiiTx against the golden XGMII
 transmitter (every word, deficit idle count, lane-4 starts), XgmiiRx → XgmiiDecap back to link
-beats; and the runners of the cocotb + Verilator benches (sim/benches/eth_mac.py, its XGMII
-kind: the module sim/benches/eth_10g.py, against cocotbext-eth XgmiiSource/XgmiiSink;
-sim/benches/eth_10g_pcs.py PCS loopback).
+beats; and the runner of the cocotb + Verilator PCS loopback bench (sim/benches/eth_10g_pcs.py).
 
-Rate figures: ``mcf bench eth`` (its test: tests/test_eth_bench.py; the same Verilator build).
+The MAC bench against cocotbext-eth XgmiiSource/XgmiiSink (sim/benches/eth_mac.py) and the rate
+figures (``mcf bench eth``): tests/test_eth_bench.py.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from mcf.hdl.eth.rgmii import FrameGate
 from mcf.hdl.eth.xgmii import EthEncap64, XgmiiDecap, XgmiiRx, XgmiiTx
 from mcf.sim.benches.eth_common import link_frame
 
-BENCH = "mcf.sim.benches.eth_10g"
 LOCAL, PEER = 5, 12
 
 
@@ -91,12 +89,6 @@ def test_mac_loopback_vs_golden():
     assert rx_ev == [(EthDrop.OK, len(f)) for f in frames]
     # the decapsulator's beats (sampled one cycle late: FWFT output, ready high)
     assert beats == [b for lk in links for b in link_beats(lk)]
-
-
-def test_10g_bench():
-    from mcf.sim import run
-    from mcf.sim.perf.eth import built
-    run(built("xgmii"), BENCH, params={"seed": 1, "tests": ["lengths", "bad"]})
 
 
 @pytest.mark.slow

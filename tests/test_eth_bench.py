@@ -1,8 +1,10 @@
-"""The Ethernet bench (mcf.sim.perf.eth, ``mcf bench eth``): a small run of both MACs in cocotb
-+ Verilator (the builds tests/test_eth_rgmii.py and tests/test_eth_10g.py use) reports rates
-that are physically possible — never above the theoretical payload rate of the line, at least
-99 % of it for 1,500-byte payloads — and a MAC configured with the wrong node id makes the bench
-refuse (~1.5 min once the two Verilator builds exist)."""
+"""The MAC bench (sim/benches/eth_mac.py) and the Ethernet benchmark (mcf.sim.perf.eth, ``mcf
+bench eth``), one Verilator build per MAC (:func:`mcf.sim.perf.eth.built`) for all: the bench's
+``lengths`` and ``bad`` for each MAC against cocotbext-eth's PHY models (RGMII: ``RgmiiPhy``;
+10G: ``XgmiiSource``/``XgmiiSink``); a small benchmark run of both reports rates that are
+physically possible — never above the theoretical payload rate of the line, at least 99 % of it
+for 1,500-byte payloads — and a MAC configured with the wrong node id makes the benchmark refuse
+(~1.5 min once the two Verilator builds exist)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,26 @@ import pytest
 from mcf.abi.eth import FCS_BYTES, HEADER_BYTES, IFG_BYTES, LINK_OVERHEAD, PREAMBLE
 from mcf.sim.benches.eth_common import LOCAL
 from mcf.sim.perf import BenchRefused, eth
+
+
+@pytest.mark.parametrize("mac", sorted(eth.MACS))
+def test_mac_bench(mac):
+    from mcf.sim import run
+    xml = run(eth.built(mac), eth.BENCH,
+              params={"mac": mac, "seed": 1, "tests": ["lengths", "bad"]})
+    assert _cases(xml) == {"lengths": "passed", "bad": "passed", "rate": "skipped"}
+
+
+def _cases(xml) -> dict[str, str]:
+    """Each cocotb test of a ``results.xml``: ``passed``, ``skipped`` or ``failed``."""
+    import xml.etree.ElementTree as ET
+
+    out = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        tags = {c.tag for c in case}
+        out[case.get("name")] = "failed" if tags & {"failure", "error"} else \
+            "skipped" if "skipped" in tags else "passed"
+    return out
 
 
 @pytest.fixture(scope="module")

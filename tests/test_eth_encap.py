@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """Ethernet encapsulation (mcf.hdl.eth.encap, mcf.abi.eth): amaranth.sim of the 64 → 8
 unpacker, EthEncap, EthDecap, the 8 → 64 packer and EthCounters against the golden model
 (encap / decap / link_beats / EthModel), bit for bit.
@@ -267,3 +268,21 @@ def test_abi_registers_and_sizes():
     assert MIN_FRAME == 64 and MAX_LINK_FRAME == 2068 and MAX_FRAME == 2086
     assert mac_of(0) >> 40 & 0x03 == 0x02          # locally administered, unicast
     assert len({mac_of(n) for n in range(32)}) == 32
+
+
+def test_decap_buffers_hold_a_largest_link_frame():
+    """Both decapsulators take a power-of-2 buffer that holds a largest link frame
+    (:class:`mcf.hdl.eth.encap.FrameDecap`): bytes for the 8-bit one, 8-byte words for XGMII."""
+    from mcf.abi.eth import MAX_LINK_FRAME
+    from mcf.hdl.eth.xgmii import XgmiiDecap
+
+    small = 1 << (MAX_LINK_FRAME - 1).bit_length() - 1           # largest power of 2 below
+    assert EthDecap(depth=2 * small).signature.members.keys() == \
+        XgmiiDecap(depth=2 * small // 8).signature.members.keys() == \
+        {"i", "o", "local_id", "event"}
+    for bad in (small, 3 * small):
+        with pytest.raises(ValueError, match="power of 2 holding a largest link frame"):
+            EthDecap(depth=bad)
+    for bad in (small // 8, 3 * small // 8):
+        with pytest.raises(ValueError, match="power of 2 holding a largest link frame"):
+            XgmiiDecap(depth=bad)

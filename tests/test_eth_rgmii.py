@@ -1,9 +1,7 @@
-"""1G RGMII MAC (mcf.hdl.eth.rgmii): amaranth.sim unit tests of GmiiTx/GmiiRx framing, and the
-runner of the cocotb + Verilator MAC bench (sim/benches/eth_mac.py, its RGMII kind: the
-module sim/benches/eth_rgmii.py) against cocotbext-eth's RgmiiPhy — one Verilator build for all
-its tests (shared with ``mcf bench eth``).
+"""1G RGMII MAC (mcf.hdl.eth.rgmii): amaranth.sim unit tests of GmiiTx/GmiiRx framing.
 
-Line-rate figures: ``mcf bench eth`` (its test: tests/test_eth_bench.py).
+The MAC bench against cocotbext-eth's RgmiiPhy (sim/benches/eth_mac.py) and the line-rate
+figures (``mcf bench eth``): tests/test_eth_bench.py.
 """
 
 from __future__ import annotations
@@ -15,8 +13,6 @@ from amaranth.sim import Simulator
 
 from mcf.abi.eth import IFG_BYTES, PREAMBLE, SFD
 from mcf.hdl.eth.rgmii import GmiiRx, GmiiTx
-
-BENCH = "mcf.sim.benches.eth_rgmii"
 
 
 def test_gmii_tx_rx():
@@ -82,8 +78,3 @@ def test_gmii_tx_rx():
     assert [g for g, _ in got[:3]] == frames[:3] and not any(e for _, e in got[:3])
     assert got[3][1] and len(got[3][0]) == len(frames[3]) + 2   # two error bytes inside
 
-
-def test_rgmii_bench():
-    from mcf.sim import run
-    from mcf.sim.perf.eth import built
-    run(built("rgmii"), BENCH, params={"seed": 1, "tests": ["lengths", "bad"]})

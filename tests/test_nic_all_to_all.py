@@ -13,7 +13,7 @@ from mcf.abi.meta import Collective, Meta, Op
 from mcf.abi.nic import A2A_STATUS
 from mcf.golden.nic import A2AModel, Packet, beats_to_packet, parsed_beats
 from mcf.hdl.nic.all_to_all import AllToAll
-from mcf.sim.benches.nic_amsim import drive, sink_process, split_packets, unpack_fields
+from mcf.sim.amsim import drive, sink_process, split_packets, unpack_fields
 
 DW = 64
 

@@ -37,41 +37,37 @@ def sizes(default, fuzz):
     return [default, pytest.param(*values, marks=pytest.mark.slow, id="fuzz")]
 
 
+def _run(name: str, bench: str, params) -> None:
+    """The bench ``bench`` on the top ``TOPS[name]`` (built under that name, width-checked),
+    with the parameters ``params(inner)`` of its inner component."""
+    top = TOPS[name]()
+    sim.run(sim.build(top, name, width_warnings=True), f"mcf.sim.benches.{bench}",
+            params=params(top.inner))
+
+
 @pytest.mark.parametrize("n_packets", sizes(1500, 25_000))
 def test_router_cocotb(n_packets):
-    top = TOPS["nic_router"]()
-    router = top.inner
-    sim.run(sim.build(top, "nic_router", width_warnings=True),
-            "mcf.sim.benches.nic_router", params={
+    _run("nic_router", "nic_router", lambda router: {
         "n_ports": router.n_ports, "n_inputs": router.n_inputs, "data_width": 64,
         "max_payload": router.max_payload, "n_packets": n_packets})
 
 
 @pytest.mark.parametrize("n_tags", sizes(300, 6500))
 def test_reduce_cocotb(n_tags):
-    top = TOPS["nic_reduce"]()
-    eng = top.inner
-    sim.run(sim.build(top, "nic_reduce", width_warnings=True),
-            "mcf.sim.benches.nic_reduce", params={
+    _run("nic_reduce", "nic_reduce", lambda eng: {
         "n_slots": eng.n_slots, "max_payload": eng.max_payload, "n_tags": n_tags})
 
 
 @pytest.mark.parametrize("n_packets, n_inject", sizes((200, 60), (25_000, 5_000)))
 def test_link_cocotb(n_packets, n_inject):
-    top = TOPS["nic_link_loop"]()
-    loop = top.inner
-    sim.run(sim.build(top, "nic_link_loop", width_warnings=True),
-            "mcf.sim.benches.nic_link", params={
+    _run("nic_link_loop", "nic_link", lambda loop: {
         "data_width": loop.data_width, "max_payload": loop.max_payload,
         "n_packets": n_packets, "n_inject": n_inject})
 
 
 @pytest.mark.parametrize("n_tags, n_scatter", sizes((8, 10), (1050, 1900)))
 def test_all_to_all_cocotb(n_tags, n_scatter):
-    top = TOPS["nic_all_to_all"]()
-    eng = top.inner
-    sim.run(sim.build(top, "nic_all_to_all", width_warnings=True),
-            "mcf.sim.benches.nic_a2a", params={
+    _run("nic_all_to_all", "nic_a2a", lambda eng: {
         "data_width": 64, "max_nodes": 8, "part_max": eng.part_max, "n_slots": eng.n_slots,
         "n_tags": n_tags, "n_scatter": n_scatter})
 

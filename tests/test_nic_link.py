@@ -15,7 +15,7 @@ from mcf.golden.nic import LinkRxModel, Packet, link_frame, parsed_beats
 from mcf.hdl.nic.link import LinkRx, LinkTx
 from mcf.hdl.nic.link_loop import LinkLoop
 from mcf.hdl.nic.link_model import LINK_MODEL_STATUS
-from mcf.sim.benches.nic_amsim import drive, sink_process, split_packets, unpack_fields
+from mcf.sim.amsim import drive, sink_process, split_packets, unpack_fields
 
 DW = 64
 BPB = DW // 8

@@ -33,7 +33,7 @@ from mcf.abi.route import MeshPort, RingPort, route_entry
 from mcf.golden.nic import ReduceModel, RouterModel, beats_to_packet, parsed_beats
 from mcf.hdl.nic.reduce import ReduceEngine
 from mcf.hdl.nic.router import Router, RouteWriteSignature
-from mcf.sim.benches.nic_amsim import drive, sinks_process, split_packets, unpack_fields
+from mcf.sim.amsim import drive, sinks_process, split_packets, unpack_fields
 from mcf.sim.benches.nic_traffic import contribution
 
 DW = 64

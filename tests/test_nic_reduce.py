@@ -17,22 +17,16 @@ from mcf.golden.nic import ReduceModel, beats_to_packet, parsed_beats, softmax_p
 from mcf.golden.packet import packet_beats
 from mcf.hdl.nic.reduce import ReduceEngine
 from mcf.hdl.packet.parser import Parser
-from mcf.sim.benches.nic_amsim import drive, split_packets, unpack_fields
+from mcf.sim.amsim import drive, run_parser, split_packets, unpack_fields, write_table
 from mcf.sim.benches.nic_reduce import HeldReduceModel, replay, trip_key
 from mcf.sim.benches.nic_traffic import K_OF_ROUTE, contribution, make_stream
-from mcf.sim.benches.packet_streams import run_parser
 
 DW = 64
 async def configure(ctx, dut, configs=None):
     """Write ``configs`` (route id → entry; default: k of every route of K_OF_ROUTE) through
     the engine's configuration port."""
     configs = configs or {rid: reduce_config(k) for rid, k in K_OF_ROUTE.items()}
-    for rid, entry in configs.items():
-        ctx.set(dut.cfg_wr.addr, rid)
-        ctx.set(dut.cfg_wr.data.as_value(), entry)
-        ctx.set(dut.cfg_wr.en, 1)
-        await ctx.tick()
-    ctx.set(dut.cfg_wr.en, 0)
+    await write_table(ctx, dut.cfg_wr, configs)
 
 
 def run_engine(contribs, *, n_slots=4, timeout=3000, ready=0.7, idle=0.2, seed=1,

@@ -13,7 +13,7 @@ from mcf.abi.nic import ROUTER_STATUS, Topology
 from mcf.abi.route import NET_PORTS, route_entry
 from mcf.golden.nic import RouterModel, beats_to_packet, parsed_beats
 from mcf.hdl.nic.router import Router
-from mcf.sim.benches.nic_amsim import drive, sink_process, split_packets, unpack_fields
+from mcf.sim.amsim import drive, sink_process, split_packets, unpack_fields, write_table
 
 DW = 64
 
@@ -55,12 +55,7 @@ def run_router(dut, table, per_input, ready, idle, seed, max_cycles=200_000):
     done = {}
 
     async def setup_and_feed(ctx):
-        for rid, e in table.items():
-            ctx.set(dut.route_wr.addr, rid)
-            ctx.set(dut.route_wr.data.as_value(), e)
-            ctx.set(dut.route_wr.en, 1)
-            await ctx.tick()
-        ctx.set(dut.route_wr.en, 0)
+        await write_table(ctx, dut.route_wr, table)
         done["setup"] = True
 
     def feeder(i):

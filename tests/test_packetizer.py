@@ -10,7 +10,7 @@ from amaranth.sim import Simulator
 from mcf.abi import META, Meta, Op, beat_layout, keep_mask, payload_beats
 from mcf.golden.packet import packet_beats, packetize, payload_frame, random_good_packet
 from mcf.hdl.packet.packetizer import Packetizer
-from mcf.sim.benches.packet_streams import Sink, fields, pack, run_packetizer
+from mcf.sim.amsim import Sink, pack_fields, run_packetizer, unpack_fields
 
 WIDTHS = (64, 128)
 
@@ -43,7 +43,7 @@ def test_order_and_format(width, idle, backpressure):
     got, status = run_packetizer(dut, metas, frames, idle=idle, backpressure=backpressure,
                                  seed=width)
     layout = beat_layout(width)
-    assert got == [pack(layout, b._asdict()) for b in expected]
+    assert got == [pack_fields(layout, b._asdict()) for b in expected]
     assert status == {"packets": len(packets), "beats": len(expected)}
 
 
@@ -59,11 +59,11 @@ def test_zero_length_consumes_no_payload(width):
     dut = Packetizer(width, meta_depth=8, payload_depth=8)
     got, status = run_packetizer(dut, metas, frames, seed=3)
     layout = beat_layout(width)
-    beats = [fields(layout, x) for x in got]
+    beats = [unpack_fields(layout, x) for x in got]
     assert [b["last"] for b in beats[:3]] == [1, 1, 1]
     assert all(b["keep"] == (1 << bpb) - 1 for b in beats[:4])
     assert beats[3]["last"] == 0 and beats[6]["keep"] == keep_mask(full.length, width)
-    assert got == [pack(layout, b._asdict()) for b in expected]
+    assert got == [pack_fields(layout, b._asdict()) for b in expected]
     assert status == {"packets": 6, "beats": 5 + 1 + payload_beats(full.length, width)}
 
 
@@ -79,7 +79,7 @@ def test_congestion_fills_buffer_then_drains_in_order(width):
                for _ in range(12)]
     metas, frames, expected = _expected(packets, width)
     layout = beat_layout(width)
-    words = [pack(layout, b._asdict()) for f in frames for b in f]
+    words = [pack_fields(layout, b._asdict()) for f in frames for b in f]
     dut = Packetizer(width, meta_depth=meta_depth, payload_depth=payload_depth)
     accepted = {"meta": 0, "payload": 0}
     sink = Sink(dut.o_packet)
@@ -118,7 +118,7 @@ def test_congestion_fills_buffer_then_drains_in_order(width):
     sim.add_testbench(nic, background=True)
     sim.add_testbench(main)
     sim.run()
-    assert sink.items == [pack(layout, b._asdict()) for b in expected]
+    assert sink.items == [pack_fields(layout, b._asdict()) for b in expected]
 
 
 def test_payload_passes_through_unchanged():
@@ -130,7 +130,7 @@ def test_payload_passes_through_unchanged():
     metas = [meta.pack(), Meta(length=0).pack()]
     got, status = run_packetizer(Packetizer(width), metas, [short], seed=9)
     layout = beat_layout(width)
-    assert got == [pack(layout, b._asdict()) for b in packetize(metas, [short], width)]
+    assert got == [pack_fields(layout, b._asdict()) for b in packetize(metas, [short], width)]
     assert status["packets"] == 2
 
 

@@ -29,7 +29,7 @@ from mcf.golden.packet import (
     with_field,
 )
 from mcf.hdl.packet.parser import Parser, port_member_name
-from mcf.sim.benches.packet_streams import expected_parsed, run_parser
+from mcf.sim.amsim import expected_parsed, run_parser
 
 LOCAL_ID, NUM_NODES = 3, 6
 MAX_PAYLOAD = 96

@@ -44,8 +44,8 @@ from mcf.hdl.nic.crc import crc32_update
 
 from .rx_verdict import RxVerdict
 
-__all__ = ["BYTE", "RX_BYTE", "LINK_BYTE", "EthEncap", "EthDecap", "Pack8to64", "Unpack64to8",
-           "EthCounters"]
+__all__ = ["BYTE", "RX_BYTE", "LINK_BYTE", "EthEncap", "FrameDecap", "EthDecap", "Pack8to64",
+           "Unpack64to8", "EthCounters"]
 
 BYTE = data.StructLayout({"data": unsigned(8), "last": unsigned(1)})
 RX_BYTE = data.StructLayout({"data": unsigned(8), "last": unsigned(1), "err": unsigned(1)})
@@ -126,7 +126,24 @@ class EthEncap(wiring.Component):
         return m
 
 
-class EthDecap(wiring.Component):
+class FrameDecap(wiring.Component):
+    """The members and buffer size both decapsulators (:class:`EthDecap`,
+    :class:`~mcf.hdl.eth.xgmii.XgmiiDecap`) share: ``i`` — ``In(stream.Signature(i_shape))``,
+    ``o`` — ``Out(stream.Signature(o_shape))``, ``local_id`` — ``In(NODE_BITS)``, ``event`` —
+    ``Out(stream.Signature(ETH_EVENT))``; a frame buffer of ``depth`` words of ``word_bytes``
+    bytes, a power of 2 holding a largest link frame (``ValueError`` otherwise). No logic."""
+
+    def __init__(self, depth: int, word_bytes: int, i_shape, o_shape):
+        if depth & (depth - 1) or word_bytes * depth < MAX_LINK_FRAME:
+            raise ValueError("depth must be a power of 2 holding a largest link frame")
+        self._depth = depth
+        super().__init__({"i": In(stream.Signature(i_shape)),
+                          "o": Out(stream.Signature(o_shape)),
+                          "local_id": In(NODE_BITS),
+                          "event": Out(stream.Signature(ETH_EVENT))})
+
+
+class EthDecap(FrameDecap):
     """Ethernet frame bytes → link frame bytes, store and forward: checks every frame and
     delivers the good ones whole, never a partial one.
 
@@ -151,13 +168,7 @@ class EthDecap(wiring.Component):
     """
 
     def __init__(self, *, depth: int = MAC_RX_BUFFER_BYTES):
-        if depth & (depth - 1) or depth < MAX_LINK_FRAME:
-            raise ValueError("depth must be a power of 2 holding a largest link frame")
-        self._depth = depth
-        super().__init__({"i": In(stream.Signature(RX_BYTE)),
-                          "o": Out(stream.Signature(LINK_BYTE)),
-                          "local_id": In(NODE_BITS),
-                          "event": Out(stream.Signature(ETH_EVENT))})
+        super().__init__(depth, 1, RX_BYTE, LINK_BYTE)
 
     def elaborate(self, platform):
         m = Module()

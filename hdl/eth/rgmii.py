@@ -31,12 +31,13 @@ from __future__ import annotations
 from amaranth import Cat, ClockDomain, ClockSignal, Module, Mux, ResetSignal, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
-from amaranth.lib.fifo import AsyncFIFO, SyncFIFO
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.eth import ETH_EVENT, ETH_STATUS, IFG_BYTES, NODE_BITS, PREAMBLE, SFD, EthDrop
 from mcf.abi.framing import beat_layout
 
+from .cdc import events_to_aclk, stream_cdc
 from .encap import BYTE, RX_BYTE, EthCounters, EthDecap, EthEncap, Pack8to64, Unpack64to8
 
 __all__ = ["GmiiTx", "GmiiRx", "RgmiiIo", "FrameGate", "RgmiiMac", "RGMII_PINS"]
@@ -241,12 +242,6 @@ class FrameGate(wiring.Component):
         return m
 
 
-def _async(m, name, lay_size, depth, w_domain, r_domain):
-    fifo = AsyncFIFO(width=lay_size, depth=depth, w_domain=w_domain, r_domain=r_domain)
-    m.submodules[name] = fifo
-    return fifo
-
-
 class RgmiiMac(wiring.Component):
     """One RGMII port carrying link frames (see the module docstring for the chain).
 
@@ -289,15 +284,11 @@ class RgmiiMac(wiring.Component):
         # ---- TX: aclk → eth_tx -----------------------------------------------------------------
         m.submodules.gate = gate = FrameGate()
         wiring.connect(m, wiring.flipped(self.s_axis), gate.i)
-        txf = _async(m, "tx_fifo", beat.size, 16, "sync", "eth_tx")
-        m.d.comb += [txf.w_data.eq(gate.o.payload), txf.w_en.eq(gate.o.valid),
-                     gate.o.ready.eq(txf.w_rdy)]
         tx = {"unpack": Unpack64to8(), "encap": EthEncap(), "gmii": GmiiTx()}
+        unpack, enc, gtx = tx["unpack"], tx["encap"], tx["gmii"]
+        stream_cdc(m, "tx_fifo", gate.o, unpack.i, beat.size, 16, "sync", "eth_tx")
         for name, c in tx.items():
             m.submodules[name] = _rename(c, "eth_tx")
-        unpack, enc, gtx = tx["unpack"], tx["encap"], tx["gmii"]
-        m.d.comb += [unpack.i.payload.eq(txf.r_data), unpack.i.valid.eq(txf.r_rdy),
-                     txf.r_en.eq(unpack.i.ready)]
         wiring.connect(m, unpack.o, enc.i)
         wiring.connect(m, enc.o, gtx.i)
         m.d.comb += [io.txd.eq(gtx.txd), io.tx_en.eq(gtx.tx_en), io.tx_er.eq(gtx.tx_er)]
@@ -314,25 +305,16 @@ class RgmiiMac(wiring.Component):
                      grx.o.ready.eq(dec.i.ready)]
         wiring.connect(m, dec.o, pack.i)
         m.submodules.local_rx = FFSynchronizer(self.local_id, dec.local_id, o_domain="eth_rx")
-        rxf = _async(m, "rx_fifo", beat.size, 16, "eth_rx", "sync")
-        m.d.comb += [rxf.w_data.eq(pack.o.payload), rxf.w_en.eq(pack.o.valid),
-                     pack.o.ready.eq(rxf.w_rdy),
-                     self.m_axis.payload.eq(rxf.r_data), self.m_axis.valid.eq(rxf.r_rdy),
-                     rxf.r_en.eq(self.m_axis.ready)]
+        stream_cdc(m, "rx_fifo", pack.o, self.m_axis, beat.size, 16, "eth_rx", "sync")
 
         # ---- counters: one event per frame into aclk -------------------------------------------
         m.submodules.counters = cnt = EthCounters()
-        txe = _async(m, "tx_events", ETH_EVENT.size, 4, "eth_tx", "sync")
         tx_ev = Signal(ETH_EVENT)
         m.d.comb += [tx_ev.bytes.eq(enc.event.payload.bytes),
-                     tx_ev.cause.eq(Mux(gtx.frame_err, EthDrop.PHY_ERROR, EthDrop.OK)),
-                     txe.w_data.eq(tx_ev), txe.w_en.eq(enc.event.valid),
-                     cnt.tx_event.payload.eq(txe.r_data), cnt.tx_event.valid.eq(txe.r_rdy),
-                     txe.r_en.eq(cnt.tx_event.ready)]
-        rxe = _async(m, "rx_events", ETH_EVENT.size, 4, "eth_rx", "sync")
-        m.d.comb += [rxe.w_data.eq(dec.event.payload), rxe.w_en.eq(dec.event.valid),
-                     cnt.rx_event.payload.eq(rxe.r_data), cnt.rx_event.valid.eq(rxe.r_rdy),
-                     rxe.r_en.eq(cnt.rx_event.ready)]
+                     tx_ev.cause.eq(Mux(gtx.frame_err, EthDrop.PHY_ERROR, EthDrop.OK))]
+        events_to_aclk(m, "tx_events", tx_ev, enc.event.valid, cnt.tx_event, "eth_tx")
+        events_to_aclk(m, "rx_events", dec.event.payload, dec.event.valid, cnt.rx_event,
+                       "eth_rx")
         m.d.comb += self.status.eq(cnt.status)
         return m
 

@@ -14,12 +14,12 @@ from amaranth import ClockDomain, ClockSignal, Module, ResetSignal, Signal
 from amaranth.hdl import DomainRenamer, EnableInserter
 from amaranth.lib import stream, wiring
 from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
-from amaranth.lib.fifo import AsyncFIFO
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.eth import ETH_EVENT, ETH_STATUS, NODE_BITS, PCS_STATUS
+from mcf.abi.eth import ETH_STATUS, NODE_BITS, PCS_STATUS
 from mcf.abi.framing import beat_layout
 
+from .cdc import async_fifo, events_to_aclk, stream_cdc
 from .encap import EthCounters
 from .pcs10g import (
     BerMonitor,
@@ -35,12 +35,6 @@ from .rgmii import FrameGate
 from .xgmii import EthEncap64, XgmiiDecap, XgmiiRx, XgmiiTx
 
 __all__ = ["TenGigMac", "TenGigLink"]
-
-
-def _fifo(m, name, width, depth, w_domain, r_domain):
-    m.submodules[name] = f = AsyncFIFO(width=width, depth=depth, w_domain=w_domain,
-                                       r_domain=r_domain)
-    return f
 
 
 def _domains(m, tx_clk, rx_clk):
@@ -100,13 +94,9 @@ class TenGigMac(wiring.Component):
         m.submodules.encap = enc = EthEncap64()
         wiring.connect(m, wiring.flipped(self.s_axis), enc.i)
         m.d.comb += [enc.local_id.eq(self.local_id), enc.peer_id.eq(self.peer_id)]
-        txf = _fifo(m, "tx_fifo", beat.size, 16, "sync", "xg_tx")
-        m.d.comb += [txf.w_data.eq(enc.o.payload), txf.w_en.eq(enc.o.valid),
-                     enc.o.ready.eq(txf.w_rdy)]
         gate = FrameGate()
+        stream_cdc(m, "tx_fifo", enc.o, gate.i, beat.size, 16, "sync", "xg_tx")
         m.submodules.gate = DomainRenamer("xg_tx")(gate)
-        m.d.comb += [gate.i.payload.eq(txf.r_data), gate.i.valid.eq(txf.r_rdy),
-                     txf.r_en.eq(gate.i.ready)]
         xtx = XgmiiTx()
         m.submodules.xgmii_tx = DomainRenamer("xg_tx")(EnableInserter(ce)(xtx))
         m.d.comb += [xtx.i.payload.eq(gate.o.payload), xtx.i.valid.eq(gate.o.valid),
@@ -121,22 +111,14 @@ class TenGigMac(wiring.Component):
                      xrx.valid.eq(self.xgmii_rx_valid), xrx.o.ready.eq(1),
                      dec.i.payload.eq(xrx.o.payload), dec.i.valid.eq(xrx.o.valid)]
         m.submodules.local_rx = FFSynchronizer(self.local_id, dec.local_id, o_domain="xg_rx")
-        rxf = _fifo(m, "rx_fifo", beat.size, 16, "xg_rx", "sync")
-        m.d.comb += [rxf.w_data.eq(dec.o.payload), rxf.w_en.eq(dec.o.valid),
-                     dec.o.ready.eq(rxf.w_rdy),
-                     self.m_axis.payload.eq(rxf.r_data), self.m_axis.valid.eq(rxf.r_rdy),
-                     rxf.r_en.eq(self.m_axis.ready)]
+        stream_cdc(m, "rx_fifo", dec.o, self.m_axis, beat.size, 16, "xg_rx", "sync")
 
         # ---- counters --------------------------------------------------------------------------
         m.submodules.counters = cnt = EthCounters()
-        txe = _fifo(m, "tx_events", ETH_EVENT.size, 4, "xg_tx", "sync")
-        m.d.comb += [txe.w_data.eq(xtx.event.payload), txe.w_en.eq(xtx.event.valid & ce),
-                     cnt.tx_event.payload.eq(txe.r_data), cnt.tx_event.valid.eq(txe.r_rdy),
-                     txe.r_en.eq(cnt.tx_event.ready)]
-        rxe = _fifo(m, "rx_events", ETH_EVENT.size, 4, "xg_rx", "sync")
-        m.d.comb += [rxe.w_data.eq(dec.event.payload), rxe.w_en.eq(dec.event.valid),
-                     cnt.rx_event.payload.eq(rxe.r_data), cnt.rx_event.valid.eq(rxe.r_rdy),
-                     rxe.r_en.eq(cnt.rx_event.ready)]
+        events_to_aclk(m, "tx_events", xtx.event.payload, xtx.event.valid & ce, cnt.tx_event,
+                       "xg_tx")
+        events_to_aclk(m, "rx_events", dec.event.payload, dec.event.valid, cnt.rx_event,
+                       "xg_rx")
         m.d.comb += self.status.eq(cnt.status)
         return m
 
@@ -221,7 +203,7 @@ class TenGigLink(wiring.Component):
         m.d.comb += [st.block_lock.eq(lock.block_lock), st.hi_ber.eq(ber.hi_ber),
                      st.ber_count.eq(ber.ber_count), st.errored_blocks.eq(errored),
                      st.lock_losses.eq(losses)]
-        snap = _fifo(m, "pcs_status_fifo", PCS_STATUS.size, 4, "xg_rx", "sync")
+        snap = async_fifo(m, "pcs_status_fifo", PCS_STATUS.size, 4, "xg_rx", "sync")
         m.d.comb += [snap.w_data.eq(st), snap.w_en.eq(1), snap.r_en.eq(1)]
         with m.If(snap.r_rdy):
             m.d.sync += self.pcs_status.eq(snap.r_data)

@@ -46,7 +46,7 @@ from mcf.abi.meta import META
 from mcf.abi.nic import CRC32_INIT, CRC32_XOROUT
 from mcf.hdl.nic.crc import crc32_update
 
-from .encap import _mac_bytes
+from .encap import FrameDecap, _mac_bytes
 from .rx_verdict import RxVerdict
 
 __all__ = ["RX64", "EthEncap64", "XgmiiTx", "XgmiiRx", "XgmiiDecap"]
@@ -362,7 +362,7 @@ class XgmiiRx(wiring.Component):
         return m
 
 
-class XgmiiDecap(wiring.Component):
+class XgmiiDecap(FrameDecap):
     """Receive checks and link frame rebuild, store and forward, 64 bits wide.
 
     Members: ``i`` — ``In(stream.Signature(RX64))`` frames dst..FCS from :class:`XgmiiRx`
@@ -382,13 +382,7 @@ class XgmiiDecap(wiring.Component):
     the first beat is offered 2 cycles after the frame's last beat."""
 
     def __init__(self, *, depth: int = 512):
-        if depth & (depth - 1) or 8 * depth < MAX_LINK_FRAME:
-            raise ValueError("depth must be a power of 2 holding a largest link frame")
-        self._depth = depth
-        super().__init__({"i": In(stream.Signature(RX64)),
-                          "o": Out(stream.Signature(beat_layout(64))),
-                          "local_id": In(NODE_BITS),
-                          "event": Out(stream.Signature(ETH_EVENT))})
+        super().__init__(depth, 8, RX64, beat_layout(64))
 
     def elaborate(self, platform):
         m = Module()

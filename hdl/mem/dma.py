@@ -94,6 +94,16 @@ class _Rows:
                 m.d.sync += self.busy.eq(0)
 
 
+def _start(engine, m: Module) -> tuple[int, int, int, _Rows]:
+    """What :class:`DmaReader` and :class:`DmaWriter` elaborate first: the data width, bytes
+    per beat, their log2 and the descriptor rows of ``engine.desc`` (rejects counted in
+    ``engine.status.rejects``)."""
+    DW = engine.data_width
+    bb = DW // 8
+    rows = _Rows(m, engine.desc, bb, engine.addr_width, engine.status.rejects)
+    return DW, bb, (bb - 1).bit_length(), rows
+
+
 class DmaReader(wiring.Component):
     """AXI4 read path.
 
@@ -130,12 +140,8 @@ class DmaReader(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        DW = self.data_width
-        bb = DW // 8
-        lb = (bb - 1).bit_length()
-        bus = self.bus
-        st = self.status
-        rows = _Rows(m, self.desc, bb, self.addr_width, st.rejects)
+        DW, bb, lb, rows = _start(self, m)
+        bus, st = self.bus, self.status
 
         m.submodules.raw = raw = fifo.SyncFIFOBuffered(width=DW + 1, depth=self.fifo_depth)
         info_l = data.StructLayout({"off": unsigned(lb), "length": unsigned(LENGTH_BITS),
@@ -281,12 +287,8 @@ class DmaWriter(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        DW = self.data_width
-        bb = DW // 8
-        lb = (bb - 1).bit_length()
-        bus = self.bus
-        st = self.status
-        rows = _Rows(m, self.desc, bb, self.addr_width, st.rejects)
+        DW, bb, lb, rows = _start(self, m)
+        bus, st = self.bus, self.status
         with m.If(self.desc.valid & self.desc.ready & (self.desc.payload.length != 0) &
                   (self.desc.payload.count != 0)):
             m.d.sync += st.descs.eq(st.descs + 1)

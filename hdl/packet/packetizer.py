@@ -15,10 +15,12 @@ from mcf.abi.csrmap import PACKETIZER_STATUS
 from mcf.abi.framing import beat_layout
 from mcf.abi.meta import META
 
+from .stage import PacketStage
+
 __all__ = ["Packetizer"]
 
 
-class Packetizer(wiring.Component):
+class Packetizer(PacketStage):
     """Metadata FIFO + payload FIFO → one packet stream.
 
     Parameters
@@ -61,25 +63,15 @@ class Packetizer(wiring.Component):
                  meta_depth: int = 16, payload_depth: int = 512):
         if meta_depth < 4 or payload_depth < 4:
             raise ValueError("FIFO depths must be at least 4")
-        self._data_width = data_width
-        self._meta_layout = meta_layout
         self._meta_depth = meta_depth
         self._payload_depth = payload_depth
         beat = beat_layout(data_width, meta_layout)
-        super().__init__({
+        super().__init__(data_width, meta_layout, {
             "i_meta": In(stream.Signature(meta_layout)),
             "i_payload": In(stream.Signature(beat)),
             "o_packet": Out(stream.Signature(beat)),
             "status": Out(PACKETIZER_STATUS),
         })
-
-    @property
-    def data_width(self) -> int:
-        return self._data_width
-
-    @property
-    def meta_layout(self) -> data.StructLayout:
-        return self._meta_layout
 
     @property
     def meta_depth(self) -> int:

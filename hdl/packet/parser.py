@@ -8,7 +8,7 @@ the golden model :func:`mcf.abi.meta.dispatch_port` walks too.
 from __future__ import annotations
 
 from amaranth import Cat, Const, Module, Mux, Signal, unsigned
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import data, fifo, stream
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.csrmap import PARSER_STATUS, DropCause
@@ -17,6 +17,7 @@ from mcf.abi.meta import DISPATCH_RULES, META, Port, ReduceOp
 
 from ..stream import RegisterSlice
 from .packet_buffer import PacketBuffer
+from .stage import PacketStage
 
 __all__ = ["Parser", "port_member_name"]
 """Default largest accepted payload in bytes (a parameter of :class:`Parser`)."""
@@ -62,7 +63,7 @@ def _any(terms):
     return out
 
 
-class Parser(wiring.Component):
+class Parser(PacketStage):
     """Store-and-forward packet parser, validator and dispatcher.
 
     Parameters
@@ -136,8 +137,6 @@ class Parser(wiring.Component):
             raise ValueError("data_width must be a power-of-two number of bytes")
         if sorted(c.value for c in DropCause) != list(range(len(DropCause))):
             raise ValueError("DropCause values must be 0..n-1 (they index the flag vector)")
-        self._data_width = data_width
-        self._meta_layout = meta_layout
         self._max_payload = max_payload
         self._buffer_depth = buffer_depth
         self._queue_depth = queue_depth
@@ -151,15 +150,7 @@ class Parser(wiring.Component):
             "num_nodes": In(node_bits + 1),
             "status": Out(PARSER_STATUS),
         })
-        super().__init__(members)
-
-    @property
-    def data_width(self) -> int:
-        return self._data_width
-
-    @property
-    def meta_layout(self) -> data.StructLayout:
-        return self._meta_layout
+        super().__init__(data_width, meta_layout, members)
 
     @property
     def max_payload(self) -> int:

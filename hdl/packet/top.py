@@ -56,7 +56,27 @@ def _connect_outputs(m, top, ps):
                  top.ps_status.eq(ps.status)]
 
 
-class PacketPath(wiring.Component):
+class _PacketPair(wiring.Component):
+    """A packetizer and a parser with the members of :func:`_members` (plus ``extra``): what
+    :class:`PacketPath` and :class:`PacketBench` share — their parameters, the two blocks and
+    the metadata and payload inputs into the packetizer."""
+
+    def __init__(self, data_width: int, meta_layout: data.StructLayout, max_payload: int,
+                 payload_depth: int, meta_depth: int, extra: dict | None = None):
+        self._params = dict(data_width=data_width, meta_layout=meta_layout)
+        self._pz_args = dict(payload_depth=payload_depth, meta_depth=meta_depth)
+        self._ps_args = dict(max_payload=max_payload)
+        super().__init__({**_members(data_width, meta_layout), **(extra or {})})
+
+    def _blocks(self, m) -> tuple[Packetizer, Parser]:
+        m.submodules.packetizer = pz = Packetizer(**self._params, **self._pz_args)
+        m.submodules.parser = ps = Parser(**self._params, **self._ps_args)
+        _connect_meta(m, self.i_meta, pz, self._params["meta_layout"])
+        wiring.connect(m, wiring.flipped(self.i_payload), pz.i_payload)
+        return pz, ps
+
+
+class PacketPath(_PacketPair):
     """Packetizer → parser, as on one node between the compute side and the NIC engines.
 
     Members: ``i_meta`` (raw metadata words), ``i_payload``, one ``o_<port>`` per
@@ -68,24 +88,18 @@ class PacketPath(wiring.Component):
     def __init__(self, data_width: int = 128, meta_layout: data.StructLayout = META, *,
                  max_payload: int = MAX_PAYLOAD, payload_depth: int = 512,
                  meta_depth: int = 16):
-        self._params = dict(data_width=data_width, meta_layout=meta_layout)
-        self._pz_args = dict(payload_depth=payload_depth, meta_depth=meta_depth)
-        self._ps_args = dict(max_payload=max_payload)
-        super().__init__(_members(data_width, meta_layout))
+        super().__init__(data_width, meta_layout, max_payload, payload_depth, meta_depth)
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.packetizer = pz = Packetizer(**self._params, **self._pz_args)
-        m.submodules.parser = ps = Parser(**self._params, **self._ps_args)
-        _connect_meta(m, self.i_meta, pz, self._params["meta_layout"])
-        wiring.connect(m, wiring.flipped(self.i_payload), pz.i_payload)
+        pz, ps = self._blocks(m)
         wiring.connect(m, pz.o_packet, ps.i_packet)
         _connect_outputs(m, self, ps)
         m.d.comb += self.pz_status.eq(pz.status)
         return m
 
 
-class PacketBench(wiring.Component):
+class PacketBench(_PacketPair):
     """Both blocks in one design for the cocotb benches (one Verilator build per width).
 
     Members: those of :class:`PacketPath`, plus ``o_packet`` (the packetizer's output) and
@@ -97,19 +111,13 @@ class PacketBench(wiring.Component):
     def __init__(self, data_width: int = 128, meta_layout: data.StructLayout = META, *,
                  max_payload: int = MAX_PAYLOAD, payload_depth: int = 64,
                  meta_depth: int = 8):
-        self._params = dict(data_width=data_width, meta_layout=meta_layout)
-        self._pz_args = dict(payload_depth=payload_depth, meta_depth=meta_depth)
-        self._ps_args = dict(max_payload=max_payload)
         beat = stream.Signature(beat_layout(data_width, meta_layout))
-        super().__init__({**_members(data_width, meta_layout), "o_packet": Out(beat),
-                          "i_packet": In(beat), "loopback": In(1)})
+        super().__init__(data_width, meta_layout, max_payload, payload_depth, meta_depth,
+                         {"o_packet": Out(beat), "i_packet": In(beat), "loopback": In(1)})
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.packetizer = pz = Packetizer(**self._params, **self._pz_args)
-        m.submodules.parser = ps = Parser(**self._params, **self._ps_args)
-        _connect_meta(m, self.i_meta, pz, self._params["meta_layout"])
-        wiring.connect(m, wiring.flipped(self.i_payload), pz.i_payload)
+        pz, ps = self._blocks(m)
         _connect_outputs(m, self, ps)
         m.d.comb += [self.pz_status.eq(pz.status),
                      self.o_packet.payload.eq(pz.o_packet.payload)]

@@ -37,8 +37,8 @@ from mcf.hdl.mem.axi import AXI4Signature
 from mcf.hdl.mem.axi_mux import AxiPortMux
 from mcf.hdl.mem.dma import DmaReader, DmaWriter
 from mcf.sim.benches.dma_desc import send_descriptor
-from mcf.sim.benches.pauses import pattern
 from mcf.sim.ddr import ddr_ram
+from mcf.sim.tb import pattern
 from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 N_RD = N_WR = 2

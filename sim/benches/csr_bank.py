@@ -18,7 +18,7 @@ Tests:
   independent, W often before AW), arbitrary (also non-contiguous) ``wstrb``, random
   ``bready``/``rready``.
 
-Parameters (``mcf.sim.bench_params()``): ``map`` (a key of ``csr_maps.MAPS``), ``n``
+Parameters (``mcf.sim.bench_params()``): ``map`` (a key of :data:`mcf.sim.tb.MAPS`), ``n``
 (transactions per test), ``seed``.
 """
 
@@ -37,7 +37,7 @@ from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 from mcf.abi.regs import WORD_BYTES, Access
 from mcf.golden.csr import CsrModel
 from mcf.sim import bench_params
-from mcf.sim.benches.csr_maps import MAPS
+from mcf.sim.tb import MAPS
 
 PARAMS = bench_params()
 REGMAP = MAPS[PARAMS.get("map", "kinds")]()

@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import collections
 import json
-import logging
 import random
 
 import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 from cocotbext.axi import (
-    AxiBus,
-    AxiRam,
     AxiStreamBus,
     AxiStreamFrame,
     AxiStreamSink,
@@ -35,6 +32,8 @@ from cocotbext.axi.constants import AxiResp
 from mcf.abi.compute import DMA_STATUS, status_values
 from mcf.sim import bench_params
 from mcf.sim.benches.dma_desc import send_descriptor
+from mcf.sim.ddr import ddr_ram
+from mcf.sim.tb import bernoulli
 
 MEM = 1 << 20
 
@@ -44,11 +43,6 @@ def st(dut) -> dict[str, int]:
     return status_values(DMA_STATUS, dut.status.value)
 
 
-def _pauses(p, rng):
-    while True:
-        yield rng.random() < p
-
-
 class TB:
     def __init__(self, dut, seed, latency, ar_pause=0.0, r_pause=0.0, bp=0.0, idle=0.0,
                  jitter=0):
@@ -56,9 +50,7 @@ class TB:
         self.rng = random.Random(seed)
         cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
         dut.rst.value = 1
-        self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=MEM)
-        for side in (self.ram.read_if, self.ram.write_if):
-            side.log.setLevel(logging.WARNING)
+        self.ram = ddr_ram(dut, "m_axi", dut.clk, dut.rst, size=MEM)
         self.bad_read: set[int] = set()     # beat addresses answering SLVERR
         self.decerr_read: set[int] = set()  # beat addresses answering DECERR
         self.bad_write: set[int] = set()
@@ -85,15 +77,15 @@ class TB:
             await orig_write(address, data)
         wi._write = write
         if ar_pause:
-            ri.ar_channel.set_pause_generator(_pauses(ar_pause, self.rng))
+            ri.ar_channel.set_pause_generator(bernoulli(ar_pause, self.rng))
         if r_pause:
-            ri.r_channel.set_pause_generator(_pauses(r_pause, self.rng))
+            ri.r_channel.set_pause_generator(bernoulli(r_pause, self.rng))
         self.rd = AxiStreamSink(AxiStreamBus.from_prefix(dut, "m_axis_rd"), dut.clk, dut.rst)
         self.wr = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis_wr"), dut.clk, dut.rst)
         if bp:
-            self.rd.set_pause_generator(_pauses(bp, self.rng))
+            self.rd.set_pause_generator(bernoulli(bp, self.rng))
         if idle:
-            self.wr.set_pause_generator(_pauses(idle, self.rng))
+            self.wr.set_pause_generator(bernoulli(idle, self.rng))
         for d in ("rd_desc", "wr_desc"):
             getattr(dut, f"s_axis_{d}_tvalid").value = 0
         self.done: list[int] = []           # wr_err of every wr_done pulse

@@ -1,5 +1,7 @@
 """cocotb bench of the node's Ethernet MACs, one bench for both (a :class:`MacKind` says which),
-with link frames on the aclk-side 64-bit ports (aclk 200 MHz, unrelated to the line clocks):
+with link frames on the aclk-side 64-bit ports (aclk 200 MHz, unrelated to the line clocks); the
+``mac`` parameter (a :class:`MacKind`'s name: ``xgmii`` or ``rgmii``) says which MAC the build
+holds:
 
 * :data:`XGMII` — the 10G MAC (flat top ``eth_10g``: :class:`mcf.hdl.eth.tengig.TenGigMac` under
   ``FlatTop``) against cocotbext-eth's ``XgmiiSink`` (on ``xgmii_txd``/``xgmii_txc``) and
@@ -9,8 +11,8 @@ with link frames on the aclk-side 64-bit ports (aclk 200 MHz, unrelated to the l
   ``FlatTop``) against cocotbext-eth's ``RgmiiPhy`` (``RgmiiSink`` on the MAC's TX pins,
   ``RgmiiSource`` driving its RX pins, 125 MHz DDR).
 
-:func:`cocotb_tests` makes the three tests of one kind; :mod:`.eth_10g` and :mod:`.eth_rgmii`
-hold them (the cocotb modules the runners in ``tests/test_eth_*.py`` and ``mcf bench eth`` name).
+The runners: ``tests/test_eth_bench.py`` (``lengths`` and ``bad`` of both kinds) and
+``mcf bench eth`` (:mod:`mcf.sim.perf.eth`, ``rate``).
 
 Tests (``tests`` param selects):
 
@@ -71,7 +73,7 @@ from .eth_common import (
     with_fcs,
 )
 
-__all__ = ["MacKind", "XGMII", "RGMII", "TB", "cocotb_tests"]
+__all__ = ["MacKind", "XGMII", "RGMII", "KINDS", "TB"]
 
 ACLK_NS = 5
 _SFD_AT = len(PREAMBLE) + 1                 # frame byte 0 in a PHY model's frame data
@@ -182,6 +184,7 @@ RGMII = MacKind("rgmii", Line("rgmii", clock_hz=125e6, bytes_per_cycle=1, dic_cy
                 _RgmiiPhy, None, tx_timeout_us=2000, settle_us=500, bad_settle_us=1000,
                 rate_n=30)
 assert XGMII.line.byte_ps * 8 == _XgmiiPhy.PS and RGMII.line.byte_ps == 1000 * _RgmiiPhy.NS
+KINDS = {k.name: k for k in (XGMII, RGMII)}
 
 
 class TB:
@@ -244,14 +247,23 @@ class TB:
         assert got == want, (got, want)
 
 
-async def run_lengths(dut, kind: MacKind):
+async def _started(dut, test: str, seed: int) -> tuple[dict, random.Random, TB]:
+    """The bench's parameters, the test's ``rng`` (``seed`` unless the ``seed`` parameter) and a
+    started :class:`TB` of the ``mac`` parameter's MAC; skipped unless ``tests`` names
+    ``test``."""
     p = bench_params()
-    skip_unless_selected("lengths", p)
-    rng = random.Random(p.get("seed", 1))
+    skip_unless_selected(test, p)
+    tb = TB(dut, KINDS[p["mac"]], local=p.get("local_id", LOCAL))
+    await tb.start()
+    return p, random.Random(p.get("seed", seed)), tb
+
+
+@cocotb.test()
+async def lengths(dut):
+    p, rng, tb = await _started(dut, "lengths", 1)
+    kind = tb.kind
     lens = p.get("lengths") or [*range(41), *range(41, MAX_PAYLOAD, 97), MAX_PAYLOAD]
     links = [link_frame(rng, n) for n in lens]
-    tb = TB(dut, kind)
-    await tb.start()
     cocotb.start_soon(tb.send_links(links))
     rx_links = [link_frame(rng, n) for n in reversed(lens)]
     if kind.start_lanes is not None:
@@ -272,12 +284,9 @@ async def run_lengths(dut, kind: MacKind):
     tb.check_status()
 
 
-async def run_bad(dut, kind: MacKind):
-    p = bench_params()
-    skip_unless_selected("bad", p)
-    rng = random.Random(p.get("seed", 2))
-    tb = TB(dut, kind)
-    await tb.start()
+@cocotb.test()
+async def bad(dut):
+    p, rng, tb = await _started(dut, "bad", 2)
     good: list[bytes] = []
     m = tb.model_rx
 
@@ -311,7 +320,7 @@ async def run_bad(dut, kind: MacKind):
         await send(frame(dst=LOCAL ^ 1))                                    # foreign MAC
         await send(with_fcs(frame(120)[:-4][:-3]))                          # bad length
         await send(frame(MAX_PAYLOAD))
-    await tb.settle(sum(len(link_beats(lk)) for lk in good), kind.bad_settle_us)
+    await tb.settle(sum(len(link_beats(lk)) for lk in good), tb.kind.bad_settle_us)
     assert tb.out == [b for lk in good for b in link_beats(lk)]
     st = status(dut)
     for name in ("rx_phy_errors", "rx_runts", "rx_oversize", "rx_fcs_errors",
@@ -320,35 +329,13 @@ async def run_bad(dut, kind: MacKind):
     tb.check_status()
 
 
-async def run_rate(dut, kind: MacKind):
-    p = bench_params()
-    skip_unless_selected("rate", p)
-    rng = random.Random(p.get("seed", 3))
-    tb = TB(dut, kind, local=p.get("local_id", LOCAL))
-    await tb.start()
+@cocotb.test()
+async def rate(dut):
+    p, rng, tb = await _started(dut, "rate", 3)
     result = {}
     for link_len in p.get("sizes", [0, 1480]):
-        result[str(link_len)] = await line_rate(tb, kind.line, link_len,
-                                                p.get("rate_n", kind.rate_n), rng,
+        result[str(link_len)] = await line_rate(tb, tb.kind.line, link_len,
+                                                p.get("rate_n", tb.kind.rate_n), rng,
                                                 aclk_ps=1000 * ACLK_NS)
     with open(p["out"], "w") as fh:
         json.dump(result, fh)
-
-
-def cocotb_tests(kind: MacKind, module: str):
-    """The cocotb tests ``lengths``, ``bad`` and ``rate`` of ``kind``, for the module named
-    ``module`` to hold (cocotb names them ``<module>.lengths`` …)."""
-    async def lengths(dut):
-        await run_lengths(dut, kind)
-
-    async def bad(dut):
-        await run_bad(dut, kind)
-
-    async def rate(dut):
-        await run_rate(dut, kind)
-
-    tests = []
-    for fn in (lengths, bad, rate):
-        fn.__module__, fn.__qualname__ = module, fn.__name__
-        tests.append(cocotb.test()(fn))
-    return tuple(tests)

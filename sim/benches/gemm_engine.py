@@ -38,7 +38,7 @@ from mcf.golden.gemm import gemm
 from mcf.quant import QuantWeight, gemm_tile_blob, gemm_x_blob
 from mcf.sim import bench_params
 from mcf.sim.benches.dma_desc import send_job
-from mcf.sim.benches.pauses import set_pauses
+from mcf.sim.tb import set_pauses
 
 CLOCK_NS = 4
 

@@ -26,7 +26,7 @@ from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStream
 from mcf.abi.meta import META, Collective, Meta, Op, Stage
 from mcf.abi.nic import A2A_STATUS
 from mcf.golden.nic import A2AModel, Packet
-from mcf.sim.benches.pauses import set_pauses
+from mcf.sim.tb import set_pauses
 from mcf.sim.toolchain import bench_params
 
 NODE_IDS = 1 << META["src"].width

@@ -37,7 +37,7 @@ from mcf.abi.meta import META, Collective, Meta, Op, ReduceOp, Stage
 from mcf.abi.nic import CRC_BYTES, LINK_HEADER, LINK_MAGIC, LINK_RX_STATUS, LINK_TX_STATUS, crc32
 from mcf.golden.nic import LinkRxModel, Packet, link_frame
 from mcf.hdl.nic.link_model import LINK_MODEL_STATUS
-from mcf.sim.benches.pauses import set_pauses
+from mcf.sim.tb import set_pauses
 from mcf.sim.toolchain import bench_params
 
 SEQ_MOD = 1 << LINK_HEADER["seq"].width

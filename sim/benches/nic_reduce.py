@@ -23,7 +23,7 @@ from mcf.abi.meta import META, Meta, ReduceOp
 from mcf.abi.nic import LANE_BYTES, REDUCE_STATUS, REDUCE_TAG, ReduceDrop, reduce_config
 from mcf.golden.nic import Packet, ReduceModel, reduce_key
 from mcf.sim.benches import nic_traffic as t
-from mcf.sim.benches.pauses import set_pauses
+from mcf.sim.tb import set_pauses
 from mcf.sim.toolchain import bench_params
 
 

@@ -16,7 +16,7 @@ from mcf.abi.meta import META, Meta
 from mcf.abi.nic import ROUTER_STATUS
 from mcf.golden.nic import Packet, RouterModel
 from mcf.sim.benches import nic_traffic as traffic
-from mcf.sim.benches.pauses import set_pauses
+from mcf.sim.tb import set_pauses
 from mcf.sim.toolchain import bench_params
 
 

@@ -56,7 +56,7 @@ from mcf.abi.nic import (
 from mcf.golden.nic import A2AModel, LinkRxModel, Packet, RouterModel, link_frame
 from mcf.sim.benches import nic_traffic as traffic
 from mcf.sim.benches.nic_reduce import HandshakeLog, HeldReduceModel, replay, send_with_credits
-from mcf.sim.benches.pauses import set_pauses
+from mcf.sim.tb import set_pauses
 from mcf.sim.toolchain import bench_params
 
 LOCAL_ID, NUM_NODES = 1, 4

@@ -60,7 +60,7 @@ from mcf.abi.query import pack_query
 from mcf.abi.softmax import merge_state, pack_state, sum_states, unpack_state
 from mcf.golden.attend_unit import AttendResult, attend_model
 from mcf.golden.attention import random_blocks, random_query
-from mcf.sim.benches.pauses import pattern
+from mcf.sim.tb import pattern
 from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 P = bench_params()
@@ -327,6 +327,14 @@ async def _setup(dut, seed_off: int):
     return tb
 
 
+def _all_good(tb, args, want) -> None:
+    """Every record of ``args`` counted with its blocks (``want``: the model's results), none
+    bad, no write error."""
+    st = tb.status()
+    assert st["records"] == len(args) and st["blocks"] == sum(r.blocks for r in want)
+    assert st["bad_record"] == st["bad_list"] == st["write_errors"] == 0
+
+
 @cocotb.test()
 async def decode(dut):
     """Decode states over random block lists, bit-exact per head."""
@@ -334,9 +342,7 @@ async def decode(dut):
     tb = await _setup(dut, 0)
     args = decode_records(tb, 8)
     want = await tb.run(args)
-    st = tb.status()
-    assert st["records"] == len(args) and st["blocks"] == sum(r.blocks for r in want)
-    assert st["bad_record"] == st["bad_list"] == st["write_errors"] == 0
+    _all_good(tb, args, want)
 
 
 @cocotb.test()
@@ -387,9 +393,7 @@ async def two_phase(dut):
     args = two_phase_records(tb, 4)
     want = await tb.run(args)
     assert all(w.bad is None for w in want)
-    st = tb.status()
-    assert st["records"] == len(args) and st["blocks"] == sum(r.blocks for r in want)
-    assert st["bad_record"] == st["bad_list"] == st["write_errors"] == 0
+    _all_good(tb, args, want)
     eng = tb.dut.engine_status.value.to_unsigned()
     err_max = attn_status_layout()["err_max"]
     assert eng >> err_max.offset & ((1 << err_max.width) - 1) > 0   # round 2's low maxima

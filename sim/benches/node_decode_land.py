@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import cocotb
 import numpy as np
-from cocotb.triggers import RisingEdge, with_timeout
+from cocotb.triggers import RisingEdge
 
 from mcf.abi.decode_land import (
     DECODE_LAND_STATUS,
@@ -56,7 +56,6 @@ from mcf.abi.quant import SCALE_EXP_BITS, SCALE_MANT_BITS
 from mcf.abi.query import QUERY_HEADER, pack_query, query_bytes, query_fragments
 from mcf.abi.softmax import M_EMPTY, STATE_L, STATE_M, STATE_O, merge_states, pack_state
 from mcf.golden.decode_land import DecodeLandModel
-from mcf.sim.benches.cycles import cycle_counter
 from mcf.sim.benches.packet_lander import LanderTB
 from mcf.sim.toolchain import bench_params, skip_unless_selected
 
@@ -359,7 +358,6 @@ async def rate(dut):
     skip_unless_selected("rate", p)
     rng = random.Random(p.get("seed", 1))
     tb = TB(dut, rng)
-    cycle = cycle_counter(dut.clk)
     results = []
     for mix in p.get("rate_mixes", ["states", "queries", "mixed", "with_maxima"]):
         seed = p.get("seed", 1) + len(results)
@@ -371,25 +369,11 @@ async def rate(dut):
                  "mixed": (Op.QUERY, Op.PARTIAL_STATE),
                  "with_maxima": (Op.QUERY, Op.PARTIAL_STATE, Op.REDUCTION)}[mix]
         t.packets = [pk for pk in t.packets if pk[0].op in kinds]
-        tb.ram.write(0, bytes([FILL]) * MEM)
         await tb.reset(t)
         model = t.model()
-        frames = [tb.frame(meta, payload) for meta, payload in t.packets]
-        start = None
-        for f in frames:
-            await tb.src.send(f)
-            if start is None:
-                while not (dut.s_axis_tvalid.value and dut.s_axis_tready.value):
-                    await RisingEdge(dut.clk)
-                start = cycle[0]
-        beats = sum(payload_beats(len(pl), 64) for _, pl in t.packets)
-        await with_timeout(tb.drain(model.status, 10 * beats + 10_000), 10, "ms")
-        cycles = cycle[0] - start
+        beats, cycles = await tb.timed_run(t.packets, model.status)
         _check(tb, t, model)
-        results.append({"mix": mix, "packets": len(t.packets),
-                        "packet_bytes": sorted({len(pl) for _, pl in t.packets}),
-                        "input_beats": beats, "cycles": cycles,
-                        "beats_per_cycle": round(beats / cycles, 4)})
+        results.append({"mix": mix, **tb.rate_record(t.packets, "input_beats", beats, cycles)})
         dut._log.info("decode landing rate: %s", results[-1])
     if p.get("out"):
         with open(p["out"], "w") as fh:

@@ -42,8 +42,9 @@ from mcf.abi.meta import Collective, Meta, Op, Stage
 from mcf.abi.node import Cmd, Queue, RecordClass
 from mcf.abi.node_config import SIM
 from mcf.golden.emit import EmitModel
-from mcf.sim.benches.pauses import pattern
+from mcf.sim.benches.packet_lander import write_land_off
 from mcf.sim.ddr import ddr_ram
+from mcf.sim.tb import pattern
 from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 MEM = 1 << 20
@@ -179,12 +180,7 @@ class TB:
         d.rst.value = 1
         await ClockCycles(d.clk, 3)
         d.rst.value = 0
-        for seq, off in enumerate(p.land_off):
-            d.land_off_we.value = 1
-            d.land_off_seq.value = seq
-            d.land_off_data.value = 0 if off is None else (1 << 24) | off
-            await RisingEdge(d.clk)
-        d.land_off_we.value = 0
+        await write_land_off(d, p.land_off)
         await RisingEdge(d.clk)
         self.events.clear()
         self.done = 0

@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import collections
 import json
-import logging
 import random
 
 import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
-from cocotbext.axi import AxiBus, AxiRam
 
 from mcf.abi.compute import status_values
 from mcf.abi.node import (
@@ -38,6 +36,8 @@ from mcf.abi.node import (
 from mcf.hdl.flat import AXIS_FIELD_NAMES
 from mcf.sim import bench_params
 from mcf.sim.benches.node_records import random_record
+from mcf.sim.ddr import ddr_ram
+from mcf.sim.tb import bernoulli
 
 MEM = 1 << 20
 BASE = 0x4F00          # 16-byte aligned, not burst aligned: bursts meet the 4 KiB boundary
@@ -49,24 +49,17 @@ def _axis_name(field: str) -> str:
     return AXIS_FIELD_NAMES.get(field, f"t{field}")
 
 
-def _pauses(p, rng):
-    while True:
-        yield rng.random() < p
-
-
 class TB:
     def __init__(self, dut, seed, ar_pause=0.0, r_pause=0.0, bp=0.0, latency=0):
         self.dut = dut
         self.rng = random.Random(seed)
         cocotb.start_soon(Clock(dut.clk, 4, unit="ns").start())
         dut.rst.value = 1
-        self.ram = AxiRam(AxiBus.from_prefix(dut, "bus"), dut.clk, dut.rst, size=MEM)
-        for side in (self.ram.read_if, self.ram.write_if):
-            side.log.setLevel(logging.WARNING)
+        self.ram = ddr_ram(dut, "bus", dut.clk, dut.rst, size=MEM)
         if ar_pause:
-            self.ram.read_if.ar_channel.set_pause_generator(_pauses(ar_pause, self.rng))
+            self.ram.read_if.ar_channel.set_pause_generator(bernoulli(ar_pause, self.rng))
         if r_pause:
-            self.ram.read_if.r_channel.set_pause_generator(_pauses(r_pause, self.rng))
+            self.ram.read_if.r_channel.set_pause_generator(bernoulli(r_pause, self.rng))
         self.bp = bp
         self.cycle = 0
         self.latency = latency

@@ -49,8 +49,8 @@ from mcf.sim.benches.attention_common import (
     q_words,
     v_words,
 )
-from mcf.sim.benches.pauses import pattern
 from mcf.sim.ddr import READ, ddr_ram
+from mcf.sim.tb import pattern
 from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 P = bench_params()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import cocotb
 import numpy as np
-from cocotb.triggers import RisingEdge, with_timeout
+from cocotb.triggers import RisingEdge
 
 from mcf.abi.framing import MAX_PAYLOAD, payload_beats
 from mcf.abi.kv import pack_kv_block
@@ -41,9 +41,8 @@ from mcf.abi.landing import (
 )
 from mcf.abi.meta import META, Collective, Meta, Op
 from mcf.golden.landing import LandingModel
-from mcf.sim.benches.cycles import cycle_counter
-from mcf.sim.benches.packet_lander import LanderTB
-from mcf.sim.benches.pauses import pattern
+from mcf.sim.benches.packet_lander import LanderTB, write_land_off
+from mcf.sim.tb import pattern
 from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 MEM = 1 << 21
@@ -160,12 +159,7 @@ class TB(LanderTB):
     async def reset(self, t: Traffic):
         d = self.dut
         await self.release(t.cfg)
-        for seq, off in enumerate(t.land_off):
-            d.land_off_we.value = 1
-            d.land_off_seq.value = seq
-            d.land_off_data.value = 0 if off is None else (1 << 24) | off
-            await RisingEdge(d.clk)
-        d.land_off_we.value = 0
+        await write_land_off(d, t.land_off)
         await RisingEdge(d.clk)
 
 
@@ -234,33 +228,19 @@ async def rate(dut):
     skip_unless_selected("rate", p)
     rng = random.Random(p.get("seed", 1))
     tb = TB(dut, rng)
-    cycle = cycle_counter(dut.clk)
     results = []
     for max_payload in p.get("rate_payloads", [MAX_PAYLOAD]):
         t = make_traffic(p.get("seed", 1) + max_payload, p.get("rate_n", 100),
                          bad_fraction=0.0, kv_count=80, max_payload=max_payload,
                          slice_tokens=256)
         t.packets = [pk for pk in t.packets if not t.write_error(pk[0])]
-        tb.ram.write(0, bytes([FILL]) * MEM)
         await tb.reset(t)
         model = _model(t)
         tb.events.clear()
-        frames = [tb.frame(meta, payload) for meta, payload in t.packets]
-        start = None
-        for f in frames:
-            await tb.src.send(f)
-            if start is None:
-                while not (dut.s_axis_tvalid.value and dut.s_axis_tready.value):
-                    await RisingEdge(dut.clk)
-                start = cycle[0]
-        beats = sum(payload_beats(len(pl), 64) for _, pl in t.packets)
-        await with_timeout(tb.drain(model.status, 10 * beats + 10_000), 10, "ms")
-        cycles = cycle[0] - start
+        beats, cycles = await tb.timed_run(t.packets, model.status)
         await _check(tb, t, model)
-        results.append({"max_payload": max_payload, "packets": len(t.packets),
-                        "packet_bytes": sorted({len(pl) for _, pl in t.packets}),
-                        "payload_beats": beats, "cycles": cycles,
-                        "beats_per_cycle": round(beats / cycles, 4)})
+        results.append({"max_payload": max_payload,
+                        **tb.rate_record(t.packets, "payload_beats", beats, cycles)})
         dut._log.info("landing rate: %s", results[-1])
     if p.get("out"):
         with open(p["out"], "w") as fh:

@@ -41,14 +41,15 @@ from cocotbext.axi import (
 
 from mcf.abi.csrmap import PACKETIZER_STATUS
 from mcf.abi.framing import MAX_PAYLOAD, beat_layout
-from mcf.abi.landing import LAND_OFF_ENTRIES, LANDING_CONFIG, LandingConfig, land_off_entry
+from mcf.abi.landing import LAND_OFF_ENTRIES, LANDING_CONFIG, LandingConfig
 from mcf.abi.meta import META, Collective, Meta, Op
 from mcf.abi.node import CMD, PayloadSource, Queue, RecordClass, cmd_raw
 from mcf.abi.send import SEND_STATUS, STAGED_SOURCES
 from mcf.golden.send import SendModel
 from mcf.hdl.mem.axi import AXI4Signature
-from mcf.sim.benches.pauses import pattern
+from mcf.sim.benches.packet_lander import write_land_off
 from mcf.sim.ddr import READ, ddr_ram
+from mcf.sim.tb import pattern
 from mcf.sim.toolchain import bench_params, skip_unless_selected
 
 MEM = 1 << 20
@@ -249,12 +250,7 @@ class TB:
         d.rst.value = 1
         await ClockCycles(d.clk, 3)
         d.rst.value = 0
-        for seq, off in enumerate(sc.land_off):
-            d.land_off_we.value = 1
-            d.land_off_seq.value = seq
-            d.land_off_data.value = land_off_entry(off)
-            await RisingEdge(d.clk)
-        d.land_off_we.value = 0
+        await write_land_off(d, sc.land_off)
         self.ram.write(0, sc.memory)
         cocotb.start_soon(self._monitor())
         await RisingEdge(d.clk)

@@ -25,8 +25,7 @@ from mcf.abi.csrmap import PACKETIZER_STATUS, PARSER_STATUS
 from mcf.abi.meta import MetaWidths, Port, meta_layout
 from mcf.golden.packet import ParsedBeat, WireBeat
 from mcf.sim import bench_params
-
-from .packet_streams import fields
+from mcf.sim.amsim import unpack_fields
 
 __all__ = ["PacketTB", "cycle_pause", "beats_to_frame", "frame_to_beats"]
 
@@ -114,6 +113,14 @@ class PacketTB:
         dut.rst.value = 0
         await RisingEdge(dut.clk)
 
+    async def start(self, idle_seed: int | None, backpressure_seed: int | None,
+                    loopback: bool = False):
+        """:meth:`reset` (with ``loopback``), then idle cycles on the sources from ``idle_seed``
+        and backpressure on the sinks from ``backpressure_seed`` (``None``: none)."""
+        await self.reset(loopback)
+        self.set_idle_generator(idle_seed)
+        self.set_backpressure_generator(backpressure_seed)
+
     # --- traffic ---------------------------------------------------------------------------
     async def send_meta(self, raw: int):
         nbytes = len(self.dut.s_axis_meta_tdata) // 8
@@ -136,10 +143,10 @@ class PacketTB:
         return sum(s.count() for s in self.sinks.values())
 
     def pz_status(self) -> dict[str, int]:
-        return fields(PACKETIZER_STATUS, int(self.dut.pz_status.value))
+        return unpack_fields(PACKETIZER_STATUS, int(self.dut.pz_status.value))
 
     def ps_status(self) -> dict[str, int]:
-        return fields(PARSER_STATUS, int(self.dut.ps_status.value))
+        return unpack_fields(PARSER_STATUS, int(self.dut.ps_status.value))
 
     async def drain(self, *, idle_cycles: int = 64, timeout: int = 1_000_000):
         """Wait until every source is idle and nothing has moved for ``idle_cycles``."""

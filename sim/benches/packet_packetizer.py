@@ -46,9 +46,7 @@ async def _push(tb: PacketTB, packets) -> list[list]:
 @cocotb.parametrize(idle=[False, True], backpressure=[False, True])
 async def packetizer_frames(dut, idle, backpressure):
     tb = PacketTB(dut)
-    await tb.reset()
-    tb.set_idle_generator(1 if idle else None)
-    tb.set_backpressure_generator(2 if backpressure else None)
+    await tb.start(1 if idle else None, 2 if backpressure else None)
     rng = random.Random(tb.width + 4 * idle + 2 * backpressure)
     packets = [random_good_packet(rng, tb.width, max_len=tb.max_payload,
                                   num_nodes=tb.num_nodes, meta_layout=tb.meta_layout, length=n)

@@ -39,9 +39,7 @@ def _model(tb: PacketTB) -> ParserModel:
 @cocotb.parametrize(idle=[False, True], backpressure=[False, True])
 async def parser_frames(dut, idle, backpressure):
     tb = PacketTB(dut)
-    await tb.reset()
-    tb.set_idle_generator(3 if idle else None)
-    tb.set_backpressure_generator(4 if backpressure else None)
+    await tb.start(3 if idle else None, 4 if backpressure else None)
     rng = random.Random(tb.width * 5 + 4 * idle + 2 * backpressure)
     lengths = list(range(1, 4 * tb.bpb + 1)) + [tb.max_payload] + [0] * 16
     ports = list(Port)
@@ -64,9 +62,7 @@ async def parser_fuzz(dut):
     """Good packets with malformed ones of every cause mixed in, random idle and backpressure:
     every good packet arrives bit-exact at the right port and every counter is exact."""
     tb = PacketTB(dut)
-    await tb.reset()
-    tb.set_idle_generator(5)
-    tb.set_backpressure_generator(6)
+    await tb.start(5, 6)
     rng = random.Random(tb.width + 99)
     model = _model(tb)
     causes = list(DropCause)

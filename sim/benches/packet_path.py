@@ -21,9 +21,7 @@ from .packet_parser import check_outputs
 @cocotb.test()
 async def path_stress(dut):
     tb = PacketTB(dut)
-    await tb.reset(loopback=True)
-    tb.set_idle_generator(7)
-    tb.set_backpressure_generator(8)
+    await tb.start(7, 8, loopback=True)
     rng = random.Random(tb.width + 2024)
     n = tb.params.get("stress_packets", 10_000)
     max_len = tb.params.get("stress_max_len", 2 * tb.bpb)

@@ -17,11 +17,7 @@ from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStream
 from mcf.abi.quant import GAMMA, VectorOp, norm_eps_code, rope_words
 from mcf.golden import vector as V
 from mcf.sim import bench_params
-
-
-def _pauses(p, rng):
-    while True:
-        yield rng.random() < p
+from mcf.sim.tb import bernoulli
 
 
 def act_bytes(a):
@@ -59,10 +55,10 @@ async def vector_bit_exact(dut):
     so = AxiStreamSink(AxiStreamBus.from_prefix(dut, "m_axis_o"), dut.clk, dut.rst)
     rng = random.Random(p.get("seed", 1))
     if p.get("idle"):
-        sa.set_pause_generator(_pauses(p["idle"], rng))
-        sb.set_pause_generator(_pauses(p["idle"], rng))
+        sa.set_pause_generator(bernoulli(p["idle"], rng))
+        sb.set_pause_generator(bernoulli(p["idle"], rng))
     if p.get("backpressure"):
-        so.set_pause_generator(_pauses(p["backpressure"], rng))
+        so.set_pause_generator(bernoulli(p["backpressure"], rng))
     dut.rst.value = 1
     await ClockCycles(dut.clk, 3)
     dut.rst.value = 0

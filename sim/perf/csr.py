@@ -6,8 +6,8 @@
 from __future__ import annotations
 
 from mcf.hdl.csr.top import csr_flat_top
-from mcf.sim.benches.csr_maps import MAPS
 from mcf.sim.synth import RESOURCE_KEYS, resources
+from mcf.sim.tb import MAPS
 
 __all__ = ["collect", "render"]
 

@@ -37,7 +37,7 @@ from mcf.hdl.nic.all_to_all import AllToAll
 from mcf.hdl.nic.link import LinkRx, LinkTx
 from mcf.hdl.nic.reduce import ReduceEngine
 from mcf.hdl.nic.router import Router
-from mcf.sim.benches.nic_amsim import pack_fields, unpack_fields, write_table
+from mcf.sim.amsim import pack_fields, unpack_fields, write_table
 from mcf.sim.perf import BenchRefused, refuse_unplanned, resource_table
 
 __all__ = ["collect", "render", "router_rate", "reduce_rate", "link_rate", "a2a_rate"]

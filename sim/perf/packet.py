@@ -33,7 +33,7 @@ from mcf.abi.meta import Port
 from mcf.golden.packet import ParserModel, packetize, payload_frame
 from mcf.hdl.packet.parser import port_member_name
 from mcf.hdl.packet.top import PacketPath
-from mcf.sim.benches.packet_streams import Sink, fields, pack, send
+from mcf.sim.amsim import Sink, pack_fields, send, unpack_fields
 from mcf.sim.perf import BenchRefused, refuse_unplanned, resource_table
 
 __all__ = ["collect", "render", "measure", "WIDTHS", "sizes"]
@@ -74,7 +74,7 @@ def measure(data_width: int, payload_beats: int, packets: int, *,
     model.feed(packetize(metas, frames, data_width))
     playout = parsed_layout(data_width)
     blayout = beat_layout(data_width)
-    payload_words = [pack(blayout, b._asdict()) for f in frames for b in f]
+    payload_words = [pack_fields(blayout, b._asdict()) for f in frames for b in f]
     sinks = {p: Sink(getattr(dut, port_member_name(p))) for p in Port}
     first_cycle: dict[str, int] = {}
     done = {}
@@ -104,7 +104,7 @@ def measure(data_width: int, payload_beats: int, packets: int, *,
             if cycle > limit:
                 done["stalled"] = cycle
                 break
-        done["status"] = fields(PARSER_STATUS, int(ctx.get(dut.ps_status.as_value())))
+        done["status"] = unpack_fields(PARSER_STATUS, int(ctx.get(dut.ps_status.as_value())))
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -121,7 +121,7 @@ def measure(data_width: int, payload_beats: int, packets: int, *,
     status = done["status"]
     refuse_unplanned(what, {k: v for k, v in status.items() if k.startswith("drop_")})
     for p, sink in sinks.items():
-        want = [pack(playout, b._asdict()) for pkt in model.outputs[p] for b in pkt]
+        want = [pack_fields(playout, b._asdict()) for pkt in model.outputs[p] for b in pkt]
         if sink.items != want:
             raise BenchRefused(f"{what}: port {p.name} output differs from the golden model "
                                f"({len(sink.items)} beats, expected {len(want)})")

@@ -1,0 +1,388 @@
+"""The row-parallel step of tensor-parallel decode on the node (issue #34 item 3, docs/cluster.md
+"Tensor-parallel decode": the O and down projections): one projection ``Y = X · Wᵀ`` whose
+K range is split over the N nodes (:func:`mcf.golden.tp_decode.tp_split`'s ranges), every node
+ending with the whole K's output row.
+
+Per node ``i`` (K range ``[k0, k1)``), the data this module lays out in the node's DDR
+(:class:`RowParallelImage`):
+
+* the **weight shard**: the matrix's columns ``[k0, k1)`` over the whole groups they touch,
+  codes outside the range zero (:func:`shard_weight`), as a stripe image
+  (:func:`mcf.quant.gemm_stripe_image`);
+* the **bias stripes**: the matrix's bias only (:func:`mcf.abi.compute.gemm_bias_stream`, split
+  with :func:`mcf.abi.compute.gemm_w_stripes`), read by the ``acc_in`` job's STRIPE entry;
+* the **ACT input**: a row of the padded K (``kp`` words), the node's shard at offset
+  ``k0 − j0·group``, zeros elsewhere (zeros change neither the absmax nor the accumulator);
+* the buffers between the steps (:class:`RowParallelBuffers`).
+
+and its three templates (:meth:`RowParallelImage.templates`):
+
+1. ``ABSMAX`` of the ACT row → one beat whose lanes 0 and 1 are the node's
+   :func:`mcf.abi.tp.absmax_lanes` (the MAX all-reduce's contribution, :data:`MAX_BYTES`);
+2. ``REQUANT_EXT`` of the ACT row with the MAX-reduced lanes (one beat from the node's MBUF
+   slot) → the whole row's INT8 codes and scale word; then a GEMM ``acc_out`` job over the
+   shard → each output element's exact accumulator as two SUM lanes
+   (:func:`mcf.abi.tp.acc_lanes`);
+3. a GEMM ``acc_in`` job: the scale word and the SUM-reduced lanes on ``x_in``, the bias
+   stripes on ``w_in`` → the epilogue once: the output row.
+
+Between 1 and 2 the MAX all-reduce (:func:`max_records`: the two lanes to the root's
+``ReduceOp.MAX`` reduction, landed by the decode lander in an MBUF slot; the root multicasts its
+slot to the other nodes, as two-phase decode does); between 2 and 3 the SUM all-reduce of the
+``2·N`` lanes in payloads of whole lane pairs (:func:`sum_payloads`).
+
+**Not runnable on the node top yet:** the SUM all-reduce's result has no landing rule. The
+decode lander lands a ``REDUCTION`` result only into an MBUF slot (``length ≤``
+:data:`mcf.abi.decode_land.M_SLOT_BYTES`, slot index ``< Q_HEADS``), so the ``2·N·4``-byte lane
+payloads (1 KiB for the tiny model's O, 12 KiB for Qwen2.5-1.5B's) are dropped as
+``drop_length`` and no sequencer counter could WAIT for them. :func:`max_records` therefore
+ends with the ``acc_out`` JOB; the ``acc_in`` template is built and checked, not driven.
+
+:func:`golden_step` chains the engines' golden models (:mod:`mcf.golden.vector`,
+:mod:`mcf.golden.gemm`, the NIC's :func:`mcf.golden.tp_decode.nic_all_reduce`) over exactly
+the buffers the templates read and write; its output equals
+:func:`mcf.golden.tp_decode.row_parallel` and the single-node GEMM of the whole K.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..abi.compute import (
+    STRIPE_ALIGN,
+    DmaDesc,
+    GemmJob,
+    StripeJob,
+    gemm_bias_stream,
+    gemm_w_stripes,
+)
+from ..abi.decode_land import M_SLOT_BYTES, mbuf_slot
+from ..abi.framing import MAX_PAYLOAD
+from ..abi.jobs import ENTRY_BYTES, JOB_ARG, STRIPE_KIND, Entry, EntryKind, template_image
+from ..abi.meta import Collective, Meta, Op, ReduceOp, Stage
+from ..abi.nic import LANE_BYTES
+from ..abi.node import Cmd, PayloadSource, Queue, RecordClass
+from ..abi.node_config import AXI_WIDTH, NodeConfig
+from ..abi.quant import ReadDest, VectorOp, WriteSrc
+from ..abi.sequencer import SeqCounter
+from ..abi.tp import ACC_LANES
+from ..golden import gemm as G
+from ..golden import vector as V
+from ..golden.tp_decode import nic_all_reduce
+from ..quant import QuantWeight, gemm_stripe_image, gemm_tile_blob
+from .layer import _Alloc, act_bytes
+
+__all__ = ["MAX_LANES", "MAX_BYTES", "ShardWeight", "shard_weight", "RowParallelBuffers",
+           "RowParallelImage", "SumPayload", "sum_payloads", "max_records", "StepGolden",
+           "golden_step"]
+
+Range = tuple[int, int]
+
+MAX_LANES = 2
+"""Lanes of a node's MAX all-reduce contribution (:func:`mcf.abi.tp.absmax_lanes`)."""
+MAX_BYTES = MAX_LANES * LANE_BYTES
+"""Bytes of that contribution (the SEND's ``length``; the ABSMAX beat's low lanes)."""
+if MAX_BYTES > M_SLOT_BYTES:  # pragma: no cover - the MAX result lands in one MBUF slot
+    raise AssertionError("the absmax lanes do not fit an MBUF slot")
+
+
+@dataclass(frozen=True)
+class ShardWeight:
+    """Node's K range ``k`` of a weight matrix as its GEMM runs it: ``qw`` = the columns of the
+    whole groups ``groups`` touches (``kp = (j1 − j0)·group`` columns), codes outside ``k``
+    zero; ``lo``/``hi``: ``k`` relative to the first padded column."""
+    k: Range
+    groups: Range
+    qw: QuantWeight
+
+    @property
+    def kp(self) -> int:
+        return self.qw.q.shape[1]
+
+    @property
+    def lo(self) -> int:
+        return self.k[0] - self.groups[0] * self.qw.group
+
+    @property
+    def hi(self) -> int:
+        return self.k[1] - self.groups[0] * self.qw.group
+
+
+def shard_weight(qw: QuantWeight, k: Range) -> ShardWeight:
+    """The shard of ``qw`` a node holds for its K range ``k`` (class docstring)."""
+    g = qw.group
+    if not 0 <= k[0] < k[1] <= qw.q.shape[1]:
+        raise ValueError(f"K range {k} of a {qw.q.shape[1]}-column matrix")
+    j0, j1 = k[0] // g, -(-k[1] // g)
+    q = np.zeros((qw.q.shape[0], (j1 - j0) * g), dtype=np.int64)
+    lo = k[0] - j0 * g
+    q[:, lo:lo + k[1] - k[0]] = qw.q[:, k[0]:k[1]]
+    return ShardWeight(k, (j0, j1), QuantWeight(q, qw.m[:, j0:j1], qw.e, g))
+
+
+@dataclass(frozen=True)
+class RowParallelBuffers:
+    """Byte addresses of one node's row-parallel step: ``x`` the ACT row (``kp`` words),
+    ``mx`` the ABSMAX beat (its first :data:`MAX_BYTES` are sent), ``mslot`` the MBUF slot the
+    MAX result lands in (REQUANT_EXT's ``b``), ``xq`` the codes (``kp`` bytes) then the scale
+    word, ``lanes`` the ``acc_out`` lanes (``2·N`` words), ``summed`` the SUM-reduced lanes,
+    ``y`` the output row (``N`` ACT words); ``w`` / ``bias`` the stripe jobs."""
+    x: int
+    mx: int
+    mslot: int
+    xq: int
+    lanes: int
+    summed: int
+    y: int
+    w: StripeJob
+    bias: StripeJob
+
+
+def _bias_stripes(qw: QuantWeight, bias, config: NodeConfig) -> tuple[bytes, StripeJob]:
+    """The bias-only weight stream of an ``acc_in`` job, as a stripe image (the layout of
+    :func:`mcf.quant.gemm_stripe_image`: stripe ``p`` at ``p · pitch``)."""
+    rows, beat = config.gemm_rows, AXI_WIDTH // 8
+    n = qw.q.shape[0]
+    stream = gemm_bias_stream(gemm_tile_blob(qw, rows, config.gemm_lanes, bias), n // rows,
+                              rows, config.hp_ports * beat)
+    stripes = gemm_w_stripes(stream, config.hp_ports, beat)
+    length = len(stripes[0])
+    pitch = -(-length // STRIPE_ALIGN) * STRIPE_ALIGN
+    raw = b"".join(s + bytes(pitch - length) for s in stripes)
+    return raw, StripeJob(0, length, pitch)
+
+
+@dataclass
+class RowParallelImage:
+    """One node's DDR image of the row-parallel step for a matrix ``qw`` (``N × K``, ``bias``
+    or None) and its K range ``k``, from byte address ``base`` (module docstring); MBUF at
+    ``mbuf_base`` with ``q_heads`` slots per parity (the node's decode layout), the MAX result
+    in the slot of ``(parity, head0)``. ``image``: ``{address: bytes}``; ``templates``: the
+    three entry lists; ``table`` / ``table_len``: the template table (its own, at
+    :attr:`table`, for a node that runs only this step)."""
+    qw: QuantWeight
+    k: Range
+    config: NodeConfig
+    base: int
+    mbuf_base: int
+    q_heads: int
+    eps_code: int = 0
+    bias: np.ndarray | None = None
+    parity: int = 0
+    head0: int = 0
+    image: dict[int, bytes] = field(default_factory=dict)
+
+    def __post_init__(self):
+        c = self.config
+        n = self.qw.q.shape[0]
+        self.shard = shard_weight(self.qw, self.k)
+        kp = self.shard.kp
+        if n % c.gemm_rows or kp % c.vec_lanes:
+            raise ValueError(f"N = {n} is not whole {c.gemm_rows}-row tiles or K = {kp} whole "
+                             f"{c.vec_lanes}-lane beats")
+        if not c.gemm_limits.accepts(1, kp // c.gemm_lanes, n // c.gemm_rows):
+            raise ValueError(f"the {c.name} GEMM refuses a shard of K = {kp}")
+        alloc = _Alloc(self.base)
+        beat = AXI_WIDTH // 8
+        raw, wjob = gemm_stripe_image(self.shard.qw, c.gemm_rows, c.gemm_lanes,
+                                      ports=c.hp_ports, beat_bytes=beat)
+        at = alloc(len(raw), STRIPE_ALIGN)
+        self.image[at] = raw
+        wjob = dataclasses.replace(wjob, addr=at)
+        raw, bjob = _bias_stripes(self.qw, self.bias, c)
+        at = alloc(len(raw), STRIPE_ALIGN)
+        self.image[at] = raw
+        bjob = dataclasses.replace(bjob, addr=at)
+        x = alloc(kp * 4)
+        self.image[x] = bytes(kp * 4)
+        self.buf = RowParallelBuffers(
+            x=x, mx=alloc(beat), mslot=mbuf_slot(self.mbuf_base, self.q_heads, self.parity,
+                                                 self.head0),
+            xq=alloc(kp + beat), lanes=alloc(ACC_LANES * n * 4), summed=alloc(ACC_LANES * n * 4),
+            y=alloc(n * 4), w=wjob, bias=bjob)
+        self.templates = [self._absmax(), self._requant_acc_out(), self._acc_in()]
+        self.table = alloc(ENTRY_BYTES * (len(self.templates)
+                                          + sum(len(t) for t in self.templates)), STRIPE_ALIGN)
+        raw, self.table_len = template_image(self.templates, self.table)
+        self.image[self.table] = raw
+        self.end = alloc.at
+
+    # ---- templates -----------------------------------------------------------------------------
+    def _vec(self, op: VectorOp) -> Entry:
+        return Entry(EntryKind.VEC, {"op": op, "n_beats": self.shard.kp // self.config.vec_lanes,
+                                     "eps": self.eps_code}, True)
+
+    @staticmethod
+    def _route(d0, d1, src) -> Entry:
+        return Entry(EntryKind.ROUTE, {"rd_dest0": d0, "rd_dest1": d1, "wr_src": src}, True)
+
+    @staticmethod
+    def _desc(kind: EntryKind, addr: int, length: int) -> Entry:
+        return Entry(kind, DmaDesc(addr, length))
+
+    def _absmax(self) -> list[Entry]:
+        b, kp = self.buf, self.shard.kp
+        return [self._vec(VectorOp.ABSMAX),
+                self._route(ReadDest.VEC_A, ReadDest.VEC_B, WriteSrc.VECTOR),
+                self._desc(EntryKind.RD0, b.x, kp * 4),
+                self._desc(EntryKind.WR, b.mx, AXI_WIDTH // 8)]
+
+    def _job(self, **flags) -> GemmJob:
+        c = self.config
+        return GemmJob(1, self.shard.kp // c.gemm_lanes, self.qw.q.shape[0] // c.gemm_rows,
+                       self.qw.e, **flags)
+
+    def _requant_acc_out(self) -> list[Entry]:
+        b, kp, rows = self.buf, self.shard.kp, self.config.gemm_rows
+        job = self._job(acc_out=1)
+        tile = rows * ACC_LANES * 4
+        return [self._vec(VectorOp.REQUANT_EXT),
+                self._route(ReadDest.VEC_A, ReadDest.VEC_B, WriteSrc.VECTOR),
+                self._desc(EntryKind.RD0, b.x, kp * 4),
+                self._desc(EntryKind.RD1, b.mslot, AXI_WIDTH // 8),
+                self._desc(EntryKind.WR, b.xq, kp),
+                self._desc(EntryKind.WR, b.xq + kp, 4),
+                self._route(ReadDest.GEMM_X, ReadDest.GEMM_W, WriteSrc.GEMM),
+                Entry(EntryKind.GEMM, job),
+                *(Entry(EntryKind.RD0, d) for d in job.x_descriptors(b.xq, self.config.gemm_lanes)),
+                Entry(STRIPE_KIND, b.w),
+                *(self._desc(EntryKind.WR, b.lanes + t * tile, tile)
+                  for t in range(job.n_tiles))]
+
+    def _acc_in(self) -> list[Entry]:
+        b, kp, rows = self.buf, self.shard.kp, self.config.gemm_rows
+        job = self._job(acc_in=1)
+        n = self.qw.q.shape[0]
+        return [self._route(ReadDest.GEMM_X, ReadDest.GEMM_W, WriteSrc.GEMM),
+                Entry(EntryKind.GEMM, job),
+                self._desc(EntryKind.RD0, b.xq + kp, 4),
+                self._desc(EntryKind.RD0, b.summed, ACC_LANES * n * 4),
+                Entry(STRIPE_KIND, b.bias),
+                *(self._desc(EntryKind.WR, b.y + t * rows * 4, rows * 4)
+                  for t in range(job.n_tiles))]
+
+    # ---- host writes ---------------------------------------------------------------------------
+    def x_writes(self, shard) -> dict[int, bytes]:
+        """The node's ACT input shard (``k1 − k0`` codes) into its padded row."""
+        shard = np.asarray(shard, dtype=np.int64).ravel()
+        if shard.size != self.k[1] - self.k[0]:
+            raise ValueError(f"a shard of {shard.size} codes for K range {self.k}")
+        row = np.zeros(self.shard.kp, dtype=np.int64)
+        row[self.shard.lo:self.shard.hi] = shard
+        return {self.buf.x: act_bytes(row)}
+
+    def job(self, template: int, first: int = 0) -> Cmd:
+        """The COMPUTE JOB record of template ``template`` (0 ABSMAX, 1 REQUANT_EXT + acc_out,
+        2 acc_in) of a table whose first template of this step is ``first``."""
+        if not 0 <= template < len(self.templates):
+            raise ValueError(f"template {template} of {len(self.templates)}")
+        return Cmd(RecordClass.JOB, Queue.COMPUTE,
+                   arg=JOB_ARG.const({"template": first + template}).as_bits())
+
+
+# ---- the all-reduces -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SumPayload:
+    """One SUM all-reduce payload: lanes ``[w0, w0 + words)`` of the ``acc_out`` lanes (whole
+    :data:`~mcf.abi.tp.ACC_LANES` pairs) and its Meta."""
+    w0: int
+    words: int
+    meta: Meta
+
+
+def sum_payloads(n: int, node: int, root: int, route_id: int, tag0: int, seq: int = 0,
+                 max_payload: int = MAX_PAYLOAD) -> list[SumPayload]:
+    """The SUM all-reduce of an ``N = n`` row's lanes from ``node``: ``2·n`` lanes cut into
+    payloads of at most ``max_payload`` bytes of whole lane pairs (the cut of
+    :func:`mcf.golden.tp_decode.nic_all_reduce`), tags ``tag0, tag0 + 1, …``."""
+    per = max_payload // LANE_BYTES // ACC_LANES * ACC_LANES
+    if per == 0:
+        raise ValueError(f"a {max_payload}-byte payload holds no lane pair")
+    words = ACC_LANES * n
+    return [SumPayload(w0, min(per, words - w0),
+                       Meta(stage=Stage.DECODE, op=Op.REDUCTION, collective=Collective.ALL_REDUCE,
+                            reduce_op=ReduceOp.SUM, src=node, dst=root, route_id=route_id,
+                            kv_id=tag0 + i, length=min(per, words - w0) * LANE_BYTES, seq=seq))
+            for i, w0 in enumerate(range(0, words, per))]
+
+
+def max_records(image: RowParallelImage, node: int, root: int, nodes: int, reduce_route: int,
+                bcast_route: int, qbuf_base: int, tag_base: int, first: int = 0) -> list[Cmd]:
+    """``node``'s COMPUTE records of the step up to the ``acc_out`` JOB: ABSMAX JOB; the
+    :data:`MAX_BYTES` lanes to ``root``'s ``ReduceOp.MAX`` reduction on ``reduce_route``
+    (``kv_id = tag_base + head0`` and ``seq = parity``: the decode lander's MBUF slot of the
+    image); WAIT ``MAXES_LANDED ≥ 1``; the root multicasts its slot on ``bcast_route``; the
+    REQUANT_EXT + ``acc_out`` JOB. ``qbuf_base``: the node's QBUF (SEND ``src=QBUF`` offsets);
+    ``MAXES_LANDED`` counts from the last MARK that cleared it."""
+    b = image.buf
+    if b.mx < qbuf_base:
+        raise ValueError("the image must lie above QBUF (SEND src=QBUF offsets)")
+    tag = tag_base + image.head0
+    meta = Meta(stage=Stage.DECODE, op=Op.REDUCTION, collective=Collective.ALL_REDUCE,
+                reduce_op=ReduceOp.MAX, src=node, dst=root, route_id=reduce_route, kv_id=tag,
+                length=MAX_BYTES, seq=image.parity)
+    out = [image.job(0, first),
+           Cmd(RecordClass.SEND, Queue.COMPUTE, meta=meta.pack(), src=PayloadSource.QBUF,
+               arg=b.mx - qbuf_base),
+           Cmd(RecordClass.WAIT, Queue.COMPUTE, arg=SeqCounter.MAXES_LANDED.value, wait=1)]
+    others = [d for d in range(nodes) if d != root]
+    if node == root and others:
+        cast = Meta(stage=Stage.DECODE, op=Op.REDUCTION, collective=Collective.MULTICAST,
+                    src=root, dst=others[0], route_id=bcast_route, kv_id=tag, length=MAX_BYTES,
+                    seq=image.parity)
+        out.append(Cmd(RecordClass.SEND, Queue.COMPUTE, meta=cast.pack(), src=PayloadSource.QBUF,
+                       arg=b.mslot - qbuf_base))
+    out.append(image.job(1, first))
+    return out
+
+
+# ---- golden --------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepGolden:
+    """Every node's buffers after the step, as the templates leave them: ``mx`` the ABSMAX
+    lanes, ``reduced`` the MAX result (every node's MBUF slot), ``xq`` / ``x_m`` / ``x_e`` the
+    REQUANT_EXT codes and scale, ``lanes`` the ``acc_out`` lanes, ``summed`` the SUM result,
+    ``y`` the ``acc_in`` output rows (one per node)."""
+    mx: list[np.ndarray]
+    reduced: np.ndarray
+    xq: list[np.ndarray]
+    x_m: int
+    x_e: int
+    lanes: list[np.ndarray]
+    summed: np.ndarray
+    y: list[np.ndarray]
+
+
+def golden_step(images: list[RowParallelImage], shards: list,
+                max_payload: int = MAX_PAYLOAD) -> StepGolden:
+    """The step's arithmetic on the nodes' padded buffers through the engines' golden models:
+    ``V.absmax`` → MAX all-reduce → ``V.requantize_ext`` → ``G.partial_lanes`` on the shard
+    weights → SUM all-reduce (the :func:`sum_payloads` cut) → ``G.lanes_epilogue`` with the
+    bias."""
+    rows = []
+    for im, s in zip(images, shards, strict=True):
+        r = np.zeros((1, im.shard.kp), dtype=np.int64)
+        r[0, im.shard.lo:im.shard.hi] = np.asarray(s, dtype=np.int64).ravel()
+        rows.append(r)
+    mx = [V.absmax(r)[0] for r in rows]
+    reduced = nic_all_reduce(ReduceOp.MAX, mx, max_payload=max_payload)
+    xq, scales, lanes = [], set(), []
+    for im, r in zip(images, rows, strict=True):
+        q, m, e = V.requantize_ext(r, reduced[None, :])
+        xq.append(q[0])
+        scales.add((int(m[0]), int(e[0])))
+        lanes.append(G.partial_lanes(q, im.shard.qw.q, im.shard.qw.m, im.shard.qw.group)[0])
+    if len(scales) != 1:
+        raise AssertionError(f"the nodes' scales differ: {scales}")
+    (x_m, x_e), = scales
+    summed = nic_all_reduce(ReduceOp.SUM, lanes, max_payload=max_payload)
+    y = [G.lanes_epilogue(summed[None, :], np.array([x_m]), np.array([x_e]), im.qw.e,
+                          im.bias)[0] for im in images]
+    return StepGolden(mx, reduced, xq, x_m, x_e, lanes, summed, y)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from attend_mem import Mem, place_block, place_list, place_slot
 
 from mcf.abi.attend import (
     ATT_ENTRY_BYTES,
@@ -38,16 +39,12 @@ from mcf.abi.kv import (
     KVFormat,
     dequantize,
     dequantize_q,
-    pack_kv_block,
-    pack_kv_channel_block,
 )
 from mcf.abi.node import CMD
 from mcf.abi.quant import ACT
-from mcf.abi.query import pack_query
 from mcf.abi.softmax import NORM_OUT
 from mcf.golden.attend_unit import AttendResult, attend_model, tile_block_requests
 from mcf.golden.attention import (
-    KVChannelBlock,
     KVChannelCache,
     dequantize_k,
     random_blocks,
@@ -62,32 +59,12 @@ STRIDE = 2 * prefill_out_bytes(G, D) + 16          # rows interleaved with anoth
 P0, TOKENS = 40, 30                # the chunk: positions 40..69 against keys 0..71
 
 
-class Mem:
-    """A flat byte memory from address 0 (zeros where nothing was written)."""
-
-    def __init__(self, size: int = 2 * LIST_BASE):
-        self.raw = bytearray(size)
-
-    def write(self, addr: int, raw: bytes):
-        self.raw[addr:addr + len(raw)] = raw
-
-    def read(self, addr: int, n: int) -> bytes:
-        assert addr >= 0 and addr + n <= len(self.raw), f"read outside the memory at {addr:#x}"
-        return bytes(self.raw[addr:addr + n])
-
-
 def _channel_blocks(rng, total: int, max_block: int):
     cache = KVChannelCache(D)
     kf = rng.normal(0, 1, (total, D)) + rng.normal(0, 1, D)
     kf[:, :2] *= 8                                      # outlier channels
     cache.append(ACT.quantize(kf), ACT.quantize(rng.normal(0, 1, (total, D))))
     return cache.blocks(max_block=max_block)
-
-
-def _block_bytes(blk) -> bytes:
-    if isinstance(blk, KVChannelBlock):
-        return pack_kv_channel_block(blk.k, blk.groups(), blk.v, blk.sv, sk=blk.sk)
-    return pack_kv_block(blk.k, blk.sk, blk.v, blk.sv)
 
 
 class Case:
@@ -103,22 +80,19 @@ class Case:
             self.max_block = 32
             self.blocks = random_blocks(rng, [24, 24, 24], D)
         self.fmt, self.tokens, self.p0 = fmt, tokens, p0
-        self.mem = Mem()
-        self.ents = []
-        for b, blk in enumerate(self.blocks):
-            addr = KV_BASE + b * 0x1000
-            self.mem.write(addr, _block_bytes(blk))
-            self.ents.append(AttendBlock(addr, len(blk), int(blk.pos[0])))
+        self.mem = Mem(2 * LIST_BASE)
+        self.ents = [place_block(self.mem, KV_BASE + b * 0x1000, blk)[0]
+                     for b, blk in enumerate(self.blocks)]
         q, sq = random_query(rng, tokens * G, D, sigma=1.5)
         self.qc, self.sq = q.reshape(tokens, G, D), sq.reshape(tokens, G, 2)
         self.pos = np.arange(p0, p0 + tokens, dtype=np.int64) % (1 << KV_POS_BITS)
         for i in range(tokens):
             self.slot(i, self.qc[i], self.sq[i], int(self.pos[i]))
         self.header = AttendHeader(Q_BASE, OUT_BASE, tokens, STRIDE)
-        self.mem.write(LIST_BASE, attend_list_bytes(self.header, self.ents))
+        place_list(self.mem, LIST_BASE, self.header, self.ents)
 
     def slot(self, i: int, q, sq, pos: int):
-        self.mem.write(prefill_query_address(Q_BASE, i, G, D), pack_query(q, sq, pos, 0))
+        place_slot(self.mem, Q_BASE, i, G, q, sq, pos)
 
     def run(self, arg: AttendArg | None = None, **kw) -> AttendResult:
         arg = arg or AttendArg(0, len(self.ents), AttendMode.PREFILL_TILE.value, G)
@@ -206,7 +180,7 @@ def test_w_equals_loop_of_prefill_records(case):
     for i in range(case.tokens):
         ents = [e for e in case.ents if e.pos0 <= case.pos[i]]
         hdr = AttendHeader(prefill_query_address(Q_BASE, i, G, D), OUT_BASE + i * STRIDE)
-        case.mem.write(LIST_BASE + n_list * ATT_ENTRY_BYTES, attend_list_bytes(hdr, ents))
+        place_list(case.mem, LIST_BASE + n_list * ATT_ENTRY_BYTES, hdr, ents)
         r = case.run(AttendArg(n_list, len(ents), AttendMode.PREFILL.value, G))
         assert r.bad is None and r.blocks == len(ents)
         loop.append(r.write)
@@ -235,7 +209,7 @@ def test_bad_records(case):
     hdr = case.header
 
     def with_list(h: AttendHeader, ents=case.ents, **kw):
-        case.mem.write(LIST_BASE + 0x1000, attend_list_bytes(h, ents))
+        place_list(case.mem, LIST_BASE + 0x1000, h, ents)
         return case.run(AttendArg(0x1000 // ATT_ENTRY_BYTES, len(ents), tile, G), **kw)
 
     row = prefill_out_bytes(G, D)
@@ -277,18 +251,14 @@ def test_p8_chunk_error_vs_float():
     d, g, tokens = 128, 6, 16
     rng = np.random.default_rng(338)
     blocks = random_blocks(rng, [128, 128, 128], d)
-    mem = Mem()
-    ents = []
-    for b, blk in enumerate(blocks):
-        mem.write(KV_BASE + b * 0x10000, _block_bytes(blk))
-        ents.append(AttendBlock(KV_BASE + b * 0x10000, len(blk), int(blk.pos[0])))
+    mem = Mem(2 * LIST_BASE)
+    ents = [place_block(mem, KV_BASE + b * 0x10000, blk)[0] for b, blk in enumerate(blocks)]
     pos = np.arange(384 - tokens, 384)
     q, sq = random_query(rng, tokens * g, d)
     for i in range(tokens):
-        mem.write(prefill_query_address(Q_BASE, i, g, d),
-                  pack_query(q[i * g:(i + 1) * g], sq[i * g:(i + 1) * g], int(pos[i]), 0))
-    mem.write(LIST_BASE, attend_list_bytes(
-        AttendHeader(Q_BASE, OUT_BASE, tokens, prefill_out_bytes(g, d)), ents))
+        place_slot(mem, Q_BASE, i, g, q[i * g:(i + 1) * g], sq[i * g:(i + 1) * g], int(pos[i]))
+    place_list(mem, LIST_BASE, AttendHeader(Q_BASE, OUT_BASE, tokens, prefill_out_bytes(g, d)),
+               ents)
     res = attend_model(AttendArg(0, 3, AttendMode.PREFILL_TILE.value, g).pack(), LIST_BASE,
                        mem.read, d, g, 128, 4, max_chunk=tokens)
     assert res.bad is None

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from amaranth.hdl import Value
-from amaranth.sim import Simulator
+from engine_sim import beats, run_gemm_engine
 
 from mcf.abi.compute import (
-    GEMM_STATUS,
     GemmJob,
     gemm_w_stream,
     gemm_w_stripes,
@@ -22,11 +20,6 @@ from mcf.hdl.compute.gemm import GemmEngine
 from mcf.quant import QuantWeight, gemm_tile_blob, gemm_x_blob
 
 ROWS, LANES, GROUP = 4, 4, 8
-
-
-def beats(blob: bytes, nbytes: int):
-    assert len(blob) % nbytes == 0
-    return [int.from_bytes(blob[i:i + nbytes], "little") for i in range(0, len(blob), nbytes)]
 
 
 def run_jobs(cases, k_max, m_max, seed=0, stall=False, bad=(), rows=ROWS, lanes=LANES,
@@ -46,43 +39,10 @@ def run_jobs(cases, k_max, m_max, seed=0, stall=False, bad=(), rows=ROWS, lanes=
         wb += beats(gemm_w_stream(gemm_tile_blob(qw, rows, lanes, bias), k // lanes,
                                   n // rows, rows, lanes, wbb, group), wbb)
         n_out.append(m_tok * n * 4 // bb)
-    out, status = [], {}
-    rng = np.random.default_rng(seed)
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-
-    def feeder(port, items):
-        async def tb(ctx):
-            await ctx.tick().repeat(2)
-            for it in items:
-                ctx.set(Value.cast(port.payload), it)
-                ctx.set(port.valid, 1)
-                await ctx.tick().until(port.ready)
-                ctx.set(port.valid, 0)
-                if stall and rng.random() < 0.2:
-                    await ctx.tick()
-        return tb
-
-    async def sink(ctx):
-        while len(out) < sum(n_out):
-            ctx.set(dut.o.ready, 1 if not stall else int(rng.random() < 0.6))
-            _, _, v, r, p = await ctx.tick().sample(dut.o.valid, dut.o.ready, dut.o.payload)
-            if v and r:
-                out.append(int(p))
-        await ctx.tick().repeat(8)
-        got = ctx.get(dut.status)
-        status.update({n: int(got[n]) for n, _ in GEMM_STATUS})
-
-    sim.add_testbench(feeder(dut.job, jobs))
-    sim.add_testbench(feeder(dut.x_in, xb))
-    sim.add_testbench(feeder(dut.w_in, wb))
-    sim.add_testbench(sink)
     budget = sum(c[0].shape[0] * (c[0].shape[1] // lanes + 30) * (c[3].q.shape[0] // rows)
                  for c in cases)
-    sim.run_until(1e-8 * ((len(xb) + len(wb)) * 3 + budget * 3 + 600))
-    assert len(out) == sum(n_out), f"got {len(out)} of {sum(n_out)} beats"
-    raw = b"".join(v.to_bytes(bb, "little") for v in out)
-    vals = np.frombuffer(raw, dtype="<i4").astype(np.int64)
+    vals, status = run_gemm_engine(dut, jobs, xb, wb, n_out, seed=seed, stall=stall,
+                            cycles=(len(xb) + len(wb)) * 3 + budget * 3 + 600)
     ys, pos = [], 0
     for (xq, _, _, qw, _), cnt in zip(cases, n_out):
         m_tok, n = xq.shape[0], qw.q.shape[0]

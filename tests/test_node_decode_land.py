@@ -17,6 +17,7 @@ import pytest
 from amaranth.sim import Simulator
 from hypothesis import given, settings
 from hypothesis import strategies as hs
+from landing_sim import feed_packets, run_drained
 
 from mcf.abi.decode_land import (
     DECODE_LAND_CONFIG,
@@ -45,7 +46,6 @@ from mcf.abi.softmax import normalize, pack_state
 from mcf.golden.decode_land import DecodeLandModel
 from mcf.hdl.node.decode_land import DecodeLander, PacketUpsizer
 from mcf.sim.amsim import parsed_beats
-from mcf.sim.axi_slave import write_slave
 from mcf.sim.benches.node_decode_land import (
     HEAD_DIM,
     edge_states,
@@ -68,50 +68,19 @@ def simulate(packets, cfg: DecodeLandConfig, *, head_dim=HEAD_DIM, bad_beats=(),
     rng = random.Random(seed)
     mem: dict[int, int] = {}
     aws: list[tuple[int, int]] = []
-    out: dict = {"stalls": 0}
+    out: dict = {}
     finished = [False]
 
     async def producer(ctx):
         ctx.set(dut.cfg.as_value(), cfg.pack())
         await ctx.tick()
-        for meta, payload in packets:
-            for beat in parsed_beats(meta, payload):
-                while rng.random() < idle:
-                    await ctx.tick()
-                ctx.set(dut.i.valid, 1)
-                ctx.set(dut.i.payload.as_value(), beat)
-                while True:
-                    _, _, ready = await ctx.tick().sample(dut.i.ready)
-                    if ready:
-                        break
-                    out["stalls"] += 1
-                ctx.set(dut.i.valid, 0)
+        out["stalls"] = await feed_packets(ctx, dut.i, packets, rng, idle)
         finished[0] = True
 
-    slave = write_slave(bus, rng, mem, aws, bad_beats, wpause, b_latency)
-
-    async def checker(ctx):
-        cycles = 0
-        idle_for = 0
-        while idle_for < 100:
-            await ctx.tick()
-            cycles += 1
-            busy = ctx.get(dut.i.valid) or ctx.get(bus.awvalid) or ctx.get(bus.wvalid) or \
-                ctx.get(bus.bvalid)
-            idle_for = idle_for + 1 if finished[0] and not busy else 0
-            assert cycles < 300_000, "hang"
-        raw = ctx.get(dut.status.as_value())
-        out["status"] = {n: (raw >> f.offset) & ((1 << f.width) - 1)
-                         for n, f in DECODE_LAND_STATUS}
-        out["cycles"] = cycles - idle_for
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(producer, background=True)
-    sim.add_testbench(slave, background=True)
-    sim.add_testbench(checker)
-    sim.run()
-    return mem, out["status"], aws, out["cycles"], out["stalls"]
+    run_drained(dut, bus, producer, finished, out, DECODE_LAND_STATUS, rng=rng, mem=mem,
+                aws=aws, bad_beats=bad_beats, wpause=wpause, b_latency=b_latency, quiet=100,
+                limit=300_000)
+    return mem, out["status"], aws, out["cycles"] - out["quiet"], out["stalls"]
 
 
 def _model(cfg, packets, head_dim=HEAD_DIM, errors=()):

@@ -34,6 +34,7 @@ from mcf.abi.jobs import (
 from mcf.abi.node import CMD
 from mcf.abi.quant import ReadDest, VectorOp, WriteSrc
 from mcf.hdl.node.jobs import SETTINGS, STREAMS, JobWalker
+from mcf.sim.amsim import send
 from mcf.sim.axi_slave import read_slave
 
 BB = 16
@@ -83,10 +84,7 @@ def simulate(templates, args, *, seed=1, err_addrs=(), lat=(1, 30), ready_p=0.7,
         ctx.set(dut.table_base, TABLE)
         ctx.set(dut.table_len, n)
         for a in args:
-            ctx.set(dut.rec.payload.as_value(), CMD.const({"arg": a}).as_bits())
-            ctx.set(dut.rec.valid, 1)
-            await ctx.tick().until(dut.rec.ready)
-            ctx.set(dut.rec.valid, 0)
+            await send(ctx, dut.rec, [CMD.const({"arg": a}).as_bits()])
             for _ in range(rng.randrange(4)):
                 await ctx.tick()
 

@@ -16,6 +16,7 @@ import pytest
 from amaranth import Elaboratable, Module
 from amaranth.lib import stream, wiring
 from amaranth.sim import Simulator
+from landing_sim import feed_packets, run_drained, write_land_off
 
 from mcf.abi.directory import DIR_OP, DirEntry, DirOp, DirState
 from mcf.abi.framing import parsed_layout
@@ -25,7 +26,6 @@ from mcf.abi.landing import (
     LandingConfig,
     LandResult,
     land_decision,
-    land_off_entry,
 )
 from mcf.abi.meta import InvalidateKind, Meta, Op
 from mcf.golden.directory import DirectoryModel
@@ -69,45 +69,13 @@ def simulate(packets, cfg: LandingConfig, land_off, *, kv_count=KV_CAPACITY, bad
     async def producer(ctx):
         ctx.set(dut.cfg.as_value(), cfg.pack())
         ctx.set(dut.local_id, local_id)
-        for seq, off in enumerate(land_off):
-            ctx.set(dut.land_off_we, 1)
-            ctx.set(dut.land_off_seq, seq)
-            ctx.set(dut.land_off_data.as_value(), land_off_entry(off))
-            await ctx.tick()
-        ctx.set(dut.land_off_we, 0)
-        for meta, payload in packets:
-            for beat in parsed_beats(meta, payload):
-                while rng.random() < idle:
-                    await ctx.tick()
-                ctx.set(dut.i.valid, 1)
-                ctx.set(dut.i.payload.as_value(), beat)
-                await ctx.tick().until(dut.i.ready)
-                ctx.set(dut.i.valid, 0)
+        await write_land_off(ctx, dut, land_off)
+        await feed_packets(ctx, dut.i, packets, rng, idle)
         finished[0] = True
 
-    slave = write_slave(bus, rng, mem, aws, bad_beats, wpause, b_latency)
-
-    async def checker(ctx):
-        cycles = 0
-        idle_for = 0
-        while idle_for < 200:
-            await ctx.tick()
-            cycles += 1
-            busy = ctx.get(dut.i.valid) or ctx.get(bus.awvalid) or ctx.get(bus.wvalid) or \
-                ctx.get(bus.bvalid) or ctx.get(dut.landed.valid)
-            idle_for = idle_for + 1 if finished[0] and not busy else 0
-            assert cycles < 200_000, "hang"
-        raw = ctx.get(dut.status.as_value())
-        out["status"] = {n: (raw >> f.offset) & ((1 << f.width) - 1) for n, f in LANDING_STATUS}
-        out["cycles"] = cycles
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(producer, background=True)
-    sim.add_testbench(slave, background=True)
-    sim.add_testbench(event_sink, background=True)
-    sim.add_testbench(checker)
-    sim.run()
+    run_drained(dut, bus, producer, finished, out, LANDING_STATUS, rng=rng, mem=mem, aws=aws,
+                bad_beats=bad_beats, wpause=wpause, b_latency=b_latency, quiet=200,
+                limit=200_000, also=(dut.landed.valid,), background=(event_sink,))
     return mem, out["status"], aws, events, out["cycles"]
 
 
@@ -299,20 +267,8 @@ def test_landing_path(seed, stall):
     async def producer(ctx):
         ctx.set(lander.cfg.as_value(), t.cfg.pack())
         ctx.set(lander.local_id, local_id)
-        for seq, off in enumerate(t.land_off):
-            ctx.set(lander.land_off_we, 1)
-            ctx.set(lander.land_off_seq, seq)
-            ctx.set(lander.land_off_data.as_value(), land_off_entry(off))
-            await ctx.tick()
-        ctx.set(lander.land_off_we, 0)
-        for meta, payload in packets:
-            for beat in parsed_beats(meta, payload):
-                while rng.random() < 0.2:
-                    await ctx.tick()
-                ctx.set(sink.i.valid, 1)
-                ctx.set(sink.i.payload.as_value(), beat)
-                await ctx.tick().until(sink.i.ready)
-                ctx.set(sink.i.valid, 0)
+        await write_land_off(ctx, lander, t.land_off)
+        await feed_packets(ctx, sink.i, packets, rng, 0.2)
         finished[0] = True
 
     async def freer(ctx):

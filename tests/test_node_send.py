@@ -14,10 +14,10 @@ from collections import deque
 
 import pytest
 from amaranth.sim import Simulator
+from landing_sim import write_land_off
 
 from mcf.abi.axi import AxiResp
 from mcf.abi.framing import beat_layout, keep_mask, payload_beats
-from mcf.abi.landing import land_off_entry
 from mcf.abi.meta import Meta
 from mcf.abi.node import PayloadSource
 from mcf.abi.send import SEND_STATUS
@@ -54,12 +54,7 @@ def simulate(sc: Scenario, *, idle=0.0, bp=0.0, rpause=0.0, seed=1, bad_beats=()
         if q == 0:
             ctx.set(dut.cfg.as_value(), sc.cfg.pack())
             ctx.set(dut.qbuf_base, sc.qbuf_base)
-            for seq, off in enumerate(sc.land_off):
-                ctx.set(dut.land_off_we, 1)
-                ctx.set(dut.land_off_seq, seq)
-                ctx.set(dut.land_off_data.as_value(), land_off_entry(off))
-                await ctx.tick()
-            ctx.set(dut.land_off_we, 0)
+            await write_land_off(ctx, dut, sc.land_off)
         else:
             await ctx.tick().repeat(len(sc.land_off) + 1)
         port = getattr(dut, f"req{q}")

@@ -38,6 +38,7 @@ from mcf.hdl.node.compute import COMPUTE_BUSES, WEIGHT_BUSES
 from mcf.hdl.node.jobs import JobWalker, connect_engine
 from mcf.hdl.node.top import HP_CLIENTS
 from mcf.quant import QuantWeight, gemm_stripe_image, gemm_x_blob
+from mcf.sim.amsim import send
 
 BB = 16
 LIMITS = GemmLimits(m_max=8, k_max=256)
@@ -113,11 +114,8 @@ def _run(cases, seed=1):
     async def host(ctx):
         ctx.set(w.table_base, table)
         ctx.set(w.table_len, n_tpl)
-        ctx.set(w.rec.payload.as_value(),
-                CMD.const({"arg": JOB_ARG.const({"template": 0}).as_bits()}).as_bits())
-        ctx.set(w.rec.valid, 1)
-        await ctx.tick().until(w.rec.ready)
-        ctx.set(w.rec.valid, 0)
+        job = JOB_ARG.const({"template": 0}).as_bits()
+        await send(ctx, w.rec, [CMD.const({"arg": job}).as_bits()])
         cycles = 0
         while not ctx.get(w.done):
             await ctx.tick()

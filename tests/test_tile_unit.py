@@ -17,6 +17,7 @@ import pytest
 from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
+from attend_mem import Mem, place_block, place_list, place_slot
 
 from mcf.abi.attend import (
     ATTEND_STATUS,
@@ -25,20 +26,19 @@ from mcf.abi.attend import (
     AttendHeader,
     AttendMode,
     AttendSoftmax,
-    attend_list_bytes,
     prefill_out_bytes,
     prefill_query_address,
 )
-from mcf.abi.kv import KVFormat, pack_kv_block
+from mcf.abi.kv import KVFormat
 from mcf.abi.kv_reader import KV_READER_STATUS
 from mcf.abi.node import CMD
-from mcf.abi.query import pack_query
 from mcf.golden.attend_unit import attend_model
 from mcf.golden.attention import random_blocks, random_query
 from mcf.golden.attention_tiled import tile_schedule
 from mcf.hdl.compute.tile_prefill import TilePrefill
 from mcf.hdl.node.kv_reader import KvReader
 from mcf.hdl.node.tile_unit import TileUnit
+from mcf.sim.amsim import send
 from mcf.sim.axi_slave import read_slave, write_slave
 
 BB = 16
@@ -53,15 +53,14 @@ class Case:
 
     def __init__(self, seed, d, g, lens, out_off):
         self.rng = np.random.default_rng(seed)
-        self.d, self.g, self.mem = d, g, bytearray(MEM)
+        self.d, self.g, self.mem = d, g, Mem(MEM)
         self.blocks = random_blocks(self.rng, lens, d)
         self.ents = []
         at = KV_BASE
         for blk in self.blocks:
-            raw = pack_kv_block(blk.k, blk.sk, blk.v, blk.sv)
-            self.mem[at:at + len(raw)] = raw
-            self.ents.append(AttendBlock(at, len(blk), int(blk.pos[0])))
-            at += -(-len(raw) // 64) * 64 + 16 * (len(self.ents) % 2)
+            ent, n = place_block(self.mem, at, blk)
+            self.ents.append(ent)
+            at += -(-n // 64) * 64 + 16 * (len(self.ents) % 2)
         assert at < Q_BASE
         self.keys, self.out_off, self.lists, self.q_at = sum(lens), out_off, 0, Q_BASE
         self.q_addr = {}                                   # list entry → its chunk's q_addr
@@ -75,18 +74,15 @@ class Case:
         p0 = self.keys - tokens
         q_addr = self.q_at
         for i in range(tokens):
-            pos = p0 + i + (i == bad_pos)
-            raw = pack_query(q[i * g:(i + 1) * g], sq[i * g:(i + 1) * g], pos, 0)
-            a = prefill_query_address(q_addr, i, g, self.d)
-            self.mem[a:a + len(raw)] = raw
-            self.q_at = a + len(raw) + 64
+            end = place_slot(self.mem, q_addr, i, g, q[i * g:(i + 1) * g],
+                             sq[i * g:(i + 1) * g], p0 + i + (i == bad_pos))
+            self.q_at = end + 64
         out = OUT_BASE + self.out_off + self.lists * 0x2000
         ents = self.ents[first:first + (nb or len(self.ents))]
         if big:                               # a block longer than max_block (16)
             ents = ents[:-1] + [AttendBlock(ents[-1].addr, 17, ents[-1].pos0)]
-        lst = attend_list_bytes(AttendHeader(q_addr, out, tokens, self.stride), ents)
-        at = LIST_BASE + 16 * (1 + MAX_LIST) * self.lists
-        self.mem[at:at + len(lst)] = lst
+        place_list(self.mem, LIST_BASE + 16 * (1 + MAX_LIST) * self.lists,
+                   AttendHeader(q_addr, out, tokens, self.stride), ents)
         self.lists += 1
         self.q_addr[(1 + MAX_LIST) * (self.lists - 1)] = q_addr
         return (1 + MAX_LIST) * (self.lists - 1)
@@ -117,7 +113,7 @@ def run(case, recs, *, mb, max_chunk, qt, lanes=4, in_lanes=8, seed=0, limit=200
     mem = case.mem
 
     def reader(a):
-        return bytes(mem[a:a + BB]).ljust(BB, b"\0")
+        return bytes(mem.raw[a:a + BB]).ljust(BB, b"\0")
 
     sim = Simulator(top)
     sim.add_clock(1e-8)
@@ -131,10 +127,7 @@ def run(case, recs, *, mb, max_chunk, qt, lanes=4, in_lanes=8, seed=0, limit=200
     async def host(ctx):
         ctx.set(u.list_base, LIST_BASE)
         for arg in recs:
-            ctx.set(u.rec.payload.as_value(), CMD.const({"arg": arg}).as_bits())
-            ctx.set(u.rec.valid, 1)
-            await ctx.tick().until(u.rec.ready)
-            ctx.set(u.rec.valid, 0)
+            await send(ctx, u.rec, [CMD.const({"arg": arg}).as_bits()])
             c = 0
             while not ctx.get(u.done):
                 await ctx.tick()
@@ -161,11 +154,8 @@ def check(case, recs, wmem, out, *, mb, max_chunk, qt, lost=(), write_errors=0,
     want = {n: 0 for n, _ in ATTEND_STATUS}
     golden = {}
 
-    def read(a, n):
-        return bytes(case.mem[a:a + n])
-
     for j, arg in enumerate(recs):
-        res = attend_model(arg, LIST_BASE, read, case.d, MAX_HEADS, mb, MAX_LIST,
+        res = attend_model(arg, LIST_BASE, case.mem.read, case.d, MAX_HEADS, mb, MAX_LIST,
                            max_chunk=max_chunk, tile_rows=qt)
         if j in diverge:
             assert res.bad is None and res.writes

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from amaranth.hdl import Value
 from amaranth.sim import Simulator
+from engine_sim import beats, data_last, run_gemm_engine, sink
 
 from mcf.abi.compute import (
-    GEMM_STATUS,
     VECTOR_STATUS,
     GemmJob,
     gemm_bias_stream,
@@ -146,18 +145,9 @@ def run_vector(jobs, n_max=64, stall=False, seed=0):
             while len(out) < target:
                 await ctx.tick()
 
-    async def sink(ctx):
-        while len(out) < sum(counts):
-            ctx.set(dut.o.ready, 1 if not stall else int(rng.random() < 0.6))
-            _, _, v, r, p = await ctx.tick().sample(dut.o.valid, dut.o.ready, dut.o.payload)
-            if v and r:
-                out.append((int(p.data), int(p.last)))
-        await ctx.tick().repeat(2)
-        got = ctx.get(dut.status)
-        status.update({n: int(got[n]) for n, _ in VECTOR_STATUS})
-
     sim.add_testbench(ctrl)
-    sim.add_testbench(sink)
+    sim.add_testbench(sink(dut, out, sum(counts), rng, stall, status, VECTOR_STATUS, tail=2,
+                           beat=data_last))
     sim.run_until(1e-8 * (sum(counts) * 20 + len(jobs) * 400 + 200))
     assert len(out) == sum(counts)
     res, k = [], 0
@@ -218,10 +208,6 @@ def test_vector_absmax_and_requant_ext(stall):
 # ---- GEMM engine --------------------------------------------------------------------------------
 
 
-def _w(blob: bytes, nbytes: int):
-    return [int.from_bytes(blob[i:i + nbytes], "little") for i in range(0, len(blob), nbytes)]
-
-
 def run_gemm(cfg, jobs, k_max=32, m_max=4, arrays=1, stall=False, seed=0):
     """``jobs``: ``(job, x_stream, w_stream, out_words)`` for an engine of ``cfg`` (rows,
     lanes, group, w_in bytes); returns the output words per job (signed 32-bit) and the status
@@ -230,44 +216,11 @@ def run_gemm(cfg, jobs, k_max=32, m_max=4, arrays=1, stall=False, seed=0):
     dut = GemmEngine(rows=rows, lanes=lanes, group=group, k_max=k_max, m_max=m_max,
                      arrays=arrays, w_width=8 * wbb)
     bb = dut.beat // 8
-    xb = [b for _, xs, _, _ in jobs for b in _w(xs, bb)]
-    wb = [b for _, _, ws, _ in jobs for b in _w(ws, wbb)]
+    xb = [b for _, xs, _, _ in jobs for b in beats(xs, bb)]
+    wb = [b for _, _, ws, _ in jobs for b in beats(ws, wbb)]
     n_out = [nw * 4 // bb for *_, nw in jobs]
-    out, status = [], {}
-    rng = np.random.default_rng(seed)
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-
-    def feeder(port, items):
-        async def tb(ctx):
-            await ctx.tick().repeat(2)
-            for it in items:
-                ctx.set(Value.cast(port.payload), it)
-                ctx.set(port.valid, 1)
-                await ctx.tick().until(port.ready)
-                ctx.set(port.valid, 0)
-                if stall and rng.random() < 0.2:
-                    await ctx.tick()
-        return tb
-
-    async def sink(ctx):
-        while len(out) < sum(n_out):
-            ctx.set(dut.o.ready, 1 if not stall else int(rng.random() < 0.6))
-            _, _, v, r, p = await ctx.tick().sample(dut.o.valid, dut.o.ready, dut.o.payload)
-            if v and r:
-                out.append(int(p))
-        await ctx.tick().repeat(8)
-        got = ctx.get(dut.status)
-        status.update({n: int(got[n]) for n, _ in GEMM_STATUS})
-
-    sim.add_testbench(feeder(dut.job, [j.pack() for j, *_ in jobs]))
-    sim.add_testbench(feeder(dut.x_in, xb))
-    sim.add_testbench(feeder(dut.w_in, wb))
-    sim.add_testbench(sink)
-    sim.run_until(1e-8 * (len(xb) + len(wb) + sum(n_out)) * 8 + 1e-8 * 800)
-    assert len(out) == sum(n_out), f"got {len(out)} of {sum(n_out)} beats"
-    raw = b"".join(v.to_bytes(bb, "little") for v in out)
-    vals = np.frombuffer(raw, dtype="<i4").astype(np.int64)
+    vals, status = run_gemm_engine(dut, [j.pack() for j, *_ in jobs], xb, wb, n_out, seed=seed,
+                            stall=stall, cycles=(len(xb) + len(wb) + sum(n_out)) * 8 + 800)
     res, pos = [], 0
     for *_, nw in jobs:
         res.append(vals[pos:pos + nw])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
+from engine_sim import data_last, sink
 
 from mcf.abi.compute import VECTOR_STATUS
 from mcf.abi.quant import ACT, GAMMA, VectorOp, norm_eps_code, rope_words
@@ -63,19 +64,10 @@ def run_vector(jobs, lanes=LANES, n_max=64, stall=False, seed=0):
             while len(out) < target:
                 await ctx.tick()
 
-    async def sink(ctx):
-        while len(out) < expect:
-            ctx.set(dut.o.ready, 1 if not stall else int(rng.random() < 0.6))
-            _, _, v, r, p = await ctx.tick().sample(dut.o.valid, dut.o.ready, dut.o.payload)
-            if v and r:
-                out.append((int(p.data), int(p.last)))
-        await ctx.tick().repeat(2)
-        got = ctx.get(dut.status)
-        status.update({n: int(got[n]) for n, _ in VECTOR_STATUS})
-
     status = {}
     sim.add_testbench(ctrl)
-    sim.add_testbench(sink)
+    sim.add_testbench(sink(dut, out, expect, rng, stall, status, VECTOR_STATUS, tail=2,
+                           beat=data_last))
     sim.run_until(1e-8 * (expect * 20 + len(jobs) * 400 + 200))
     assert len(out) == expect
     beats_in = sum((len(a) + (len(b) if b is not None else 0)) // lanes for _, a, b in jobs)

@@ -13,7 +13,6 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.attend import (
-    ATT_ENTRY_BYTES,
     ATTEND_ARG,
     ATTEND_BLOCK,
     ATTEND_HEADER,
@@ -40,6 +39,8 @@ from mcf.abi.softmax import LANE_BITS, state_words
 
 from ..mem.axi import ADDR_BITS, AXI4Signature
 from ..mem.dma import DmaReader, DmaWriter
+from .attend_list import arg_check, list_states
+from .fsm import dma_read
 
 __all__ = ["AttendUnit"]
 
@@ -241,20 +242,13 @@ class AttendUnit(wiring.Component):
             for s in settings:
                 with m.If((rin.mode == mode) & (rin.softmax == s)):
                     m.d.comb += sm_ok.eq(1)
-        rd_d, wr_d = rd.desc.payload, wr.desc.payload
-        # (the read descriptor's constant fields are set in the states that present it: a
-        # constant-only ``always @*`` never runs in Verilator)
+        wr_d = wr.desc.payload
         m.d.comb += [wr_d.stride.eq(0), wr_d.count.eq(1),
                      wr_d.addr.eq(hdr.out_addr), wr_d.length.eq(arg.heads * (4 * D))]
         beat = rd.o.payload
-        def read(addr, length, nxt):
-            """A one-descriptor DMA read of ``length`` bytes at ``addr``, then state ``nxt``
-            (the constant fields are set here: a constant-only ``always @*`` never runs in
-            Verilator)."""
-            m.d.comb += [rd.desc.valid.eq(1), rd_d.count.eq(1), rd_d.stride.eq(0),
-                         rd_d.addr.eq(addr), rd_d.length.eq(length)]
-            with m.If(rd.desc.ready):
-                m.next = nxt
+
+        def entry(bent):
+            m.d.comb += [bfifo.w_en.eq(1), bfifo.w_data.eq(beat.data)]
 
         with m.FSM():
             with m.State("IDLE"):
@@ -269,34 +263,12 @@ class AttendUnit(wiring.Component):
                                 m.d.sync += emode.eq(mode)
                         with m.Case(AttendSoftmax.EXACT):
                             m.d.sync += emode.eq(ENGINE_MODE[AttendSoftmax.MAX])
-                    with m.If((rin.mode > AttendMode.PREFILL.value) | (rin.heads == 0)
-                              | (rin.heads > G) | (rin.blocks == 0)
-                              | (rin.blocks > self.max_list) | ~sm_ok):
-                        m.d.sync += st.bad_record.eq(st.bad_record + 1)
-                        m.d.comb += done.eq(1)
-                    with m.Else():
-                        m.next = "LIST_REQ"
-            with m.State("LIST_REQ"):
-                read(self.list_base + arg.list * ATT_ENTRY_BYTES,
-                     (arg.blocks + 1) * ATT_ENTRY_BYTES, "LIST_RX")
-            with m.State("LIST_RX"):
-                m.d.comb += rd.o.ready.eq(1)
-                bent = data.View(ATTEND_BLOCK, beat.data)
-                with m.If(rd.o.valid):
-                    m.d.sync += idx.eq(idx + 1)
-                    with m.If(beat.err):
-                        m.d.sync += bad.eq(1)
-                    with m.If(idx == 0):
-                        m.d.sync += hdr.eq(beat.data)
-                    with m.Else():
-                        m.d.comb += [bfifo.w_en.eq(1), bfifo.w_data.eq(beat.data)]
-                        with m.If((bent.tokens == 0) | (bent.tokens > self.max_block)):
-                            m.d.sync += bad.eq(1)
-                    with m.If(beat.last):
-                        m.d.sync += idx.eq(0)
-                        m.next = "Q_REQ"
+                    arg_check(m, rin, rin.mode > AttendMode.PREFILL.value, sm_ok, G, self.max_list,
+                              status=st, done=done)
+            list_states(m, rd, list_base=self.list_base, arg=arg, hdr=hdr, idx=idx, bad=bad,
+                        max_block=self.max_block, entry=entry, nxt="Q_REQ")
             with m.State("Q_REQ"):
-                read(hdr.q_addr, QUERY_HEADER_BYTES + arg.heads * P, "Q_RX")
+                dma_read(m, rd, hdr.q_addr, QUERY_HEADER_BYTES + arg.heads * P, "Q_RX")
             with m.State("Q_RX"):
                 m.d.comb += rd.o.ready.eq(1)
                 with m.If(rd.o.valid):
@@ -318,7 +290,7 @@ class AttendUnit(wiring.Component):
                     m.next = "JOB"
             with m.State("M_REQ"):
                 # DECODE FIXED: the heads' maxima at out_addr
-                read(hdr.out_addr, max_payload_bytes(arg.heads), "M_RX")
+                dma_read(m, rd, hdr.out_addr, max_payload_bytes(arg.heads), "M_RX")
             with m.State("M_RX"):
                 m.d.comb += rd.o.ready.eq(1)
                 with m.If(rd.o.valid):

@@ -21,6 +21,7 @@ from mcf.abi.node import CMD
 from ..compute.attention_kvq import KVQuantizer
 from ..mem.axi import ADDR_BITS, AXI4Signature
 from ..mem.dma import DmaReader
+from .fsm import offer
 
 __all__ = ["EmitUnit"]
 
@@ -178,13 +179,9 @@ class EmitUnit(wiring.Component):
                         m.d.sync += st.bad_record.eq(st.bad_record + 1)
                         retire()
             with m.State("ISSUE"):
-                m.d.comb += dma.desc.valid.eq(1)
-                with m.If(dma.desc.ready):
-                    m.next = "QMETA"
+                offer(m, dma.desc, "QMETA")
             with m.State("QMETA"):
-                m.d.comb += kvq.i_meta.valid.eq(1)
-                with m.If(kvq.i_meta.ready):
-                    m.next = "FILL"
+                offer(m, kvq.i_meta, "FILL")
             with m.State("FILL"):
                 m.d.comb += [kvq.o.ready.eq(1), wr.en.eq(kvq.o.valid)]
                 with m.If(kvq.o.valid):

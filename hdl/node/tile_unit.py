@@ -14,9 +14,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.attend import (
-    ATT_ENTRY_BYTES,
     ATTEND_ARG,
-    ATTEND_BLOCK,
     ATTEND_HEADER,
     ATTEND_STATUS,
     ATTEND_STRIDE_BITS,
@@ -39,6 +37,8 @@ from mcf.abi.query import (
 
 from ..mem.axi import ADDR_BITS, AXI4Signature
 from ..mem.dma import DmaReader, DmaWriter
+from .attend_list import arg_check, list_states
+from .fsm import dma_read, offer
 
 __all__ = ["TileUnit", "TileRowWriter"]
 
@@ -265,40 +265,44 @@ class TileUnit(wiring.Component):
         for s in SOFTMAX_OF_MODE[AttendMode.PREFILL_TILE]:
             with m.If(rin.softmax == s):
                 m.d.comb += sm_ok.eq(1)
-        rd_d, beat = rd.desc.payload, rd.o.payload
+        beat = rd.o.payload
         qh = data.View(QUERY_HEADER, beat.data[:QUERY_HEADER.size])
 
-        def read(addr, length, count, nxt):
-            m.d.comb += [rd.desc.valid.eq(1), rd_d.addr.eq(addr), rd_d.length.eq(length),
-                         rd_d.stride.eq(slot), rd_d.count.eq(count)]
-            with m.If(rd.desc.ready):
-                m.next = nxt
+        def entry(bent):
+            m.d.comb += [ew.addr.eq(idx - 1), ew.en.eq(1), ew.data.addr.eq(bent.addr),
+                         ew.data.tokens.eq(bent.tokens), ew.data.pos0.eq(bent.pos0)]
+            with m.If(idx == 1):
+                m.d.sync += first_key.eq(bent.pos0)
 
-        def slots(feed):
-            """A slot pass's beats (``feed``: kept for the rows, else checked)."""
-            m.d.comb += rd.o.ready.eq(1)
-            with m.If(rd.o.valid):
-                m.d.sync += bi.eq(Mux(bi == qbeats - 1, 0, bi + 1))
-                with m.If(beat.err):
-                    m.d.sync += [bad.eq(1), qerr.eq(int(feed))]
-                if feed:
-                    for i in range(self.q_beats):
-                        with m.If(bi == i):
-                            m.d.sync += qbuf[DW * i:DW * (i + 1)].eq(beat.data)
-                else:
-                    with m.If(bi == 0):
-                        with m.If((qh.heads != arg.heads)
-                                  | ((idx != 0) & (qh.pos != (pos0 + idx)[:KV_POS_BITS]))):
-                            m.d.sync += bad.eq(1)
-                        with m.If(idx == 0):
-                            m.d.sync += pos0.eq(qh.pos)
-                with m.If(bi == qbeats - 1):
-                    m.d.sync += idx.eq(idx + 1)
-                    with m.If(feed):
-                        m.d.sync += h.eq(0)
-                        m.next = "Q_OUT"
-                    with m.Elif(beat.last):
-                        m.next = "CHECK"
+        def slot_pass(name, feed):
+            """States ``name``_REQ and ``name``_RX: one pass over the chunk's query slots, its
+            beats kept for the rows (``feed``) or checked."""
+            with m.State(f"{name}_REQ"):
+                dma_read(m, rd, hdr.q_addr, qlen, f"{name}_RX", count=hdr.tokens, stride=slot)
+            with m.State(f"{name}_RX"):
+                m.d.comb += rd.o.ready.eq(1)
+                with m.If(rd.o.valid):
+                    m.d.sync += bi.eq(Mux(bi == qbeats - 1, 0, bi + 1))
+                    with m.If(beat.err):
+                        m.d.sync += [bad.eq(1), qerr.eq(int(feed))]
+                    if feed:
+                        for i in range(self.q_beats):
+                            with m.If(bi == i):
+                                m.d.sync += qbuf[DW * i:DW * (i + 1)].eq(beat.data)
+                    else:
+                        with m.If(bi == 0):
+                            with m.If((qh.heads != arg.heads)
+                                      | ((idx != 0) & (qh.pos != (pos0 + idx)[:KV_POS_BITS]))):
+                                m.d.sync += bad.eq(1)
+                            with m.If(idx == 0):
+                                m.d.sync += pos0.eq(qh.pos)
+                    with m.If(bi == qbeats - 1):
+                        m.d.sync += idx.eq(idx + 1)
+                        with m.If(feed):
+                            m.d.sync += h.eq(0)
+                            m.next = "Q_OUT"
+                        with m.Elif(beat.last):
+                            m.next = "CHECK"
 
         with m.FSM():
             with m.State("IDLE"):
@@ -306,46 +310,17 @@ class TileUnit(wiring.Component):
                 with m.If(self.rec.valid):
                     m.d.sync += [arg.eq(rin), bad.eq(0), qerr.eq(0), werr.eq(0), idx.eq(0),
                                  bi.eq(0), lo.eq(0), b.eq(0), acked.eq(0)]
-                    with m.If((rin.mode != AttendMode.PREFILL_TILE) | ~sm_ok | (rin.heads == 0)
-                              | (rin.heads > G) | (rin.blocks == 0)
-                              | (rin.blocks > self.max_list)):
-                        m.d.sync += st.bad_record.eq(st.bad_record + 1)
-                        m.d.comb += done.eq(1)
-                    with m.Else():
-                        m.next = "LIST_REQ"
-            with m.State("LIST_REQ"):
-                read(self.list_base + arg.list * ATT_ENTRY_BYTES,
-                     (arg.blocks + 1) * ATT_ENTRY_BYTES, 1, "LIST_RX")
-            with m.State("LIST_RX"):
-                m.d.comb += rd.o.ready.eq(1)
-                bent = data.View(ATTEND_BLOCK, beat.data)
-                with m.If(rd.o.valid):
-                    m.d.sync += idx.eq(idx + 1)
-                    with m.If(beat.err):
-                        m.d.sync += bad.eq(1)
-                    with m.If(idx == 0):
-                        m.d.sync += hdr.eq(beat.data)
-                    with m.Else():
-                        m.d.comb += [ew.addr.eq(idx - 1), ew.en.eq(1),
-                                     ew.data.addr.eq(bent.addr), ew.data.tokens.eq(bent.tokens),
-                                     ew.data.pos0.eq(bent.pos0)]
-                        with m.If((bent.tokens == 0) | (bent.tokens > self.max_block)):
-                            m.d.sync += bad.eq(1)
-                        with m.If(idx == 1):
-                            m.d.sync += first_key.eq(bent.pos0)
-                    with m.If(beat.last):
-                        m.d.sync += idx.eq(0)
-                        m.next = "HDR"
+                    arg_check(m, rin, rin.mode != AttendMode.PREFILL_TILE, sm_ok, G, self.max_list,
+                              status=st, done=done)
+            list_states(m, rd, list_base=self.list_base, arg=arg, hdr=hdr, idx=idx, bad=bad,
+                        max_block=self.max_block, entry=entry, nxt="HDR")
             with m.State("HDR"):
                 with m.If(bad | (hdr.tokens == 0) | (hdr.tokens > self.max_chunk)
                           | (hdr.out_stride < arg.heads * (D * ATTN_OUT.width // 8))):
                     m.next = "BAD"
                 with m.Else():
                     m.next = "QH_REQ"
-            with m.State("QH_REQ"):
-                read(hdr.q_addr, qlen, hdr.tokens, "QH_RX")
-            with m.State("QH_RX"):
-                slots(False)
+            slot_pass("QH", False)
             with m.State("CHECK"):
                 m.d.sync += idx.eq(0)
                 with m.If(bad | (pos0 < first_key)):
@@ -357,13 +332,8 @@ class TileUnit(wiring.Component):
                 m.d.comb += done.eq(1)
                 m.next = "IDLE"
             with m.State("CHUNK"):
-                m.d.comb += self.chunk.valid.eq(1)
-                with m.If(self.chunk.ready):
-                    m.next = "Q_REQ"
-            with m.State("Q_REQ"):
-                read(hdr.q_addr, qlen, hdr.tokens, "Q_RX")
-            with m.State("Q_RX"):
-                slots(True)
+                offer(m, self.chunk, "Q_REQ")
+            slot_pass("Q", True)
             with m.State("Q_OUT"):
                 m.d.comb += self.q.valid.eq(1)
                 with m.If(self.q.ready):

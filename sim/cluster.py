@@ -12,7 +12,7 @@ unplugged: its TX frames are taken and lost, its RX is idle.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from amaranth import Module
@@ -20,7 +20,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.link_map import LINK_SFP, link_map_for
-from mcf.abi.node_config import SIM, NodeConfig
+from mcf.abi.node_config import NODE_CONFIGS, SIM, NodeConfig
 from mcf.abi.platform import ACLK_HZ
 from mcf.hdl.flat import FlatInstance, FlatTop
 from mcf.hdl.nic.link_model import LinkModel
@@ -305,6 +305,14 @@ def build_cluster(n: int, latency_cycles: int = BENCH_LATENCY_CYCLES, config: No
 
 
 @functools.cache
+def simulated_config(name: str) -> NodeConfig:
+    """The node configuration ``name`` as Verilator builds it: the GEMM's ``DSP48E2``
+    primitives (``gemm_dsp="primitive"``, kr260) as the slice model in logic (``"model"``: the
+    same cycles and bits; Verilator has no ``DSP48E2``)."""
+    config = NODE_CONFIGS[name]
+    return replace(config, gemm_dsp="model") if config.gemm_dsp == "primitive" else config
+
+
 def build_rank(latency_cycles: int = BENCH_LATENCY_CYCLES, config: NodeConfig = SIM):
     """The Verilator build of :class:`RankTop` (cached in ``build/sim`` as ``node_rank``): every
     MPI rank of every ring size runs it."""

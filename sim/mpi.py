@@ -64,12 +64,12 @@ def launch(params: dict, *, timeout: float | None = None, bench: str = "cluster_
     ``spec`` names the nodes) as one MPI rank per node; returns node 0's result. Raises
     ``AssertionError`` with the run's failure (the same message a single-process run
     gives)."""
-    from mcf.sim.cluster import build_rank
+    from mcf.sim.cluster import build_rank, simulated_config
 
     if bench not in BENCHES:
         raise ValueError(f"bench {bench!r}: one of {BENCHES}")
     n = params["spec"]["nodes"]
-    built = build_rank()                  # once, before the ranks start
+    built = build_rank(config=simulated_config(params["spec"]["config"]))   # once, first
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp)
         if bench == "board_run":

@@ -22,6 +22,7 @@ from mcf.cluster import (
 )
 from mcf.mars.routes import RouteAllocator
 from mcf.model import IntModel, model_from_spec, quantize_model
+from mcf.node.layer import row_ranges
 
 
 @pytest.fixture(scope="module")
@@ -102,10 +103,87 @@ def test_decode_roots_follow_mars_and_kv_stays_there(tiny):
     ({"prompt_tokens": 60}, "multiple of the chunk"), ({"chunk": 30, "prompt_tokens": 60,
                                                          "nodes": 4}, "split evenly"),
     ({"decode_tokens": -1}, "--decode-tokens"), ({"config": "nope"}, "--config"),
-    ({"softmax": "double"}, "--softmax"), ({"nodes": 1, "chunk": 32}, "at most 16 rows")])
+    ({"softmax": "double"}, "--softmax"),
+    ({"nodes": 1, "chunk": 32}, "at most 16 rows")])
 def test_run_spec_rejects_bad_input(kw, msg):
     with pytest.raises(RunError, match=msg):
         RunSpec(**kw)
+
+
+def test_row_ranges():
+    assert row_ranges(16, 16) == [(0, 16)]
+    assert row_ranges(40, 16) == [(0, 16), (16, 16), (32, 8)]
+    assert row_ranges(1, 64) == [(0, 1)]
+
+
+def test_a_slice_over_the_gemm_rows_runs_as_several_jobs():
+    """Slices of 32 tokens on the ``sim`` node, whose GEMM takes 16 rows a job: each prefill
+    projection is two GEMM jobs of 16 rows, each reading its own requantised rows and writing
+    its rows of the output; every template walks without a bad entry. (``RunSpec`` still
+    refuses such a run: its RTL run stalled, docs/model.md.)"""
+    from mcf.abi.compute import DMA_DESC
+    from mcf.abi.jobs import GEMM_JOB, JOB_ARG, walk
+    from mcf.cluster.setup import RunSetup
+
+    s = RunSetup.prepare(RunSpec(nodes=2, prompt_tokens=128, chunk=32, decode_tokens=0))
+    s.plan = make_plan(RunSpec(nodes=2, prompt_tokens=128, chunk=64, decode_tokens=0,
+                               config="kr260"), s.model)      # RunSpec refuses it on sim
+    img = s.image(0x1000)
+    m, rows = img.tokens, img.config.gemm_m_max
+    assert m == 32 and rows == 16 and img.ranges == [(0, 16), (16, 16)]
+    mem = bytearray(img.alloc.at)
+    for a, raw in img.image.items():
+        mem[a:a + len(raw)] = raw
+    cfg = s.model.layer
+    for layer, lb in enumerate(img.bufs):
+        for t in (2 * layer, 2 * layer + 1):
+            acts, counts = walk(lambda a, n: bytes(mem[a:a + n]), img.table, img.table_len,
+                                JOB_ARG.const({"template": t}).as_bits(),
+                                img.config.gemm_limits)
+            assert counts["bad_gemm"] == counts["bad_entries"] == 0
+            jobs = [GEMM_JOB.from_bits(v) for _, k, v in acts if k == "gemm_job"]
+            assert [int(j.m_count) for j in jobs] == [rows] * len(jobs)
+            assert len(jobs) == 2 * (3 if t % 2 == 0 else 4)
+        acts, _ = walk(lambda a, n: bytes(mem[a:a + n]), img.table, img.table_len,
+                       JOB_ARG.const({"template": 2 * layer}).as_bits(), img.config.gemm_limits)
+        wr = {(int(d.addr), int(d.count)) for d in (DMA_DESC.from_bits(v) for _, k, v in acts
+                                                    if k == "wr_desc")}
+        nq = cfg.heads * cfg.head_dim
+        for r0, _ in img.ranges:               # the Q projection's rows of each job
+            assert (lb.buf["q"] + r0 * nq * 4, rows) in wr
+        assert len(set(lb.xq[cfg.hidden])) == 2
+
+
+def test_attend_lists_are_sized_from_the_plan():
+    """Blocks of 4 tokens (chunk 8 over 2 nodes, 64 tokens): ATTEND lists of up to 16 blocks,
+    twice the model image's default; the run's image holds them and every step's program
+    names them."""
+    from mcf.abi.attend import ATTEND_ARG
+    from mcf.abi.node import RecordClass
+    from mcf.cluster.setup import RunSetup, StepPrograms
+    from mcf.node.layer import ModelImage, max_read_set
+
+    s = RunSetup.prepare(RunSpec(nodes=2, prompt_tokens=64, chunk=8, decode_tokens=1))
+    img = s.image(0x1000)
+    assert max_read_set(s.plan) == img.max_blocks == 16 > ModelImage.max_blocks
+    progs = StepPrograms(s, img)
+    longest = max(int(ATTEND_ARG.from_bits(c.arg).blocks)
+                  for i in range(1, len(s.plan.steps) + 1) for prog in progs(i)
+                  for c in prog.compute if c.cls is RecordClass.ATTEND)
+    assert longest == 16
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"prompt_tokens": 2048, "chunk": 8, "nodes": 1}, "blocks field holds at most 255"),
+    ({"prompt_tokens": 1024, "chunk": 16, "nodes": 2}, "directory holds 256"),
+])
+def test_physical_limits_are_refused_in_one_line(tiny, kw, msg):
+    """What stays a refusal: the ATTEND record's 8-bit ``blocks`` field and the node's
+    directory depth (``kv_count``), both generate-time sizes of the node."""
+    cfg, _, _ = tiny
+    with pytest.raises(RunError, match=msg) as exc:
+        make_plan(RunSpec(decode_tokens=1, kv_budget=1 << 30, **kw), cfg)
+    assert "\n" not in str(exc.value)
 
 
 @pytest.mark.parametrize("nodes", [2, 4, 8])
@@ -159,6 +237,7 @@ def test_the_retrieval_model_answers_passkey_prompts_in_the_run_golden(nodes):
     (["--task", "passkey", "--decode-tokens", "0"], "at least 1"),
     (["--task", "passkey", "--chunk", "8", "--prompt-tokens", "16"], "at least 19"),
     (["--link-fault", "1", "--link-fault-node", "2"], "--link-fault-node 2"),
+    (["--node-config", "kr260"], "does not fit the kr260 node"),
 ])
 def test_mcf_run_bad_arguments_exit_2(argv, msg, capsys):
     assert main(["run", "--quiet", *argv]) == 2

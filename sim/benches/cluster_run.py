@@ -178,7 +178,7 @@ async def _setup_node(h: Host, r: Run) -> None:
     ident = await h.read("ID")
     assert ident == h.regmap.id_word, f"node {h.i}: ID {ident:#x}"
     assert await h.read("CAPS") == cfg.caps()
-    for _ in range(200):
+    for _ in range(cfg.kv_count // 32 + 200):      # the directory clears one entry a cycle
         if await h.read("DIR_READY"):
             break
         await ClockCycles(r.dut.aclk, 32)

@@ -13,7 +13,8 @@ from ..abi.node_config import NODE_CONFIGS, NodeConfig
 from .golden import ClusterGolden, GoldenRun
 from .spec import RunSpec, make_plan, run_prompt
 
-__all__ = ["RunSetup", "StepPrograms", "planned_receivers", "planned_landings", "run_record"]
+__all__ = ["RunSetup", "StepPrograms", "planned_receivers", "planned_landings", "run_record",
+           "decode_held"]
 
 
 @dataclass
@@ -31,24 +32,23 @@ class RunSetup:
     gold: GoldenRun
     xa: np.ndarray                # the prompt's embedding rows (ACT codes)
     decode_blocks: int            # decode KV blocks a node holds at most
+    decode_held: int = 0          # decode tokens a node holds at most
     _decoded: dict = field(default_factory=dict)
 
     @classmethod
     def prepare(cls, spec: RunSpec) -> RunSetup:
         """Load and quantise ``spec``'s model, plan the run, compute the golden prefill."""
         from ..model import model_from_spec, quantize_model
-        from ..node.decode import slice_tokens
 
         mcfg, tensors = model_from_spec(spec.model, seed=spec.seed) if spec.model == "tiny" \
             else model_from_spec(spec.model)
         qm = quantize_model(mcfg, tensors)
         p = make_plan(spec, mcfg)
-        held = [p.decode_owner(k) for k in range(spec.decode_tokens)]
-        blocks = max([1] + [-(-held.count(v) // slice_tokens(p)) for v in range(spec.nodes)])
+        blocks, held = decode_held(p, spec.decode_tokens)
         golden = ClusterGolden(qm, p, spec.softmax)
         prompt, answer = run_prompt(spec, mcfg)
         return cls(spec, mcfg, tensors, qm, p, NODE_CONFIGS[spec.config], golden, prompt,
-                   answer, golden.prefill(prompt), golden.embed(prompt), blocks)
+                   answer, golden.prefill(prompt), golden.embed(prompt), blocks, held)
 
     @property
     def nodes(self) -> int:
@@ -64,7 +64,8 @@ class RunSetup:
 
         p, cfg, qm = self.plan, self.config, self.quantized
         lay0 = NodeLayout.for_plan(p, cfg, base=base, cmd_log2=cmd_log2)
-        lay = decode_layout(p, cfg, lay0.base, lay0.cmd_log2, decode_blocks=self.decode_blocks)
+        lay = decode_layout(p, cfg, lay0.base, lay0.cmd_log2, decode_blocks=self.decode_blocks,
+                            held=self.decode_held)
         return HeadImage(self.model.layer, qm.layers, cfg, lay,
                          tokens=slice_tokens(p), decode_blocks=self.decode_blocks,
                          max_blocks=max_read_set(p), softmax=self.spec.softmax,
@@ -121,6 +122,16 @@ class RunSetup:
             if p0 <= S - 1 < p0 + n:
                 return s, S - 1 - p0
         raise AssertionError("no slice holds the last position")
+
+
+def decode_held(p, decode_tokens: int) -> tuple[int, int]:
+    """``(decode blocks, decode tokens)`` one node of plan ``p`` holds at most after
+    ``decode_tokens`` decode tokens (KV-stationary: each at its root); at least one block."""
+    from ..node.decode import slice_tokens
+
+    held = [p.decode_owner(k) for k in range(decode_tokens)]
+    most = max([0] + [held.count(v) for v in range(p.cluster.nodes)])
+    return max(1, -(-most // slice_tokens(p))), most
 
 
 @dataclass

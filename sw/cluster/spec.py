@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..abi.attend import RUN_SOFTMAX
+from ..abi.attend import ATTEND_ARG, RUN_SOFTMAX
 from ..abi.node_config import NODE_CONFIGS
 from ..mars import POLICIES, ClusterSpec, PlanError, make_topology, plan
 from ..mars.model import ModelSpec
@@ -84,6 +84,8 @@ class RunSpec:
             raise RunError(f"--softmax {self.softmax!r}: one of {', '.join(RUN_SOFTMAX)}")
         if self.config not in NODE_CONFIGS:
             raise RunError(f"--config {self.config!r}: one of {', '.join(NODE_CONFIGS)}")
+        # The node program runs a longer slice as GEMM jobs over row ranges
+        # (mcf.node.layer.row_ranges), but its RTL run has stalled (docs/model.md): refused.
         rows = NODE_CONFIGS[self.config].gemm_m_max
         if self.chunk // self.nodes > rows:
             raise RunError(f"--chunk {self.chunk} over {self.nodes} node(s) gives slices of "
@@ -116,10 +118,27 @@ def make_plan(spec: RunSpec, cfg: Qwen2Config):
                      reduce_slots=NODE_CONFIGS[spec.config].reduce_slots,
                      node_config=spec.config, decode_reduce="chain")
     try:
-        return plan(model_spec(cfg, spec.model), cl, spec.prompt_tokens, spec.chunk,
-                    spec.policy, alpha=spec.alpha)
+        p = plan(model_spec(cfg, spec.model), cl, spec.prompt_tokens, spec.chunk,
+                 spec.policy, alpha=spec.alpha)
     except PlanError as exc:
         raise RunError(str(exc)) from None
+    from ..node.layer import max_read_set
+
+    longest, field = max_read_set(p), (1 << ATTEND_ARG["blocks"].shape.width) - 1
+    if longest > field:
+        raise RunError(f"--prompt-tokens {spec.prompt_tokens} in chunks of {spec.chunk} over "
+                       f"{nodes} node(s): an ATTEND list of {longest} KV blocks; the ATTEND "
+                       f"record's blocks field holds at most {field} (a larger --chunk)")
+    from ..node.decode import decode_layout
+    from .setup import decode_held
+
+    blocks, held = decode_held(p, spec.decode_tokens)
+    try:        # the node's directory depth and LAND_OFF table (generate-time sizes)
+        decode_layout(p, NODE_CONFIGS[spec.config], decode_blocks=blocks, held=held)
+    except ValueError as exc:
+        raise RunError(f"--prompt-tokens {spec.prompt_tokens}, --chunk {spec.chunk}, --nodes "
+                       f"{nodes}, --decode-tokens {spec.decode_tokens}: {exc}") from None
+    return p
 
 
 def run_prompt(spec: RunSpec, cfg: Qwen2Config) -> tuple[np.ndarray, np.ndarray | None]:

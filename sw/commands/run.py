@@ -14,24 +14,43 @@ from pathlib import Path
 from ..cli import UsageError
 from ._checks import add_alias, description, hostfile_hosts, spelling, writable_file
 
-__all__ = ["register", "run", "simulate"]
+__all__ = ["register", "run", "simulate", "ddr_model_bytes"]
+
+
+def ddr_model_bytes(cfg, spec) -> int:
+    """The simulated DDR of each node (the bench's ``mem``): a power of two, at least 1 MiB,
+    above a bound on the node image — every weight of the embedding (the tied LM head) and the
+    model's layers at one byte (INT4 codes are half a byte; scales and biases far less), and
+    every layer's activation buffers at 32 ACT words per hidden or intermediate column of a
+    slice row (the bench refuses an image that does not fit, in one line)."""
+    lay = cfg.layer
+    hd, h, inter = lay.head_dim, lay.hidden, lay.intermediate
+    per_layer = h * (lay.heads + 2 * lay.kv_heads) * hd + lay.heads * hd * h + 3 * h * inter
+    weights = cfg.vocab_size * h + cfg.num_hidden_layers * per_layer
+    rows = -(-spec.chunk // spec.nodes) + 1            # a slice, and the decode token
+    acts = cfg.num_hidden_layers * rows * 32 * (h + inter) * 4
+    return 1 << max(20, (weights + acts).bit_length())
 
 
 def simulate(spec, *, progress: bool = True, timeout: int = 0,
-             fault: dict | None = None, mpi: bool = False, board: bool = False) -> dict:
+             fault: dict | None = None, mpi: bool = False, board: bool = False,
+             mem: int | None = None) -> dict:
     """Run ``spec`` (:class:`mcf.cluster.RunSpec`) on ``spec.nodes`` simulated node tops
     (Verilator, cached build) and return the bench's result (``mcf.sim.benches.cluster_run``):
     all nodes in one simulation, or (``mpi``) one node per MPI rank (:mod:`mcf.sim.mpi`), with
     the same cycles; ``board``: one simulated KR260 per MPI rank driven by the board runtime
     (``mcf.sim.benches.board_run``). ``fault = {"step": s, "node": v}`` flips a bit on the
     links leaving node ``v`` at prefill step ``s``. Raises
-    ``AssertionError`` with the failing check."""
+    ``AssertionError`` with the failing check. ``mem``: each node's simulated DDR in bytes
+    (:func:`ddr_model_bytes`; ``None``: the bench's default)."""
     from dataclasses import asdict
 
     from ..sim import run as sim_run
-    from ..sim.cluster import build_cluster
+    from ..sim.cluster import build_cluster, simulated_config
 
     params = {"spec": asdict(spec), "progress": progress, "timeout": timeout, "fault": fault}
+    if mem is not None:
+        params["mem"] = mem
     if progress:
         what = "one simulated KR260 per MPI rank" if board else "one node per MPI rank" \
             if mpi else f"the {spec.nodes}-node simulation"
@@ -42,7 +61,7 @@ def simulate(spec, *, progress: bool = True, timeout: int = 0,
 
         # builds RankTop once, before the ranks start
         return launch(params, bench="board_run" if board else "cluster_run")
-    built = build_cluster(spec.nodes)
+    built = build_cluster(spec.nodes, config=simulated_config(spec.config))
     with tempfile.TemporaryDirectory() as tmp:      # one folder per run: runs may overlap
         out = Path(tmp) / "run.json"
         sim_run(built, "mcf.sim.benches.cluster_run", testcase="run", test_dir=Path(tmp),
@@ -163,7 +182,8 @@ def run(args) -> int:
         spec = RunSpec(model=args.model, prompt_tokens=args.prompt_tokens, nodes=args.nodes,
                        policy=args.policy, decode_tokens=args.decode_tokens, chunk=args.chunk,
                        alpha=args.alpha, kv_budget=int(args.kv_budget_kib * 1024),
-                       seed=args.seed, task=args.task, softmax=args.softmax)
+                       seed=args.seed, task=args.task, softmax=args.softmax,
+                       config=args.node_config)
     except RunError as exc:
         raise UsageError(str(exc)) from None
     if hosts is not None and len(hosts) != spec.nodes:
@@ -193,7 +213,7 @@ def run(args) -> int:
                             timeout=args.timeout)
         else:
             got = simulate(spec, progress=not args.quiet, timeout=args.timeout, fault=fault,
-                           mpi=args.mpi, board=args.board)
+                           mpi=args.mpi, board=args.board, mem=ddr_model_bytes(cfg, spec))
     except AssertionError as exc:
         first = str(exc).splitlines()[0]
         if first.startswith("link fault"):
@@ -300,6 +320,7 @@ def _print(got: dict, spec) -> None:
 
 def register(subs) -> None:
     from ..abi.attend import RUN_SOFTMAX
+    from ..abi.node_config import NODE_CONFIGS
     from ..cluster import RUN_POLICIES, RUN_TASKS
 
     p = subs.add_parser("run", help="a Qwen2 model end to end on a simulated KR260 cluster",
@@ -318,6 +339,9 @@ def register(subs) -> None:
     p.add_argument("--prompt-tokens", type=int, default=64,
                    help="prompt length, a multiple of --chunk (default 64)")
     p.add_argument("--nodes", type=int, default=2, help="simulated KR260 nodes (default 2)")
+    p.add_argument("--node-config", default="sim", choices=sorted(NODE_CONFIGS),
+                   help="the node top's configuration (default sim: the tiny geometry, quick "
+                        "to simulate; kr260: the bitstream's, for qwen2.5-1.5b)")
     p.add_argument("--policy", default="mars", choices=RUN_POLICIES,
                    help="prefill schedule (default mars)")
     p.add_argument("--decode-tokens", type=int, default=2,

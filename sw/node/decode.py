@@ -149,12 +149,16 @@ def decode_kv_id(plan, layer: int, node: int, block: int = 0) -> int:
 
 
 def decode_layout(plan, config, base: int = 0, cmd_log2: int = 10,
-                  decode_blocks: int = 1) -> NodeLayout:
+                  decode_blocks: int = 1, held: int | None = None) -> NodeLayout:
     """:meth:`NodeLayout.for_plan` with ``decode_blocks`` decode blocks per node added to the KV
     region (``KV_COUNT = L·(C + decode_blocks)·N``; QBUF and OBUF move up) and the
-    ``LAND_OFF`` entries of :func:`decode_seq`."""
+    ``LAND_OFF`` entries of :func:`decode_seq` — for the first ``held`` tokens of a decode
+    block (``None``: all ``⌈B/N⌉``; a run passes the most decode tokens one node holds, so a
+    large slice does not ask for entries no token uses)."""
     if decode_blocks < 1:
         raise ValueError("decode_blocks must be at least 1")
+    if held is not None and held < 0:
+        raise ValueError("held must be at least 0")
     lay = NodeLayout.for_plan(plan, config, base, cmd_log2)
     n, layers = plan.cluster.nodes, plan.model.layers
     count = layers * (plan.num_chunks + decode_blocks) * n
@@ -164,7 +168,8 @@ def decode_layout(plan, config, base: int = 0, cmd_log2: int = 10,
     kvl = lay.kv_layout
     table = list(kvl.land_off)
     rec = kv_token_bytes(plan.model.head_dim)
-    for t in range(slice_tokens(plan)):
+    T = slice_tokens(plan)
+    for t in range(T if held is None else min(T, held)):
         for g in range(plan.model.kv_heads):
             table[decode_seq(plan, t, g)] = g * kvl.head_stride + t * rec
 

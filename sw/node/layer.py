@@ -63,7 +63,7 @@ from ..quant import QuantWeight, gemm_stripe_image, to_act
 from .layout import REGION_ALIGN, NodeLayout
 
 __all__ = ["ModelImage", "LayerBuffers", "layer_records", "golden_prefill", "act_bytes",
-           "read_act", "slice_positions", "read_set", "max_read_set"]
+           "read_act", "slice_positions", "read_set", "max_read_set", "row_ranges"]
 
 ZERO_ROW = 0
 
@@ -75,6 +75,15 @@ def act_bytes(a) -> bytes:
 
 def read_act(raw: bytes, rows: int, cols: int) -> np.ndarray:
     return np.frombuffer(raw[:rows * cols * 4], dtype="<i4").astype(np.int64).reshape(rows, cols)
+
+
+def row_ranges(m: int, m_max: int) -> list[tuple[int, int]]:
+    """``(first row, rows)`` of the GEMM jobs that cover ``m`` token rows when one job takes at
+    most ``m_max``: full jobs of ``m_max`` rows, then the rest. A job's rows are independent
+    (each output row depends only on its own input row), so the bits equal one job's."""
+    if m_max < 1:
+        raise ValueError("m_max must be at least 1")
+    return [(r0, min(m_max, m - r0)) for r0 in range(0, m, m_max)]
 
 
 class _Alloc:
@@ -113,7 +122,7 @@ class LayerBuffers:
     g2: int
     x: int                      # input rows (layer 0: the host's; layer l: layer l-1's ``y``)
     buf: dict[str, int]
-    xq: dict[int, int]
+    xq: dict[int, list[int]]    # per K: one requantised buffer per GEMM row range
     kv: int                     # ACT K/V pair rows (EMIT_KV_BASE of this layer)
     qrec: int                   # query records, one per (token, KV head)
     templates: tuple[int, int] = (0, 0)
@@ -124,9 +133,11 @@ class ModelImage:
     """One node's copy of the model and its per-slice buffers: everything the layer program
     reads and writes, laid out after the node's :class:`NodeLayout` regions.
 
-    ``tokens``: the slice's token count (every step's slice has it); ``positions`` are written
-    per step (:meth:`step_writes`); ``softmax``: the run's attention softmax
-    (:data:`mcf.abi.attend.RUN_SOFTMAX`)."""
+    ``tokens``: the slice's token count (every step's slice has it); a slice of more tokens
+    than the GEMM's ``gemm_m_max`` runs each projection as several GEMM jobs over row ranges
+    (:func:`row_ranges`, each range requantised into its own buffer: the same bits);
+    ``positions`` are written per step (:meth:`step_writes`); ``softmax``: the run's attention
+    softmax (:data:`mcf.abi.attend.RUN_SOFTMAX`)."""
     cfg: LayerConfig
     layers: list[QuantLayer]
     config: NodeConfig
@@ -146,9 +157,10 @@ class ModelImage:
         rep = cfg.heads // cfg.kv_heads
         if rep > self.config.attn_heads or hd != self.config.attn_head_dim:
             raise ValueError(f"the {self.config.name} attention engine does not fit this model")
-        if m > self.config.gemm_m_max:
-            raise ValueError(f"a slice of {m} tokens; the {self.config.name} GEMM takes at "
-                             f"most {self.config.gemm_m_max} rows per job")
+        if m > self.config.attn_block:
+            raise ValueError(f"a slice of {m} tokens; the {self.config.name} attention engine "
+                             f"reads KV blocks of at most {self.config.attn_block} tokens")
+        self.ranges = row_ranges(m, self.config.gemm_m_max)
         alloc = self.alloc = _Alloc(self.layout.base + self.layout.size)
 
         def put(raw: bytes) -> int:
@@ -179,7 +191,7 @@ class ModelImage:
                 ("n1", h), ("q", nq), ("k", nkv), ("v", nkv), ("qr", nq), ("att", nq),
                 ("o", h), ("h", h), ("n2", h), ("g", inter), ("u", inter), ("s", inter),
                 ("d", h), ("y", h))}
-            xq = {n: alloc(m * n + 64) for n in (h, nq, inter)}
+            xq = {n: [alloc(mr * n + 64) for _, mr in self.ranges] for n in (h, nq, inter)}
             kv = self.kv + len(self.bufs) * m * self.row_stride
             qrec = alloc(m * cfg.kv_heads * self.q_slot)
             self.bufs.append(LayerBuffers(blobs, g1, g2, x, buf, xq, kv, qrec))
@@ -206,13 +218,20 @@ class ModelImage:
         mats = pair_ordered(self.layers[self.bufs.index(lb)], cfg)
         buf, xq = lb.buf, lb.xq
 
-        def mm(names, k, xa):
-            return [(xq[xa], m, k, lb.blobs[n], mats[n][0], buf[s]) for n, s in names]
+        def requant(t, k, a):
+            """``a``'s rows requantised, one buffer per GEMM row range."""
+            for (r0, mr), at in zip(self.ranges, xq[k], strict=True):
+                t.requant(k, mr, a + r0 * k * 4, at)
+
+        def mm(names, k):
+            """The projections ``names`` over every row range: one GEMM job per range."""
+            return [(at, mr, k, lb.blobs[n], mats[n][0], buf[s] + r0 * mats[n][0].q.shape[0] * 4)
+                    for n, s in names for (r0, mr), at in zip(self.ranges, xq[k], strict=True)]
 
         t0 = TemplateBuilder(norm_eps_code(cfg.eps), c.gemm_rows, c.gemm_lanes, c.vec_lanes)
         t0.vector(VectorOp.RMSNORM, h, m, lb.x, lb.g1, buf["n1"])
-        t0.requant(h, m, buf["n1"], xq[h])
-        t0.gemms(mm((("q", "q"), ("k", "k"), ("v", "v")), h, h))
+        requant(t0, h, buf["n1"])
+        t0.gemms(mm((("q", "q"), ("k", "k"), ("v", "v")), h))
         t0.vector(VectorOp.ROPE, nq, m, buf["q"], self.rq, buf["qr"], b_stride=nq * 4)
         for g in range(cfg.kv_heads):
             t0.vector(VectorOp.ROPE, hd, m, buf["k"] + g * hd * 4, self.rk,
@@ -231,16 +250,16 @@ class ModelImage:
             t0.requant_to(hd, m, buf["qr"] + hq * hd * 4, nq * 4, wr)
 
         t1 = TemplateBuilder(norm_eps_code(cfg.eps), c.gemm_rows, c.gemm_lanes, c.vec_lanes)
-        t1.requant(nq, m, buf["att"], xq[nq])
-        t1.gemms(mm((("o", "o"),), nq, nq))
+        requant(t1, nq, buf["att"])
+        t1.gemms(mm((("o", "o"),), nq))
         t1.vector(VectorOp.ADD, h, m, lb.x, buf["o"], buf["h"], b_stride=h * 4)
         t1.vector(VectorOp.RMSNORM, h, m, buf["h"], lb.g2, buf["n2"])
-        t1.requant(h, m, buf["n2"], xq[h])
-        t1.gemms(mm((("gate", "g"), ("up", "u")), h, h))
+        requant(t1, h, buf["n2"])
+        t1.gemms(mm((("gate", "g"), ("up", "u")), h))
         t1.vector(VectorOp.SILU_MUL, inter, m, buf["g"], buf["u"], buf["s"],
                   b_stride=inter * 4)
-        t1.requant(inter, m, buf["s"], xq[inter])
-        t1.gemms(mm((("down", "d"),), inter, inter))
+        requant(t1, inter, buf["s"])
+        t1.gemms(mm((("down", "d"),), inter))
         t1.vector(VectorOp.ADD, h, m, buf["h"], buf["d"], buf["y"], b_stride=h * 4)
         return [t0.entries, t1.entries]
 

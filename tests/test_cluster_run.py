@@ -173,13 +173,21 @@ def test_attend_lists_are_sized_from_the_plan():
     assert longest == 16
 
 
-@pytest.mark.parametrize("kw, msg", [
-    ({"prompt_tokens": 2048, "chunk": 8, "nodes": 1}, "blocks field holds at most 255"),
-    ({"prompt_tokens": 1024, "chunk": 16, "nodes": 2}, "directory holds 256"),
+@pytest.mark.parametrize("kw, max_list, msg", [
+    ({"prompt_tokens": 1040, "chunk": 16, "nodes": 1}, None, "ATTEND executor takes at most 64"),
+    ({"prompt_tokens": 2048, "chunk": 8, "nodes": 1}, 255, "ATTEND executor takes at most 255"),
+    ({"prompt_tokens": 1024, "chunk": 16, "nodes": 2}, 255, "directory holds 256"),
 ])
-def test_physical_limits_are_refused_in_one_line(tiny, kw, msg):
-    """What stays a refusal: the ATTEND record's 8-bit ``blocks`` field and the node's
-    directory depth (``kv_count``), both generate-time sizes of the node."""
+def test_physical_limits_are_refused_in_one_line(tiny, monkeypatch, kw, max_list, msg):
+    """What stays a refusal: the ATTEND executor's list length (``attn_max_list``, at most the
+    record's 8-bit ``blocks`` field) and the node's directory depth (``kv_count``), both
+    generate-time sizes of the node (a node built with longer lists reaches the directory's)."""
+    from dataclasses import replace
+
+    from mcf.abi.node_config import NODE_CONFIGS, SIM
+
+    if max_list is not None:
+        monkeypatch.setitem(NODE_CONFIGS, "sim", replace(SIM, attn_max_list=max_list))
     cfg, _, _ = tiny
     with pytest.raises(RunError, match=msg) as exc:
         make_plan(RunSpec(decode_tokens=1, kv_budget=1 << 30, **kw), cfg)

@@ -96,7 +96,8 @@ class NodeCompute(wiring.Component):
                                    w_ports=WEIGHT_STRIPES)
         self.emitter = EmitUnit(c.attn_head_dim)
         self.attender = AttendUnit(c.attn_head_dim, c.attn_lanes, c.attn_heads, c.attn_block,
-                                   out_width=PACKET_WIDTH, data_width=AXI_WIDTH)
+                                   max_list=c.attn_max_list, out_width=PACKET_WIDTH,
+                                   data_width=AXI_WIDTH)
         self.reader = KvReader(c.attn_head_dim, c.attn_lanes, c.attn_block)
         self.engine = AttentionEngine(c.attn_head_dim, c.attn_lanes, c.attn_heads,
                                       c.attn_block, data_width=PACKET_WIDTH,

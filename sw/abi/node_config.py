@@ -56,6 +56,7 @@ class NodeConfig:
     attn_lanes: int = 32
     attn_heads: int = 6
     attn_block: int = 256
+    attn_max_list: int = 64        # AttendUnit ``max_list``: KV blocks per ATTEND list
     kv_format: KVFormat = KVFormat.PER_TOKEN
     reduce_slots: int = 12
     kv_count: int = 1 << META["kv_id"].width

@@ -124,11 +124,13 @@ def make_plan(spec: RunSpec, cfg: Qwen2Config):
         raise RunError(str(exc)) from None
     from ..node.layer import max_read_set
 
-    longest, field = max_read_set(p), (1 << ATTEND_ARG["blocks"].shape.width) - 1
-    if longest > field:
+    field = (1 << ATTEND_ARG["blocks"].shape.width) - 1
+    longest, limit = max_read_set(p), min(field, NODE_CONFIGS[spec.config].attn_max_list)
+    if longest > limit:
         raise RunError(f"--prompt-tokens {spec.prompt_tokens} in chunks of {spec.chunk} over "
-                       f"{nodes} node(s): an ATTEND list of {longest} KV blocks; the ATTEND "
-                       f"record's blocks field holds at most {field} (a larger --chunk)")
+                       f"{nodes} node(s): an ATTEND list of {longest} KV blocks; the "
+                       f"{spec.config} node's ATTEND executor takes at most {limit} "
+                       f"(a larger --chunk)")
     from ..node.decode import decode_layout
     from .setup import decode_held
 

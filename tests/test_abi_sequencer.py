@@ -32,7 +32,7 @@ def rec(cls, queue=Queue.COMPUTE, *, kv=0, wait=0, arg=0, irq=False) -> int:
 
 def test_counters_and_layouts():
     assert [c.name for c in SeqCounter] == ["RESULTS_LANDED", "QUERIES_LANDED", "CONTROL",
-                                             "OTHER_RETIRED", "MAXES_LANDED"]
+                                             "OTHER_RETIRED", "MAXES_LANDED", "SUMS_LANDED"]
     names = [n for n, _ in SEQ_COUNTERS]
     assert names == ["retired", "marks", "wait_cycles", "timeouts", "skipped", "aborted",
                      "bad_runtime", "halt_index"]
@@ -96,15 +96,15 @@ def test_dir_payload_is_dir_op():
 def test_wait_and_mark_rebase():
     """WAIT compares counter − base; MARK's mask loads the base when it retires."""
     def counters(t):
-        return [t // 10, 0, 0, 1000, 7]
+        return [t // 10, 0, 0, 1000, 7, 9]
     recs = [rec(RecordClass.WAIT, arg=0, wait=3),      # counter 0 reaches 3 at cycle 30
-            rec(RecordClass.MARK, arg=0b11001),        # base0 = 3, base3 = 1000, base4 = 7
+            rec(RecordClass.MARK, arg=0b111001),       # base0 = 3, base3 = 1000, base4 = 7, 5 = 9
             rec(RecordClass.WAIT, arg=0, wait=2),      # 3 + 2 = 5: cycle 50
             rec(RecordClass.WAIT, arg=3, wait=0)]
     m = SequencerModel(Queue.NET)
     m.run([r & ~(1 << CMD["queue"].offset) for r in recs], counters=counters)
     assert [t for t, _ in m.retired_log] == [30, 31, 50, 51]
-    assert m.base == [3, 0, 0, 1000, 7] and m.st["marks"] == 1
+    assert m.base == [3, 0, 0, 1000, 7, 9] and m.st["marks"] == 1
 
 
 def test_watchdog_halts_and_run_reports_it():

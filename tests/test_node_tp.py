@@ -1,19 +1,29 @@
 """The row-parallel step of tensor-parallel decode on the node (mcf.node.tp; issue #34 item 3):
 the shards, the three templates as the walker's golden model issues them, the MAX all-reduce's
-records, the SUM payload cut, and the step's golden (the engines' golden models over the
-templates' buffers) equal to ``row_parallel`` and to the single-node GEMM of the whole K; the
-RTL run of the part the node top can do (ABSMAX → MAX all-reduce → REQUANT_EXT → ``acc_out``)
-on two node tops (sim/benches/node_tp.py)."""
+records, the SUM payload cut and records, the decode lander's SUM window (decision, and the
+RTL lander against its golden model in amaranth.sim), and the step's golden (the engines'
+golden models over the templates' buffers) equal to ``row_parallel`` and to the single-node
+GEMM of the whole K; the RTL run of the whole step (ABSMAX → MAX all-reduce → REQUANT_EXT →
+``acc_out`` → SUM all-reduce → ``acc_in``) on two node tops (sim/benches/node_tp.py)."""
 
 from __future__ import annotations
 
 import json
+import random
 
 import numpy as np
 import pytest
+from amaranth.sim import Simulator
 
 from mcf.abi.compute import GemmJob, StripeJob
-from mcf.abi.decode_land import DecodeLandConfig, DecodeLandResult, decode_land_decision
+from mcf.abi.decode_land import (
+    DECODE_LAND_STATUS,
+    SUM_SLOT_BYTES,
+    DecodeLandConfig,
+    DecodeLandResult,
+    decode_land_decision,
+    sum_tag,
+)
 from mcf.abi.framing import MAX_PAYLOAD
 from mcf.abi.jobs import JOB_ARG, STRIPE_JOB, VEC_CFG, walk
 from mcf.abi.meta import Collective, Meta, Op, ReduceOp
@@ -23,6 +33,7 @@ from mcf.abi.quant import VectorOp, requantize
 from mcf.abi.sequencer import SeqCounter
 from mcf.abi.tp import ACC_LANES, acc_lanes
 from mcf.golden import gemm as G
+from mcf.golden.decode_land import DecodeLandModel
 from mcf.golden.qwen_layer import QWEN25_1P5B, TINY, quantize_layer, random_layer
 from mcf.golden.tp_decode import row_parallel, tp_split
 from mcf.node.tp import (
@@ -32,8 +43,11 @@ from mcf.node.tp import (
     max_records,
     shard_weight,
     sum_payloads,
+    sum_records,
 )
 from mcf.quant import gemm_stripe_image, to_act
+from mcf.sim.amsim import parsed_beats, send
+from mcf.sim.axi_slave import write_slave
 
 SEED = 7
 MBUF, QBUF = 0x800, 0x400
@@ -194,10 +208,137 @@ def test_max_records_and_sum_payloads():
         assert all(p.meta.length <= MAX_PAYLOAD and p.words % ACC_LANES == 0 for p in pays)
         assert [p.meta.kv_id for p in pays] == list(range(100, 100 + len(want)))
     assert [p.words for p in sum_payloads(5, 0, 0, 0, 0, max_payload=12)] == [2] * 5
-    # what the node top lacks: the decode lander drops a SUM result longer than an MBUF slot
-    res = Meta(op=Op.REDUCTION, collective=Collective.MULTICAST, reduce_op=ReduceOp.NONE,
-               kv_id=100, length=pays[0].meta.length)
-    assert decode_land_decision(cfg, res, b"", TINY.head_dim)[0] is DecodeLandResult.DROP_LENGTH
+    assert [p.meta.kv_id for p in sum_payloads(5, 0, 0, 0, 0xFFFF, max_payload=12)] == \
+        [0xFFFF, 0, 1, 2, 3]
+
+
+def _sum_cfg(slots=3, tag_base=0xFFF0):
+    return DecodeLandConfig(QBUF, 0x600, 64, TINY.heads, tag_base=tag_base, mbuf_base=MBUF,
+                            sum_base=0x1_0000_0010, sum_slots=slots)
+
+
+def _final(**kw):
+    return Meta(op=Op.REDUCTION, collective=Collective.MULTICAST, reduce_op=ReduceOp.NONE, **kw)
+
+
+def test_sum_window_decision():
+    """A final REDUCTION tagged ``sum_tag(TAG_BASE, Q_HEADS, slot)`` with ``slot < SUM_SLOTS``
+    lands at ``SUM_BASE + slot · MAX_PAYLOAD`` (lengths: whole lane pairs up to MAX_PAYLOAD);
+    below the window it is maxima (MBUF), above it (or with the window closed) the maxima
+    rules drop it; a bad length in the window is ``drop_length``."""
+    cfg, d = _sum_cfg(), TINY.head_dim
+    assert SUM_SLOT_BYTES == MAX_PAYLOAD
+    for slot, length in ((0, 8), (1, 1024), (2, MAX_PAYLOAD)):
+        meta = _final(kv_id=sum_tag(cfg.tag_base, cfg.q_heads, slot), length=length, seq=1)
+        assert decode_land_decision(cfg, meta, b"", d) == \
+            (DecodeLandResult.SUMS, 0x1_0000_0010 + slot * MAX_PAYLOAD)
+    tag = sum_tag(cfg.tag_base, cfg.q_heads, 1)
+    for length in (0, 4, 12, MAX_PAYLOAD + 8):
+        assert decode_land_decision(cfg, _final(kv_id=tag, length=length), b"", d)[0] is \
+            DecodeLandResult.DROP_LENGTH
+    above = _final(kv_id=sum_tag(cfg.tag_base, cfg.q_heads, 3), length=16)
+    assert decode_land_decision(cfg, above, b"", d)[0] is DecodeLandResult.DROP_SLOT
+    assert decode_land_decision(cfg, above.replace(length=1024), b"", d)[0] is \
+        DecodeLandResult.DROP_LENGTH
+    closed = _sum_cfg(slots=0)
+    assert decode_land_decision(closed, _final(kv_id=tag, length=16), b"", d)[0] is \
+        DecodeLandResult.DROP_SLOT
+    maxima = _final(kv_id=cfg.tag_base + 2, length=16)
+    assert decode_land_decision(cfg, maxima, b"", d)[0] is DecodeLandResult.MAXES
+    assert decode_land_decision(cfg, _final(kv_id=tag, length=16).replace(
+        reduce_op=ReduceOp.SUM), b"", d)[0] is DecodeLandResult.DROP_REDUCE_OP
+
+
+def test_sum_records():
+    """After ``acc_out``: the lanes as SUM payloads tagged in the SUM window (payload ``i`` from
+    ``lanes + i·MAX_PAYLOAD``), WAIT SUMS_LANDED ≥ payloads, the root's casts of its SUM
+    slots, the ``acc_in`` JOB; the image's SUM registers open exactly those slots at
+    ``summed``."""
+    qw = _layer().qw["o"]
+    img = _images(qw, _ranges("o", 2))[1]
+    b, n = img.buf, qw.q.shape[0]
+    regs = img.sum_registers()
+    assert regs == {"SUM_BASE_LO": b.summed, "SUM_BASE_HI": 0, "DEC_SUM_SLOTS": 1}
+    cfg = DecodeLandConfig(QBUF, 0x600, 64, TINY.heads, tag_base=40, mbuf_base=MBUF,
+                           sum_base=b.summed, sum_slots=regs["DEC_SUM_SLOTS"])
+    for node in (0, 1):
+        recs = sum_records(img, node, 0, 2, reduce_route=5, bcast_route=6, qbuf_base=QBUF,
+                           tag_base=40)
+        assert [r.cls for r in recs] == [RecordClass.SEND, RecordClass.WAIT] + \
+            ([RecordClass.SEND] if node == 0 else []) + [RecordClass.JOB]
+        m = Meta.unpack(recs[0].meta)
+        assert (m.op, m.collective, m.reduce_op, m.length, m.kv_id, m.route_id, m.src) == \
+            (Op.REDUCTION, Collective.ALL_REDUCE, ReduceOp.SUM, ACC_LANES * n * 4,
+             40 + TINY.heads, 5, node)
+        assert recs[0].src is PayloadSource.QBUF and recs[0].arg == b.lanes - QBUF
+        assert (recs[1].arg, recs[1].wait) == (SeqCounter.SUMS_LANDED.value, 1)
+        assert JOB_ARG.from_bits(recs[-1].arg).template == 2
+        final = Meta(**{**m.__dict__, "reduce_op": ReduceOp.NONE,
+                        "collective": Collective.MULTICAST})
+        assert decode_land_decision(cfg, final, b"", TINY.head_dim) == \
+            (DecodeLandResult.SUMS, b.summed)
+        if node == 0:
+            cast = Meta.unpack(recs[2].meta)
+            assert (cast.collective, cast.reduce_op, cast.route_id, cast.dst, cast.kv_id) == \
+                (Collective.MULTICAST, ReduceOp.NONE, 6, 1, 40 + TINY.heads)
+            assert recs[2].arg == b.summed - QBUF
+
+
+def test_lander_rtl_sum_window():
+    """The RTL decode lander (amaranth.sim, random W pauses) on SUM payloads in every slot of
+    the window (lengths 8..MAX_PAYLOAD), maxima beside them, and SUM-window packets it must
+    drop (bad length, above the window, reduce_op SUM): bytes written and every counter equal
+    to the golden model's."""
+    from mcf.hdl.node.decode_land import DecodeLander
+
+    cfg, d = _sum_cfg(), TINY.head_dim
+    rng = np.random.default_rng(SEED)
+
+    def pay(k):
+        return rng.integers(0, 256, k, dtype=np.uint8).tobytes()
+
+    def tag(slot):
+        return sum_tag(cfg.tag_base, cfg.q_heads, slot)
+
+    packets = [
+        (_final(kv_id=tag(0), length=MAX_PAYLOAD), pay(MAX_PAYLOAD)),
+        (_final(kv_id=tag(2), length=8), pay(8)),
+        (_final(kv_id=cfg.tag_base + 1, length=24, seq=1), pay(24)),      # maxima
+        (_final(kv_id=tag(1), length=12), pay(12)),                        # drop_length
+        (_final(kv_id=tag(3), length=16), pay(16)),                        # drop_slot
+        (_final(kv_id=tag(1), length=64).replace(reduce_op=ReduceOp.SUM), pay(64)),  # reduce_op
+        (_final(kv_id=tag(1), length=520), pay(520)),
+    ]
+    model = DecodeLandModel(cfg, d)
+    for meta, p in packets:
+        model.land(meta, p)
+    dut = DecodeLander(d)
+    wmem: dict[int, int] = {}
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(write_slave(dut.bus, random.Random(SEED), wmem, [], wpause=0.3),
+                      background=True)
+    out = {}
+
+    async def host(ctx):
+        ctx.set(dut.cfg.as_value(), cfg.pack())
+        for meta, p in packets:
+            await send(ctx, dut.i, parsed_beats(meta, p))
+        landed = sum(1 for mt, _ in packets
+                     if decode_land_decision(cfg, mt, b"", d)[1] is not None)
+        for _ in range(2000):
+            await ctx.tick()
+            st = {nm: ctx.get(dut.status[nm]) for nm, _ in DECODE_LAND_STATUS}
+            if st["sums_landed"] + st["maxes_landed"] == landed:
+                break
+        out["status"] = st
+
+    sim.add_testbench(host)
+    sim.run()
+    assert out["status"] == model.status
+    assert model.status["sums_landed"] == 3 and model.status["maxes_landed"] == 1
+    assert wmem == model.mem
+    assert np.array_equal(model.lanes(0, 2), np.frombuffer(packets[0][1][:8], "<i4"))
 
 
 # ---- RTL: two node tops ------------------------------------------------------------------------
@@ -214,9 +355,10 @@ def pair():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("proj", ["o", "down"])
-def test_two_nodes_run_the_row_parallel_step_to_acc_out(pair, proj, tmp_path):
-    """ABSMAX → MAX all-reduce over the NIC → REQUANT_EXT → GEMM ``acc_out`` on two node tops
-    from the rings: every node's absmax lanes, MBUF result, codes, scale and ``acc_out`` lanes
+def test_two_nodes_run_the_row_parallel_step(pair, proj, tmp_path):
+    """ABSMAX → MAX all-reduce over the NIC → REQUANT_EXT → GEMM ``acc_out`` → SUM all-reduce
+    into the SUM slots → GEMM ``acc_in`` on two node tops from the rings: every node's absmax
+    lanes, MBUF result, codes, scale, ``acc_out`` lanes, SUM result and output row ``y``
     bit-exact against ``golden_step`` (checked in the bench)."""
     from mcf.sim import run
 

@@ -1,6 +1,7 @@
 """Decode lander: ``Op.QUERY`` payloads → their QBUF slot, a root's final ``(m, l, o)`` state →
 ``o / l`` → its OBUF row, the two-phase decode's all-reduced maxima (``Op.REDUCTION``,
-``reduce_op = NONE``) → their MBUF slot, each counted after the write is acknowledged
+``reduce_op = NONE``) → their MBUF slot, a tensor-parallel row's SUM all-reduce lanes (the
+same kind, tagged in the SUM window) → their SUM slot, each counted after the write is acknowledged
 (docs/node.md §5 "Landing engine", §7; §6 rule 1: a local sink that always drains; paper §4
 end).
 
@@ -22,6 +23,8 @@ from mcf.abi.decode_land import (
     DECODE_LAND_CONFIG,
     DECODE_LAND_STATUS,
     M_SLOT_BYTES,
+    SUM_LEN_ALIGN,
+    SUM_SLOT_BYTES,
     obuf_row_bytes,
     state_bytes,
 )
@@ -49,11 +52,13 @@ if QUERY_HEADER_BYTES * 8 != PACKET_WIDTH:  # pragma: no cover - the header is b
     raise AssertionError("the query header must fill exactly the first 64-bit beat")
 if M_SLOT_BYTES & (M_SLOT_BYTES - 1):  # pragma: no cover - the MBUF offset is a shift
     raise AssertionError("M_SLOT_BYTES must be a power of two")
+if SUM_SLOT_BYTES & (SUM_SLOT_BYTES - 1) or SUM_LEN_ALIGN & (SUM_LEN_ALIGN - 1):
+    raise AssertionError("SUM slots and lengths must be powers of two")  # pragma: no cover
 
 
 class DecodeLander(wiring.Component):
-    """Lands decode queries in QBUF, normalised final states in OBUF and the two-phase decode's
-    all-reduced maxima in MBUF.
+    """Lands decode queries in QBUF, normalised final states in OBUF, the two-phase decode's
+    all-reduced maxima in MBUF and a row-parallel step's SUM all-reduce lanes in SUM slots.
 
     Parameters
     ----------
@@ -77,26 +82,30 @@ class DecodeLander(wiring.Component):
     cfg : In(:data:`mcf.abi.decode_land.DECODE_LAND_CONFIG`)
         ``qbuf_base``, ``obuf_base``, ``mbuf_base`` (40-bit byte addresses), ``q_slot`` (QBUF
         slot stride), ``q_heads`` (H_q), ``tag_base`` (the token's
-        :func:`~mcf.abi.decode_land.decode_tag` ``(k, 0)``); sampled in the two cycles after a
+        :func:`~mcf.abi.decode_land.decode_tag` ``(k, 0)``), ``sum_base`` and ``sum_slots``
+        (the SUM window; 0 slots closes it); sampled in the two cycles after a
         packet's first beat is taken: change it only between packets.
     bus : Out(AXI4Signature(data_width=axi_width))
         Write master (AW/W/B; AR/R tied off). INCR bursts, never across 4 KiB; one AXI ID.
     status : Out(:data:`mcf.abi.decode_land.DECODE_LAND_STATUS`)
-        ``queries_landed``, ``results_landed``, ``maxes_landed`` (one cycle after the last B
-        response of the packet's write, OKAY), ``drop_op``, ``drop_reduce_op``, ``drop_length``,
-        ``drop_slot``, ``write_errors`` (a write answered SLVERR/DECERR: not landed),
+        ``queries_landed``, ``results_landed``, ``maxes_landed``, ``sums_landed`` (one cycle
+        after the last B response of the packet's write, OKAY), ``drop_op``,
+        ``drop_reduce_op``, ``drop_length``, ``drop_slot``, ``write_errors`` (a write answered
+        SLVERR/DECERR: not landed),
         ``framing_errors`` (a landing packet whose beats disagreed with ``length``: cut, or
         padded with zeros).
 
     Structure: beat → stage 1 (register; slot index · ``q_slot``, row · row bytes, the same
-    row index · :data:`mcf.abi.decode_land.M_SLOT_BYTES` (a shift) for MBUF, the query length
+    row index · :data:`mcf.abi.decode_land.M_SLOT_BYTES` (a shift) for MBUF, the SUM window
+    test and ``(head − q_heads) · SUM_SLOT_BYTES`` (a shift), the query length
     ``8 + heads · query_head_bytes``) → stage 2 (the packet's fate, latched on its first beat;
     address, write length) → framing guard (:class:`FramingGuard`: exactly ``ceil(length / 8)``
     beats go on) → a
     state's first beat (``m``, ``l``) feeds the reciprocal pipeline (:class:`Recip`, 3 cycles)
-    whose factors queue per packet, its ``o`` beats and a query's or maxima's beats queue in a
-    16-beat FIFO → normaliser (``o · r`` registered, then ``sat32(round_half_up(· >> e))``, two
-    words per beat; queries and maxima pass unchanged) → :class:`PacketUpsizer` →
+    whose factors queue per packet, its ``o`` beats and a query's, maxima's or SUM lanes' beats
+    queue in a 16-beat FIFO → normaliser (``o · r`` registered, then
+    ``sat32(round_half_up(· >> e))``, two words per beat; queries, maxima and SUM lanes pass
+    unchanged) → :class:`PacketUpsizer` →
     :class:`PacketWriter` (payload FIFO → :class:`~mcf.hdl.mem.dma.DmaWriter`, one descriptor
     per packet pushed at its first beat; the packet's kind and burst count queue until its B
     responses, whose completion picks the counter).
@@ -126,9 +135,9 @@ class DecodeLander(wiring.Component):
     nothing waits on anything but the lander's own writes.
     """
 
-    PEND = data.StructLayout({"result": unsigned(1), "maxes": unsigned(1)})
+    PEND = data.StructLayout({"result": unsigned(1), "maxes": unsigned(1), "sums": unsigned(1)})
     """What a packet's write carries to its completion (the :class:`PacketWriter` tag): a
-    final state's OBUF row, maxima, or (neither) a query."""
+    final state's OBUF row, maxima, SUM lanes, or (none) a query."""
     FACTORS = 4      # final states between the guard and the normaliser (reciprocals queued)
     MID_DEPTH = 16   # beats between the guard and the normaliser
 
@@ -165,7 +174,8 @@ class DecodeLander(wiring.Component):
             "data": unsigned(PACKET_WIDTH), "last": unsigned(1), "first": unsigned(1),
             "op": Op, "reduce_op": ReduceOp, "length": unsigned(len_bits),
             "head": unsigned(META["kv_id"].width), "q_off": unsigned(aw),
-            "o_off": unsigned(aw), "m_off": unsigned(aw), "q_len": range(q_len_max + 1)}))
+            "o_off": unsigned(aw), "m_off": unsigned(aw), "q_len": range(q_len_max + 1),
+            "sum_hit": unsigned(1), "s_off": unsigned(aw)}))
         s1_valid = Signal()
         s1_move = Signal()
         in_first = Signal(init=1)
@@ -175,11 +185,13 @@ class DecodeLander(wiring.Component):
         head = Signal(META["kv_id"].width)   # kv_id − tag_base, wrapping: abi tag_head()
         q_idx = Signal(slot_bits)
         o_idx = Signal(META["kv_id"].width + 1)
+        sum_idx = Signal(META["kv_id"].width + 1)   # head − q_heads: the SUM slot
         m.d.comb += [
             self.i.ready.eq(~s1_valid | s1_move), take.eq(self.i.valid & self.i.ready),
             head.eq(meta.kv_id - cfg.tag_base),
             q_idx.eq(Mux(hdr.layer[0], cfg.q_heads, 0) + hdr.head0),
             o_idx.eq(Mux(meta.seq[0], cfg.q_heads, 0) + head),
+            sum_idx.eq(head - cfg.q_heads),
         ]
         with m.If(take):
             m.d.sync += [
@@ -188,6 +200,8 @@ class DecodeLander(wiring.Component):
                 s1.length.eq(meta.length), s1.head.eq(head),
                 s1.q_off.eq(q_idx * cfg.q_slot), s1.o_off.eq(o_idx * row_bytes),
                 s1.m_off.eq(o_idx * M_SLOT_BYTES),
+                s1.sum_hit.eq((head >= cfg.q_heads) & (sum_idx[:-1] < cfg.sum_slots)),
+                s1.s_off.eq(sum_idx[:-1] * SUM_SLOT_BYTES),
                 s1.q_len.eq(hdr.heads * query_head_bytes(self.head_dim) + QUERY_HEADER_BYTES),
                 s1_valid.eq(1), in_first.eq(self.i.payload.last),
             ]
@@ -197,8 +211,8 @@ class DecodeLander(wiring.Component):
 
         # --- stage 2: the packet's fate and address (latched on its first beat) ----------
         is_q, is_s, is_m = Signal(), Signal(), Signal()
-        q_len_ok, q_slot_ok, red_ok, s_len_ok, m_len_ok, h_slot_ok = \
-            (Signal() for _ in range(6))
+        q_len_ok, q_slot_ok, red_ok, s_len_ok, m_len_ok, h_slot_ok, sum_len_ok, is_sum = \
+            (Signal() for _ in range(8))
         m.d.comb += [
             is_q.eq(s1.op == Op.QUERY), is_s.eq(s1.op == Op.PARTIAL_STATE),
             is_m.eq(s1.op == Op.REDUCTION),
@@ -211,10 +225,14 @@ class DecodeLander(wiring.Component):
             m_len_ok.eq((s1.length != 0) & (s1.length[:2] == 0) &
                         (s1.length <= M_SLOT_BYTES)),
             h_slot_ok.eq(s1.head < cfg.q_heads),
+            is_sum.eq(is_m & s1.sum_hit),
+            sum_len_ok.eq((s1.length != 0) &
+                          (s1.length[:SUM_LEN_ALIGN.bit_length() - 1] == 0) &
+                          (s1.length <= SUM_SLOT_BYTES)),
         ]
         s2 = Signal(data.StructLayout({
             "data": unsigned(PACKET_WIDTH), "last": unsigned(1), "first": unsigned(1),
-            "keep": unsigned(1), "state": unsigned(1), "maxes": unsigned(1),
+            "keep": unsigned(1), "state": unsigned(1), "maxes": unsigned(1), "sums": unsigned(1),
             "length": unsigned(len_bits), "wlen": unsigned(len_bits), "addr": unsigned(aw)}))
         s2_valid = Signal()
         s2_move = Signal()
@@ -226,22 +244,25 @@ class DecodeLander(wiring.Component):
             with m.If(s1.first):
                 keep_q = is_q & q_len_ok & q_slot_ok
                 keep_s = is_s & red_ok & s_len_ok & h_slot_ok
-                keep_m = is_m & red_ok & m_len_ok & h_slot_ok
+                keep_m = is_m & red_ok & Mux(s1.sum_hit, sum_len_ok, m_len_ok & h_slot_ok)
                 keep = keep_q | keep_s | keep_m
                 m.d.sync += [
-                    s2.keep.eq(keep), pkt_keep.eq(keep), s2.state.eq(is_s), s2.maxes.eq(is_m),
+                    s2.keep.eq(keep), pkt_keep.eq(keep), s2.state.eq(is_s),
+                    s2.maxes.eq(is_m & ~s1.sum_hit), s2.sums.eq(is_sum),
                     s2.addr.eq(Mux(is_q, cfg.qbuf_base + s1.q_off,
                                    Mux(is_s, cfg.obuf_base + s1.o_off,
-                                       cfg.mbuf_base + s1.m_off))),
+                                       Mux(s1.sum_hit, cfg.sum_base + s1.s_off,
+                                           cfg.mbuf_base + s1.m_off)))),
                     s2.wlen.eq(Mux(is_s, row_bytes, s1.length)),
                 ]
                 with m.If(~is_q & ~is_s & ~is_m):
                     m.d.sync += st.drop_op.eq(st.drop_op + 1)
                 with m.Elif(~is_q & ~red_ok):
                     m.d.sync += st.drop_reduce_op.eq(st.drop_reduce_op + 1)
-                with m.Elif(Mux(is_q, ~q_len_ok, Mux(is_s, ~s_len_ok, ~m_len_ok))):
+                with m.Elif(Mux(is_q, ~q_len_ok,
+                                Mux(is_s, ~s_len_ok, Mux(s1.sum_hit, ~sum_len_ok, ~m_len_ok)))):
                     m.d.sync += st.drop_length.eq(st.drop_length + 1)
-                with m.Elif(Mux(is_q, ~q_slot_ok, ~h_slot_ok)):
+                with m.Elif(Mux(is_q, ~q_slot_ok, ~is_sum & ~h_slot_ok)):
                     m.d.sync += st.drop_slot.eq(st.drop_slot + 1)
             with m.Else():
                 m.d.sync += s2.keep.eq(pkt_keep)
@@ -276,7 +297,8 @@ class DecodeLander(wiring.Component):
         m.d.comb += [wr.head.valid.eq(offer & s2.first), wr.head.payload.addr.eq(s2.addr),
                      wr.head.payload.length.eq(s2.wlen),
                      wr.head.payload.tag.result.eq(s2.state),
-                     wr.head.payload.tag.maxes.eq(s2.maxes)]
+                     wr.head.payload.tag.maxes.eq(s2.maxes),
+                     wr.head.payload.tag.sums.eq(s2.sums)]
         with m.If(push & ~l_beat):
             m.d.comb += [mid.w_en.eq(1), mid.w_data.eq(Cat(s2.data, s2.state, guard.final))]
 
@@ -343,6 +365,8 @@ class DecodeLander(wiring.Component):
             m.d.sync += st.results_landed.eq(st.results_landed + 1)
         with m.Elif(done.valid & done.payload.tag.maxes):
             m.d.sync += st.maxes_landed.eq(st.maxes_landed + 1)
+        with m.Elif(done.valid & done.payload.tag.sums):
+            m.d.sync += st.sums_landed.eq(st.sums_landed + 1)
         with m.Elif(done.valid):
             m.d.sync += st.queries_landed.eq(st.queries_landed + 1)
         return m

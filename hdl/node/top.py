@@ -282,6 +282,8 @@ class NodeTop(wiring.Component):
             dec.cfg.q_slot.eq(bank.port("QBUF_SLOT")),
             dec.cfg.q_heads.eq(bank.port("DEC_Q_HEADS")),
             dec.cfg.tag_base.eq(bank.port("DEC_TAG_BASE")),
+            dec.cfg.sum_base.eq(Cat(bank.port("SUM_BASE_LO"), bank.port("SUM_BASE_HI"))),
+            dec.cfg.sum_slots.eq(bank.port("DEC_SUM_SLOTS")),
             send.qbuf_base.eq(qbuf_base),
         ]
 
@@ -307,6 +309,7 @@ class NodeTop(wiring.Component):
                 seq.counters[SeqCounter.CONTROL.value].eq(lsink.control),
                 seq.counters[SeqCounter.OTHER_RETIRED.value].eq(other.retired),
                 seq.counters[SeqCounter.MAXES_LANDED.value].eq(dec.status.maxes_landed),
+                seq.counters[SeqCounter.SUMS_LANDED.value].eq(dec.status.sums_landed),
             ]
 
         # ---- AXI: HP-port multiplexers ---------------------------------------------------------

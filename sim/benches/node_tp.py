@@ -1,18 +1,20 @@
 """cocotb bench: the row-parallel step of tensor-parallel decode on two node tops
-(:class:`mcf.sim.cluster.ClusterTop`, ``sim`` configuration; issue #34 item 3), as far as the
-node top can run it (:mod:`mcf.node.tp`). Runs on the build of
+(:class:`mcf.sim.cluster.ClusterTop`, ``sim`` configuration; issue #34 item 3), the whole step
+of :mod:`mcf.node.tp`. Runs on the build of
 :mod:`mcf.sim.benches.node_cluster` and reuses its host side (``_setup``, ``Host``).
 
 ``row_parallel`` — one tiny-model projection (``proj``: ``o`` or ``down``, random INT4 weights)
 split over the two nodes by :func:`mcf.golden.tp_decode.tp_split`; each node holds its K-range
 shard (:class:`mcf.node.tp.RowParallelImage`) and its shard of a random ACT row. From the COMPUTE
-rings alone (:func:`mcf.node.tp.max_records`, then a MARK): ABSMAX → the two absmax lanes to
-the root's ``ReduceOp.MAX`` reduction (MARS's decode reduction tree of token 0), landed in the
-root's MBUF slot and multicast by the root to the other node → REQUANT_EXT → GEMM ``acc_out``.
-Checked bit for bit on every node against :func:`mcf.node.tp.golden_step`: the ABSMAX beat's
-lanes, the MAX result in MBUF, the whole row's codes and scale word, the ``acc_out`` lanes; no
-fault counter moved. The SUM all-reduce and the ``acc_in`` job are not run: the node top has no
-landing for a SUM result (module docstring of :mod:`mcf.node.tp`).
+rings alone (:func:`mcf.node.tp.max_records`, :func:`mcf.node.tp.sum_records`, then a MARK):
+ABSMAX → the two absmax lanes to the root's ``ReduceOp.MAX`` reduction (MARS's decode
+reduction tree of token 0), landed in the root's MBUF slot and multicast by the root to the
+other node → REQUANT_EXT → GEMM ``acc_out`` → the ``acc_out`` lanes to the root's
+``ReduceOp.SUM`` reduction on the same route, landed in the root's SUM slots (the image's
+``sum_registers``) and multicast by the root → GEMM ``acc_in``. Checked bit for bit on every
+node against :func:`mcf.node.tp.golden_step`: the ABSMAX beat's lanes, the MAX result in MBUF,
+the whole row's codes and scale word, the ``acc_out`` lanes, the SUM result, the output row
+``y``; one maxima and one SUM landing per node; no fault counter moved.
 
 Reports (``out``) ``mark_cycles`` per node and ``step_cycles`` (the later): from the root's
 COMPUTE doorbell (the last one) to the node's MARK interrupt, the root's first (a node whose
@@ -33,7 +35,7 @@ from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
 from mcf.golden.tp_decode import tp_split
 from mcf.node.decode import COUNTER_CLEAR, decode_writes
 from mcf.node.layout import REGION_ALIGN
-from mcf.node.tp import MAX_BYTES, RowParallelImage, golden_step, max_records
+from mcf.node.tp import MAX_BYTES, RowParallelImage, golden_step, max_records, sum_records
 from mcf.quant import to_act, token_scale_words
 from mcf.sim.benches.cycles import cycle_counter
 from mcf.sim.benches.node_cluster import _setup, tiny_model_spec, wait_irq
@@ -72,7 +74,10 @@ async def row_parallel(dut):
         await h.write("JOBS_TABLE_LO", img.table & 0xFFFF_FFFF)
         await h.write("JOBS_TABLE_HI", img.table >> 32)
         await h.write("JOBS_TABLE_LEN", img.table_len)
-        recs = max_records(img, h.i, root, n, reduce_[root], bcast[root], layout.qbuf_base, tag)
+        for name, value in img.sum_registers().items():
+            await h.write(name, value)
+        args = (img, h.i, root, n, reduce_[root], bcast[root], layout.qbuf_base, tag)
+        recs = max_records(*args) + sum_records(*args)
         h.put(Queue.COMPUTE, recs + [Cmd(RecordClass.MARK, Queue.COMPUTE, irq=True,
                                          arg=COUNTER_CLEAR)])
         h.put(Queue.NET, [Cmd(RecordClass.MARK, Queue.NET)])
@@ -101,7 +106,11 @@ async def row_parallel(dut):
             token_scale_words(np.array([gold.x_m]), np.array([gold.x_e])), i
         got = _words(h.mem[b.lanes: b.lanes + 2 * m * 4])
         assert np.array_equal(got, gold.lanes[i]), (i, np.flatnonzero(got != gold.lanes[i])[:8])
+        assert np.array_equal(_words(h.mem[b.summed: b.summed + 2 * m * 4]), gold.summed), i
+        got = _words(h.mem[b.y: b.y + m * 4])
+        assert np.array_equal(got, gold.y[i]), (i, np.flatnonzero(got != gold.y[i])[:8])
         assert await h.read("dec_maxes_landed") == 1           # the root's own, or its cast
+        assert await h.read("dec_sums_landed") == img.sum_slots
         for q in range(2):
             assert await h.read(f"seq{q}_timeouts") == 0
         bad = bad_counters({nm: await h.read(nm) for nm in bad_counter_names(h.regmap)})

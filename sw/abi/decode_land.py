@@ -42,15 +42,34 @@ Three packet kinds reach the decode lander (``mcf.hdl.node.decode_land.DecodeLan
       head0 = (Meta.kv_id − TAG_BASE) mod 2^16          (MARS: kv_id = decode_tag(k, head0))
       mbuf_address = MBUF_BASE + ((Meta.seq mod 2) · Q_HEADS + head0) · M_SLOT_BYTES
 
+* ``Op.REDUCTION`` with ``reduce_op = NONE`` whose tag lies in the **SUM window** — one
+  payload of a tensor-parallel row's SUM all-reduce result (:func:`mcf.node.tp.sum_payloads`:
+  the ``acc_out`` lanes of the row-parallel step, whole lane pairs): landed as it is in one
+  **SUM slot** of :data:`SUM_SLOT_BYTES` (= :data:`mcf.abi.framing.MAX_PAYLOAD`), so the
+  payloads of one row, cut at ``MAX_PAYLOAD``, land as one contiguous lane vector from
+  ``SUM_BASE``: ::
+
+      off  = (Meta.kv_id − TAG_BASE) mod 2^16
+      SUM window:  Q_HEADS ≤ off < Q_HEADS + SUM_SLOTS,   slot = off − Q_HEADS
+      sum_address = SUM_BASE + slot · SUM_SLOT_BYTES
+
+  The window is the tags right above the token's maxima (``decode_tag(k, H_q + slot)``,
+  :func:`sum_tag`). They are the next token's maxima tags, but no packet of token ``k + 1``
+  exists before token ``k``'s output row (autoregressive decode), and ``TAG_BASE`` moves at
+  the next token's MARK. ``SUM_SLOTS = 0`` (the reset value) closes the window: the lander is
+  then exactly the maxima-only one (a tag above ``Q_HEADS`` is a maxima ``drop_slot``).
+
 Dropped whole and counted (:data:`DECODE_LAND_STATUS`), first matching rule: any other ``op``
 (``drop_op``); a PARTIAL_STATE whose ``reduce_op`` is not NONE — it should have gone to the
 reduction engine (``drop_reduce_op``); a query whose header names no head, whose length is not
 :func:`mcf.abi.query.query_bytes` of its header's head count or exceeds
 :data:`mcf.abi.framing.MAX_PAYLOAD`, a state whose length is not
 ``4 · state_words(head_dim)``, maxima whose length is 0, not a multiple of 4 or above
-:data:`M_SLOT_BYTES` (``drop_length``); a query with ``head0 + heads > Q_HEADS`` or longer than
-``Q_SLOT``, a state or maxima with ``head ≥ Q_HEADS`` (``drop_slot``). A REDUCTION whose
-``reduce_op`` is not NONE counts as ``drop_reduce_op`` like a state.
+:data:`M_SLOT_BYTES`, SUM lanes whose length is 0, not a multiple of :data:`SUM_LEN_ALIGN`
+(whole lane pairs) or above :data:`SUM_SLOT_BYTES` (``drop_length``); a query with
+``head0 + heads > Q_HEADS`` or longer than ``Q_SLOT``, a state or maxima with
+``head ≥ Q_HEADS`` outside the SUM window (``drop_slot``). A REDUCTION whose ``reduce_op`` is
+not NONE counts as ``drop_reduce_op`` like a state.
 
 :func:`decode_land_decision` is the lander's decision, :func:`normalized_row` its datapath; the
 golden model of the hardware, :class:`mcf.golden.decode_land.DecodeLandModel`, applies them.
@@ -73,6 +92,7 @@ from .meta import META, Meta, Op, ReduceOp
 from .query import QUERY_HEAD_BITS, QUERY_HEADER, QUERY_HEADER_BYTES, query_bytes
 from .regs import Access, Register, status_registers
 from .softmax import LANE_BITS, normalize, state_words, unpack_state
+from .tp import ACC_LANES
 
 __all__ = [
     "DEC_ADDR_BITS", "Q_SLOT_BITS", "M_SLOT_BYTES", "mbuf_address", "mbuf_bytes", "mbuf_slot",
@@ -80,7 +100,8 @@ __all__ = [
     "DECODE_LAND_STATUS", "DecodeLandConfig", "DecodeLandResult", "state_bytes",
     "obuf_row_bytes", "query_slot_bytes", "query_header", "decode_tag", "tag_head",
     "decode_head", "qbuf_address", "obuf_address", "decode_land_decision", "normalized_row",
-    "decode_land_registers",
+    "decode_land_registers", "SUM_SLOT_BYTES", "SUM_SLOTS_BITS", "SUM_LEN_ALIGN", "sum_tag",
+    "sum_address",
 ]
 
 DEC_ADDR_BITS = DMA_ADDR_BITS
@@ -91,6 +112,12 @@ Q_HEADS_BITS = QUERY_HEAD_BITS + 1
 TAG_BITS = META["kv_id"].width
 M_SLOT_BYTES = 32
 """An MBUF slot: up to 8 maxima (a KV head's query heads), two 128-bit beats."""
+SUM_SLOT_BYTES = MAX_PAYLOAD
+"""A SUM slot: one SUM all-reduce payload of at most ``MAX_PAYLOAD`` bytes."""
+SUM_SLOTS_BITS = 8
+"""Width of ``SUM_SLOTS`` (up to 255 slots: 510 KiB of lanes, a row of N = 65280)."""
+SUM_LEN_ALIGN = ACC_LANES * LANE_BITS // 8
+"""A SUM payload is whole lane pairs (an output element's two accumulator lanes)."""
 
 DECODE_LAND_CONFIG = data.StructLayout({
     "qbuf_base": unsigned(DEC_ADDR_BITS),
@@ -99,15 +126,18 @@ DECODE_LAND_CONFIG = data.StructLayout({
     "q_slot": unsigned(Q_SLOT_BITS),
     "q_heads": unsigned(Q_HEADS_BITS),
     "tag_base": unsigned(TAG_BITS),
+    "sum_base": unsigned(DEC_ADDR_BITS),
+    "sum_slots": unsigned(SUM_SLOTS_BITS),
 })
 """The decode lander's configuration inputs (driven by :func:`decode_land_registers`;
 ``tag_base`` may instead come from the sequencer's per-token MARK)."""
 
 DECODE_LAND_STATUS = counters(
-    "queries_landed", "results_landed", "maxes_landed", "drop_op", "drop_reduce_op",
+    "queries_landed", "results_landed", "maxes_landed", "sums_landed", "drop_op", "drop_reduce_op",
     "drop_length", "drop_slot", "write_errors", "framing_errors")
-"""Queries written to QBUF, final states written to OBUF and maxima written to MBUF (each
-counted after the write's B response, OKAY: the sequencer's WAITs read these three), packets
+"""Queries written to QBUF, final states written to OBUF, maxima written to MBUF and SUM
+lanes written to their SUM slot (each counted after the write's B response, OKAY: the
+sequencer's WAITs read these four), packets
 dropped by cause, packets whose write answered SLVERR/DECERR (not counted as landed), landing
 packets whose beat count
 disagreed with ``length`` (treated as ``length`` bytes: cut, or padded with zeros; impossible
@@ -143,6 +173,8 @@ class DecodeLandConfig:
     q_heads: int
     tag_base: int = 0
     mbuf_base: int = 0
+    sum_base: int = 0
+    sum_slots: int = 0
 
     def __post_init__(self):
         for name, fld in DECODE_LAND_CONFIG:
@@ -159,6 +191,7 @@ class DecodeLandResult(enum.Enum):
     QUERY = "queries_landed"
     RESULT = "results_landed"
     MAXES = "maxes_landed"
+    SUMS = "sums_landed"
     DROP_OP = "drop_op"
     DROP_REDUCE_OP = "drop_reduce_op"
     DROP_LENGTH = "drop_length"
@@ -237,6 +270,26 @@ def mbuf_slot(mbuf_base: int, q_heads: int, layer: int, head0: int) -> int:
     return (mbuf_base + slot * M_SLOT_BYTES) % (1 << DEC_ADDR_BITS)
 
 
+def sum_tag(tag_base: int, q_heads: int, slot: int) -> int:
+    """The ``Meta.kv_id`` of SUM slot ``slot``'s payload for the token whose ``TAG_BASE`` is
+    ``tag_base``: ``(tag_base + q_heads + slot) mod 2^TAG_BITS`` (the SUM window)."""
+    return (tag_base + q_heads + slot) % (1 << TAG_BITS)
+
+
+def _sum_slot(cfg: DecodeLandConfig, meta: Meta) -> int | None:
+    """The SUM slot of a REDUCTION result, or None when its tag is outside the SUM window."""
+    off = decode_head(cfg, meta)
+    slot = off - cfg.q_heads
+    return slot if 0 <= slot < cfg.sum_slots else None
+
+
+def sum_address(cfg: DecodeLandConfig, slot: int) -> int:
+    """``SUM_BASE + slot · SUM_SLOT_BYTES``. Raises ``ValueError`` outside ``SUM_SLOTS``."""
+    if not 0 <= slot < cfg.sum_slots:
+        raise ValueError(f"SUM slot {slot} outside the {cfg.sum_slots} slots")
+    return (cfg.sum_base + slot * SUM_SLOT_BYTES) % (1 << DEC_ADDR_BITS)
+
+
 def decode_land_decision(cfg: DecodeLandConfig, meta: Meta, header: bytes | Mapping[str, int],
                          head_dim: int) -> tuple[DecodeLandResult, int | None]:
     """What the lander does with a packet: ``(result, address)`` (address only when it lands).
@@ -263,6 +316,11 @@ def decode_land_decision(cfg: DecodeLandConfig, meta: Meta, header: bytes | Mapp
     if meta.op == Op.REDUCTION:
         if meta.reduce_op != ReduceOp.NONE:
             return DecodeLandResult.DROP_REDUCE_OP, None
+        slot = _sum_slot(cfg, meta)
+        if slot is not None:
+            if meta.length == 0 or meta.length % SUM_LEN_ALIGN or meta.length > SUM_SLOT_BYTES:
+                return DecodeLandResult.DROP_LENGTH, None
+            return DecodeLandResult.SUMS, sum_address(cfg, slot)
         if meta.length == 0 or meta.length % 4 or meta.length > M_SLOT_BYTES:
             return DecodeLandResult.DROP_LENGTH, None
         if decode_head(cfg, meta) >= cfg.q_heads:
@@ -279,13 +337,15 @@ def normalized_row(state: bytes, head_dim: int) -> bytes:
 
 
 def decode_land_registers() -> list[Register]:
-    """The decode lander's registers: the three 40-bit bases (split over two words), the QBUF
-    slot stride, ``Q_HEADS``, the token's ``TAG_BASE`` and the status counters ``dec_*``
+    """The decode lander's registers: the four 40-bit bases (split over two words), the QBUF
+    slot stride, ``Q_HEADS``, the token's ``TAG_BASE``, ``SUM_SLOTS`` and the status counters
+    ``dec_*``
     (:data:`DECODE_LAND_STATUS`). Not yet part of :func:`mcf.abi.csrmap.node_regmap`."""
     hi = DEC_ADDR_BITS - 32
     regs = []
     for name, what in (("QBUF", "decode query buffer"), ("OBUF", "decode o/l rows"),
-                       ("MBUF", "two-phase decode maxima")):
+                       ("MBUF", "two-phase decode maxima"),
+                       ("SUM", "SUM all-reduce lanes")):
         regs += [
             Register.single(f"{name}_BASE_LO", 32, Access.RW, desc=f"{what} base, bits 31..0"),
             Register.single(f"{name}_BASE_HI", hi, Access.RW,
@@ -298,5 +358,8 @@ def decode_land_registers() -> list[Register]:
                         desc="query heads H_q: QBUF slots and OBUF rows per layer parity"),
         Register.single("DEC_TAG_BASE", TAG_BITS, Access.RW,
                         desc="kv_id of head 0's final state for the current token (k * H_q)"),
+        Register.single("DEC_SUM_SLOTS", SUM_SLOTS_BITS, Access.RW,
+                        desc="SUM slots (MAX_PAYLOAD bytes each) above the token's maxima tags; "
+                             "0 closes the SUM window"),
     ]
     return regs + status_registers("dec", DECODE_LAND_STATUS, "decode landing")

@@ -91,6 +91,7 @@ class SeqCounter(enum.Enum, shape=3):
     CONTROL = 2          # CONTROL packets (barriers) counted by the control sink
     OTHER_RETIRED = 3    # the other queue's ``retired``
     MAXES_LANDED = 4     # two-phase decode: all-reduced maxima landed in MBUF
+    SUMS_LANDED = 5      # tensor-parallel decode: SUM all-reduce lanes landed in SUM slots
 
 
 class HaltCause(enum.Enum, shape=2):

@@ -1,5 +1,6 @@
-"""Golden model of the decode lander (``mcf.hdl.node.decode_land.DecodeLander``): QBUF, OBUF
-and MBUF bytes and the :data:`mcf.abi.decode_land.DECODE_LAND_STATUS` counters, bit for bit.
+"""Golden model of the decode lander (``mcf.hdl.node.decode_land.DecodeLander``): QBUF, OBUF,
+MBUF and SUM-slot bytes and the :data:`mcf.abi.decode_land.DECODE_LAND_STATUS` counters, bit
+for bit.
 
 The format and the decision are the ABI's (:mod:`mcf.abi.decode_land`:
 :func:`~mcf.abi.decode_land.decode_land_decision`, the addresses,
@@ -14,6 +15,7 @@ from mcf.abi.decode_land import (
     DEC_ADDR_BITS,
     DECODE_LAND_STATUS,
     M_SLOT_BYTES,
+    SUM_SLOT_BYTES,
     DecodeLandConfig,
     DecodeLandResult,
     decode_land_decision,
@@ -65,4 +67,12 @@ class DecodeLandModel:
         base = self.cfg.mbuf_base + ((layer & 1) * self.cfg.q_heads + head0) * M_SLOT_BYTES
         raw = bytes(self.mem.get((base + i) % (1 << DEC_ADDR_BITS), 0)
                     for i in range(4 * heads))
+        return np.frombuffer(raw, dtype="<i4").astype(np.int64)
+
+    def lanes(self, slot: int, words: int) -> np.ndarray:
+        """SUM slot ``slot``'s first ``words`` lanes as signed 32-bit words (unwritten bytes:
+        0); the slots are contiguous, so a row's lanes read on across them."""
+        base = self.cfg.sum_base + slot * SUM_SLOT_BYTES
+        raw = bytes(self.mem.get((base + i) % (1 << DEC_ADDR_BITS), 0)
+                    for i in range(4 * words))
         return np.frombuffer(raw, dtype="<i4").astype(np.int64)

@@ -29,14 +29,11 @@ and its three templates (:meth:`RowParallelImage.templates`):
 Between 1 and 2 the MAX all-reduce (:func:`max_records`: the two lanes to the root's
 ``ReduceOp.MAX`` reduction, landed by the decode lander in an MBUF slot; the root multicasts its
 slot to the other nodes, as two-phase decode does); between 2 and 3 the SUM all-reduce of the
-``2·N`` lanes in payloads of whole lane pairs (:func:`sum_payloads`).
-
-**Not runnable on the node top yet:** the SUM all-reduce's result has no landing rule. The
-decode lander lands a ``REDUCTION`` result only into an MBUF slot (``length ≤``
-:data:`mcf.abi.decode_land.M_SLOT_BYTES`, slot index ``< Q_HEADS``), so the ``2·N·4``-byte lane
-payloads (1 KiB for the tiny model's O, 12 KiB for Qwen2.5-1.5B's) are dropped as
-``drop_length`` and no sequencer counter could WAIT for them. :func:`max_records` therefore
-ends with the ``acc_out`` JOB; the ``acc_in`` template is built and checked, not driven.
+``2·N`` lanes in payloads of whole lane pairs (:func:`sum_payloads`, :func:`sum_records`): each
+payload to the root's ``ReduceOp.SUM`` reduction tagged in the decode lander's SUM window
+(:func:`mcf.abi.decode_land.sum_tag`), so the results land as one contiguous lane vector at
+the image's ``summed`` buffer (the node's ``SUM_BASE``, :meth:`RowParallelImage.sum_registers`);
+WAIT ``SUMS_LANDED``; the root multicasts its SUM slots; the ``acc_in`` JOB.
 
 :func:`golden_step` chains the engines' golden models (:mod:`mcf.golden.vector`,
 :mod:`mcf.golden.gemm`, the NIC's :func:`mcf.golden.tp_decode.nic_all_reduce`) over exactly
@@ -59,7 +56,15 @@ from ..abi.compute import (
     gemm_bias_stream,
     gemm_w_stripes,
 )
-from ..abi.decode_land import M_SLOT_BYTES, mbuf_slot
+from ..abi.decode_land import (
+    DEC_ADDR_BITS,
+    M_SLOT_BYTES,
+    SUM_SLOT_BYTES,
+    SUM_SLOTS_BITS,
+    TAG_BITS,
+    mbuf_slot,
+    sum_tag,
+)
 from ..abi.framing import MAX_PAYLOAD
 from ..abi.jobs import ENTRY_BYTES, JOB_ARG, STRIPE_KIND, Entry, EntryKind, template_image
 from ..abi.meta import Collective, Meta, Op, ReduceOp, Stage
@@ -76,8 +81,8 @@ from ..quant import QuantWeight, gemm_stripe_image, gemm_tile_blob
 from .layer import _Alloc, act_bytes
 
 __all__ = ["MAX_LANES", "MAX_BYTES", "ShardWeight", "shard_weight", "RowParallelBuffers",
-           "RowParallelImage", "SumPayload", "sum_payloads", "max_records", "StepGolden",
-           "golden_step"]
+           "RowParallelImage", "SumPayload", "sum_payloads", "max_records", "sum_records",
+           "StepGolden", "golden_step"]
 
 Range = tuple[int, int]
 
@@ -87,6 +92,8 @@ MAX_BYTES = MAX_LANES * LANE_BYTES
 """Bytes of that contribution (the SEND's ``length``; the ABSMAX beat's low lanes)."""
 if MAX_BYTES > M_SLOT_BYTES:  # pragma: no cover - the MAX result lands in one MBUF slot
     raise AssertionError("the absmax lanes do not fit an MBUF slot")
+if SUM_SLOT_BYTES != MAX_PAYLOAD or MAX_PAYLOAD % (ACC_LANES * LANE_BYTES):  # pragma: no cover
+    raise AssertionError("SUM payloads cut at MAX_PAYLOAD must fill whole SUM slots")
 
 
 @dataclass(frozen=True)
@@ -128,7 +135,8 @@ class RowParallelBuffers:
     """Byte addresses of one node's row-parallel step: ``x`` the ACT row (``kp`` words),
     ``mx`` the ABSMAX beat (its first :data:`MAX_BYTES` are sent), ``mslot`` the MBUF slot the
     MAX result lands in (REQUANT_EXT's ``b``), ``xq`` the codes (``kp`` bytes) then the scale
-    word, ``lanes`` the ``acc_out`` lanes (``2·N`` words), ``summed`` the SUM-reduced lanes,
+    word, ``lanes`` the ``acc_out`` lanes (``2·N`` words), ``summed`` the SUM-reduced lanes
+    (the decode lander's ``SUM_BASE``: its SUM slots, whole ``MAX_PAYLOAD`` slots),
     ``y`` the output row (``N`` ACT words); ``w`` / ``bias`` the stripe jobs."""
     x: int
     mx: int
@@ -178,6 +186,9 @@ class RowParallelImage:
     def __post_init__(self):
         c = self.config
         n = self.qw.q.shape[0]
+        self.sum_slots = len(sum_payloads(n, 0, 0, 0, 0))
+        if self.sum_slots >= 1 << SUM_SLOTS_BITS:
+            raise ValueError(f"N = {n} needs {self.sum_slots} SUM slots")
         self.shard = shard_weight(self.qw, self.k)
         kp = self.shard.kp
         if n % c.gemm_rows or kp % c.vec_lanes:
@@ -201,7 +212,8 @@ class RowParallelImage:
         self.buf = RowParallelBuffers(
             x=x, mx=alloc(beat), mslot=mbuf_slot(self.mbuf_base, self.q_heads, self.parity,
                                                  self.head0),
-            xq=alloc(kp + beat), lanes=alloc(ACC_LANES * n * 4), summed=alloc(ACC_LANES * n * 4),
+            xq=alloc(kp + beat), lanes=alloc(ACC_LANES * n * 4),
+            summed=alloc(self.sum_slots * SUM_SLOT_BYTES),
             y=alloc(n * 4), w=wjob, bias=bjob)
         self.templates = [self._absmax(), self._requant_acc_out(), self._acc_in()]
         self.table = alloc(ENTRY_BYTES * (len(self.templates)
@@ -265,6 +277,13 @@ class RowParallelImage:
                   for t in range(job.n_tiles))]
 
     # ---- host writes ---------------------------------------------------------------------------
+    def sum_registers(self) -> dict[str, int]:
+        """The decode lander's SUM window for this step: ``SUM_BASE`` = the ``summed`` buffer,
+        ``DEC_SUM_SLOTS`` = the payloads of the row (:func:`sum_payloads`)."""
+        base = self.buf.summed % (1 << DEC_ADDR_BITS)
+        return {"SUM_BASE_LO": base & 0xFFFF_FFFF, "SUM_BASE_HI": base >> 32,
+                "DEC_SUM_SLOTS": self.sum_slots}
+
     def x_writes(self, shard) -> dict[int, bytes]:
         """The node's ACT input shard (``k1 − k0`` codes) into its padded row."""
         shard = np.asarray(shard, dtype=np.int64).ravel()
@@ -299,7 +318,8 @@ def sum_payloads(n: int, node: int, root: int, route_id: int, tag0: int, seq: in
                  max_payload: int = MAX_PAYLOAD) -> list[SumPayload]:
     """The SUM all-reduce of an ``N = n`` row's lanes from ``node``: ``2·n`` lanes cut into
     payloads of at most ``max_payload`` bytes of whole lane pairs (the cut of
-    :func:`mcf.golden.tp_decode.nic_all_reduce`), tags ``tag0, tag0 + 1, …``."""
+    :func:`mcf.golden.tp_decode.nic_all_reduce`), tags ``tag0, tag0 + 1, …`` (mod 2^16). Cut at
+    ``MAX_PAYLOAD`` (the default), payload ``i`` is the decode lander's SUM slot ``i``."""
     per = max_payload // LANE_BYTES // ACC_LANES * ACC_LANES
     if per == 0:
         raise ValueError(f"a {max_payload}-byte payload holds no lane pair")
@@ -307,7 +327,8 @@ def sum_payloads(n: int, node: int, root: int, route_id: int, tag0: int, seq: in
     return [SumPayload(w0, min(per, words - w0),
                        Meta(stage=Stage.DECODE, op=Op.REDUCTION, collective=Collective.ALL_REDUCE,
                             reduce_op=ReduceOp.SUM, src=node, dst=root, route_id=route_id,
-                            kv_id=tag0 + i, length=min(per, words - w0) * LANE_BYTES, seq=seq))
+                            kv_id=(tag0 + i) % (1 << TAG_BITS),
+                            length=min(per, words - w0) * LANE_BYTES, seq=seq))
             for i, w0 in enumerate(range(0, words, per))]
 
 
@@ -338,6 +359,38 @@ def max_records(image: RowParallelImage, node: int, root: int, nodes: int, reduc
         out.append(Cmd(RecordClass.SEND, Queue.COMPUTE, meta=cast.pack(), src=PayloadSource.QBUF,
                        arg=b.mslot - qbuf_base))
     out.append(image.job(1, first))
+    return out
+
+
+def sum_records(image: RowParallelImage, node: int, root: int, nodes: int, reduce_route: int,
+                bcast_route: int, qbuf_base: int, tag_base: int, first: int = 0) -> list[Cmd]:
+    """``node``'s COMPUTE records of the step after the ``acc_out`` JOB: the ``acc_out`` lanes
+    as :func:`sum_payloads` (``2·N`` lanes, ``MAX_PAYLOAD`` cut) to ``root``'s ``ReduceOp.SUM``
+    reduction on ``reduce_route``, payload ``i`` tagged :func:`~mcf.abi.decode_land.sum_tag`
+    ``(tag_base, q_heads, i)`` (the decode lander's SUM slot ``i`` of the image's window,
+    :meth:`RowParallelImage.sum_registers`); WAIT ``SUMS_LANDED ≥`` the payload count; the
+    root multicasts its SUM slots on ``bcast_route``; the ``acc_in`` JOB. ``SUMS_LANDED``
+    counts from the last MARK that cleared it."""
+    b = image.buf
+    if b.lanes < qbuf_base or b.summed < qbuf_base:
+        raise ValueError("the image must lie above QBUF (SEND src=QBUF offsets)")
+    n = image.qw.q.shape[0]
+    pays = sum_payloads(n, node, root, reduce_route, sum_tag(tag_base, image.q_heads, 0),
+                        seq=image.parity)
+    out = [Cmd(RecordClass.SEND, Queue.COMPUTE, meta=p.meta.pack(), src=PayloadSource.QBUF,
+               arg=b.lanes + p.w0 * LANE_BYTES - qbuf_base) for p in pays]
+    out.append(Cmd(RecordClass.WAIT, Queue.COMPUTE, arg=SeqCounter.SUMS_LANDED.value,
+                   wait=len(pays)))
+    others = [d for d in range(nodes) if d != root]
+    if node == root and others:
+        for p in pays:
+            cast = dataclasses.replace(p.meta, collective=Collective.MULTICAST,
+                                       reduce_op=ReduceOp.NONE, dst=others[0],
+                                       route_id=bcast_route)
+            out.append(Cmd(RecordClass.SEND, Queue.COMPUTE, meta=cast.pack(),
+                           src=PayloadSource.QBUF,
+                           arg=b.summed + p.w0 * LANE_BYTES - qbuf_base))
+    out.append(image.job(2, first))
     return out
 
 

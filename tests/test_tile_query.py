@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """amaranth.sim tests of the query sequencer of the tiled prefill (issue #33,
 mcf.hdl.compute.tile_query): a chunk's query rows and, per query tile, every KV block's
 descriptor in → TileFold's row beats equal bit for bit to those of
@@ -123,6 +124,28 @@ def test_schedule(g, n_tok, q_tile, lens, keep):
     assert len(outs["o"]) == len(want_o)
     for n, (a, b) in enumerate(zip(outs["o"], want_o)):
         assert a == b, f"row beat {n}"
+
+
+@pytest.mark.parametrize("style", TileQuery.RAM_STYLES)
+def test_ram_style(style):
+    """``ram_style`` reaches the row memory's netlist attribute (yosys maps ``"ultra"`` to
+    URAM288 with ``-uram``) and changes no bit of the schedule; other styles are refused."""
+    from amaranth.back import rtlil
+    dut = TileQuery(head_dim=8, max_block=32, rows=8, max_rows=MAX_ROWS, max_heads=MAX_HEADS,
+                    ram_style=style)
+    text = rtlil.convert(dut, name="tq", emit_src=False)
+    assert f'attribute \\ram_style "{style}"' in text
+    rng = np.random.default_rng(410)
+    q, sq, blocks, pos = case(rng, 2, 18, [16, 16, 12, 8], [0, 1, 2, 3])
+    chunk, rows, desc, kv, tile, q_pos = query_inputs(q, sq, blocks, pos, 2, 8, 32)
+    want_o, _ = fold_inputs(q, sq, blocks, q_pos, 8, 8, 32, 8)
+    dut = TileQuery(head_dim=8, max_block=32, rows=8, max_rows=MAX_ROWS, max_heads=MAX_HEADS,
+                    ram_style=style)
+    outs, _ = run(dut, {"chunk": chunk, "q": rows, "desc": desc},
+                  {"o": want_o, "kv": kv, "tile": tile}, idle=0.3, stall=0.4, seed=1)
+    assert outs["kv"] == kv and outs["tile"] == tile and outs["o"] == want_o
+    with pytest.raises(ValueError):
+        TileQuery(ram_style="distributed")
 
 
 def test_two_chunks():

@@ -25,10 +25,10 @@ class TileNormalize(wiring.Component):
     """``o / l`` of a merged row, ``lanes`` channels per cycle, through one :class:`Recip`.
 
     A row is taken into a register; ``l``'s leading one ``e`` and the normalised mantissa go to
-    the reciprocal (:data:`Recip.LATENCY` cycles); then per word of ``lanes`` channels (the
-    row's ``o`` shifted down a word per cycle) the products ``o·r`` (registered, one DSP
-    product per lane) and ``sat(round_half_up(o·r, e))`` (0 when ``l = 0``) are shifted into
-    the output register, which holds the row until it is taken.
+    the reciprocal (:data:`Recip.LATENCY` cycles); then per word of ``lanes`` channels (picked
+    from the held row by a tree of 2:1 multiplexers on the word counter) the products ``o·r``
+    (registered, one DSP product per lane) and ``sat(round_half_up(o·r, e))`` (0 when
+    ``l = 0``) are shifted into the output register, which holds the row until it is taken.
 
     Members
     -------
@@ -91,16 +91,21 @@ class TileNormalize(wiring.Component):
         w = Signal(range(NW + 1))
         m.d.comb += w.eq(c - self.LATENCY)
         run = busy & ((c < self.LATENCY) | ~o.valid)
-        # the row's o and the output shift by a word per cycle (no word multiplexers)
+        # the row's o is held as taken (no load/shift multiplexer per bit); word w is picked by a
+        # binary tree of 2:1 multiplexers on w's bits; the output shifts in a word per cycle
+        words = [lo.word_select(n, L * STATE_O.width) for n in range(NW)]
+        for b in range((NW - 1).bit_length()):
+            words = [Mux(w[b], words[min(2 * n + 1, len(words) - 1)], words[2 * n])
+                     for n in range((len(words) + 1) // 2)]
+        word = words[0]
         prod = [Signal(signed(STATE_O.width + RECIP_IN_BITS + 2), name=f"prod{j}")
                 for j in range(L)]
         ov = o.payload.o.as_value()
         with m.If(run):
             m.d.sync += c.eq(c + 1)
             with m.If((c >= self.LATENCY) & (w < NW)):
-                m.d.sync += [prod[j].eq(lo.word_select(j, STATE_O.width).as_signed() * recip.r)
+                m.d.sync += [prod[j].eq(word.word_select(j, STATE_O.width).as_signed() * recip.r)
                              for j in range(L)]
-                m.d.sync += lo.eq(lo >> (L * STATE_O.width))
             with m.If(c >= self.LATENCY + 1):
                 y = [Mux(zero, 0, sat(round_shift_var(prod[j], e, W - 1), ATTN_OUT.width, True))
                      for j in range(L)]

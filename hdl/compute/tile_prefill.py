@@ -56,6 +56,8 @@ class TilePrefill(wiring.Component):
         Each row's ``o / l`` (ATTN_OUT codes) and its row in the chunk, in the order the rows
         finish (per query tile, by their final block).
 
+    ``query_ram``: TileQuery's ``ram_style`` (``"ultra"``: the row memory in URAM288).
+
     Rate: the arrays' — one score beat (``keys`` keys: ``2·keys·head_dim`` QKᵀ + P·V MACs) per
     cycle while TileFold, TileKV and the row stages keep up (their docstrings); measured in
     ``tests/test_tile_prefill.py``. Latency: TileQuery's, TileFold's, TileAttention's and
@@ -66,11 +68,11 @@ class TilePrefill(wiring.Component):
                  max_block: int = 256, rows: int = 64, max_rows: int = 1536, max_heads: int = 8,
                  kv_format: KVFormat = KVFormat.PER_TOKEN, fold_lanes: int = 16,
                  folds: int = 3, slots: int = 4, merge_lanes: int = 4, norm_lanes: int = 4,
-                 rows_fifo: int = 4, dsp: str = "model"):
+                 rows_fifo: int = 4, dsp: str = "model", query_ram: str = "block"):
         self.keys, self.head_dim, self.rows, self.max_rows = keys, head_dim, rows, max_rows
         self.kv_format, self.rows_fifo = KVFormat(kv_format), rows_fifo
         self.query = TileQuery(head_dim=head_dim, max_block=max_block, rows=rows,
-                               max_rows=max_rows, max_heads=max_heads)
+                               max_rows=max_rows, max_heads=max_heads, ram_style=query_ram)
         self.fold = TileFold(keys=keys, head_dim=head_dim, lanes=lanes, max_block=max_block,
                              rows=rows, kv_format=kv_format, fold_lanes=fold_lanes, folds=folds)
         self.kv = TileKV(keys=keys, head_dim=head_dim, lanes=lanes, in_lanes=in_lanes,

@@ -1,9 +1,10 @@
 """P·V of prefill attention tiled for the GEMM arrays (issue #33 step 3; paper §3.1, §5).
 
 After :class:`~.tile_softmax.TileSoftmax`: a row's 8-bit probabilities ``w8`` against its KV
-block's INT4 V, two V channels per DSP48E2 (``(v1·2^k + v0)·w8``, the arrays' packing with the
-:class:`~.dsp48.Dsp48MulAdd` cell), exact integer accumulators, then ``o_b = (Σ w8·v)·2^s``
-saturated — :func:`mcf.golden.attention_tiled.tile_block_state` with ``p_format = P8`` bit for bit
+block's INT4 V, two V channels per DSP48E2 (``(v1·2^k + v0)·w8``, the arrays' packing, on the
+cascades of :class:`~.tile_cascade.PackedCascades` shared with TileScore), exact integer
+accumulators, then ``o_b = (Σ w8·v)·2^s`` saturated —
+:func:`mcf.golden.attention_tiled.tile_block_state` with ``p_format = P8`` bit for bit
 (formats in :mod:`mcf.abi.attn_tile`; the shift and saturation are the merge's,
 :class:`~.tile_merge.TileMerge`).
 """
@@ -26,7 +27,7 @@ from mcf.abi.attn_tile import (
 )
 from mcf.abi.kv import KV_ELEM
 
-from .dsp48 import Dsp48MulAdd
+from .tile_cascade import PackedCascades
 
 __all__ = ["TilePV"]
 
@@ -35,8 +36,9 @@ class TilePV(wiring.Component):
     """``acc = Σ w8·v`` of P8 rows against a KV block's V (``o_b = sat(acc·2^s)``):
     ``keys × head_dim`` MACs per cycle in ``keys × head_dim / 2`` DSP48E2 slices.
 
-    The array: per channel pair ``(2c, 2c+1)`` one cascade of ``keys`` slices (lane ``j`` = the
-    beat's key ``j``, its inputs ``j`` cycles late), ``A = v[2c+1]·2^k``, ``D = v[2c]``,
+    The array (:class:`~.tile_cascade.PackedCascades`): per channel pair ``(2c, 2c+1)`` one
+    cascade of ``keys`` slices (lane ``j`` = the beat's key ``j``, its inputs ``j`` cycles
+    late), ``A = v[2c+1]·2^k``, ``D = v[2c]``,
     ``B = w8`` zero-extended (9 bits, sign 0: the one change to the GEMM arrays' INT8 path),
     ``k`` = :data:`~mcf.abi.attn_tile.PV_SHIFT`; the chain's last slice accumulates the packed
     sum over a group of ``group`` keys (≤ :data:`~mcf.abi.attn_tile.PV_SPLIT_KEYS`, where the
@@ -157,34 +159,15 @@ class TilePV(wiring.Component):
             m.d.sync += [F[n].eq(F[n - 1]) for n in range(1, K + 3)]
 
         # ---- the array: lane j's inputs j cycles late, one cascade per channel pair ---------
-        ff = {"keep": 1, "shreg_extract": "no"}
-        lanes = []
+        m.submodules.array = arr = PackedCascades(
+            lanes=K, pairs=D // 2, a_shape=signed(KV_ELEM.width), b_shape=unsigned(P8.width),
+            shift=k, dsp=self.dsp)                                     # w8 zero-extended
         for j in range(K):
-            vj, wj = v_rd.data[j].as_value(), w8[j]
-            for dly in range(j):
-                vd = Signal(len(vj), name=f"vskew{j}_{dly}", reset_less=True, attrs=ff)
-                wd = Signal(P8.width, name=f"wskew{j}_{dly}", reset_less=True, attrs=ff)
-                with m.If(en):
-                    m.d.sync += [vd.eq(vj), wd.eq(wj)]
-                vj, wj = vd, wd
-            lanes.append((data.ArrayLayout(signed(KV_ELEM.width), D)(vj), wj))
-        tails = []
-        for c in range(D // 2):
-            prev = None
-            for j, (vj, wj) in enumerate(lanes):
-                last = j == K - 1
-                sl = Dsp48MulAdd(cascade=prev is not None, primitive=self.dsp == "primitive",
-                                 accumulate=last)
-                m.submodules[f"dsp{c}_{j}"] = sl
-                m.d.comb += [sl.ce.eq(en), sl.a.eq(vj[2 * c + 1] << k), sl.d.eq(vj[2 * c]),
-                             sl.b.eq(wj)]                              # w8 zero-extended
-                if prev is not None:
-                    m.d.comb += sl.pcin.eq(prev.pcout)
-                if last:
-                    # P ← M + PCIN (+ P within a group) in the step's cycle t0 + K + 1
-                    m.d.comb += [sl.ce_p.eq(en & F[K + 1].valid), sl.acc.eq(~F[K + 1].gfirst)]
-                prev = sl
-            tails.append(prev.pcout)
+            m.d.comb += [arr.a[j].eq(v_rd.data[j]), arr.b[j].eq(w8[j])]
+        # P ← M + PCIN (+ P within a group) in the step's cycle t0 + K + 1
+        m.d.comb += [arr.ce.eq(en), arr.ce_p.eq(en & F[K + 1].valid),
+                     arr.acc.eq(~F[K + 1].gfirst)]
+        tails = [arr.sums[c] for c in range(D // 2)]
 
         # ---- split at the group's end, exact accumulators, o_b at the row's end -------------
         AB = pv_acc_bits(self.max_block)

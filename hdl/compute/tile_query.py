@@ -70,12 +70,18 @@ class TileQuery(wiring.Component):
     its descriptor is taken (the issue, the memory's read), then one per cycle (measured in
     ``tests/test_tile_query.py``).
     Positions are compared as plain unsigned numbers (no wrap within a chunk's blocks).
+    ``ram_style`` is the row memory's synthesis attribute: ``"block"`` (block RAM) or
+    ``"ultra"`` (URAM288, with yosys ``synth_xilinx -uram``); it changes no cycle or bit.
     """
 
+    RAM_STYLES = ("block", "ultra")
+
     def __init__(self, head_dim: int = 128, max_block: int = 256, rows: int = 64,
-                 max_rows: int = 1536, max_heads: int = 8):
+                 max_rows: int = 1536, max_heads: int = 8, ram_style: str = "block"):
+        if ram_style not in self.RAM_STYLES:
+            raise ValueError(f"ram_style must be one of {self.RAM_STYLES}")
         self.head_dim, self.max_block, self.rows = head_dim, max_block, rows
-        self.max_rows, self.max_heads = max_rows, max_heads
+        self.max_rows, self.max_heads, self.ram_style = max_rows, max_heads, ram_style
         super().__init__({
             "chunk": In(stream.Signature(chunk_layout(max_rows, max_heads))),
             "q": In(stream.Signature(query_row_layout(head_dim))),
@@ -90,7 +96,8 @@ class TileQuery(wiring.Component):
         MR, QT = self.max_rows, self.rows
         qlay = query_row_layout(self.head_dim)
         elay = data.StructLayout({"row": qlay, "tok": range(MR)})
-        m.submodules.mem = mem = Memory(shape=elay, depth=MR, init=[])
+        m.submodules.mem = mem = Memory(shape=elay, depth=MR, init=[],
+                                        attrs={"ram_style": self.ram_style})
         wr, rd = mem.write_port(), mem.read_port(transparent_for=())
 
         # ---- the chunk and its rows ---------------------------------------------------------

@@ -1,12 +1,12 @@
 """S = Q·Kᵀ of prefill attention tiled for the GEMM arrays (issue #33 step 4; paper §3.1, §5).
 
 Before :class:`~.tile_softmax.TileSoftmax`: a query row's INT8 codes against its KV block's INT4
-K, two keys per DSP48E2 (``(k1·2^k + k0)·q``, the arrays' packing with the
-:class:`~.dsp48.Dsp48MulAdd` cell), the packed sum over ``head_dim`` split into the exact
-``acc = Σ q·k`` per key — :func:`mcf.golden.attention_tiled.qk_acc` bit for bit — and emitted with
-the keys' ``sk``, ``sv``, the causal mask and the query's scale as TileSoftmax's score rows
-(formats in :mod:`mcf.abi.attn_tile`). The per-channel query fold is upstream: a query beat
-comes per key tile, already folded by the tile's group header.
+K, two keys per DSP48E2 (``(k1·2^k + k0)·q``, the arrays' packing, on the cascades of
+:class:`~.tile_cascade.PackedCascades` shared with TilePV), the packed sum over ``head_dim``
+split into the exact ``acc = Σ q·k`` per key — :func:`mcf.golden.attention_tiled.qk_acc` bit for
+bit — and emitted with the keys' ``sk``, ``sv``, the causal mask and the query's scale as
+TileSoftmax's score rows (formats in :mod:`mcf.abi.attn_tile`). The per-channel query fold is
+upstream: a query beat comes per key tile, already folded by the tile's group header.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from mcf.abi.attn_tile import (
 from mcf.abi.kv import KV_ELEM, KV_SCALE, Q_ELEM
 from mcf.abi.kv_channel import KV_GROUP
 
-from .dsp48 import Dsp48MulAdd
+from .tile_cascade import PackedCascades
 
 __all__ = ["TileScore"]
 
@@ -38,8 +38,9 @@ class TileScore(wiring.Component):
 
     The array: a key tile is ``R`` = :func:`~mcf.abi.attn_tile.qk_tile_keys` keys (``keys ×
     head_dim / lanes``); per key pair ``(2p, 2p+1)`` of the tile one cascade of ``lanes``
-    slices (lane ``j`` = channel ``c·lanes + j`` of chunk ``c``, its inputs ``j`` cycles late —
-    the form of ``GemmArray``'s DSP chains), ``A = k[2p+1]·2^sh``, ``D = k[2p]``, ``B = q``,
+    slices (:class:`~.tile_cascade.PackedCascades`; lane ``j`` = channel ``c·lanes + j`` of
+    chunk ``c``, its inputs ``j`` cycles late — the form of ``GemmArray``'s DSP chains),
+    ``A = k[2p+1]·2^sh``, ``D = k[2p]``, ``B = q``,
     ``sh`` = :func:`~mcf.abi.attn_tile.qk_pack_shift`. The chain's last slice accumulates the
     packed sum over the ``S = head_dim / lanes`` chunks (one dot product: one group, exact),
     which is split into the two keys' exact ``acc`` (:func:`~mcf.abi.attn_tile.qk_acc_bits`).
@@ -206,40 +207,19 @@ class TileScore(wiring.Component):
             m.d.sync += cur.eq(c)
 
         # ---- the array: lane j's inputs j cycles late, one cascade per key pair -------------
-        ff = {"keep": 1, "shreg_extract": "no"}
         qchunks = Array(qreg.q[n * L:(n + 1) * L] for n in range(S))
         qc = Signal(data.ArrayLayout(signed(Q_ELEM.width), L))
         m.d.comb += qc.eq(qchunks[cur])
         kw = k_rd.data
-        lanes = []
+        m.submodules.array = arr = PackedCascades(
+            lanes=L, pairs=R // 2, a_shape=signed(KV_ELEM.width), b_shape=signed(Q_ELEM.width),
+            shift=sh, dsp=self.dsp)
         for j in range(L):
-            kj = Signal(data.ArrayLayout(signed(KV_ELEM.width), R), name=f"klane{j}")
-            m.d.comb += kj.eq(Cat(*(kw[r][j] for r in range(R))))
-            kv, qv = kj.as_value(), qc[j]
-            for dly in range(j):
-                kd = Signal(len(kv), name=f"kskew{j}_{dly}", reset_less=True, attrs=ff)
-                qd = Signal(Q_ELEM.width, name=f"qskew{j}_{dly}", reset_less=True, attrs=ff)
-                with m.If(en):
-                    m.d.sync += [kd.eq(kv), qd.eq(qv)]
-                kv, qv = kd, qd
-            lanes.append((data.ArrayLayout(signed(KV_ELEM.width), R)(kv), qv.as_signed()))
-        tails = []
-        for p in range(R // 2):
-            prev = None
-            for j, (kj, qj) in enumerate(lanes):
-                last = j == L - 1
-                sl = Dsp48MulAdd(cascade=prev is not None, primitive=self.dsp == "primitive",
-                                 accumulate=last)
-                m.submodules[f"dsp{p}_{j}"] = sl
-                m.d.comb += [sl.ce.eq(en), sl.a.eq(kj[2 * p + 1] << sh), sl.d.eq(kj[2 * p]),
-                             sl.b.eq(qj)]
-                if prev is not None:
-                    m.d.comb += sl.pcin.eq(prev.pcout)
-                if last:
-                    # P ← M + PCIN (+ P within the tile) in the step's cycle c0 + L + 1
-                    m.d.comb += [sl.ce_p.eq(en & F[L + 1].valid), sl.acc.eq(~F[L + 1].tfirst)]
-                prev = sl
-            tails.append(prev.pcout)
+            m.d.comb += [arr.a[j].eq(Cat(*(kw[r][j] for r in range(R)))), arr.b[j].eq(qc[j])]
+        # P ← M + PCIN (+ P within the tile) in the step's cycle c0 + L + 1
+        m.d.comb += [arr.ce.eq(en), arr.ce_p.eq(en & F[L + 1].valid),
+                     arr.acc.eq(~F[L + 1].tfirst)]
+        tails = [arr.sums[p] for p in range(R // 2)]
 
         # ---- split at the tile's end into the emitter's buffer ---------------------------------
         with m.If(en & fx.valid & fx.tend):

@@ -253,6 +253,17 @@ def test_queue_backpressure_no_loss():
     check(log, golden)
 
 
+def test_template_over_a_whole_page():
+    """A template whose entries cover a whole 4 KiB page (447 entries from page offset 0x410:
+    the read needs a 256-beat burst) runs to the end: the walker's reader, with a 256-deep
+    FIFO, caps its bursts at 255 beats (before, such a burst could never issue and the walker
+    hung — a prefill slice split into two GEMM jobs stalled this way on two node tops)."""
+    t = [Entry(EntryKind.WR, DmaDesc(0x2000 + 16 * i, 16, 0, 1)) for i in range(447)]
+    log, golden, _ = simulate([t], [0], r_pause=0.0, ready_p=1.0, queue=8)
+    check(log, golden)
+    assert len(log["acc"]["wr_desc"]) == 447
+
+
 def test_bad_entry_kind_retires():
     rng = random.Random(4)
     good = [random_entry(rng) for _ in range(6)]

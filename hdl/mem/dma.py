@@ -42,7 +42,8 @@ def read_beat_layout(data_width: int) -> data.StructLayout:
 class _Rows:
     """Shared descriptor walker: rows → (aligned beat address, beats) bursts + row info."""
 
-    def __init__(self, m: Module, desc: stream.Interface, bb: int, addr_bits: int, rejects):
+    def __init__(self, m: Module, desc: stream.Interface, bb: int, addr_bits: int, rejects,
+                 max_beats: int = MAX_BURST_BEATS):
         lb = (bb - 1).bit_length()
         self.lb = lb
         self.busy = Signal(name="rows_busy")
@@ -63,7 +64,7 @@ class _Rows:
         m.d.comb += to_4k.eq((BOUNDARY_BYTES - self.baddr[:12]) >> lb)
         n = Signal(range(MAX_BURST_BEATS + 1), name="burst_beats")
         lim = Signal.like(n)
-        m.d.comb += lim.eq(Mux(to_4k < MAX_BURST_BEATS, to_4k, MAX_BURST_BEATS))
+        m.d.comb += lim.eq(Mux(to_4k < max_beats, to_4k, max_beats))
         m.d.comb += n.eq(Mux(self.beats_left < lim, self.beats_left, lim))
         self.n = n
         m.d.comb += desc.ready.eq(~self.busy)
@@ -94,13 +95,13 @@ class _Rows:
                 m.d.sync += self.busy.eq(0)
 
 
-def _start(engine, m: Module) -> tuple[int, int, int, _Rows]:
+def _start(engine, m: Module, max_beats: int = MAX_BURST_BEATS) -> tuple[int, int, int, _Rows]:
     """What :class:`DmaReader` and :class:`DmaWriter` elaborate first: the data width, bytes
     per beat, their log2 and the descriptor rows of ``engine.desc`` (rejects counted in
-    ``engine.status.rejects``)."""
+    ``engine.status.rejects``; bursts of at most ``max_beats``)."""
     DW = engine.data_width
     bb = DW // 8
-    rows = _Rows(m, engine.desc, bb, engine.addr_width, engine.status.rejects)
+    rows = _Rows(m, engine.desc, bb, engine.addr_width, engine.status.rejects, max_beats)
     return DW, bb, (bb - 1).bit_length(), rows
 
 
@@ -123,6 +124,12 @@ class DmaReader(wiring.Component):
 
     Latency: first AR two cycles after the descriptor; data leave the realigner one beat
     after the second bus beat of a row (one bubble per row). Throughput one beat per cycle.
+
+    Bursts: INCR, never across 4 KiB, at most ``min(256, fifo_depth − 1)`` beats — a burst is
+    issued only when the receive FIFO has room for all of it beside the beats in flight and
+    one more, so a burst the size of the FIFO would wait forever (with ``fifo_depth`` 256 a
+    read covering a whole 4 KiB page of 16-byte beats hung: found by a JOB template of 447
+    entries, ``tests/test_node_jobs.py``).
     """
 
     def __init__(self, data_width: int = 128, addr_width: int = ADDR_BITS,
@@ -140,7 +147,7 @@ class DmaReader(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        DW, bb, lb, rows = _start(self, m)
+        DW, bb, lb, rows = _start(self, m, min(MAX_BURST_BEATS, self.fifo_depth - 1))
         bus, st = self.bus, self.status
 
         m.submodules.raw = raw = fifo.SyncFIFOBuffered(width=DW + 1, depth=self.fifo_depth)

@@ -84,13 +84,11 @@ class RunSpec:
             raise RunError(f"--softmax {self.softmax!r}: one of {', '.join(RUN_SOFTMAX)}")
         if self.config not in NODE_CONFIGS:
             raise RunError(f"--config {self.config!r}: one of {', '.join(NODE_CONFIGS)}")
-        # The node program runs a longer slice as GEMM jobs over row ranges
-        # (mcf.node.layer.row_ranges), but its RTL run has stalled (docs/model.md): refused.
-        rows = NODE_CONFIGS[self.config].gemm_m_max
-        if self.chunk // self.nodes > rows:
+        block = NODE_CONFIGS[self.config].attn_block     # a slice is one KV block
+        if self.chunk // self.nodes > block:
             raise RunError(f"--chunk {self.chunk} over {self.nodes} node(s) gives slices of "
-                           f"{self.chunk // self.nodes} tokens; the {self.config} node's GEMM "
-                           f"takes at most {rows} rows (a smaller --chunk or more --nodes)")
+                           f"{self.chunk // self.nodes} tokens; the {self.config} node's KV "
+                           f"blocks hold at most {block} (a smaller --chunk or more --nodes)")
         if self.task is not None:
             if self.task not in RUN_TASKS:
                 raise RunError(f"--task {self.task!r}: one of {', '.join(RUN_TASKS)}")

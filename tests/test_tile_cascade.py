@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """amaranth.sim tests of the packed DSP cascades the tiled prefill's arrays share (issue #33,
 mcf.hdl.compute.tile_cascade.PackedCascades, the slice model): every step's packed sum, the
 last slice's accumulation over groups of steps, a stall in the middle, signed and unsigned B,

@@ -42,13 +42,15 @@ import numpy as np
 from .quant import ACC_BITS, requantize
 from .softmax import LANE_BITS
 
-__all__ = ["ACC_LO_BITS", "ACC_LANES", "TP_MAX_NODES", "acc_lanes", "lanes_acc",
+__all__ = ["ACC_LO_BITS", "ACC_LANES", "ABSMAX_LANES", "TP_MAX_NODES", "acc_lanes", "lanes_acc",
            "absmax_lanes", "lanes_absmax", "requantize_with_absmax"]
 
 ACC_LO_BITS = 24
 """Bits of an accumulator's low lane (unsigned); the high lane holds ``acc >> ACC_LO_BITS``."""
 ACC_LANES = 2
 """32-bit lanes per accumulator element in a row-parallel SUM payload: ``lo, hi`` interleaved."""
+ABSMAX_LANES = 2
+"""32-bit lanes of a node's MAX all-reduce contribution (:func:`absmax_lanes`: max x, max ~x)."""
 TP_MAX_NODES = 1 << (LANE_BITS - 1 - ACC_LO_BITS)
 """Most contributions whose low lanes sum below ``2^(LANE_BITS−1)`` (128): the SUM stays exact.
 The high lanes (``|hi| ≤ 2^(ACC_BITS−1−ACC_LO_BITS)``) have room for more."""

@@ -73,23 +73,20 @@ from ..abi.node import Cmd, PayloadSource, Queue, RecordClass
 from ..abi.node_config import AXI_WIDTH, NodeConfig
 from ..abi.quant import ReadDest, VectorOp, WriteSrc
 from ..abi.sequencer import SeqCounter
-from ..abi.tp import ACC_LANES
+from ..abi.tp import ABSMAX_LANES, ACC_LANES
 from ..golden import gemm as G
 from ..golden import vector as V
-from ..golden.tp_decode import nic_all_reduce
+from ..golden.tp_decode import Range, nic_all_reduce
 from ..quant import QuantWeight, gemm_stripe_image, gemm_tile_blob
 from .layer import _Alloc, act_bytes
 
-__all__ = ["MAX_LANES", "MAX_BYTES", "ShardWeight", "shard_weight", "RowParallelBuffers",
+__all__ = ["MAX_BYTES", "ShardWeight", "shard_weight", "RowParallelBuffers",
            "RowParallelImage", "SumPayload", "sum_payloads", "max_records", "sum_records",
            "StepGolden", "golden_step"]
 
-Range = tuple[int, int]
-
-MAX_LANES = 2
-"""Lanes of a node's MAX all-reduce contribution (:func:`mcf.abi.tp.absmax_lanes`)."""
-MAX_BYTES = MAX_LANES * LANE_BYTES
-"""Bytes of that contribution (the SEND's ``length``; the ABSMAX beat's low lanes)."""
+MAX_BYTES = ABSMAX_LANES * LANE_BYTES
+"""Bytes of a node's MAX all-reduce contribution (:data:`mcf.abi.tp.ABSMAX_LANES` lanes): the
+SEND's ``length``, the ABSMAX beat's low lanes."""
 if MAX_BYTES > M_SLOT_BYTES:  # pragma: no cover - the MAX result lands in one MBUF slot
     raise AssertionError("the absmax lanes do not fit an MBUF slot")
 if SUM_SLOT_BYTES != MAX_PAYLOAD or MAX_PAYLOAD % (ACC_LANES * LANE_BYTES):  # pragma: no cover

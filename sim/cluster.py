@@ -40,7 +40,7 @@ from mcf.sim.wire import (
 __all__ = ["ClusterTop", "RankTop", "build_rank", "tx_params", "check_tx_params", "Cable",
            "ring_cables", "directed_links", "link_index",
            "build_cluster", "CLOCK_HZ", "BENCH_LATENCY_CYCLES", "NODE_PORTS",
-           "expose_node_ports"]
+           "expose_node_ports", "HOST_KEYS", "simulated"]
 
 CLOCK_HZ = ACLK_HZ
 """The ``aclk`` every cycle figure assumes (:data:`mcf.abi.platform.ACLK_HZ`, no fmax claimed)."""
@@ -49,6 +49,15 @@ BENCH_LATENCY_CYCLES = 64
 """Link latency of the benches' and ``mcf run``'s ring, in cycles (213 ns at :data:`CLOCK_HZ`;
 the MARS link latency, 2 µs, would be 600): one Verilator build per ring size serves them all.
 The link *rates* are the cables' own."""
+
+HOST_KEYS = ("wall_seconds", "node_cycles_per_second", "mpi_ranks")
+"""The only keys of a run's record (``mcf.sim.benches.cluster_run``) in which one simulation and
+one simulation per MPI rank may differ: the host's wall time and the number of ranks."""
+
+
+def simulated(record: dict) -> dict:
+    """``record`` without :data:`HOST_KEYS`: what must be the same however the run was split."""
+    return {k: v for k, v in record.items() if k not in HOST_KEYS}
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from mcf.cli import main
-from mcf.sim.benches.cluster_run import simulated
+from mcf.sim.cluster import simulated
 
 
 def _run(tmp_path, name, argv):

@@ -16,7 +16,7 @@ an f-string's literal prefix). The rules:
 * nothing outside ``sim/benches/`` imports ``mcf.sim.benches`` (the cocotb benches): code
   outside runs a bench through the cocotb runner by its module name
   (:func:`mcf.sim.toolchain.run`), and the helpers benches share with tests and benchmarks live
-  in :mod:`mcf.sim.tb` and :mod:`mcf.sim.amsim` (files in ``BENCH_IMPORT_PENDING`` excepted);
+  in :mod:`mcf.sim.tb`, :mod:`mcf.sim.amsim` and :mod:`mcf.sim.cluster`;
 * the board runtime (``sw/driver/``, ``sw/cluster/board*.py``, ``sw/deploy/``) imports no
   ``amaranth_boards`` — neither itself nor through any ``mcf`` module it reaches (the static
   import graph, parent packages included).
@@ -77,11 +77,6 @@ class Rule:
                    for m in imp.modules)
 
 
-BENCH_IMPORT_PENDING = ("sim/perf/cluster.py",)
-"""Files still importing a helper from a cocotb bench, each to move to :mod:`mcf.sim.tb`:
-``sim/perf/cluster.py`` takes ``simulated`` from ``sim/benches/cluster_run.py`` (both in use by
-the cluster runs' owner while this rule landed). Nothing may be added here."""
-
 RULES = (
     Rule("sw outside the CLI never imports mcf.sim", ("sw/*",), ("mcf.sim",),
          exclude=("sw/commands/*", "sw/cli.py")),
@@ -91,7 +86,7 @@ RULES = (
     Rule("the ABI imports only the ABI (not mcf.golden, mcf.hdl, mcf.sim)", ("sw/abi/*",),
          ("mcf",), allow=("mcf.abi",)),
     Rule("only the cocotb benches import mcf.sim.benches", ("sw/*", "hdl/*", "sim/*"),
-         ("mcf.sim.benches",), exclude=("sim/benches/*", *BENCH_IMPORT_PENDING)),
+         ("mcf.sim.benches",), exclude=("sim/benches/*",)),
 )
 
 BOARD_RUNTIME = ("sw/driver/*", "sw/cluster/board*.py", "sw/deploy/*")

@@ -84,17 +84,7 @@ from mcf.sim.benches.node_decode import _bad_counters, program_decode_token
 from mcf.sim.cluster import check_tx_params, directed_links
 from mcf.sim.toolchain import bench_params
 
-__all__ = ["run", "node_host", "held_blocks", "inject_link_fault", "cable_port", "HOST_KEYS",
-           "simulated"]
-
-HOST_KEYS = ("wall_seconds", "node_cycles_per_second", "mpi_ranks")
-"""The only keys of a run's record in which one simulation and one simulation per MPI rank
-may differ: the host's wall time and the number of ranks."""
-
-
-def simulated(record: dict) -> dict:
-    """``record`` without :data:`HOST_KEYS`: what must be the same however the run was split."""
-    return {k: v for k, v in record.items() if k not in HOST_KEYS}
+__all__ = ["run", "node_host", "held_blocks", "inject_link_fault", "cable_port"]
 
 
 async def held_blocks(hosts, p) -> dict[str, dict[int, list[tuple[int, int]]]]:

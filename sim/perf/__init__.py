@@ -3,7 +3,9 @@
 :mod:`.attention`, :mod:`.csr`, :mod:`.plan` (MARS cost model), :mod:`.node` (node tops),
 :mod:`.cluster` (the tiny model end to end on simulated rings), :mod:`.eth` (the Ethernet MACs'
 line rates), :mod:`.task` (the trained retrieval model's accuracy, golden and RTL),
-:mod:`.decode` (the weight stream of an M = 1 decode layer from four HP ports, issue #34).
+:mod:`.decode` (the weight stream of an M = 1 decode layer from four HP ports, issue #34),
+:mod:`.depth` (register-to-register logic depth) and :mod:`.qwen` (Qwen2.5-1.5B layers on kr260
+node tops against the system model, issue #35; hours, so only when named).
 
 Contract of a bench module:
 

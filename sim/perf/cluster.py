@@ -37,8 +37,7 @@ def collect(small: bool = False, synth: bool = True) -> dict:
 
     from mcf.cluster import RunSpec
     from mcf.commands.run import simulate
-    from mcf.sim.benches.cluster_run import simulated
-    from mcf.sim.cluster import BENCH_LATENCY_CYCLES, CLOCK_HZ, build_cluster
+    from mcf.sim.cluster import BENCH_LATENCY_CYCLES, CLOCK_HZ, build_cluster, simulated
 
     result = {"model": "tiny", "chunk": CHUNK, "clock_hz_assumed": CLOCK_HZ,
               "link_latency_cycles": BENCH_LATENCY_CYCLES, "tiny": {},

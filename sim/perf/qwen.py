@@ -1,0 +1,208 @@
+"""Qwen scale in RTL (``mcf bench qwen``; issue #35 items 2 and 3, docs/system-model.md): the
+first ``LAYERS`` layer(s) of Qwen2.5-1.5B at full dimension (hidden 1,536, 12 / 2 heads,
+head_dim 128, MLP 8,960, the real vocabulary; the random-weight checkpoint
+:func:`mcf.model.resolve_model` writes into ``build/models``, or a real one) as ``mcf run`` runs
+them on ``kr260`` node tops — MARS prefill and KV-stationary decode, every step checked bit for
+bit against the integer golden model — and the system model's prediction of the same runs.
+
+Per ring size (N = 2, then N = 4 unless ``nodes`` says otherwise) one run
+(:func:`mcf.commands.run.simulate`, all nodes in one Verilator simulation): its prefill step
+cycles (TTFT), its decode cycles per token (the root's layer, the query multicast, the nodes'
+ATTENDs, the states reduced back and the LM head on the node: the whole token, as ``mcf run``
+reports it), the simulator's speed. The prediction (:func:`predict`): the model's plan of the
+same run (:func:`mcf.cluster.make_plan`) replayed by :func:`mcf.sysmodel.system.simulate_plan`
+on the RTL cluster's configuration (:func:`mcf.sysmodel.validate.rtl_system_spec`: the node
+program's layout, the bench link latency) for TTFT, and the decode model
+(:func:`mcf.sysmodel.evaluation.decode`, the replicated root on the KR260 ring at the run's
+context) for a decode token. ``model_vs_rtl_cycle_error_qwen`` is the largest relative error of
+the two over the runs (issue target ≤ 0.10).
+
+A failed check refuses the figure (:class:`~mcf.sim.perf.BenchRefused`). ``small`` (what CI
+runs) is the same code path on the tiny model and the ``sim`` node (one run, N = 2): the kr260
+node's Verilator build alone takes ~40 min on a 2-core machine and the N = 2 run hours.
+
+    mcf bench qwen --json build/bench/qwen.json        # hours: the kr260 build and runs
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from mcf.sim.perf import BenchRefused
+
+__all__ = ["QwenRun", "QWEN", "SMALL", "model_config", "predict", "measure", "compare",
+           "collect", "render"]
+
+
+@dataclass(frozen=True)
+class QwenRun:
+    """One ``mcf run`` of the bench: ``model`` (``mcf run --model``), ``layers``
+    (``--layers``), ``config`` (``--node-config``), prompt, chunk and decode tokens."""
+    model: str
+    layers: int | None
+    config: str
+    prompt_tokens: int
+    chunk: int
+    decode_tokens: int
+
+    def spec(self, nodes: int, *, resolve: bool = True, **kw):
+        """The run's :class:`mcf.cluster.RunSpec` on ``nodes`` nodes, the model resolved (the
+        random-weight Qwen2.5-1.5B is written on first use; ``resolve=False``: the model's
+        name only, for :func:`predict` with a configuration)."""
+        from dataclasses import replace
+
+        from mcf.cluster import RunSpec
+        from mcf.model import resolve_model
+
+        spec = RunSpec(model=self.model, prompt_tokens=self.prompt_tokens, nodes=nodes,
+                       chunk=self.chunk, decode_tokens=self.decode_tokens, config=self.config,
+                       **kw)
+        if self.model == "tiny" or not resolve:
+            return spec
+        return replace(spec, model=resolve_model(self.model, layers=self.layers,
+                                                 progress=None))
+
+
+QWEN = QwenRun("qwen2.5-1.5b", 1, "kr260", prompt_tokens=128, chunk=32, decode_tokens=2)
+"""Issue #35 item 2's run: ``mcf run --model qwen2.5-1.5b --layers 1 --node-config kr260
+--prompt-tokens 128 --decode-tokens 2`` (chunk 32: four prefill steps)."""
+SMALL = QwenRun("tiny", None, "sim", prompt_tokens=64, chunk=32, decode_tokens=1)
+"""CI's reduced path: the same functions on the tiny model and the ``sim`` node."""
+
+
+def _model(spec):
+    from mcf.model import model_from_spec
+
+    cfg, _ = model_from_spec(spec.model, seed=spec.seed) if spec.model == "tiny" \
+        else model_from_spec(spec.model)
+    return cfg
+
+
+def model_config(run: QwenRun):
+    """The Qwen2 configuration of ``run`` without reading a checkpoint (the tiny model's, or
+    Qwen2.5-1.5B's truncated to ``run.layers``)."""
+    from dataclasses import replace
+
+    from mcf.model.config import QWEN25_1P5B_MODEL
+
+    if run.model == "tiny":
+        return _model(run.spec(2))
+    return replace(QWEN25_1P5B_MODEL, num_hidden_layers=run.layers or
+                   QWEN25_1P5B_MODEL.num_hidden_layers)
+
+
+def predict(spec, fig=None, cfg=None) -> dict:
+    """The system model's cycles for the run ``spec`` (a :class:`mcf.cluster.RunSpec`):
+    ``prefill_step_cycles`` and ``ttft_cycles`` (the run's plan through
+    :func:`~mcf.sysmodel.system.simulate_plan` on the RTL cluster's configuration) and
+    ``decode_cycles_per_token`` per decode token (the replicated root's token on the KR260 ring
+    at the context it decodes at: the prompt plus the tokens before it). ``fig``: the bench
+    figures (default :func:`mcf.sysmodel.calibration.load_figures`); ``cfg``: the model's
+    configuration (default: read from ``spec.model``)."""
+    from mcf.cluster import make_plan
+    from mcf.sim.cluster import BENCH_LATENCY_CYCLES
+    from mcf.sysmodel.calibration import load_figures
+    from mcf.sysmodel.evaluation import decode
+    from mcf.sysmodel.rates import NodeRates
+    from mcf.sysmodel.system import simulate_plan
+    from mcf.sysmodel.validate import rtl_system_spec
+
+    fig = fig or load_figures()
+    plan = make_plan(spec, cfg or _model(spec))
+    sys_spec = rtl_system_spec(BENCH_LATENCY_CYCLES)
+    res = simulate_plan(plan, fig, sys_spec)
+    steps = [float(c) for c in res.step_cycles][:len(plan.steps)]
+    rates = NodeRates.calibrated(fig, spec.config, plan.model, overheads=sys_spec.overheads)
+    dec = []
+    for k in range(spec.decode_tokens):
+        row = decode(fig, rates, plan.model, spec.nodes, spec.prompt_tokens + 1 + k,
+                     modes=("replicated",))[0]
+        dec.append(fig.clock_hz / row.tok_s)
+    return {"prefill_step_cycles": steps, "ttft_cycles": sum(steps),
+            "decode_cycles_per_token": dec, "layers": plan.model.layers}
+
+
+def measure(spec, *, mpi: bool = False) -> dict:
+    """One RTL run of ``spec`` (:func:`mcf.commands.run.simulate`); refuses on a failed check."""
+    from mcf.commands.run import ddr_model_bytes, simulate
+
+    try:
+        got = simulate(spec, progress=False, mpi=mpi, mem=ddr_model_bytes(_model(spec), spec))
+    except AssertionError as exc:
+        raise BenchRefused(f"N={spec.nodes}: {str(exc).splitlines()[0]}") from None
+    if not all(got["checks"].values()):
+        bad = [k for k, v in got["checks"].items() if not v]
+        raise BenchRefused(f"N={spec.nodes}: checks failed: {', '.join(bad)}")
+    return got
+
+
+def _error(pred: float, meas: float) -> float:
+    return (pred - meas) / meas
+
+
+def compare(spec, got: dict, pred: dict) -> dict:
+    """One run's entry: measured and predicted cycles and their relative errors."""
+    layers = pred["layers"]
+    dec_m, dec_p = got["decode_cycles"], pred["decode_cycles_per_token"][:len(got["decode_cycles"])]
+    entry = {
+        "bit_exact": all(got["checks"].values()), "checks": got["checks"],
+        "tokens": got["tokens"], "ttft_cycles": got["ttft_cycles"],
+        "prefill_step_cycles": got["prefill_step_cycles"], "head_cycles": got["head_cycles"],
+        "decode_cycles": dec_m, "layers": layers,
+        "prefill_cycles_per_layer": got["ttft_cycles"] / layers,
+        "predicted_ttft_cycles": round(pred["ttft_cycles"], 1),
+        "predicted_prefill_step_cycles": [round(c, 1) for c in pred["prefill_step_cycles"]],
+        "predicted_decode_cycles": [round(c, 1) for c in dec_p],
+        "ttft_error": round(_error(pred["ttft_cycles"], got["ttft_cycles"]), 4),
+        "decode_errors": [round(_error(p, m), 4) for p, m in zip(dec_p, dec_m)],
+        "sim_cycles": got["sim_cycles"], "wall_seconds": got["wall_seconds"],
+        "node_cycles_per_second": got["node_cycles_per_second"],
+    }
+    if dec_m:
+        entry["decode_cycles_per_token"] = sum(dec_m) / len(dec_m)
+    return entry
+
+
+def collect(small: bool = False, synth: bool = True, nodes: tuple[int, ...] = (2, 4)) -> dict:
+    run = SMALL if small else QWEN
+    if small:
+        nodes = (2,)
+    result = {"run": asdict(run), "runs": {}}
+    for n in nodes:
+        spec = run.spec(n)
+        got = measure(spec)
+        result["runs"][f"n{n}"] = compare(spec, got, predict(spec))
+    first = result["runs"][f"n{nodes[0]}"]
+    for n in nodes:
+        result[f"n{n}.bit_exact"] = result["runs"][f"n{n}"]["bit_exact"]
+    result["prefill_cycles_per_layer"] = first["prefill_cycles_per_layer"]
+    if "decode_cycles_per_token" in first:
+        result["decode_cycles_per_token_per_layer"] = (first["decode_cycles_per_token"]
+                                                       - first["head_cycles"]) / first["layers"]
+    errs = [e for r in result["runs"].values() for e in (r["ttft_error"], *r["decode_errors"])]
+    key = "model_vs_rtl_cycle_error" + ("" if small else "_qwen")
+    result[key] = max(abs(e) for e in errs)
+    result["sim_cycles_per_second"] = first["node_cycles_per_second"]
+    return result
+
+
+def render(result: dict) -> str:
+    run = result["run"]
+    lines = [f"{run['model']} (layers {run['layers'] or 'all'}) on {run['config']} node tops, "
+             f"{run['prompt_tokens']} prompt tokens, chunk {run['chunk']}, "
+             f"{run['decode_tokens']} decode tokens; cycles of aclk",
+             f"{'run':<5}{'bit-exact':>10}{'TTFT':>14}{'model':>14}{'err':>8}"
+             f"{'decode/token':>14}{'model':>14}{'sim cyc/s':>11}"]
+    for name, r in result["runs"].items():
+        dm = r.get("decode_cycles_per_token")
+        dp = (sum(r["predicted_decode_cycles"]) / len(r["predicted_decode_cycles"])
+              if r["predicted_decode_cycles"] else None)
+        lines.append(f"{name:<5}{str(r['bit_exact']):>10}{r['ttft_cycles']:>14,}"
+                     f"{r['predicted_ttft_cycles']:>14,.0f}{100 * r['ttft_error']:>7.1f}%"
+                     f"{'-' if dm is None else f'{dm:,.0f}':>14}"
+                     f"{'-' if dp is None else f'{dp:,.0f}':>14}"
+                     f"{r['node_cycles_per_second']:>11,.0f}")
+    key = next(k for k in result if k.startswith("model_vs_rtl_cycle_error"))
+    lines.append(f"{key}: {result[key]:.3f} (largest |model - RTL| / RTL over TTFT and decode "
+                 f"tokens)")
+    return "\n".join(lines)

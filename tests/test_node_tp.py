@@ -4,7 +4,9 @@ records, the SUM payload cut and records, the decode lander's SUM window (decisi
 RTL lander against its golden model in amaranth.sim), and the step's golden (the engines'
 golden models over the templates' buffers) equal to ``row_parallel`` and to the single-node
 GEMM of the whole K; the RTL run of the whole step (ABSMAX → MAX all-reduce → REQUANT_EXT →
-``acc_out`` → SUM all-reduce → ``acc_in``) on two node tops (sim/benches/node_tp.py)."""
+``acc_out`` → SUM all-reduce → ``acc_in``) on two node tops (sim/benches/node_tp.py); the TP
+FFN (mcf.node.tp_ffn): its golden equal to ``tp_ffn`` and the replicated FFN, its column
+template and records, its refusals, and its RTL run on two node tops."""
 
 from __future__ import annotations
 
@@ -33,9 +35,10 @@ from mcf.abi.quant import VectorOp, requantize
 from mcf.abi.sequencer import SeqCounter
 from mcf.abi.tp import ACC_LANES, acc_lanes
 from mcf.golden import gemm as G
+from mcf.golden import vector as V
 from mcf.golden.decode_land import DecodeLandModel
 from mcf.golden.qwen_layer import QWEN25_1P5B, TINY, quantize_layer, random_layer
-from mcf.golden.tp_decode import row_parallel, tp_split
+from mcf.golden.tp_decode import row_parallel, tp_ffn, tp_split
 from mcf.node.tp import (
     MAX_BYTES,
     RowParallelImage,
@@ -45,7 +48,8 @@ from mcf.node.tp import (
     sum_payloads,
     sum_records,
 )
-from mcf.quant import gemm_stripe_image, to_act
+from mcf.node.tp_ffn import TPFFNImage, golden_ffn
+from mcf.quant import QuantWeight, gemm_stripe_image, to_act
 from mcf.sim.amsim import parsed_beats, send
 from mcf.sim.axi_slave import write_slave
 
@@ -341,6 +345,91 @@ def test_lander_rtl_sum_window():
     assert np.array_equal(model.lanes(0, 2), np.frombuffer(packets[0][1][:8], "<i4"))
 
 
+# ---- the TP FFN (mcf.node.tp_ffn) ------------------------------------------------------------
+
+
+def _ffn_images(ql, nodes):
+    return [TPFFNImage(ql.qw["gate"], ql.qw["up"], ql.qw["down"], r, SIM, base=0x10000,
+                       mbuf_base=MBUF, q_heads=TINY.heads) for r in tp_split(TINY, nodes).inter]
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_golden_ffn_is_tp_ffn_and_the_replicated_ffn(nodes):
+    """The engines' golden models over the FFN images' buffers: every node's output row equals
+    ``tp_ffn``'s and the replicated FFN's; each node's SiLU shard is ``column_ffn``'s and lands
+    at the down step's offset ``lo`` (tiny at N = 4: 64 rows inside a group, lo = 0 or 64)."""
+    ql = _layer()
+    x = _row(TINY.hidden)[None, :]
+    xq, xm, xe = requantize(x)
+    images = _ffn_images(ql, nodes)
+    gold = golden_ffn(images, xq, xm, xe)
+    w = [ql.qw[n] for n in ("gate", "up", "down")]
+    ffn = tp_ffn(xq, xm, xe, *w, tp_split(TINY, nodes).inter)
+    g, u = (G.gemm(xq, xm, xe, q.q, q.m, q.e, None, q.group) for q in w[:2])
+    want = G.gemm(*requantize(V.silu_mul(g, u)), w[2].q, w[2].m, w[2].e, None, w[2].group)[0]
+    assert all(np.array_equal(y, want) for y in gold.step.y)
+    assert np.array_equal(ffn.y[0], want)
+    for im, s, shard in zip(images, gold.s, ffn.shards, strict=True):
+        assert np.array_equal(s, shard[0])
+        assert im.buf.s == im.row.buf.x + 4 * im.row.shard.lo
+    if nodes == 4:
+        assert [im.row.shard.lo for im in images] == [0, 64, 0, 64]
+
+
+def test_ffn_column_template_and_records():
+    """Template 0 walked by the walker's golden model: GEMM gate then GEMM up on the input
+    codes (K = hidden, the shard's rows) from their stripe images, SILU_MUL of ``g`` and ``u``
+    into the down step's ACT row at ``lo``; templates 1–3 are the down step's. The records:
+    the column JOB, then the down step's MAX and SUM records on templates 1, 2, 3."""
+    ql = _layer()
+    img = _ffn_images(ql, 4)[1]
+    b, ni, h = img.buf, img.r[1] - img.r[0], TINY.hidden
+    assert img.templates[1:] == img.row.templates and img.table not in img.row.image
+    mem = bytearray(img.end)
+    for a, raw in img.image.items():
+        mem[a:a + len(raw)] = raw
+    acts, counts = walk(lambda a, k: bytes(mem[a:a + k]), img.table, img.table_len,
+                        JOB_ARG.const({"template": 0}).as_bits(), SIM.gemm_limits)
+    assert counts["bad_entries"] == counts["bad_gemm"] == counts["bad_index"] == 0
+    from mcf.abi.compute import DmaDesc
+    jobs = [GemmJob.unpack(v) for _, g, v in acts if g == "gemm_job"]
+    assert jobs == [GemmJob(1, h // 16, ni // 16, ql.qw[n].e) for n in ("gate", "up")]
+    assert [StripeJob.unpack(v, STRIPE_JOB) for _, g, v in acts if g == "w_job"] == \
+        [b.gate, b.up]
+    for name, sj in (("gate", b.gate), ("up", b.up)):
+        qw, (r0, r1) = ql.qw[name], img.r
+        rows = QuantWeight(qw.q[r0:r1], qw.m[r0:r1], qw.e, qw.group)
+        raw, _ = gemm_stripe_image(rows, 16, 16, ports=SIM.hp_ports, beat_bytes=16)
+        assert bytes(mem[sj.addr:sj.addr + len(raw)]) == raw
+    vec = [VEC_CFG.from_bits(v) for _, g, v in acts if g == "vec"]
+    assert [(v.op, v.n_beats) for v in vec] == [(VectorOp.SILU_MUL, ni // SIM.vec_lanes)]
+    rd = [(d.addr, d.length) for d in (DmaDesc.unpack(v) for _, g, v in acts if g == "rd_desc0")]
+    assert rd == [(b.xq + h, 4), (b.xq, h)] * 2 + [(b.g, ni * 4)]
+    wr = [(d.addr, d.length) for d in (DmaDesc.unpack(v) for _, g, v in acts if g == "wr_desc")]
+    assert wr == [(out + t * 64, 64) for out in (b.g, b.u) for t in range(ni // 16)] + \
+        [(img.row.buf.x + 64 * 4, ni * 4)]
+    args = (1, 0, 4, 5, 6, QBUF, 40)
+    recs = img.records(*args)
+    assert recs[1:] == max_records(img.row, *args, first=1) + sum_records(img.row, *args, first=1)
+    assert [JOB_ARG.from_bits(r.arg).template for r in recs if r.cls is RecordClass.JOB] == \
+        [0, 1, 2, 3]
+    xw = img.x_writes(*(a[0] for a in requantize(_row(h)[None, :])))
+    assert list(xw) == [b.xq] and len(xw[b.xq]) == h + 4
+    with pytest.raises(ValueError, match="codes"):
+        img.x_writes(np.zeros(h - 1), 1, 0)
+
+
+def test_ffn_image_refuses_what_the_engines_cannot_run():
+    ql = _layer()
+    g, u, d = (ql.qw[n] for n in ("gate", "up", "down"))
+    with pytest.raises(ValueError, match="whole 16-row tiles"):
+        TPFFNImage(g, u, d, (0, 40), SIM, 0x10000, MBUF, TINY.heads)
+    with pytest.raises(ValueError, match="intermediate rows"):
+        TPFFNImage(g, u, d, (128, 512), SIM, 0x10000, MBUF, TINY.heads)
+    with pytest.raises(ValueError, match="hidden x I"):
+        TPFFNImage(g, u, g, (0, 128), SIM, 0x10000, MBUF, TINY.heads)
+
+
 # ---- RTL: two node tops ------------------------------------------------------------------------
 
 BENCH = "mcf.sim.benches.node_tp"
@@ -368,4 +457,20 @@ def test_two_nodes_run_the_row_parallel_step(pair, proj, tmp_path):
         "out": str(out)})
     got = json.loads(out.read_text())
     assert got["proj"] == proj and got["k_shard"] == 128 and got["n"] == TINY.hidden
+    assert got["step_cycles"] > 0 and set(got["mark_cycles"]) == {"0", "1"}
+
+
+@pytest.mark.slow
+def test_two_nodes_run_the_tp_ffn(pair, tmp_path):
+    """The TP FFN of one token on two node tops from the rings: GEMM gate and up on each node's
+    intermediate rows, SILU_MUL into the down step's ACT row, then the row-parallel down step;
+    every node's gate/up rows, SiLU shard, down-step buffers and output row bit-exact against
+    ``golden_ffn`` (checked in the bench)."""
+    from mcf.sim import run
+
+    out = tmp_path / "ffn.json"
+    run(pair, BENCH, testcase="tp_ffn", params={
+        "nodes": 2, "seq_len": 32, "chunk": 32, "seed": SEED, "pause": 0.1, "out": str(out)})
+    got = json.loads(out.read_text())
+    assert got["inter"] == [[0, 128], [128, 256]] and got["n"] == TINY.hidden
     assert got["step_cycles"] > 0 and set(got["mark_cycles"]) == {"0", "1"}

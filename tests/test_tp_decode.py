@@ -27,14 +27,17 @@ from mcf.abi.tp import (
 from mcf.cluster import RunSpec, golden_run, make_plan, prompt_tokens
 from mcf.cluster.tp import TPClusterGolden, check_tp, tp_golden_run, tp_node_bytes
 from mcf.golden import gemm as G
+from mcf.golden import vector as V
 from mcf.golden.qwen_layer import LayerConfig, layer_fixed, quantize_layer, random_layer
 from mcf.golden.tp_decode import (
     TPError,
+    column_ffn,
     gemm_blob_bytes,
     nic_all_reduce,
     node_weight_bytes,
     partial_acc,
     row_parallel,
+    tp_ffn,
     tp_layer,
     tp_split,
 )
@@ -113,6 +116,33 @@ def test_tp_golden_refuses_a_split_for_other_nodes(tiny):
     g.split = tp_split(cfg.layer, 4)
     with pytest.raises(TPError, match="split is for 4 nodes"):
         g.decode_token(0)
+
+
+@pytest.mark.parametrize("inter,nodes", [(256, 2), (256, 4), (8960, 2), (8960, 4)])
+def test_tp_ffn_is_the_replicated_ffn_bit_for_bit(inter, nodes):
+    """The TP FFN (column-parallel gate/up + SiLU·mul per node, row-parallel down) equals the
+    replicated ``down(requantize(silu(gate)·up))`` bit for bit — tiny's intermediate 256 (in
+    groups at N = 2, inside a group at N = 4) and Qwen2.5-1.5B's 8,960 (35/35 and 18/18/17/17
+    groups) — and each node's shard is exactly its rows of the replicated SiLU row."""
+    cfg = LayerConfig(hidden=128, heads=4, kv_heads=2, head_dim=32, intermediate=inter)
+    ql = quantize_layer(random_layer(cfg, seed=11), cfg)
+    x = to_act(np.random.default_rng(inter + nodes).standard_normal((1, cfg.hidden)) * 3)
+    xq, xm, xe = requantize(x)
+    w = {n: ql.qw[n] for n in ("gate", "up", "down")}
+
+    def gemm(q, m, e, qw):
+        return G.gemm(q, m, e, qw.q, qw.m, qw.e, None, qw.group)
+
+    s = V.silu_mul(gemm(xq, xm, xe, w["gate"]), gemm(xq, xm, xe, w["up"]))
+    want = gemm(*requantize(s), w["down"])
+    split = tp_split(cfg, nodes)
+    ffn = tp_ffn(xq, xm, xe, w["gate"], w["up"], w["down"], split.inter)
+    assert np.array_equal(ffn.y, want)
+    for (r0, r1), shard in zip(split.inter, ffn.shards, strict=True):
+        assert np.array_equal(shard, s[:, r0:r1])
+        assert np.array_equal(shard, column_ffn(xq, xm, xe, w["gate"], w["up"], (r0, r1)))
+    assert len(ffn.down.acc) == nodes and all(np.any(a != sum(ffn.down.acc))
+                                              for a in ffn.down.acc)
 
 
 # ---- the numerics (mcf.abi.tp) ------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""cocotb bench: the row-parallel step of tensor-parallel decode on two node tops
-(:class:`mcf.sim.cluster.ClusterTop`, ``sim`` configuration; issue #34 item 3), the whole step
-of :mod:`mcf.node.tp`. Runs on the build of
+"""cocotb bench: the row-parallel step and the FFN of tensor-parallel decode on two node tops
+(:class:`mcf.sim.cluster.ClusterTop`, ``sim`` configuration; issue #34 item 3): the whole step
+of :mod:`mcf.node.tp` and of :mod:`mcf.node.tp_ffn`. Runs on the build of
 :mod:`mcf.sim.benches.node_cluster` and reuses its host side (``_setup``, ``Host``).
 
 ``row_parallel`` — one tiny-model projection (``proj``: ``o`` or ``down``, random INT4 weights)
@@ -16,6 +16,14 @@ node against :func:`mcf.node.tp.golden_step`: the ABSMAX beat's lanes, the MAX r
 the whole row's codes and scale word, the ``acc_out`` lanes, the SUM result, the output row
 ``y``; one maxima and one SUM landing per node; no fault counter moved.
 
+``tp_ffn`` — the tiny model's whole FFN of one token (:mod:`mcf.node.tp_ffn`, random INT4
+gate/up/down): each node holds its intermediate rows of W_gate / W_up and the down step's
+K-range shard (:class:`mcf.node.tp_ffn.TPFFNImage`), the host writes the same random normed row's
+INT8 codes and scale into every node. The column JOB (GEMM gate, GEMM up, SILU_MUL into the down
+step's ACT row), then the row-parallel step as above. Checked on every node against
+:func:`mcf.node.tp_ffn.golden_ffn`: the gate and up rows, the ACT row (the SiLU shard at its
+offset, zeros elsewhere), then every buffer of the down step as in ``row_parallel``.
+
 Reports (``out``) ``mark_cycles`` per node and ``step_cycles`` (the later): from the root's
 COMPUTE doorbell (the last one) to the node's MARK interrupt, the root's first (a node whose
 MARK raised its interrupt before the root's is counted when the root's has).
@@ -30,12 +38,14 @@ import numpy as np
 
 from mcf.abi.node import Cmd, Queue, RecordClass
 from mcf.abi.node_config import NODE_CONFIGS
+from mcf.abi.quant import requantize
 from mcf.cluster.checks import bad_counter_names, bad_counters
 from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
 from mcf.golden.tp_decode import tp_split
 from mcf.node.decode import COUNTER_CLEAR, decode_writes
 from mcf.node.layout import REGION_ALIGN
 from mcf.node.tp import MAX_BYTES, RowParallelImage, golden_step, max_records, sum_records
+from mcf.node.tp_ffn import TPFFNImage, golden_ffn
 from mcf.quant import to_act, token_scale_words
 from mcf.sim.benches.cycles import cycle_counter
 from mcf.sim.benches.node_cluster import _setup, tiny_model_spec, wait_irq
@@ -46,38 +56,23 @@ def _words(raw: bytes) -> np.ndarray:
     return np.frombuffer(raw, dtype="<i4").astype(np.int64)
 
 
-@cocotb.test()
-async def row_parallel(dut):
-    params = bench_params()
-    seed, proj = params.get("seed", 1), params.get("proj", "o")
-    p, layout, hosts = await _setup(dut, params, tiny_model_spec(params.get("layers", 2)))
-    n = len(hosts)
-    qw = quantize_layer(random_layer(TINY, seed), TINY).qw[proj]
-    sp = tp_split(TINY, n)
-    ranges = [sp.q_rows(i) for i in range(n)] if proj == "o" else list(sp.inter)
-    x = to_act(np.random.default_rng(seed).standard_normal(qw.q.shape[1]) * 3)
-    shards = [x[a:b] for a, b in ranges]
-    base = -(-(layout.base + layout.size) // REGION_ALIGN) * REGION_ALIGN
-    images = [RowParallelImage(qw, k, NODE_CONFIGS[params.get("config", "sim")], base=base,
-                               mbuf_base=layout.mbuf_base, q_heads=layout.q_heads)
-              for k in ranges]
-    gold = golden_step(images, shards)
-    k = 0                                   # MARS's decode routes and reduction of token 0
-    root = p.decode_owner(k)
-    bcast, reduce_, _ = p.decode_routes()
-    tag = p.encoder.decode_tag(k, 0)
-    for h, img, s in zip(hosts, images, shards, strict=True):
+async def _run_step(dut, params, p, layout, hosts, images, rows, writes, records) -> dict:
+    """Writes node ``i``'s ``images[i].image`` and ``writes[i]``, MARS's decode registers of
+    token 0, the template table of ``images[i]`` and the SUM window of ``rows[i]`` (its
+    :class:`~mcf.node.tp.RowParallelImage`); queues ``records[i]`` and a MARK on COMPUTE, rings
+    the NET doorbells, then the COMPUTE ones (the root's last). Returns the cycles from the
+    root's doorbell to each node's MARK interrupt."""
+    root = p.decode_owner(0)
+    for h, img, row, w, recs in zip(hosts, images, rows, writes, records, strict=True):
         assert img.end <= len(h.mem)
-        for addr, raw in {**img.image, **img.x_writes(s)}.items():
+        for addr, raw in {**img.image, **w}.items():
             h.mem[addr: addr + len(raw)] = raw
-        await h.apply(decode_writes(p, k, h.i))
+        await h.apply(decode_writes(p, 0, h.i))
         await h.write("JOBS_TABLE_LO", img.table & 0xFFFF_FFFF)
         await h.write("JOBS_TABLE_HI", img.table >> 32)
         await h.write("JOBS_TABLE_LEN", img.table_len)
-        for name, value in img.sum_registers().items():
+        for name, value in row.sum_registers().items():
             await h.write(name, value)
-        args = (img, h.i, root, n, reduce_[root], bcast[root], layout.qbuf_base, tag)
-        recs = max_records(*args) + sum_records(*args)
         h.put(Queue.COMPUTE, recs + [Cmd(RecordClass.MARK, Queue.COMPUTE, irq=True,
                                          arg=COUNTER_CLEAR)])
         h.put(Queue.NET, [Cmd(RecordClass.MARK, Queue.NET)])
@@ -94,30 +89,103 @@ async def row_parallel(dut):
         done[h.i] = cycle[0] - t0
     for h in hosts:
         assert [await h.read(f"seq{q}_marks") for q in range(2)] == [1, 1]
+    return done
 
-    for h, img in zip(hosts, images, strict=True):
-        b, kp, m = img.buf, img.shard.kp, qw.q.shape[0]
-        i = h.i
-        assert np.array_equal(_words(h.mem[b.mx: b.mx + MAX_BYTES]), gold.mx[i]), i
-        assert np.array_equal(_words(h.mem[b.mslot: b.mslot + MAX_BYTES]), gold.reduced), i
-        codes = np.frombuffer(h.mem[b.xq: b.xq + kp], dtype=np.int8).astype(np.int64)
-        assert np.array_equal(codes, gold.xq[i]), i
-        assert bytes(h.mem[b.xq + kp: b.xq + kp + 4]) == \
-            token_scale_words(np.array([gold.x_m]), np.array([gold.x_e])), i
-        got = _words(h.mem[b.lanes: b.lanes + 2 * m * 4])
-        assert np.array_equal(got, gold.lanes[i]), (i, np.flatnonzero(got != gold.lanes[i])[:8])
-        assert np.array_equal(_words(h.mem[b.summed: b.summed + 2 * m * 4]), gold.summed), i
-        got = _words(h.mem[b.y: b.y + m * 4])
-        assert np.array_equal(got, gold.y[i]), (i, np.flatnonzero(got != gold.y[i])[:8])
-        assert await h.read("dec_maxes_landed") == 1           # the root's own, or its cast
-        assert await h.read("dec_sums_landed") == img.sum_slots
-        for q in range(2):
-            assert await h.read(f"seq{q}_timeouts") == 0
-        bad = bad_counters({nm: await h.read(nm) for nm in bad_counter_names(h.regmap)})
-        assert not bad, f"node {i}: {bad}"
+
+def _args(p, layout, h, n):
+    """The all-reduces' arguments of node ``h`` (MARS's decode routes and reduction of token
+    0) for :func:`mcf.node.tp.max_records` / :func:`~mcf.node.tp.sum_records` after the image."""
+    root = p.decode_owner(0)
+    bcast, reduce_, _ = p.decode_routes()
+    return (h.i, root, n, reduce_[root], bcast[root], layout.qbuf_base, p.encoder.decode_tag(0, 0))
+
+
+async def _check_row(h, img: RowParallelImage, gold) -> None:
+    """Node ``h``'s buffers of the row-parallel step against :func:`mcf.node.tp.golden_step`
+    (``gold``), its landing counters, no timeout, no fault counter."""
+    b, kp, m, i = img.buf, img.shard.kp, img.qw.q.shape[0], h.i
+    assert np.array_equal(_words(h.mem[b.mx: b.mx + MAX_BYTES]), gold.mx[i]), i
+    assert np.array_equal(_words(h.mem[b.mslot: b.mslot + MAX_BYTES]), gold.reduced), i
+    codes = np.frombuffer(h.mem[b.xq: b.xq + kp], dtype=np.int8).astype(np.int64)
+    assert np.array_equal(codes, gold.xq[i]), i
+    assert bytes(h.mem[b.xq + kp: b.xq + kp + 4]) == \
+        token_scale_words(np.array([gold.x_m]), np.array([gold.x_e])), i
+    got = _words(h.mem[b.lanes: b.lanes + 2 * m * 4])
+    assert np.array_equal(got, gold.lanes[i]), (i, np.flatnonzero(got != gold.lanes[i])[:8])
+    assert np.array_equal(_words(h.mem[b.summed: b.summed + 2 * m * 4]), gold.summed), i
+    got = _words(h.mem[b.y: b.y + m * 4])
+    assert np.array_equal(got, gold.y[i]), (i, np.flatnonzero(got != gold.y[i])[:8])
+    assert await h.read("dec_maxes_landed") == 1           # the root's own, or its cast
+    assert await h.read("dec_sums_landed") == img.sum_slots
+    for q in range(2):
+        assert await h.read(f"seq{q}_timeouts") == 0
+    bad = bad_counters({nm: await h.read(nm) for nm in bad_counter_names(h.regmap)})
+    assert not bad, f"node {i}: {bad}"
+
+
+def _report(params, done, **fields) -> None:
     out = params.get("out")
     if out:
         with open(out, "w") as f:
-            json.dump({"nodes": n, "root": root, "proj": proj, "k_shard": images[0].shard.kp,
-                       "n": int(qw.q.shape[0]), "mark_cycles": done,
-                       "step_cycles": max(done.values())}, f)
+            json.dump({**fields, "mark_cycles": done, "step_cycles": max(done.values())}, f)
+
+
+def _base(layout) -> int:
+    return -(-(layout.base + layout.size) // REGION_ALIGN) * REGION_ALIGN
+
+
+@cocotb.test()
+async def row_parallel(dut):
+    params = bench_params()
+    seed, proj = params.get("seed", 1), params.get("proj", "o")
+    p, layout, hosts = await _setup(dut, params, tiny_model_spec(params.get("layers", 2)))
+    n = len(hosts)
+    qw = quantize_layer(random_layer(TINY, seed), TINY).qw[proj]
+    sp = tp_split(TINY, n)
+    ranges = [sp.q_rows(i) for i in range(n)] if proj == "o" else list(sp.inter)
+    x = to_act(np.random.default_rng(seed).standard_normal(qw.q.shape[1]) * 3)
+    shards = [x[a:b] for a, b in ranges]
+    images = [RowParallelImage(qw, k, NODE_CONFIGS[params.get("config", "sim")], base=_base(layout),
+                               mbuf_base=layout.mbuf_base, q_heads=layout.q_heads)
+              for k in ranges]
+    gold = golden_step(images, shards)
+    records = [max_records(img, *_args(p, layout, h, n)) + sum_records(img, *_args(p, layout, h, n))
+               for h, img in zip(hosts, images, strict=True)]
+    done = await _run_step(dut, params, p, layout, hosts, images, images,
+                           [img.x_writes(s) for img, s in zip(images, shards, strict=True)],
+                           records)
+    for h, img in zip(hosts, images, strict=True):
+        await _check_row(h, img, gold)
+    _report(params, done, nodes=n, root=p.decode_owner(0), proj=proj,
+            k_shard=images[0].shard.kp, n=int(qw.q.shape[0]))
+
+
+@cocotb.test()
+async def tp_ffn(dut):
+    params = bench_params()
+    seed = params.get("seed", 1)
+    p, layout, hosts = await _setup(dut, params, tiny_model_spec(params.get("layers", 2)))
+    n = len(hosts)
+    ql = quantize_layer(random_layer(TINY, seed), TINY)
+    sp = tp_split(TINY, n)
+    x = to_act(np.random.default_rng(seed).standard_normal((1, TINY.hidden)) * 3)
+    xq, xm, xe = requantize(x)
+    images = [TPFFNImage(ql.qw["gate"], ql.qw["up"], ql.qw["down"], r,
+                         NODE_CONFIGS[params.get("config", "sim")], base=_base(layout),
+                         mbuf_base=layout.mbuf_base, q_heads=layout.q_heads) for r in sp.inter]
+    gold = golden_ffn(images, xq, xm, xe)
+    done = await _run_step(dut, params, p, layout, hosts, images, [img.row for img in images],
+                           [img.x_writes(xq, xm, xe) for img in images],
+                           [img.records(*_args(p, layout, h, n))
+                            for h, img in zip(hosts, images, strict=True)])
+    for h, img in zip(hosts, images, strict=True):
+        b, ni, i = img.buf, img.r[1] - img.r[0], h.i
+        assert np.array_equal(_words(h.mem[b.g: b.g + ni * 4]), gold.g[i]), i
+        assert np.array_equal(_words(h.mem[b.u: b.u + ni * 4]), gold.u[i]), i
+        row = _words(h.mem[img.row.buf.x: img.row.buf.x + img.row.shard.kp * 4])
+        want = np.zeros_like(row)
+        want[img.row.shard.lo: img.row.shard.hi] = gold.s[i]
+        assert np.array_equal(row, want), i                 # the shard at lo, zeros elsewhere
+        await _check_row(h, img.row, gold.step)
+    _report(params, done, nodes=n, root=p.decode_owner(0), inter=[list(r) for r in sp.inter],
+            k_shard=images[0].row.shard.kp, n=TINY.hidden)

@@ -18,11 +18,12 @@ Per layer of one decode token at ``position`` (every node holds the residual row
   are root decode's for either softmax), and head ``h``'s normalised row is delivered to its
   owner (the final result's route).
 * **row-parallel** O (input: the node's heads' attention rows) and down (input: the node's
-  ``silu(gate)·up`` shard): the row's scale from a ``ReduceOp.MAX`` all-reduce of the shards'
-  :func:`mcf.abi.tp.absmax_lanes`, each node's exact partial accumulator
-  (:func:`partial_acc`) as :func:`mcf.abi.tp.acc_lanes`, a ``ReduceOp.SUM`` all-reduce through
-  the NIC's golden reduction engine (:class:`mcf.golden.nic.ReduceModel`), then the GEMM
-  epilogue once on every node, the residual add replicated.
+  ``silu(gate)·up`` shard, :func:`column_ffn`; the whole FFN: :func:`tp_ffn`): the row's
+  scale from a ``ReduceOp.MAX`` all-reduce of the shards' :func:`mcf.abi.tp.absmax_lanes`,
+  each node's exact partial accumulator (:func:`partial_acc`) as :func:`mcf.abi.tp.acc_lanes`,
+  a ``ReduceOp.SUM`` all-reduce through the NIC's golden reduction engine
+  (:class:`mcf.golden.nic.ReduceModel`), then the GEMM epilogue once on every node, the
+  residual add replicated.
 
 The numerics (:mod:`mcf.abi.tp`): the single-node GEMM accumulates exact integers and rounds
 once, so the split is exact for any K ranges (group-aligned or not) given the shared scale, the
@@ -64,8 +65,8 @@ from .nic import Packet, ReduceModel
 from .qwen_layer import LayerConfig, QuantLayer
 
 __all__ = ["TPError", "TPSplit", "tp_split", "gemm_blob_bytes", "node_weight_bytes",
-           "nic_all_reduce", "partial_acc", "RowParallel", "row_parallel", "TPDecodeLayer",
-           "tp_layer", "tp_golden_decode"]
+           "nic_all_reduce", "partial_acc", "RowParallel", "row_parallel", "column_ffn", "TPFFN",
+           "tp_ffn", "TPDecodeLayer", "tp_layer", "tp_golden_decode"]
 
 Range = tuple[int, int]
 
@@ -275,6 +276,37 @@ def _column(xq, xm, xe, qw: QuantWeight, r: Range, bias=None) -> np.ndarray:
     return G.gemm(xq, xm, xe, w.q, w.m, w.e, b, w.group)
 
 
+# ---- the FFN: column-parallel gate/up, row-parallel down ---------------------------------------
+
+
+def column_ffn(xq, xm, xe, gate: QuantWeight, up: QuantWeight, r: Range) -> np.ndarray:
+    """One node's ``silu(gate)·up`` shard ``[M, r1 − r0]`` of the intermediate rows ``r`` from
+    the replicated INT8 codes ``xq`` and scale ``xm``/``xe`` of the normed row: the GEMMs over
+    rows ``r`` of W_gate and W_up (:func:`mcf.golden.gemm.gemm`, no bias), then the vector
+    unit's :func:`mcf.golden.vector.silu_mul` — element for element the replicated FFN's."""
+    return V.silu_mul(_column(xq, xm, xe, gate, r), _column(xq, xm, xe, up, r))
+
+
+@dataclass
+class TPFFN:
+    """The TP FFN of one token: ``y`` the down projection's output ``[1, hidden]`` (every
+    node's), ``shards`` every node's :func:`column_ffn` shard, ``down`` the row-parallel down
+    GEMM."""
+    y: np.ndarray
+    shards: list[np.ndarray]
+    down: RowParallel
+
+
+def tp_ffn(xq, xm, xe, gate: QuantWeight, up: QuantWeight, down: QuantWeight,
+           ranges: list[Range], order=None) -> TPFFN:
+    """The FFN over ``len(ranges)`` nodes (node ``i`` owns the intermediate rows
+    ``ranges[i]``): :func:`column_ffn` on every node, then :func:`row_parallel` down over the
+    same ranges. Bit-exact with the replicated ``down(requantize(silu(gate)·up))``."""
+    shards = [column_ffn(xq, xm, xe, gate, up, r) for r in ranges]
+    d = row_parallel(shards, down, list(ranges), order)
+    return TPFFN(d.y, shards, d)
+
+
 # ---- one layer, all layers -----------------------------------------------------------------------
 
 
@@ -317,10 +349,8 @@ def tp_layer(x, ql: QuantLayer, cfg: LayerConfig, position: int, split: TPSplit,
     h = V.residual_add(xa, o.y)
     n2 = V.rmsnorm(h, ql.gamma["g2"], cfg.eps)
     xq2, xm2, xe2 = requantize(n2)
-    mlp = [V.silu_mul(_column(xq2, xm2, xe2, ql.qw["gate"], r),
-                      _column(xq2, xm2, xe2, ql.qw["up"], r)) for r in split.inter]
-    down = row_parallel(mlp, ql.qw["down"], list(split.inter), order)
-    return V.residual_add(h, down.y), att, o, down
+    ffn = tp_ffn(xq2, xm2, xe2, ql.qw["gate"], ql.qw["up"], ql.qw["down"], split.inter, order)
+    return V.residual_add(h, ffn.y), att, o, ffn.down
 
 
 def _kv_parallel_attention(cfg: LayerConfig, layer: int, root: int, parents: dict[int, int],

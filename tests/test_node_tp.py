@@ -6,7 +6,10 @@ golden models over the templates' buffers) equal to ``row_parallel`` and to the 
 GEMM of the whole K; the RTL run of the whole step (ABSMAX → MAX all-reduce → REQUANT_EXT →
 ``acc_out`` → SUM all-reduce → ``acc_in``) on two node tops (sim/benches/node_tp.py); the TP
 FFN (mcf.node.tp_ffn): its golden equal to ``tp_ffn`` and the replicated FFN, its column
-template and records, its refusals, and its RTL run on two node tops."""
+template and records, its refusals, and its RTL run on two node tops; the post-attention half
+of a TP layer (mcf.node.tp_layer): its golden equal to ``tp_layer``'s and the replicated
+layer's, its norm and final templates, the two all-reduce steps' slots, tags and cumulative WAIT
+thresholds, and its RTL run on two node tops."""
 
 from __future__ import annotations
 
@@ -38,7 +41,8 @@ from mcf.golden import gemm as G
 from mcf.golden import vector as V
 from mcf.golden.decode_land import DecodeLandModel
 from mcf.golden.qwen_layer import QWEN25_1P5B, TINY, quantize_layer, random_layer
-from mcf.golden.tp_decode import row_parallel, tp_ffn, tp_split
+from mcf.golden.tp_decode import row_parallel, tp_ffn, tp_layer, tp_split
+from mcf.node.layer import act_bytes
 from mcf.node.tp import (
     MAX_BYTES,
     RowParallelImage,
@@ -49,6 +53,7 @@ from mcf.node.tp import (
     sum_records,
 )
 from mcf.node.tp_ffn import TPFFNImage, golden_ffn
+from mcf.node.tp_layer import TPPostImage, golden_post
 from mcf.quant import QuantWeight, gemm_stripe_image, to_act
 from mcf.sim.amsim import parsed_beats, send
 from mcf.sim.axi_slave import write_slave
@@ -430,6 +435,114 @@ def test_ffn_image_refuses_what_the_engines_cannot_run():
         TPFFNImage(g, u, g, (0, 128), SIM, 0x10000, MBUF, TINY.heads)
 
 
+# ---- the post-attention half of a TP layer (mcf.node.tp_layer) -------------------------------
+
+
+def _post(nodes, seed=SEED):
+    """The layer, its split, an input row, ``tp_layer``'s output and attention rows (random
+    attention rows given to it), and the nodes' images."""
+    ql, sp = _layer(), tp_split(TINY, nodes)
+    rng = np.random.default_rng(seed)
+    x = to_act(rng.standard_normal(TINY.hidden) * 3)
+    rows = to_act(rng.standard_normal((1, TINY.heads * TINY.head_dim)) * 2)
+    y, att, o, down = tp_layer(x, ql, TINY, 5, sp, lambda q, k, v, pos: rows)
+    assert np.array_equal(att, rows)
+    images = [TPPostImage(ql, TINY, sp, i, SIM, base=0x10000, mbuf_base=MBUF,
+                          q_heads=TINY.heads) for i in range(nodes)]
+    return ql, x, att, (y, o, down), images
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_golden_post_is_tp_layers_post_attention_half(nodes):
+    """The engines' golden models over the half's buffers (O step, ADD, RMSNORM, REQUANT, the
+    FFN, ADD): every node's output row equals ``tp_layer``'s, and so do the O and down rows;
+    the same as the replicated layer after attention (whole-K GEMMs on one node)."""
+    ql, x, att, (y, o, down), images = _post(nodes)
+    gold = golden_post(images, x, att)
+    for i in range(nodes):
+        assert np.array_equal(gold.y[i], y[0])
+        assert np.array_equal(gold.o.y[i], o.y[0])
+        assert np.array_equal(gold.ffn.step.y[i], down.y[0])
+    w = ql.qw
+    ow = G.gemm(*requantize(att), w["o"].q, w["o"].m, w["o"].e, None, w["o"].group)
+    h = V.residual_add(x[None, :], ow)
+    xq, xm, xe = requantize(V.rmsnorm(h, ql.gamma["g2"], TINY.eps))
+    assert np.array_equal(gold.xq, xq[0]) and (gold.xm, gold.xe) == (xm[0], xe[0])
+    g, u = (G.gemm(xq, xm, xe, w[n].q, w[n].m, w[n].e, None, w[n].group) for n in ("gate", "up"))
+    d = G.gemm(*requantize(V.silu_mul(g, u)), w["down"].q, w["down"].m, w["down"].e, None,
+               w["down"].group)
+    assert np.array_equal(gold.y[0], V.residual_add(h, d)[0])
+    other = golden_post(images, x, np.roll(att, 1))
+    assert not np.array_equal(other.y[0], gold.y[0])
+
+
+def test_post_templates_slots_and_records():
+    """The nine templates: the O step's three, then ``ADD(x, o.y) → h``, ``RMSNORM(h, γ2) →
+    n2``, ``REQUANT(n2)`` into the FFN's input (codes, then the scale word), the FFN's four,
+    ``ADD(h, d.y) → y``. The two steps' maxima land in MBUF slots (0, 0) and (0, 1), their
+    sums in SUM slots 0 and 1 of one window; WAIT thresholds cumulative (1, S; 2, 2S)."""
+    from mcf.abi.compute import DmaDesc
+
+    *_, images = _post(2)
+    img, h = images[1], TINY.hidden
+    b, hb = img.buf, h // SIM.vec_lanes
+    assert img.templates == [*img.o.templates, img.templates[3], *img.ffn.templates,
+                             img.templates[8]]
+    assert img.o.table not in img.image and img.ffn.table not in img.image
+    mem = bytearray(img.end)
+    for a, raw in img.image.items():
+        mem[a:a + len(raw)] = raw
+    assert bytes(mem[b.g2:b.g2 + 4 * h]) == act_bytes(_layer().gamma["g2"] & 0xFFFF)
+
+    def walked(t):
+        acts, counts = walk(lambda a, k: bytes(mem[a:a + k]), img.table, img.table_len,
+                            JOB_ARG.const({"template": t}).as_bits(), SIM.gemm_limits)
+        assert counts["bad_entries"] == counts["bad_gemm"] == counts["bad_index"] == 0
+        return {k: [DmaDesc.unpack(v) if k != "vec" else VEC_CFG.from_bits(v)
+                    for _, g, v in acts if g == k] for k in ("vec", "rd_desc0", "rd_desc1",
+                                                             "wr_desc")}
+
+    norm, final = walked(3), walked(8)
+    assert [(v.op, v.n_beats) for v in norm["vec"]] == \
+        [(VectorOp.ADD, hb), (VectorOp.RMSNORM, hb), (VectorOp.REQUANT, hb)]
+    assert [d.addr for d in norm["rd_desc0"]] == [b.x, b.h, b.n2]
+    assert [d.addr for d in norm["rd_desc1"]] == [img.o.buf.y, b.g2]
+    assert [(d.addr, d.length) for d in norm["wr_desc"]] == \
+        [(b.h, 4 * h), (b.n2, 4 * h), (img.ffn.buf.xq, h), (img.ffn.buf.xq + h, 4)]
+    assert [(v.op, v.n_beats) for v in final["vec"]] == [(VectorOp.ADD, hb)]
+    assert [d.addr for d in final["rd_desc0"] + final["rd_desc1"] + final["wr_desc"]] == \
+        [b.h, img.ffn.row.buf.y, b.y]
+    # two steps: distinct MBUF slots and disjoint SUM slots of one window
+    s = img.sum_step
+    assert s == 1 and img.o.buf.summed == b.window
+    assert img.ffn.row.buf.summed == b.window + s * SUM_SLOT_BYTES
+    assert img.sum_registers() == {"SUM_BASE_LO": b.window, "SUM_BASE_HI": 0,
+                                   "DEC_SUM_SLOTS": 2 * s}
+    assert img.o.buf.mslot == MBUF and img.ffn.row.buf.mslot == MBUF + 32
+    cfg = DecodeLandConfig(QBUF, 0x600, 64, TINY.heads, tag_base=40, mbuf_base=MBUF,
+                           sum_base=b.window, sum_slots=2 * s)
+    for node in (0, 1):
+        recs = images[node].records(0, 5, 6, QBUF, 40)
+        assert [JOB_ARG.from_bits(r.arg).template for r in recs if r.cls is RecordClass.JOB] \
+            == list(range(9))
+        waits = [(r.arg, r.wait) for r in recs if r.cls is RecordClass.WAIT]
+        mx, sm = SeqCounter.MAXES_LANDED.value, SeqCounter.SUMS_LANDED.value
+        assert waits == [(mx, 1), (sm, s), (mx, 2), (sm, 2 * s)]
+        landed = []
+        for r in recs:
+            if r.cls is RecordClass.SEND:
+                m = Meta.unpack(r.meta)
+                final_meta = m.replace(reduce_op=ReduceOp.NONE, collective=Collective.MULTICAST)
+                landed.append(decode_land_decision(cfg, final_meta, b"", TINY.head_dim))
+        want = [(DecodeLandResult.MAXES, MBUF), (DecodeLandResult.SUMS, b.window),
+                (DecodeLandResult.MAXES, MBUF + 32),
+                (DecodeLandResult.SUMS, b.window + SUM_SLOT_BYTES)]
+        # the root's multicasts repeat each result's landing after its WAIT
+        assert landed == ([w for w in want for _ in (0, 1)] if node == 0 else want)
+    with pytest.raises(ValueError, match="two MBUF slots"):
+        TPPostImage(_layer(), TINY, tp_split(TINY, 2), 0, SIM, 0x10000, MBUF, 1)
+
+
 # ---- RTL: two node tops ------------------------------------------------------------------------
 
 BENCH = "mcf.sim.benches.node_tp"
@@ -473,4 +586,20 @@ def test_two_nodes_run_the_tp_ffn(pair, tmp_path):
         "nodes": 2, "seq_len": 32, "chunk": 32, "seed": SEED, "pause": 0.1, "out": str(out)})
     got = json.loads(out.read_text())
     assert got["inter"] == [[0, 128], [128, 256]] and got["n"] == TINY.hidden
+    assert got["step_cycles"] > 0 and set(got["mark_cycles"]) == {"0", "1"}
+
+
+@pytest.mark.slow
+def test_two_nodes_run_the_tp_post_attention_half(pair, tmp_path):
+    """The post-attention half of a TP layer on two node tops from the rings: the O step over
+    each node's heads, ADD + RMSNORM + REQUANT into the FFN's input, the FFN, the final ADD;
+    two MAX and two SUM all-reduces in one token. Every node's buffers and the output row
+    bit-exact against ``golden_post`` (= ``tp_layer``'s output; checked in the bench)."""
+    from mcf.sim import run
+
+    out = tmp_path / "post.json"
+    run(pair, BENCH, testcase="tp_post", params={
+        "nodes": 2, "seq_len": 32, "chunk": 32, "seed": SEED, "pause": 0.1, "out": str(out)})
+    got = json.loads(out.read_text())
+    assert got["templates"] == 9 and got["sum_slots"] == 2 and got["n"] == TINY.hidden
     assert got["step_cycles"] > 0 and set(got["mark_cycles"]) == {"0", "1"}

@@ -24,6 +24,17 @@ step's ACT row), then the row-parallel step as above. Checked on every node agai
 :func:`mcf.node.tp_ffn.golden_ffn`: the gate and up rows, the ACT row (the SiLU shard at its
 offset, zeros elsewhere), then every buffer of the down step as in ``row_parallel``.
 
+``tp_post`` — the post-attention half of a tiny-model layer (:mod:`mcf.node.tp_layer`, random
+INT4 weights): each node holds the O step's K-range shard (its query heads), its FFN shards and
+the layer's γ2; the host writes the layer's input row into every node and each node's heads'
+attention rows as :func:`mcf.golden.tp_decode.tp_layer` computes them (with random attention
+rows standing in for the attention it is given). From the COMPUTE rings: the O step, ADD +
+RMSNORM + REQUANT into the FFN's input, the FFN, the final ADD — two MAX and two SUM all-reduces
+in one token (cumulative WAIT thresholds). Checked on every node against
+:func:`mcf.node.tp_layer.golden_post` (itself checked equal to ``tp_layer``'s output row): every
+buffer of the O step, ``h``, ``n2``, the FFN's input codes and scale word, every FFN buffer, the
+output row ``y``; two maxima and ``2S`` SUM payloads landed per node.
+
 Reports (``out``) ``mark_cycles`` per node and ``step_cycles`` (the later): from the root's
 COMPUTE doorbell (the last one) to the node's MARK interrupt, the root's first (a node whose
 MARK raised its interrupt before the root's is counted when the root's has).
@@ -41,11 +52,12 @@ from mcf.abi.node_config import NODE_CONFIGS
 from mcf.abi.quant import requantize
 from mcf.cluster.checks import bad_counter_names, bad_counters
 from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
-from mcf.golden.tp_decode import tp_split
+from mcf.golden.tp_decode import tp_layer, tp_split
 from mcf.node.decode import COUNTER_CLEAR, decode_writes
 from mcf.node.layout import REGION_ALIGN
 from mcf.node.tp import MAX_BYTES, RowParallelImage, golden_step, max_records, sum_records
 from mcf.node.tp_ffn import TPFFNImage, golden_ffn
+from mcf.node.tp_layer import TPPostImage, golden_post
 from mcf.quant import to_act, token_scale_words
 from mcf.sim.benches.cycles import cycle_counter
 from mcf.sim.benches.node_cluster import _setup, tiny_model_spec, wait_irq
@@ -100,9 +112,10 @@ def _args(p, layout, h, n):
     return (h.i, root, n, reduce_[root], bcast[root], layout.qbuf_base, p.encoder.decode_tag(0, 0))
 
 
-async def _check_row(h, img: RowParallelImage, gold) -> None:
+async def _check_row(h, img: RowParallelImage, gold, maxes: int = 1, sums: int | None = None):
     """Node ``h``'s buffers of the row-parallel step against :func:`mcf.node.tp.golden_step`
-    (``gold``), its landing counters, no timeout, no fault counter."""
+    (``gold``), its landing counters (``maxes`` maxima and ``sums`` SUM payloads, default the
+    step's own), no timeout, no fault counter."""
     b, kp, m, i = img.buf, img.shard.kp, img.qw.q.shape[0], h.i
     assert np.array_equal(_words(h.mem[b.mx: b.mx + MAX_BYTES]), gold.mx[i]), i
     assert np.array_equal(_words(h.mem[b.mslot: b.mslot + MAX_BYTES]), gold.reduced), i
@@ -115,8 +128,8 @@ async def _check_row(h, img: RowParallelImage, gold) -> None:
     assert np.array_equal(_words(h.mem[b.summed: b.summed + 2 * m * 4]), gold.summed), i
     got = _words(h.mem[b.y: b.y + m * 4])
     assert np.array_equal(got, gold.y[i]), (i, np.flatnonzero(got != gold.y[i])[:8])
-    assert await h.read("dec_maxes_landed") == 1           # the root's own, or its cast
-    assert await h.read("dec_sums_landed") == img.sum_slots
+    assert await h.read("dec_maxes_landed") == maxes       # the root's own, or its cast
+    assert await h.read("dec_sums_landed") == (img.sum_slots if sums is None else sums)
     for q in range(2):
         assert await h.read(f"seq{q}_timeouts") == 0
     bad = bad_counters({nm: await h.read(nm) for nm in bad_counter_names(h.regmap)})
@@ -160,6 +173,20 @@ async def row_parallel(dut):
             k_shard=images[0].shard.kp, n=int(qw.q.shape[0]))
 
 
+async def _check_ffn(h, img: TPFFNImage, gold, maxes: int = 1, sums: int | None = None):
+    """Node ``h``'s FFN buffers against :func:`mcf.node.tp_ffn.golden_ffn` (``gold``): gate and
+    up rows, the down step's ACT row (the SiLU shard at its offset, zeros elsewhere), then the
+    down step's (:func:`_check_row`, ``maxes`` / ``sums`` its counters)."""
+    b, ni, i = img.buf, img.r[1] - img.r[0], h.i
+    assert np.array_equal(_words(h.mem[b.g: b.g + ni * 4]), gold.g[i]), i
+    assert np.array_equal(_words(h.mem[b.u: b.u + ni * 4]), gold.u[i]), i
+    row = _words(h.mem[img.row.buf.x: img.row.buf.x + img.row.shard.kp * 4])
+    want = np.zeros_like(row)
+    want[img.row.shard.lo: img.row.shard.hi] = gold.s[i]
+    assert np.array_equal(row, want), i                 # the shard at lo, zeros elsewhere
+    await _check_row(h, img.row, gold.step, maxes, sums)
+
+
 @cocotb.test()
 async def tp_ffn(dut):
     params = bench_params()
@@ -179,13 +206,44 @@ async def tp_ffn(dut):
                            [img.records(*_args(p, layout, h, n))
                             for h, img in zip(hosts, images, strict=True)])
     for h, img in zip(hosts, images, strict=True):
-        b, ni, i = img.buf, img.r[1] - img.r[0], h.i
-        assert np.array_equal(_words(h.mem[b.g: b.g + ni * 4]), gold.g[i]), i
-        assert np.array_equal(_words(h.mem[b.u: b.u + ni * 4]), gold.u[i]), i
-        row = _words(h.mem[img.row.buf.x: img.row.buf.x + img.row.shard.kp * 4])
-        want = np.zeros_like(row)
-        want[img.row.shard.lo: img.row.shard.hi] = gold.s[i]
-        assert np.array_equal(row, want), i                 # the shard at lo, zeros elsewhere
-        await _check_row(h, img.row, gold.step)
+        await _check_ffn(h, img, gold)
     _report(params, done, nodes=n, root=p.decode_owner(0), inter=[list(r) for r in sp.inter],
             k_shard=images[0].row.shard.kp, n=TINY.hidden)
+
+
+@cocotb.test()
+async def tp_post(dut):
+    params = bench_params()
+    seed = params.get("seed", 1)
+    p, layout, hosts = await _setup(dut, params, tiny_model_spec(params.get("layers", 2)))
+    n = len(hosts)
+    ql = quantize_layer(random_layer(TINY, seed), TINY)
+    sp = tp_split(TINY, n)
+    rng = np.random.default_rng(seed)
+    x = to_act(rng.standard_normal(TINY.hidden) * 3)
+    rows = to_act(rng.standard_normal((1, TINY.heads * TINY.head_dim)) * 2)
+    y, att, _, _ = tp_layer(x, ql, TINY, 0, sp, lambda q, k, v, pos: rows)
+    images = [TPPostImage(ql, TINY, sp, h.i, NODE_CONFIGS[params.get("config", "sim")],
+                          base=_base(layout), mbuf_base=layout.mbuf_base, q_heads=layout.q_heads)
+              for h in hosts]
+    gold = golden_post(images, x, att)
+    assert all(np.array_equal(g, y[0]) for g in gold.y)      # = tp_layer's output row
+    root = p.decode_owner(0)
+    done = await _run_step(dut, params, p, layout, hosts, images, images,
+                           [{**img.x_writes(x), **img.att_writes(att)} for img in images],
+                           [img.records(root, *_args(p, layout, h, n)[3:])
+                            for h, img in zip(hosts, images, strict=True)])
+    hid, s2 = TINY.hidden, 2 * images[0].sum_step
+    for h, img in zip(hosts, images, strict=True):
+        b, i = img.buf, h.i
+        await _check_row(h, img.o, gold.o, 2, s2)
+        for name, want in (("h", gold.h[i]), ("n2", gold.n2[i]), ("y", gold.y[i])):
+            at = getattr(b, name)
+            assert np.array_equal(_words(h.mem[at: at + hid * 4]), want), (i, name)
+        xq = img.ffn.buf.xq
+        assert np.array_equal(np.frombuffer(h.mem[xq: xq + hid], dtype=np.int8), gold.xq), i
+        assert bytes(h.mem[xq + hid: xq + hid + 4]) == \
+            token_scale_words(np.array([gold.xm]), np.array([gold.xe])), i
+        await _check_ffn(h, img.ffn, gold.ffn, 2, s2)
+    _report(params, done, nodes=n, root=root, templates=len(images[0].templates),
+            sum_slots=s2, n=hid)

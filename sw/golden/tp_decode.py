@@ -66,7 +66,8 @@ from .qwen_layer import LayerConfig, QuantLayer
 
 __all__ = ["TPError", "TPSplit", "tp_split", "gemm_blob_bytes", "node_weight_bytes",
            "nic_all_reduce", "partial_acc", "RowParallel", "row_parallel", "column_ffn", "TPFFN",
-           "tp_ffn", "TPDecodeLayer", "tp_layer", "tp_golden_decode"]
+           "tp_ffn", "TPDecodeLayer", "tp_layer", "TPPostAttention",
+           "tp_post_attention", "tp_golden_decode"]
 
 Range = tuple[int, int]
 
@@ -344,13 +345,37 @@ def tp_layer(x, ql: QuantLayer, cfg: LayerConfig, position: int, split: TPSplit,
     v = np.concatenate([_column(xq, xm, xe, ql.qw["v"], split.kv_rows[i], ql.bias["v"])
                         for i in range(n)], axis=1)
     att = np.asarray(attention(q, k, v, pos), dtype=np.int64).reshape(1, -1)
-    o_ranges = [split.q_rows(i) for i in range(n)]
+    post = tp_post_attention(xa, att, ql, cfg, split, order)
+    return post.y, att, post.o, post.ffn.down
+
+
+@dataclass
+class TPPostAttention:
+    """The post-attention half of a TP layer: ``o`` the row-parallel O GEMM, ``h`` the residual
+    ``x + o.y``, ``n2`` its RMSNorm, ``ffn`` the TP FFN of ``n2``'s requantisation, ``y`` the
+    layer's output ``h + ffn.y`` (every node's, ``[1, hidden]``)."""
+    o: RowParallel
+    h: np.ndarray
+    n2: np.ndarray
+    ffn: TPFFN
+    y: np.ndarray
+
+
+def tp_post_attention(x, att, ql: QuantLayer, cfg: LayerConfig, split: TPSplit,
+                      order=None) -> TPPostAttention:
+    """One layer after attention over ``split.nodes`` nodes (:func:`tp_layer`'s second half):
+    O row-parallel over the heads' rows ``split.q_rows(i)`` of the attention rows ``att``
+    ``[1, H_q·d]``, the residual add with the layer input ``x``, RMSNorm (γ2), requantisation,
+    :func:`tp_ffn` over ``split.inter``, the residual add."""
+    xa = np.asarray(x, dtype=np.int64).reshape(1, -1)
+    att = np.asarray(att, dtype=np.int64).reshape(1, -1)
+    o_ranges = [split.q_rows(i) for i in range(split.nodes)]
     o = row_parallel([att[:, a:b] for a, b in o_ranges], ql.qw["o"], o_ranges, order)
     h = V.residual_add(xa, o.y)
     n2 = V.rmsnorm(h, ql.gamma["g2"], cfg.eps)
     xq2, xm2, xe2 = requantize(n2)
     ffn = tp_ffn(xq2, xm2, xe2, ql.qw["gate"], ql.qw["up"], ql.qw["down"], split.inter, order)
-    return V.residual_add(h, ffn.y), att, o, ffn.down
+    return TPPostAttention(o, h, n2, ffn, V.residual_add(h, ffn.y))
 
 
 def _kv_parallel_attention(cfg: LayerConfig, layer: int, root: int, parents: dict[int, int],

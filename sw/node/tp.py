@@ -165,9 +165,11 @@ class RowParallelImage:
     """One node's DDR image of the row-parallel step for a matrix ``qw`` (``N × K``, ``bias``
     or None) and its K range ``k``, from byte address ``base`` (module docstring); MBUF at
     ``mbuf_base`` with ``q_heads`` slots per parity (the node's decode layout), the MAX result
-    in the slot of ``(parity, head0)``. ``image``: ``{address: bytes}``; ``templates``: the
-    three entry lists; ``table`` / ``table_len``: the template table (its own, at
-    :attr:`table`, for a node that runs only this step)."""
+    in the slot of ``(parity, head0)``. The SUM result lands in the decode lander's SUM slots
+    ``sum_slot0 …`` of a window at ``sum_base`` (None: a window of its own, allocated here; a
+    layer running two steps gives both one window and disjoint slots). ``image``:
+    ``{address: bytes}``; ``templates``: the three entry lists; ``table`` / ``table_len``: the
+    template table (its own, at :attr:`table`, for a node that runs only this step)."""
     qw: QuantWeight
     k: Range
     config: NodeConfig
@@ -178,14 +180,17 @@ class RowParallelImage:
     bias: np.ndarray | None = None
     parity: int = 0
     head0: int = 0
+    sum_base: int | None = None
+    sum_slot0: int = 0
     image: dict[int, bytes] = field(default_factory=dict)
 
     def __post_init__(self):
         c = self.config
         n = self.qw.q.shape[0]
         self.sum_slots = len(sum_payloads(n, 0, 0, 0, 0))
-        if self.sum_slots >= 1 << SUM_SLOTS_BITS:
-            raise ValueError(f"N = {n} needs {self.sum_slots} SUM slots")
+        if self.sum_slot0 + self.sum_slots >= 1 << SUM_SLOTS_BITS:
+            raise ValueError(f"N = {n} needs SUM slots {self.sum_slot0}.."
+                             f"{self.sum_slot0 + self.sum_slots - 1}")
         self.shard = shard_weight(self.qw, self.k)
         kp = self.shard.kp
         if n % c.gemm_rows or kp % c.vec_lanes:
@@ -210,7 +215,8 @@ class RowParallelImage:
             x=x, mx=alloc(beat), mslot=mbuf_slot(self.mbuf_base, self.q_heads, self.parity,
                                                  self.head0),
             xq=alloc(kp + beat), lanes=alloc(ACC_LANES * n * 4),
-            summed=alloc(self.sum_slots * SUM_SLOT_BYTES),
+            summed=(alloc(self.sum_slots * SUM_SLOT_BYTES) if self.sum_base is None
+                    else self.sum_base + self.sum_slot0 * SUM_SLOT_BYTES),
             y=alloc(n * 4), w=wjob, bias=bjob)
         self.templates = [self._absmax(), self._requant_acc_out(), self._acc_in()]
         self.table = alloc(ENTRY_BYTES * (len(self.templates)
@@ -275,11 +281,12 @@ class RowParallelImage:
 
     # ---- host writes ---------------------------------------------------------------------------
     def sum_registers(self) -> dict[str, int]:
-        """The decode lander's SUM window for this step: ``SUM_BASE`` = the ``summed`` buffer,
-        ``DEC_SUM_SLOTS`` = the payloads of the row (:func:`sum_payloads`)."""
-        base = self.buf.summed % (1 << DEC_ADDR_BITS)
+        """The decode lander's SUM window up to this step: ``SUM_BASE`` = the window (the
+        ``summed`` buffer less ``sum_slot0`` slots), ``DEC_SUM_SLOTS`` = ``sum_slot0`` + the
+        payloads of the row (:func:`sum_payloads`)."""
+        base = (self.buf.summed - self.sum_slot0 * SUM_SLOT_BYTES) % (1 << DEC_ADDR_BITS)
         return {"SUM_BASE_LO": base & 0xFFFF_FFFF, "SUM_BASE_HI": base >> 32,
-                "DEC_SUM_SLOTS": self.sum_slots}
+                "DEC_SUM_SLOTS": self.sum_slot0 + self.sum_slots}
 
     def x_writes(self, shard) -> dict[int, bytes]:
         """The node's ACT input shard (``k1 − k0`` codes) into its padded row."""
@@ -330,13 +337,15 @@ def sum_payloads(n: int, node: int, root: int, route_id: int, tag0: int, seq: in
 
 
 def max_records(image: RowParallelImage, node: int, root: int, nodes: int, reduce_route: int,
-                bcast_route: int, qbuf_base: int, tag_base: int, first: int = 0) -> list[Cmd]:
+                bcast_route: int, qbuf_base: int, tag_base: int, first: int = 0,
+                landed: int = 0) -> list[Cmd]:
     """``node``'s COMPUTE records of the step up to the ``acc_out`` JOB: ABSMAX JOB; the
     :data:`MAX_BYTES` lanes to ``root``'s ``ReduceOp.MAX`` reduction on ``reduce_route``
     (``kv_id = tag_base + head0`` and ``seq = parity``: the decode lander's MBUF slot of the
-    image); WAIT ``MAXES_LANDED ≥ 1``; the root multicasts its slot on ``bcast_route``; the
-    REQUANT_EXT + ``acc_out`` JOB. ``qbuf_base``: the node's QBUF (SEND ``src=QBUF`` offsets);
-    ``MAXES_LANDED`` counts from the last MARK that cleared it."""
+    image); WAIT ``MAXES_LANDED ≥ landed + 1``; the root multicasts its slot on
+    ``bcast_route``; the REQUANT_EXT + ``acc_out`` JOB. ``qbuf_base``: the node's QBUF (SEND
+    ``src=QBUF`` offsets); ``MAXES_LANDED`` counts from the last MARK that cleared it, ``landed``
+    of them from earlier steps."""
     b = image.buf
     if b.mx < qbuf_base:
         raise ValueError("the image must lie above QBUF (SEND src=QBUF offsets)")
@@ -347,7 +356,8 @@ def max_records(image: RowParallelImage, node: int, root: int, nodes: int, reduc
     out = [image.job(0, first),
            Cmd(RecordClass.SEND, Queue.COMPUTE, meta=meta.pack(), src=PayloadSource.QBUF,
                arg=b.mx - qbuf_base),
-           Cmd(RecordClass.WAIT, Queue.COMPUTE, arg=SeqCounter.MAXES_LANDED.value, wait=1)]
+           Cmd(RecordClass.WAIT, Queue.COMPUTE, arg=SeqCounter.MAXES_LANDED.value,
+               wait=landed + 1)]
     others = [d for d in range(nodes) if d != root]
     if node == root and others:
         cast = Meta(stage=Stage.DECODE, op=Op.REDUCTION, collective=Collective.MULTICAST,
@@ -360,24 +370,26 @@ def max_records(image: RowParallelImage, node: int, root: int, nodes: int, reduc
 
 
 def sum_records(image: RowParallelImage, node: int, root: int, nodes: int, reduce_route: int,
-                bcast_route: int, qbuf_base: int, tag_base: int, first: int = 0) -> list[Cmd]:
+                bcast_route: int, qbuf_base: int, tag_base: int, first: int = 0,
+                landed: int = 0) -> list[Cmd]:
     """``node``'s COMPUTE records of the step after the ``acc_out`` JOB: the ``acc_out`` lanes
     as :func:`sum_payloads` (``2·N`` lanes, ``MAX_PAYLOAD`` cut) to ``root``'s ``ReduceOp.SUM``
     reduction on ``reduce_route``, payload ``i`` tagged :func:`~mcf.abi.decode_land.sum_tag`
-    ``(tag_base, q_heads, i)`` (the decode lander's SUM slot ``i`` of the image's window,
-    :meth:`RowParallelImage.sum_registers`); WAIT ``SUMS_LANDED ≥`` the payload count; the
-    root multicasts its SUM slots on ``bcast_route``; the ``acc_in`` JOB. ``SUMS_LANDED``
-    counts from the last MARK that cleared it."""
+    ``(tag_base, q_heads, sum_slot0 + i)`` (the decode lander's SUM slot ``sum_slot0 + i`` of
+    the image's window, :meth:`RowParallelImage.sum_registers`); WAIT ``SUMS_LANDED ≥ landed +``
+    the payload count; the root multicasts its SUM slots on ``bcast_route``; the ``acc_in``
+    JOB. ``SUMS_LANDED`` counts from the last MARK that cleared it, ``landed`` of them from
+    earlier steps."""
     b = image.buf
     if b.lanes < qbuf_base or b.summed < qbuf_base:
         raise ValueError("the image must lie above QBUF (SEND src=QBUF offsets)")
     n = image.qw.q.shape[0]
-    pays = sum_payloads(n, node, root, reduce_route, sum_tag(tag_base, image.q_heads, 0),
-                        seq=image.parity)
+    pays = sum_payloads(n, node, root, reduce_route,
+                        sum_tag(tag_base, image.q_heads, image.sum_slot0), seq=image.parity)
     out = [Cmd(RecordClass.SEND, Queue.COMPUTE, meta=p.meta.pack(), src=PayloadSource.QBUF,
                arg=b.lanes + p.w0 * LANE_BYTES - qbuf_base) for p in pays]
     out.append(Cmd(RecordClass.WAIT, Queue.COMPUTE, arg=SeqCounter.SUMS_LANDED.value,
-                   wait=len(pays)))
+                   wait=landed + len(pays)))
     others = [d for d in range(nodes) if d != root]
     if node == root and others:
         for p in pays:

@@ -63,7 +63,7 @@ class FFNBuffers:
 class TPFFNImage:
     """One node's DDR image of the TP FFN for the intermediate rows ``r`` of ``gate``/``up``
     (``I × hidden``) and ``down`` (``hidden × I``), from ``base`` (module docstring); the down
-    step's MBUF arguments as :class:`~mcf.node.tp.RowParallelImage`'s. ``image``:
+    step's MBUF and SUM-window arguments as :class:`~mcf.node.tp.RowParallelImage`'s. ``image``:
     ``{address: bytes}``; ``templates`` / ``table`` / ``table_len``: the four templates and
     their table."""
     gate: QuantWeight
@@ -77,6 +77,8 @@ class TPFFNImage:
     eps_code: int = 0
     parity: int = 0
     head0: int = 0
+    sum_base: int | None = None
+    sum_slot0: int = 0
     image: dict[int, bytes] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -93,7 +95,8 @@ class TPFFNImage:
             raise ValueError(f"the {c.name} GEMM refuses a {ni} x {hidden} gate/up shard")
         self.row = RowParallelImage(self.down, self.r, c, self.base, self.mbuf_base,
                                     self.q_heads, self.eps_code, parity=self.parity,
-                                    head0=self.head0)
+                                    head0=self.head0, sum_base=self.sum_base,
+                                    sum_slot0=self.sum_slot0)
         self.image.update(self.row.image)
         del self.image[self.row.table]          # the FFN's table holds the down templates
         s = self.row.buf.x + self.row.shard.lo * 4
@@ -140,15 +143,18 @@ class TPFFNImage:
         return {self.buf.xq: raw}
 
     def records(self, node: int, root: int, nodes: int, reduce_route: int, bcast_route: int,
-                qbuf_base: int, tag_base: int, first: int = 0) -> list[Cmd]:
+                qbuf_base: int, tag_base: int, first: int = 0, maxes_landed: int = 0,
+                sums_landed: int = 0) -> list[Cmd]:
         """``node``'s COMPUTE records of the FFN (the table's templates from ``first``): the
         column JOB, then the down step's :func:`~mcf.node.tp.max_records` and
-        :func:`~mcf.node.tp.sum_records` (their arguments)."""
+        :func:`~mcf.node.tp.sum_records` (their arguments; ``maxes_landed`` / ``sums_landed``
+        their ``landed``: the landings of earlier steps since the last clearing MARK)."""
         args = (self.row, node, root, nodes, reduce_route, bcast_route, qbuf_base, tag_base,
                 first + 1)
         column = Cmd(RecordClass.JOB, Queue.COMPUTE,
                      arg=JOB_ARG.const({"template": first}).as_bits())
-        return [column] + max_records(*args) + sum_records(*args)
+        return [column] + max_records(*args, landed=maxes_landed) + \
+            sum_records(*args, landed=sums_landed)
 
 
 @dataclass

@@ -9,7 +9,10 @@ FFN (mcf.node.tp_ffn): its golden equal to ``tp_ffn`` and the replicated FFN, it
 template and records, its refusals, and its RTL run on two node tops; the post-attention half
 of a TP layer (mcf.node.tp_layer): its golden equal to ``tp_layer``'s and the replicated
 layer's, its norm and final templates, the two all-reduce steps' slots, tags and cumulative WAIT
-thresholds, and its RTL run on two node tops."""
+thresholds, and its RTL run on two node tops; the pre-attention half (mcf.node.tp_pre): its
+golden's query and K/V records equal replicated decode's, its template and records (query
+multicast, K/V EMIT to the root), its refusals, and its RTL run on two node tops; the token's
+clearing MARK."""
 
 from __future__ import annotations
 
@@ -54,6 +57,7 @@ from mcf.node.tp import (
 )
 from mcf.node.tp_ffn import TPFFNImage, golden_ffn
 from mcf.node.tp_layer import TPPostImage, golden_post
+from mcf.node.tp_pre import TPPreImage, golden_pre
 from mcf.quant import QuantWeight, gemm_stripe_image, to_act
 from mcf.sim.amsim import parsed_beats, send
 from mcf.sim.axi_slave import write_slave
@@ -543,6 +547,171 @@ def test_post_templates_slots_and_records():
         TPPostImage(_layer(), TINY, tp_split(TINY, 2), 0, SIM, 0x10000, MBUF, 1)
 
 
+# ---- the pre-attention half (mcf.node.tp_pre) ---------------------------------------------------
+
+POS = 37
+
+
+def _pre(nodes: int = 2):
+    ql = _layer()
+    sp = tp_split(TINY, nodes)
+    x = _row(TINY.hidden, SEED + 3)
+    images = [TPPreImage(ql, TINY, sp, i, SIM, base=0x10000) for i in range(nodes)]
+    return ql, sp, x, images
+
+
+def _tiny_plan(nodes: int = 2):
+    from mcf.mars import ClusterSpec, make_topology, plan
+    from mcf.mars.model import ModelSpec
+
+    spec = ModelSpec("tiny", layers=2, q_heads=TINY.heads, kv_heads=TINY.kv_heads,
+                     head_dim=TINY.head_dim, hidden=TINY.hidden,
+                     intermediate=TINY.intermediate)
+    cl = ClusterSpec(nodes, 1 << 20, 1 << 20, make_topology("kr260-ring", nodes))
+    return plan(spec, cl, 32, 32, "mars", alpha=0.5)
+
+
+def test_golden_pre_is_replicated_decode():
+    """Column-parallel Q/K/V give each output row the replicated GEMM's bits: the query records
+    and INT4 K/V records the nodes write (gathered over the nodes) equal replicated decode's
+    (``golden_decode``) byte for byte, and the nodes' rows (pair order undone) equal
+    ``tp_pre_attention``'s shards, whose gathered rows equal the replicated layer's Q/K/V."""
+    from mcf.abi.quant import rope_pair_order
+    from mcf.golden.qwen_layer import layer_fixed
+    from mcf.golden.tp_decode import tp_pre_attention
+    from mcf.node.decode import golden_decode
+
+    ql, sp, x, images = _pre()
+    gold = golden_pre(images, x, POS)
+    rep = golden_decode(x, [ql], TINY, POS, 0, {1: 0}, lambda n, layer, g: [])[0]
+    assert gold.queries == rep.queries and gold.kv_records == rep.kv
+    pre = tp_pre_attention(x, ql, TINY, POS, sp)
+    seen = {}
+
+    def attn(q, k, v, pos):
+        seen.update(q=q, k=k, v=v)
+        return np.zeros((1, TINY.heads * TINY.head_dim), dtype=np.int64)
+
+    layer_fixed(x[None, :], ql, TINY, np.array([POS]), attn=attn, act_in=True)
+    for name in "qkv":
+        assert np.array_equal(getattr(pre, name), seen[name]), name
+    hd = TINY.head_dim
+    for i, img in enumerate(images):
+        pq = rope_pair_order(img.q_rows[1] - img.q_rows[0], hd)
+        assert np.array_equal(gold.qr[i], pre.q_shards[i][0][pq])
+        pk = rope_pair_order(hd, hd)
+        (k0, k1) = img.kv_rows
+        assert np.array_equal(gold.kv[i], np.concatenate([pre.k[0, k0:k1][pk],
+                                                          pre.v[0, k0:k1]]))
+        assert np.array_equal(gold.v[i], pre.v_shards[i][0])
+    n1 = V.rmsnorm(x[None, :], ql.gamma["g1"], TINY.eps)
+    assert np.array_equal(gold.n1, n1[0]) and np.array_equal(gold.xq, requantize(n1)[0][0])
+    other = golden_pre(images, np.roll(x, 1), POS)
+    assert other.queries != gold.queries and other.kv_records != gold.kv_records
+
+
+def test_pre_template_and_records():
+    """The one template walked by the walker's golden model: RMSNORM, REQUANT, GEMM Q/K/V on
+    the node's rows from their stripe images (biases in), ROPE of Q, per KV head ROPE of K and
+    ``ADD(v, 0)`` into the EMIT row's pair, per query head REQUANT into its query record (codes,
+    then the scale word). The records: the JOB; the query record multicast on the node's
+    broadcast tree, landing in the decode lander's QBUF slot of its heads; the EMIT of the K/V
+    pair for the root's decode block (teed and sent by the other node); the WAIT for the other
+    node's query; the root's barrier on its decode block."""
+    from mcf.abi.compute import DmaDesc
+    from mcf.abi.emit import EmitArg
+    from mcf.abi.query import QUERY_HEADER_BYTES, query_bytes, query_head_bytes
+    from mcf.node.decode import decode_kv_id, decode_seq
+
+    ql, sp, x, images = _pre()
+    hd, h, rep = TINY.head_dim, TINY.hidden, TINY.heads // TINY.kv_heads
+    for img in images:
+        b = img.buf
+        mem = bytearray(img.end)
+        for a, raw in img.image.items():
+            mem[a:a + len(raw)] = raw
+        acts, counts = walk(lambda a, k, mem=mem: bytes(mem[a:a + k]), img.table,
+                            img.table_len, JOB_ARG.const({"template": 0}).as_bits(),
+                            SIM.gemm_limits)
+        assert counts["bad_entries"] == counts["bad_gemm"] == counts["bad_index"] == 0
+        nq = img.q_rows[1] - img.q_rows[0]
+        assert [StripeJob.unpack(v, STRIPE_JOB) for _, g, v in acts if g == "w_job"] == \
+            [b.wq, b.wk, b.wv]
+        vec = [(v.op, v.n_beats) for v in (VEC_CFG.from_bits(v) for _, g, v in acts
+                                           if g == "vec")]
+        lb = SIM.vec_lanes
+        assert vec == [(VectorOp.RMSNORM, h // lb), (VectorOp.REQUANT, h // lb),
+                       (VectorOp.ROPE, nq // lb), (VectorOp.ROPE, hd // lb),
+                       (VectorOp.ADD, hd // lb)] + [(VectorOp.REQUANT, hd // lb)] * rep
+        wr = [(d.addr, d.length) for d in (DmaDesc.unpack(v) for _, g, v in acts
+                                           if g == "wr_desc")]
+        head = [b.qrec + QUERY_HEADER_BYTES + i * query_head_bytes(hd) for i in range(rep)]
+        assert wr[-2 * rep:] == [w for a in head for w in ((a + 4, hd), (a, 4))]
+        assert (b.kv, hd * 4) in wr and (b.kv + hd * 4, hd * 4) in wr
+        assert img.emit_config().row_stride == 2 * hd * 4
+    p = _tiny_plan()
+    root = p.decode_owner(0)
+    bcast = p.decode_routes()[0]
+    slot = images[0].q_slot
+    cfg = DecodeLandConfig(QBUF, 0x600, slot, TINY.heads, tag_base=p.encoder.decode_tag(0, 0))
+    kv_id = decode_kv_id(p, 0, root, 0)
+    for img in images:
+        i = img.node
+        recs = img.records(p, 0, QBUF)
+        want = [RecordClass.JOB, RecordClass.SEND, RecordClass.EMIT] + \
+            ([RecordClass.SEND] if i != root else []) + [RecordClass.WAIT] + \
+            ([RecordClass.NOP] if i == root else [])
+        assert [r.cls for r in recs] == want, i
+        q = Meta.unpack(recs[1].meta)
+        assert (q.op, q.collective, q.src, q.route_id, q.seq, q.length) == \
+            (Op.QUERY, Collective.MULTICAST, i, bcast[i], 0, query_bytes(rep, hd))
+        assert recs[1].src is PayloadSource.QBUF and recs[1].arg == img.query_record(i) - QBUF
+        hdr = img.pre_writes(POS)[img.query_record(i)]
+        assert decode_land_decision(cfg, q, hdr, hd) == \
+            (DecodeLandResult.QUERY, QBUF + i * rep * slot)
+        e = Meta.unpack(recs[2].meta)
+        assert (e.op, e.kv_id, e.seq, e.dst) == (Op.KV_REPLICA, kv_id, decode_seq(p, 0, i), root)
+        assert EmitArg.unpack(recs[2].arg) == EmitArg(0, 0, 1)
+        assert recs[2].replicate == (i != root)
+        if i != root:
+            assert recs[3].src is PayloadSource.EMIT and recs[3].meta == recs[2].meta
+            assert e.route_id == root
+        w = next(r for r in recs if r.cls is RecordClass.WAIT)
+        assert (w.arg, w.wait) == (SeqCounter.QUERIES_LANDED.value, 1)
+        if i == root:
+            assert (Meta.unpack(recs[-1].meta).kv_id, recs[-1].wait) == (kv_id, TINY.kv_heads)
+    with pytest.raises(ValueError, match="above QBUF"):
+        images[0].records(p, 0, images[0].end)
+
+
+def test_pre_image_refuses_partial_groups():
+    """A node whose query heads are not whole KV-head groups (tiny at N = 4: one head of a
+    group of two) or whose K/V rows are not whole KV heads is refused in one line."""
+    ql = _layer()
+    with pytest.raises(ValueError, match="whole groups"):
+        TPPreImage(ql, TINY, tp_split(TINY, 4), 1, SIM, base=0x10000)
+    import dataclasses
+
+    sp = dataclasses.replace(tp_split(TINY, 2), kv_rows=((0, 48), (48, 64)))
+    with pytest.raises(ValueError, match="whole KV heads"):
+        TPPreImage(ql, TINY, sp, 0, SIM, base=0x10000)
+    img = TPPreImage(ql, TINY, tp_split(TINY, 2), 0, SIM, base=0x10000)
+    with pytest.raises(ValueError, match="not node 0's"):
+        img.query_record(1)
+
+
+def test_the_tokens_mark_clears_every_decode_lander_counter():
+    """A decode token's clearing MARK re-bases the four counters the decode lander moves —
+    ``SUMS_LANDED`` too, so a TP token's cumulative WAIT thresholds count from the token's
+    start — and leaves ``CONTROL`` and ``OTHER_RETIRED`` alone."""
+    from mcf.node.decode import COUNTER_CLEAR
+
+    want = {SeqCounter.RESULTS_LANDED, SeqCounter.QUERIES_LANDED, SeqCounter.MAXES_LANDED,
+            SeqCounter.SUMS_LANDED}
+    assert {c for c in SeqCounter if COUNTER_CLEAR >> c.value & 1} == want
+    assert COUNTER_CLEAR >> len(SeqCounter) == 0
+
+
 # ---- RTL: two node tops ------------------------------------------------------------------------
 
 BENCH = "mcf.sim.benches.node_tp"
@@ -602,4 +771,22 @@ def test_two_nodes_run_the_tp_post_attention_half(pair, tmp_path):
         "nodes": 2, "seq_len": 32, "chunk": 32, "seed": SEED, "pause": 0.1, "out": str(out)})
     got = json.loads(out.read_text())
     assert got["templates"] == 9 and got["sum_slots"] == 2 and got["n"] == TINY.hidden
+    assert got["step_cycles"] > 0 and set(got["mark_cycles"]) == {"0", "1"}
+
+
+@pytest.mark.slow
+def test_two_nodes_run_the_tp_pre_attention_half(pair, tmp_path):
+    """The pre-attention half of a TP layer on two node tops from the rings: RMSNORM + REQUANT
+    of the whole row, GEMM Q/K/V on each node's rows, ROPE, the K/V row and the query records;
+    the query records multicast into the other node's QBUF, the K/V pairs EMITted to the
+    token's root. Every node's buffers, the QBUF slots it received and the root's landed K/V
+    records of every KV head bit-exact against ``golden_pre`` (= replicated decode's query and
+    K/V records; checked in the bench)."""
+    from mcf.sim import run
+
+    out = tmp_path / "pre.json"
+    run(pair, BENCH, testcase="tp_pre", params={
+        "nodes": 2, "seq_len": 32, "chunk": 32, "seed": SEED, "pause": 0.1, "out": str(out)})
+    got = json.loads(out.read_text())
+    assert got["heads"] == [[0, 2], [2, 4]] and got["kv_heads"] == [[0, 1], [1, 2]]
     assert got["step_cycles"] > 0 and set(got["mark_cycles"]) == {"0", "1"}

@@ -39,6 +39,7 @@ from mcf.golden.tp_decode import (
     row_parallel,
     tp_ffn,
     tp_layer,
+    tp_pre_attention,
     tp_split,
 )
 from mcf.model import model_from_spec, quantize_model
@@ -143,6 +144,37 @@ def test_tp_ffn_is_the_replicated_ffn_bit_for_bit(inter, nodes):
         assert np.array_equal(shard, column_ffn(xq, xm, xe, w["gate"], w["up"], (r0, r1)))
     assert len(ffn.down.acc) == nodes and all(np.any(a != sum(ffn.down.acc))
                                               for a in ffn.down.acc)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,nodes", [(4, 2, 32, 2), (4, 2, 32, 4),
+                                                            (12, 2, 128, 2), (12, 2, 128, 4)])
+def test_tp_pre_attention_is_the_replicated_qkv_bit_for_bit(heads, kv_heads, head_dim, nodes):
+    """The pre-attention half (replicated RMSNorm + requantisation, column-parallel Q/K/V, RoPE
+    of Q per node and of the gathered K) gives the replicated layer's Q, K and V bit for bit —
+    tiny's heads and Qwen2.5-1.5B's (12 query heads, 2 KV heads of 128; at N = 4 half a KV
+    head per node) — and each node's shards are its rows of them."""
+    cfg = LayerConfig(hidden=256, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                      intermediate=256)
+    ql = quantize_layer(random_layer(cfg, seed=13), cfg)
+    x = to_act(np.random.default_rng(heads + nodes).standard_normal((1, cfg.hidden)) * 3)
+    seen = {}
+
+    def attn(q, k, v, pos):
+        seen.update(q=q, k=k, v=v)
+        return np.zeros((1, heads * head_dim), dtype=np.int64)
+
+    layer_fixed(x, ql, cfg, np.array([21]), attn=attn, act_in=True)
+    split = tp_split(cfg, nodes)
+    pre = tp_pre_attention(x, ql, cfg, 21, split)
+    for name in "qkv":
+        assert np.array_equal(getattr(pre, name), seen[name]), name
+    for i in range(nodes):
+        q0, q1 = split.q_rows(i)
+        k0, k1 = split.kv_rows[i]
+        assert np.array_equal(pre.q_shards[i], pre.q[:, q0:q1])
+        assert np.array_equal(pre.v_shards[i], pre.v[:, k0:k1])
+        assert pre.k_shards[i].shape == (1, k1 - k0)
+    assert np.array_equal(pre.xq, requantize(V.rmsnorm(x, ql.gamma["g1"], cfg.eps))[0])
 
 
 # ---- the numerics (mcf.abi.tp) ------------------------------------------------------------------

@@ -35,6 +35,22 @@ in one token (cumulative WAIT thresholds). Checked on every node against
 buffer of the O step, ``h``, ``n2``, the FFN's input codes and scale word, every FFN buffer, the
 output row ``y``; two maxima and ``2S`` SUM payloads landed per node.
 
+``tp_pre`` — the pre-attention half of a tiny-model layer (:mod:`mcf.node.tp_pre`, random INT4
+weights) for decode token 0: each node holds its pair-ordered rows of W_q (its query heads),
+W_k and W_v (its KV heads) and γ1; the host writes the layer's input row, the RoPE words of the
+token's position and the query records' headers into every node. The node layout is
+:func:`mcf.node.decode.decode_layout`'s (decode blocks, their ``LAND_OFF`` entries), applied
+with ``configure`` after ``_setup``; ``EMIT_KV_BASE`` / ``EMIT_ROW_STRIDE`` point at the image's
+K/V row. From the COMPUTE rings (:meth:`mcf.node.tp_pre.TPPreImage.records`): the JOB (RMSNORM,
+REQUANT, GEMM Q/K/V on the node's rows, ROPE, the K/V row, the query records), the query
+records multicast into the other nodes' QBUF slots, the K/V pairs EMITted to the token's root
+(the other node's teed and sent), the WAIT for the other nodes' queries, the root's barrier on
+its decode block. Checked on every node against :func:`mcf.node.tp_pre.golden_pre` (itself
+checked equal to replicated decode's query and K/V records, ``golden_decode``): ``n1``, the
+codes and scale word, the Q/K/V GEMM rows, the post-RoPE Q, the K/V row, its own query records,
+the other node's query record in its QBUF slot; at the root every KV head's INT4 record in its
+decode block; the landing counters.
+
 Reports (``out``) ``mark_cycles`` per node and ``step_cycles`` (the later): from the root's
 COMPUTE doorbell (the last one) to the node's MARK interrupt, the root's first (a node whose
 MARK raised its interrupt before the root's is counted when the root's has).
@@ -53,11 +69,13 @@ from mcf.abi.quant import requantize
 from mcf.cluster.checks import bad_counter_names, bad_counters
 from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
 from mcf.golden.tp_decode import tp_layer, tp_split
-from mcf.node.decode import COUNTER_CLEAR, decode_writes
+from mcf.node.decode import COUNTER_CLEAR, decode_kv_id, decode_layout, decode_seq, decode_writes
 from mcf.node.layout import REGION_ALIGN
+from mcf.node.program import configure
 from mcf.node.tp import MAX_BYTES, RowParallelImage, golden_step, max_records, sum_records
 from mcf.node.tp_ffn import TPFFNImage, golden_ffn
 from mcf.node.tp_layer import TPPostImage, golden_post
+from mcf.node.tp_pre import TPPreImage, golden_pre
 from mcf.quant import to_act, token_scale_words
 from mcf.sim.benches.cycles import cycle_counter
 from mcf.sim.benches.node_cluster import _setup, tiny_model_spec, wait_irq
@@ -70,10 +88,11 @@ def _words(raw: bytes) -> np.ndarray:
 
 async def _run_step(dut, params, p, layout, hosts, images, rows, writes, records) -> dict:
     """Writes node ``i``'s ``images[i].image`` and ``writes[i]``, MARS's decode registers of
-    token 0, the template table of ``images[i]`` and the SUM window of ``rows[i]`` (its
-    :class:`~mcf.node.tp.RowParallelImage`); queues ``records[i]`` and a MARK on COMPUTE, rings
-    the NET doorbells, then the COMPUTE ones (the root's last). Returns the cycles from the
-    root's doorbell to each node's MARK interrupt."""
+    token 0, the template table of ``images[i]`` and the registers ``rows[i]`` names: the SUM
+    window of a :class:`~mcf.node.tp.RowParallelImage` (its ``sum_registers``) or a ``{name:
+    value}`` dict; queues ``records[i]`` and a MARK on COMPUTE, rings the NET doorbells, then
+    the COMPUTE ones (the root's last). Returns the cycles from the root's doorbell to each
+    node's MARK interrupt."""
     root = p.decode_owner(0)
     for h, img, row, w, recs in zip(hosts, images, rows, writes, records, strict=True):
         assert img.end <= len(h.mem)
@@ -83,7 +102,8 @@ async def _run_step(dut, params, p, layout, hosts, images, rows, writes, records
         await h.write("JOBS_TABLE_LO", img.table & 0xFFFF_FFFF)
         await h.write("JOBS_TABLE_HI", img.table >> 32)
         await h.write("JOBS_TABLE_LEN", img.table_len)
-        for name, value in row.sum_registers().items():
+        regs = row if isinstance(row, dict) else row.sum_registers()
+        for name, value in regs.items():
             await h.write(name, value)
         h.put(Queue.COMPUTE, recs + [Cmd(RecordClass.MARK, Queue.COMPUTE, irq=True,
                                          arg=COUNTER_CLEAR)])
@@ -247,3 +267,66 @@ async def tp_post(dut):
         await _check_ffn(h, img.ffn, gold.ffn, 2, s2)
     _report(params, done, nodes=n, root=root, templates=len(images[0].templates),
             sum_slots=s2, n=hid)
+
+
+@cocotb.test()
+async def tp_pre(dut):
+    params = bench_params()
+    seed = params.get("seed", 1)
+    cfg = NODE_CONFIGS[params.get("config", "sim")]
+    p, layout, hosts = await _setup(dut, params, tiny_model_spec(params.get("layers", 2)))
+    lay = decode_layout(p, cfg, layout.base, layout.cmd_log2)
+    assert lay.cmd_base == layout.cmd_base
+    for h in hosts:                       # the decode layout: decode blocks, QBUF moved
+        h.layout = lay
+        await h.apply(configure(p, lay, h.i, seq_timeout=params.get("timeout", 0)))
+    n = len(hosts)
+    ql = quantize_layer(random_layer(TINY, seed), TINY)
+    sp = tp_split(TINY, n)
+    x = to_act(np.random.default_rng(seed).standard_normal(TINY.hidden) * 3)
+    position = p.num_chunks * p.chunk                       # decode token 0
+    images = [TPPreImage(ql, TINY, sp, h.i, cfg, base=_base(lay)) for h in hosts]
+    gold = golden_pre(images, x, position)
+    root = p.decode_owner(0)
+    regs = [{"EMIT_KV_BASE_LO": img.emit_config().kv_base & 0xFFFF_FFFF,
+             "EMIT_KV_BASE_HI": img.emit_config().kv_base >> 32,
+             "EMIT_ROW_STRIDE": img.emit_config().row_stride} for img in images]
+    done = await _run_step(dut, params, p, lay, hosts, images, regs,
+                           [img.pre_writes(position, x) for img in images],
+                           [img.records(p, 0, lay.qbuf_base) for img in images])
+    hd, hid = TINY.head_dim, TINY.hidden
+    rep = TINY.heads // TINY.kv_heads
+    for h, img in zip(hosts, images, strict=True):
+        b, i = img.buf, h.i
+        assert np.array_equal(_words(h.mem[b.n1: b.n1 + hid * 4]), gold.n1), i
+        assert np.array_equal(np.frombuffer(h.mem[b.xq: b.xq + hid], dtype=np.int8), gold.xq), i
+        assert bytes(h.mem[b.xq + hid: b.xq + hid + 4]) == \
+            token_scale_words(np.array([gold.xm]), np.array([gold.xe])), i
+        for name, want in (("q", gold.q[i]), ("k", gold.k[i]), ("v", gold.v[i]),
+                           ("qr", gold.qr[i]), ("kv", gold.kv[i])):
+            at = getattr(b, name)
+            got = _words(h.mem[at: at + want.size * 4])
+            assert np.array_equal(got, want), (i, name, np.flatnonzero(got != want)[:8])
+        for g in range(TINY.kv_heads):
+            want = gold.queries[g]
+            if img.kv_heads[0] <= g < img.kv_heads[1]:
+                at = img.query_record(g)                     # its own record
+            else:                                            # the owner's, landed in QBUF
+                at = lay.qbuf_base + ((img.layer & 1) * lay.q_heads + g * rep) * lay.qbuf_slot
+            assert bytes(h.mem[at: at + len(want)]) == want, (i, g)
+        others = TINY.kv_heads - (img.kv_heads[1] - img.kv_heads[0])
+        assert await h.read("dec_queries_landed") == others, i
+        mine = img.kv_heads[1] - img.kv_heads[0]
+        assert await h.read("emit_records") == mine and await h.read("emit_local") == mine, i
+        assert await h.read("land_packets") == (TINY.kv_heads if i == root else mine), i
+        for q in range(2):
+            assert await h.read(f"seq{q}_timeouts") == 0
+        bad = bad_counters({nm: await h.read(nm) for nm in bad_counter_names(h.regmap)})
+        assert not bad, f"node {i}: {bad}"
+    kv_id = decode_kv_id(p, 0, root, 0)
+    for g in range(TINY.kv_heads):                 # the token's K/V at its root, every KV head
+        a = lay.kv_address(kv_id, decode_seq(p, 0, g))
+        assert bytes(hosts[root].mem[a: a + len(gold.kv_records[g])]) == gold.kv_records[g], g
+    _report(params, done, nodes=n, root=root, position=position, hd=hd,
+            heads=[list(img.heads) for img in images],
+            kv_heads=[list(img.kv_heads) for img in images])

@@ -66,7 +66,8 @@ from .qwen_layer import LayerConfig, QuantLayer
 
 __all__ = ["TPError", "TPSplit", "tp_split", "gemm_blob_bytes", "node_weight_bytes",
            "nic_all_reduce", "partial_acc", "RowParallel", "row_parallel", "column_ffn", "TPFFN",
-           "tp_ffn", "TPDecodeLayer", "tp_layer", "TPPostAttention",
+           "tp_ffn", "TPDecodeLayer", "tp_layer", "TPPreAttention", "tp_pre_attention",
+           "TPPostAttention",
            "tp_post_attention", "tp_golden_decode"]
 
 Range = tuple[int, int]
@@ -329,24 +330,56 @@ class TPDecodeLayer:
 
 def tp_layer(x, ql: QuantLayer, cfg: LayerConfig, position: int, split: TPSplit, attention,
              order=None):
-    """One layer of one token over ``split.nodes`` nodes. ``attention(q, k, v, pos)`` takes the
+    """One layer of one token over ``split.nodes`` nodes: :func:`tp_pre_attention`, the
+    attention, :func:`tp_post_attention`. ``attention(q, k, v, pos)`` takes the
     gathered post-RoPE Q ``[1, H_q·d]``, K and V ``[1, H_kv·d]`` (ACT) and returns the attention
     rows ``[1, H_q·d]`` (ACT). Returns ``(y, att, o, down)``."""
-    n = split.nodes
     xa = np.asarray(x, dtype=np.int64).reshape(1, -1)
-    pos = np.array([position])
-    cos, sin = rope_table(pos, cfg.head_dim, cfg.theta)
-    n1 = V.rmsnorm(xa, ql.gamma["g1"], cfg.eps)
-    xq, xm, xe = requantize(n1)
-    q = np.concatenate([V.rope(_column(xq, xm, xe, ql.qw["q"], split.q_rows(i), ql.bias["q"]),
-                               cos, sin, cfg.head_dim) for i in range(n)], axis=1)
-    k = V.rope(np.concatenate([_column(xq, xm, xe, ql.qw["k"], split.kv_rows[i], ql.bias["k"])
-                               for i in range(n)], axis=1), cos, sin, cfg.head_dim)
-    v = np.concatenate([_column(xq, xm, xe, ql.qw["v"], split.kv_rows[i], ql.bias["v"])
-                        for i in range(n)], axis=1)
-    att = np.asarray(attention(q, k, v, pos), dtype=np.int64).reshape(1, -1)
+    pre = tp_pre_attention(xa, ql, cfg, position, split)
+    att = np.asarray(attention(pre.q, pre.k, pre.v, np.array([position])),
+                     dtype=np.int64).reshape(1, -1)
     post = tp_post_attention(xa, att, ql, cfg, split, order)
     return post.y, att, post.o, post.ffn.down
+
+
+@dataclass
+class TPPreAttention:
+    """The pre-attention half of a TP layer: ``n1`` the RMSNorm of the input row (every node's),
+    ``xq`` / ``xm`` / ``xe`` its requantisation (the column GEMMs' input, every node's), the
+    gathered post-RoPE ``q`` ``[1, H_q·d]``, post-RoPE ``k`` and ``v`` ``[1, H_kv·d]`` (ACT, the
+    natural row order), and per node its column shards ``q_shards[i]`` (post-RoPE, its heads),
+    ``k_shards[i]`` (before RoPE, rows ``kv_rows[i]``), ``v_shards[i]``."""
+    n1: np.ndarray
+    xq: np.ndarray
+    xm: np.ndarray
+    xe: np.ndarray
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    q_shards: list[np.ndarray]
+    k_shards: list[np.ndarray]
+    v_shards: list[np.ndarray]
+
+
+def tp_pre_attention(x, ql: QuantLayer, cfg: LayerConfig, position: int,
+                     split: TPSplit) -> TPPreAttention:
+    """One layer before attention over ``split.nodes`` nodes (:func:`tp_layer`'s first half):
+    RMSNorm (γ1) and requantisation of the input row ``x`` (replicated), the column-parallel
+    Q (heads ``split.heads[i]``, RoPE on the node), K and V (rows ``split.kv_rows[i]``) GEMMs
+    with their biases, the shards gathered (the query all-gather; K and V at the token's root)
+    and RoPE applied to the gathered K (a node may hold part of a KV head's rows)."""
+    n = split.nodes
+    xa = np.asarray(x, dtype=np.int64).reshape(1, -1)
+    cos, sin = rope_table(np.array([position]), cfg.head_dim, cfg.theta)
+    n1 = V.rmsnorm(xa, ql.gamma["g1"], cfg.eps)
+    xq, xm, xe = requantize(n1)
+    qs = [V.rope(_column(xq, xm, xe, ql.qw["q"], split.q_rows(i), ql.bias["q"]), cos, sin,
+                 cfg.head_dim) for i in range(n)]
+    ks = [_column(xq, xm, xe, ql.qw["k"], split.kv_rows[i], ql.bias["k"]) for i in range(n)]
+    vs = [_column(xq, xm, xe, ql.qw["v"], split.kv_rows[i], ql.bias["v"]) for i in range(n)]
+    k = V.rope(np.concatenate(ks, axis=1), cos, sin, cfg.head_dim)
+    return TPPreAttention(n1, xq, xm, xe, np.concatenate(qs, axis=1), k,
+                          np.concatenate(vs, axis=1), qs, ks, vs)
 
 
 @dataclass

@@ -40,7 +40,8 @@ The token's COMPUTE ring ends with a ``MARK`` (interrupt; on a
 :class:`mcf.node.head.HeadImage` the root's record before it is the LM head's ``JOB``,
 :meth:`DecodeImage.head_job`: final RMSNorm and the head GEMM on the last layer's output, the
 logits into DDR) whose clear mask re-bases
-``RESULTS_LANDED``, ``QUERIES_LANDED`` and ``MAXES_LANDED``: the next token counts from zero
+``RESULTS_LANDED``, ``QUERIES_LANDED``, ``MAXES_LANDED`` and ``SUMS_LANDED``
+(:data:`COUNTER_CLEAR`): the next token counts from zero
 (the first token counts from reset — a prefill lands none of them); at the root it is the
 token's end.
 The NET ring holds one ``MARK`` without interrupt (decode sends nothing from NET; the two
@@ -119,8 +120,11 @@ __all__ = ["DecodeImage", "DecodeBuffers", "DecodeProgram", "decode_layout", "de
            "reduction_parents", "slice_tokens", "COUNTER_CLEAR", "max_meta"]
 
 COUNTER_CLEAR = (1 << SeqCounter.RESULTS_LANDED.value) | (1 << SeqCounter.QUERIES_LANDED.value) \
-    | (1 << SeqCounter.MAXES_LANDED.value)
-"""The clear mask of a decode token's last MARK."""
+    | (1 << SeqCounter.MAXES_LANDED.value) | (1 << SeqCounter.SUMS_LANDED.value)
+"""The clear mask of a decode token's last MARK: every decode-lander counter a token's WAITs
+test. ``SUMS_LANDED`` (tensor-parallel decode's SUM window) does not move in replicated decode
+(``DEC_SUM_SLOTS = 0`` closes the window), so re-basing it there changes nothing; a TP token's
+cumulative thresholds (:mod:`mcf.node.tp_layer`) then count from its own start."""
 
 
 def slice_tokens(plan) -> int:

@@ -323,3 +323,44 @@ def test_four_nodes_run_the_tiny_model_end_to_end(tmp_path, request):
     assert got["tokens"] == got["golden_tokens"] and len(got["tokens"]) == 4
     assert all(got["checks"].values()) and got["roots"] == [0, 1, 2]
     assert got["owned_tokens"] == {str(v): 16 for v in range(4)}
+
+
+# ---- --decode tp (issue #34) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"decode": "both"}, "--decode 'both'"),
+    ({"decode": "tp", "nodes": 4}, "--decode tp runs on 2 nodes, not 4"),
+    ({"decode": "tp", "softmax": "two_phase"}, "single-pass softmax")])
+def test_run_spec_refuses_what_tp_decode_does_not_build(kw, msg):
+    with pytest.raises(RunError, match=msg):
+        RunSpec(**kw)
+    assert RunSpec(decode="tp").decode == "tp" and RunSpec().decode == "root"
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--decode", "tp", "--mpi"], "not with --mpi or --board"),
+    (["--decode", "tp", "--nodes", "4"], "runs on 2 nodes"),
+    (["--decode", "tp", "--softmax", "two_phase"], "single-pass softmax"),
+])
+def test_mcf_run_decode_tp_bad_arguments_exit_2(argv, msg, capsys):
+    assert main(["run", "--quiet", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0]
+
+
+@pytest.mark.slow
+def test_two_nodes_run_tp_decode_end_to_end(tmp_path):
+    """``mcf run --decode tp`` on two node tops: the same MARS prefill, then 2 decode tokens
+    tensor-parallel (every layer: pre half, KV-parallel attention with each head normalised
+    at its owner, post half; the LM head at the root): every node's own heads' OBUF rows and
+    every layer's output row bit-exact against the TP golden (itself checked equal to the
+    replicated root's), the logits and tokens the golden's."""
+    out = tmp_path / "run.json"
+    assert main(["run", "--quiet", "--nodes", "2", "--prompt-tokens", "64",
+                 "--decode-tokens", "2", "--decode", "tp", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["tokens"] == got["golden_tokens"] and len(got["tokens"]) == 3
+    assert all(got["checks"].values()) and got["spec"]["decode"] == "tp"
+    assert got["roots"] == [0, 1]
+    assert len(got["decode_cycles"]) == 2 and min(got["decode_cycles"]) > 0

@@ -12,7 +12,10 @@ layer's, its norm and final templates, the two all-reduce steps' slots, tags and
 thresholds, and its RTL run on two node tops; the pre-attention half (mcf.node.tp_pre): its
 golden's query and K/V records equal replicated decode's, its template and records (query
 multicast, K/V EMIT to the root), its refusals, and its RTL run on two node tops; the token's
-clearing MARK."""
+clearing MARK; the KV-parallel attention with each head's result at its TP owner
+(mcf.node.tp_decode): the owners' merge = replicated decode's, its records, their run on the
+ABI's golden models, its refusals and its RTL run; TPDecodeImage (every layer of a TP token in
+one node program): its table, rows, thresholds, and the whole token's RTL run."""
 
 from __future__ import annotations
 
@@ -712,6 +715,247 @@ def test_the_tokens_mark_clears_every_decode_lander_counter():
     assert COUNTER_CLEAR >> len(SeqCounter) == 0
 
 
+
+# ---- KV-parallel attention to the head owners (mcf.node.tp_decode) -------------------------------
+
+ATT_S = 32                  # prompt: 2 nodes, one chunk of 32 tokens (two slices of 16)
+
+
+def _tiny_plan(nodes: int = 2):
+    from mcf.mars import ClusterSpec, make_topology, plan
+    from mcf.mars.model import ModelSpec
+
+    spec = ModelSpec("tiny", layers=2, q_heads=TINY.heads, kv_heads=TINY.kv_heads,
+                     head_dim=TINY.head_dim, hidden=TINY.hidden, intermediate=TINY.intermediate)
+    cl = ClusterSpec(nodes, 1 << 20, 1 << 20, make_topology("kr260-ring", nodes))
+    return plan(spec, cl, ATT_S, 32, "mars", alpha=0.5)
+
+
+@pytest.fixture(scope="module")
+def attend_case():
+    from mcf.node.decode import (
+        DecodeImage,
+        decode_layout,
+        golden_decode,
+        prompt_blocks,
+        reduction_parents,
+    )
+    from mcf.node.layer import golden_prefill, slice_positions
+
+    p = _tiny_plan()
+    qls = [quantize_layer(random_layer(TINY, SEED + 10 * i), TINY) for i in range(2)]
+    x = np.random.default_rng(SEED).standard_normal((ATT_S + 1, TINY.hidden)).astype(np.float32)
+    slices = [slice_positions(p, 1, s) for s in range(2)]
+    prefill = golden_prefill(x[:ATT_S], qls, TINY, slices)
+    lay = decode_layout(p, SIM, base=0x1000)
+    image = DecodeImage(TINY, qls, SIM, lay, tokens=slices[0][1])
+    root = p.decode_owner(0)
+    gold = golden_decode(to_act(x[ATT_S:ATT_S + 1])[0], qls, TINY, ATT_S, root,
+                         reduction_parents(p, root), prompt_blocks(p, prefill))
+    return dict(p=p, qls=qls, prefill=prefill, lay=lay, image=image, root=root, gold=gold,
+                sp=tp_split(TINY, 2))
+
+
+def test_owner_merge_is_replicated_decodes_bits(attend_case):
+    """Each head's states merged on its TP owner's reduction tree give the root's merged state
+    of replicated decode, byte for byte, and the owner's OBUF row its OBUF row (N = 2)."""
+    from mcf.node.tp_decode import owner_merged, owner_rows
+
+    c = attend_case
+    assert {c["sp"].head_owner(h) for h in range(TINY.heads)} == {0, 1}
+    for gl in c["gold"]:
+        merged = owner_merged(gl.states, c["p"], c["sp"])
+        assert merged == gl.merged
+        rows = np.concatenate([np.frombuffer(r, dtype="<i4")
+                               for r in owner_rows(merged, TINY.head_dim)])
+        assert np.array_equal(rows, gl.att)
+
+
+def test_attend_records_send_each_state_to_its_owner(attend_case):
+    """Per node and layer: one ATTEND per KV head (after the query's WAIT off the root), one
+    state SEND per query head to the head's owner on the owner's reduction tree, then the WAIT
+    for the node's own heads' results (cumulative over layers); each node's engine entry for
+    the other owner's tree (the owner's final, its unicast route as the result route)."""
+    from mcf.abi.csrmap import node_regmap
+    from mcf.abi.nic import reduce_config
+    from mcf.node.tp_decode import attend_records, owner_reduce_entries
+
+    c = attend_case
+    p, image, sp, root = c["p"], c["image"], c["sp"], c["root"]
+    _, reduce_, _ = p.decode_routes()
+    assert reduce_[0] != reduce_[1]
+    tag0 = p.encoder.decode_tag(0, 0)
+    for node in range(2):
+        prog = attend_records(p, 0, node, image, sp)
+        recs = prog.compute
+        assert sum(r.cls is RecordClass.ATTEND for r in recs) == 2 * TINY.kv_heads
+        sends = [Meta.unpack(r.meta) for r in recs
+                 if r.cls is RecordClass.SEND and r.src is PayloadSource.ATTN]
+        assert len(sends) == 2 * TINY.heads
+        for m in sends:
+            o = sp.head_owner((m.kv_id - tag0) % (1 << 16))
+            assert (m.op, m.src, m.dst, m.route_id) == (Op.PARTIAL_STATE, node, o, reduce_[o])
+        results = [r.wait for r in recs if r.cls is RecordClass.WAIT
+                   and r.arg == SeqCounter.RESULTS_LANDED.value]
+        assert results == [2, 4]                      # its 2 heads, layers 0 and 1
+        queries = [r for r in recs if r.cls is RecordClass.WAIT
+                   and r.arg == SeqCounter.QUERIES_LANDED.value]
+        assert len(queries) == (0 if node == root else 2 * TINY.kv_heads)
+        other = 1 - root
+        want = [e for e in owner_reduce_entries(p, sp) if e.node == node and e.route_id ==
+                reduce_[other]]
+        assert len(want) == 1 and want[0].final == (node == other)
+        assert want[0].k == 1 + (node == other)       # the owner merges its own and the other's
+        reg = node_regmap().register("REDUCE_CFG_WR")
+        assert [w.value for w in prog.writes] == [reg.pack(route_id=reduce_[other],
+                                                           config=reduce_config(
+                                                               want[0].k, final=want[0].final,
+                                                               result_route=want[0].result_route))]
+
+
+def test_attend_records_execute_to_the_owner_rows_on_the_abi_models(attend_case):
+    """Both nodes' attention records run through the ABI's golden models — every ATTEND
+    (``attend_model``) over the prompt KV each node owns and the root's new token, each SEND's
+    state merged in its owner's engine (own state first) and landed by the owner's decode lander
+    (``DecodeLandModel``): every node's OBUF rows of its own heads are replicated decode's."""
+    from mcf.abi.decode_land import DecodeLandConfig
+    from mcf.abi.kv import kv_token_bytes
+    from mcf.abi.meta import Stage
+    from mcf.abi.softmax import state_words
+    from mcf.golden.attend_unit import attend_model
+    from mcf.golden.nic import softmax_payload_merge
+    from mcf.node.decode import decode_kv_id, decode_seq, owned_blocks
+    from mcf.node.layer import slice_positions
+    from mcf.node.tp_decode import attend_records
+
+    c = attend_case
+    p, image, sp, root, lay, gold = c["p"], c["image"], c["sp"], c["root"], c["lay"], c["gold"]
+    rec, hd, rep = kv_token_bytes(TINY.head_dim), TINY.head_dim, TINY.heads // TINY.kv_heads
+    progs = {n: attend_records(p, 0, n, image, sp) for n in range(2)}
+    mem = {n: bytearray(1 << 20) for n in range(2)}
+    for n in range(2):
+        for addr, raw in {**image.image, **progs[n].ddr}.items():
+            mem[n][addr:addr + len(raw)] = raw
+        for b, s in owned_blocks(p)[n]:
+            p0, t = slice_positions(p, b, s)
+            for layer in range(2):
+                for g in range(TINY.kv_heads):
+                    a = lay.kv.kv_base + p.encoder.kv_id(layer, b, s) * lay.kv.kv_slot + \
+                        g * lay.kv_layout.head_stride
+                    mem[n][a:a + t * rec] = c["prefill"][layer].kv[g][p0 * rec:(p0 + t) * rec]
+        for layer in range(2):
+            for g in range(TINY.kv_heads):                 # the gathered query records
+                q = gold[layer].queries[g]
+                a = image.query_record(layer, g) if n == root else image.qbuf_slot(layer, g)
+                mem[n][a:a + len(q)] = q
+    for layer in range(2):                                 # the new token's K/V at the root
+        for g in range(TINY.kv_heads):
+            a = lay.kv_address(decode_kv_id(p, layer, root, 0), decode_seq(p, 0, g))
+            mem[root][a:a + rec] = gold[layer].kv[g]
+    contrib: dict[tuple[int, int], dict[int, bytes]] = {}
+    for n in range(2):
+        staged = []
+        for r in progs[n].compute:
+            if r.cls is RecordClass.ATTEND:
+                res = attend_model(r.arg, image.lists, lambda a, k, n=n: bytes(mem[n][a:a + k]),
+                                   hd, SIM.attn_heads, SIM.attn_block, 64)
+                assert res.bad is None
+                staged += res.payloads
+            elif r.cls is RecordClass.SEND and r.src is PayloadSource.ATTN:
+                m = Meta.unpack(r.meta)
+                contrib.setdefault((m.seq, m.kv_id), {})[n] = staged.pop(0)
+        assert not staged
+    dcfg = DecodeLandConfig(lay.qbuf_base, lay.obuf_base, lay.qbuf_slot, lay.q_heads, 0)
+    lands = {n: DecodeLandModel(dcfg, hd) for n in range(2)}
+    for layer in range(2):
+        for h in range(TINY.heads):
+            o = sp.head_owner(h)
+            got = contrib[(layer, p.encoder.decode_tag(0, h))]
+            final = softmax_payload_merge(got[o], got[1 - o])      # the owner's engine
+            meta = Meta(stage=Stage.DECODE, op=Op.PARTIAL_STATE, collective=Collective.MULTICAST,
+                        reduce_op=ReduceOp.NONE, src=o, dst=o, route_id=0,
+                        kv_id=p.encoder.decode_tag(0, h), length=4 * state_words(hd), seq=layer)
+            lands[o].land(meta, final)
+        for n in range(2):
+            h0, h1 = sp.heads[n]
+            rows = np.concatenate([lands[n].row(layer, h) for h in range(h0, h1)])
+            assert np.array_equal(rows, gold[layer].att[h0 * hd:h1 * hd]), (layer, n)
+    assert rep == 2 and {sp.head_owner(h) for h in range(TINY.heads)} == {0, 1}
+
+
+def test_attend_records_refuse_what_is_not_built(attend_case):
+    """Two-phase images and more than two nodes are refused in one line (TPError)."""
+    from mcf.golden.tp_decode import TPError
+    from mcf.node.tp_decode import attend_records
+
+    c = attend_case
+    image = c["image"]
+    saved = image.softmax
+    try:
+        image.softmax = "two_phase"
+        with pytest.raises(TPError, match="single-pass"):
+            attend_records(c["p"], 0, 0, image, c["sp"])
+    finally:
+        image.softmax = saved
+    p4 = _tiny_plan(4)
+    with pytest.raises(TPError, match="N = 2 only"):
+        attend_records(p4, 0, 0, image, tp_split(TINY, 4))
+
+
+def test_tp_decode_image_folds_every_layer(attend_case):
+    """TPDecodeImage: per layer the pre half's template and the post half's nine in one table;
+    one K/V row region (EMIT row = layer), one SUM window for every layer; the O step reads the
+    node's OBUF rows of the layer's parity in place; per node and layer the records in order
+    pre → attention → post with cumulative thresholds (queries, results, maxima, sums); the
+    post half's all-reduces rooted at the node owning neither head 0 nor 1; the token's MARK."""
+    from mcf.abi.decode_land import SUM_SLOT_BYTES
+    from mcf.golden.tp_decode import TPError
+    from mcf.node.decode import COUNTER_CLEAR
+    from mcf.node.layout import REGION_ALIGN
+    from mcf.node.tp_decode import TPDecodeImage
+
+    c = attend_case
+    p, dec, sp, root = c["p"], c["image"], c["sp"], c["root"]
+    base = -(-(dec.layout.base + dec.size) // REGION_ALIGN) * REGION_ALIGN
+    _, reduce_, _ = p.decode_routes()
+    for node in range(2):
+        t = TPDecodeImage(dec, sp, node, base)
+        assert t.reduce_root() == 1 and t.head_template is None
+        assert len(t.templates) == 20 and t.per_layer == 10
+        regs = t.registers()
+        assert regs["EMIT_ROW_STRIDE"] == t.row_stride == 2 * TINY.head_dim * 4
+        assert regs["DEC_SUM_SLOTS"] == 2 and regs["SUM_BASE_LO"] == t.window
+        for li, (pre, post) in enumerate(t.layers):
+            assert pre.buf.kv == regs["EMIT_KV_BASE_LO"] + li * t.row_stride
+            assert post.buf.window == t.window and post.o.buf.summed == t.window
+            assert post.o.buf.x == dec.obuf_rows(li)               # K range 0.. of the group
+            assert pre.buf.x == (t.x0 if li == 0 else t.layers[li - 1][1].buf.y)
+            assert post.buf.x == pre.buf.x and post.parity == li & 1
+        assert t.y == t.layers[-1][1].buf.y and t.window % SUM_SLOT_BYTES == 0
+        prog = t.program(p, 0, np.zeros(TINY.hidden, dtype=np.int64))
+        recs = prog.compute
+        jobs = [JOB_ARG.from_bits(r.arg).template for r in recs if r.cls is RecordClass.JOB]
+        assert jobs == list(range(20))
+        waits = {}
+        for r in recs:
+            if r.cls is RecordClass.WAIT:
+                waits.setdefault(SeqCounter(r.arg).name, []).append(r.wait)
+        assert waits["QUERIES_LANDED"] == [1, 2] and waits["RESULTS_LANDED"] == [2, 4]
+        assert waits["MAXES_LANDED"] == [1, 2, 3, 4] and waits["SUMS_LANDED"] == [1, 2, 3, 4]
+        reduct = [Meta.unpack(r.meta) for r in recs if r.cls is RecordClass.SEND
+                  and Meta.unpack(r.meta).op is Op.REDUCTION
+                  and Meta.unpack(r.meta).collective is Collective.ALL_REDUCE]
+        assert {(m.dst, m.route_id) for m in reduct} == {(1, reduce_[1])}
+        assert recs[-1].cls is RecordClass.MARK and recs[-1].arg == COUNTER_CLEAR
+        order = [r.cls for r in recs]
+        first_attend = order.index(RecordClass.ATTEND)
+        assert jobs and order.index(RecordClass.JOB) < first_attend
+        assert any(w.reg == "JOBS_TABLE_LO" and w.value == t.table for w in prog.writes)
+        assert t.x0 in prog.ddr and all(pre.buf.rq in prog.ddr for pre, _ in t.layers)
+        assert (node == root) == any(r.cls is RecordClass.NOP for r in recs)
+    with pytest.raises(TPError, match="2 nodes"):
+        TPDecodeImage(dec, tp_split(TINY, 4), 0, base)
+
 # ---- RTL: two node tops ------------------------------------------------------------------------
 
 BENCH = "mcf.sim.benches.node_tp"
@@ -789,4 +1033,39 @@ def test_two_nodes_run_the_tp_pre_attention_half(pair, tmp_path):
         "nodes": 2, "seq_len": 32, "chunk": 32, "seed": SEED, "pause": 0.1, "out": str(out)})
     got = json.loads(out.read_text())
     assert got["heads"] == [[0, 2], [2, 4]] and got["kv_heads"] == [[0, 1], [1, 2]]
+    assert got["step_cycles"] > 0 and set(got["mark_cycles"]) == {"0", "1"}
+
+
+@pytest.mark.slow
+def test_two_nodes_run_the_kv_parallel_attention_to_the_head_owners(pair, tmp_path):
+    """A 32-token prompt through the prefill layer program on two node tops, then decode token
+    0's first layer: the root's queries and K/V (replicated decode's JOB, multicast, EMIT), the
+    ATTEND of every KV head on both nodes, each query head's states merged on its TP owner's
+    reduction tree and normalised by the owner's decode lander: every node's OBUF rows of its
+    own heads bit-exact (= replicated decode's), the other rows untouched (checked in the
+    bench)."""
+    from mcf.sim import run
+
+    out = tmp_path / "attend.json"
+    run(pair, BENCH, testcase="tp_attend", params={
+        "nodes": 2, "seq_len": 32, "chunk": 32, "seed": SEED, "pause": 0.1, "out": str(out)})
+    got = json.loads(out.read_text())
+    assert got["heads"] == [[0, 2], [2, 4]] and got["results_landed"] == TINY.heads
+    assert got["step_cycles"] > 0 and set(got["mark_cycles"]) == {"0", "1"}
+
+
+@pytest.mark.slow
+def test_two_nodes_run_a_whole_tp_decode_token(pair, tmp_path):
+    """A 32-token prompt through the prefill layer program on two node tops, then every layer
+    of decode token 0 tensor-parallel (mcf.node.tp_decode.TPDecodeImage): the pre half, the
+    KV-parallel attention to the head owners, the post half, per layer. Every node's OBUF rows
+    and every layer's output row bit-exact against tp_golden_decode (= replicated decode;
+    checked in the bench)."""
+    from mcf.sim import run
+
+    out = tmp_path / "token.json"
+    run(pair, BENCH, testcase="tp_token", params={
+        "nodes": 2, "seq_len": 32, "chunk": 32, "seed": SEED, "pause": 0.1, "out": str(out)})
+    got = json.loads(out.read_text())
+    assert got["layers"] == 2 and got["reduce_root"] == 1 and got["templates"] == 20
     assert got["step_cycles"] > 0 and set(got["mark_cycles"]) == {"0", "1"}

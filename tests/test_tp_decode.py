@@ -390,3 +390,15 @@ def test_check_refuses_a_shard_beyond_the_ddr():
     with pytest.raises(TPError, match="node 0 needs"):
         check_tp(big, 4, kr, layout_bytes=(4 << 30) - (1 << 30) - w + 1)
     check_tp(big, 4, kr, layout_bytes=(4 << 30) - (1 << 30) - w)
+
+
+def test_check_tp_run_refuses_partial_kv_heads(tiny):
+    """The node program takes whole KV-head groups of query heads per node (so whole KV heads;
+    ``mcf run --decode tp`` refuses the rest before any build, in one line)."""
+    from mcf.cluster.tp import check_tp_run
+
+    cfg, _ = tiny
+    assert check_tp_run(cfg, 2, SIM).heads == ((0, 2), (2, 4))
+    with pytest.raises(TPError, match="query heads 0..1 are not whole groups of 4") as e:
+        check_tp_run(dataclasses.replace(cfg, num_key_value_heads=1), 2, SIM)
+    assert "\n" not in str(e.value)

@@ -23,7 +23,12 @@ does the same thing at the same cycle whether the other nodes are in this simula
 3. **Decode**: per token each host writes its records (:func:`mcf.node.decode.decode_program`)
    and rings its doorbells, the root's COMPUTE doorbell last (after the grid); the root's
    program ends with the LM head and its MARK ends the token's cycles; the root checks OBUF,
-   output row and new KV bit for bit and its host reads the logits for the next token.
+   output row and new KV bit for bit and its host reads the logits for the next token. With
+   ``spec.decode == "tp"`` every node runs the token tensor-parallel
+   (:class:`mcf.node.tp_decode.TPDecodeImage`, written above the node image at setup; every
+   host writes the token's input row) and checks its own heads' OBUF rows and every layer's
+   output row (:func:`mcf.cluster.tp.check_tp_token`), the root the new KV; the root's LM head
+   reads the last layer's output row.
 
 After the prefill every node's owned KV is checked in its DDR and the layout read from the
 directories must be owner-only. Every logits row the nodes wrote must equal the golden head's
@@ -67,6 +72,7 @@ from mcf.cluster.checks import (
     held_from_directory,
 )
 from mcf.cluster.setup import RunSetup, StepPrograms, planned_landings, run_record
+from mcf.cluster.tp import check_tp_token
 from mcf.node.decode import DecodeImage
 from mcf.node.layer import slice_positions
 from mcf.node.program import configure, route_writes
@@ -114,6 +120,7 @@ class Run:
     limit: int
     bar: object = None
     step_programs: StepPrograms = None
+    tp: dict | None = None                # --decode tp: node -> its TPDecodeImage
 
     def __post_init__(self):
         self.step_programs = StepPrograms(self.setup, self.image)
@@ -176,6 +183,9 @@ async def _setup_node(h: Host, r: Run) -> None:
         raise AssertionError(f"node {h.i}: DIR_READY never rose")
     for addr, raw in r.image.image.items():
         h.mem[addr: addr + len(raw)] = raw
+    if r.tp is not None:
+        for addr, raw in r.tp[h.i].image.items():
+            h.mem[addr: addr + len(raw)] = raw
     await h.apply(configure(r.p, h.layout, h.i, seq_timeout=r.params.get("timeout", 0),
                             model=r.image))
 
@@ -225,7 +235,10 @@ async def _decode_token(h: Host, r: Run, k: int, token: int, marks: int) -> dict
     p, image = r.p, r.image
     root = p.decode_owner(k)
     layers = r.setup.decode_gold(k)
-    await program_decode_token(h, p, k, image, r.setup.golden.embed([token])[0])
+    if r.tp is None:
+        await program_decode_token(h, p, k, image, r.setup.golden.embed([token])[0])
+    else:                                 # every node's records, its input row written
+        await _program_tp_token(h, r, k, r.setup.golden.embed([token])[0])
     await h.doorbell(Queue.NET)
     if h.i != root:
         await h.doorbell(Queue.COMPUTE)
@@ -247,10 +260,26 @@ async def _decode_token(h: Host, r: Run, k: int, token: int, marks: int) -> dict
     assert await h.read("seq0_timeouts") == await h.read("seq1_timeouts") == 0
     bad = await _bad_counters(h)
     assert not bad, f"token {k} node {h.i}: {bad}"
-    if h.i == root:
+    if r.tp is not None:
+        check_tp_token(h.mem, r.tp[h.i], layers, p, k)
+    elif h.i == root:
         check_decode_root(h.mem, root, p, image, layers, k)
+    if h.i == root:
         out["logits"] = r.setup.decode_logits(h.mem, image)
     return out
+
+
+async def _program_tp_token(h: Host, r: Run, k: int, x) -> None:
+    """Node ``h``'s records of TP decode token ``k``
+    (:meth:`mcf.node.tp_decode.TPDecodeImage.program`): its register and DDR writes, the input
+    row ``x`` (ACT codes, every node's), both rings (no doorbell)."""
+    prog = r.tp[h.i].program(r.p, k, x)
+    await h.apply(prog.writes)
+    for addr, raw in prog.ddr.items():
+        h.mem[addr: addr + len(raw)] = raw
+    h.put(Queue.NET, prog.net)
+    h.put(Queue.COMPUTE, prog.compute)
+    assert not h.regmap.register("IRQ_STATUS").unpack(await h.read("IRQ_STATUS"))["mark1"]
 
 
 async def _first_head(h: Host, r: Run, marks: int) -> dict | None:
@@ -356,6 +385,12 @@ async def run(dut):
                unit="step", file=sys.stderr,
                disable=not (params.get("progress", False) and first))
     r = Run(dut, setup, params, grid, image, ports, params.get("step_limit", 5_000_000), bar)
+    if spec.decode == "tp":
+        r.tp = {v: setup.tp_image(image, v) for v in ports}
+        end = max(t.end for t in r.tp.values())
+        if end > mem_bytes:
+            raise ValueError(f"the TP decode image ends at {end:#x}, beyond the "
+                             f"{mem_bytes:#x}-byte DDR model (params: mem)")
     await start_clocks(dut)
     dut.aresetn.value = 0
     await ClockCycles(dut.aclk, 8)

@@ -51,6 +51,19 @@ codes and scale word, the Q/K/V GEMM rows, the post-RoPE Q, the K/V row, its own
 the other node's query record in its QBUF slot; at the root every KV head's INT4 record in its
 decode block; the landing counters.
 
+``tp_attend`` — the KV-parallel attention of decode token 0's first layer with each query
+head's result at its TP owner (:mod:`mcf.node.tp_decode`; tiny model, random INT4 weights): a
+32-token prompt through the prefill layer program (as :mod:`mcf.sim.benches.node_decode` runs
+it), then the root's replicated-decode records of layer 0 up to its ATTEND (the JOB computing
+the token's queries and K/V, the query multicast, the EMITs, the barrier) followed on every node
+by :func:`mcf.node.tp_decode.attend_records` (ATTEND per KV head, each state SENT to its head's
+owner on the owner's reduction tree, ``WAIT RESULTS_LANDED`` for its own heads). Checked on
+every node: the OBUF rows of its own heads bit for bit against
+:func:`mcf.node.tp_decode.owner_rows` (itself checked equal to replicated decode's OBUF rows,
+``golden_decode``), the other heads' rows untouched, ``dec_results_landed`` = its heads,
+``nic_reduce_rx_packets`` = every head's contributions through its engine; at the root the new
+token's K/V records; no fault counter. The MARK cycles are polled (``POLL`` cycles' grain).
+
 Reports (``out``) ``mark_cycles`` per node and ``step_cycles`` (the later): from the root's
 COMPUTE doorbell (the last one) to the node's MARK interrupt, the root's first (a node whose
 MARK raised its interrupt before the root's is counted when the root's has).
@@ -62,23 +75,46 @@ import json
 
 import cocotb
 import numpy as np
+from cocotb.triggers import ClockCycles
 
+from mcf.abi.decode_land import obuf_row_bytes
 from mcf.abi.node import Cmd, Queue, RecordClass
 from mcf.abi.node_config import NODE_CONFIGS
 from mcf.abi.quant import requantize
-from mcf.cluster.checks import bad_counter_names, bad_counters
+from mcf.abi.sequencer import SeqCounter
+from mcf.cluster.checks import bad_counter_names, bad_counters, check_owned_kv
 from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
-from mcf.golden.tp_decode import tp_layer, tp_split
-from mcf.node.decode import COUNTER_CLEAR, decode_kv_id, decode_layout, decode_seq, decode_writes
+from mcf.golden.tp_decode import tp_golden_decode, tp_layer, tp_split
+from mcf.node.decode import (
+    COUNTER_CLEAR,
+    DecodeImage,
+    decode_kv_id,
+    decode_layout,
+    decode_program,
+    decode_seq,
+    decode_writes,
+    golden_decode,
+    prompt_blocks,
+    reduction_parents,
+)
+from mcf.node.layer import act_bytes, golden_prefill, slice_positions
 from mcf.node.layout import REGION_ALIGN
 from mcf.node.program import configure
 from mcf.node.tp import MAX_BYTES, RowParallelImage, golden_step, max_records, sum_records
+from mcf.node.tp_decode import TPDecodeImage, attend_records, owner_merged, owner_rows
 from mcf.node.tp_ffn import TPFFNImage, golden_ffn
 from mcf.node.tp_layer import TPPostImage, golden_post
 from mcf.node.tp_pre import TPPreImage, golden_pre
 from mcf.quant import to_act, token_scale_words
 from mcf.sim.benches.cycles import cycle_counter
-from mcf.sim.benches.node_cluster import _setup, tiny_model_spec, wait_irq
+from mcf.sim.benches.node_cluster import (
+    POLL,
+    _setup,
+    run_layer_step,
+    snapshot,
+    tiny_model_spec,
+    wait_irq,
+)
 from mcf.sim.toolchain import bench_params
 
 
@@ -330,3 +366,181 @@ async def tp_pre(dut):
     _report(params, done, nodes=n, root=root, position=position, hd=hd,
             heads=[list(img.heads) for img in images],
             kv_heads=[list(img.kv_heads) for img in images])
+
+
+async def _prefilled(dut, params):
+    """The tiny model (random INT4 weights) on the decode layout, a 32-token prompt run through
+    the prefill layer program in MARS's steps (as :mod:`mcf.sim.benches.node_decode`), each
+    node's owned KV checked. Returns ``(p, lay, hosts, image, qls, x, prefill, cycle, limit)``;
+    ``x``: the prompt's rows and decode token 0's."""
+    seed = params.get("seed", 1)
+    spec = tiny_model_spec(params.get("layers", 2))
+    qls = [quantize_layer(random_layer(TINY, seed + 10 * i), TINY) for i in range(spec.layers)]
+    made = {}
+
+    def model_of(p, layout, cfg):
+        made["layout"] = decode_layout(p, cfg, layout.base, layout.cmd_log2)
+        return DecodeImage(TINY, qls, cfg, made["layout"], tokens=slice_positions(p, 1, 0)[1])
+
+    p, _, hosts, image = await _setup(dut, params, spec, model_of)
+    lay = made["layout"]
+    for h in hosts:                       # the decode layout: decode blocks, QBUF/OBUF moved
+        h.layout = lay
+        await h.apply(configure(p, lay, h.i, seq_timeout=params.get("timeout", 0), model=image))
+    n = len(hosts)
+    S = p.num_chunks * p.chunk
+    x = np.random.default_rng(seed).standard_normal((S + 1, TINY.hidden)).astype(np.float32)
+    slices = [slice_positions(p, b, s) for b in range(1, p.num_chunks + 1) for s in range(n)]
+    prefill = golden_prefill(x[:S], qls, TINY, slices)
+    cycle = cycle_counter(dut.aclk, dut)
+    limit = params.get("step_limit", 3_000_000)
+    expect_packets = [0] * n
+    for step in p.steps:
+        await run_layer_step(dut, hosts, p, step, image, to_act(x[:S]), expect_packets, cycle,
+                             limit)
+    for h in hosts:
+        check_owned_kv(h.mem, h.i, p, lay, prefill)
+    return p, lay, hosts, image, qls, x, prefill, cycle, limit
+
+
+async def _run_token(dut, hosts, p, root, cycle, limit) -> dict:
+    """Rings the NET doorbells and the COMPUTE ones (the root's last) of the queued token and
+    waits for every node's next MARK on both queues (polled); returns the cycles from the root's
+    COMPUTE doorbell to each node's MARK."""
+    for h in sorted(hosts, key=lambda h: h.i == root):      # the root's COMPUTE doorbell last
+        await h.doorbell(Queue.NET)
+        if h.i != root:
+            await h.doorbell(Queue.COMPUTE)
+    t0 = cycle[0]
+    await hosts[root].doorbell(Queue.COMPUTE)
+    done = {}
+    marks = len(p.steps) + 1
+    for h in sorted(hosts, key=lambda h: h.i != root):
+        while await h.read("seq1_marks") < marks:
+            assert cycle[0] - t0 < limit, f"node {h.i}: no MARK; {await snapshot(hosts)}"
+            await ClockCycles(dut.aclk, POLL)
+        done[h.i] = cycle[0] - t0
+        assert [await h.read(f"seq{q}_marks") for q in range(2)] == [marks] * 2
+    return done
+
+
+async def _no_faults(h) -> None:
+    for q in range(2):
+        assert await h.read(f"seq{q}_timeouts") == 0
+    bad = bad_counters({nm: await h.read(nm) for nm in bad_counter_names(h.regmap)})
+    assert not bad, f"node {h.i}: {bad}"
+
+
+@cocotb.test()
+async def tp_attend(dut):
+    """The KV-parallel attention of decode token 0's first layer with each query head's result
+    at its TP owner (module docstring, ``tp_attend``)."""
+    params = bench_params()
+    p, lay, hosts, image, qls, x, prefill, cycle, limit = await _prefilled(dut, params)
+    n = len(hosts)
+    sp = tp_split(TINY, n)
+    S = p.num_chunks * p.chunk
+
+    # ---- decode token 0, layer 0: the root's queries and K/V, then the TP attention ----------
+    root = p.decode_owner(0)
+    xa = to_act(x[S:S + 1])[0]
+    gold = golden_decode(xa, qls, TINY, S, root, reduction_parents(p, root),
+                         prompt_blocks(p, prefill))[0]
+    merged = owner_merged(gold.states, p, sp)
+    rows = owner_rows(merged, TINY.head_dim)
+    att = np.concatenate([_words(r) for r in rows])
+    assert np.array_equal(att, gold.att)                   # = replicated decode's OBUF rows
+    rb = obuf_row_bytes(TINY.head_dim)
+    obuf = image.obuf_rows(0)
+    before = {h.i: bytes(h.mem[obuf: obuf + TINY.heads * rb]) for h in hosts}
+    for h in hosts:
+        prog = decode_program(p, 0, h.i, image)
+        cut = next(i for i, r in enumerate(prog.compute) if r.cls is RecordClass.ATTEND or (
+            r.cls is RecordClass.WAIT and r.arg == SeqCounter.QUERIES_LANDED.value))
+        tp = attend_records(p, 0, h.i, image, sp, layers=[0])
+        await h.apply(prog.writes + tp.writes)
+        for addr, raw in {**prog.ddr, **tp.ddr}.items():
+            h.mem[addr: addr + len(raw)] = raw
+        if h.i == root:
+            h.mem[image.dx0: image.dx0 + len(xa) * 4] = act_bytes(np.reshape(xa, (1, -1)))
+        h.put(Queue.COMPUTE, prog.compute[:cut] + tp.compute + [
+            Cmd(RecordClass.MARK, Queue.COMPUTE, irq=True, arg=COUNTER_CLEAR)])
+        h.put(Queue.NET, prog.net)
+    done = await _run_token(dut, hosts, p, root, cycle, limit)
+    _, reduce_, _ = p.decode_routes()
+    for h in hosts:
+        i = h.i
+        h0, h1 = sp.heads[i]
+        got = bytes(h.mem[obuf: obuf + TINY.heads * rb])
+        for hq in range(TINY.heads):
+            want = rows[hq] if h0 <= hq < h1 else before[i][hq * rb:(hq + 1) * rb]
+            assert got[hq * rb:(hq + 1) * rb] == want, (i, hq)   # own heads; others untouched
+        assert await h.read("dec_results_landed") == h1 - h0, i
+        contrib = sum(1 + sum(par == i for par in reduction_parents(p, sp.head_owner(hq))
+                              .values()) for hq in range(TINY.heads))
+        assert await h.read("nic_reduce_rx_packets") == contrib, i
+        await _no_faults(h)
+    for g in range(TINY.kv_heads):                 # the token's K/V at its root, every KV head
+        a = lay.kv_address(decode_kv_id(p, 0, root, 0), decode_seq(p, 0, g))
+        assert bytes(hosts[root].mem[a: a + len(gold.kv[g])]) == gold.kv[g], g
+    _report(params, done, nodes=n, root=root, heads=[list(r) for r in sp.heads],
+            routes=[reduce_[o] for o in range(n)], results_landed=TINY.heads)
+
+
+@cocotb.test()
+async def tp_token(dut):
+    """Every layer of decode token 0 tensor-parallel on two node tops (module docstring,
+    ``tp_token``)."""
+    params = bench_params()
+    p, lay, hosts, image, qls, x, prefill, cycle, limit = await _prefilled(dut, params)
+    n = len(hosts)
+    sp = tp_split(TINY, n)
+    S, L = p.num_chunks * p.chunk, len(qls)
+    root = p.decode_owner(0)
+    xa = to_act(x[S:S + 1])[0]
+    parents = reduction_parents(p, root)
+    blocks = prompt_blocks(p, prefill)
+    gold = tp_golden_decode(xa, qls, TINY, S, root, parents, blocks, sp)
+    rep = golden_decode(xa, qls, TINY, S, root, parents, blocks)
+    for g, r in zip(gold, rep, strict=True):                  # TP = the replicated root
+        assert np.array_equal(g.y, r.y) and np.array_equal(g.att, r.att) and g.kv == r.kv
+    base = _base(lay)
+    tps = [TPDecodeImage(image, sp, h.i, base) for h in hosts]
+    rb = obuf_row_bytes(TINY.head_dim)
+    for h, tpi in zip(hosts, tps, strict=True):
+        assert tpi.end <= len(h.mem)
+        prog = tpi.program(p, 0, xa)
+        for addr, raw in {**tpi.image, **prog.ddr}.items():
+            h.mem[addr: addr + len(raw)] = raw
+        for li in range(L):          # the O step's padded rows: the other heads' rows are zero
+            a0 = image.obuf_rows(li)
+            assert not any(h.mem[a0: a0 + TINY.heads * rb]), (h.i, li)
+        await h.apply(prog.writes)
+        h.put(Queue.COMPUTE, prog.compute)
+        h.put(Queue.NET, prog.net)
+    done = await _run_token(dut, hosts, p, root, cycle, limit)
+    hd, hid = TINY.head_dim, TINY.hidden
+    S2 = 2 * tps[0].layers[0][1].sum_step
+    for h, tpi in zip(hosts, tps, strict=True):
+        i = h.i
+        h0, h1 = sp.heads[i]
+        for li, (_, post) in enumerate(tpi.layers):
+            a0 = image.obuf_rows(li)
+            got = _words(h.mem[a0: a0 + TINY.heads * rb])
+            want = np.zeros_like(got)
+            want[h0 * hd:h1 * hd] = gold[li].att[h0 * hd:h1 * hd]
+            assert np.array_equal(got, want), (i, li, "OBUF")     # its heads; the others zero
+            y = _words(h.mem[post.buf.y: post.buf.y + hid * 4])
+            assert np.array_equal(y, gold[li].y), (i, li, np.flatnonzero(y != gold[li].y)[:8])
+        assert await h.read("dec_results_landed") == (h1 - h0) * L, i
+        assert await h.read("dec_queries_landed") == \
+            (TINY.kv_heads - (tpi.layers[0][0].kv_heads[1] - tpi.layers[0][0].kv_heads[0])) * L, i
+        assert await h.read("dec_maxes_landed") == 2 * L, i
+        assert await h.read("dec_sums_landed") == S2 * L, i
+        await _no_faults(h)
+    for li in range(L):                            # the token's K/V at its root, every KV head
+        for g in range(TINY.kv_heads):
+            a = lay.kv_address(decode_kv_id(p, li, root, 0), decode_seq(p, 0, g))
+            assert bytes(hosts[root].mem[a: a + len(gold[li].kv[g])]) == gold[li].kv[g], (li, g)
+    _report(params, done, nodes=n, root=root, layers=L, reduce_root=tps[0].reduce_root(),
+            templates=len(tps[0].templates), sum_slots=S2)

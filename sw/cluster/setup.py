@@ -33,6 +33,7 @@ class RunSetup:
     xa: np.ndarray                # the prompt's embedding rows (ACT codes)
     decode_blocks: int            # decode KV blocks a node holds at most
     decode_held: int = 0          # decode tokens a node holds at most
+    replicated: ClusterGolden | None = None   # --decode tp: the replicated root's golden too
     _decoded: dict = field(default_factory=dict)
 
     @classmethod
@@ -45,10 +46,19 @@ class RunSetup:
         qm = quantize_model(mcfg, tensors)
         p = make_plan(spec, mcfg)
         blocks, held = decode_held(p, spec.decode_tokens)
-        golden = ClusterGolden(qm, p, spec.softmax)
         prompt, answer = run_prompt(spec, mcfg)
+        replicated = None
+        if spec.decode == "tp":
+            from .tp import TPClusterGolden
+
+            golden = TPClusterGolden(qm, p, spec.softmax)
+            replicated = ClusterGolden(qm, p, spec.softmax)
+            replicated.prefill(prompt)
+        else:
+            golden = ClusterGolden(qm, p, spec.softmax)
         return cls(spec, mcfg, tensors, qm, p, NODE_CONFIGS[spec.config], golden, prompt,
-                   answer, golden.prefill(prompt), golden.embed(prompt), blocks, held)
+                   answer, golden.prefill(prompt), golden.embed(prompt), blocks, held,
+                   replicated)
 
     @property
     def nodes(self) -> int:
@@ -71,10 +81,28 @@ class RunSetup:
                          max_blocks=max_read_set(p), softmax=self.spec.softmax,
                          lm_head=qm.lm_head, norm=qm.norm)
 
+    def tp_image(self, image, node: int):
+        """``node``'s :class:`mcf.node.tp_decode.TPDecodeImage` (``--decode tp``) above the
+        node image ``image`` (:meth:`image`); it ends at ``.end``."""
+        from ..golden.tp_decode import tp_split
+        from ..node.layout import REGION_ALIGN
+        from ..node.tp_decode import TPDecodeImage
+
+        base = -(-image.alloc.at // REGION_ALIGN) * REGION_ALIGN
+        return TPDecodeImage(image, tp_split(self.model.layer, self.nodes), node, base)
+
     def decode_gold(self, k: int) -> list:
-        """The golden layers of decode token ``k`` (computed once)."""
+        """The golden layers of decode token ``k`` (computed once). With ``--decode tp``, the
+        TP golden's, checked equal to the replicated root's (every layer's output and
+        attention rows and the new token's K/V; ``AssertionError``)."""
         if k not in self._decoded:
-            self._decoded[k] = self.golden.decode_token(k)
+            layers = self.golden.decode_token(k)
+            if self.replicated is not None:
+                rep = self.replicated.decode_token(k)
+                for li, (a, b) in enumerate(zip(layers, rep, strict=True)):
+                    assert np.array_equal(a.y, b.y) and np.array_equal(a.att, b.att) and \
+                        a.kv == b.kv, f"decode token {k} layer {li}: TP golden != replicated"
+            self._decoded[k] = layers
         return self._decoded[k]
 
     def prompt_record(self, tokens: list[int]) -> dict:

@@ -18,8 +18,8 @@ from ..mars import POLICIES, ClusterSpec, PlanError, make_topology, plan
 from ..mars.model import ModelSpec
 from ..model import Qwen2Config
 
-__all__ = ["RunSpec", "RunError", "RUN_POLICIES", "RUN_TASKS", "model_spec", "make_plan",
-           "prompt_tokens", "run_prompt"]
+__all__ = ["RunSpec", "RunError", "RUN_POLICIES", "RUN_TASKS", "RUN_DECODE", "model_spec",
+           "make_plan", "prompt_tokens", "run_prompt"]
 
 RUN_POLICIES = tuple(p for p in POLICIES if p != "pd")
 """Policies a cluster run executes (PD disaggregation has no chunked node program)."""
@@ -35,6 +35,12 @@ RUN_TASKS = _tasks()
 the trained ``retrieval`` checkpoint answers."""
 
 
+RUN_DECODE = ("root", "tp")
+"""How a run's decode tokens run (``--decode``): ``root`` — every layer on the token's root, the
+other nodes attending over the KV they hold (replicated weights); ``tp`` — tensor-parallel over
+the nodes (:mod:`mcf.node.tp_decode`; two nodes, single-pass softmax)."""
+
+
 class RunError(ValueError):
     """A run that cannot be made as asked (the message is one line for the user)."""
 
@@ -47,7 +53,8 @@ class RunSpec:
     the tiny model's weights), ``config`` (the node top's configuration), ``task`` (``None``:
     a random prompt; a :data:`RUN_TASKS` name: that task's prompt, whose answer the first
     generated tokens are scored against), ``softmax`` (:data:`mcf.abi.attend.RUN_SOFTMAX`:
-    ``two_phase`` makes every bit of the run independent of ``nodes``)."""
+    ``two_phase`` makes every bit of the run independent of ``nodes``), ``decode``
+    (:data:`RUN_DECODE`)."""
     model: str = "tiny"
     prompt_tokens: int = 64
     nodes: int = 2
@@ -60,6 +67,7 @@ class RunSpec:
     config: str = "sim"
     task: str | None = None
     softmax: str = "single"
+    decode: str = "root"
 
     def __post_init__(self):
         if self.nodes < 1:
@@ -84,6 +92,14 @@ class RunSpec:
             raise RunError(f"--softmax {self.softmax!r}: one of {', '.join(RUN_SOFTMAX)}")
         if self.config not in NODE_CONFIGS:
             raise RunError(f"--config {self.config!r}: one of {', '.join(NODE_CONFIGS)}")
+        if self.decode not in RUN_DECODE:
+            raise RunError(f"--decode {self.decode!r}: one of {', '.join(RUN_DECODE)}")
+        if self.decode == "tp" and self.nodes != 2:
+            raise RunError(f"--decode tp runs on 2 nodes, not {self.nodes} (more nodes need "
+                           "partial KV heads and each head owner's merge order: not built)")
+        if self.decode == "tp" and self.softmax != "single":
+            raise RunError("--decode tp runs the single-pass softmax (the two-phase maxima on "
+                           "the head owners' trees are not built)")
         block = NODE_CONFIGS[self.config].attn_block     # a slice is one KV block
         if self.chunk // self.nodes > block:
             raise RunError(f"--chunk {self.chunk} over {self.nodes} node(s) gives slices of "

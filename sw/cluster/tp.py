@@ -4,10 +4,14 @@
 MARS's prefill as today, then every decode token by :func:`mcf.golden.tp_decode.tp_golden_decode`
 — the same bits as :class:`~mcf.cluster.golden.ClusterGolden`'s replicated-root decode).
 
-The RTL run (``mcf run --decode tp``) is not built yet.
+The RTL run (``mcf run --decode tp``, :class:`mcf.node.tp_decode.TPDecodeImage` on two node
+tops): :func:`check_tp_run` (its refusals before any build) and :func:`check_tp_token` (a
+token's bits on every node).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from ..abi.node_config import NodeConfig
 from ..golden.tp_decode import (
@@ -23,7 +27,8 @@ from ..model.config import Qwen2Config
 from ..node.decode import prompt_blocks, reduction_parents, slice_tokens
 from .golden import ClusterGolden, GoldenRun
 
-__all__ = ["TPError", "check_tp", "tp_node_bytes", "TPClusterGolden", "tp_golden_run"]
+__all__ = ["TPError", "check_tp", "check_tp_run", "check_tp_token", "tp_node_bytes",
+           "TPClusterGolden", "tp_golden_run"]
 
 MIB = 2 ** 20
 
@@ -78,6 +83,53 @@ def check_tp(cfg: Qwen2Config, nodes: int, node_config: NodeConfig, *, layout_by
                           f"+ {layout_bytes / MIB:.1f} MiB of buffers + {reserve_mib:g} MiB "
                           f"reserved, more than its {ddr_bytes / MIB:.0f} MiB of DDR")
     return split
+
+
+def check_tp_run(cfg: Qwen2Config, nodes: int, node_config: NodeConfig) -> TPSplit:
+    """:func:`check_tp` and what the node program (:mod:`mcf.node.tp_decode`) needs on top, as
+    :class:`TPError` (one line): whole groups of query heads per node (one ATTEND reads a KV
+    head's query record). With ``heads / N`` heads per node that is ``N`` dividing the KV
+    heads, so each node's K/V rows are whole KV heads too (the EMIT quantises a head's row with
+    one scale)."""
+    split = check_tp(cfg, nodes, node_config)
+    lay = cfg.layer
+    rep = lay.heads // lay.kv_heads
+    for i in range(nodes):
+        h0, h1 = split.heads[i]
+        if h0 % rep or h1 % rep:
+            raise TPError(f"TP over {nodes} nodes: node {i}'s query heads {h0}..{h1 - 1} are "
+                          f"not whole groups of {rep} (partial KV heads are not built)")
+    return split
+
+
+def check_tp_token(mem, tpi, layers, p, k: int) -> None:
+    """Decode token ``k`` of a TP run on node ``tpi.node`` (DDR ``mem``, its
+    :class:`~mcf.node.tp_decode.TPDecodeImage`) bit for bit against ``layers`` (the golden's
+    :class:`~mcf.golden.tp_decode.TPDecodeLayer` list, ``AssertionError``): the OBUF rows of
+    its own heads per layer, every layer's output row; at the token's root, the new token's
+    INT4 K/V of every KV head in its decode block."""
+    from ..node.decode import decode_kv_id, decode_seq, decode_slot, slice_tokens
+
+    dec, sp, i = tpi.dec, tpi.split, tpi.node
+    cfg, lay = dec.cfg, dec.layout
+    hd, h = cfg.head_dim, cfg.hidden
+    h0, h1 = sp.heads[i]
+    root, j = decode_slot(p, k)
+    T = slice_tokens(p)
+    for li, ((_, post), gl) in enumerate(zip(tpi.layers, layers, strict=True)):
+        a = dec.obuf_rows(li) + h0 * hd * 4
+        got = np.frombuffer(bytes(mem[a: a + (h1 - h0) * hd * 4]), dtype="<i4")
+        bad = np.flatnonzero(got != gl.att[h0 * hd: h1 * hd])
+        assert bad.size == 0, (f"TP token {k} node {i} layer {li}: OBUF rows of heads "
+                               f"{h0}..{h1 - 1} differ at {bad.size} words")
+        y = np.frombuffer(bytes(mem[post.buf.y: post.buf.y + h * 4]), dtype="<i4")
+        bad = np.flatnonzero(y != gl.y)
+        assert bad.size == 0, f"TP token {k} node {i} layer {li}: output differs at {bad.size}"
+        if i == root:
+            for g in range(cfg.kv_heads):
+                at = lay.kv_address(decode_kv_id(p, li, root, j // T), decode_seq(p, j % T, g))
+                assert bytes(mem[at: at + len(gl.kv[g])]) == gl.kv[g], \
+                    f"TP token {k} root {root} layer {li}: new token's KV of head {g}"
 
 
 class TPClusterGolden(ClusterGolden):

@@ -111,6 +111,13 @@ def _check_model(spec):
         prompt, _ = run_prompt(spec, cfg)
     except RunError as exc:
         raise UsageError(str(exc)) from None
+    if spec.decode == "tp":
+        from ..cluster.tp import TPError, check_tp_run
+
+        try:
+            check_tp_run(cfg, spec.nodes, node)
+        except TPError as exc:
+            raise UsageError(f"--decode tp: {exc}") from None
     if not plan.totals.memory_ok:
         raise UsageError(f"--kv-budget-mib {spec.kv_budget / 2 ** 20:g}: the {spec.policy} plan "
                          f"needs {plan.totals.peak_node_kv_bytes / 2 ** 20:g} MiB of KV on a "
@@ -178,12 +185,14 @@ def run(args) -> int:
     from ..cluster import RunError, RunSpec, float_agreement
 
     hosts = _check_flags(args)
+    if args.decode == "tp" and (args.mpi or args.board):
+        raise UsageError("--decode tp runs in one simulation: not with --mpi or --board")
     try:
         spec = RunSpec(model=args.model, prompt_tokens=args.prompt_tokens, nodes=args.nodes,
                        policy=args.policy, decode_tokens=args.decode_tokens, chunk=args.chunk,
                        alpha=args.alpha, kv_budget=int(args.kv_budget_kib * 1024),
                        seed=args.seed, task=args.task, softmax=args.softmax,
-                       config=args.node_config)
+                       config=args.node_config, decode=args.decode)
     except RunError as exc:
         raise UsageError(str(exc)) from None
     if hosts is not None and len(hosts) != spec.nodes:
@@ -212,8 +221,9 @@ def run(args) -> int:
             got = on_boards(spec, args.hostfile, args.overlay, python=args.python,
                             timeout=args.timeout)
         else:
+            mem = ddr_model_bytes(cfg, spec) * (2 if spec.decode == "tp" else 1)
             got = simulate(spec, progress=not args.quiet, timeout=args.timeout, fault=fault,
-                           mpi=args.mpi, board=args.board, mem=ddr_model_bytes(cfg, spec))
+                           mpi=args.mpi, board=args.board, mem=mem)
     except AssertionError as exc:
         first = str(exc).splitlines()[0]
         if first.startswith("link fault"):
@@ -291,7 +301,8 @@ def _backend(got: dict) -> str:
 def _print(got: dict, spec) -> None:
     print(f"mcf run: model {spec.model}, {spec.prompt_tokens} prompt tokens, {spec.nodes} "
           f"nodes, policy {spec.policy}, chunk {spec.chunk}, {spec.decode_tokens} decode "
-          f"tokens, softmax {spec.softmax} ({_backend(got)}, cycles of aclk)")
+          f"tokens, softmax {spec.softmax}{', decode tp' if spec.decode == 'tp' else ''} "
+          f"({_backend(got)}, cycles of aclk)")
     print(f"  generated tokens : {got['tokens']} (golden {got['golden_tokens']})")
     if got.get("task"):
         t = got["task"]
@@ -322,6 +333,7 @@ def register(subs) -> None:
     from ..abi.attend import RUN_SOFTMAX
     from ..abi.node_config import NODE_CONFIGS
     from ..cluster import RUN_POLICIES, RUN_TASKS
+    from ..cluster.spec import RUN_DECODE
 
     p = subs.add_parser("run", help="a Qwen2 model end to end on a simulated KR260 cluster",
                         description=description(__doc__))
@@ -367,6 +379,11 @@ def register(subs) -> None:
     p.add_argument("--softmax", default="single", choices=RUN_SOFTMAX,
                    help="attention softmax: single (online, one pass) or two_phase (global "
                         "maximum first, exact sums: the same bits for any --nodes)")
+    p.add_argument("--decode", default="root", choices=RUN_DECODE,
+                   help="decode tokens: root (every layer on the token's root, replicated "
+                        "weights; default) or tp (tensor-parallel over 2 nodes: column/row-"
+                        "parallel projections and FFN all-reduced by the NICs, KV-parallel "
+                        "attention, each head normalised at its owner; single softmax)")
     p.add_argument("--mpi", action="store_true",
                    help="one node per MPI rank (mpirun -n NODES; the same cycles and bits as "
                         "one simulation)")

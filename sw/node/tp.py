@@ -167,7 +167,9 @@ class RowParallelImage:
     ``mbuf_base`` with ``q_heads`` slots per parity (the node's decode layout), the MAX result
     in the slot of ``(parity, head0)``. The SUM result lands in the decode lander's SUM slots
     ``sum_slot0 …`` of a window at ``sum_base`` (None: a window of its own, allocated here; a
-    layer running two steps gives both one window and disjoint slots). ``image``:
+    layer running two steps gives both one window and disjoint slots). ``x_at``: where the
+    padded input row already is (None: a zeroed row of its own, written by :meth:`x_writes`;
+    tensor-parallel decode's O step reads its node's OBUF rows in place). ``image``:
     ``{address: bytes}``; ``templates``: the three entry lists; ``table`` / ``table_len``: the
     template table (its own, at :attr:`table`, for a node that runs only this step)."""
     qw: QuantWeight
@@ -182,6 +184,7 @@ class RowParallelImage:
     head0: int = 0
     sum_base: int | None = None
     sum_slot0: int = 0
+    x_at: int | None = None
     image: dict[int, bytes] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -209,8 +212,11 @@ class RowParallelImage:
         at = alloc(len(raw), STRIPE_ALIGN)
         self.image[at] = raw
         bjob = dataclasses.replace(bjob, addr=at)
-        x = alloc(kp * 4)
-        self.image[x] = bytes(kp * 4)
+        if self.x_at is None:
+            x = alloc(kp * 4)
+            self.image[x] = bytes(kp * 4)
+        else:
+            x = self.x_at
         self.buf = RowParallelBuffers(
             x=x, mx=alloc(beat), mslot=mbuf_slot(self.mbuf_base, self.q_heads, self.parity,
                                                  self.head0),

@@ -87,7 +87,10 @@ class TPPostImage:
     quantised layer ``ql`` of ``cfg`` split by ``split``, from ``base``; MBUF at ``mbuf_base``
     with ``q_heads`` slots per parity, the two steps' maxima in ``(parity, 0)`` and
     ``(parity, 1)``. ``o`` / ``ffn``: the steps' images; ``image``: ``{address: bytes}``;
-    ``templates`` / ``table`` / ``table_len``: the nine templates and their table."""
+    ``templates`` / ``table`` / ``table_len``: the nine templates and their table. ``x_at`` /
+    ``window_at`` / ``o_x_at``: the input row, the SUM window and the O step's padded input row
+    where another part of the node's image keeps them (None: its own; every layer of a TP token
+    shares one window, :mod:`mcf.node.tp_decode`)."""
     ql: QuantLayer
     cfg: LayerConfig
     split: TPSplit
@@ -97,6 +100,9 @@ class TPPostImage:
     mbuf_base: int
     q_heads: int
     parity: int = 0
+    x_at: int | None = None
+    window_at: int | None = None
+    o_x_at: int | None = None
     image: dict[int, bytes] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -109,15 +115,19 @@ class TPPostImage:
         if 2 * self.sum_step >= 1 << SUM_SLOTS_BITS:
             raise ValueError(f"hidden {h} needs {2 * self.sum_step} SUM slots")
         alloc = _Alloc(self.base)
-        window = alloc(2 * self.sum_step * SUM_SLOT_BYTES)
-        x, g2 = alloc(h * 4), alloc(h * 4)
-        self.image[x] = bytes(h * 4)
+        window = alloc(2 * self.sum_step * SUM_SLOT_BYTES) if self.window_at is None \
+            else self.window_at
+        x = alloc(h * 4) if self.x_at is None else self.x_at
+        g2 = alloc(h * 4)
+        if self.x_at is None:
+            self.image[x] = bytes(h * 4)
         self.image[g2] = act_bytes(self.ql.gamma["g2"] & 0xFFFF)
         self.buf = PostBuffers(window, x, g2, alloc(h * 4), alloc(h * 4), alloc(h * 4))
         eps = norm_eps_code(cfg.eps)
         self.o = RowParallelImage(self.ql.qw["o"], self.split.q_rows(self.node), c,
                                   alloc(0, STRIPE_ALIGN), self.mbuf_base, self.q_heads, eps,
-                                  parity=self.parity, head0=0, sum_base=window, sum_slot0=0)
+                                  parity=self.parity, head0=0, sum_base=window, sum_slot0=0,
+                                  x_at=self.o_x_at)
         self.ffn = TPFFNImage(self.ql.qw["gate"], self.ql.qw["up"], self.ql.qw["down"],
                               self.split.inter[self.node], c, self.o.end, self.mbuf_base,
                               self.q_heads, eps, parity=self.parity, head0=1, sum_base=window,
@@ -178,23 +188,28 @@ class TPPostImage:
         return self.o.x_writes(np.asarray(att, dtype=np.int64).ravel()[a:b])
 
     def records(self, root: int, reduce_route: int, bcast_route: int, qbuf_base: int,
-                tag_base: int) -> list[Cmd]:
+                tag_base: int, first: int = 0, maxes_landed: int = 0,
+                sums_landed: int = 0) -> list[Cmd]:
         """The node's COMPUTE records of the half (no MARK): the O step's
         :func:`~mcf.node.tp.max_records` / :func:`~mcf.node.tp.sum_records`, the norm JOB, the
         FFN's :meth:`~mcf.node.tp_ffn.TPFFNImage.records` with the O step's landings counted in
-        (cumulative WAIT thresholds, module docstring), the final ADD JOB."""
+        (cumulative WAIT thresholds, module docstring), the final ADD JOB. ``first``: the half's
+        first template in the node's table; ``maxes_landed`` / ``sums_landed``: the landings of
+        earlier steps since the counters were last cleared (earlier layers of the token)."""
         args = (self.node, root, self.split.nodes, reduce_route, bcast_route, qbuf_base,
                 tag_base)
-        return [*max_records(self.o, *args), *sum_records(self.o, *args), self.job(_NORM),
-                *self.ffn.records(*args, first=_FFN, maxes_landed=1,
-                                  sums_landed=self.o.sum_slots),
-                self.job(_FINAL)]
+        return [*max_records(self.o, *args, first=first, landed=maxes_landed),
+                *sum_records(self.o, *args, first=first, landed=sums_landed),
+                self.job(_NORM, first),
+                *self.ffn.records(*args, first=first + _FFN, maxes_landed=maxes_landed + 1,
+                                  sums_landed=sums_landed + self.o.sum_slots),
+                self.job(_FINAL, first)]
 
-    def job(self, template: int) -> Cmd:
+    def job(self, template: int, first: int = 0) -> Cmd:
         if not 0 <= template < len(self.templates):
             raise ValueError(f"template {template} of {len(self.templates)}")
         return Cmd(RecordClass.JOB, Queue.COMPUTE,
-                   arg=JOB_ARG.const({"template": template}).as_bits())
+                   arg=JOB_ARG.const({"template": first + template}).as_bits())
 
 
 @dataclass

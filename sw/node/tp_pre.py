@@ -90,7 +90,9 @@ class PreBuffers:
 class TPPreImage:
     """Node ``node``'s DDR image of layer ``layer``'s pre-attention half (module docstring) for
     the quantised layer ``ql`` of ``cfg`` split by ``split``, from ``base``. ``heads`` /
-    ``kv_heads``: its query heads and KV heads (ranges); ``image``: ``{address: bytes}``;
+    ``kv_heads``: its query heads and KV heads (ranges); ``x_at`` / ``kv_at``: the input row and
+    the ACT K/V row where another part of the node's image keeps them (None: its own);
+    ``image``: ``{address: bytes}``;
     ``templates`` / ``table`` / ``table_len``: its one template and the table."""
     ql: QuantLayer
     cfg: LayerConfig
@@ -99,6 +101,8 @@ class TPPreImage:
     config: NodeConfig
     base: int
     layer: int = 0
+    x_at: int | None = None
+    kv_at: int | None = None
     image: dict[int, bytes] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -140,10 +144,11 @@ class TPPreImage:
 
         self.row_stride = (self.kv_heads[1] - self.kv_heads[0]) * kv_pair_bytes(hd)
         self.buf = PreBuffers(
-            x=put(bytes(h * 4)), g1=put(act_bytes(self.ql.gamma["g1"] & 0xFFFF)),
+            x=put(bytes(h * 4)) if self.x_at is None else self.x_at,
+            g1=put(act_bytes(self.ql.gamma["g1"] & 0xFFFF)),
             zero=put(bytes(hd * 4)), n1=alloc(h * 4), xq=alloc(h + beat), q=alloc(nq * 4),
             k=alloc(nkv * 4), v=alloc(nkv * 4), rq=alloc(nq * 4), rk=alloc(nkv * 4),
-            qr=alloc(nq * 4), kv=alloc(self.row_stride),
+            qr=alloc(nq * 4), kv=alloc(self.row_stride) if self.kv_at is None else self.kv_at,
             qrec=alloc((self.kv_heads[1] - self.kv_heads[0]) * self.q_slot), **jobs)
         self.templates = [self._template()]
         self.table = alloc(ENTRY_BYTES * (len(self.templates)
@@ -215,7 +220,8 @@ class TPPreImage:
             out[b.x] = act_bytes(x)
         return out
 
-    def records(self, plan, k: int, qbuf_base: int, queries_landed: int = 0) -> list[Cmd]:
+    def records(self, plan, k: int, qbuf_base: int, queries_landed: int = 0,
+                template: int = 0, emit_row: int = 0) -> list[Cmd]:
         """The node's COMPUTE records of the half for decode token ``k`` of ``plan`` (no MARK):
         the JOB; per own KV head ``g`` a ``SEND src=QBUF`` of its query record multicast on
         the node's broadcast tree (``decode_routes()[0][node]``; ``Op.QUERY``, ``kv_id =
@@ -226,7 +232,9 @@ class TPPreImage:
         local copy lands in the node's own, otherwise unused, slot of that decode block);
         ``WAIT QUERIES_LANDED ≥ queries_landed +`` the other nodes' query records; at the root
         a ``NOP`` barrier until the token's K/V of every KV head has landed (as replicated
-        decode's root). ``qbuf_base``: the node's QBUF (SEND ``src=QBUF`` offsets)."""
+        decode's root). ``qbuf_base``: the node's QBUF (SEND ``src=QBUF`` offsets); ``template``:
+        the half's template in the node's table; ``emit_row``: the K/V row's EMIT row index
+        (rows of ``row_stride`` bytes from ``EMIT_KV_BASE``)."""
         cfg, i = self.cfg, self.node
         rep, hd = cfg.heads // cfg.kv_heads, cfg.head_dim
         if self.buf.qrec < qbuf_base:
@@ -238,7 +246,8 @@ class TPPreImage:
         T = slice_tokens(plan)
         bcast = plan.decode_routes()[0]
         others = [d for d in range(nodes) if d != i]
-        out = [Cmd(RecordClass.JOB, Queue.COMPUTE, arg=JOB_ARG.const({"template": 0}).as_bits())]
+        out = [Cmd(RecordClass.JOB, Queue.COMPUTE,
+                   arg=JOB_ARG.const({"template": template}).as_bits())]
         for g in range(*self.kv_heads) if others else ():
             meta = Meta(stage=Stage.DECODE, op=Op.QUERY, collective=Collective.MULTICAST,
                         src=i, dst=others[0], route_id=bcast[i],
@@ -252,7 +261,7 @@ class TPPreImage:
                         src=i, dst=root, route_id=0 if i == root else
                         plan.scheduler.routes.unicast(root), kv_id=kv_id,
                         seq=decode_seq(plan, j % T, g), length=kv_token_bytes(hd))
-            arg = EmitArg(0, g - self.kv_heads[0], 1).pack()
+            arg = EmitArg(emit_row, g - self.kv_heads[0], 1).pack()
             out.append(Cmd(RecordClass.EMIT, Queue.COMPUTE, meta=meta.pack(), arg=arg,
                            replicate=i != root))
             if i != root:

@@ -8,7 +8,7 @@ from amaranth import Cat, Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.attend import ATTEND_STATUS
+from mcf.abi.attend import ATTEND_STATUS, ATTEND_TILE_ROWS
 from mcf.abi.compute import (
     COMPUTE_BUSY_STATUS,
     DMA_ADDR_BITS,
@@ -29,11 +29,14 @@ from mcf.abi.node_config import AXI_WIDTH, PACKET_WIDTH, NodeConfig
 
 from ..compute.attention import AttentionEngine
 from ..compute.gemm_top import MatrixEngine
+from ..compute.tile_prefill import TilePrefill
 from ..mem.axi import ADDR_BITS, AXI4Signature
 from .attend import AttendUnit
+from .attend_split import AttendSplit, steer
 from .emit import EmitUnit
 from .jobs import JobWalker, connect_engine
 from .kv_reader import KvReader
+from .tile_unit import TileUnit
 
 __all__ = ["NodeCompute", "COMPUTE_BUSES"]
 
@@ -46,7 +49,8 @@ on an HP port (docs/node.md §4)."""
 
 
 class NodeCompute(wiring.Component):
-    """JOB walker + matrix engine, K/V emitter, ATTEND executor + KV reader + attention engine.
+    """JOB walker + matrix engine, K/V emitter, ATTEND executor + KV reader + attention engine
+    (+ with the tiled path, ``config.tiled``: the PREFILL_TILE executor and its chain).
 
     The matrix engine reads its weights through stripe readers on every HP port
     (``MatrixEngine(w_ports=WEIGHT_STRIPES)``, the walker's STRIPE entries; docs/node.md §4) in
@@ -73,11 +77,26 @@ class NodeCompute(wiring.Component):
     m_axi_<bus> : Out(AXI4Signature(40, 128)) for each of :data:`COMPUTE_BUSES`
         walker (template rows, R only), mat0 (activations R, results W), mat1 (vector 2nd
         operand R), emit (ACT K/V rows R), att_rd (lists and queries R), att_wr (PREFILL
-        ``o/l`` W), kvr (K/V token records R), w0..w3 (weight stripe ``p``, R only).
+        ``o/l`` W; PREFILL_TILE rows), kvr (K/V token records R), w0..w3 (weight stripe ``p``,
+        R only).
     jobs_status, emit_status, att_status, kvr_status, dma0_status, dma1_status, gemm_status,
     vector_status, attn_status, stripe_status : Out — every unit's counters.
     cmp_status : Out(:data:`mcf.abi.compute.COMPUTE_BUSY_STATUS`) — busy cycles per record
         stream and in all (a record is in progress from its transfer to its ``done``).
+
+    With ``config.tiled`` the ATTEND records are split by ``arg.mode``
+    (:class:`~mcf.hdl.node.attend_split.AttendSplit`): PREFILL_TILE to a
+    :class:`~mcf.hdl.node.tile_unit.TileUnit` (``max_chunk`` = ``tile_max_chunk``, query tiles
+    of :data:`~mcf.abi.attend.ATTEND_TILE_ROWS` rows) →
+    :class:`~mcf.hdl.compute.tile_prefill.TilePrefill` (``keys`` = ``tile_keys``, ``lanes`` =
+    ``tile_lanes``), the other modes to the AttendUnit, one record at a time; ``attend_done``
+    is either's ``done``, ``att_status`` their counters summed. The one KV reader serves both
+    (its block requests from, and its ``k``/``v`` to, the record's executor: TilePrefill's
+    ``in_lanes`` is ``attn_lanes``) — a second one would idle whenever the first works and
+    cost a DMA reader, its V FIFO (block RAM) and a bus name — and ``att_rd`` / ``att_wr`` are
+    the record's executor's read and write masters (a select, not an arbiter: only one
+    executor is in work). Without the tiled path the node is as it was: PREFILL_TILE is a bad
+    record (``attend_model(..., max_chunk=0)``).
 
     Latency: each unit's own (their docstrings); the three record streams run concurrently,
     each one record at a time.
@@ -102,6 +121,16 @@ class NodeCompute(wiring.Component):
         self.engine = AttentionEngine(c.attn_head_dim, c.attn_lanes, c.attn_heads,
                                       c.attn_block, data_width=PACKET_WIDTH,
                                       kv_format=c.kv_format)
+        if c.tiled:
+            self.split = AttendSplit()
+            self.tiler = TileUnit(c.attn_head_dim, c.attn_heads, c.attn_block,
+                                  max_list=c.attn_max_list, max_chunk=c.tile_max_chunk,
+                                  rows=ATTEND_TILE_ROWS, data_width=AXI_WIDTH)
+            self.prefill = TilePrefill(keys=c.tile_keys, head_dim=c.attn_head_dim,
+                                       lanes=c.tile_lanes, in_lanes=c.attn_lanes,
+                                       max_block=c.attn_block, rows=ATTEND_TILE_ROWS,
+                                       max_rows=self.tiler.max_rows, max_heads=c.attn_heads,
+                                       kv_format=c.kv_format)
         rec = stream.Signature(CMD)
         axi = AXI4Signature(ADDR_BITS, AXI_WIDTH)
         super().__init__({
@@ -144,25 +173,32 @@ class NodeCompute(wiring.Component):
         m.d.comb += [self.emit_done.eq(e.done), e.cfg.eq(self.emit_cfg),
                      e.local_id.eq(self.local_id)]
 
-        # ATTEND: lists → KV reader + attention engine → o/l or staged states
-        wiring.connect(m, wiring.flipped(self.attend), a.rec)
+        # ATTEND: lists → KV reader + attention engine → o/l or staged states (with the tiled
+        # path: split by mode, PREFILL_TILE → TileUnit → TilePrefill → rows; _tiled)
+        tiled = self.config.tiled
+        if not tiled:
+            wiring.connect(m, wiring.flipped(self.attend), a.rec)
         wiring.connect(m, a.job, g.job)
         wiring.connect(m, a.q, g.q)
-        wiring.connect(m, a.blocks, r.blocks)
-        wiring.connect(m, r.k, g.k)
-        wiring.connect(m, r.v, g.v)
+        if not tiled:
+            wiring.connect(m, a.blocks, r.blocks)
+            wiring.connect(m, r.k, g.k)
+            wiring.connect(m, r.v, g.v)
         wiring.connect(m, g.o, a.o)
         wiring.connect(m, a.staged, wiring.flipped(self.staged_attn))
-        m.d.comb += [self.attend_done.eq(a.done), a.list_base.eq(self.att_list_base)]
+        att_done, att_status = self._tiled(m) if tiled else (a.done, a.status)
+        m.d.comb += [self.attend_done.eq(att_done), a.list_base.eq(self.att_list_base)]
 
         buses = {"walker": w.m_axi, "mat0": x.m_axi0, "mat1": x.m_axi1, "emit": e.bus,
                  "att_rd": a.rd_bus, "att_wr": a.wr_bus, "kvr": r.bus,
                  **{b: getattr(x, f"m_axi_{b}") for b in WEIGHT_BUSES}}
+        if tiled:                       # steered in _tiled
+            del buses["att_rd"], buses["att_wr"]
         for name, bus in buses.items():
             wiring.connect(m, bus, wiring.flipped(getattr(self, f"m_axi_{name}")))
 
         m.d.comb += [self.jobs_status.eq(w.status), self.emit_status.eq(e.status),
-                     self.att_status.eq(a.status), self.kvr_status.eq(r.status),
+                     self.att_status.eq(att_status), self.kvr_status.eq(r.status),
                      self.dma0_status.eq(x.dma0_status), self.dma1_status.eq(x.dma1_status),
                      self.gemm_status.eq(x.gemm_status), self.vector_status.eq(x.vec_status),
                      self.attn_status.eq(g.status), self.stripe_status.eq(x.stripe_status)]
@@ -170,7 +206,7 @@ class NodeCompute(wiring.Component):
         # busy cycles: a record is in progress from its transfer to its done strobe
         st = self.cmp_status
         flags = []
-        for name, done in (("job", w.done), ("emit", e.done), ("attend", a.done)):
+        for name, done in (("job", w.done), ("emit", e.done), ("attend", att_done)):
             rec = getattr(self, name)
             busy = Signal(name=f"{name}_busy")
             with m.If(rec.valid & rec.ready):
@@ -181,3 +217,27 @@ class NodeCompute(wiring.Component):
             flags.append(busy)
         m.d.sync += st.busy_cycles.eq(st.busy_cycles + Cat(*flags).any())
         return m
+
+    def _tiled(self, m: Module):
+        """The ATTEND records split by mode between AttendUnit and TileUnit (→ TilePrefill),
+        the KV reader and ``att_rd``/``att_wr`` steered by the record in work; returns the
+        ``done`` strobe and the summed ``ATTEND_STATUS``."""
+        a, r, g = self.attender, self.reader, self.engine
+        m.submodules.split = s = self.split
+        m.submodules.tiler = t = self.tiler
+        m.submodules.prefill = p = self.prefill
+        wiring.connect(m, wiring.flipped(self.attend), s.rec)
+        wiring.connect(m, s.attend, a.rec)
+        wiring.connect(m, s.tile, t.rec)
+        for name in ("chunk", "q", "desc"):
+            wiring.connect(m, getattr(t, name), getattr(p, name))
+        wiring.connect(m, p.o, t.o)
+        m.d.comb += [s.attend_done.eq(a.done), s.tile_done.eq(t.done),
+                     s.attend_status.eq(a.status), s.tile_status.eq(t.status),
+                     t.list_base.eq(self.att_list_base)]
+        steer(m, s.tiled, a.blocks, t.blocks, wiring.flipped(r.blocks))
+        steer(m, s.tiled, g.k, p.k, wiring.flipped(r.k))
+        steer(m, s.tiled, g.v, p.v, wiring.flipped(r.v))
+        steer(m, s.tiled, a.rd_bus, t.rd_bus, self.m_axi_att_rd)
+        steer(m, s.tiled, a.wr_bus, t.wr_bus, self.m_axi_att_wr)
+        return s.done, s.status

@@ -155,17 +155,19 @@ class TileUnit(wiring.Component):
     tile's rows in the order they finish, so a gather would need a buffer of a tile's rows;
     per-head writes are ``head_dim · 4``-byte bursts and need none.
 
-    Node-top wiring (not built): the COMPUTE sequencer's ATTEND records split by ``arg.mode``
-    (PREFILL_TILE here, the others to AttendUnit, which with ``max_chunk`` > 0 must stop
-    counting PREFILL_TILE as a bad record: together they are ``attend_model(...,
+    In the node (:class:`~mcf.hdl.node.compute.NodeCompute` of a configuration with the tiled
+    path, ``NodeConfig.tiled``): the ATTEND records are split by ``arg.mode``
+    (:class:`~mcf.hdl.node.attend_split.AttendSplit`: PREFILL_TILE here, the others to
+    AttendUnit, one record at a time; together they are ``attend_model(...,
     max_chunk=max_chunk)``), the two ``done`` strobes OR'd and their ``ATTEND_STATUS``
-    counters summed into ``att_*``; ``rd_bus`` and ``wr_bus`` two more clients of an
-    :class:`~mcf.hdl.mem.axi_mux.AxiPortMux` (or the same as AttendUnit's if the dispatch runs
-    one ATTEND record at a time); a :class:`~mcf.hdl.node.kv_reader.KvReader` with ``lanes`` =
-    TilePrefill's ``in_lanes`` and this ``max_block`` (PER_TOKEN records only), on its own read
-    port or AttendUnit's with ``k``/``v`` steered by the record's mode. Latency: the list, two
-    passes over the slots, then the chain's; records are not overlapped (the next record is
-    taken after ``done``).
+    counters summed into ``att_*``; ``rd_bus`` / ``wr_bus`` are ``att_rd`` / ``att_wr`` while a
+    PREFILL_TILE record is in work, and the node's one
+    :class:`~mcf.hdl.node.kv_reader.KvReader` (``lanes`` = ``attn_lanes`` = TilePrefill's
+    ``in_lanes``, PER_TOKEN records only) takes this unit's block requests and feeds
+    TilePrefill's ``k``/``v`` (:func:`~mcf.hdl.node.attend_split.steer`).
+
+    Latency: the list, two passes over the slots, then the chain's; records are not overlapped
+    (the next record is taken after ``done``).
     """
 
     def __init__(self, head_dim: int = 128, max_heads: int = 6, max_block: int = 256, *,

@@ -14,6 +14,7 @@ from .compute import GemmLimits
 from .csrmap import NODE_LINKS
 from .framing import MAX_PAYLOAD
 from .kv import KVFormat
+from .kv_channel import KV_GROUP
 from .meta import META
 from .node import CMD_RING_MAX_LOG2
 from .platform import HP_PORTS
@@ -32,6 +33,8 @@ TOP_ADDR_BITS = 49
 inside, the DMA keeps :data:`mcf.abi.compute.DMA_ADDR_BITS` and the top bits are zero)."""
 TOP_ID_BITS = 6
 """AXI ID width of the node top's ``m_axi_hp*`` ports (the HP slave ports' ID width)."""
+_TILE_CHUNK_BITS = 4
+"""Width of ``CAPS.tile_chunk_log2``."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,11 @@ class NodeConfig:
     attn_block: int = 256
     attn_max_list: int = 64        # AttendUnit ``max_list``: KV blocks per ATTEND list
     kv_format: KVFormat = KVFormat.PER_TOKEN
+    # The tiled prefill (ATTEND PREFILL_TILE: TileUnit → TilePrefill, docs/attention.md).
+    # ``tile_keys`` = 0: no tiled path (PREFILL_TILE records are bad records).
+    tile_keys: int = 0             # TilePrefill ``keys``: keys per score beat
+    tile_lanes: int = 16           # TilePrefill ``lanes``: channels per cycle of its S arrays
+    tile_max_chunk: int = 0        # TileUnit ``max_chunk``: query tokens per record (a power of 2)
     reduce_slots: int = 12
     kv_count: int = 1 << META["kv_id"].width
     ring_fifo: int = 32
@@ -68,6 +76,34 @@ class NodeConfig:
         if self.kv_count & (self.kv_count - 1) or not 2 <= self.kv_count <= (
                 1 << META["kv_id"].width):
             raise ValueError(f"{self.name}: kv_count must be a power of two ≤ 2^kv_id bits")
+        if self.tile_keys:
+            self._check_tile()
+        elif self.tile_max_chunk:
+            raise ValueError(f"{self.name}: tile_max_chunk without the tiled path (tile_keys 0)")
+
+    def _check_tile(self):
+        """The tiled path's sizes against its parts' rules: TilePrefill reads the KV reader's
+        beats (``attn_lanes`` channels, PER_TOKEN records only), its key tile
+        (``tile_keys · attn_head_dim / tile_lanes`` keys) divides ``KV_GROUP`` and
+        ``attn_block``, and ``CAPS.tile_chunk_log2`` carries ``tile_max_chunk``."""
+        n, d = self.name, self.attn_head_dim
+        if self.kv_format != KVFormat.PER_TOKEN:
+            raise ValueError(f"{n}: the tiled path reads PER_TOKEN K/V records only")
+        if self.tile_lanes < 1 or d % self.tile_lanes:
+            raise ValueError(f"{n}: tile_lanes must divide attn_head_dim")
+        kt = self.tile_keys * (d // self.tile_lanes)
+        if KV_GROUP % kt or self.attn_block % kt:
+            raise ValueError(f"{n}: the key tile ({kt} keys) must divide {KV_GROUP} and "
+                             "attn_block")
+        c = self.tile_max_chunk
+        if c < 2 or c & (c - 1) or c.bit_length() - 1 >= 1 << _TILE_CHUNK_BITS:
+            raise ValueError(f"{n}: tile_max_chunk must be a power of two in "
+                             f"2..2^{(1 << _TILE_CHUNK_BITS) - 1}")
+
+    @property
+    def tiled(self) -> bool:
+        """The node runs ATTEND PREFILL_TILE records (``CAPS.tile_chunk_log2`` ≠ 0)."""
+        return self.tile_keys > 0
 
     @property
     def macs_per_cycle(self) -> int:
@@ -85,13 +121,17 @@ class NodeConfig:
 
 
 KR260 = NodeConfig(name="kr260", top="mcf_node")
+"""No tiled path: TilePrefill on arrays of its own does not fit beside the node's arrays
+(docs/attention.md, "Resources at the kr260 shape": BRAM36 binds first)."""
 SIM = NodeConfig(name="sim", top="mcf_node_sim", gemm_arrays=1, gemm_chain=1, gemm_dsp="fabric",
                  gemm_k_max=256, gemm_m_max=16,
                  vec_n_max=256, attn_head_dim=32, attn_lanes=4, attn_heads=2, attn_block=32,
+                 tile_keys=4, tile_lanes=8, tile_max_chunk=32,
                  reduce_slots=4, kv_count=256, ring_fifo=8)
 """The tiny model's geometry (:data:`mcf.golden.qwen_layer.TINY`: hidden 128, head_dim 32,
 intermediate 256, 2 query heads per KV head) on one 16 × 16 GEMM array and a 4-lane attention
-engine."""
+engine; the tiled prefill at 4 keys × 8 channels per cycle (16-key tiles), chunks of up to 32
+tokens (``attn_block``: a slice the host sends is at most one KV block)."""
 NODE_CONFIGS: dict[str, NodeConfig] = {c.name: c for c in (KR260, SIM)}
 
 _CAPS_FIELDS: tuple[tuple[str, int, str], ...] = (
@@ -101,6 +141,8 @@ _CAPS_FIELDS: tuple[tuple[str, int, str], ...] = (
     ("attn_lanes_log2", 3, "log2 of the attention engine's lanes"),
     ("ring_max_log2", 5, "largest CMDq_SIZE the ring readers accept"),
     ("links", 2, "physical links"),
+    ("tile_chunk_log2", _TILE_CHUNK_BITS,
+     "log2 of ATTEND PREFILL_TILE's tokens per record; 0: no tiled path (a bad record)"),
 )
 
 
@@ -113,7 +155,8 @@ def caps_register() -> Register:
 def caps_value(cfg: NodeConfig) -> int:
     vals = {"kv_count_log2": cfg.kv_count.bit_length() - 1, "reduce_slots": cfg.reduce_slots,
             "gemm_arrays": cfg.gemm_arrays, "attn_lanes_log2": cfg.attn_lanes.bit_length() - 1,
-            "ring_max_log2": CMD_RING_MAX_LOG2, "links": cfg.links}
+            "ring_max_log2": CMD_RING_MAX_LOG2, "links": cfg.links,
+            "tile_chunk_log2": cfg.tile_max_chunk.bit_length() - 1 if cfg.tiled else 0}
     word = 0
     for fld, off in caps_register().offsets():
         if not 0 <= vals[fld.name] < (1 << fld.width):

@@ -50,9 +50,12 @@ its stride is the whole row of all query heads). SINGLE only (:data:`SOFTMAX_OF_
 row shift depends on the block's keys, so its sums are not split-invariant, and FIXED's unpacked
 20-bit ``w`` (:data:`mcf.abi.attn_tile.PV_W`) does not fit the packed P·V arrays — a
 ``two_phase`` run keeps PREFILL EXACT records. The query tile size changes the order and the
-number of block requests, never the bits (rows are independent). The RTL ``AttendUnit`` has no
-tiled path yet: it counts PREFILL_TILE records as ``bad_record`` (the golden model with
-``max_chunk`` = 0).
+number of block requests, never the bits (rows are independent). In the RTL a node with the
+tiled path (``NodeConfig.tiled``, ``CAPS.tile_chunk_log2`` ≠ 0) runs PREFILL_TILE records on
+its ``TileUnit`` (``max_chunk`` = ``tile_max_chunk``); a node without it (kr260) counts them as
+``bad_record`` (the golden model with ``max_chunk`` = 0). The layer program
+(:mod:`mcf.node.layer`) issues one PREFILL_TILE record per (chunk, KV head) on a tiled node in
+a ``single`` run (:func:`mcf.node.layer.prefill_tile_chunk`).
 
 **Outputs.** DECODE SINGLE (not normalised): per query head one payload, the state
 ``(m, l, o)`` (:func:`mcf.abi.softmax.pack_state`, ``state_bytes(d)``), staged whole in the send

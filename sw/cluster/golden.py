@@ -15,6 +15,10 @@ with the embedding lookup and the token choice on the host (docs/cluster.md "Who
   softmax, whose bits follow the block partition and so N; ``two_phase`` — PREFILL EXACT and
   the two-phase decode: the run equals :class:`~mcf.model.golden.IntModel` with
   ``prefill_mode="exact"``, ``decode_mode="two_phase"`` for every N (tested).
+* **Tiled prefill** (``tiled``, off by default; a ``single`` run on nodes with the tiled path,
+  :func:`mcf.node.layer.prefill_tile_chunk`): the prefill's attention is the PREFILL_TILE
+  records' P8 rule (``golden_prefill(..., tiled=True)``; :class:`~mcf.model.golden.IntModel`'s
+  ``prefill_mode="tiled"``).
 * **Head** (node; :mod:`mcf.node.head`): :meth:`mcf.model.golden.IntModel.head` — final
   RMSNorm, requantisation, the INT4 lm_head GEMM — on the last prompt row, then on every decode
   token's last-layer row; the node's logits must equal these bit for bit. Greedy (host) is the
@@ -77,8 +81,8 @@ class ClusterGolden:
     """The golden run built step by step: :meth:`prefill` once, then :meth:`decode_token` per
     token (the RTL run checks each step as it goes)."""
 
-    def __init__(self, qm: QuantModel, plan, softmax: str = "single"):
-        self.qm, self.plan, self.softmax = qm, plan, softmax
+    def __init__(self, qm: QuantModel, plan, softmax: str = "single", tiled: bool = False):
+        self.qm, self.plan, self.softmax, self.tiled = qm, plan, softmax, tiled
         self.cfg: LayerConfig = qm.cfg.layer
         self._head = IntModel(qm).head
         self.run: GoldenRun | None = None
@@ -102,7 +106,7 @@ class ClusterGolden:
                              f"{len(prompt)}")
         pre = golden_prefill(self.embed(prompt), self.qm.layers, self.cfg,
                              plan_slices(self.plan), act_in=True,
-                             exact=self.softmax == "two_phase")
+                             exact=self.softmax == "two_phase", tiled=self.tiled)
         logits = self.head(pre[-1].y[-1])
         self.run = GoldenRun(prompt, pre, logits=[logits], tokens=[greedy(logits)])
         self._extra = {}

@@ -40,6 +40,7 @@ class RunSetup:
     def prepare(cls, spec: RunSpec) -> RunSetup:
         """Load and quantise ``spec``'s model, plan the run, compute the golden prefill."""
         from ..model import model_from_spec, quantize_model
+        from ..node.layer import prefill_tile_chunk
 
         mcfg, tensors = model_from_spec(spec.model, seed=spec.seed) if spec.model == "tiny" \
             else model_from_spec(spec.model)
@@ -48,14 +49,15 @@ class RunSetup:
         blocks, held = decode_held(p, spec.decode_tokens)
         prompt, answer = run_prompt(spec, mcfg)
         replicated = None
+        tiled = prefill_tile_chunk(NODE_CONFIGS[spec.config], spec.softmax) > 0
         if spec.decode == "tp":
             from .tp import TPClusterGolden
 
-            golden = TPClusterGolden(qm, p, spec.softmax)
-            replicated = ClusterGolden(qm, p, spec.softmax)
+            golden = TPClusterGolden(qm, p, spec.softmax, tiled=tiled)
+            replicated = ClusterGolden(qm, p, spec.softmax, tiled=tiled)
             replicated.prefill(prompt)
         else:
-            golden = ClusterGolden(qm, p, spec.softmax)
+            golden = ClusterGolden(qm, p, spec.softmax, tiled=tiled)
         return cls(spec, mcfg, tensors, qm, p, NODE_CONFIGS[spec.config], golden, prompt,
                    answer, golden.prefill(prompt), golden.embed(prompt), blocks, held,
                    replicated)
@@ -69,7 +71,7 @@ class RunSetup:
         of a node whose buffer starts at bus address ``base``; it ends at ``image.alloc.at``."""
         from ..node.decode import decode_layout, slice_tokens
         from ..node.head import HeadImage
-        from ..node.layer import max_read_set
+        from ..node.layer import max_read_set, prefill_tile_chunk
         from ..node.layout import NodeLayout
 
         p, cfg, qm = self.plan, self.config, self.quantized
@@ -79,6 +81,7 @@ class RunSetup:
         return HeadImage(self.model.layer, qm.layers, cfg, lay,
                          tokens=slice_tokens(p), decode_blocks=self.decode_blocks,
                          max_blocks=max_read_set(p), softmax=self.spec.softmax,
+                         tile_chunk=prefill_tile_chunk(cfg, self.spec.softmax),
                          lm_head=qm.lm_head, norm=qm.norm)
 
     def tp_image(self, image, node: int):

@@ -139,8 +139,8 @@ class TPClusterGolden(ClusterGolden):
     head are the replicated run's. ``run.decode[k][l]`` is a
     :class:`~mcf.golden.tp_decode.TPDecodeLayer`."""
 
-    def __init__(self, qm, plan, softmax: str = "single", order=None):
-        super().__init__(qm, plan, softmax)
+    def __init__(self, qm, plan, softmax: str = "single", order=None, tiled: bool = False):
+        super().__init__(qm, plan, softmax, tiled=tiled)
         self.split = tp_split(self.cfg, plan.cluster.nodes)
         self.order = order
 

@@ -183,10 +183,13 @@ class RingLayout:
 
 @dataclass(frozen=True)
 class NodeLimits:
-    """What a node can hold, from its ``CAPS`` word: directory entries (``KV_COUNT`` ≤) and the
-    largest ring (``CMDq_SIZE`` ≤)."""
+    """What a node can hold, from its ``CAPS`` word: directory entries (``KV_COUNT`` ≤), the
+    largest ring (``CMDq_SIZE`` ≤) and the query tokens of an ATTEND PREFILL_TILE record
+    (``tile_max_chunk``; 0: no tiled path — the node program issues per-token PREFILL records,
+    :func:`mcf.node.layer.prefill_tile_chunk`)."""
     kv_count: int
     ring_max_log2: int
+    tile_max_chunk: int = 0
 
 
 def node_limits(caps_word: int, config: NodeConfig | None = None) -> NodeLimits:
@@ -195,9 +198,11 @@ def node_limits(caps_word: int, config: NodeConfig | None = None) -> NodeLimits:
     caps = caps_register().unpack(caps_word)
     kv = 1 << caps["kv_count_log2"]
     ring = min(caps["ring_max_log2"], CMD_RING_MAX_LOG2)
+    tile = 1 << caps["tile_chunk_log2"] if caps["tile_chunk_log2"] else 0
     if config is not None:
         kv = min(kv, config.kv_count)
-    return NodeLimits(kv_count=kv, ring_max_log2=ring)
+        tile = min(tile, config.tile_max_chunk)
+    return NodeLimits(kv_count=kv, ring_max_log2=ring, tile_max_chunk=tile)
 
 
 def check_layout(layout, limits: NodeLimits) -> None:

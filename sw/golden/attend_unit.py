@@ -6,8 +6,10 @@ The record, list, query and output formats are the ABI's (:mod:`mcf.abi.attend`)
 attention arithmetic is :mod:`mcf.golden.attention`'s (DECODE, PREFILL) and
 :mod:`mcf.golden.attention_tiled`'s (PREFILL_TILE: the tiled arrays' P8 arithmetic through the
 packed-array model, ``array=True``, in :func:`~mcf.golden.attention_tiled.tile_schedule`'s
-order). The RTL ``AttendUnit`` runs DECODE and PREFILL; it has no tiled path yet, i.e. it is
-the model with ``max_chunk = 0`` (PREFILL_TILE records are bad records).
+order). The RTL ``AttendUnit`` runs DECODE and PREFILL; a node with the tiled path
+(``NodeConfig.tiled``) sends PREFILL_TILE records to its ``TileUnit`` instead, and the two
+together are the model with ``max_chunk`` = ``tile_max_chunk``; a node without it is the model
+with ``max_chunk = 0`` (PREFILL_TILE records are bad records).
 """
 
 from __future__ import annotations
@@ -111,9 +113,9 @@ def attend_model(arg: int, list_base: int, read: Callable[[int, int], bytes], he
 
     The unit's generics: ``head_dim``, ``max_heads``, ``max_block``, ``max_list``;
     ``max_chunk`` — PREFILL_TILE's tokens per chunk (0: no tiled path, PREFILL_TILE is a bad
-    record — today's ``AttendUnit``); ``kv_format`` — the blocks' records
-    (:class:`mcf.abi.kv.KVFormat`, as the engine's ``kv_format``; the RTL ``KvReader`` reads
-    PER_TOKEN ones); ``tile_rows`` — PREFILL_TILE's query tile
+    record — ``AttendUnit`` alone, a node without the tiled path); ``kv_format`` — the
+    blocks' records (:class:`mcf.abi.kv.KVFormat`, as the engine's ``kv_format``; the RTL
+    ``KvReader`` reads PER_TOKEN ones); ``tile_rows`` — PREFILL_TILE's query tile
     (:data:`~mcf.abi.attend.ATTEND_TILE_ROWS`; it changes ``blocks``, not the bits).
     ``p_format``: PREFILL_TILE's P·V format, the record's :data:`mcf.abi.attn_tile.P8`;
     ``None`` (today's unpacked ``w``) gives the bits of a loop of PREFILL records, for tests

@@ -29,7 +29,10 @@ matches (issue #14 item 1). Every number is an integer code of an :mod:`mcf.abi`
   :func:`~mcf.golden.attention.normalize_state`); ``"exact"``: the ATTEND PREFILL EXACT rule —
   the causal maximum first, then exact sums against it
   (:func:`~mcf.golden.attention.attend_exact_rows`), independent of ``block_tokens``;
-  ATTN_OUT codes are ACT codes.
+  ``"tiled"``: the ATTEND PREFILL_TILE rule of a node with the tiled path — single pass with
+  P·V in the 8-bit row-scaled :data:`mcf.abi.attn_tile.P8`
+  (:func:`mcf.golden.attention_tiled.attend_prefill_tiled`), whose rows differ from
+  ``"single"``'s; ATTN_OUT codes are ACT codes.
 * **Decode attention** (:meth:`IntModel.decode`), ``decode_mode``:
   ``"two_phase"`` (default): the global maximum over every block
   (:func:`~mcf.golden.attention.attend_max`), then exponentials against it with exact sums
@@ -51,6 +54,7 @@ from functools import partial
 
 import numpy as np
 
+from mcf.abi.attn_tile import P8
 from mcf.abi.fixed import round_shift, saturate
 from mcf.abi.kv import quantize_kv_rows
 from mcf.abi.kv_channel import KV_GROUP, KVFormat
@@ -65,6 +69,7 @@ from mcf.golden.attention import (
     attend_single,
     normalize_state,
 )
+from mcf.golden.attention_tiled import attend_prefill_tiled
 from mcf.golden.qwen_layer import QuantLayer, _linear, layer_fixed, quantize_layer
 from mcf.quant import QuantWeight, from_act, quantize_weight
 
@@ -75,7 +80,7 @@ __all__ = ["QuantModel", "quantize_model", "embed_codes", "KVStore", "IntModel",
            "IntGeneration", "DECODE_MODES", "PREFILL_MODES", "DEFAULT_BLOCK_TOKENS"]
 
 DECODE_MODES = ("two_phase", "single")
-PREFILL_MODES = ("single", "exact")
+PREFILL_MODES = ("single", "exact", "tiled")
 DEFAULT_BLOCK_TOKENS = 16
 """KV block length (positions) of the golden model unless told otherwise."""
 
@@ -231,6 +236,10 @@ class IntModel:
             for g, store in enumerate(self.kv[layer]):
                 hs = slice(g * rep, (g + 1) * rep)
                 blocks = store.blocks(self.block_tokens)
+                if not decode and self.prefill_mode == "tiled":     # PREFILL_TILE (P8)
+                    out[:, hs] = attend_prefill_tiled(qc[:, hs], sq[:, hs], blocks, pos,
+                                                      p_format=P8)
+                    continue
                 if not decode:        # every query token of the chunk at once, causally
                     out[:, hs] = attend_prefill(qc[:, hs], sq[:, hs], blocks, pos,
                                                 exact=self.prefill_mode == "exact")

@@ -14,12 +14,16 @@ Per layer ``l`` the node's COMPUTE records are:
 3. A **block barrier** (NOP with a landed wait) per KV block the attention reads.
 4. ``ATTEND`` (PREFILL; EXACT in a ``two_phase`` run) per slice token and KV head over the
    blocks at or before the token, in ``(block, slice)`` order; ``o/l`` rows land in the layer's
-   attention buffer.
+   attention buffer. On a node with the tiled path (``ModelImage.tile_chunk`` > 0, a
+   ``single`` run: :func:`prefill_tile_chunk`) one PREFILL_TILE record per chunk of at most
+   ``tile_chunk`` slice tokens and KV head instead, over the blocks at or before the chunk's
+   last token; its rows land where the per-token records put them.
 5. ``JOB 2l+1`` — requantise, O projection, residual, RMSNorm, gate/up, SiLU·mul, down,
    residual: the layer output, the next layer's input.
 
 The same numbers on the host: :func:`golden_prefill` (the engines' golden models chained in the
-same order and block partition), against which the RTL is compared bit for bit.
+same order and block partition; ``tiled=True`` for a program of PREFILL_TILE records, whose P8
+attention differs from PREFILL's), against which the RTL is compared bit for bit.
 """
 
 from __future__ import annotations
@@ -38,8 +42,10 @@ from ..abi.attend import (
     AttendHeader,
     AttendMode,
     attend_list_bytes,
+    prefill_out_bytes,
     prefill_query_address,
 )
+from ..abi.attn_tile import P8
 from ..abi.compute import STRIPE_ALIGN, StripeJob
 from ..abi.decode_land import query_slot_bytes
 from ..abi.emit import EmitArg, EmitConfig, kv_pair_bytes
@@ -58,12 +64,14 @@ from ..abi.quant import (
 )
 from ..abi.query import QUERY_HEADER, QUERY_HEADER_BYTES, query_head_bytes
 from ..golden.attention import KVBlock, attend_prefill
+from ..golden.attention_tiled import attend_prefill_tiled
 from ..golden.qwen_layer import LayerConfig, QuantLayer, layer_fixed
 from ..quant import QuantWeight, gemm_stripe_image, to_act
 from .layout import REGION_ALIGN, NodeLayout
 
 __all__ = ["ModelImage", "LayerBuffers", "layer_records", "golden_prefill", "act_bytes",
-           "read_act", "slice_positions", "read_set", "max_read_set", "row_ranges"]
+           "read_act", "slice_positions", "read_set", "max_read_set", "row_ranges",
+           "prefill_tile_chunk", "prefill_attention"]
 
 ZERO_ROW = 0
 
@@ -75,6 +83,14 @@ def act_bytes(a) -> bytes:
 
 def read_act(raw: bytes, rows: int, cols: int) -> np.ndarray:
     return np.frombuffer(raw[:rows * cols * 4], dtype="<i4").astype(np.int64).reshape(rows, cols)
+
+
+def prefill_tile_chunk(config: NodeConfig, softmax: str) -> int:
+    """Query tokens per PREFILL_TILE record of a run's layer program: the node's
+    ``tile_max_chunk`` on a node with the tiled path (``NodeConfig.tiled``; the board's
+    ``CAPS.tile_chunk_log2``) in a ``single`` run, else 0 — per-token PREFILL records (a
+    ``two_phase`` run keeps PREFILL EXACT, whose rows do not depend on N; P8 is SINGLE only)."""
+    return config.tile_max_chunk if config.tiled and softmax == "single" else 0
 
 
 def row_ranges(m: int, m_max: int) -> list[tuple[int, int]]:
@@ -137,7 +153,9 @@ class ModelImage:
     than the GEMM's ``gemm_m_max`` runs each projection as several GEMM jobs over row ranges
     (:func:`row_ranges`, each range requantised into its own buffer: the same bits);
     ``positions`` are written per step (:meth:`step_writes`); ``softmax``: the run's attention
-    softmax (:data:`mcf.abi.attend.RUN_SOFTMAX`)."""
+    softmax (:data:`mcf.abi.attend.RUN_SOFTMAX`); ``tile_chunk``: query tokens per
+    PREFILL_TILE record (1..``config.tile_max_chunk``, ``single`` only; 0: per-token PREFILL
+    records; a run takes :func:`prefill_tile_chunk`)."""
     cfg: LayerConfig
     layers: list[QuantLayer]
     config: NodeConfig
@@ -145,12 +163,18 @@ class ModelImage:
     tokens: int
     max_blocks: int = 8           # KV blocks one ATTEND list may name (list region size)
     softmax: str = "single"
+    tile_chunk: int = 0
     image: dict[int, bytes] = field(default_factory=dict)
     bufs: list[LayerBuffers] = field(default_factory=list)
 
     def __post_init__(self):
         if self.softmax not in RUN_SOFTMAX:
             raise ValueError(f"softmax {self.softmax!r}: one of {', '.join(RUN_SOFTMAX)}")
+        if self.tile_chunk and not (self.softmax == "single" and self.config.tiled
+                                    and 1 <= self.tile_chunk <= self.config.tile_max_chunk):
+            raise ValueError(f"tile_chunk {self.tile_chunk}: PREFILL_TILE records need a "
+                             f"single run on a node with the tiled path, chunks of 1.."
+                             f"{self.config.tile_max_chunk} tokens ({self.config.name})")
         cfg, m = self.cfg, self.tokens
         hd, h, inter = cfg.head_dim, cfg.hidden, cfg.intermediate
         nq, nkv = cfg.heads * hd, cfg.kv_heads * hd
@@ -374,20 +398,25 @@ def layer_records(plan, index: int, node: int, model: ModelImage, store: list[Me
                             meta=_fragment_meta(plan, node, kid, 0, 0).pack(),
                             wait=len(enc.fragments(slice_positions(plan, b, s)[1]))))
         lb = model.bufs[layer]
-        for t in range(m):
+        step = model.tile_chunk or 1      # query tokens per record
+        mode = AttendMode.PREFILL_TILE if model.tile_chunk else AttendMode.PREFILL
+        stride = cfg.heads * prefill_out_bytes(1, hd)     # one token's row of all query heads
+        for t in range(0, m, step):
+            n = min(step, m - t)
             for g in range(cfg.kv_heads):
                 ents = []
                 for b, s in blocks:
                     q0, qn = slice_positions(plan, b, s)
-                    if q0 > p0 + t:
+                    if q0 > p0 + t + n - 1:
                         continue
                     ents.append(AttendBlock(block_address(lay.kv, enc.kv_id(layer, b, s), g,
                                                           lay.kv_layout), qn, q0))
-                hdr = AttendHeader(model.query_address(lb, t, g),
-                                   lb.buf["att"] + (t * cfg.heads + g * rep) * hd * 4)
+                out = lb.buf["att"] + t * stride + g * prefill_out_bytes(rep, hd)
+                hdr = (AttendHeader(model.query_address(lb, t, g), out, n, stride)
+                       if model.tile_chunk else AttendHeader(model.query_address(lb, t, g), out))
                 lists[list_base + n_list * ATT_ENTRY_BYTES] = attend_list_bytes(hdr, ents)
                 cmds.append(Cmd(RecordClass.ATTEND, Queue.COMPUTE,
-                                arg=AttendArg(n_list, len(ents), AttendMode.PREFILL, rep,
+                                arg=AttendArg(n_list, len(ents), mode, rep,
                                               PREFILL_SOFTMAX[model.softmax]).pack()))
                 n_list += per_list
         cmds.append(Cmd(RecordClass.JOB, Queue.COMPUTE,
@@ -408,9 +437,25 @@ class GoldenLayer:
     kv: list[bytes]
 
 
+def prefill_attention(qc, sq, blocks: list, pos, *, exact: bool = False,
+                      tiled: bool = False) -> np.ndarray:
+    """The prefill attention ``o / l`` (``[t, G, d]``) of query heads ``qc[t, G, d]`` (scales
+    ``sq[t, G, 2]``) at positions ``pos[t]`` over ``blocks`` in list order, as the node's
+    ATTEND records compute it: PREFILL (:func:`mcf.golden.attention.attend_prefill`; ``exact``:
+    PREFILL EXACT) or, with ``tiled``, PREFILL_TILE — the tiled prefill with P·V in
+    :data:`mcf.abi.attn_tile.P8` (:func:`mcf.golden.attention_tiled.attend_prefill_tiled`,
+    SINGLE only; rows are independent, so the chunking into records and the query tile do not
+    change the bits)."""
+    if tiled:
+        if exact:
+            raise ValueError("PREFILL_TILE runs SINGLE only: a two_phase run keeps PREFILL EXACT")
+        return attend_prefill_tiled(qc, sq, blocks, pos, p_format=P8)
+    return attend_prefill(qc, sq, blocks, pos, exact)
+
+
 def golden_prefill(x, layers: list[QuantLayer], cfg: LayerConfig,
                    block_slices, *, act_in: bool = False,
-                   exact: bool = False) -> list[GoldenLayer]:
+                   exact: bool = False, tiled: bool = False) -> list[GoldenLayer]:
     """The layer program's arithmetic over the whole prompt: ``x`` float rows ``[S, hidden]``
     (ACT codes with ``act_in``: the embedding lookup's rows);
     ``block_slices`` = ``[(p0, tokens), ...]`` the KV blocks in list order (MARS's slices).
@@ -419,7 +464,8 @@ def golden_prefill(x, layers: list[QuantLayer], cfg: LayerConfig,
     the blocks at or before it (causal inside), block by block, as the ATTEND executor does.
     (Q and K in pair order on the node give the same scores: the permutation is shared.)
     ``exact``: the PREFILL EXACT rule (a ``two_phase`` run), whose rows do not depend on
-    ``block_slices``."""
+    ``block_slices``; ``tiled``: the PREFILL_TILE records' P8 attention (a program of a
+    :class:`ModelImage` with ``tile_chunk`` > 0; :func:`prefill_attention`)."""
     hd, rep = cfg.head_dim, cfg.heads // cfg.kv_heads
     pk = rope_pair_order(hd, hd)
     out: list[GoldenLayer] = []
@@ -439,8 +485,9 @@ def golden_prefill(x, layers: list[QuantLayer], cfg: LayerConfig,
                                   sv[p0:p0 + n], pos[p0:p0 + n]) for p0, n in block_slices]
                 hs = slice(g * rep * hd, (g + 1) * rep * hd)
                 qc, qm, qe = requantize(q[:, hs].reshape(S, rep, hd))
-                att[:, hs] = attend_prefill(qc, np.stack([qm, qe], axis=-1), blocks,
-                                            pos, exact).reshape(S, rep * hd)
+                att[:, hs] = prefill_attention(qc, np.stack([qm, qe], axis=-1), blocks,
+                                               pos, exact=exact,
+                                               tiled=tiled).reshape(S, rep * hd)
             kept["att"] = att
             return att
 

@@ -52,7 +52,7 @@ import zlib
 
 import pytest
 from amaranth import Cat, ClockDomain, ClockSignal, Const, Module, Mux, ResetSignal, Signal
-from amaranth.hdl import Assert, Assume, Cover
+from amaranth.hdl import Assert, Assume, Cover, signed
 from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import AsyncFIFO
 from amaranth.lib.wiring import In
@@ -619,6 +619,9 @@ class XgmiiFcsFormal(wiring.Component):
         def state(s, *names):
             return Cat(*[s == enc_st[n] for n in names]).any()
 
+        room = Signal(signed(18))               # frame bytes before the FCS still to send
+        m.d.comb += room.eq(xgmii._BODY - sx["cnt"])
+
         m.d.comb += [
             # the line is the transmitter's aligned word of one cycle ago (lane 0), or the upper
             # half of that word's predecessor and its lower half (lane 4)
@@ -634,6 +637,9 @@ class XgmiiFcsFormal(wiring.Component):
             Assert(_implies(~in_frame & start,
                             state(Mux(start4, sst, st), "DATA") & (off == start4)
                             & (Mux(start4, sc, crc) == CRC_INIT) & ~Mux(start4, serr, err))),
+            # the padding registers are the functions of the byte count they stand for
+            Assert((sx["pad_to"] == Mux(room >= 8, 8, Mux(room > 0, room[:4], 0)))
+                   & (sx["more"] == (room > 8))),
             # outside one it is idle, past an /E/, or has just sent a lane-4 /S/
             Assert(_implies(~in_frame & ~start,
                             state(st, "IDLE") | err

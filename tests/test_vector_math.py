@@ -37,8 +37,9 @@ def test_divider():
     def setup(ctx, c):
         ctx.set(dut.n, c[0])
         ctx.set(dut.d, c[1])
-    got = _run(dut, cases, setup, lambda ctx: ctx.get(dut.q))
-    assert got == [n // d for n, d in cases]
+    got = _run(dut, cases, setup, lambda ctx: (ctx.get(dut.q), ctx.get(dut.q_len)))
+    # q_len (kept beside q, read by the RMSNorm normalisation) is q's bit length
+    assert got == [(n // d, (n // d).bit_length()) for n, d in cases]
 
 
 def test_sqrt():

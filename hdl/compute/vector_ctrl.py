@@ -32,13 +32,26 @@ BUF_BANK_DEPTH = 2048
 fails on deeper 128-bit memories (e.g. 2240 × 128 for an 8960-element token)."""
 
 
+def _lead(value):
+    """``(nonzero, position of the leading one)`` of an unsigned value, as a balanced tree (the
+    position is ``Cat(lower half's, 0)`` or ``Cat(upper half's, 1)``): log2 levels of 2:1
+    multiplexers, not a priority chain as long as the value."""
+    w = len(value)
+    if w == 1:
+        return value[0], Const(0, 0)
+    k = (w - 1).bit_length() - 1          # the lower half: 2^k bits, the upper half the rest
+    lo_nz, lo_pos = _lead(value[:1 << k])
+    hi_nz, hi_pos = _lead(value[1 << k:])
+    lo_pos = Cat(lo_pos, Const(0, k - len(lo_pos)))
+    hi_pos = Cat(hi_pos, Const(0, k - len(hi_pos)))
+    return lo_nz | hi_nz, Cat(Mux(hi_nz, hi_pos, lo_pos), hi_nz)
+
+
 def _bitlen(m, value, name):
-    """Comb bit length of an unsigned value (priority encoder)."""
+    """Comb bit length of an unsigned value (a balanced leading-one tree, :func:`_lead`)."""
     out = Signal(range(len(value) + 1), name=name)
-    m.d.comb += out.eq(0)
-    for i in range(len(value)):
-        with m.If(value[i]):
-            m.d.comb += out.eq(i + 1)
+    nz, pos = _lead(value)
+    m.d.comb += out.eq(Mux(nz, pos + 1, 0))
     return out
 
 
@@ -156,8 +169,18 @@ class VectorControl(wiring.Component):
         m.d.comb += norm.eq(op == VectorOp.RMSNORM)
         n_elems = Signal(range(self.n_max + 1))
         m.d.comb += n_elems.eq(nb << lb)
+        # the normalisations below, x -> x shifted to B mantissa bits by its bit length L, are
+        # one right shift, (x << B) >> L (= x >> (L - B) or x << (B - L), exactly): no compare
+        # or subtract before the shifter; both lengths are formed outside the FSM, and RMSNorm's
+        # is the divider's q_len register (q <= 2^NORM_RECIP_BITS as root >= 1: rinv is all of q)
+        rinv = div.q[:NORM_RECIP_BITS + 1]
         rinv_len = Signal(range(64))
         t_len = Signal(range(64))
+        m.d.comb += [rinv_len.eq(div.q_len), t_len.eq(_bitlen(m, amax, "amax_len"))]
+        rinv_mant = Signal.like(tok_k)
+        mant = Signal(SCALE_MANT_BITS)
+        m.d.comb += [rinv_mant.eq((rinv << RSQRT_MANT_BITS) >> rinv_len),
+                     mant.eq((amax << SCALE_MANT_BITS) >> t_len)]
 
         with m.FSM():
             with m.State("IDLE"):
@@ -224,24 +247,12 @@ class VectorControl(wiring.Component):
                 m.d.comb += [div.start.eq(1), div.n.eq(1 << NORM_RECIP_BITS),
                              div.d.eq(Mux(sq.root == 0, 1, sq.root))]
                 m.next = "NORM_RECIP"
-            with m.State("NORM_RECIP"):
-                rinv = div.q[:NORM_RECIP_BITS + 1]
-                m.d.comb += rinv_len.eq(_bitlen(m, rinv, "rinv_len"))
-                with m.If(div.done):
-                    tr = rinv_len - RSQRT_MANT_BITS   # may be negative
-                    with m.If(rinv_len >= RSQRT_MANT_BITS):
-                        m.d.sync += tok_k.eq(rinv >> (rinv_len - RSQRT_MANT_BITS).as_unsigned())
-                    with m.Else():
-                        m.d.sync += tok_k.eq(rinv << (RSQRT_MANT_BITS - rinv_len).as_unsigned())
-                    m.d.sync += tok_sh.eq(NORM_RECIP_BITS - ACT_FRAC - tr)
-                    m.next = "P2"
+            with m.State("NORM_RECIP"), m.If(div.done):
+                tr = rinv_len - RSQRT_MANT_BITS   # may be negative
+                m.d.sync += tok_k.eq(rinv_mant)
+                m.d.sync += tok_sh.eq(NORM_RECIP_BITS - ACT_FRAC - tr)
+                m.next = "P2"
             with m.State("REQ_NORMALISE"):
-                m.d.comb += t_len.eq(_bitlen(m, amax, "amax_len"))
-                mant = Signal(SCALE_MANT_BITS)
-                with m.If(t_len >= SCALE_MANT_BITS):
-                    m.d.comb += mant.eq(amax >> (t_len - SCALE_MANT_BITS).as_unsigned())
-                with m.Else():
-                    m.d.comb += mant.eq(amax << (SCALE_MANT_BITS - t_len).as_unsigned())
                 t = t_len - SCALE_MANT_BITS
                 e = t - QMAX_SHIFT - ACT_FRAC
                 m.d.sync += [tok_sh.eq(RECIP_BITS - QMAX_SHIFT + t),

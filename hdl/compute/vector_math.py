@@ -4,7 +4,7 @@ RMSNorm reciprocal square root and the requantisation reciprocal of :mod:`mcf.ab
 
 from __future__ import annotations
 
-from amaranth import Module, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -15,14 +15,16 @@ class VectorDivider(wiring.Component):
     """``q = n // d`` (unsigned; ``d = 0`` gives all ones).
 
     Members: ``start`` (pulse, samples ``n``/``d``), ``n``, ``d``, ``busy``, ``done`` (one-cycle
-    pulse with ``q`` valid, ``q`` held until the next start).
+    pulse with ``q`` valid, ``q`` held until the next start), ``q_len`` (the bit length of
+    ``q`` in every cycle, a register kept with it: no priority encoder after ``q``).
     Latency: ``n_width + 1`` cycles from ``start`` to ``done``.
     """
 
     def __init__(self, n_width: int, d_width: int):
         self.n_width, self.d_width = n_width, d_width
         super().__init__({"start": In(1), "n": In(n_width), "d": In(d_width),
-                          "busy": Out(1), "done": Out(1), "q": Out(n_width)})
+                          "busy": Out(1), "done": Out(1), "q": Out(n_width),
+                          "q_len": Out(range(n_width + 1))})
 
     def elaborate(self, platform):
         m = Module()
@@ -34,14 +36,17 @@ class VectorDivider(wiring.Component):
         m.d.sync += self.done.eq(0)
         with m.If(self.start):
             m.d.sync += [num.eq(self.n), den.eq(self.d), rem.eq(0), cnt.eq(W),
-                         self.busy.eq(1), self.q.eq(0)]
+                         self.busy.eq(1), self.q.eq(0), self.q_len.eq(0)]
         with m.Elif(self.busy):
             trial = Signal(self.d_width + 2)
             m.d.comb += trial.eq((rem << 1) | num[W - 1])
             ge = trial >= den
             m.d.sync += [num.eq(num << 1), cnt.eq(cnt - 1),
                          rem.eq(trial - ge * den),
-                         self.q.eq((self.q << 1) | ge)]
+                         self.q.eq((self.q << 1) | ge),
+                         # q shifts left over n_width steps from 0: its length grows by one
+                         # once its leading one is in (never truncated)
+                         self.q_len.eq(Mux(self.q_len != 0, self.q_len + 1, ge))]
             with m.If(cnt == 1):
                 m.d.sync += [self.busy.eq(0), self.done.eq(1)]
         return m

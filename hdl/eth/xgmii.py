@@ -14,7 +14,7 @@ frames :func:`mcf.abi.eth.encap` / ``decap``.
 """
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal
-from amaranth.hdl import signed, unsigned
+from amaranth.hdl import Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -199,11 +199,19 @@ class XgmiiTx(wiring.Component):
         padding = Signal()                   # PAD state: the word is zero, not from i
         kb = Signal(4)
         m.d.comb += kb.eq(Mux(padding, 0, _keep_count(m, i.payload.keep, "kb_in")))
-        pad_to = Signal(4)                   # bytes this word must carry (padding included)
-        room = Signal(signed(18))
-        m.d.comb += room.eq(_BODY - cnt)
-        m.d.comb += pad_to.eq(Mux(room >= 8, 8, Mux(room > 0, room[:4], 0)))
-        more = room > 8                      # padding continues after this word
+        # pad_to: bytes this word must carry (padding included); more: padding continues after
+        # this word. Both are functions of cnt, held in registers updated with cnt (from the
+        # value cnt takes), so no subtract or compare of cnt precedes the word's lanes
+        pad_to = Signal(4, init=8)
+        more = Signal(init=1)
+
+        def set_cnt(value):
+            value = value[:len(cnt)] if isinstance(value, Value) else Const(value, len(cnt))
+            room = Signal(signed(18))
+            m.d.comb += room.eq(_BODY - value)
+            return [cnt.eq(value), pad_to.eq(Mux(room >= 8, 8, Mux(room > 0, room[:4], 0))),
+                    more.eq(room > 8)]
+        assert _BODY > 8                     # the inits: cnt = 0
         nb = Signal(4)
         m.d.comb += nb.eq(Mux(kb > pad_to, kb, pad_to))
         byte_mask = Cat(*[Mux(k < nb, Const(0xFF, 8), Const(0, 8)) for k in range(8)])
@@ -211,7 +219,11 @@ class XgmiiTx(wiring.Component):
                           for k in range(8)])
         dword = Signal(64)
         m.d.comb += dword.eq(Mux(padding, 0, i.payload.data & keep_mask & byte_mask))
-        crc_next = _crc_n(m, crc, dword, nb, "crc_next")
+        # the CRC step and the end lanes read only bytes 0..nb-1 of the word, where byte_mask
+        # is all ones: they take the word without it (byte_mask, after nb, is not on the path)
+        cword = Signal(64)
+        m.d.comb += cword.eq(Mux(padding, 0, i.payload.data & keep_mask))
+        crc_next = _crc_n(m, crc, cword, nb, "crc_next")
         fcs = crc_next ^ CRC32_XOROUT
         # the frame's end: nb data bytes, 4 FCS bytes, /T/, idles — 16 lanes over 2 words
         end_d = Signal(128)
@@ -221,7 +233,7 @@ class XgmiiTx(wiring.Component):
         for k in range(16):
             lane = Signal(8, name=f"end{k}")
             fcs_byte = fcs.word_select((k - nb)[:2], 8)
-            data_byte = dword.word_select(k, 8) if k < 8 else Const(0, 8)
+            data_byte = cword.word_select(k, 8) if k < 8 else Const(0, 8)
             m.d.comb += lane.eq(Mux(nb > k, data_byte,
                                     Mux(t_pos > k, fcs_byte,
                                         Mux(t_pos == k, XGMII_TERM, XGMII_IDLE))))
@@ -253,7 +265,7 @@ class XgmiiTx(wiring.Component):
             with m.State("IDLE"), m.If(i.valid & (gap <= 4)):
                 m.d.comb += [aw.eq(_START_WORD), ac.eq(0x01)]
                 m.d.comb += off_now.eq(gap == 4)
-                m.d.sync += [off.eq(gap == 4), cnt.eq(0), crc.eq(CRC32_INIT),
+                m.d.sync += [off.eq(gap == 4), *set_cnt(0), crc.eq(CRC32_INIT),
                              err.eq(0)]
                 m.next = "DATA"
             with m.State("DATA"):
@@ -264,7 +276,7 @@ class XgmiiTx(wiring.Component):
                 with m.Elif(~i.payload.last | more):
                     # a full word: data, or the last beat followed by more padding
                     m.d.comb += [aw.eq(dword), ac.eq(0)]
-                    m.d.sync += [cnt.eq(cnt + 8), crc.eq(crc_next)]
+                    m.d.sync += [*set_cnt(cnt + 8), crc.eq(crc_next)]
                     with m.If(i.payload.last):
                         m.next = "PAD"
                 with m.Else():
@@ -274,7 +286,7 @@ class XgmiiTx(wiring.Component):
                 m.d.comb += padding.eq(1)
                 with m.If(more):
                     m.d.comb += [aw.eq(0), ac.eq(0)]
-                    m.d.sync += [cnt.eq(cnt + 8), crc.eq(crc_next)]
+                    m.d.sync += [*set_cnt(cnt + 8), crc.eq(crc_next)]
                 with m.Else():
                     self._finish(m, aw, ac, end_d, end_c, tail_w, tail_c, gap, gap_end, dic,
                                  dic_end, cnt, nb, err, t_pos)

@@ -12,6 +12,8 @@ their source's place, whatever the arrival order; when all ``num_nodes`` parts o
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
@@ -46,15 +48,20 @@ class AllToAll(wiring.Component):
     parts is dropped (``scatter_drops``); bad, duplicate, foreign (``src ≥ num_nodes``) or
     unplaceable parts (every slot holds an incomplete gather) are dropped and counted
     (:class:`mcf.abi.nic.A2ADrop`); a part needing a slot while one only waits to be emitted
-    waits for it (``i.ready`` low, bounded); a gather missing a part is freed by the
-    watchdog (its timer pauses while the engine holds an offered part off). Rates: scatter
-    1 beat/cycle (pass-through, 0 cycles); gather writes 1 beat/cycle; a complete gather
-    starts streaming out 2 cycles after its last beat was written, at 1 beat/cycle, and the
-    next complete gather follows its last beat without a gap. A slot being read out is free
-    for a new tag in the cycle its last beat is read (the read port returns the old word on a
-    same-cycle write), so with 2 slots a stream of gathers is taken in and emitted at line
-    rate. ``i.ready`` may depend combinationally on ``o.ready`` (that slot release).
+    waits for it (``i.ready`` low, bounded); a gather missing a part is freed by the watchdog
+    (its timer pauses while the engine holds an offered part off). Rates: scatter 1 beat/cycle
+    through a pipeline of :attr:`scatter_latency` stages (6 cycles with the 14-bit ``length``;
+    ``length // num_nodes`` is divided there, no divider between two registers;
+    ``scatter.ready`` depends combinationally on ``net.ready``); gather writes 1 beat/cycle; a
+    complete gather starts streaming out 2 cycles after its last beat was written, at 1
+    beat/cycle, and the next complete gather follows its last beat without a gap. A slot being
+    read out is free for a new tag in the cycle its last beat is read (the read port returns the
+    old word on a same-cycle write), so with 2 slots a stream of gathers is taken in and emitted
+    at line rate. ``i.ready`` may depend combinationally on ``o.ready`` (that slot release).
     """
+
+    DIV_STEPS = 3
+    """Quotient bits of the scatter's ``length // num_nodes`` computed per pipeline stage."""
 
     def __init__(self, *, data_width: int = 64, max_nodes: int = 8, part_max: int | None = None,
                  n_slots: int = 2, meta_layout: data.StructLayout = META):
@@ -84,6 +91,19 @@ class AllToAll(wiring.Component):
     def n_slots(self) -> int:
         return self._slots
 
+    def _div_steps(self) -> list[int]:
+        """Division steps (quotient bits) per scatter stage: ``DIV_STEPS``, the first stage
+        ``DIV_STEPS - 1`` (it also forms the divisor from ``num_nodes``), the rest last."""
+        left = self._meta_layout["length"].width - (self.DIV_STEPS - 1)
+        return [self.DIV_STEPS - 1] + [min(self.DIV_STEPS, left - k)
+                                       for k in range(0, left, self.DIV_STEPS)]
+
+    @property
+    def scatter_latency(self) -> int:
+        """Cycles from a scatter beat's acceptance to its part beat on ``net`` (``net``
+        ready): the division's stages plus the drop decision's."""
+        return len(self._div_steps()) + 1
+
     def elaborate(self, platform):
         m = Module()
         st = self.status
@@ -95,19 +115,58 @@ class AllToAll(wiring.Component):
         log_bpb = (bpb - 1).bit_length()
 
         # ---- scatter: re-frame one tensor into num_nodes parts ----------------------------------
-        sc, net = self.scatter, self.net
+        # The scatter stream first passes a pipeline of scatter_latency stages (one common
+        # advance, so 1 beat/cycle) along which every beat's length // num_nodes is computed
+        # by restoring division, at most DIV_STEPS quotient bits per stage (the head's is the
+        # one used); the last stage registers the head's drop decision.
+        nw = N.bit_length()             # the divisor: num_nodes when in 1..N (else 1: dropped)
+        steps = self._div_steps()
+        beat = self.scatter.payload.shape()
+        stage = []
+        for k in range(len(steps) + 1):
+            stage.append(SimpleNamespace(
+                valid=Signal(name=f"sp{k}_valid"), beat=Signal(beat, name=f"sp{k}_beat"),
+                n_bad=Signal(name=f"sp{k}_n_bad"), den=Signal(nw, name=f"sp{k}_den"),
+                rem=Signal(nw, name=f"sp{k}_rem"), q=Signal(lw, name=f"sp{k}_q")))
+        sc_in, sc, net = self.scatter, stage[-1], self.net
+        s_adv = Signal()
+        m.d.comb += sc_in.ready.eq(s_adv)
+        n_in = self.num_nodes
+        # stage 0 takes whether num_nodes is out of range and the divisor (num_nodes, else 1:
+        # such a scatter is dropped, its parts' length is never valid on ``net``)
+        n_bad = (n_in == 0) | (n_in > N)
+        prev = SimpleNamespace(valid=sc_in.valid, beat=sc_in.payload,
+                               n_bad=n_bad, den=Mux(n_bad, 1, n_in)[:nw],
+                               rem=Const(0, nw), q=Const(0, lw))
+        for k, st_k in enumerate(stage):
+            length = prev.beat.meta.length
+            rem, q = prev.rem, prev.q
+            if k < len(steps):
+                done = sum(steps[:k])
+                for t in range(done, done + steps[k]):
+                    r2 = Cat(length[lw - 1 - t], rem)
+                    ge = r2 >= prev.den
+                    rem = Mux(ge, r2 - prev.den, r2)[:nw]
+                    q = Cat(ge, q[:-1])
+            with m.If(s_adv):
+                m.d.sync += [st_k.valid.eq(prev.valid), st_k.beat.eq(prev.beat),
+                             st_k.n_bad.eq(prev.n_bad), st_k.den.eq(prev.den),
+                             st_k.rem.eq(rem), st_k.q.eq(q)]
+            prev = st_k
+        # the last stage holds length // num_nodes (q) and the remainder of the stage before it
+        pre = stage[-2]
+        bad = Signal()
+        plen = sc.q
+        with m.If(s_adv):
+            m.d.sync += bad.eq(pre.n_bad | (pre.q == 0) | (pre.rem != 0)
+                               | (pre.q[:log_bpb] != 0) | (pre.q > self._part_max)
+                               | (pre.beat.keep == 0))
         s_in = Signal()
         s_drop = Signal()
         s_j = Signal(range(N + 1))
         s_pb = Signal(lw)
         s_pbeats = Signal(lw)
         s_plen = Signal(lw)
-        length = sc.payload.meta.length
-        plen = Signal(lw)
-        m.d.comb += plen.eq(length // Mux(self.num_nodes == 0, 1, self.num_nodes))
-        bad = ((self.num_nodes == 0) | (self.num_nodes > N) | (plen == 0)
-               | (plen * self.num_nodes != length) | (plen[:log_bpb] != 0)
-               | (plen > self._part_max) | (sc.payload.keep == 0))
         cur_drop = Mux(s_in, s_drop, bad)
         cur_j = Mux(s_in, s_j, 0)
         cur_pb = Mux(s_in, s_pb, 0)
@@ -116,16 +175,16 @@ class AllToAll(wiring.Component):
         end_part = cur_pb + 1 == cur_pbeats
         m.d.comb += [
             net.valid.eq(sc.valid & ~cur_drop),
-            sc.ready.eq(net.ready | cur_drop),
-            net.payload.eq(sc.payload),
+            s_adv.eq(~sc.valid | net.ready | cur_drop),
+            net.payload.eq(sc.beat),
             net.payload.meta.dst.eq(cur_j), net.payload.meta.src.eq(self.local_id),
-            net.payload.meta.route_id.eq(sc.payload.meta.route_id + cur_j),
+            net.payload.meta.route_id.eq(sc.beat.meta.route_id + cur_j),
             net.payload.meta.length.eq(cur_plen), net.payload.meta.seq.eq(cur_j),
             net.payload.last.eq(end_part),
         ]
-        s_fire = sc.valid & sc.ready
+        s_fire = sc.valid & (net.ready | cur_drop)
         with m.If(s_fire):
-            m.d.sync += [s_in.eq(~sc.payload.last), s_drop.eq(cur_drop), s_pbeats.eq(cur_pbeats),
+            m.d.sync += [s_in.eq(~sc.beat.last), s_drop.eq(cur_drop), s_pbeats.eq(cur_pbeats),
                          s_plen.eq(cur_plen)]
             with m.If(end_part):
                 m.d.sync += [s_pb.eq(0), s_j.eq(cur_j + 1)]
@@ -180,18 +239,19 @@ class AllToAll(wiring.Component):
         plen_i = meta.length
         # per slot, in parallel with the match (no multiplexer addressed by hit_idx): the
         # lowest open slot of the tag (first_hit) and the lowest free one (first_free); the
-        # length check and the duplicate test are the first hit's, sel is slot_sel one-hot
+        # length check and the duplicate test are the first hit's; Mux(hit, first_hit,
+        # first_free) is slot_sel one-hot
         first_hit = Signal(S)
         first_free = Signal(S)
-        sel = Signal(S)
         m.d.comb += [first_hit.eq(hits & ~Cat(hits[:s].any() for s in range(S))),
-                     first_free.eq(g_free & ~Cat(g_free[:s].any() for s in range(S))),
-                     sel.eq(Mux(hit, first_hit, first_free))]
-        len_mm = (first_hit & Cat(g_len[s] != plen_i for s in range(S))).any()
-        bad_len = ((plen_i == 0) | (plen_i[:log_bpb] != 0) | (plen_i > self._part_max)
-                   | len_mm)
+                     first_free.eq(g_free & ~Cat(g_free[:s].any() for s in range(S)))]
+        len_ne = Cat(g_len[s] != plen_i for s in range(S))
+        have_src = Cat((g_have[s] >> meta.src)[0] for s in range(S))
+        len_mm = (first_hit & len_ne).any()
+        bad_len0 = (plen_i == 0) | (plen_i[:log_bpb] != 0) | (plen_i > self._part_max)
+        bad_len = bad_len0 | len_mm
         bad_src = (meta.src >= self.num_nodes) | (meta.src >= N)
-        dup = (first_hit & Cat((g_have[s] >> meta.src)[0] for s in range(S))).any()
+        dup = (first_hit & have_src).any()
         full_slots = ~hit & (g_free == 0)
         no_slot = full_slots & (g_done == 0)
         cause = Signal(len(A2ADrop))
@@ -199,8 +259,15 @@ class AllToAll(wiring.Component):
                                  ~bad_len & ~dup & bad_src))
         head_drop = cause != 0
         slot_sel = Mux(hit, hit_idx, free_idx)
-        # all slots taken but one is complete: wait for its emission to free it (bounded)
-        wait = ~in_pkt & full_slots & ((g_done & ~freeing) != 0) & ~bad_len & ~dup & ~bad_src
+        # all slots taken but one is complete: wait for its emission to free it (bounded);
+        # without a hit no first_hit bit is set, so len_mm and dup are 0 there (not on the path)
+        wait = (~in_pkt & ~hit & (g_free == 0) & ((g_done & ~freeing) != 0) & ~bad_len0
+                & ~bad_src)
+        # take[s] == (slot_sel == s) & ~head_drop, per slot from its own terms: with a hit on
+        # s, no_slot is 0 and len_mm / dup are s's; a free slot means no_slot is 0; either way
+        # i.ready is high (wait needs no hit and no free slot)
+        take = Cat(~bad_len0 & ~bad_src & ((first_hit[s] & ~len_ne[s] & ~have_src[s])
+                                           | (~hit & first_free[s])) for s in range(S))
         m.d.comb += i.ready.eq(~wait)
         fire = i.valid & i.ready
         head = fire & ~in_pkt
@@ -236,15 +303,22 @@ class AllToAll(wiring.Component):
         m.d.comb += [rp.en.eq(adv), o.valid.eq(o_valid), o.payload.data.eq(rp.data),
                      o.payload.keep.eq((1 << bpb) - 1), o.payload.last.eq(o_last),
                      o.payload.meta.eq(o_meta)]
-        issue_last = (e_src + 1 == e_n) & (e_b + 1 == e_pbeats)
+        # b_last == (e_b + 1 == e_pbeats) and s_last == (e_src + 1 == e_n) in every state:
+        # registers updated with the counters, so no adder or compare precedes a slot release
+        b_last = Signal()
+        s_last = Signal()
+        issue_last = s_last & b_last
+        nb = (e_b + 1)[:len(e_b)]
+        ns = (e_src + 1)[:len(e_src)]
         m.d.comb += rp.addr.eq(Cat(e_b[:pbits], e_src[:nbits], e_slot[:sbits] if S > 1 else []))
         with m.If(adv):
             m.d.sync += [o_valid.eq(emitting), o_last.eq(issue_last), o_meta.eq(e_meta)]
             with m.If(emitting):
-                with m.If(e_b + 1 == e_pbeats):
-                    m.d.sync += [e_b.eq(0), e_src.eq(e_src + 1)]
+                with m.If(b_last):
+                    m.d.sync += [e_b.eq(0), e_src.eq(e_src + 1), b_last.eq(e_pbeats == 1),
+                                 s_last.eq(ns + 1 == e_n)]
                 with m.Else():
-                    m.d.sync += e_b.eq(e_b + 1)
+                    m.d.sync += [e_b.eq(e_b + 1), b_last.eq(nb + 1 == e_pbeats)]
                 with m.If(issue_last):
                     m.d.sync += emitting.eq(0)
                     m.d.comb += freeing.eq(Const(1, S) << e_slot)
@@ -256,6 +330,8 @@ class AllToAll(wiring.Component):
                 with m.If(g_done[s] & ~(freeing >> s)[0]):
                     m.d.sync += [emitting.eq(1), e_slot.eq(s), e_src.eq(0), e_b.eq(0),
                                  e_pbeats.eq(g_len[s] >> log_bpb), e_n.eq(self.num_nodes),
+                                 b_last.eq((g_len[s] >> log_bpb) == 1),
+                                 s_last.eq(self.num_nodes == 1),
                                  e_meta.eq(g_meta[s]), e_meta.src.eq(self.local_id),
                                  e_meta.dst.eq(self.local_id), e_meta.seq.eq(0),
                                  e_meta.collective.eq(Collective.ALL_TO_ALL),
@@ -263,23 +339,23 @@ class AllToAll(wiring.Component):
 
         # ---- slot table and watchdog ------------------------------------------------------------
         trips = Signal(S)
-        accept = head & ~head_drop
-        last_beat = fire & i.payload.last & ~cur_drop_g
         # the watchdog counts cycles the engine could accept in: it pauses (and cannot trip)
         # while the engine itself holds an offered part off (waiting for a slot to drain)
         refusing = i.valid & ~i.ready
         for s in range(S):
-            # accept & sel[s] == accept & (slot_sel == s): whenever a head is accepted, sel is
-            # slot_sel one-hot (a new tag is accepted only while a slot is free)
-            take_s = accept & sel[s]
+            # a head accepted into slot s (slot_sel == s): take[s] is that decision per slot,
+            # and ready is high whenever it is set (a new tag is accepted only while a slot is
+            # free)
+            take_s = i.valid & ~in_pkt & take[s]
             active = (in_pkt & (c_slot == s)) | take_s
             m.d.comb += trips[s].eq(g_valid[s] & ~g_done[s] & ~active & (self.timeout != 0)
                                     & ~refusing & (g_timer[s] >= self.timeout))
-            have_next = Mux(accept & hit, g_have[s], 0) | (Const(1, N) << meta.src[:nbits])
+            # the part set after a taken head (accept is true wherever this is used)
+            have_take = Mux(hit, g_have[s], 0) | (Const(1, N) << meta.src[:nbits])
             with m.If(freeing[s]):
                 m.d.sync += [g_done[s].eq(0), g_valid[s].eq(0), g_have[s].eq(0)]
             with m.If(take_s):
-                m.d.sync += [g_timer[s].eq(0), g_have[s].eq(have_next)]
+                m.d.sync += [g_timer[s].eq(0), g_have[s].eq(have_take)]
                 with m.If(~hit):
                     m.d.sync += [g_valid[s].eq(1), g_tag[s].eq(meta.kv_id), g_len[s].eq(plen_i),
                                  g_meta[s].eq(meta)]
@@ -289,13 +365,14 @@ class AllToAll(wiring.Component):
                 m.d.sync += [g_valid[s].eq(0), g_have[s].eq(0), g_timer[s].eq(0)]
             with m.Elif(g_valid[s] & ~g_done[s] & ~refusing):
                 m.d.sync += g_timer[s].eq(g_timer[s] + 1)
-            # complete when the last beat of the part that fills the set is written
-            full = Signal(name=f"full{s}")
-            have_cur = Mux(head, have_next, g_have[s])
+            # complete when the last beat of the part that fills the set is written: inside a
+            # packet (ready is high there) the kept part's slot, on a head beat a take of s
+            # (i.ready high, the set after it have_take)
             all_mask = ((Const(1, N + 1) << self.num_nodes) - 1)[:N]
-            m.d.comb += full.eq((have_cur & all_mask) == all_mask)
-            # cur_slot == s: on a head beat last_beat implies accept, where sel[s] is exact
-            with m.If(last_beat & Mux(in_pkt, c_slot == s, sel[s]) & full):
+            full_g = (g_have[s] & all_mask) == all_mask
+            full_t = (have_take & all_mask) == all_mask
+            with m.If(i.valid & i.payload.last
+                      & Mux(in_pkt, ~c_drop & (c_slot == s) & full_g, take[s] & full_t)):
                 m.d.sync += g_done[s].eq(1)
         m.d.sync += st.watchdog_trips.eq(st.watchdog_trips + sum(trips[s] for s in range(S)))
         return m

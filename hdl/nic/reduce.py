@@ -198,7 +198,6 @@ class ReduceEngine(wiring.Component):
         m.d.comb += i_s.ready.eq(1)
         fire = i_s.valid
         head_fire = fire & ~in_pkt
-        accept = head_fire & ~head_drop
 
         # state for the packet in S0
         with m.If(fire):
@@ -257,14 +256,18 @@ class ReduceEngine(wiring.Component):
 
         # ---- slot table updates + watchdog -----------------------------------------------------
         trips = Signal(S)
+        trip_cut = Signal(S)      # slot s is freed by the watchdog this cycle (trips, not freed)
         for s in range(S):
-            # accept & dec.sel[s] == accept & (slot_sel == s) (sel is slot_sel one-hot
-            # whenever the head is accepted), without the encoded index on the path
-            take_s = accept & dec.sel[s]
+            # take_s == accept & dec.sel[s] == accept & (slot_sel == s) (sel is slot_sel
+            # one-hot whenever the head is accepted); dec.take forms it per slot, without the
+            # encoded index or the whole drop decision on the path
+            take_s = head_fire & dec.take[s]
             active = (in_pkt & (hc.slot == s)) | take_s
             # the watchdog guards open slots only: a complete result waits for the output
             m.d.comb += trips[s].eq(s_open[s] & ~active & (self.timeout != 0)
                                     & (s_timer[s] >= self.timeout))
+            out_free_s = out.free & (out.free_slot == s)
+            m.d.comb += trip_cut[s].eq(trips[s] & ~out_free_s)
             with m.If(take_s):
                 m.d.sync += [s_timer[s].eq(0), s_cnt[s].eq(dec.cnt_next), s_m[s].eq(dec.m_new)]
                 with m.If(~hit):
@@ -273,15 +276,23 @@ class ReduceEngine(wiring.Component):
                                  s_k[s].eq(k_in)]
                 with m.If(final):
                     m.d.sync += [s_done[s].eq(1), s_rmeta[s].eq(dec.res_meta)]
-            with m.Elif(out.free & (out.free_slot == s)):
+            with m.Elif(out_free_s):
                 m.d.sync += [s_valid[s].eq(0), s_done[s].eq(0)]
             with m.Elif(active):
                 m.d.sync += s_timer[s].eq(0)
             with m.Elif(trips[s]):
-                m.d.sync += [s_valid[s].eq(0), s_timer[s].eq(0),
-                             self.status.last_trip.eq(s_tag[s])]
+                m.d.sync += [s_valid[s].eq(0), s_timer[s].eq(0)]
             with m.Elif(s_open[s]):
                 m.d.sync += s_timer[s].eq(s_timer[s] + 1)
+        # last_trip: the tag of the highest slot tripped this cycle, by a balanced tree of
+        # (any, tag) pairs (the higher half wins), not a chain of one multiplexer per slot
+        level = [(trip_cut[s], s_tag[s].as_value()) for s in range(S)]
+        while len(level) > 1:
+            nxt = [(lo[0] | hi[0], Mux(hi[0], hi[1], lo[1]))
+                   for lo, hi in zip(level[0::2], level[1::2])]
+            level = nxt + level[len(nxt) * 2:]
+        with m.If(level[0][0]):
+            m.d.sync += self.status.last_trip.eq(level[0][1])
 
         # ---- counters --------------------------------------------------------------------------
         st = self.status

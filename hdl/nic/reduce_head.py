@@ -34,15 +34,17 @@ def reduce_slot_layout(meta_layout: data.StructLayout) -> data.StructLayout:
 
 
 def reduce_decision_layout(meta_layout: data.StructLayout, n_slots: int) -> data.StructLayout:
-    """The head decode's result: the route's configured ``k``, drop (and its one-hot
-    ``cause``), ``hit`` (an open slot of the tag) and the slot used (``slot``, and one-hot
-    ``sel``), the tag, ``final`` (this contribution completes the slot), the count after it,
-    the slot's maximum ``hit_m``, the merged maximum ``m_new`` and the result meta
-    ``res_meta`` (the ABI's final-result rewrite applied when configured)."""
+    """The head decode's result: the route's configured ``k``, drop (and its one-hot ``cause``),
+    ``hit`` (an open slot of the tag) and the slot used (``slot``, and one-hot ``sel``; ``take``
+    = ``sel`` when not dropped, else 0, formed per slot), the tag, ``final`` (this contribution
+    completes the slot), the count after it, the slot's maximum ``hit_m``, the merged maximum
+    ``m_new`` and the result meta ``res_meta`` (the ABI's final-result rewrite applied when
+    configured)."""
     kbits = reduce_config_layout(meta_layout)["k"].width
     return data.StructLayout({
         "k": kbits, "drop": 1, "cause": len(ReduceDrop), "hit": 1, "slot": range(n_slots),
-        "sel": n_slots, "tag": reduce_tag_layout(meta_layout), "final": 1, "cnt_next": kbits,
+        "sel": n_slots, "take": n_slots, "tag": reduce_tag_layout(meta_layout), "final": 1,
+        "cnt_next": kbits,
         "hit_m": signed(LANE_BITS), "m_new": signed(LANE_BITS), "res_meta": meta_layout})
 
 
@@ -138,6 +140,12 @@ class ReduceHead(wiring.Component):
             bad_len, ~bad_len & bad_op, ~bad_len & ~bad_op & no_cfg,
             ~bad_len & ~bad_op & ~no_cfg & mismatch,
             ~bad_len & ~bad_op & ~no_cfg & ~mismatch & no_slot))
+        # take = sel & ~drop, per slot from its own terms (the first hit's mismatch is its mm;
+        # with a hit, no_slot is held; a free slot exists when first_free has a bit), so the
+        # watchdog's "slot taken" needs no encoded cause
+        ok = ~bad_len & ~bad_op & ~no_cfg & ~held
+        m.d.comb += dec.take.eq(Cat(ok & ((first_hit[s] & ~mm[s]) | (~hit & first_free[s]))
+                                    for s in range(S)))
         cnt_before = Mux(hit, hit_slot.cnt, 0)
         k_use = Mux(hit, hit_slot.k, k_in)
         m.d.comb += [dec.drop.eq(dec.cause != 0), dec.hit.eq(hit),

@@ -1,13 +1,18 @@
 """Greedy retrieval accuracy of a checkpoint with the project's own numpy models (no torch):
 the float reference (:class:`mcf.model.FloatModel`) and the integer golden model
 (:class:`mcf.model.IntModel`, INT4 weights and per-token INT4 KV, the arithmetic the RTL matches;
-``int_channel``: the same with the per-channel-K INT4 KV format; ``mars_n2``/``mars_n4``: the
+``int_channel``: the same with the per-channel-K INT4 KV format; ``int_tiled`` /
+``int_channel_tiled``: those two with the tiled P8 prefill attention (PREFILL_TILE,
+``prefill_mode="tiled"``); ``mars_n2``/``mars_n4``: the
 golden model of a cluster run on 2/4 node tops, the bits the RTL equals) on the fixed-seed
 prompts of :func:`mcf.model.task.make_prompt` (seeds ``0 .. n-1``); :mod:`mcf.model.evaluate`
 measures.
 
     OMP_NUM_THREADS=1 python scripts/eval_retrieval.py --models float int int_channel \\
         --lengths 256 512 1024 2048 4094 --n 50 --jobs 2 --write-card \\
+        --json docs/results/retrieval_accuracy.json --figure docs/figures/retrieval_accuracy.png
+    OMP_NUM_THREADS=1 python scripts/eval_retrieval.py --models int_channel_tiled int_tiled \\
+        --lengths 256 512 1024 --n 50 --jobs 1 \\
         --json docs/results/retrieval_accuracy.json --figure docs/figures/retrieval_accuracy.png
     OMP_NUM_THREADS=1 python scripts/eval_retrieval.py --models mars_n2 mars_n4 \\
         --lengths 512 --n 50 --jobs 2 --write-card \\
@@ -43,10 +48,16 @@ BEGIN, END = "<!-- eval:int -->", "<!-- /eval:int -->"
 NAMES = {"float": "float reference (`FloatModel`, numpy)",
          "int": "integer golden (`IntModel`: INT4 weights, per-token INT4 KV)",
          "int_channel": "integer golden, per-channel-K INT4 KV (`kv_format=PER_CHANNEL_K`)",
+         "int_tiled": "integer golden, per-token INT4 KV, tiled P8 prefill attention "
+                      "(`prefill_mode='tiled'`)",
+         "int_channel_tiled": "integer golden, per-channel-K INT4 KV, tiled P8 prefill "
+                              "attention (`prefill_mode='tiled'`)",
          "mars_n2": "cluster-run golden, 2 nodes (what the RTL equals bit for bit)",
          "mars_n4": "cluster-run golden, 4 nodes (what the RTL equals bit for bit)"}
 LABELS = {"float": "float reference", "int": "INT4 weights + per-token INT4 KV",
           "int_channel": "INT4 weights + per-channel-K INT4 KV",
+          "int_tiled": "per-token INT4 KV, tiled P8 prefill",
+          "int_channel_tiled": "per-channel-K INT4 KV, tiled P8 prefill",
           "mars_n2": "cluster run's golden, 2 nodes", "mars_n4": "cluster run's golden, 4 nodes"}
 
 
@@ -88,6 +99,8 @@ def plot(tab: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     styles = {"int": dict(marker="o", ms=9, lw=3, alpha=0.6),
               "int_channel": dict(marker="x", ms=7, ls="--"),
+              "int_tiled": dict(marker="^", ms=8, ls=":", mfc="none"),
+              "int_channel_tiled": dict(marker="v", ms=8, ls="-.", mfc="none"),
               "mars_n2": dict(marker="s", ls="none", ms=8, mfc="none"),
               "mars_n4": dict(marker="D", ls="none", ms=11, mfc="none")}
     for m, by in tab.items():

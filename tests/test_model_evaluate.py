@@ -4,10 +4,13 @@
 import numpy as np
 import pytest
 
+from mcf.abi.kv_channel import KVFormat
 from mcf.cluster import RunSpec, golden_run, make_plan, run_prompt
+from mcf.golden.attention import KVChannelCache
 from mcf.model import model_from_spec, quantize_model
 from mcf.model.checkpoint import EMBED, RETRIEVAL_DIR, load_checkpoint, save_checkpoint
-from mcf.model.evaluate import MODELS, answerer, measure, measure_one
+from mcf.model.evaluate import INT_MODELS, MODELS, answerer, int_model, measure, measure_one
+from mcf.model.golden import KVStore
 from mcf.model.task import make_prompt
 
 
@@ -47,3 +50,21 @@ def test_unknown_model_is_refused():
     assert "mars_n2" in MODELS
     with pytest.raises(ValueError, match="unknown model 'bf16'"):
         measure(RETRIEVAL_DIR, [("bf16", 64)], 1)
+
+
+def test_integer_model_names_build_their_int_model():
+    """Each integer name builds the :class:`IntModel` it stands for: KV format and prefill
+    attention (``*_tiled``: the P8 PREFILL_TILE rule); other names are refused."""
+    qm = quantize_model(*load_checkpoint(RETRIEVAL_DIR))
+    want = {"int": (KVFormat.PER_TOKEN, "single", KVStore),
+            "int_channel": (KVFormat.PER_CHANNEL_K, "single", KVChannelCache),
+            "int_tiled": (KVFormat.PER_TOKEN, "tiled", KVStore),
+            "int_channel_tiled": (KVFormat.PER_CHANNEL_K, "tiled", KVChannelCache)}
+    assert sorted(INT_MODELS) == sorted(want)
+    assert all(m in MODELS for m in want)
+    for name, (fmt, mode, store) in want.items():
+        im = int_model(qm, name)
+        assert (im.kv_format, im.prefill_mode) == (fmt, mode)
+        assert type(im.kv[0][0]) is store
+    with pytest.raises(ValueError, match="not an integer model"):
+        int_model(qm, "mars_n2")

@@ -7,6 +7,9 @@ torch): greedy exact match on the fixed-seed prompts of :func:`mcf.model.task.ma
   weights, per-token INT4 KV);
 * ``int_channel`` — the same with the per-channel-K INT4 KV format
   (``kv_format=KVFormat.PER_CHANNEL_K``);
+* ``int_tiled``, ``int_channel_tiled`` — ``int`` / ``int_channel`` with the prefill attention a
+  node with the tiled path runs (``prefill_mode="tiled"``: ATTEND PREFILL_TILE, P·V in the P8
+  format, :func:`mcf.golden.attention_tiled.attend_prefill_tiled`); decode unchanged;
 * ``mars_n2``, ``mars_n4`` — the golden model of a cluster run on 2 / 4 node tops
   (:func:`mcf.cluster.golden_run`: MARS prefill in 32-token chunks, decode states merged along
   the chain), whose bits ``mcf run`` checks the RTL against at every step; prompt lengths a
@@ -31,13 +34,19 @@ from .golden import IntModel, quantize_model
 from .reference import FloatModel
 from .task import PASSKEY, accuracy, make_prompt
 
-__all__ = ["MODELS", "KV_FORMATS", "CLUSTERS", "Accuracy", "answerer", "measure_one", "measure"]
+__all__ = ["MODELS", "INT_MODELS", "CLUSTERS", "Accuracy", "int_model", "answerer",
+           "measure_one", "measure"]
 
-KV_FORMATS = {"int": KVFormat.PER_TOKEN, "int_channel": KVFormat.PER_CHANNEL_K}
-"""Integer models → their KV format."""
+INT_MODELS = {
+    "int": dict(kv_format=KVFormat.PER_TOKEN, prefill_mode="single"),
+    "int_channel": dict(kv_format=KVFormat.PER_CHANNEL_K, prefill_mode="single"),
+    "int_tiled": dict(kv_format=KVFormat.PER_TOKEN, prefill_mode="tiled"),
+    "int_channel_tiled": dict(kv_format=KVFormat.PER_CHANNEL_K, prefill_mode="tiled"),
+}
+"""Integer models → their :class:`mcf.model.IntModel` arguments (KV format, prefill mode)."""
 CLUSTERS = {"mars_n2": 2, "mars_n4": 4}
 """Cluster-run golden models → their nodes."""
-MODELS = ("float", *KV_FORMATS, *CLUSTERS)
+MODELS = ("float", *INT_MODELS, *CLUSTERS)
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,14 @@ def _check(model: str) -> None:
         raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
 
 
+def int_model(qm, model: str) -> IntModel:
+    """The :class:`mcf.model.IntModel` of the integer model named ``model`` (a name of
+    :data:`INT_MODELS`) over the quantised model ``qm``."""
+    if model not in INT_MODELS:
+        raise ValueError(f"{model!r} is not an integer model; known: {', '.join(INT_MODELS)}")
+    return IntModel(qm, **INT_MODELS[model])
+
+
 def answerer(directory: Path, model: str):
     """``tokens → greedy answer tokens`` of ``model`` (a name of :data:`MODELS`) on the
     checkpoint in ``directory``."""
@@ -66,7 +83,7 @@ def answerer(directory: Path, model: str):
         return lambda toks: fm.generate(toks, PASSKEY.value_len).tokens
     if model in CLUSTERS:
         return _cluster_answerer(quantize_model(cfg, tensors), CLUSTERS[model])
-    im = IntModel(quantize_model(cfg, tensors), kv_format=KV_FORMATS[model])
+    im = int_model(quantize_model(cfg, tensors), model)
     return lambda toks: im.generate(toks, PASSKEY.value_len).tokens
 
 

@@ -119,9 +119,12 @@ async def check_decode_token(hosts, p, image: DecodeImage, gold, k: int) -> None
         assert not bad, f"token {k} node {h.i}: {bad}"
 
 
-@cocotb.test()
-async def decode(dut):
-    params = bench_params()
+async def prefilled(dut, params):
+    """The tiny model (random INT4 weights) on the decode layout, its prompt run through the
+    prefill layer program in MARS's steps, each node's owned KV checked. Returns
+    ``(p, lay, hosts, image, qls, x, prefill, cycle, limit, prefill_cycles)``; ``x``: the
+    prompt's rows and decode token 0's (also the start of :mod:`mcf.sim.benches.node_tp`'s
+    decode benches)."""
     seed = params.get("seed", 1)
     spec = tiny_model_spec(params.get("layers", 2))
     qls = [quantize_layer(random_layer(TINY, seed + 10 * i), TINY) for i in range(spec.layers)]
@@ -138,22 +141,30 @@ async def decode(dut):
         h.layout = lay
         await h.apply(configure(p, lay, h.i, seq_timeout=params.get("timeout", 0),
                                 model=image))
-    n, L = len(hosts), spec.layers
+    n = len(hosts)
     S = p.num_chunks * p.chunk
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((S + 1, TINY.hidden)).astype(np.float32)
+    x = np.random.default_rng(seed).standard_normal((S + 1, TINY.hidden)).astype(np.float32)
     slices = [slice_positions(p, b, s) for b in range(1, p.num_chunks + 1) for s in range(n)]
     prefill = golden_prefill(x[:S], qls, TINY, slices)
     cycle = cycle_counter(dut.aclk, dut)
     limit = params.get("step_limit", 3_000_000)
-
-    # ---- the prompt: MARS's prefill steps with the layer program -------------------------------
     expect_packets = [0] * n
     prefill_cycles = [await run_layer_step(dut, hosts, p, step, image, to_act(x[:S]),
                                            expect_packets, cycle, limit) for step in p.steps]
-    marks = len(p.steps)
     for h in hosts:
         check_owned_kv(h.mem, h.i, p, lay, prefill)
+    return p, lay, hosts, image, qls, x, prefill, cycle, limit, prefill_cycles
+
+
+@cocotb.test()
+async def decode(dut):
+    params = bench_params()
+    # ---- the prompt: MARS's prefill steps with the layer program -------------------------------
+    p, lay, hosts, image, qls, x, prefill, cycle, limit, prefill_cycles = \
+        await prefilled(dut, params)
+    n, L = len(hosts), len(qls)
+    S = p.num_chunks * p.chunk
+    marks = len(p.steps)
 
     # ---- one decode token ----------------------------------------------------------------------
     k = params.get("token", 0)

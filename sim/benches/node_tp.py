@@ -82,12 +82,11 @@ from mcf.abi.node import Cmd, Queue, RecordClass
 from mcf.abi.node_config import NODE_CONFIGS
 from mcf.abi.quant import requantize
 from mcf.abi.sequencer import SeqCounter
-from mcf.cluster.checks import bad_counter_names, bad_counters, check_owned_kv
+from mcf.cluster.checks import bad_counter_names, bad_counters
 from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
 from mcf.golden.tp_decode import tp_golden_decode, tp_layer, tp_split
 from mcf.node.decode import (
     COUNTER_CLEAR,
-    DecodeImage,
     decode_kv_id,
     decode_layout,
     decode_program,
@@ -97,7 +96,7 @@ from mcf.node.decode import (
     prompt_blocks,
     reduction_parents,
 )
-from mcf.node.layer import act_bytes, golden_prefill, slice_positions
+from mcf.node.layer import act_bytes
 from mcf.node.layout import REGION_ALIGN
 from mcf.node.program import configure
 from mcf.node.tp import MAX_BYTES, RowParallelImage, golden_step, max_records, sum_records
@@ -110,11 +109,11 @@ from mcf.sim.benches.cycles import cycle_counter
 from mcf.sim.benches.node_cluster import (
     POLL,
     _setup,
-    run_layer_step,
     snapshot,
     tiny_model_spec,
     wait_irq,
 )
+from mcf.sim.benches.node_decode import prefilled
 from mcf.sim.toolchain import bench_params
 
 
@@ -368,41 +367,6 @@ async def tp_pre(dut):
             kv_heads=[list(img.kv_heads) for img in images])
 
 
-async def _prefilled(dut, params):
-    """The tiny model (random INT4 weights) on the decode layout, a 32-token prompt run through
-    the prefill layer program in MARS's steps (as :mod:`mcf.sim.benches.node_decode`), each
-    node's owned KV checked. Returns ``(p, lay, hosts, image, qls, x, prefill, cycle, limit)``;
-    ``x``: the prompt's rows and decode token 0's."""
-    seed = params.get("seed", 1)
-    spec = tiny_model_spec(params.get("layers", 2))
-    qls = [quantize_layer(random_layer(TINY, seed + 10 * i), TINY) for i in range(spec.layers)]
-    made = {}
-
-    def model_of(p, layout, cfg):
-        made["layout"] = decode_layout(p, cfg, layout.base, layout.cmd_log2)
-        return DecodeImage(TINY, qls, cfg, made["layout"], tokens=slice_positions(p, 1, 0)[1])
-
-    p, _, hosts, image = await _setup(dut, params, spec, model_of)
-    lay = made["layout"]
-    for h in hosts:                       # the decode layout: decode blocks, QBUF/OBUF moved
-        h.layout = lay
-        await h.apply(configure(p, lay, h.i, seq_timeout=params.get("timeout", 0), model=image))
-    n = len(hosts)
-    S = p.num_chunks * p.chunk
-    x = np.random.default_rng(seed).standard_normal((S + 1, TINY.hidden)).astype(np.float32)
-    slices = [slice_positions(p, b, s) for b in range(1, p.num_chunks + 1) for s in range(n)]
-    prefill = golden_prefill(x[:S], qls, TINY, slices)
-    cycle = cycle_counter(dut.aclk, dut)
-    limit = params.get("step_limit", 3_000_000)
-    expect_packets = [0] * n
-    for step in p.steps:
-        await run_layer_step(dut, hosts, p, step, image, to_act(x[:S]), expect_packets, cycle,
-                             limit)
-    for h in hosts:
-        check_owned_kv(h.mem, h.i, p, lay, prefill)
-    return p, lay, hosts, image, qls, x, prefill, cycle, limit
-
-
 async def _run_token(dut, hosts, p, root, cycle, limit) -> dict:
     """Rings the NET doorbells and the COMPUTE ones (the root's last) of the queued token and
     waits for every node's next MARK on both queues (polled); returns the cycles from the root's
@@ -436,7 +400,7 @@ async def tp_attend(dut):
     """The KV-parallel attention of decode token 0's first layer with each query head's result
     at its TP owner (module docstring, ``tp_attend``)."""
     params = bench_params()
-    p, lay, hosts, image, qls, x, prefill, cycle, limit = await _prefilled(dut, params)
+    p, lay, hosts, image, qls, x, prefill, cycle, limit, _ = await prefilled(dut, params)
     n = len(hosts)
     sp = tp_split(TINY, n)
     S = p.num_chunks * p.chunk
@@ -492,7 +456,7 @@ async def tp_token(dut):
     """Every layer of decode token 0 tensor-parallel on two node tops (module docstring,
     ``tp_token``)."""
     params = bench_params()
-    p, lay, hosts, image, qls, x, prefill, cycle, limit = await _prefilled(dut, params)
+    p, lay, hosts, image, qls, x, prefill, cycle, limit, _ = await prefilled(dut, params)
     n = len(hosts)
     sp = tp_split(TINY, n)
     S, L = p.num_chunks * p.chunk, len(qls)

@@ -1,6 +1,7 @@
 """Greedy retrieval accuracy of a checkpoint with the project's own numpy models (no torch):
 the float reference (:class:`mcf.model.FloatModel`) and the integer golden model
-(:class:`mcf.model.IntModel`, INT4 weights and per-token INT4 KV, the arithmetic the RTL matches;
+(:class:`mcf.golden.model.IntModel`, INT4 weights and per-token INT4 KV, the arithmetic the RTL
+matches;
 ``int_channel``: the same with the per-channel-K INT4 KV format; ``int_tiled`` /
 ``int_channel_tiled``: those two with the tiled P8 prefill attention (PREFILL_TILE,
 ``prefill_mode="tiled"``); ``mars_n2``/``mars_n4``: the

@@ -20,10 +20,11 @@ formats' own error (:func:`mcf.golden.kv_accuracy.kv_format_error`, mean over ``
 ``dsp``: DSP48E2 / LUT of the two P·V multiplier shapes (yosys, ``mcf.sim.synth.resources``).
 
 ``retrieval``: greedy exact-match accuracy of the retrieval checkpoint with the integer golden
-model (:class:`mcf.model.IntModel`, per-channel-K INT4 KV) whose prefill attention is the tiled
-model in ``--p-format`` (``p8`` by default; ``w`` must give today's bits — ``--check-w`` compares
-the prompt logits of the first prompt with and without the tiled ``w`` path). Decode attention
-is unchanged (two-phase). The model is patched in this process only; ``sw/model`` is untouched.
+model (:class:`mcf.golden.model.IntModel`, per-channel-K INT4 KV) whose prefill attention is the
+tiled model in ``--p-format`` (``p8`` by default; ``w`` must give today's bits — ``--check-w``
+compares the prompt logits of the first prompt with and without the tiled ``w`` path). Decode
+attention is unchanged (two-phase). The model is patched in this process only;
+``sw/golden/model.py`` is untouched.
 """
 
 from __future__ import annotations
@@ -206,7 +207,7 @@ def dsp(args) -> dict:
 
 
 def retrieval(args) -> dict:
-    import mcf.model.golden as mg
+    import mcf.golden.model as mg
     from mcf.abi.kv_channel import KVFormat
     from mcf.golden.attention_tiled import attend_prefill_tiled
     from mcf.model.checkpoint import RETRIEVAL_DIR, load_checkpoint

@@ -9,8 +9,8 @@ decode step later with the right first token fed in (teacher forced). A prompt i
 right iff both are positive. Rows:
 
 * ``float`` — :class:`mcf.model.FloatModel` on the checkpoint; ``float_w4`` — the same on the
-  dequantised INT4 weights (:meth:`mcf.model.golden.QuantModel.dequantized`);
-* ``int``, ``int_channel`` — :class:`mcf.model.IntModel` with per-token / per-channel INT4 K
+  dequantised INT4 weights (:meth:`mcf.golden.model.QuantModel.dequantized`);
+* ``int``, ``int_channel`` — :class:`mcf.golden.model.IntModel` with per-token / per-channel INT4 K
   (``KVFormat.PER_TOKEN`` / ``PER_CHANNEL_K``), the RTL's arithmetic; ``int_channel_exact_fold``
   — ``int_channel`` with each group's folded query exact (:class:`ExactFoldModel`);
   ``int_channel_g8`` — ``int_channel`` with channel-scale groups of 8 tokens instead of
@@ -50,8 +50,8 @@ from mcf.abi.kv_channel import KVFormat  # noqa: E402
 from mcf.abi.quant import requantize  # noqa: E402
 from mcf.abi.softmax import SCORE, SCORE_FRAC  # noqa: E402
 from mcf.golden import attention as golden_attention  # noqa: E402
+from mcf.golden.model import IntModel, quantize_model
 from mcf.model.checkpoint import RETRIEVAL_DIR, load_checkpoint  # noqa: E402
-from mcf.model.golden import IntModel, quantize_model  # noqa: E402
 from mcf.model.reference import FloatModel  # noqa: E402
 from mcf.model.task import make_prompt  # noqa: E402
 from mcf.quant import from_act, to_act  # noqa: E402

@@ -270,7 +270,7 @@ Greedy exact-match accuracy on prompts `make_prompt(L, seed)` for seeds `0 .. n-
 Depth is the queried `PUT`'s position / (L − 1): 0 at the start of the context; the last slot,
 `(L − 6) / (L − 1)`, is the pair right before `ASK` with no filler in between.
 
-## Integer golden model (`mcf.model.golden.IntModel`)
+## Integer golden model (`mcf.golden.model.IntModel`)
 {keep}
 """
     tmp = card.with_name("README.md.part")

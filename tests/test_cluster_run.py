@@ -1,5 +1,5 @@
 """The cluster run (issue #14; docs/cluster.md): the run's integer golden model against the
-model's own (:class:`mcf.model.IntModel`), what a run accepts, and ``mcf run`` end to end on
+model's own (:class:`mcf.golden.model.IntModel`), what a run accepts, and ``mcf run`` end to end on
 simulated node tops (the ``sim`` configuration under Verilator)."""
 
 from __future__ import annotations
@@ -10,18 +10,11 @@ import numpy as np
 import pytest
 
 from mcf.cli import main
-from mcf.cluster import (
-    ClusterGolden,
-    RunError,
-    RunSpec,
-    float_agreement,
-    golden_run,
-    make_plan,
-    prompt_tokens,
-    run_prompt,
-)
+from mcf.cluster import RunError, RunSpec, make_plan, prompt_tokens, run_prompt
+from mcf.golden.cluster import ClusterGolden, float_agreement, golden_run
+from mcf.golden.model import IntModel, quantize_model
 from mcf.mars.routes import RouteAllocator
-from mcf.model import IntModel, model_from_spec, quantize_model
+from mcf.model import model_from_spec
 from mcf.node.layer import row_ranges
 
 

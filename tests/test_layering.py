@@ -13,6 +13,12 @@ an f-string's literal prefix). The rules:
   of ``mcf`` outside ``mcf.abi`` — not ``mcf.golden``, ``mcf.hdl`` or ``mcf.sim``: golden models
   import the ABI, never the reverse;
 * ``sw/abi/`` defines no golden model (no class named ``*Model``): those live in ``sw/golden/``;
+* every golden model lives in ``sw/golden/`` (issue #37): nothing else under ``sw/`` defines a
+  class whose name contains ``Golden`` or a function named ``golden_*`` (the model's, the
+  cluster run's and the node programs' goldens included);
+* no ``sw/golden/`` module is on an import cycle (the static import graph, parent packages
+  included): the modules a golden model reaches outside ``mcf.abi`` (``mcf.model``'s checkpoint
+  names, ``mcf.node``'s plan helpers) never import it back;
 * nothing outside ``sim/benches/`` imports ``mcf.sim.benches`` (the cocotb benches): code
   outside runs a bench through the cocotb runner by its module name
   (:func:`mcf.sim.toolchain.run`), and the helpers benches share with tests and benchmarks live
@@ -264,6 +270,106 @@ def test_golden_model_check_flags_a_model_class():
     source = "class LandingConfig:\n    pass\n\n\ndef f():\n    class SendModel:\n        pass\n"
     assert golden_models_in("sw/abi/send.py", source) == ["sw/abi/send.py:6: class SendModel"]
     assert golden_models_in("sw/golden/send.py", source) == []
+
+
+GOLDEN_HOME = "sw/golden/*"
+
+
+def goldens_outside_home(path: str, source: str) -> list[str]:
+    """``file:line: class Name`` / ``file:line: def name`` of every golden model in ``source``
+    (at any depth: a class whose name contains ``Golden``, a function named ``golden_*``) if
+    ``path`` is under ``sw/`` but not ``sw/golden/``."""
+    if not fnmatch(path, "sw/*") or fnmatch(path, GOLDEN_HOME):
+        return []
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and "Golden" in node.name:
+            out.append(f"{path}:{node.lineno}: class {node.name}")
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and \
+                node.name.startswith("golden_"):
+            out.append(f"{path}:{node.lineno}: def {node.name}")
+    return out
+
+
+def test_every_golden_model_lives_in_sw_golden():
+    found = [v for path, source in source_files().items()
+             for v in goldens_outside_home(path, source)]
+    assert not found, "golden models belong in sw/golden/:\n" + "\n".join(found)
+
+
+def test_golden_home_check_flags_a_golden_elsewhere():
+    source = ("class StepGolden:\n    pass\n\n\ndef images():\n    def golden_step():\n"
+              "        pass\n")
+    assert goldens_outside_home("sw/node/tp.py", source) == [
+        "sw/node/tp.py:1: class StepGolden", "sw/node/tp.py:6: def golden_step"]
+    assert goldens_outside_home("sw/golden/node_tp.py", source) == []
+    assert goldens_outside_home("sim/benches/node_tp.py", source) == []
+
+
+def import_cycles(graph: Graph, prefix: str) -> list[list[str]]:
+    """The import cycles (strongly connected components of more than one module of the static
+    import graph, :meth:`Graph.edges`) that hold a module under ``prefix``, each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph.path):
+        if start in index:
+            continue
+        work = [(start, iter(sorted({t for t, _ in graph.edges(start)})))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted({t for t, _ in graph.edges(w)}))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1 and any(_under(m, (prefix,)) for m in comp):
+                    found.append(sorted(comp))
+    return found
+
+
+def test_golden_models_are_on_no_import_cycle(graph):
+    found = import_cycles(graph, "mcf.golden")
+    assert not found, "import cycles through sw/golden/:\n" + "\n".join(
+        " <-> ".join(c) for c in found)
+
+
+def test_cycle_check_flags_a_golden_cycle():
+    files = {
+        "sw/__init__.py": "",
+        "sw/golden/__init__.py": "",
+        "sw/golden/a.py": "from ..node.b import x\n",
+        "sw/node/__init__.py": "",
+        "sw/node/b.py": "def f():\n    from ..golden.a import y\n",
+        "sw/node/c.py": "from .d import z\n",
+        "sw/node/d.py": "from .c import w\n",
+    }
+    assert import_cycles(Graph.of(files), "mcf.golden") == [["mcf.golden.a", "mcf.node.b"]]
+    assert import_cycles(Graph.of(files), "mcf.node") == [
+        ["mcf.golden.a", "mcf.node.b"], ["mcf.node.c", "mcf.node.d"]]
+    files["sw/node/b.py"] = "from ..abi import y\n"
+    assert import_cycles(Graph.of(files), "mcf.golden") == []
 
 
 def test_board_runtime_has_no_amaranth_boards(graph):

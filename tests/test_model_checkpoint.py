@@ -9,16 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mcf.golden.model import IntModel, quantize_model
 from mcf.golden.qwen_layer import TINY
 from mcf.model import (
     TINY_MODEL,
     CheckpointError,
     ConfigError,
-    IntModel,
     Qwen2Config,
     expected_shapes,
     load_checkpoint,
-    quantize_model,
     random_checkpoint,
     save_checkpoint,
 )

@@ -13,15 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mcf.golden.model import IntModel, quantize_model
 from mcf.model import (
     TINY_MODEL,
     CheckpointError,
     ConfigError,
     FloatModel,
-    IntModel,
     Qwen2Config,
     load_checkpoint,
-    quantize_model,
     random_checkpoint,
     save_checkpoint,
 )

@@ -5,12 +5,13 @@ import numpy as np
 import pytest
 
 from mcf.abi.kv_channel import KVFormat
-from mcf.cluster import RunSpec, golden_run, make_plan, run_prompt
+from mcf.cluster import RunSpec, make_plan, run_prompt
 from mcf.golden.attention import KVChannelCache
-from mcf.model import model_from_spec, quantize_model
+from mcf.golden.cluster import golden_run
+from mcf.golden.model import KVStore, quantize_model
+from mcf.model import model_from_spec
 from mcf.model.checkpoint import EMBED, RETRIEVAL_DIR, load_checkpoint, save_checkpoint
 from mcf.model.evaluate import INT_MODELS, MODELS, answerer, int_model, measure, measure_one
-from mcf.model.golden import KVStore
 from mcf.model.task import make_prompt
 
 

@@ -1,4 +1,4 @@
-"""mcf.model.golden: the integer end-to-end Qwen2 forward (bit-exact contract for the RTL).
+"""mcf.golden.model: the integer end-to-end Qwen2 forward (bit-exact contract for the RTL).
 
 Checks: determinism; chunked prefill = one prefill (chunks at block multiples); a single-mode
 decode step = the same position of a longer prefill; two-phase decode independent of the KV
@@ -15,15 +15,9 @@ import pytest
 from mcf.abi.kv import KV_SCALE, dequantize, quantize_kv_float
 from mcf.abi.kv_channel import KV_GROUP, KVFormat
 from mcf.golden.attention import attend_single
+from mcf.golden.model import IntModel, embed_codes, quantize_model
 from mcf.golden.qwen_layer import layer_fixed
-from mcf.model import (
-    TINY_MODEL,
-    FloatModel,
-    IntModel,
-    embed_codes,
-    quantize_model,
-    random_checkpoint,
-)
+from mcf.model import TINY_MODEL, FloatModel, random_checkpoint
 from mcf.quant import from_act, to_act
 
 CFG = TINY_MODEL

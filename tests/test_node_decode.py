@@ -21,6 +21,8 @@ from mcf.abi.softmax import state_words
 from mcf.golden.attend_unit import attend_model
 from mcf.golden.decode_land import DecodeLandModel
 from mcf.golden.nic import softmax_payload_merge
+from mcf.golden.node_decode import golden_decode, prompt_blocks
+from mcf.golden.node_prefill import golden_prefill
 from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
 from mcf.mars import ClusterSpec, make_topology, plan
 from mcf.mars.model import ModelSpec
@@ -32,13 +34,11 @@ from mcf.node.decode import (
     decode_program,
     decode_seq,
     decode_slot,
-    golden_decode,
     owned_blocks,
-    prompt_blocks,
     query_payloads,
     reduction_parents,
 )
-from mcf.node.layer import golden_prefill, slice_positions
+from mcf.node.layer import slice_positions
 from mcf.node.layout import NodeLayout
 from mcf.quant import to_act
 

@@ -20,7 +20,7 @@ from mcf.cluster import RunSpec
 from mcf.cluster.setup import RunSetup
 from mcf.golden import vector as V
 from mcf.golden.gemm import gemm
-from mcf.model import IntModel
+from mcf.golden.model import IntModel
 from mcf.model.config import QWEN25_1P5B_MODEL
 from mcf.node.decode import decode_program
 from mcf.node.head import (

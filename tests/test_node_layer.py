@@ -14,10 +14,11 @@ from mcf.abi.jobs import ENTRY_BYTES, JOB_ARG, TEMPLATE_REF
 from mcf.abi.meta import Meta
 from mcf.abi.node import Cmd, PayloadSource, Queue, RecordClass, cmd_malformed
 from mcf.abi.node_config import SIM
+from mcf.golden.node_prefill import golden_prefill
 from mcf.golden.qwen_layer import TINY, layer_fixed, quantize_layer, random_layer
 from mcf.mars import ClusterSpec, make_topology, plan
 from mcf.mars.model import ModelSpec
-from mcf.node.layer import ModelImage, golden_prefill, read_set, slice_positions
+from mcf.node.layer import ModelImage, read_set, slice_positions
 from mcf.node.layout import NodeLayout
 from mcf.node.program import configure, step_program
 from mcf.quant import from_act

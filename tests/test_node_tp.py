@@ -46,21 +46,21 @@ from mcf.abi.tp import ACC_LANES, acc_lanes
 from mcf.golden import gemm as G
 from mcf.golden import vector as V
 from mcf.golden.decode_land import DecodeLandModel
+from mcf.golden.node_tp import golden_ffn, golden_post, golden_pre, golden_step
 from mcf.golden.qwen_layer import QWEN25_1P5B, TINY, quantize_layer, random_layer
 from mcf.golden.tp_decode import row_parallel, tp_ffn, tp_layer, tp_split
 from mcf.node.layer import act_bytes
 from mcf.node.tp import (
     MAX_BYTES,
     RowParallelImage,
-    golden_step,
     max_records,
     shard_weight,
     sum_payloads,
     sum_records,
 )
-from mcf.node.tp_ffn import TPFFNImage, golden_ffn
-from mcf.node.tp_layer import TPPostImage, golden_post
-from mcf.node.tp_pre import TPPreImage, golden_pre
+from mcf.node.tp_ffn import TPFFNImage
+from mcf.node.tp_layer import TPPostImage
+from mcf.node.tp_pre import TPPreImage
 from mcf.quant import QuantWeight, gemm_stripe_image, to_act
 from mcf.sim.amsim import parsed_beats, send
 from mcf.sim.axi_slave import write_slave
@@ -580,9 +580,9 @@ def test_golden_pre_is_replicated_decode():
     (``golden_decode``) byte for byte, and the nodes' rows (pair order undone) equal
     ``tp_pre_attention``'s shards, whose gathered rows equal the replicated layer's Q/K/V."""
     from mcf.abi.quant import rope_pair_order
+    from mcf.golden.node_decode import golden_decode
     from mcf.golden.qwen_layer import layer_fixed
     from mcf.golden.tp_decode import tp_pre_attention
-    from mcf.node.decode import golden_decode
 
     ql, sp, x, images = _pre()
     gold = golden_pre(images, x, POS)
@@ -733,14 +733,10 @@ def _tiny_plan(nodes: int = 2):
 
 @pytest.fixture(scope="module")
 def attend_case():
-    from mcf.node.decode import (
-        DecodeImage,
-        decode_layout,
-        golden_decode,
-        prompt_blocks,
-        reduction_parents,
-    )
-    from mcf.node.layer import golden_prefill, slice_positions
+    from mcf.golden.node_decode import golden_decode, prompt_blocks
+    from mcf.golden.node_prefill import golden_prefill
+    from mcf.node.decode import DecodeImage, decode_layout, reduction_parents
+    from mcf.node.layer import slice_positions
 
     p = _tiny_plan()
     qls = [quantize_layer(random_layer(TINY, SEED + 10 * i), TINY) for i in range(2)]
@@ -759,7 +755,7 @@ def attend_case():
 def test_owner_merge_is_replicated_decodes_bits(attend_case):
     """Each head's states merged on its TP owner's reduction tree give the root's merged state
     of replicated decode, byte for byte, and the owner's OBUF row its OBUF row (N = 2)."""
-    from mcf.node.tp_decode import owner_merged, owner_rows
+    from mcf.golden.node_tp import owner_merged, owner_rows
 
     c = attend_case
     assert {c["sp"].head_owner(h) for h in range(TINY.heads)} == {0, 1}

@@ -14,17 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mcf.golden.model import IntModel, quantize_model
 from mcf.golden.qwen_layer import QWEN25_1P5B, TINY
 from mcf.model import (
     QWEN25_1P5B_MODEL,
     TINY_MODEL,
     CheckpointError,
     FloatModel,
-    IntModel,
     Qwen2Config,
     load_checkpoint,
     model_from_spec,
-    quantize_model,
     random_checkpoint,
     resolve_model,
     save_checkpoint,

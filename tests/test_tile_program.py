@@ -28,22 +28,18 @@ from mcf.abi.node_config import KR260, SIM, NodeConfig
 from mcf.abi.quant import requantize, rope_pair_order
 from mcf.abi.query import QUERY_HEADER_BYTES, pack_query
 from mcf.abi.softmax import NORM_OUT
-from mcf.cluster import ClusterGolden, RunSpec, golden_run, make_plan, prompt_tokens
-from mcf.cluster.golden import plan_slices
+from mcf.cluster import RunSpec, make_plan, prompt_tokens
 from mcf.driver.node_map import node_limits
 from mcf.golden.attend_unit import attend_model
 from mcf.golden.attention import dequantize_k, random_blocks, random_query
+from mcf.golden.cluster import ClusterGolden, golden_run, plan_slices
+from mcf.golden.model import IntModel, quantize_model
+from mcf.golden.node_prefill import golden_prefill, prefill_attention
 from mcf.golden.qwen_layer import TINY, layer_fixed, quantize_layer, random_layer
 from mcf.mars import ClusterSpec, make_topology, plan
 from mcf.mars.model import ModelSpec
-from mcf.model import IntModel, model_from_spec, quantize_model
-from mcf.node.layer import (
-    ModelImage,
-    golden_prefill,
-    prefill_attention,
-    prefill_tile_chunk,
-    slice_positions,
-)
+from mcf.model import model_from_spec
+from mcf.node.layer import ModelImage, prefill_tile_chunk, slice_positions
 from mcf.node.layout import NodeLayout
 from mcf.node.program import step_program
 from mcf.quant import to_act

@@ -24,10 +24,12 @@ from mcf.abi.tp import (
     lanes_acc,
     requantize_with_absmax,
 )
-from mcf.cluster import RunSpec, golden_run, make_plan, prompt_tokens
-from mcf.cluster.tp import TPClusterGolden, check_tp, tp_golden_run, tp_node_bytes
+from mcf.cluster import RunSpec, make_plan, prompt_tokens
+from mcf.cluster.tp import check_tp, tp_node_bytes
 from mcf.golden import gemm as G
 from mcf.golden import vector as V
+from mcf.golden.cluster import TPClusterGolden, golden_run, tp_golden_run
+from mcf.golden.model import quantize_model
 from mcf.golden.qwen_layer import LayerConfig, layer_fixed, quantize_layer, random_layer
 from mcf.golden.tp_decode import (
     TPError,
@@ -42,7 +44,7 @@ from mcf.golden.tp_decode import (
     tp_pre_attention,
     tp_split,
 )
-from mcf.model import model_from_spec, quantize_model
+from mcf.model import model_from_spec
 from mcf.model.config import QWEN25_1P5B_MODEL, Qwen2Config
 from mcf.quant import gemm_tile_blob, quantize_weight, to_act
 

@@ -13,7 +13,7 @@ does the same thing at the same cycle whether the other nodes are in this simula
    step by step as the layer program on every node: each host writes its slice's embedding rows
    (ACT codes of the INT4 table), the step's routes, rings and ATTEND lists, rings both
    doorbells, waits for its two MARKs and every planned landing, then checks its node bit for
-   bit against the run's golden model (:class:`mcf.cluster.ClusterGolden`: every layer's
+   bit against the run's golden model (:class:`mcf.golden.cluster.ClusterGolden`: every layer's
    attention and output rows, the KV of every block it read, the counters) and reads its
    directory; then all meet. A step's cycles run from the first doorbell to the last landing.
 2. **First token**: a head phase (:meth:`mcf.cluster.RunSetup.head_program`, both MARKs on

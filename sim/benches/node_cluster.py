@@ -33,8 +33,8 @@ Tests (pick one with the runner's ``testcase``):
   random INT4 weights, random prompt) in MARS's prefill steps: every node computes its slice of
   every chunk on its own engines — JOB, EMIT (local copy + the store phase's sends as a tee),
   block barriers, ATTEND over the landed KV, JOB — driven only by its two rings. Checked after
-  every step, bit for bit against :func:`mcf.node.layer.golden_prefill`: every layer's output
-  rows of every node, and the INT4 KV records of every block each node attended to (its own
+  every step, bit for bit against :func:`mcf.golden.node_prefill.golden_prefill`: every layer's
+  output rows of every node, and the INT4 KV records of every block each node attended to (its own
   and the ones it received); no bad record, drop, bus error or timeout anywhere. Reports the
   cycles of each step and the engines' busy counters (``out``).
 * ``registers`` — every register of the node map on node 0 through AXI-Lite: RW fields written
@@ -80,10 +80,11 @@ from mcf.cluster.checks import (
 )
 from mcf.cluster.checks import link_faults as shared_link_faults
 from mcf.cluster.setup import planned_receivers
+from mcf.golden.node_prefill import golden_prefill
 from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
 from mcf.mars.model import ModelSpec
 from mcf.mars.plan import tiny_plan
-from mcf.node.layer import ModelImage, golden_prefill, read_act, slice_positions
+from mcf.node.layer import ModelImage, read_act, slice_positions
 from mcf.node.layout import NodeLayout
 from mcf.node.program import (
     configure,
@@ -520,7 +521,7 @@ async def run_layer_step(dut, hosts, p, step, model, xa, expect_packets: list[in
 async def check_layer_step(hosts, p, idx: int, model, layout: NodeLayout, gold,
                            expect_packets: list[int]) -> None:
     """After prefill step ``idx`` of the layer program, bit for bit against ``gold``
-    (:func:`~mcf.node.layer.golden_prefill`'s layers): every node's DDR
+    (:func:`~mcf.golden.node_prefill.golden_prefill`'s layers): every node's DDR
     (:func:`mcf.cluster.checks.check_layer_memory`) and counters
     (:func:`mcf.cluster.checks.check_step_counters`: the landing count; no bad record, drop,
     bus error or timeout counter anywhere)."""

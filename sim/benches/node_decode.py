@@ -9,11 +9,11 @@ from the rings alone (:func:`mcf.node.decode.decode_program`): the root's one-to
 query multicast, ATTEND DECODE on both nodes over the KV each owns (the root's list ends with
 the new token, EMITted into its decode block), the states merged by the reduction engines
 along MARS's tree, the root's final state normalised into OBUF by its decode lander, the
-root's O-projection/MLP JOB. Checked bit for bit against :func:`mcf.node.decode.golden_decode`:
-the root's OBUF rows and output row of every layer, the new token's INT4 KV; the decode
-counters (queries and results landed, states reduced); no drop, bad record, error or timeout
-counter moved on any node. Reports ``decode_step_cycles``: from the root's COMPUTE doorbell to
-its last MARK's interrupt (``out``).
+root's O-projection/MLP JOB. Checked bit for bit against
+:func:`mcf.golden.node_decode.golden_decode`: the root's OBUF rows and output row of every
+layer, the new token's INT4 KV; the decode counters (queries and results landed, states
+reduced); no drop, bad record, error or timeout counter moved on any node. Reports
+``decode_step_cycles``: from the root's COMPUTE doorbell to its last MARK's interrupt (``out``).
 
 The node's layout is :func:`mcf.node.decode.decode_layout` (decode blocks in the KV region):
 ``_setup`` configures :class:`~mcf.node.layout.NodeLayout.for_plan`'s, so the bench applies
@@ -30,17 +30,17 @@ from cocotb.triggers import ClockCycles
 
 from mcf.abi.node import Queue
 from mcf.cluster.checks import bad_counter_names, bad_counters, check_decode_root, check_owned_kv
+from mcf.golden.node_decode import golden_decode, prompt_blocks
+from mcf.golden.node_prefill import golden_prefill
 from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
 from mcf.node.decode import (
     DecodeImage,
     decode_layout,
     decode_program,
     decode_slot,
-    golden_decode,
-    prompt_blocks,
     reduction_parents,
 )
-from mcf.node.layer import act_bytes, golden_prefill, slice_positions
+from mcf.node.layer import act_bytes, slice_positions
 from mcf.node.program import configure
 from mcf.quant import to_act
 from mcf.sim.benches.cycles import cycle_counter

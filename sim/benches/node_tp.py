@@ -12,8 +12,8 @@ reduction tree of token 0), landed in the root's MBUF slot and multicast by the 
 other node → REQUANT_EXT → GEMM ``acc_out`` → the ``acc_out`` lanes to the root's
 ``ReduceOp.SUM`` reduction on the same route, landed in the root's SUM slots (the image's
 ``sum_registers``) and multicast by the root → GEMM ``acc_in``. Checked bit for bit on every
-node against :func:`mcf.node.tp.golden_step`: the ABSMAX beat's lanes, the MAX result in MBUF,
-the whole row's codes and scale word, the ``acc_out`` lanes, the SUM result, the output row
+node against :func:`mcf.golden.node_tp.golden_step`: the ABSMAX beat's lanes, the MAX result in
+MBUF, the whole row's codes and scale word, the ``acc_out`` lanes, the SUM result, the output row
 ``y``; one maxima and one SUM landing per node; no fault counter moved.
 
 ``tp_ffn`` — the tiny model's whole FFN of one token (:mod:`mcf.node.tp_ffn`, random INT4
@@ -21,7 +21,7 @@ gate/up/down): each node holds its intermediate rows of W_gate / W_up and the do
 K-range shard (:class:`mcf.node.tp_ffn.TPFFNImage`), the host writes the same random normed row's
 INT8 codes and scale into every node. The column JOB (GEMM gate, GEMM up, SILU_MUL into the down
 step's ACT row), then the row-parallel step as above. Checked on every node against
-:func:`mcf.node.tp_ffn.golden_ffn`: the gate and up rows, the ACT row (the SiLU shard at its
+:func:`mcf.golden.node_tp.golden_ffn`: the gate and up rows, the ACT row (the SiLU shard at its
 offset, zeros elsewhere), then every buffer of the down step as in ``row_parallel``.
 
 ``tp_post`` — the post-attention half of a tiny-model layer (:mod:`mcf.node.tp_layer`, random
@@ -31,7 +31,7 @@ attention rows as :func:`mcf.golden.tp_decode.tp_layer` computes them (with rand
 rows standing in for the attention it is given). From the COMPUTE rings: the O step, ADD +
 RMSNORM + REQUANT into the FFN's input, the FFN, the final ADD — two MAX and two SUM all-reduces
 in one token (cumulative WAIT thresholds). Checked on every node against
-:func:`mcf.node.tp_layer.golden_post` (itself checked equal to ``tp_layer``'s output row): every
+:func:`mcf.golden.node_tp.golden_post` (itself checked equal to ``tp_layer``'s output row): every
 buffer of the O step, ``h``, ``n2``, the FFN's input codes and scale word, every FFN buffer, the
 output row ``y``; two maxima and ``2S`` SUM payloads landed per node.
 
@@ -45,7 +45,7 @@ K/V row. From the COMPUTE rings (:meth:`mcf.node.tp_pre.TPPreImage.records`): th
 REQUANT, GEMM Q/K/V on the node's rows, ROPE, the K/V row, the query records), the query
 records multicast into the other nodes' QBUF slots, the K/V pairs EMITted to the token's root
 (the other node's teed and sent), the WAIT for the other nodes' queries, the root's barrier on
-its decode block. Checked on every node against :func:`mcf.node.tp_pre.golden_pre` (itself
+its decode block. Checked on every node against :func:`mcf.golden.node_tp.golden_pre` (itself
 checked equal to replicated decode's query and K/V records, ``golden_decode``): ``n1``, the
 codes and scale word, the Q/K/V GEMM rows, the post-RoPE Q, the K/V row, its own query records,
 the other node's query record in its QBUF slot; at the root every KV head's INT4 record in its
@@ -59,7 +59,7 @@ the token's queries and K/V, the query multicast, the EMITs, the barrier) follow
 by :func:`mcf.node.tp_decode.attend_records` (ATTEND per KV head, each state SENT to its head's
 owner on the owner's reduction tree, ``WAIT RESULTS_LANDED`` for its own heads). Checked on
 every node: the OBUF rows of its own heads bit for bit against
-:func:`mcf.node.tp_decode.owner_rows` (itself checked equal to replicated decode's OBUF rows,
+:func:`mcf.golden.node_tp.owner_rows` (itself checked equal to replicated decode's OBUF rows,
 ``golden_decode``), the other heads' rows untouched, ``dec_results_landed`` = its heads,
 ``nic_reduce_rx_packets`` = every head's contributions through its engine; at the root the new
 token's K/V records; no fault counter. The MARK cycles are polled (``POLL`` cycles' grain).
@@ -83,6 +83,15 @@ from mcf.abi.node_config import NODE_CONFIGS
 from mcf.abi.quant import requantize
 from mcf.abi.sequencer import SeqCounter
 from mcf.cluster.checks import bad_counter_names, bad_counters
+from mcf.golden.node_decode import golden_decode, prompt_blocks
+from mcf.golden.node_tp import (
+    golden_ffn,
+    golden_post,
+    golden_pre,
+    golden_step,
+    owner_merged,
+    owner_rows,
+)
 from mcf.golden.qwen_layer import TINY, quantize_layer, random_layer
 from mcf.golden.tp_decode import tp_golden_decode, tp_layer, tp_split
 from mcf.node.decode import (
@@ -92,18 +101,16 @@ from mcf.node.decode import (
     decode_program,
     decode_seq,
     decode_writes,
-    golden_decode,
-    prompt_blocks,
     reduction_parents,
 )
 from mcf.node.layer import act_bytes
 from mcf.node.layout import REGION_ALIGN
 from mcf.node.program import configure
-from mcf.node.tp import MAX_BYTES, RowParallelImage, golden_step, max_records, sum_records
-from mcf.node.tp_decode import TPDecodeImage, attend_records, owner_merged, owner_rows
-from mcf.node.tp_ffn import TPFFNImage, golden_ffn
-from mcf.node.tp_layer import TPPostImage, golden_post
-from mcf.node.tp_pre import TPPreImage, golden_pre
+from mcf.node.tp import MAX_BYTES, RowParallelImage, max_records, sum_records
+from mcf.node.tp_decode import TPDecodeImage, attend_records
+from mcf.node.tp_ffn import TPFFNImage
+from mcf.node.tp_layer import TPPostImage
+from mcf.node.tp_pre import TPPreImage
 from mcf.quant import to_act, token_scale_words
 from mcf.sim.benches.cycles import cycle_counter
 from mcf.sim.benches.node_cluster import (
@@ -168,7 +175,7 @@ def _args(p, layout, h, n):
 
 
 async def _check_row(h, img: RowParallelImage, gold, maxes: int = 1, sums: int | None = None):
-    """Node ``h``'s buffers of the row-parallel step against :func:`mcf.node.tp.golden_step`
+    """Node ``h``'s buffers of the row-parallel step against :func:`mcf.golden.node_tp.golden_step`
     (``gold``), its landing counters (``maxes`` maxima and ``sums`` SUM payloads, default the
     step's own), no timeout, no fault counter."""
     b, kp, m, i = img.buf, img.shard.kp, img.qw.q.shape[0], h.i
@@ -229,7 +236,7 @@ async def row_parallel(dut):
 
 
 async def _check_ffn(h, img: TPFFNImage, gold, maxes: int = 1, sums: int | None = None):
-    """Node ``h``'s FFN buffers against :func:`mcf.node.tp_ffn.golden_ffn` (``gold``): gate and
+    """Node ``h``'s FFN buffers against :func:`mcf.golden.node_tp.golden_ffn` (``gold``): gate and
     up rows, the down step's ACT row (the SiLU shard at its offset, zeros elsewhere), then the
     down step's (:func:`_check_row`, ``maxes`` / ``sums`` its counters)."""
     b, ni, i = img.buf, img.r[1] - img.r[0], h.i

@@ -4,8 +4,8 @@ latency :data:`mcf.sim.cluster.BENCH_LATENCY_CYCLES` cycles) run MARS's prefill 
 the ``tiny`` model twice: with the KV placed by the PS (the communication alone, every KV byte
 checked at every planned receiver) and as the **layer program** (every node computes its slices
 on its own engines: JOB, EMIT tee, ATTEND, bit-exact against
-:func:`mcf.node.layer.golden_prefill`); the metadata ingress rate through the whole node; the
-kr260 GEMM's MACs/cycle (:func:`mcf.sim.perf.compute.kr260_gemm`, bit-exact); yosys resources of
+:func:`mcf.golden.node_prefill.golden_prefill`); the metadata ingress rate through the whole node;
+the kr260 GEMM's MACs/cycle (:func:`mcf.sim.perf.compute.kr260_gemm`, bit-exact); yosys resources of
 both node tops.
 
 What is not measured yet, and why, is in the result's ``not_measured``. A cocotb assertion (a

@@ -55,8 +55,8 @@ def act_rows(mem, addr: int, rows: int, cols: int) -> np.ndarray:
 
 def check_layer_memory(mem, node: int, p, idx: int, model, layout, gold) -> None:
     """After prefill step ``idx`` of the layer program, node ``node``'s DDR bit for bit against
-    ``gold`` (:func:`~mcf.node.layer.golden_prefill`'s layers): every layer's attention output
-    and output rows of its slice, and the INT4 KV of every block it attended to (its own and
+    ``gold`` (:func:`~mcf.golden.node_prefill.golden_prefill`'s layers): every layer's attention
+    output and output rows of its slice, and the INT4 KV of every block it attended to (its own and
     the ones it received)."""
     enc, cfg, m = p.encoder, model.cfg, model.tokens
     rec = kv_token_bytes(cfg.head_dim)
@@ -111,7 +111,7 @@ def check_step_counters(node: int, values: dict[str, int], land_packets: int) ->
 def check_owned_kv(mem, node: int, p, lay, prefill) -> None:
     """The prompt's KV node ``node`` owns after the prefill
     (:func:`~mcf.node.decode.owned_blocks`), read from its DDR, bit for bit as ``prefill``
-    (:func:`~mcf.node.layer.golden_prefill`'s layers) has it."""
+    (:func:`~mcf.golden.node_prefill.golden_prefill`'s layers) has it."""
     enc = p.encoder
     S = p.num_chunks * p.chunk
     for b, s in owned_blocks(p)[node]:
@@ -127,7 +127,7 @@ def check_owned_kv(mem, node: int, p, lay, prefill) -> None:
 
 def check_decode_root(mem, root: int, p, image, gold, k: int) -> None:
     """Decode token ``k`` at its root (DDR ``mem``) bit for bit against ``gold``
-    (:func:`~mcf.node.decode.golden_decode`'s layers): the OBUF rows and output row of every
+    (:func:`~mcf.golden.node_decode.golden_decode`'s layers): the OBUF rows and output row of every
     layer and the new token's INT4 KV in its decode block."""
     _, j = decode_slot(p, k)
     cfg, lay = image.cfg, image.layout

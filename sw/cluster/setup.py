@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..abi.node_config import NODE_CONFIGS, NodeConfig
-from .golden import ClusterGolden, GoldenRun
+from ..golden.cluster import ClusterGolden, GoldenRun
 from .spec import RunSpec, make_plan, run_prompt
 
 __all__ = ["RunSetup", "StepPrograms", "planned_receivers", "planned_landings", "run_record",
@@ -23,7 +23,7 @@ class RunSetup:
     spec: RunSpec
     model: object                 # mcf.model.Qwen2Config
     tensors: dict
-    quantized: object             # mcf.model.QuantModel
+    quantized: object             # mcf.golden.model.QuantModel
     plan: object
     config: NodeConfig
     golden: ClusterGolden
@@ -39,7 +39,8 @@ class RunSetup:
     @classmethod
     def prepare(cls, spec: RunSpec) -> RunSetup:
         """Load and quantise ``spec``'s model, plan the run, compute the golden prefill."""
-        from ..model import model_from_spec, quantize_model
+        from ..golden.model import quantize_model
+        from ..model import model_from_spec
         from ..node.layer import prefill_tile_chunk
 
         mcfg, tensors = model_from_spec(spec.model, seed=spec.seed) if spec.model == "tiny" \
@@ -51,7 +52,7 @@ class RunSetup:
         replicated = None
         tiled = prefill_tile_chunk(NODE_CONFIGS[spec.config], spec.softmax) > 0
         if spec.decode == "tp":
-            from .tp import TPClusterGolden
+            from ..golden.cluster import TPClusterGolden
 
             golden = TPClusterGolden(qm, p, spec.softmax, tiled=tiled)
             replicated = ClusterGolden(qm, p, spec.softmax, tiled=tiled)

@@ -1,8 +1,7 @@
 """Tensor-parallel decode of a cluster run (issue #34 items 3–4; docs/cluster.md
 "Tensor-parallel decode: the golden model"): the refusals a TP run gets before any build
-(:func:`check_tp`) and the run's golden model with TP decode tokens (:class:`TPClusterGolden`:
-MARS's prefill as today, then every decode token by :func:`mcf.golden.tp_decode.tp_golden_decode`
-— the same bits as :class:`~mcf.cluster.golden.ClusterGolden`'s replicated-root decode).
+(:func:`check_tp`); the run's golden model with TP decode tokens is
+:class:`mcf.golden.cluster.TPClusterGolden`.
 
 The RTL run (``mcf run --decode tp``, :class:`mcf.node.tp_decode.TPDecodeImage` on two node
 tops): :func:`check_tp_run` (its refusals before any build) and :func:`check_tp_token` (a
@@ -19,16 +18,12 @@ from ..golden.tp_decode import (
     TPSplit,
     gemm_blob_bytes,
     node_weight_bytes,
-    tp_golden_decode,
     tp_split,
 )
 from ..mars.setting import BOARD_RESERVE_MIB, KR260_DDR_BYTES
 from ..model.config import Qwen2Config
-from ..node.decode import prompt_blocks, reduction_parents, slice_tokens
-from .golden import ClusterGolden, GoldenRun
 
-__all__ = ["TPError", "check_tp", "check_tp_run", "check_tp_token", "tp_node_bytes",
-           "TPClusterGolden", "tp_golden_run"]
+__all__ = ["TPError", "check_tp", "check_tp_run", "check_tp_token", "tp_node_bytes"]
 
 MIB = 2 ** 20
 
@@ -130,33 +125,3 @@ def check_tp_token(mem, tpi, layers, p, k: int) -> None:
                 at = lay.kv_address(decode_kv_id(p, li, root, j // T), decode_seq(p, j % T, g))
                 assert bytes(mem[at: at + len(gl.kv[g])]) == gl.kv[g], \
                     f"TP token {k} root {root} layer {li}: new token's KV of head {g}"
-
-
-class TPClusterGolden(ClusterGolden):
-    """:class:`~mcf.cluster.golden.ClusterGolden` whose decode tokens run tensor-parallel over
-    the plan's nodes (:func:`~mcf.golden.tp_decode.tp_golden_decode`, the split of
-    :func:`~mcf.golden.tp_decode.tp_split`); the prefill, the roots, the KV placement and the
-    head are the replicated run's. ``run.decode[k][l]`` is a
-    :class:`~mcf.golden.tp_decode.TPDecodeLayer`."""
-
-    def __init__(self, qm, plan, softmax: str = "single", order=None, tiled: bool = False):
-        super().__init__(qm, plan, softmax, tiled=tiled)
-        self.split = tp_split(self.cfg, plan.cluster.nodes)
-        self.order = order
-
-    def _decode_layers(self, x, position: int, root: int) -> list:
-        return tp_golden_decode(x, self.qm.layers, self.cfg, position, root,
-                                reduction_parents(self.plan, root),
-                                prompt_blocks(self.plan, self.run.prefill, self._extra),
-                                self.split, open_block=(self.seq_len, slice_tokens(self.plan)),
-                                two_phase=self.softmax == "two_phase", order=self.order)
-
-
-def tp_golden_run(qm, plan, prompt, decode_tokens: int, softmax: str = "single",
-                  order=None) -> GoldenRun:
-    """:func:`~mcf.cluster.golden.golden_run` with TP decode tokens."""
-    g = TPClusterGolden(qm, plan, softmax, order)
-    g.prefill(prompt)
-    for k in range(decode_tokens):
-        g.decode_token(k)
-    return g.run

@@ -136,11 +136,11 @@ QUANTIZE_CHECK_ROWS = 1024
 
 def _check_integer_model(spec, cfg, tensors, prompt) -> None:
     """The integer model's own checks, before the build: the checkpoint quantised as the run
-    quantises it (:func:`mcf.model.quantize_model`: the weight group divides every K, the
+    quantises it (:func:`mcf.golden.model.quantize_model`: the weight group divides every K, the
     scales fit), and the prompt's token ids inside the vocabulary."""
     import numpy as np
 
-    from ..model import quantize_model
+    from ..golden.model import quantize_model
 
     q_cfg, q_tensors = cfg, tensors
     if sum(int(np.size(t)) for t in tensors.values()) > QUANTIZE_CHECK_ELEMENTS:
@@ -182,7 +182,8 @@ def _with_model(spec, args):
 
 
 def run(args) -> int:
-    from ..cluster import RunError, RunSpec, float_agreement
+    from ..cluster import RunError, RunSpec
+    from ..golden.cluster import float_agreement
 
     hosts = _check_flags(args)
     if args.decode == "tp" and (args.mpi or args.board):

@@ -148,7 +148,7 @@ def layer_fixed(x, ql: QuantLayer, cfg: LayerConfig, positions=None, *, attn=Non
     ``attn(q, k, v, positions)`` (optional) replaces the float64 attention: it takes the ACT
     codes of the post-RoPE Q ``[T, heads·d]``, K and V ``[T, kv_heads·d]`` and returns the ACT
     codes ``[T, heads·d]`` of the attention output (e.g. the integer attention over a KV cache
-    of :mod:`mcf.model.golden`). ``act_in``: ``x`` already holds ACT codes (not floats)."""
+    of :mod:`mcf.golden.model`). ``act_in``: ``x`` already holds ACT codes (not floats)."""
     xa = np.asarray(x, dtype=np.int64) if act_in else to_act(x)
     pos = np.arange(xa.shape[0]) if positions is None else positions
     cos, sin = rope_table(pos, cfg.head_dim, cfg.theta)

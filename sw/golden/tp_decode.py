@@ -1,7 +1,8 @@
 """Golden model of tensor-parallel decode over N nodes (issue #34 item 3; docs/cluster.md
 "Tensor-parallel decode: the golden model"): the Helix pattern — KV-parallel attention over the
 owner-only KV, tensor-parallel projections and MLP — computed shard by shard, node by node, and
-**bit-exact** with today's replicated-root decode (:func:`mcf.node.decode.golden_decode`).
+**bit-exact** with today's replicated-root decode
+(:func:`mcf.golden.node_decode.golden_decode`).
 
 Per layer of one decode token at ``position`` (every node holds the residual row ``x``):
 
@@ -317,7 +318,7 @@ class TPDecodeLayer:
     """One layer of a TP decode token: ``y`` (the output row, on every node), ``att`` (the
     attention rows ``[H_q·d]``; node ``i`` holds its heads'), ``kv`` (per KV head the new
     token's INT4 record at the root), ``states`` / ``merged`` / ``queries`` as in
-    :class:`mcf.node.decode.GoldenDecodeLayer`, ``o`` and ``down`` the row-parallel GEMMs."""
+    :class:`mcf.golden.node_decode.GoldenDecodeLayer`, ``o`` and ``down`` the row-parallel GEMMs."""
     y: np.ndarray
     att: np.ndarray
     kv: list[bytes]
@@ -414,9 +415,10 @@ def tp_post_attention(x, att, ql: QuantLayer, cfg: LayerConfig, split: TPSplit,
 def _kv_parallel_attention(cfg: LayerConfig, layer: int, root: int, parents: dict[int, int],
                            blocks_of, open_block, two_phase: bool, kept: dict):
     """Every node's states over its KV for every query head, merged along the token root's
-    chain (root decode's arithmetic, :func:`mcf.node.decode.golden_decode`)."""
+    chain (root decode's arithmetic, :func:`mcf.golden.node_decode.golden_decode`)."""
     from mcf.abi.decode_land import normalized_row
-    from mcf.node.decode import _merge_tree, _with_new_token
+
+    from .node_decode import merge_tree, with_new_token
 
     hd, rep = cfg.head_dim, cfg.heads // cfg.kv_heads
     pk = rope_pair_order(hd, hd)
@@ -432,7 +434,7 @@ def _kv_parallel_attention(cfg: LayerConfig, layer: int, root: int, parents: dic
             qc, qm, qe = requantize(q[0, g * rep * hd:(g + 1) * rep * hd].reshape(rep, hd))
             sq = np.stack([qm, qe], axis=-1)
             queries.append(pack_query(qc[:, pk], sq, int(pos[0]), layer, g * rep))
-            lists = {n: (_with_new_token(list(blocks_of(n, layer, g)), new, open_block)
+            lists = {n: (with_new_token(list(blocks_of(n, layer, g)), new, open_block)
                          if n == root else list(blocks_of(n, layer, g))) for n in nodes}
             if two_phase:
                 m_all = np.max([attend_max(qc[:, pk], sq, b) for b in lists.values()], axis=0)
@@ -446,7 +448,7 @@ def _kv_parallel_attention(cfg: LayerConfig, layer: int, root: int, parents: dic
                     st = attend_single(qc[:, pk], sq, blocks, int(pos[0]), causal=False)
                 states[n][g * rep:(g + 1) * rep] = [pack_state(st.m[h], st.l[h], st.o[h])
                                                     for h in range(rep)]
-        merged = [_merge_tree({n: states[n][h] for n in nodes}, root, parents)
+        merged = [merge_tree({n: states[n][h] for n in nodes}, root, parents)
                   for h in range(cfg.heads)]
         att = np.concatenate([np.frombuffer(normalized_row(m, hd), dtype="<i4")
                               for m in merged]).astype(np.int64)
@@ -461,11 +463,11 @@ def tp_golden_decode(x, layers: list[QuantLayer], cfg: LayerConfig, position: in
                      open_block: Range | None = None, two_phase: bool = False,
                      order=None) -> list[TPDecodeLayer]:
     """Every layer of one decode token in TP over ``split.nodes`` nodes: the arguments of
-    :func:`mcf.node.decode.golden_decode` (the token's ``root`` keeps its KV; ``parents``: the
-    root's reduction chain; ``blocks_of(node, layer, g)``: each node's KV blocks) plus the
-    ``split``; ``order``: the arrival order of the all-reduces' contributions (the result does
-    not depend on it). Returns one :class:`TPDecodeLayer` per layer; the last one's ``y`` is the
-    row the LM head takes."""
+    :func:`mcf.golden.node_decode.golden_decode` (the token's ``root`` keeps its KV; ``parents``:
+    the root's reduction chain; ``blocks_of(node, layer, g)``: each node's KV blocks) plus the
+    ``split``; ``order``: the arrival order of the all-reduces' contributions (the result does not
+    depend on it). Returns one :class:`TPDecodeLayer` per layer; the last one's ``y`` is the row the
+    LM head takes."""
     nodes = sorted({root, *parents})
     if len(nodes) != split.nodes:
         raise TPError(f"the split is for {split.nodes} nodes, the reduction chain has "

@@ -3,7 +3,7 @@ torch): greedy exact match on the fixed-seed prompts of :func:`mcf.model.task.ma
 (seeds ``0 .. n-1``) for
 
 * ``float`` — the float32 reference (:class:`mcf.model.FloatModel`);
-* ``int`` — the integer golden model the RTL matches (:class:`mcf.model.IntModel`: INT4
+* ``int`` — the integer golden model the RTL matches (:class:`mcf.golden.model.IntModel`: INT4
   weights, per-token INT4 KV);
 * ``int_channel`` — the same with the per-channel-K INT4 KV format
   (``kv_format=KVFormat.PER_CHANNEL_K``);
@@ -11,8 +11,8 @@ torch): greedy exact match on the fixed-seed prompts of :func:`mcf.model.task.ma
   node with the tiled path runs (``prefill_mode="tiled"``: ATTEND PREFILL_TILE, P·V in the P8
   format, :func:`mcf.golden.attention_tiled.attend_prefill_tiled`); decode unchanged;
 * ``mars_n2``, ``mars_n4`` — the golden model of a cluster run on 2 / 4 node tops
-  (:func:`mcf.cluster.golden_run`: MARS prefill in 32-token chunks, decode states merged along
-  the chain), whose bits ``mcf run`` checks the RTL against at every step; prompt lengths a
+  (:func:`mcf.golden.cluster.golden_run`: MARS prefill in 32-token chunks, decode states merged
+  along the chain), whose bits ``mcf run`` checks the RTL against at every step; prompt lengths a
   multiple of 32.
 
 On one core a 4094-token prompt takes ~20 s in either integer model and ~1 s in float.
@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from ..abi.kv_channel import KVFormat
+from ..golden.model import IntModel, quantize_model
 from .checkpoint import load_checkpoint
-from .golden import IntModel, quantize_model
 from .reference import FloatModel
 from .task import PASSKEY, accuracy, make_prompt
 
@@ -43,7 +43,7 @@ INT_MODELS = {
     "int_tiled": dict(kv_format=KVFormat.PER_TOKEN, prefill_mode="tiled"),
     "int_channel_tiled": dict(kv_format=KVFormat.PER_CHANNEL_K, prefill_mode="tiled"),
 }
-"""Integer models → their :class:`mcf.model.IntModel` arguments (KV format, prefill mode)."""
+"""Integer models → their :class:`mcf.golden.model.IntModel` arguments (KV format, prefill mode)."""
 CLUSTERS = {"mars_n2": 2, "mars_n4": 4}
 """Cluster-run golden models → their nodes."""
 MODELS = ("float", *INT_MODELS, *CLUSTERS)
@@ -66,7 +66,7 @@ def _check(model: str) -> None:
 
 
 def int_model(qm, model: str) -> IntModel:
-    """The :class:`mcf.model.IntModel` of the integer model named ``model`` (a name of
+    """The :class:`mcf.golden.model.IntModel` of the integer model named ``model`` (a name of
     :data:`INT_MODELS`) over the quantised model ``qm``."""
     if model not in INT_MODELS:
         raise ValueError(f"{model!r} is not an integer model; known: {', '.join(INT_MODELS)}")
@@ -88,7 +88,8 @@ def answerer(directory: Path, model: str):
 
 
 def _cluster_answerer(qm, nodes: int):
-    from ..cluster import RunSpec, golden_run, make_plan
+    from ..cluster import RunSpec, make_plan
+    from ..golden.cluster import golden_run
 
     def run(toks):
         spec = RunSpec(model="retrieval", prompt_tokens=len(toks), nodes=nodes,

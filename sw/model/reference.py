@@ -1,5 +1,5 @@
 """Float32 reference forward of a Qwen2 causal LM (numpy), the model the integer golden model
-(:mod:`mcf.model.golden`) is measured against and that is itself checked against
+(:mod:`mcf.golden.model`) is measured against and that is itself checked against
 ``transformers``' ``Qwen2ForCausalLM`` (``tests/fixtures/qwen2_tiny_logits.npz``).
 
 Per layer: ``n1 = rmsnorm(x)·γ1``; ``q, k, v = n1·Wᵀ + b``; RoPE (``rotate_half``: pairs

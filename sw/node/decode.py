@@ -59,16 +59,9 @@ heads (its header's ``heads``), so each MARS query fragment is sent as one paylo
 (:func:`query_payloads`: same Meta, ``kv_id = decode_tag(k, head0)``, the length of ``H_q/H_kv``
 heads); a holder's payloads land in QBUF slots ``(l mod 2)·H_q + g·H_q/H_kv``.
 
-**The golden** (:func:`golden_decode`) follows the hardware: per node the ATTEND's
-single-pass online softmax over its block list (:func:`mcf.golden.attention.attend_single`), the
-state payloads merged per node in the reduction engine's order — its own state, then its
-children's results (``merge_state`` of two states is commutative bit for bit, so with ≤ 2
-contributions per engine, as on N = 2, the result does not depend on arrival order; with 3 it
-does, and the golden's order is own, then children by id) — and the root's lander's
-``normalize``. Neither of :class:`mcf.model.golden.IntModel`'s decode modes is this: ``single``
-is one list over every block (this golden equals it, and the prefill of one more token, when one
-node holds every block); ``two_phase`` is what ``golden_decode(two_phase=True)`` computes for
-any split of the blocks over nodes.
+**The golden**: :func:`mcf.golden.node_decode.golden_decode` (the hardware's order: each
+node's single-pass ATTEND over its list, the states merged along the reduction tree, the root's
+``normalize``).
 """
 
 from __future__ import annotations
@@ -88,36 +81,31 @@ from ..abi.attend import (
     max_payload_bytes,
 )
 from ..abi.csrmap import node_regmap
-from ..abi.decode_land import mbuf_slot, normalized_row, obuf_row_bytes, tag_head
+from ..abi.decode_land import mbuf_slot, obuf_row_bytes, tag_head
 from ..abi.emit import EmitArg
 from ..abi.jobs import ENTRY_BYTES, JOB_ARG, TemplateBuilder, template_image
-from ..abi.kv import kv_token_bytes, pack_kv_block, quantize_kv_rows, unpack_kv_block
+from ..abi.kv import kv_token_bytes
 from ..abi.kv_reader import block_address
 from ..abi.landing import LAND_OFF_ENTRIES, KvLayout, LandingConfig
 from ..abi.meta import Collective, Meta, Op, ReduceOp, Stage
 from ..abi.node import Cmd, PayloadSource, Queue, RecordClass
-from ..abi.quant import VectorOp, norm_eps_code, requantize, rope_pair_order, rope_words
+from ..abi.quant import VectorOp, norm_eps_code, rope_words
 from ..abi.query import (
     QUERY_HEADER,
     QUERY_HEADER_BYTES,
-    pack_query,
     query_bytes,
     query_head_bytes,
 )
 from ..abi.regs import RegisterMap
 from ..abi.sequencer import SeqCounter
 from ..abi.softmax import M_EMPTY, empty_state, pack_state
-from ..golden.attention import KVBlock, attend_fixed, attend_max, attend_single
-from ..golden.nic import softmax_payload_merge
-from ..golden.qwen_layer import LayerConfig, QuantLayer, layer_fixed
 from .layer import ModelImage, act_bytes, pair_ordered, slice_positions
 from .layout import REGION_ALIGN, NodeLayout
 from .program import Write, route_writes
 
 __all__ = ["DecodeImage", "DecodeBuffers", "DecodeProgram", "decode_layout", "decode_kv_id",
            "decode_seq", "decode_slot", "owned_blocks", "query_payloads", "decode_writes",
-           "decode_program", "GoldenDecodeLayer", "golden_decode", "prompt_blocks",
-           "reduction_parents", "slice_tokens", "COUNTER_CLEAR", "max_meta"]
+           "decode_program", "reduction_parents", "slice_tokens", "COUNTER_CLEAR", "max_meta"]
 
 COUNTER_CLEAR = (1 << SeqCounter.RESULTS_LANDED.value) | (1 << SeqCounter.QUERIES_LANDED.value) \
     | (1 << SeqCounter.MAXES_LANDED.value) | (1 << SeqCounter.SUMS_LANDED.value)
@@ -631,145 +619,3 @@ def _list_blocks(plan, image: DecodeImage, node: int, layer: int, g: int, owned,
         ents.append(AttendBlock(block_address(lay.kv, decode_kv_id(plan, layer, node, blk), g,
                                               lay.kv_layout), len(toks), p0 + toks[0]))
     return ents
-
-
-# ---- golden ------------------------------------------------------------------------------------
-
-
-@dataclass
-class GoldenDecodeLayer:
-    """One layer of a decode token: ``y`` (the layer output row, ACT), ``att`` (the root's OBUF
-    rows ``[H_q·d]``: the normalised merged states), ``kv`` (per KV head the new token's INT4
-    record, K in RoPE pair order — what the root's EMIT lands), ``states`` (per node, per query
-    head: the state payload its ATTEND stages), ``merged`` (per query head: the root's final
-    state payload) and ``queries`` (per KV head: the query payload the root's JOB writes and
-    multicasts, Q in RoPE pair order)."""
-    y: np.ndarray
-    att: np.ndarray
-    kv: list[bytes]
-    states: dict[int, list[bytes]]
-    merged: list[bytes]
-    queries: list[bytes]
-
-
-def _merge_tree(states: dict[int, bytes], root: int, parents: dict[int, int]) -> bytes:
-    children: dict[int, list[int]] = {}
-    for n, p in sorted(parents.items()):
-        children.setdefault(p, []).append(n)
-
-    def result(v: int) -> bytes:
-        acc = states[v]
-        for c in children.get(v, []):
-            acc = softmax_payload_merge(acc, result(c))
-        return acc
-
-    return result(root)
-
-
-def golden_decode(x, layers: list[QuantLayer], cfg: LayerConfig, position: int, root: int,
-                  parents: dict[int, int], blocks_of, *,
-                  open_block: tuple[int, int] | None = None,
-                  two_phase: bool = False) -> list[GoldenDecodeLayer]:
-    """The decode step's arithmetic for the root's input row ``x`` (ACT codes ``[hidden]``) at
-    ``position``. ``parents``: every non-root node's parent on the reduction tree
-    (:func:`reduction_parents`; ``{}`` for one node). ``blocks_of(node, layer, g)``: the
-    :class:`~mcf.golden.attention.KVBlock` list (K in RoPE pair order) ``node``'s ATTEND names
-    before the new token, in list order (:func:`prompt_blocks`). Each node's state: one
-    ``attend_single`` over its list (the root's ends with the new token); merged per engine as
-    its own state, then each child's result in id order; the root's ``normalize``d.
-    ``open_block = (first decode position, T)``: the root's list names its decode tokens in
-    blocks of ``T`` (:func:`_list_blocks`), so when its last block is a decode block with fewer
-    than ``T`` tokens the new token joins that block (one ATTEND list entry) instead of
-    following it — the online softmax depends on the partition. ``two_phase``: the maxima over
-    every node's list first (:func:`~mcf.golden.attention.attend_max`; the ``ReduceOp.MAX``
-    all-reduce), then each node's :func:`~mcf.golden.attention.attend_fixed` against them,
-    merged the same way (equal ``m``: exact sums, so neither the partition nor the tree
-    matters)."""
-    hd, rep = cfg.head_dim, cfg.heads // cfg.kv_heads
-    pk = rope_pair_order(hd, hd)
-    nodes = sorted({root, *parents})
-    out: list[GoldenDecodeLayer] = []
-    xa = np.asarray(x, dtype=np.int64).reshape(1, -1)
-    for li, ql in enumerate(layers):
-        kept = {}
-
-        def attn(q, k, v, pos, li=li, kept=kept):
-            kv, queries, states = [], [], {n: [None] * cfg.heads for n in nodes}
-            for g in range(cfg.kv_heads):
-                k4, sk = quantize_kv_rows(k[:, g * hd:(g + 1) * hd])
-                v4, sv = quantize_kv_rows(v[:, g * hd:(g + 1) * hd])
-                kv.append(pack_kv_block(k4[:, pk], sk, v4, sv))
-                new = KVBlock(k4[:, pk], sk, v4, sv, np.asarray(pos, dtype=np.int64))
-                qc, qm, qe = requantize(q[0, g * rep * hd:(g + 1) * rep * hd].reshape(rep, hd))
-                sq = np.stack([qm, qe], axis=-1)
-                queries.append(pack_query(qc[:, pk], sq, int(pos[0]), li, g * rep))
-                lists = {}
-                for n in nodes:
-                    blocks = list(blocks_of(n, li, g))
-                    if n == root:
-                        blocks = _with_new_token(blocks, new, open_block)
-                    lists[n] = blocks
-                if two_phase:
-                    m_all = np.max([attend_max(qc[:, pk], sq, b) for b in lists.values()],
-                                   axis=0)
-                for n, blocks in lists.items():
-                    if not blocks:
-                        pay = [pack_state(*empty_state(hd))] * rep
-                        states[n][g * rep:(g + 1) * rep] = pay
-                        continue
-                    if two_phase:
-                        st = attend_fixed(qc[:, pk], sq, blocks, m_all)[0]
-                    else:
-                        st = attend_single(qc[:, pk], sq, blocks, int(pos[0]), causal=False)
-                    pay = [pack_state(st.m[h], st.l[h], st.o[h]) for h in range(rep)]
-                    states[n][g * rep:(g + 1) * rep] = pay
-            merged = [_merge_tree({n: states[n][h] for n in nodes}, root, parents)
-                      for h in range(cfg.heads)]
-            att = np.concatenate([np.frombuffer(normalized_row(m, hd), dtype="<i4")
-                                  for m in merged]).astype(np.int64)
-            kept.update(kv=kv, states=states, merged=merged, att=att, queries=queries)
-            return att.reshape(1, -1)
-
-        xa = layer_fixed(xa, ql, cfg, np.array([position]), attn=attn, act_in=True)
-        out.append(GoldenDecodeLayer(xa[0].copy(), kept["att"], kept["kv"], kept["states"],
-                                     kept["merged"], kept["queries"]))
-    return out
-
-
-def _with_new_token(blocks: list[KVBlock], new: KVBlock, open_block) -> list[KVBlock]:
-    last = blocks[-1] if blocks else None
-    if open_block and last is not None and int(last.pos[0]) >= open_block[0] and \
-            len(last) < open_block[1]:
-        joined = KVBlock(*(np.concatenate([a, b]) for a, b in (
-            (last.k, new.k), (last.sk, new.sk), (last.v, new.v), (last.sv, new.sv),
-            (last.pos, new.pos))))
-        return blocks[:-1] + [joined]
-    return blocks + [new]
-
-
-def prompt_blocks(plan, prefill, extra=None):
-    """``blocks_of`` for :func:`golden_decode` from :func:`mcf.node.layer.golden_prefill`'s
-    layers (``prefill[layer].kv[g]``: every prompt token's record): each node's owned prompt
-    blocks (:func:`owned_blocks`), then its earlier decode tokens ``extra[node] = (records,
-    positions)`` (``records[layer][g]``: their INT4 records in order) cut into decode blocks of
-    ``⌈B/N⌉`` tokens, as the node's list names them."""
-    owned = owned_blocks(plan)
-    hd = plan.model.head_dim
-    rec = kv_token_bytes(hd)
-    T = slice_tokens(plan)
-
-    def blocks_of(node: int, layer: int, g: int) -> list[KVBlock]:
-        out = []
-        for b, s in owned[node]:
-            p0, n = slice_positions(plan, b, s)
-            k4, sk, v4, sv = unpack_kv_block(prefill[layer].kv[g][p0 * rec:(p0 + n) * rec], hd)
-            out.append(KVBlock(k4, sk, v4, sv, p0 + np.arange(n, dtype=np.int64)))
-        if extra and extra.get(node):
-            raw, pos = extra[node]
-            k4, sk, v4, sv = unpack_kv_block(raw[layer][g], hd)
-            for a in range(0, len(pos), T):
-                out.append(KVBlock(k4[a:a + T], sk[a:a + T], v4[a:a + T], sv[a:a + T],
-                                   np.asarray(pos[a:a + T], dtype=np.int64)))
-        return out
-
-    return blocks_of

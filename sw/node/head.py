@@ -13,7 +13,7 @@ A head template (:meth:`HeadImage._head_template`) is, on one ACT row ``x``:
    writes its ACT logit words at ``logits + 4·r0``.
 
 The ``vocab`` ACT words at :attr:`HeadImage.logits` are then
-:meth:`mcf.model.golden.IntModel.head`'s logit codes bit for bit (the golden's
+:meth:`mcf.golden.model.IntModel.head`'s logit codes bit for bit (the golden's
 ``V.rmsnorm`` → ``requantize`` → ``gemm``; a GEMM output row depends only on its own weight
 row, so slicing the vocabulary does not change a bit); the host reads them and picks the token.
 

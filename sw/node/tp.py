@@ -35,7 +35,7 @@ payload to the root's ``ReduceOp.SUM`` reduction tagged in the decode lander's S
 the image's ``summed`` buffer (the node's ``SUM_BASE``, :meth:`RowParallelImage.sum_registers`);
 WAIT ``SUMS_LANDED``; the root multicasts its SUM slots; the ``acc_in`` JOB.
 
-:func:`golden_step` chains the engines' golden models (:mod:`mcf.golden.vector`,
+:func:`mcf.golden.node_tp.golden_step` chains the engines' golden models (:mod:`mcf.golden.vector`,
 :mod:`mcf.golden.gemm`, the NIC's :func:`mcf.golden.tp_decode.nic_all_reduce`) over exactly
 the buffers the templates read and write; its output equals
 :func:`mcf.golden.tp_decode.row_parallel` and the single-node GEMM of the whole K.
@@ -74,15 +74,12 @@ from ..abi.node_config import AXI_WIDTH, NodeConfig
 from ..abi.quant import ReadDest, VectorOp, WriteSrc
 from ..abi.sequencer import SeqCounter
 from ..abi.tp import ABSMAX_LANES, ACC_LANES
-from ..golden import gemm as G
-from ..golden import vector as V
-from ..golden.tp_decode import Range, nic_all_reduce
+from ..golden.tp_decode import Range
 from ..quant import QuantWeight, gemm_stripe_image, gemm_tile_blob
 from .layer import _Alloc, act_bytes
 
 __all__ = ["MAX_BYTES", "ShardWeight", "shard_weight", "RowParallelBuffers",
-           "RowParallelImage", "SumPayload", "sum_payloads", "max_records", "sum_records",
-           "StepGolden", "golden_step"]
+           "RowParallelImage", "SumPayload", "sum_payloads", "max_records", "sum_records"]
 
 MAX_BYTES = ABSMAX_LANES * LANE_BYTES
 """Bytes of a node's MAX all-reduce contribution (:data:`mcf.abi.tp.ABSMAX_LANES` lanes): the
@@ -407,50 +404,3 @@ def sum_records(image: RowParallelImage, node: int, root: int, nodes: int, reduc
                            arg=b.summed + p.w0 * LANE_BYTES - qbuf_base))
     out.append(image.job(2, first))
     return out
-
-
-# ---- golden --------------------------------------------------------------------------------------
-
-
-@dataclass
-class StepGolden:
-    """Every node's buffers after the step, as the templates leave them: ``mx`` the ABSMAX
-    lanes, ``reduced`` the MAX result (every node's MBUF slot), ``xq`` / ``x_m`` / ``x_e`` the
-    REQUANT_EXT codes and scale, ``lanes`` the ``acc_out`` lanes, ``summed`` the SUM result,
-    ``y`` the ``acc_in`` output rows (one per node)."""
-    mx: list[np.ndarray]
-    reduced: np.ndarray
-    xq: list[np.ndarray]
-    x_m: int
-    x_e: int
-    lanes: list[np.ndarray]
-    summed: np.ndarray
-    y: list[np.ndarray]
-
-
-def golden_step(images: list[RowParallelImage], shards: list,
-                max_payload: int = MAX_PAYLOAD) -> StepGolden:
-    """The step's arithmetic on the nodes' padded buffers through the engines' golden models:
-    ``V.absmax`` → MAX all-reduce → ``V.requantize_ext`` → ``G.partial_lanes`` on the shard
-    weights → SUM all-reduce (the :func:`sum_payloads` cut) → ``G.lanes_epilogue`` with the
-    bias."""
-    rows = []
-    for im, s in zip(images, shards, strict=True):
-        r = np.zeros((1, im.shard.kp), dtype=np.int64)
-        r[0, im.shard.lo:im.shard.hi] = np.asarray(s, dtype=np.int64).ravel()
-        rows.append(r)
-    mx = [V.absmax(r)[0] for r in rows]
-    reduced = nic_all_reduce(ReduceOp.MAX, mx, max_payload=max_payload)
-    xq, scales, lanes = [], set(), []
-    for im, r in zip(images, rows, strict=True):
-        q, m, e = V.requantize_ext(r, reduced[None, :])
-        xq.append(q[0])
-        scales.add((int(m[0]), int(e[0])))
-        lanes.append(G.partial_lanes(q, im.shard.qw.q, im.shard.qw.m, im.shard.qw.group)[0])
-    if len(scales) != 1:
-        raise AssertionError(f"the nodes' scales differ: {scales}")
-    (x_m, x_e), = scales
-    summed = nic_all_reduce(ReduceOp.SUM, lanes, max_payload=max_payload)
-    y = [G.lanes_epilogue(summed[None, :], np.array([x_m]), np.array([x_e]), im.qw.e,
-                          im.bias)[0] for im in images]
-    return StepGolden(mx, reduced, xq, x_m, x_e, lanes, summed, y)

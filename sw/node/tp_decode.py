@@ -21,10 +21,11 @@ the post half reads it. Each node then waits for ``RESULTS_LANDED ≥ (its heads
 
 **Bits.** The merge of two states is commutative bit for bit, so at N = 2 the owner's chain
 (own state, then the other node's) gives the token root's chain's bits (replicated decode's,
-:func:`owner_merged` checks this against :func:`mcf.node.decode.golden_decode`). At N ≥ 3 a
-single-pass merge is not associative, so the bits would follow each owner's chain; the
-two-phase split's merge is an exact sum, but its MAX all-reduce on the owners' trees is not
-built: :func:`attend_records` refuses both in one line.
+:func:`mcf.golden.node_tp.owner_merged` checks this against
+:func:`mcf.golden.node_decode.golden_decode`). At N ≥ 3 a single-pass merge is not associative,
+so the bits would follow each owner's chain; the two-phase split's merge is an exact sum, but its
+MAX all-reduce on the owners' trees is not built: :func:`attend_records` refuses both in one
+line.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from ..abi.attend import (
     attend_list_bytes,
 )
 from ..abi.csrmap import node_regmap
-from ..abi.decode_land import SUM_SLOT_BYTES, normalized_row, obuf_row_bytes, tag_head
+from ..abi.decode_land import SUM_SLOT_BYTES, obuf_row_bytes, tag_head
 from ..abi.emit import kv_pair_bytes
 from ..abi.jobs import ENTRY_BYTES, JOB_ARG, template_image
 from ..abi.meta import Meta, Op
@@ -58,13 +59,11 @@ from .decode import (
     _decode_tokens,
     _groups,
     _list_blocks,
-    _merge_tree,
     _states,
     decode_slot,
     decode_writes,
     owned_blocks,
     query_payloads,
-    reduction_parents,
 )
 from .layer import _Alloc, act_bytes
 from .layout import REGION_ALIGN
@@ -74,7 +73,7 @@ from .tp_layer import TPPostImage
 from .tp_pre import TPPreImage
 
 __all__ = ["owner_reduce_entries", "owner_reduce_writes", "owner_state_metas",
-           "attend_records", "owner_merged", "owner_rows", "TPDecodeImage"]
+           "attend_records", "TPDecodeImage"]
 
 
 def _owners(split: TPSplit) -> list[int]:
@@ -175,23 +174,6 @@ def attend_records(plan, k: int, node: int, image: DecodeImage, split: TPSplit,
         out.append(Cmd(RecordClass.WAIT, Queue.COMPUTE, arg=SeqCounter.RESULTS_LANDED.value,
                        wait=(h1 - h0) * (layer + 1)))
     return prog
-
-
-def owner_merged(states: dict[int, list[bytes]], plan, split: TPSplit) -> list[bytes]:
-    """Per query head the final state its owner's engine gives: ``states[node][h]`` (every
-    node's state payloads, :class:`mcf.node.decode.GoldenDecodeLayer`) merged along the owner's
-    reduction tree, own state first, then the children's results by id."""
-    out = []
-    for h in range(len(next(iter(states.values())))):
-        o = split.head_owner(h)
-        out.append(_merge_tree({n: s[h] for n, s in states.items()}, o,
-                               reduction_parents(plan, o)))
-    return out
-
-
-def owner_rows(merged: list[bytes], head_dim: int) -> list[bytes]:
-    """The OBUF row each owner's decode lander writes for each head's final state."""
-    return [normalized_row(m, head_dim) for m in merged]
 
 
 # ---- a whole TP decode token: every layer's pre half, attention and post half ------------------

@@ -21,8 +21,9 @@ offset k0 − j0·group, zeros elsewhere"); **1–3** — the down step's ABSMAX
 ``acc_out``, ``acc_in`` (:func:`mcf.node.tp.max_records`, :func:`mcf.node.tp.sum_records` with
 ``first = 1``).
 
-:func:`golden_ffn` chains the engines' golden models over exactly these buffers; its output
-equals :func:`mcf.golden.tp_decode.tp_ffn` and the replicated FFN bit for bit.
+:func:`mcf.golden.node_tp.golden_ffn` chains the engines' golden models over exactly these
+buffers; its output equals :func:`mcf.golden.tp_decode.tp_ffn` and the replicated FFN bit for
+bit.
 """
 
 from __future__ import annotations
@@ -37,13 +38,12 @@ from ..abi.jobs import ENTRY_BYTES, JOB_ARG, TemplateBuilder, template_image
 from ..abi.node import Cmd, Queue, RecordClass
 from ..abi.node_config import AXI_WIDTH, NodeConfig
 from ..abi.quant import VectorOp
-from ..golden import vector as V
-from ..golden.tp_decode import Range, _column, _rows
+from ..golden.tp_decode import Range, _rows
 from ..quant import QuantWeight, gemm_stripe_image, token_scale_words
 from .layer import _Alloc
-from .tp import RowParallelImage, StepGolden, golden_step, max_records, sum_records
+from .tp import RowParallelImage, max_records, sum_records
 
-__all__ = ["FFNBuffers", "TPFFNImage", "FFNGolden", "golden_ffn"]
+__all__ = ["FFNBuffers", "TPFFNImage"]
 
 
 @dataclass(frozen=True)
@@ -155,26 +155,3 @@ class TPFFNImage:
                      arg=JOB_ARG.const({"template": first}).as_bits())
         return [column] + max_records(*args, landed=maxes_landed) + \
             sum_records(*args, landed=sums_landed)
-
-
-@dataclass
-class FFNGolden:
-    """Every node's buffers after the FFN: ``g`` / ``u`` the gate and up rows, ``s`` the SiLU
-    shard, ``step`` the down step's (:class:`~mcf.node.tp.StepGolden`; ``step.y`` the output
-    rows)."""
-    g: list[np.ndarray]
-    u: list[np.ndarray]
-    s: list[np.ndarray]
-    step: StepGolden
-
-
-def golden_ffn(images: list[TPFFNImage], xq, xm, xe) -> FFNGolden:
-    """The FFN's arithmetic on the nodes' buffers through the engines' golden models: per node
-    :func:`mcf.golden.gemm.gemm` of the codes on its gate and up rows, ``V.silu_mul``; then
-    :func:`mcf.node.tp.golden_step` on the down images with the SiLU shards."""
-    xq = np.asarray(xq, dtype=np.int64).reshape(1, -1)
-    xm, xe = np.atleast_1d(xm), np.atleast_1d(xe)
-    g = [_column(xq, xm, xe, im.gate, im.r)[0] for im in images]
-    u = [_column(xq, xm, xe, im.up, im.r)[0] for im in images]
-    s = [V.silu_mul(a, b) for a, b in zip(g, u, strict=True)]
-    return FFNGolden(g, u, s, golden_step([im.row for im in images], s))

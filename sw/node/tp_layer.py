@@ -38,9 +38,9 @@ contribution, its own included, which the node sends after its O step's WAIT; (4
 the token's end (2 maxima, ``2S`` sums) show both steps landed. The price: a step's threshold
 depends on the steps before it in the token (here fixed: O then down).
 
-:func:`golden_post` chains the engines' golden models over exactly these buffers
-(:func:`mcf.node.tp.golden_step`, ``V.residual_add``, ``V.rmsnorm``,
-:func:`mcf.abi.quant.requantize`, :func:`mcf.node.tp_ffn.golden_ffn`); its output equals
+:func:`mcf.golden.node_tp.golden_post` chains the engines' golden models over exactly these
+buffers (:func:`~mcf.golden.node_tp.golden_step`, ``V.residual_add``, ``V.rmsnorm``,
+:func:`mcf.abi.quant.requantize`, :func:`~mcf.golden.node_tp.golden_ffn`); its output equals
 :func:`mcf.golden.tp_decode.tp_post_attention` bit for bit.
 """
 
@@ -55,15 +55,14 @@ from ..abi.decode_land import DEC_ADDR_BITS, SUM_SLOT_BYTES, SUM_SLOTS_BITS
 from ..abi.jobs import ENTRY_BYTES, JOB_ARG, TemplateBuilder, template_image
 from ..abi.node import Cmd, Queue, RecordClass
 from ..abi.node_config import NodeConfig
-from ..abi.quant import VectorOp, norm_eps_code, requantize
-from ..golden import vector as V
+from ..abi.quant import VectorOp, norm_eps_code
 from ..golden.qwen_layer import LayerConfig, QuantLayer
 from ..golden.tp_decode import TPSplit
 from .layer import _Alloc, act_bytes
-from .tp import RowParallelImage, StepGolden, golden_step, max_records, sum_payloads, sum_records
-from .tp_ffn import FFNGolden, TPFFNImage, golden_ffn
+from .tp import RowParallelImage, max_records, sum_payloads, sum_records
+from .tp_ffn import TPFFNImage
 
-__all__ = ["PostBuffers", "TPPostImage", "PostGolden", "golden_post"]
+__all__ = ["PostBuffers", "TPPostImage"]
 
 _NORM, _FFN, _FINAL = 3, 4, 8          # template indices (module docstring)
 
@@ -210,39 +209,3 @@ class TPPostImage:
             raise ValueError(f"template {template} of {len(self.templates)}")
         return Cmd(RecordClass.JOB, Queue.COMPUTE,
                    arg=JOB_ARG.const({"template": first + template}).as_bits())
-
-
-@dataclass
-class PostGolden:
-    """Every node's buffers after the half: ``o`` the O step's (:class:`~mcf.node.tp.StepGolden`),
-    ``h`` / ``n2`` / ``y`` per node, ``xq`` / ``xm`` / ``xe`` the FFN's input (the same on every
-    node), ``ffn`` the FFN's (:class:`~mcf.node.tp_ffn.FFNGolden`)."""
-    o: StepGolden
-    h: list[np.ndarray]
-    n2: list[np.ndarray]
-    xq: np.ndarray
-    xm: int
-    xe: int
-    ffn: FFNGolden
-    y: list[np.ndarray]
-
-
-def golden_post(images: list[TPPostImage], x, att) -> PostGolden:
-    """The half's arithmetic on the nodes' buffers through the engines' golden models:
-    :func:`~mcf.node.tp.golden_step` on the O images with each node's attention rows;
-    per node ``V.residual_add`` (x), ``V.rmsnorm`` (γ2), :func:`~mcf.abi.quant.requantize`;
-    :func:`~mcf.node.tp_ffn.golden_ffn`; ``V.residual_add``."""
-    x = np.asarray(x, dtype=np.int64).reshape(1, -1)
-    att = np.asarray(att, dtype=np.int64).ravel()
-    cfg = images[0].cfg
-    o = golden_step([im.o for im in images], [att[a:b] for a, b in (im.o.k for im in images)])
-    h = [V.residual_add(x, y[None, :]) for y in o.y]
-    n2 = [V.rmsnorm(hi, im.ql.gamma["g2"], cfg.eps) for hi, im in zip(h, images, strict=True)]
-    quant = {(q.tobytes(), int(m[0]), int(e[0])) for q, m, e in map(requantize, n2)}
-    if len(quant) != 1:
-        raise AssertionError("the nodes' normed rows differ")
-    (raw, xm, xe), = quant
-    xq = np.frombuffer(raw, dtype=np.int64)
-    ffn = golden_ffn([im.ffn for im in images], xq, xm, xe)
-    y = [V.residual_add(hi, d[None, :])[0] for hi, d in zip(h, ffn.step.y, strict=True)]
-    return PostGolden(o, [hi[0] for hi in h], [n[0] for n in n2], xq, xm, xe, ffn, y)

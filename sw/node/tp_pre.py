@@ -31,9 +31,10 @@ node's rows, ``ROPE(q) → qr``, per own KV head ``ROPE(k) →`` the pair's K ro
 →`` its V row, per own query head ``REQUANT`` into its query record — the ops of replicated
 decode's first template (:class:`mcf.node.decode.DecodeImage`) on the node's rows.
 
-:func:`golden_pre` chains the engines' golden models over exactly these buffers; its gathered
-query records and K/V records equal replicated decode's (:func:`mcf.node.decode.golden_decode`)
-bit for bit, and its rows equal :func:`mcf.golden.tp_decode.tp_pre_attention`'s.
+:func:`mcf.golden.node_tp.golden_pre` chains the engines' golden models over exactly these
+buffers; its gathered query records and K/V records equal replicated decode's
+(:func:`mcf.golden.node_decode.golden_decode`) bit for bit, and its rows equal
+:func:`mcf.golden.tp_decode.tp_pre_attention`'s.
 """
 
 from __future__ import annotations
@@ -47,22 +48,20 @@ from ..abi.compute import STRIPE_ALIGN, StripeJob
 from ..abi.decode_land import query_slot_bytes
 from ..abi.emit import EmitArg, EmitConfig, kv_pair_bytes
 from ..abi.jobs import ENTRY_BYTES, JOB_ARG, TemplateBuilder, template_image
-from ..abi.kv import kv_token_bytes, pack_kv_block, quantize_kv_rows
+from ..abi.kv import kv_token_bytes
 from ..abi.meta import Collective, Meta, Op, Stage
 from ..abi.node import Cmd, PayloadSource, Queue, RecordClass
 from ..abi.node_config import AXI_WIDTH, NodeConfig
-from ..abi.quant import VectorOp, norm_eps_code, requantize, rope_words
-from ..abi.query import QUERY_HEADER, QUERY_HEADER_BYTES, pack_query, query_bytes, query_head_bytes
+from ..abi.quant import VectorOp, norm_eps_code, rope_words
+from ..abi.query import QUERY_HEADER, QUERY_HEADER_BYTES, query_bytes, query_head_bytes
 from ..abi.sequencer import SeqCounter
-from ..golden import gemm as G
-from ..golden import vector as V
 from ..golden.qwen_layer import LayerConfig, QuantLayer
 from ..golden.tp_decode import Range, TPSplit, _rows
 from ..quant import gemm_stripe_image
 from .decode import decode_kv_id, decode_seq, decode_slot, slice_tokens
 from .layer import _Alloc, act_bytes, pair_ordered
 
-__all__ = ["PreBuffers", "TPPreImage", "PreGolden", "golden_pre"]
+__all__ = ["PreBuffers", "TPPreImage"]
 
 
 @dataclass(frozen=True)
@@ -275,62 +274,3 @@ class TPPreImage:
             out.append(Cmd(RecordClass.NOP, Queue.COMPUTE, meta=Meta(kv_id=kv_id).pack(),
                            wait=cfg.kv_heads * (j % T + 1)))
         return out
-
-
-@dataclass
-class PreGolden:
-    """Every node's buffers after the half: ``n1`` / ``xq`` / ``xm`` / ``xe`` (the same on every
-    node), per node the GEMM outputs ``q`` / ``k`` / ``v`` (pair-ordered Q and K rows), ``qr``
-    (Q after RoPE), ``kv`` (the ACT K/V row: per own KV head K with RoPE, then V), and per KV
-    head ``g`` of the model its query record ``queries[g]`` and INT4 K/V record ``kv_records[g]``
-    (K in RoPE pair order), as the head's owner writes and EMITs them."""
-    n1: np.ndarray
-    xq: np.ndarray
-    xm: int
-    xe: int
-    q: list[np.ndarray]
-    k: list[np.ndarray]
-    v: list[np.ndarray]
-    qr: list[np.ndarray]
-    kv: list[np.ndarray]
-    queries: list[bytes]
-    kv_records: list[bytes]
-
-
-def golden_pre(images: list[TPPreImage], x, position: int) -> PreGolden:
-    """The half's arithmetic on the nodes' buffers through the engines' golden models:
-    ``V.rmsnorm`` (γ1), :func:`~mcf.abi.quant.requantize`, per node :func:`mcf.golden.gemm.gemm`
-    on its pair-ordered rows with their biases, ``V.rope_pairs`` with the node's RoPE words,
-    the per-head requantisation into query records (:func:`mcf.abi.query.pack_query`) and the
-    EMIT's :func:`mcf.abi.kv.quantize_kv_rows` / :func:`~mcf.abi.kv.pack_kv_block`."""
-    im0 = images[0]
-    cfg = im0.cfg
-    hd, rep = cfg.head_dim, cfg.heads // cfg.kv_heads
-    xa = np.asarray(x, dtype=np.int64).reshape(1, -1)
-    n1 = V.rmsnorm(xa, im0.ql.gamma["g1"], cfg.eps)
-    xq, xm, xe = requantize(n1)
-    pos = np.array([position])
-    q, k, v, qr, kv = [], [], [], [], []
-    queries, records = [None] * cfg.kv_heads, [None] * cfg.kv_heads
-    for im in images:
-        outs = {}
-        for name, r in (("q", im.q_rows), ("k", im.kv_rows), ("v", im.kv_rows)):
-            qw, b = im._rows(name, r)
-            outs[name] = G.gemm(xq, xm, xe, qw.q, qw.m, qw.e, b, qw.group)
-        q.append(outs["q"][0])
-        k.append(outs["k"][0])
-        v.append(outs["v"][0])
-        qri = V.rope_pairs(outs["q"], rope_words(pos, outs["q"].shape[1], hd, cfg.theta))
-        kri = V.rope_pairs(outs["k"], rope_words(pos, outs["k"].shape[1], hd, cfg.theta))
-        qr.append(qri[0])
-        row = []
-        for gl, g in enumerate(range(*im.kv_heads)):
-            kg, vg = kri[:, gl * hd:(gl + 1) * hd], outs["v"][:, gl * hd:(gl + 1) * hd]
-            row += [kg[0], vg[0]]
-            k4, sk = quantize_kv_rows(kg)
-            v4, sv = quantize_kv_rows(vg)
-            records[g] = pack_kv_block(k4, sk, v4, sv)
-            qc, qm, qe = requantize(qri[0, gl * rep * hd:(gl + 1) * rep * hd].reshape(rep, hd))
-            queries[g] = pack_query(qc, np.stack([qm, qe], axis=-1), position, im.layer, g * rep)
-        kv.append(np.concatenate(row))
-    return PreGolden(n1[0], xq[0], int(xm[0]), int(xe[0]), q, k, v, qr, kv, queries, records)

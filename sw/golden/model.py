@@ -59,8 +59,12 @@ from mcf.abi.fixed import round_shift, saturate
 from mcf.abi.kv import quantize_kv_rows
 from mcf.abi.kv_channel import KV_GROUP, KVFormat
 from mcf.abi.quant import ACT, ACT_FRAC, GAMMA, requantize
-from mcf.golden import vector as V
-from mcf.golden.attention import (
+from mcf.model.checkpoint import EMBED, LM_HEAD, NORM, layer_names, layer_weights
+from mcf.model.config import Qwen2Config, token_ids
+from mcf.quant import QuantWeight, from_act, quantize_weight
+
+from . import vector as V
+from .attention import (
     KVBlock,
     KVChannelCache,
     attend_fixed,
@@ -69,12 +73,8 @@ from mcf.golden.attention import (
     attend_single,
     normalize_state,
 )
-from mcf.golden.attention_tiled import attend_prefill_tiled
-from mcf.golden.qwen_layer import QuantLayer, _linear, layer_fixed, quantize_layer
-from mcf.quant import QuantWeight, from_act, quantize_weight
-
-from .checkpoint import EMBED, LM_HEAD, NORM, layer_names, layer_weights
-from .config import Qwen2Config, token_ids
+from .attention_tiled import attend_prefill_tiled
+from .qwen_layer import QuantLayer, _linear, layer_fixed, quantize_layer
 
 __all__ = ["QuantModel", "quantize_model", "embed_codes", "KVStore", "IntModel",
            "IntGeneration", "DECODE_MODES", "PREFILL_MODES", "DEFAULT_BLOCK_TOKENS"]

@@ -2,30 +2,35 @@
 MARS prefill and the KV-stationary decode tokens, chained exactly as the node tops compute them,
 with the embedding lookup and the token choice on the host (docs/cluster.md "Who runs what").
 
-* **Embedding** (host): :func:`mcf.model.golden.embed_codes` — the INT4 row of the token
+* **Embedding** (host): :func:`mcf.golden.model.embed_codes` — the INT4 row of the token
   dequantised into ACT codes, written into the node's input rows.
-* **Prefill**: :func:`mcf.node.layer.golden_prefill` over MARS's slices (the ATTEND lists'
+* **Prefill**: :func:`mcf.golden.node_prefill.golden_prefill` over MARS's slices (the ATTEND lists'
   block partition). A slice partition aligned to ``block_tokens`` positions gives the same bits
-  as :meth:`mcf.model.golden.IntModel.prefill` (tested).
-* **Decode token** ``k`` (0-based): :func:`mcf.node.decode.golden_decode` at position
+  as :meth:`mcf.golden.model.IntModel.prefill` (tested).
+* **Decode token** ``k`` (0-based): :func:`mcf.golden.node_decode.golden_decode` at position
   ``S + k`` on the root MARS names (:func:`mcf.node.decode.decode_slot`), over every node's
   owned prompt blocks and the decode tokens each holds (KV-stationary: a decode token's KV stays
   on its root), merged along MARS's reduction tree.
 * **Softmax** (``softmax``, :data:`mcf.abi.attend.RUN_SOFTMAX`): ``single`` — the online
   softmax, whose bits follow the block partition and so N; ``two_phase`` — PREFILL EXACT and
-  the two-phase decode: the run equals :class:`~mcf.model.golden.IntModel` with
+  the two-phase decode: the run equals :class:`~mcf.golden.model.IntModel` with
   ``prefill_mode="exact"``, ``decode_mode="two_phase"`` for every N (tested).
 * **Tiled prefill** (``tiled``, off by default; a ``single`` run on nodes with the tiled path,
   :func:`mcf.node.layer.prefill_tile_chunk`): the prefill's attention is the PREFILL_TILE
-  records' P8 rule (``golden_prefill(..., tiled=True)``; :class:`~mcf.model.golden.IntModel`'s
+  records' P8 rule (``golden_prefill(..., tiled=True)``; :class:`~mcf.golden.model.IntModel`'s
   ``prefill_mode="tiled"``).
-* **Head** (node; :mod:`mcf.node.head`): :meth:`mcf.model.golden.IntModel.head` — final
+* **Head** (node; :mod:`mcf.node.head`): :meth:`mcf.golden.model.IntModel.head` — final
   RMSNorm, requantisation, the INT4 lm_head GEMM — on the last prompt row, then on every decode
   token's last-layer row; the node's logits must equal these bit for bit. Greedy (host) is the
   first index of the largest logit code.
 
 Token ``g_0`` comes from the prompt's last row; decode token ``k`` takes ``g_k`` as input and
 yields ``g_{k+1}``.
+
+**Tensor-parallel decode** (:class:`TPClusterGolden`, :func:`tp_golden_run`; issue #34,
+docs/cluster.md "Tensor-parallel decode: the golden model"): MARS's prefill as above, then every
+decode token by :func:`mcf.golden.tp_decode.tp_golden_decode` — the same bits as
+:class:`ClusterGolden`'s replicated-root decode.
 """
 
 from __future__ import annotations
@@ -34,20 +39,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..golden.qwen_layer import LayerConfig
-from ..model.golden import IntModel, QuantModel, embed_codes
-from ..node.decode import (
-    GoldenDecodeLayer,
-    decode_slot,
-    golden_decode,
-    prompt_blocks,
-    reduction_parents,
-    slice_tokens,
-)
-from ..node.layer import GoldenLayer, golden_prefill, slice_positions
+from ..node.decode import decode_slot, reduction_parents, slice_tokens
+from ..node.layer import slice_positions
+from .model import IntModel, QuantModel, embed_codes
+from .node_decode import GoldenDecodeLayer, golden_decode, prompt_blocks
+from .node_prefill import GoldenLayer, golden_prefill
+from .qwen_layer import LayerConfig
+from .tp_decode import tp_golden_decode, tp_split
 
-__all__ = ["GoldenRun", "golden_run", "plan_slices", "greedy", "FloatAgreement",
-           "float_agreement"]
+__all__ = ["GoldenRun", "ClusterGolden", "golden_run", "TPClusterGolden", "tp_golden_run",
+           "plan_slices", "greedy", "FloatAgreement", "float_agreement"]
 
 
 def plan_slices(plan) -> list[tuple[int, int]]:
@@ -114,7 +115,7 @@ class ClusterGolden:
 
     def _decode_layers(self, x, position: int, root: int) -> list:
         """Every layer of one decode token (embedded row ``x``) rooted at ``root``: the
-        replicated root's decode (:func:`mcf.node.decode.golden_decode`)."""
+        replicated root's decode (:func:`mcf.golden.node_decode.golden_decode`)."""
         return golden_decode(x, self.qm.layers, self.cfg, position, root,
                              reduction_parents(self.plan, root),
                              prompt_blocks(self.plan, self.run.prefill, self._extra),
@@ -147,6 +148,36 @@ def golden_run(qm: QuantModel, plan, prompt, decode_tokens: int,
                softmax: str = "single") -> GoldenRun:
     """The whole run: prefill of ``prompt``, then ``decode_tokens`` decode tokens."""
     g = ClusterGolden(qm, plan, softmax)
+    g.prefill(prompt)
+    for k in range(decode_tokens):
+        g.decode_token(k)
+    return g.run
+
+
+class TPClusterGolden(ClusterGolden):
+    """:class:`ClusterGolden` whose decode tokens run tensor-parallel over
+    the plan's nodes (:func:`~mcf.golden.tp_decode.tp_golden_decode`, the split of
+    :func:`~mcf.golden.tp_decode.tp_split`); the prefill, the roots, the KV placement and the
+    head are the replicated run's. ``run.decode[k][l]`` is a
+    :class:`~mcf.golden.tp_decode.TPDecodeLayer`."""
+
+    def __init__(self, qm, plan, softmax: str = "single", order=None, tiled: bool = False):
+        super().__init__(qm, plan, softmax, tiled=tiled)
+        self.split = tp_split(self.cfg, plan.cluster.nodes)
+        self.order = order
+
+    def _decode_layers(self, x, position: int, root: int) -> list:
+        return tp_golden_decode(x, self.qm.layers, self.cfg, position, root,
+                                reduction_parents(self.plan, root),
+                                prompt_blocks(self.plan, self.run.prefill, self._extra),
+                                self.split, open_block=(self.seq_len, slice_tokens(self.plan)),
+                                two_phase=self.softmax == "two_phase", order=self.order)
+
+
+def tp_golden_run(qm, plan, prompt, decode_tokens: int, softmax: str = "single",
+                  order=None) -> GoldenRun:
+    """:func:`golden_run` with TP decode tokens."""
+    g = TPClusterGolden(qm, plan, softmax, order)
     g.prefill(prompt)
     for k in range(decode_tokens):
         g.decode_token(k)

@@ -13,7 +13,9 @@ What is read (bench → figure):
 * ``compute`` — ``dma_efficiency`` (the DMA read bench), ``gemm_sequence_mac_utilization``
   (one 16 x 16 array on the prefill sequence);
 * ``attention`` — cycles per visible (query, key, head) of the prefill cases per GQA group and
-  the engine geometry they were measured at;
+  the engine geometry they were measured at; ``tiled`` (optional: only a node with the tiled
+  prefill needs it) — the PREFILL_TILE executor's measured rate and the shape it was measured
+  at (:func:`mcf.sim.perf.attention.tiled`);
 * ``nic`` — the router's hop latency and output beats per cycle, the link framer's wire beats
   per cycle;
 * ``packet`` — the packet path's latency of a header-only packet and its per-packet header
@@ -150,6 +152,7 @@ class BenchFigures:
     stripe_weight_bytes_per_cycle: float | None = None  # decode.json weights_ddr90 (no file: None)
     stripe_ddr_efficiency: float | None = None          # the DDR efficiency it was measured at
     stripe_ideal_weight_bytes_per_cycle: float | None = None    # decode.json weights
+    attention_tiled: dict | None = None     # attention.json tiled (no entry: None)
 
     def attention_pair_cycles(self, group: int) -> tuple[float, str]:
         """Cycles per visible pair measured at GQA group ``group`` (the nearest group measured
@@ -203,6 +206,14 @@ def load_figures(dirs=None) -> BenchFigures:
             stripe_ideal_weight_bytes_per_cycle=float(take(
                 dec, dec_at, "weights.weight_bytes_per_cycle",
                 "stripe_ideal_weight_bytes_per_cycle")))
+    tiled = None
+    if "tiled" in att:
+        tiled = take(att, att_at, "tiled", "attention_tiled")
+        keys = ("record_cycles", "row_cycles", "row_block_cycles", "key_cycles", "shape")
+        if not isinstance(tiled, dict) or any(k not in tiled for k in keys):
+            raise CalibrationError(f"{att_at}: tiled needs {', '.join(keys)}")
+    else:
+        src["attention_tiled"] = f"{att_at}: no tiled entry (run `mcf bench attention`)"
     layer_entry = take(node, node_at, "layer", "layer")
     comm_entry = take(node, node_at, "prefill", "comm")
     return BenchFigures(
@@ -229,6 +240,7 @@ def load_figures(dirs=None) -> BenchFigures:
         layer=LayerRun.from_entry(layer_entry, f"{node_at}: layer"),
         comm=CommRun.from_entry(comm_entry, f"{node_at}: prefill"),
         sources=src,
+        attention_tiled=tiled,
         node_macs_per_cycle_peak=(float(take(node, node_at, "macs_per_cycle_peak",
                                              "node_macs_per_cycle_peak"))
                                   if "macs_per_cycle_peak" in node else None),

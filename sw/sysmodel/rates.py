@@ -21,6 +21,14 @@ Per layer (:class:`~.work.NodeWork`): ``JOB = MACs / gemm_macs_per_cycle + vecto
 vector_cycles_per_element``; ``EMIT = ACT bytes x emit_cycles_per_byte``; ``ATTEND = records x
 attend_record_cycles + max(pairs x attend_pair_cycles, KV bytes / kv_read_bytes_per_cycle)``.
 
+On a node with the tiled prefill (``NodeConfig.tiled``) in a single-softmax run
+(:func:`mcf.node.layer.prefill_tile_chunk`), the prefill ATTEND is PREFILL_TILE records
+(:class:`~.work.NodeWork` ``tile_*``) priced at the tiled executor's measured rate
+(``attention.json`` ``tiled``, measured at the ``sim`` node's tile shape, which the
+configuration must have): per record ``tile_record_cycles + tile_row_cycles x rows + Σ over its
+(query tile, block) pairs max(rows x tile_row_block_cycles, keys x tile_key_cycles)``. Decode
+ATTEND (and prefill on a node without the tiled path) keeps the per-token engine's rate.
+
 ``overheads=False`` gives the engine rates alone (vector passes at one beat per cycle, EMIT at
 the DMA rate, no per-record cost): what the unit benches predict without the node program.
 """
@@ -30,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from statistics import fmean
 
+from ..abi.attend import ATTEND_TILE_ROWS
 from ..abi.kv import kv_token_bytes
 from ..abi.node_config import AXI_WIDTH, NODE_CONFIGS, NodeConfig
 from .calibration import BenchFigures, CalibrationError, LayerRun
@@ -144,6 +153,40 @@ def _lane_scale(fig: BenchFigures, cfg: NodeConfig, head_dim: int) -> float:
     return (head_dim / cfg.attn_lanes) / (fig.attention_head_dim / fig.attention_lanes)
 
 
+TILE_SHAPE = {"head_dim": "attn_head_dim", "tile_keys": "tile_keys", "tile_lanes": "tile_lanes",
+              "kv_lanes": "attn_lanes", "max_block": "attn_block"}
+"""The tiled bench's shape keys and the NodeConfig fields they must equal."""
+
+
+def _tiled_rate(fig: BenchFigures, cfg: NodeConfig, tile_chunk: int) -> dict:
+    """NodeRates' ``tile_*`` fields of ``cfg`` for ``tile_chunk`` tokens per record (0: none),
+    from ``attention.json``'s ``tiled`` entry, which must have been measured at ``cfg``'s tile
+    shape."""
+    if not tile_chunk:
+        return {"sources": {}}
+    if not cfg.tiled or not 1 <= tile_chunk <= cfg.tile_max_chunk:
+        raise ValueError(f"{cfg.name}: no PREFILL_TILE records of {tile_chunk} tokens (tiled "
+                         f"path {'up to ' + str(cfg.tile_max_chunk) if cfg.tiled else 'absent'})")
+    t = fig.attention_tiled
+    where = fig.sources.get("attention_tiled", "attention.json")
+    if t is None:
+        raise CalibrationError(f"{where}: no tiled prefill rate (run `mcf bench attention`); "
+                               f"the {cfg.name} node runs PREFILL_TILE records")
+    shape = t["shape"]
+    want = {k: getattr(cfg, f) for k, f in TILE_SHAPE.items()} | {"tile_rows": ATTEND_TILE_ROWS}
+    if any(shape.get(k) != v for k, v in want.items()):
+        raise CalibrationError(f"{where}: the tiled rate was measured at {shape}, the "
+                               f"{cfg.name} node's tiled path is {want}")
+    src = f"{where}: tiled (TileUnit + KvReader + TilePrefill at the {shape['config']} shape)"
+    return {"tile_chunk": tile_chunk, "tile_block": cfg.attn_block,
+            "tile_record_cycles": float(t["record_cycles"]),
+            "tile_row_cycles": float(t["row_cycles"]),
+            "tile_row_block_cycles": float(t["row_block_cycles"]),
+            "tile_key_cycles": float(t["key_cycles"]),
+            "sources": {"tile_rate": f"{src}: record_cycles, row_cycles, row_block_cycles, "
+                                     "key_cycles"}}
+
+
 @dataclass(frozen=True)
 class NodeRates:
     """Cycle costs of one node configuration for one model."""
@@ -156,13 +199,28 @@ class NodeRates:
     emit_cycles_per_byte: float
     overheads: bool
     sources: dict = field(default_factory=dict)
+    # the tiled prefill (PREFILL_TILE records; tile_chunk 0: per-token PREFILL records)
+    tile_chunk: int = 0                 # query tokens per PREFILL_TILE record
+    tile_block: int = 0                 # keys per KV block (attn_block)
+    tile_record_cycles: float = 0.0
+    tile_row_cycles: float = 0.0
+    tile_row_block_cycles: float = 0.0
+    tile_key_cycles: float = 0.0
 
     @classmethod
     def calibrated(cls, fig: BenchFigures, config: str | NodeConfig, model,
-                   overheads: bool = True, measured: ProgramOverheads | None = None
-                   ) -> NodeRates:
+                   overheads: bool = True, measured: ProgramOverheads | None = None,
+                   tile_chunk: int | None = None) -> NodeRates:
+        """``tile_chunk``: query tokens per PREFILL_TILE record; ``None``: what the node
+        program runs in a single-softmax run (:func:`mcf.node.layer.prefill_tile_chunk`: the
+        configuration's ``tile_max_chunk`` on a node with the tiled path, else 0); 0: per-token
+        PREFILL records."""
+        from ..node.layer import prefill_tile_chunk
         cfg = NODE_CONFIGS[config] if isinstance(config, str) else config
         check_fits(model, cfg)
+        if tile_chunk is None:
+            tile_chunk = prefill_tile_chunk(cfg, "single")
+        tiled = _tiled_rate(fig, cfg, tile_chunk)
         group = model.q_heads // model.kv_heads
         cpq, case = fig.attention_pair_cycles(group)
         kv_rate = AXI_WIDTH // 8 * fig.dma_efficiency
@@ -199,8 +257,9 @@ class NodeRates:
                                                "per cycle"
             src["attend_record_cycles"] = "0 (engine rates alone)"
             src["emit_cycles_per_byte"] = "the KV reader's DMA rate"
+        src |= tiled.pop("sources")
         return cls(cfg.name, gemm, vec, rec, cpq * _lane_scale(fig, cfg, model.head_dim),
-                   kv_rate, emit, overheads, src)
+                   kv_rate, emit, overheads, src, **tiled)
 
     @classmethod
     def idle(cls, config: str) -> NodeRates:
@@ -219,10 +278,26 @@ class NodeRates:
         return w.emit_bytes * self.emit_cycles_per_byte
 
     def attend(self, w: NodeWork) -> float:
+        if w.tile_records:
+            return self.attend_tiled(w)
         if not w.records:
             return 0.0
         return w.records * self.attend_record_cycles + max(
             w.pairs * self.attend_pair_cycles, w.kv_read_bytes / self.kv_read_bytes_per_cycle)
+
+    def attend_tiled(self, w: NodeWork) -> float:
+        """The PREFILL_TILE records of ``w`` at the tiled executor's measured rate (a block
+        longer than ``tile_block`` keys, possible in the ``plan`` layout, as blocks of it)."""
+        if not self.tile_chunk:
+            raise ValueError("PREFILL_TILE work on rates without the tiled path")
+        rb, kc, blk = self.tile_row_block_cycles, self.tile_key_cycles, self.tile_block
+        pairs = 0.0
+        for rows, keys in w.tile_pairs:
+            whole, rest = divmod(keys, blk)
+            pairs += whole * max(rows * rb, blk * kc) + (max(rows * rb, rest * kc) if rest
+                                                          else 0.0)
+        return w.tile_records * self.tile_record_cycles + w.tile_rows * self.tile_row_cycles \
+            + pairs
 
     def to_dict(self) -> dict:
         """JSON-ready (an unbounded rate is ``None``)."""
@@ -231,4 +306,6 @@ class NodeRates:
         return {k: val(getattr(self, k)) for k in (
             "config", "gemm_macs_per_cycle", "vector_cycles_per_element",
             "attend_record_cycles", "attend_pair_cycles", "kv_read_bytes_per_cycle",
-            "emit_cycles_per_byte", "overheads")} | {"sources": dict(self.sources)}
+            "emit_cycles_per_byte", "overheads", "tile_chunk", "tile_record_cycles",
+            "tile_row_cycles", "tile_row_block_cycles", "tile_key_cycles")} | {
+            "sources": dict(self.sources)}

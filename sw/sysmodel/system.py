@@ -27,12 +27,17 @@ class SystemSpec:
     """How to model a plan: token layout (:mod:`.work`), scope, the node-program overheads
     (``False``: engine rates alone), Ethernet framing on the links (``False``: link frames
     only, as the cluster simulation's ``LinkModel``) and a cable latency in cycles replacing
-    the topology's (``None``: the topology's)."""
+    the topology's (``None``: the topology's); ``tile_chunk``: query tokens per PREFILL_TILE
+    record (``None``: what the node program runs in a single-softmax run on the plan's node
+    configuration, :func:`mcf.node.layer.prefill_tile_chunk`; 0: per-token PREFILL records, as
+    a node without the tiled path or a ``two_phase`` run) — used when the rates are calibrated
+    here; the work follows the rates' ``tile_chunk``."""
     layout: str = "plan"
     scope: str = "model"
     overheads: bool = True
     ethernet: bool = True
     latency_cycles: float | None = None
+    tile_chunk: int | None = None
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -169,12 +174,13 @@ def simulate_plan(plan, fig: BenchFigures, spec: SystemSpec = SystemSpec(),
     configuration and model). ``progress``: optional callable ``(done, total)``."""
     model, cl = plan.model, plan.cluster
     if rates is None:
-        rates = NodeRates.calibrated(fig, cl.node_config, model, overheads=spec.overheads)
+        rates = NodeRates.calibrated(fig, cl.node_config, model, overheads=spec.overheads,
+                                     tile_chunk=spec.tile_chunk)
     net = Network(cl.topology, fig, spec.ethernet, spec.latency_cycles)
     steps = []
     total = len(plan.steps) + (plan.handoff is not None)
     for s in plan.steps:
-        work = [node_work(model, plan, s.index, n, spec.layout, spec.scope)
+        work = [node_work(model, plan, s.index, n, spec.layout, spec.scope, rates.tile_chunk)
                 for n in range(cl.nodes)]
         ops = tuple(_ops(rates, w) for w in work)
         reads = None

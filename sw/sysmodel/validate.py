@@ -22,7 +22,8 @@ from .calibration import BenchFigures, CalibrationError
 from .rates import NodeRates
 from .system import SystemResult, SystemSpec, simulate_plan
 
-__all__ = ["Validation", "rtl_plan", "rtl_system_spec", "validate", "validate_comm"]
+__all__ = ["Validation", "rtl_plan", "rtl_system_spec", "validate", "validate_comm",
+           "layer_run_tile_chunk"]
 
 
 def rtl_plan(fig: BenchFigures, run=None):
@@ -34,11 +35,33 @@ def rtl_plan(fig: BenchFigures, run=None):
     return tiny_plan(run.nodes, run.seq_len, run.chunk)
 
 
-def rtl_system_spec(latency_cycles: int, overheads: bool = True) -> SystemSpec:
+def rtl_system_spec(latency_cycles: int, overheads: bool = True,
+                    tile_chunk: int | None = None) -> SystemSpec:
     """The model on the RTL cluster's configuration: the node program's token layout, the
-    whole model, link frames without Ethernet framing, ``latency_cycles`` per link."""
+    whole model, link frames without Ethernet framing, ``latency_cycles`` per link;
+    ``tile_chunk`` as :class:`.system.SystemSpec`'s (``None``: the node program's choice for a
+    single-softmax run)."""
     return SystemSpec(layout="node-program", scope="model", overheads=overheads,
-                      ethernet=False, latency_cycles=latency_cycles)
+                      ethernet=False, latency_cycles=latency_cycles, tile_chunk=tile_chunk)
+
+
+def layer_run_tile_chunk(fig: BenchFigures) -> int:
+    """PREFILL_TILE tokens per record of node.json's layer run: 0 when its ``att_records``
+    are the per-token program's (one PREFILL record per token and KV head, as the run was
+    measured before the ``sim`` node had the tiled path); a run of PREFILL_TILE records is
+    refused (its per-token record overhead, which :class:`.rates.ProgramOverheads` takes from
+    it, is not measured by it)."""
+    from .rates import run_work
+    run = fig.layer
+    model, work = run_work(run)
+    for n, ws in work.items():
+        want = model.layers * sum(w.records for w in ws)
+        if run.engines[n].get("att_records") != want:
+            raise CalibrationError(f"layer run node {n}: att_records "
+                                   f"{run.engines[n].get('att_records')}, the per-token "
+                                   f"program has {want} (a run of PREFILL_TILE records is not "
+                                   "modelled here)")
+    return 0
 
 
 @dataclass(frozen=True)
@@ -81,7 +104,8 @@ def validate(fig: BenchFigures, overheads: bool = True) -> Validation:
     if p.num_chunks != len(run.step_cycles):
         raise CalibrationError(f"layer run: {len(run.step_cycles)} steps, the plan has "
                                f"{p.num_chunks}")
-    res = simulate_plan(p, fig, rtl_system_spec(run.link_latency_cycles, overheads))
+    res = simulate_plan(p, fig, rtl_system_spec(run.link_latency_cycles, overheads,
+                                                layer_run_tile_chunk(fig)))
     return Validation(run.step_cycles, tuple(res.step_cycles), run.compute_busy_fraction,
                       min(res.busy_fraction()), res)
 

@@ -12,6 +12,16 @@ Token layout (which positions a node computes in a step):
   the ``n``-th contiguous run (:func:`mcf.node.layer.slice_positions`), and a token's ``ATTEND``
   reads every whole block that starts at or before it (:func:`mcf.node.layer.read_set`), masked
   keys included. The RTL layer bench ran this layout.
+
+Prefill ATTEND records (``tile_chunk``, :func:`mcf.node.layer.prefill_tile_chunk`): ``0`` — one
+PREFILL record per (token, KV head), counted by ``records``, ``pairs`` and ``kv_read_bytes``; on
+a node with the tiled path in a single-softmax run, ``tile_chunk`` > 0 — one PREFILL_TILE record
+per (run of at most ``tile_chunk`` consecutive tokens, KV head) over the key blocks that start
+at or before its last token (``node-program``: the ``(block, slice)`` pieces of
+:func:`mcf.node.layer.read_set`; ``plan``: the plan's ranges of the steps so far), its rows
+(token x query head) in query tiles of :data:`mcf.abi.attend.ATTEND_TILE_ROWS` rows, each tile
+against the blocks it does not lie wholly before — counted by ``tile_records``, ``tile_rows``
+and ``tile_pairs`` (:func:`tile_pairs`).
 """
 
 from __future__ import annotations
@@ -19,13 +29,15 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from ..abi.attend import ATTEND_TILE_ROWS
 from ..abi.emit import kv_pair_bytes
 from ..abi.kv import kv_token_bytes
 from ..mars.layout import causal_keys
 from ..mars.model import ModelSpec
 
 __all__ = ["LAYOUTS", "SCOPES", "NodeWork", "linear_macs", "vector_elements", "token_ranges",
-           "node_work", "keys_read_blocks", "prefill_ops", "compute_bound_s"]
+           "node_work", "keys_read_blocks", "prefill_ops", "compute_bound_s", "key_pieces",
+           "tile_pairs"]
 
 LAYOUTS = ("plan", "node-program")
 SCOPES = ("model", "attention")
@@ -105,6 +117,39 @@ def keys_read_blocks(plan, index: int, node: int) -> int:
     return sum(prefix[bisect.bisect_right(starts, t)] for t in range(p0, p0 + m))
 
 
+def key_pieces(plan, index: int, layout: str) -> list[tuple[int, int]]:
+    """The KV blocks a step-``index`` ATTEND list may name, in list order, as ``(first
+    position, tokens)``: every non-empty slice (``node-program``) or range (``plan``) of every
+    node in steps ``1..index``."""
+    out = []
+    for b in range(1, index + 1):
+        for s in range(plan.cluster.nodes):
+            for a, e in token_ranges(plan, b, s, layout):
+                if e > a:
+                    out.append((a, e - a))
+    return out
+
+
+def tile_pairs(p0: int, n: int, heads: int, pieces) -> tuple[tuple[int, int], ...]:
+    """The (query tile, block) pairs of one PREFILL_TILE record of tokens ``p0 .. p0+n-1`` with
+    ``heads`` query heads over the key blocks ``pieces`` (``(first position, tokens)``, list
+    order; those after the last token are not in its list): ``(rows of the tile that see the
+    block, the block's keys)`` per pair, as :class:`mcf.hdl.node.tile_unit.TileUnit` issues
+    them (a tile skips the blocks it lies wholly before)."""
+    rows = n * heads
+    out = []
+    for lo in range(0, rows, ATTEND_TILE_ROWS):
+        hi = min(lo + ATTEND_TILE_ROWS, rows)
+        for q0, qn in pieces:
+            if q0 > p0 + n - 1:
+                continue
+            # rows x of the tile whose token p0 + x // heads is at or after q0
+            first = max(lo, (q0 - p0) * heads)
+            if first < hi:
+                out.append((hi - first, qn))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class NodeWork:
     """One node's work in one layer of one chunk step (the same in every layer)."""
@@ -117,12 +162,17 @@ class NodeWork:
     pairs: int              # causally visible (query, key, head) triples
     kv_read_bytes: int      # KV record bytes the KV reader fetches
     emit_bytes: int         # ACT K/V bytes EMIT reads
+    tile_records: int = 0   # PREFILL_TILE records (then none of the per-token ones are run)
+    tile_rows: int = 0      # their query rows (token x query head)
+    tile_pairs: tuple = ()  # their (query tile, block) pairs: (rows, keys) each
 
 
 def node_work(model: ModelSpec, plan, index: int, node: int, layout: str,
-              scope: str = "model") -> NodeWork:
+              scope: str = "model", tile_chunk: int = 0) -> NodeWork:
     """The work of ``node`` in step ``index``. ``scope="attention"`` keeps the ATTEND records
-    only (no JOBs, no EMIT): attention alone, as MARS's cost model's ``attention`` scope."""
+    only (no JOBs, no EMIT): attention alone, as MARS's cost model's ``attention`` scope.
+    ``tile_chunk`` > 0: the prefill ATTEND is PREFILL_TILE records of at most that many tokens
+    (module docstring)."""
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r} (one of {', '.join(SCOPES)})")
     ranges = token_ranges(plan, index, node, layout)
@@ -131,9 +181,22 @@ def node_work(model: ModelSpec, plan, index: int, node: int, layout: str,
     keys = keys_read_blocks(plan, index, node) if layout == "node-program" else visible
     (ma, mb), (va, vb) = linear_macs(model), vector_elements(model)
     lin = 1 if scope == "model" else 0
+    tiled = {}
+    if tile_chunk > 0:
+        pieces = key_pieces(plan, index, layout)
+        g = model.q_heads // model.kv_heads
+        recs, rows, pairs = 0, 0, []
+        for a, e in ranges:
+            for p0 in range(a, e, tile_chunk):
+                n = min(tile_chunk, e - p0)
+                recs += 1
+                rows += n * g
+                pairs += tile_pairs(p0, n, g, pieces)
+        k = model.kv_heads
+        tiled = {"tile_records": recs * k, "tile_rows": rows * k, "tile_pairs": tuple(pairs) * k}
     return NodeWork(
         tokens=tokens, macs_a=lin * ma * tokens, macs_b=lin * mb * tokens,
         vec_a=lin * va * tokens, vec_b=lin * vb * tokens,
         records=tokens * model.kv_heads, pairs=visible * model.q_heads,
         kv_read_bytes=keys * model.kv_heads * kv_token_bytes(model.head_dim),
-        emit_bytes=lin * tokens * model.kv_heads * kv_pair_bytes(model.head_dim))
+        emit_bytes=lin * tokens * model.kv_heads * kv_pair_bytes(model.head_dim), **tiled)

@@ -17,13 +17,21 @@ from mcf.abi.eth import FCS_BYTES, HEADER_BYTES, IFG_BYTES, LINK_OVERHEAD, PREAM
 from mcf.abi.jobs import JOB_ARG, VEC_CFG, walk
 from mcf.abi.node_config import KR260, SIM
 from mcf.abi.platform import ACLK_HZ, SFP_RATE_BPS
+from mcf.abi.quant import VectorOp
 from mcf.cli import main
 from mcf.mars import get_model, plan
 from mcf.mars.cluster import ClusterSpec, make_topology
 from mcf.sysmodel.calibration import CalibrationError, load_figures, results_dirs
 from mcf.sysmodel.events import COMPUTE, NET, Hop, Route, StepInput, simulate_step
 from mcf.sysmodel.network import Network, cluster_for
-from mcf.sysmodel.rates import NodeRates, ProgramOverheads
+from mcf.sysmodel.rates import (
+    TWO_PASS_OPS,
+    VECTOR_BEATS_PER_CYCLE,
+    NodeRates,
+    ProgramOverheads,
+    run_work,
+    vector_passes,
+)
 from mcf.sysmodel.system import SystemSpec, simulate_plan
 from mcf.sysmodel.validate import validate, validate_comm
 from mcf.sysmodel.work import keys_read_blocks, node_work, vector_elements
@@ -99,7 +107,30 @@ def test_program_overheads_from_the_layer_run(fig):
     # the two nodes' ATTEND totals differ by 256 blocks of visible keys: the attention bench's
     # cycles per pair account for that difference to within 1 % of one record's fixed cost
     assert ov.attend_record_spread < 0.01 * ov.attend_record_cycles
-    assert ov.vector_cycles_per_element > 0 and ov.emit_cycles_per_byte > 0
+    assert ov.emit_cycles_per_byte > 0
+    # the vector cost's two terms give back the JOB cycles the GEMM was not active, per node
+    model, work = run_work(run)
+    rows, elems = vector_passes(model)
+    tokens = [model.layers * sum(w.tokens for w in work[n]) for n in range(run.nodes)]
+    excess = [run.engines[n]["cmp_job_cycles"] - run.engines[n]["gemm_active_cycles"]
+              for n in range(run.nodes)]
+    assert ov.vector_cycles_per_row_pass > 0
+    assert sum(t * (rows * ov.vector_cycles_per_row_pass + elems / SIM.vec_lanes)
+               for t in tokens) == pytest.approx(sum(excess))
+    assert ov.vector_cycles_per_element == pytest.approx(
+        sum(excess) / sum(t * sum(vector_elements(model)) for t in tokens))
+
+
+def test_vector_cost_amortises_over_wide_rows(fig, qwen):
+    """Qwen2.5-1.5B's 1,536 / 8,960-wide rows pay the per-row-pass cycles over more elements
+    than the tiny model's 128 / 256: its cycles per element are the two terms' at its widths."""
+    ov = ProgramOverheads.measure(fig)
+    r = NodeRates.calibrated(fig, "kr260", qwen)
+    rows, elems = vector_passes(qwen)
+    assert r.vector_cycles_per_element == pytest.approx(
+        (rows * ov.vector_cycles_per_row_pass + elems / KR260.vec_lanes)
+        / sum(vector_elements(qwen)))
+    assert 1 / KR260.vec_lanes < r.vector_cycles_per_element < ov.vector_cycles_per_element
 
 
 def test_overheads_refuse_a_run_of_another_shape(tmp_path):
@@ -143,19 +174,81 @@ def test_vector_elements_match_the_node_templates():
     def read(addr, n):
         return raw[addr - img.table: addr - img.table + n]
 
-    counted = []
+    counted, rows, passes = [], 0, 0
     for t in range(2):
         actions, _ = walk(read, img.table, img.table_len, JOB_ARG.const({"template": t})
                           .as_bits(), SIM.gemm_limits)
-        total, beats = 0, None
+        total, vec = 0, None
         for _, target, value in actions:
             if target == "vec":
-                beats = int(VEC_CFG.from_bits(value).n_beats)
-            elif target == "rd_desc0" and beats is not None:
-                total += beats * SIM.vec_lanes * DmaDesc.unpack(value).count
-                beats = None
+                vec = VEC_CFG.from_bits(value)
+            elif target == "rd_desc0" and vec is not None:
+                n, count = int(vec.n_beats) * SIM.vec_lanes, DmaDesc.unpack(value).count
+                total += n * count
+                rows += count
+                passes += n * count * (2 if VectorOp(vec.op) in TWO_PASS_OPS else 1)
+                vec = None
         counted.append(total)
     assert tuple(counted) == tuple(m * v for v in vector_elements(spec))
+    assert (rows, passes) == tuple(m * v for v in vector_passes(spec))
+
+
+def _vector_token_cycles(jobs, lanes: int, n_max: int) -> list[int]:
+    """amaranth.sim of the vector unit: cycles of each ``(op, n)`` token from its first ``a``
+    beat to its last result beat, operands always valid and the result always taken."""
+    from amaranth.sim import Simulator
+
+    from mcf.abi.quant import norm_eps_code
+    from mcf.hdl.compute.vector import VectorUnit
+    dut = VectorUnit(lanes=lanes, n_max=n_max)
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    got = []
+
+    async def tb(ctx):
+        ctx.set(dut.o.ready, 1)
+        ctx.set(dut.eps, norm_eps_code(1e-6))
+        for op, n in jobs:
+            nb, ai, bi, cyc, start = n // lanes, 0, 0, 0, None
+            ctx.set(dut.op, op)
+            ctx.set(dut.n_beats, nb)
+            while True:
+                ctx.set(dut.a.valid, ai < nb)
+                ctx.set(dut.a.payload, (ai * 7919 + 1) & 0xFFFF)
+                ctx.set(dut.b.valid, op != VectorOp.REQUANT and bi < nb)
+                ctx.set(dut.b.payload, 0x4000)
+                _, _, ar, av, br, bv, ov, p = await ctx.tick().sample(
+                    dut.a.ready, dut.a.valid, dut.b.ready, dut.b.valid, dut.o.valid,
+                    dut.o.payload)
+                if ar and av:
+                    start = cyc if start is None else start
+                    ai += 1
+                bi += int(br and bv)
+                cyc += 1
+                if ov and p.last:
+                    got.append(cyc - start)
+                    break
+            ctx.set(dut.a.valid, 0)
+            ctx.set(dut.b.valid, 0)
+            await ctx.tick().repeat(4)
+
+    sim.add_testbench(tb)
+    sim.run()
+    return got
+
+
+def test_vector_unit_runs_at_the_models_element_rate():
+    """The vector cost's per-element term is the unit's: each op of the node program takes
+    ``passes x n / lanes`` more cycles for ``n`` more elements (two passes for
+    :data:`TWO_PASS_OPS`) at :data:`VECTOR_BEATS_PER_CYCLE`; what does not grow with the row
+    is the per-row-pass term the layer run calibrates."""
+    lanes, n0, n1 = SIM.vec_lanes, 64, 128
+    ops = (VectorOp.ADD, VectorOp.SILU_MUL, VectorOp.ROPE, VectorOp.RMSNORM, VectorOp.REQUANT)
+    cycles = _vector_token_cycles([(op, n) for op in ops for n in (n0, n1)], lanes, n1)
+    for i, op in enumerate(ops):
+        passes = 2 if op in TWO_PASS_OPS else 1
+        assert cycles[2 * i + 1] - cycles[2 * i] == \
+            passes * (n1 - n0) / lanes / VECTOR_BEATS_PER_CYCLE, op
 
 
 def test_node_program_reads_whole_blocks():

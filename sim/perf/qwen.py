@@ -14,8 +14,15 @@ same run (:func:`mcf.cluster.make_plan`) replayed by :func:`mcf.sysmodel.system.
 on the RTL cluster's configuration (:func:`mcf.sysmodel.validate.rtl_system_spec`: the node
 program's layout, the bench link latency) for TTFT, and the decode model
 (:func:`mcf.sysmodel.evaluation.decode`, the replicated root on the KR260 ring at the run's
-context) for a decode token. ``model_vs_rtl_cycle_error_qwen`` is the largest relative error of
-the two over the runs (issue target ≤ 0.10).
+context) for a decode token, its weights streamed at the rate of the memory the run ran against
+(``memory``, :data:`DECODE_MEMORY`: the simulation's DDR model is ideal; Table 2 keeps the real
+controller's assumed 90 % efficiency). ``model_vs_rtl_cycle_error_qwen`` is the largest relative
+error of the two over the runs (issue target ≤ 0.10).
+
+:func:`from_record` recomputes the prediction and the errors of a recorded result (its measured
+part kept) with today's model, without re-running the simulation::
+
+    python -m mcf.sim.perf.qwen --from-record docs/results/qwen.json [--json OUT]
 
 A failed check refuses the figure (:class:`~mcf.sim.perf.BenchRefused`). ``small`` (what CI
 runs) is the same code path on the tiny model and the ``sim`` node (one run, N = 2): the kr260
@@ -30,8 +37,8 @@ from dataclasses import asdict, dataclass
 
 from mcf.sim.perf import BenchRefused
 
-__all__ = ["QwenRun", "QWEN", "SMALL", "model_config", "predict", "measure", "compare",
-           "collect", "render"]
+__all__ = ["QwenRun", "QWEN", "SMALL", "DECODE_MEMORY", "SIM_MEMORY", "MEASURED",
+           "model_config", "predict", "measure", "compare", "collect", "from_record", "render"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,25 @@ SMALL = QwenRun("tiny", None, "sim", prompt_tokens=64, chunk=32, decode_tokens=1
 """CI's reduced path: the same functions on the tiny model and the ``sim`` node."""
 
 
+DECODE_MEMORY = {
+    "ideal": ("stripe_ideal_weight_bytes_per_cycle",
+              "decode.json weights: the stripe readers against ideal DDR port models"),
+    "ddr90": ("stripe_weight_bytes_per_cycle",
+              "decode.json weights_ddr90: DDR ports idle 10 % of cycles (the real controller's "
+              "assumed efficiency, Table 2's)"),
+}
+"""The memory a predicted decode token streams its weights from: the figure of
+:class:`mcf.sysmodel.calibration.BenchFigures` it uses and what it is."""
+
+SIM_MEMORY = "ideal"
+"""The memory of the simulated nodes ``mcf run`` runs (the cluster bench's DDR models answer
+every beat): what the bench predicts its runs against."""
+
+MEASURED = ("checks", "tokens", "ttft_cycles", "prefill_step_cycles", "head_cycles",
+            "decode_cycles", "sim_cycles", "wall_seconds", "node_cycles_per_second")
+"""The keys of a run's entry that :func:`compare` takes from the RTL run (:func:`measure`)."""
+
+
 def _model(spec):
     from mcf.model import model_from_spec
 
@@ -91,14 +117,17 @@ def model_config(run: QwenRun):
                    QWEN25_1P5B_MODEL.num_hidden_layers)
 
 
-def predict(spec, fig=None, cfg=None) -> dict:
+def predict(spec, fig=None, cfg=None, memory: str = SIM_MEMORY) -> dict:
     """The system model's cycles for the run ``spec`` (a :class:`mcf.cluster.RunSpec`):
     ``prefill_step_cycles`` and ``ttft_cycles`` (the run's plan through
     :func:`~mcf.sysmodel.system.simulate_plan` on the RTL cluster's configuration) and
     ``decode_cycles_per_token`` per decode token (the replicated root's token on the KR260 ring
     at the context it decodes at: the prompt plus the tokens before it). ``fig``: the bench
     figures (default :func:`mcf.sysmodel.calibration.load_figures`); ``cfg``: the model's
-    configuration (default: read from ``spec.model``)."""
+    configuration (default: read from ``spec.model``); ``memory``: the weight stream's memory
+    for decode (:data:`DECODE_MEMORY`)."""
+    from dataclasses import replace
+
     from mcf.cluster import make_plan
     from mcf.sim.cluster import BENCH_LATENCY_CYCLES
     from mcf.sysmodel.calibration import load_figures
@@ -108,18 +137,22 @@ def predict(spec, fig=None, cfg=None) -> dict:
     from mcf.sysmodel.validate import rtl_system_spec
 
     fig = fig or load_figures()
+    if memory not in DECODE_MEMORY:
+        raise ValueError(f"memory {memory!r}: one of {', '.join(DECODE_MEMORY)}")
     plan = make_plan(spec, cfg or _model(spec))
     sys_spec = rtl_system_spec(BENCH_LATENCY_CYCLES)
     res = simulate_plan(plan, fig, sys_spec)
     steps = [float(c) for c in res.step_cycles][:len(plan.steps)]
     rates = NodeRates.calibrated(fig, spec.config, plan.model, overheads=sys_spec.overheads)
+    attr = DECODE_MEMORY[memory][0]
+    dfig = replace(fig, stripe_weight_bytes_per_cycle=getattr(fig, attr))
     dec = []
     for k in range(spec.decode_tokens):
-        row = decode(fig, rates, plan.model, spec.nodes, spec.prompt_tokens + 1 + k,
+        row = decode(dfig, rates, plan.model, spec.nodes, spec.prompt_tokens + 1 + k,
                      modes=("replicated",))[0]
         dec.append(fig.clock_hz / row.tok_s)
     return {"prefill_step_cycles": steps, "ttft_cycles": sum(steps),
-            "decode_cycles_per_token": dec, "layers": plan.model.layers}
+            "decode_cycles_per_token": dec, "layers": plan.model.layers, "memory": memory}
 
 
 def measure(spec, *, mpi: bool = False) -> dict:
@@ -163,27 +196,53 @@ def compare(spec, got: dict, pred: dict) -> dict:
     return entry
 
 
-def collect(small: bool = False, synth: bool = True, nodes: tuple[int, ...] = (2, 4)) -> dict:
-    run = SMALL if small else QWEN
-    if small:
-        nodes = (2,)
-    result = {"run": asdict(run), "runs": {}}
-    for n in nodes:
-        spec = run.spec(n)
-        got = measure(spec)
-        result["runs"][f"n{n}"] = compare(spec, got, predict(spec))
-    first = result["runs"][f"n{nodes[0]}"]
-    for n in nodes:
-        result[f"n{n}.bit_exact"] = result["runs"][f"n{n}"]["bit_exact"]
+def _summary(run: QwenRun, runs: dict, memory: str) -> dict:
+    """The bench's result from its runs' entries (:func:`compare`)."""
+    result = {"run": asdict(run), "runs": runs,
+              "prediction": {"decode_memory": memory,
+                             "decode_weights": DECODE_MEMORY[memory][1]}}
+    first = next(iter(runs.values()))
+    for name, r in runs.items():
+        result[f"{name}.bit_exact"] = r["bit_exact"]
     result["prefill_cycles_per_layer"] = first["prefill_cycles_per_layer"]
     if "decode_cycles_per_token" in first:
         result["decode_cycles_per_token_per_layer"] = (first["decode_cycles_per_token"]
                                                        - first["head_cycles"]) / first["layers"]
-    errs = [e for r in result["runs"].values() for e in (r["ttft_error"], *r["decode_errors"])]
-    key = "model_vs_rtl_cycle_error" + ("" if small else "_qwen")
+    errs = [e for r in runs.values() for e in (r["ttft_error"], *r["decode_errors"])]
+    key = "model_vs_rtl_cycle_error" + ("_qwen" if run.model != SMALL.model else "")
     result[key] = max(abs(e) for e in errs)
     result["sim_cycles_per_second"] = first["node_cycles_per_second"]
     return result
+
+
+def collect(small: bool = False, synth: bool = True, nodes: tuple[int, ...] = (2, 4)) -> dict:
+    run = SMALL if small else QWEN
+    if small:
+        nodes = (2,)
+    runs = {}
+    for n in nodes:
+        spec = run.spec(n)
+        runs[f"n{n}"] = compare(spec, measure(spec), predict(spec))
+    return _summary(run, runs, SIM_MEMORY)
+
+
+def from_record(record: dict, fig=None, memory: str = SIM_MEMORY) -> dict:
+    """``record`` (a result of :func:`collect`) with its prediction and errors recomputed by
+    today's model (``fig``: default :func:`mcf.sysmodel.calibration.load_figures`); its
+    measured part (:data:`MEASURED` of every run) and its other keys (notes) kept."""
+    run = QwenRun(**record["run"])
+    cfg = model_config(run)
+    runs = {}
+    for name, r in record["runs"].items():
+        spec = run.spec(int(name.removeprefix("n")), resolve=False)
+        got = {k: r[k] for k in MEASURED}
+        runs[name] = compare(spec, got, predict(spec, fig, cfg, memory))
+    keys = ("run", "runs", "prediction", "prefill_cycles_per_layer",
+            "decode_cycles_per_token_per_layer", "sim_cycles_per_second")
+    kept = {k: v for k, v in record.items()
+            if k not in keys and not k.startswith("model_vs_rtl_cycle_error")
+            and not k.endswith(".bit_exact")}
+    return _summary(run, runs, memory) | kept
 
 
 def render(result: dict) -> str:
@@ -205,4 +264,29 @@ def render(result: dict) -> str:
     key = next(k for k in result if k.startswith("model_vs_rtl_cycle_error"))
     lines.append(f"{key}: {result[key]:.3f} (largest |model - RTL| / RTL over TTFT and decode "
                  f"tokens)")
+    if "prediction" in result:
+        lines.append(f"predicted decode weights: {result['prediction']['decode_weights']}")
     return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """``python -m mcf.sim.perf.qwen --from-record PATH [--json OUT] [--memory M]``."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(prog="python -m mcf.sim.perf.qwen")
+    ap.add_argument("--from-record", required=True, metavar="PATH",
+                    help="a recorded `mcf bench qwen` result (its measured part is kept)")
+    ap.add_argument("--json", metavar="OUT", help="write the recomputed result here")
+    ap.add_argument("--memory", default=SIM_MEMORY, choices=tuple(DECODE_MEMORY))
+    args = ap.parse_args(argv)
+    result = from_record(json.loads(Path(args.from_record).read_text()), memory=args.memory)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    print(render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

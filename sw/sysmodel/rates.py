@@ -11,11 +11,19 @@ Two kinds of figure go in:
   whose decode rate :mod:`.evaluation` reads from ``decode.json``);
 * **node-program overheads** the engine benches cannot see, from the measured layer program
   (``node.json`` ``layer``, :class:`~.calibration.LayerRun`): the JOB cycles the GEMM is not
-  active (vector passes, requantisation, fences, DMA round trips) per vector element, the fixed
-  cycles of one ATTEND record (query and list fetch, pipeline fill and drain, the ``o/l``
-  write) beyond its pairs, and EMIT's cycles per ACT byte. The run's node configuration is
-  recognised from its counters (GEMM steps x MACs per step = the program's MACs), and the run's
-  GEMM rate is that configuration's.
+  active (vector passes, requantisation, fences, DMA round trips) beyond the vector unit's
+  beats, per row pass (:func:`vector_passes`), the fixed cycles of one ATTEND record (query and
+  list fetch, pipeline fill and drain, the ``o/l`` write) beyond its pairs, and EMIT's cycles
+  per ACT byte. The run's node configuration is recognised from its counters (GEMM steps x
+  MACs per step = the program's MACs), and the run's GEMM rate is that configuration's.
+
+The vector cost has two parameters: ``vector_cycles_per_row_pass`` (fitted on the layer run) and
+the vector unit's own rate, one beat of ``vec_lanes`` elements per cycle per pass over a row
+(:data:`VECTOR_BEATS_PER_CYCLE`; RMSNorm and requantise pass over the buffered row twice,
+:class:`mcf.hdl.compute.vector.VectorUnit`). For a model they fold into one
+``vector_cycles_per_element`` = (row passes x cycles per row pass + element passes /
+vec_lanes) / elements, per token and layer (:func:`vector_passes`): the per-row costs amortise
+over wide rows (Qwen2.5-1.5B's 1,536 / 8,960) that the tiny model's 128-wide rows do not.
 
 Per layer (:class:`~.work.NodeWork`): ``JOB = MACs / gemm_macs_per_cycle + vector elements x
 vector_cycles_per_element``; ``EMIT = ACT bytes x emit_cycles_per_byte``; ``ATTEND = records x
@@ -41,15 +49,47 @@ from statistics import fmean
 from ..abi.attend import ATTEND_TILE_ROWS
 from ..abi.kv import kv_token_bytes
 from ..abi.node_config import AXI_WIDTH, NODE_CONFIGS, NodeConfig
+from ..abi.quant import VectorOp
 from .calibration import BenchFigures, CalibrationError, LayerRun
-from .work import NodeWork, node_work
+from .work import NodeWork, node_work, vector_elements
 
-__all__ = ["ProgramOverheads", "NodeRates", "run_work", "check_fits", "peak_macs_per_cycle"]
+__all__ = ["ProgramOverheads", "NodeRates", "run_work", "check_fits", "peak_macs_per_cycle",
+           "vector_passes", "VECTOR_BEATS_PER_CYCLE", "TWO_PASS_OPS"]
 
 
 ENGINE_COUNTERS = ("gemm_steps", "gemm_active_cycles", "att_records", "emit_tokens",
                    "kvr_tokens", "cmp_job_cycles", "cmp_attend_cycles", "cmp_emit_cycles")
 """The layer run's per-engine counters the overheads are measured from."""
+
+
+VECTOR_BEATS_PER_CYCLE = 1
+"""The vector unit's rate: one beat (``vec_lanes`` elements) per cycle per pass over a row
+(:class:`mcf.hdl.compute.vector.VectorUnit`'s latency contract)."""
+
+TWO_PASS_OPS = (VectorOp.RMSNORM, VectorOp.REQUANT)
+"""Vector ops that buffer the row and pass over it twice (the unit's second pass at one beat per
+cycle, after the row's per-token calculation)."""
+
+
+def vector_passes(model) -> tuple[int, int]:
+    """``(row passes, element passes)`` of the vector unit per token and layer of the node
+    program (:mod:`mcf.node.layer`'s two JOB templates): one row pass per VEC entry (``JOB 2l``:
+    RMSNorm, requantise, RoPE of Q, RoPE of K and the V copy per KV head, the query requantise
+    per query head; ``JOB 2l+1``: the seven passes of :func:`.work.vector_elements`); element
+    passes count every element once per pass over it (twice for :data:`TWO_PASS_OPS`)."""
+    h, nq, nkv = model.hidden, model.q_heads * model.head_dim, model.kv_heads * model.head_dim
+    rows = (3 + 2 * model.kv_heads + model.q_heads) + 7
+    elems = (2 * h + 2 * h + nq + 2 * nkv + 2 * nq) + (2 * nq + h + 2 * h + 2 * h
+                                                       + model.intermediate
+                                                       + 2 * model.intermediate + h)
+    return rows, elems
+
+
+def _model_vector_cost(model, lanes: int, per_row_pass: float) -> float:
+    """Cycles per vector element of ``model`` (one figure for both JOBs: their sum per token)."""
+    rows, elems = vector_passes(model)
+    return (rows * per_row_pass + elems / (lanes * VECTOR_BEATS_PER_CYCLE)) / sum(
+        vector_elements(model))
 
 
 def _work_plan(run: LayerRun):
@@ -73,7 +113,8 @@ class ProgramOverheads:
     """The node program's costs beyond the engine rates, measured in the layer run."""
     config: str                        # the run's node configuration (recognised)
     gemm_macs_per_cycle: float         # the run's GEMM rate (its configuration, its shapes)
-    vector_cycles_per_element: float
+    vector_cycles_per_row_pass: float  # JOB cycles beyond GEMM and vector beats, per row pass
+    vector_cycles_per_element: float   # the run's model: both terms per vector element
     attend_record_cycles: float
     attend_record_spread: float        # max - min of the per-node estimates (a check)
     emit_cycles_per_byte: float
@@ -111,13 +152,17 @@ class ProgramOverheads:
                     raise CalibrationError(f"layer run node {n}: {key} = {e[key]}, the node "
                                            f"program of this shape has {v}")
             gemm.append(macs[n] / e["gemm_active_cycles"])
-            vec.append((e["cmp_job_cycles"] - e["gemm_active_cycles"])
-                       / (L * sum(w.vec_a + w.vec_b for w in ws)))
+            tokens = L * sum(w.tokens for w in ws if w.vec_a + w.vec_b)
+            rows, elems = (tokens * c for c in vector_passes(model))
+            vec.append((e["cmp_job_cycles"] - e["gemm_active_cycles"]
+                        - elems / (cfg.vec_lanes * VECTOR_BEATS_PER_CYCLE)) / rows)
             bound = L * sum(max(w.pairs * cpq, w.kv_read_bytes / kv_rate) for w in ws)
             rec.append((e["cmp_attend_cycles"] - bound) / e["att_records"])
             emit.append(e["cmp_emit_cycles"] / (L * sum(w.emit_bytes for w in ws)))
-        return cls(cfg.name, fmean(gemm), fmean(vec), fmean(rec), max(rec) - min(rec),
-                   fmean(emit))
+        per_row = fmean(vec)
+        return cls(cfg.name, fmean(gemm), per_row,
+                   _model_vector_cost(model, cfg.vec_lanes, per_row), fmean(rec),
+                   max(rec) - min(rec), fmean(emit))
 
 
 def check_fits(model, cfg: NodeConfig) -> None:
@@ -241,10 +286,14 @@ class NodeRates:
             else:
                 gemm = fig.gemm_sequence_utilization * cfg.macs_per_cycle
                 src["gemm_macs_per_cycle"] = fig.sources["gemm_sequence_utilization"]
-            vec, rec, emit = (ov.vector_cycles_per_element, ov.attend_record_cycles,
-                              ov.emit_cycles_per_byte)
-            src["vector_cycles_per_element"] = f"{run}: (cmp_job - gemm_active) cycles / " \
-                                               "vector elements"
+            vec = _model_vector_cost(model, cfg.vec_lanes, ov.vector_cycles_per_row_pass)
+            rec, emit = ov.attend_record_cycles, ov.emit_cycles_per_byte
+            rows, elems = vector_passes(model)
+            src["vector_cycles_per_element"] = (
+                f"({rows} row passes x {ov.vector_cycles_per_row_pass:.2f} cycles + {elems} "
+                f"element passes / {cfg.vec_lanes} lanes) / {sum(vector_elements(model))} "
+                f"elements per token and layer; cycles per row pass: {run}: (cmp_job - "
+                "gemm_active - element passes / vec_lanes) / row passes")
             src["attend_record_cycles"] = f"{run}: (cmp_attend - pair/KV bound) / att_records"
             src["emit_cycles_per_byte"] = f"{run}: cmp_emit_cycles / ACT K/V bytes"
         else:

@@ -38,7 +38,7 @@ from ..compute.recip import Recip
 from ..mem.axi import AXI4Signature
 from .packet_writer import (
     PACKET_WIDTH,
-    FramingGuard,
+    LandingStage,
     PacketUpsizer,
     PacketWriter,
     packet_beat_layout,
@@ -98,9 +98,9 @@ class DecodeLander(wiring.Component):
     Structure: beat → stage 1 (register; slot index · ``q_slot``, row · row bytes, the same
     row index · :data:`mcf.abi.decode_land.M_SLOT_BYTES` (a shift) for MBUF, the SUM window
     test and ``(head − q_heads) · SUM_SLOT_BYTES`` (a shift), the query length
-    ``8 + heads · query_head_bytes``) → stage 2 (the packet's fate, latched on its first beat;
-    address, write length) → framing guard (:class:`FramingGuard`: exactly ``ceil(length / 8)``
-    beats go on) → a
+    ``8 + heads · query_head_bytes``) → stage 2 and framing guard (:class:`LandingStage`: the
+    packet's fate, address, write length and kind latched on its first beat; exactly
+    ``ceil(length / 8)`` beats go on) → a
     state's first beat (``m``, ``l``) feeds the reciprocal pipeline (:class:`Recip`, 3 cycles)
     whose factors queue per packet, its ``o`` beats and a query's, maxima's or SUM lanes' beats
     queue in a 16-beat FIFO → normaliser (``o · r`` registered, then
@@ -149,6 +149,9 @@ class DecodeLander(wiring.Component):
             raise ValueError("an OBUF row must fit in MAX_PAYLOAD bytes")
         self.head_dim, self.axi_width, self.addr_width = head_dim, axi_width, addr_width
         self.outstanding, self.fifo_depth = outstanding, fifo_depth
+        self.stage_info = data.StructLayout({
+            "state": unsigned(1), "maxes": unsigned(1), "sums": unsigned(1),
+            "wlen": unsigned(META["length"].width), "addr": unsigned(addr_width)})
         self.writer = PacketWriter(self.PEND, axi_width=axi_width, addr_width=addr_width,
                                    outstanding=outstanding, fifo_depth=fifo_depth)
         super().__init__({
@@ -209,7 +212,7 @@ class DecodeLander(wiring.Component):
             m.d.sync += s1_valid.eq(0)
         s1_hdr = data.View(QUERY_HEADER, s1.data[:QUERY_HEADER.size])
 
-        # --- stage 2: the packet's fate and address (latched on its first beat) ----------
+        # --- stage 2 (LandingStage): the packet's fate and address, latched on its first beat
         is_q, is_s, is_m = Signal(), Signal(), Signal()
         q_len_ok, q_slot_ok, red_ok, s_len_ok, m_len_ok, h_slot_ok, sum_len_ok, is_sum = \
             (Signal() for _ in range(8))
@@ -230,47 +233,38 @@ class DecodeLander(wiring.Component):
                           (s1.length[:SUM_LEN_ALIGN.bit_length() - 1] == 0) &
                           (s1.length <= SUM_SLOT_BYTES)),
         ]
-        s2 = Signal(data.StructLayout({
-            "data": unsigned(PACKET_WIDTH), "last": unsigned(1), "first": unsigned(1),
-            "keep": unsigned(1), "state": unsigned(1), "maxes": unsigned(1), "sums": unsigned(1),
-            "length": unsigned(len_bits), "wlen": unsigned(len_bits), "addr": unsigned(aw)}))
-        s2_valid = Signal()
-        s2_move = Signal()
-        pkt_keep = Signal()
-        m.d.comb += s1_move.eq(s1_valid & (~s2_valid | s2_move))
-        with m.If(s1_move):
-            m.d.sync += [s2.data.eq(s1.data), s2.last.eq(s1.last), s2.first.eq(s1.first),
-                         s2.length.eq(s1.length), s2_valid.eq(1)]
-            with m.If(s1.first):
-                keep_q = is_q & q_len_ok & q_slot_ok
-                keep_s = is_s & red_ok & s_len_ok & h_slot_ok
-                keep_m = is_m & red_ok & Mux(s1.sum_hit, sum_len_ok, m_len_ok & h_slot_ok)
-                keep = keep_q | keep_s | keep_m
-                m.d.sync += [
-                    s2.keep.eq(keep), pkt_keep.eq(keep), s2.state.eq(is_s),
-                    s2.maxes.eq(is_m & ~s1.sum_hit), s2.sums.eq(is_sum),
-                    s2.addr.eq(Mux(is_q, cfg.qbuf_base + s1.q_off,
-                                   Mux(is_s, cfg.obuf_base + s1.o_off,
-                                       Mux(s1.sum_hit, cfg.sum_base + s1.s_off,
-                                           cfg.mbuf_base + s1.m_off)))),
-                    s2.wlen.eq(Mux(is_s, row_bytes, s1.length)),
-                ]
-                with m.If(~is_q & ~is_s & ~is_m):
-                    m.d.sync += st.drop_op.eq(st.drop_op + 1)
-                with m.Elif(~is_q & ~red_ok):
-                    m.d.sync += st.drop_reduce_op.eq(st.drop_reduce_op + 1)
-                with m.Elif(Mux(is_q, ~q_len_ok,
-                                Mux(is_s, ~s_len_ok, Mux(s1.sum_hit, ~sum_len_ok, ~m_len_ok)))):
-                    m.d.sync += st.drop_length.eq(st.drop_length + 1)
-                with m.Elif(Mux(is_q, ~q_slot_ok, ~is_sum & ~h_slot_ok)):
-                    m.d.sync += st.drop_slot.eq(st.drop_slot + 1)
-            with m.Else():
-                m.d.sync += s2.keep.eq(pkt_keep)
-        with m.Elif(s2_move):
-            m.d.sync += s2_valid.eq(0)
+        keep_q = is_q & q_len_ok & q_slot_ok
+        keep_s = is_s & red_ok & s_len_ok & h_slot_ok
+        keep_m = is_m & red_ok & Mux(s1.sum_hit, sum_len_ok, m_len_ok & h_slot_ok)
+        m.submodules.stage = stage = LandingStage(self.stage_info)
+        info = stage.i.payload.info
+        m.d.comb += [stage.i.valid.eq(s1_valid), s1_move.eq(s1_valid & stage.i.ready),
+                     stage.i.payload.data.eq(s1.data), stage.i.payload.first.eq(s1.first),
+                     stage.i.payload.last.eq(s1.last), stage.i.payload.length.eq(s1.length),
+                     stage.i.payload.keep.eq(keep_q | keep_s | keep_m),
+                     info.state.eq(is_s), info.maxes.eq(is_m & ~s1.sum_hit),
+                     info.sums.eq(is_sum),
+                     info.addr.eq(Mux(is_q, cfg.qbuf_base + s1.q_off,
+                                      Mux(is_s, cfg.obuf_base + s1.o_off,
+                                          Mux(s1.sum_hit, cfg.sum_base + s1.s_off,
+                                              cfg.mbuf_base + s1.m_off)))),
+                     info.wlen.eq(Mux(is_s, row_bytes, s1.length))]
+        with m.If(s1_move & s1.first):
+            with m.If(~is_q & ~is_s & ~is_m):
+                m.d.sync += st.drop_op.eq(st.drop_op + 1)
+            with m.Elif(~is_q & ~red_ok):
+                m.d.sync += st.drop_reduce_op.eq(st.drop_reduce_op + 1)
+            with m.Elif(Mux(is_q, ~q_len_ok,
+                            Mux(is_s, ~s_len_ok, Mux(s1.sum_hit, ~sum_len_ok, ~m_len_ok)))):
+                m.d.sync += st.drop_length.eq(st.drop_length + 1)
+            with m.Elif(Mux(is_q, ~q_slot_ok, ~is_sum & ~h_slot_ok)):
+                m.d.sync += st.drop_slot.eq(st.drop_slot + 1)
+        with m.If(stage.framing_error):
+            m.d.sync += st.framing_errors.eq(st.framing_errors + 1)
 
         m.submodules.writer = wr = self.writer
-        # --- framing guard: exactly ceil(length / 8) beats of a landing packet go on ------
+        # --- after the framing guard: a state's (m, l) beat goes to the reciprocal, the others
+        # to the FIFO; a first beat only with its write head --------------------------------
         mid_l = data.StructLayout({"data": unsigned(PACKET_WIDTH), "state": unsigned(1),
                                    "last": unsigned(1)})
         m.submodules.mid = mid = fifo.SyncFIFOBuffered(width=mid_l.size, depth=self.MID_DEPTH)
@@ -278,33 +272,27 @@ class DecodeLander(wiring.Component):
         fac_take = Signal()
         fac_free = Signal()
         m.d.comb += fac_free.eq(fac_out < self.FACTORS)
-        m.submodules.guard = guard = FramingGuard()
-        # a state's (m, l) beat goes to the reciprocal, the others to the FIFO; a first beat
-        # only with its write head
+        beat = stage.o.payload
         l_beat = Signal()
-        offer = Signal()
+        room = Signal()
         push = Signal()
-        m.d.comb += [guard.valid.eq(s2_valid & s2.keep), guard.first.eq(s2.first),
-                     guard.last.eq(s2.last), guard.length.eq(s2.length), guard.push.eq(push),
-                     l_beat.eq(s2.state & s2.first),
-                     offer.eq(guard.want & Mux(l_beat, fac_free, mid.w_rdy)),
-                     push.eq(offer & (~s2.first | wr.head.ready)),
-                     s2_move.eq(s2_valid & (~s2.keep | guard.done))]
-        with m.If(guard.pad):           # stay: pad with zero beats up to the length
-            m.d.sync += [s2.data.eq(0), s2.first.eq(0)]
-        with m.If(guard.error):
-            m.d.sync += st.framing_errors.eq(st.framing_errors + 1)
-        m.d.comb += [wr.head.valid.eq(offer & s2.first), wr.head.payload.addr.eq(s2.addr),
-                     wr.head.payload.length.eq(s2.wlen),
-                     wr.head.payload.tag.result.eq(s2.state),
-                     wr.head.payload.tag.maxes.eq(s2.maxes),
-                     wr.head.payload.tag.sums.eq(s2.sums)]
+        m.d.comb += [l_beat.eq(beat.info.state & beat.first),
+                     room.eq(Mux(l_beat, fac_free, mid.w_rdy)),
+                     stage.o.ready.eq(room & (~beat.first | wr.head.ready)),
+                     push.eq(stage.o.valid & stage.o.ready),
+                     wr.head.valid.eq(stage.o.valid & room & beat.first),
+                     wr.head.payload.addr.eq(beat.info.addr),
+                     wr.head.payload.length.eq(beat.info.wlen),
+                     wr.head.payload.tag.result.eq(beat.info.state),
+                     wr.head.payload.tag.maxes.eq(beat.info.maxes),
+                     wr.head.payload.tag.sums.eq(beat.info.sums)]
         with m.If(push & ~l_beat):
-            m.d.comb += [mid.w_en.eq(1), mid.w_data.eq(Cat(s2.data, s2.state, guard.final))]
+            m.d.comb += [mid.w_en.eq(1), mid.w_data.eq(Cat(beat.data, beat.info.state,
+                                                           beat.final))]
 
         # --- reciprocal of a state's l: normalised by its leading one, 3-cycle pipeline ---
         m.submodules.recip = recip = Recip()
-        l_in = s2.data[LANE_BITS:2 * LANE_BITS]
+        l_in = beat.data[LANE_BITS:2 * LANE_BITS]
         lead = Signal(range(LANE_BITS))
         for n in range(LANE_BITS):
             with m.If(l_in[n]):

@@ -16,7 +16,16 @@ from mcf.abi.meta import META
 
 from ..mem.axi import ADDR_BITS
 
-__all__ = ["KvAddress"]
+__all__ = ["KvAddress", "kv_table_members"]
+
+
+def kv_table_members() -> dict:
+    """The members through which a :class:`KvAddress` user (the landing engine, the send
+    unit) takes the table and the configuration: ``cfg`` (:data:`LANDING_CONFIG`) and the
+    ``LAND_OFF`` write port ``land_off_we``, ``land_off_seq``, ``land_off_data``; a user
+    passes them on with :meth:`KvAddress.connect_table`."""
+    return {"cfg": In(LANDING_CONFIG), "land_off_we": In(1),
+            "land_off_seq": In(META["seq"].width), "land_off_data": In(LAND_OFF_ENTRY)}
 
 
 class KvAddress(wiring.Component):
@@ -58,10 +67,7 @@ class KvAddress(wiring.Component):
     def __init__(self, addr_width: int = ADDR_BITS):
         self.addr_width = addr_width
         super().__init__({
-            "land_off_we": In(1),
-            "land_off_seq": In(META["seq"].width),
-            "land_off_data": In(LAND_OFF_ENTRY),
-            "cfg": In(LANDING_CONFIG),
+            **kv_table_members(),
             "take": In(1),
             "kv_id": In(META["kv_id"].width),
             "seq": In(META["seq"].width),
@@ -70,6 +76,12 @@ class KvAddress(wiring.Component):
             "addr": Out(addr_width),
             "fits": Out(1),
         })
+
+    def connect_table(self, m: Module, owner) -> None:
+        """Drives this block's :func:`kv_table_members` from ``owner``'s members of the same
+        names (combinationally, in ``m``)."""
+        m.d.comb += [getattr(self, name).eq(getattr(owner, name))
+                     for name in kv_table_members()]
 
     def elaborate(self, platform):
         m = Module()

@@ -15,12 +15,12 @@ from amaranth.lib.wiring import In, Out
 
 from mcf.abi.directory import LAND_EVENT
 from mcf.abi.framing import MAX_PAYLOAD, parsed_layout
-from mcf.abi.landing import LAND_OFF_ENTRY, LANDING_CONFIG, LANDING_STATUS
+from mcf.abi.landing import LANDING_STATUS
 from mcf.abi.meta import META, Op
 
 from ..mem.axi import ADDR_BITS, AXI4Signature
-from .kv_address import KvAddress
-from .packet_writer import PACKET_WIDTH, FramingGuard, PacketUpsizer, PacketWriter
+from .kv_address import KvAddress, kv_table_members
+from .packet_writer import PACKET_WIDTH, LandingStage, PacketUpsizer, PacketWriter
 
 __all__ = ["LandingEngine"]
 
@@ -70,9 +70,10 @@ class LandingEngine(wiring.Component):
         with zeros or cut to ``length``, so the writer never waits for missing data).
 
     Structure and latency: beat → register stage 1 (``LAND_OFF`` read, ``kv_id · KV_SLOT``
-    multiply: :class:`~mcf.hdl.node.kv_address.KvAddress`) → stage 2 (address, checks: the
-    packet's fate is latched on its first beat) → framing guard
-    (:class:`~mcf.hdl.node.packet_writer.FramingGuard`) → 64 → ``axi_width`` upsizer
+    multiply: :class:`~mcf.hdl.node.kv_address.KvAddress`) → stage 2 and framing guard
+    (:class:`~mcf.hdl.node.packet_writer.LandingStage`: the packet's fate, address and tag
+    latched on its first beat; exactly ``ceil(length / 8)`` beats go on) → 64 → ``axi_width``
+    upsizer
     (:class:`~mcf.hdl.node.packet_writer.PacketUpsizer`: packs a packet's beats from lane 0,
     flushes at its final beat) → :class:`~mcf.hdl.node.packet_writer.PacketWriter` (payload
     FIFO, :class:`mcf.hdl.mem.dma.DmaWriter`, one descriptor per packet pushed with its first
@@ -105,14 +106,14 @@ class LandingEngine(wiring.Component):
         self.kv_count, self.axi_width, self.addr_width = kv_count, axi_width, addr_width
         self.outstanding, self.fifo_depth, self.event_depth = outstanding, fifo_depth, \
             event_depth
+        self.stage_info = data.StructLayout({"addr": unsigned(addr_width),
+                                              "kv_id": unsigned(META["kv_id"].width),
+                                              "owner": unsigned(1)})
         self.writer = PacketWriter(self.PEND, axi_width=axi_width, addr_width=addr_width,
                                    outstanding=outstanding, fifo_depth=fifo_depth)
         super().__init__({
             "i": In(stream.Signature(parsed_layout(PACKET_WIDTH))),
-            "cfg": In(LANDING_CONFIG),
-            "land_off_we": In(1),
-            "land_off_seq": In(META["seq"].width),
-            "land_off_data": In(LAND_OFF_ENTRY),
+            **kv_table_members(),
             "local_id": In(META["src"].width),
             "landed": Out(stream.Signature(LAND_EVENT)),
             "m_axi": Out(AXI4Signature(addr_width, axi_width)),
@@ -128,8 +129,7 @@ class LandingEngine(wiring.Component):
 
         # --- LAND_OFF table and the slot address -----------------------------------------
         m.submodules.kv_addr = kv = KvAddress(aw)
-        m.d.comb += [kv.land_off_we.eq(self.land_off_we), kv.land_off_seq.eq(self.land_off_seq),
-                     kv.land_off_data.eq(self.land_off_data), kv.cfg.eq(cfg)]
+        kv.connect_table(m, self)
 
         # --- stage 1: beat register, table read, slot multiply ---------------------------
         beat_l = data.StructLayout({
@@ -152,7 +152,8 @@ class LandingEngine(wiring.Component):
         with m.Elif(s1_move):
             m.d.sync += s1_valid.eq(0)
 
-        # --- stage 2: the packet's fate and address (latched on its first beat) ----------
+        # --- stage 2: the packet's fate and address (latched on its first beat), the framing
+        # guard (exactly ceil(length / 8) beats go on) → upsizer → writer -----------------
         op_ok = Signal()
         mapped = Signal()
         seq_ok = Signal()
@@ -162,58 +163,39 @@ class LandingEngine(wiring.Component):
             mapped.eq((s1.kv_id < cfg.kv_count) & (s1.kv_id < self.kv_count)),
             seq_ok.eq(kv.fits & (s1.length != 0) & (s1.length <= MAX_PAYLOAD)),
         ]
-        s2 = Signal(data.StructLayout({
-            "data": unsigned(PACKET_WIDTH), "last": unsigned(1), "first": unsigned(1),
-            "keep": unsigned(1), "kv_id": unsigned(META["kv_id"].width), "owner": unsigned(1),
-            "length": unsigned(len_bits), "addr": unsigned(aw)}))
-        s2_valid = Signal()
-        s2_move = Signal()
-        pkt_keep = Signal()
-        m.d.comb += s1_move.eq(s1_valid & (~s2_valid | s2_move))
-        with m.If(s1_move):
-            m.d.sync += [s2.data.eq(s1.data), s2.last.eq(s1.last), s2.first.eq(s1.first),
-                         s2.kv_id.eq(s1.kv_id), s2.length.eq(s1.length),
-                         s2.owner.eq(s1.src == self.local_id),
-                         s2.addr.eq(kv.addr), s2_valid.eq(1)]
-            with m.If(s1.first):
-                keep = op_ok & mapped & seq_ok
-                m.d.sync += [s2.keep.eq(keep), pkt_keep.eq(keep)]
-                with m.If(~op_ok):
-                    m.d.sync += st.drop_op.eq(st.drop_op + 1)
-                with m.Elif(~mapped):
-                    m.d.sync += st.drop_unmapped.eq(st.drop_unmapped + 1)
-                with m.Elif(~seq_ok):
-                    m.d.sync += st.drop_bad_seq.eq(st.drop_bad_seq + 1)
-            with m.Else():
-                m.d.sync += s2.keep.eq(pkt_keep)
-        with m.Elif(s2_move):
-            m.d.sync += s2_valid.eq(0)
+        m.submodules.stage = stage = LandingStage(self.stage_info)
+        m.d.comb += [stage.i.valid.eq(s1_valid), s1_move.eq(s1_valid & stage.i.ready),
+                     stage.i.payload.data.eq(s1.data), stage.i.payload.first.eq(s1.first),
+                     stage.i.payload.last.eq(s1.last), stage.i.payload.length.eq(s1.length),
+                     stage.i.payload.keep.eq(op_ok & mapped & seq_ok),
+                     stage.i.payload.info.addr.eq(kv.addr),
+                     stage.i.payload.info.kv_id.eq(s1.kv_id),
+                     stage.i.payload.info.owner.eq(s1.src == self.local_id)]
+        with m.If(s1_move & s1.first):
+            with m.If(~op_ok):
+                m.d.sync += st.drop_op.eq(st.drop_op + 1)
+            with m.Elif(~mapped):
+                m.d.sync += st.drop_unmapped.eq(st.drop_unmapped + 1)
+            with m.Elif(~seq_ok):
+                m.d.sync += st.drop_bad_seq.eq(st.drop_bad_seq + 1)
+        with m.If(stage.framing_error):
+            m.d.sync += st.framing_errors.eq(st.framing_errors + 1)
 
-        # --- framing guard (exactly ceil(length / 8) beats go on) → upsizer → writer -----
         m.submodules.writer = wr = self.writer
         m.submodules.upsizer = up = PacketUpsizer(self.axi_width)
         wiring.connect(m, up.o, wr.i)
-        m.submodules.guard = guard = FramingGuard()
         # a beat goes on while the payload FIFO has room (then the upsizer is ready), a first
         # beat only with its write head
-        offer = Signal()
-        push = Signal()
-        m.d.comb += [guard.valid.eq(s2_valid & s2.keep), guard.first.eq(s2.first),
-                     guard.last.eq(s2.last), guard.length.eq(s2.length), guard.push.eq(push),
-                     offer.eq(guard.want & wr.i.ready),
-                     push.eq(offer & (~s2.first | wr.head.ready)),
-                     s2_move.eq(s2_valid & (~s2.keep | guard.done))]
-        with m.If(guard.pad):           # stay: pad with zero beats up to the length
-            m.d.sync += [s2.data.eq(0), s2.first.eq(0)]
-        with m.If(guard.error):
-            m.d.sync += st.framing_errors.eq(st.framing_errors + 1)
-        m.d.comb += [wr.head.valid.eq(offer & s2.first), wr.head.payload.addr.eq(s2.addr),
-                     wr.head.payload.length.eq(s2.length),
-                     wr.head.payload.tag.kv_id.eq(s2.kv_id),
-                     wr.head.payload.tag.owner.eq(s2.owner),
-                     wr.head.payload.tag.length.eq(s2.length),
-                     up.i.valid.eq(push), up.i.payload.data.eq(s2.data),
-                     up.i.payload.last.eq(guard.final)]
+        beat = stage.o.payload
+        m.d.comb += [stage.o.ready.eq(wr.i.ready & (~beat.first | wr.head.ready)),
+                     wr.head.valid.eq(stage.o.valid & wr.i.ready & beat.first),
+                     wr.head.payload.addr.eq(beat.info.addr),
+                     wr.head.payload.length.eq(beat.length),
+                     wr.head.payload.tag.kv_id.eq(beat.info.kv_id),
+                     wr.head.payload.tag.owner.eq(beat.info.owner),
+                     wr.head.payload.tag.length.eq(beat.length),
+                     up.i.valid.eq(stage.o.valid & stage.o.ready),
+                     up.i.payload.data.eq(beat.data), up.i.payload.last.eq(beat.final)]
         wiring.connect(m, wr.bus, wiring.flipped(self.m_axi))
 
         # --- land events: one per packet written without error ---------------------------

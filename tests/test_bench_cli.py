@@ -36,7 +36,8 @@ FIGURES = {
     "task": ["float.acc_256", "int4_per_token.acc_256", "int4_per_channel.acc_256",
              "rtl.n2_acc_32", "rtl.bit_exact_vs_golden", "model_bytes"],
     "decode": ["weights.weight_port_efficiency", "weights_ddr90.weight_port_efficiency",
-               "weights.weight_bytes", "weights_ddr90.ddr_efficiency"],
+               "weights.weight_bytes", "weights_ddr90.ddr_efficiency", "tp.n2.bit_exact",
+               "tp.n2.tp_decode_cycles_per_token", "tp.n4.run"],
 }
 
 
@@ -68,6 +69,12 @@ def test_bench_runs_small(name, tmp_path, capsys):
             assert r["weight_port_efficiency"] == round(
                 r["weight_bytes"] / r["cycles"] / (r["ports"] * r["port_bytes_per_cycle"]), 4)
         assert written["weights_ddr90"]["cycles"] > written["weights"]["cycles"]
+        tp = written["tp"]      # TP decode in RTL on 2 tiny node tops; N = 4 refused, said why
+        assert tp["n2"]["run"] is True and tp["n2"]["bit_exact"] is True
+        assert len(tp["n2"]["tp_decode_cycles_per_token"]) == 1
+        assert tp["n2"]["tp_decode_cycles_per_token"][0] > 0
+        assert tp["n4"] == {"run": False, "reason": tp["n4"]["reason"]}
+        assert "partial KV heads" in tp["n4"]["reason"]
     if name == "task":      # seeds 0-3 at 256 tokens are answered right by all three models
         assert [written[m]["acc_256"] for m in ("float", "int4_per_token",
                                                 "int4_per_channel")] == [1.0, 1.0, 1.0]

@@ -22,6 +22,14 @@ to the last word; ``weight_port_efficiency`` = that / 64 B; ``busy_cycles`` the 
 count (:data:`mcf.abi.compute.STRIPE_STATUS`).
 
     python -c "from mcf.sim.perf.decode import weight_stream; print(weight_stream())"
+
+:func:`tp_runs` measures tensor-parallel decode in RTL (issue #34 item 3): the tiny model through
+``mcf run``'s simulation (:func:`mcf.commands.run.simulate`, ``sim`` node tops, one Verilator
+build) with ``--decode tp`` and with the replicated root (``--decode root``) on the same prompt.
+``tp.n2.bit_exact``: the TP run's tokens and logits equal its golden's (which the TP golden
+asserts equal to the root's) and, in the full run, the root run's bit for bit; the cycles per
+decode token of both. N = 4 is reported as not run, with the reason ``RunSpec`` refuses it.
+The small (CI) path runs TP alone, with one decode token.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from mcf.abi.quant import GROUP_SIZE
 from mcf.sim.perf import BenchRefused, refuse_unplanned
 
 __all__ = ["DECODE_SHAPES", "DDR_LATENCY", "DdrPort", "packer", "simulate", "layer_image",
-           "weight_stream", "collect", "render"]
+           "weight_stream", "TP_NODES", "tp_runs", "collect", "render"]
 
 ROWS, LANES = 16, 16
 BEAT_BYTES = 16                      # one HP port (AXI_WIDTH)
@@ -320,11 +328,65 @@ def weight_stream(small: bool = False, *, latency: int = DDR_LATENCY,
     }
 
 
+TP_NODES = (2, 4)
+"""The node counts of the TP decode runs (issue #34: N = 2 and 4)."""
+
+
+def _decode_run(spec) -> dict:
+    """One RTL run of ``spec`` (tiny model); refuses on a failed check."""
+    from mcf.commands.run import ddr_model_bytes, simulate
+    from mcf.model import model_from_spec
+
+    cfg, _ = model_from_spec(spec.model, seed=spec.seed)
+    mem = ddr_model_bytes(cfg, spec) * (2 if spec.decode == "tp" else 1)
+    try:
+        got = simulate(spec, progress=False, mem=mem)
+    except AssertionError as exc:
+        raise BenchRefused(f"decode {spec.decode} N={spec.nodes}: "
+                           f"{str(exc).splitlines()[0]}") from None
+    bad = [k for k, v in got["checks"].items() if not v]
+    if bad:
+        raise BenchRefused(f"decode {spec.decode} N={spec.nodes}: checks failed: "
+                           f"{', '.join(bad)}")
+    return got
+
+
+def tp_runs(small: bool = False) -> dict:
+    """Tensor-parallel decode against the replicated root on the tiny model (module docstring):
+    per N in :data:`TP_NODES`, ``bit_exact`` and the cycles per decode token of each run, or
+    ``{"run": False, "reason": ...}`` for an N the runtime refuses."""
+    from dataclasses import replace
+
+    from mcf.cluster import RunError, RunSpec
+
+    out = {}
+    for n in TP_NODES:
+        try:
+            tp = RunSpec(nodes=n, decode="tp", decode_tokens=1 if small else 2)
+        except RunError as exc:
+            out[f"n{n}"] = {"run": False, "reason": str(exc)}
+            continue
+        got = _decode_run(tp)
+        rec = {"run": True, "bit_exact": all(got["checks"].values()),
+               "tp_decode_cycles_per_token": got["decode_cycles"]}
+        if not small:
+            root = _decode_run(replace(tp, decode="root"))
+            same = got["tokens"] == root["tokens"] and got["logits"] == root["logits"]
+            if not same:
+                raise BenchRefused(f"decode tp N={n}: tokens or logits differ from the root's")
+            rec.update(bit_exact=rec["bit_exact"] and same,
+                       root_decode_cycles_per_token=root["decode_cycles"])
+        out[f"n{n}"] = rec
+    return out
+
+
 def collect(small: bool = False, synth: bool = True) -> dict:
-    """The bench contract (:mod:`mcf.sim.perf`): today the weight stream (ideal DDR ports and
-    ports at an assumed 90 % efficiency) and, with ``synth``, the reader's resources."""
+    """The bench contract (:mod:`mcf.sim.perf`): the weight stream (ideal DDR ports and ports
+    at an assumed 90 % efficiency), tensor-parallel decode against the root (:func:`tp_runs`)
+    and, with ``synth``, the reader's resources."""
     out = {"weights": weight_stream(small),
-           "weights_ddr90": weight_stream(small, ddr_efficiency=0.9)}
+           "weights_ddr90": weight_stream(small, ddr_efficiency=0.9),
+           "tp": tp_runs(small)}
     if synth:
         from mcf.hdl.mem.stripe import StripeReader
         from mcf.sim.synth import resources
@@ -343,6 +405,14 @@ def render(result: dict) -> str:
                      f"{r['weight_bytes_per_cycle']} B/cycle, efficiency "
                      f"{r['weight_port_efficiency']:.4f} of 64 B/cycle (DDR latency "
                      f"{r['ddr_latency']} cycles, port efficiency {r['ddr_efficiency']})")
+    for key, r in result.get("tp", {}).items():
+        if not r["run"]:
+            lines.append(f"  tp {key}: not run ({r['reason']})")
+            continue
+        root = r.get("root_decode_cycles_per_token")
+        lines.append(f"  tp {key} (tiny, RTL): bit-exact {r['bit_exact']}, cycles per decode "
+                     f"token tp {', '.join(f'{c:,}' for c in r['tp_decode_cycles_per_token'])}"
+                     + (f", root {', '.join(f'{c:,}' for c in root)}" if root else ""))
     if "resources" in result:
         from mcf.sim.perf import resource_table
         lines += resource_table(result["resources"], "Resources")

@@ -8,11 +8,13 @@ part ``j`` addressed to node ``j`` (``dst = j``, ``route_id = route_id + j`` —
 Gather: parts arriving from every node (``src`` = part index) are written into a slot buffer at
 their source's place, whatever the arrival order; when all ``num_nodes`` parts of a tag
 (``kv_id``) are in, the assembled tensor leaves as one packet, parts in source order.
+
+Structure: :class:`.a2a_scatter.A2AScatter` (the scatter pipeline and part framing), the
+gather intake, slot table, buffer and watchdog here, and :class:`.a2a_emit.A2AEmit` (reads
+complete gathers out of the buffer).
 """
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 from amaranth import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
@@ -20,8 +22,11 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.framing import MAX_PAYLOAD, parsed_layout
-from mcf.abi.meta import META, Collective
+from mcf.abi.meta import META
 from mcf.abi.nic import A2A_STATUS, WATCHDOG_BITS, A2ADrop
+
+from .a2a_emit import A2AEmit
+from .a2a_scatter import SCATTER_COUNTERS, A2AScatter, scatter_div_steps
 
 __all__ = ["AllToAll"]
 
@@ -60,9 +65,6 @@ class AllToAll(wiring.Component):
     at line rate. ``i.ready`` may depend combinationally on ``o.ready`` (that slot release).
     """
 
-    DIV_STEPS = 3
-    """Quotient bits of the scatter's ``length // num_nodes`` computed per pipeline stage."""
-
     def __init__(self, *, data_width: int = 64, max_nodes: int = 8, part_max: int | None = None,
                  n_slots: int = 2, meta_layout: data.StructLayout = META):
         bpb = data_width // 8
@@ -91,18 +93,11 @@ class AllToAll(wiring.Component):
     def n_slots(self) -> int:
         return self._slots
 
-    def _div_steps(self) -> list[int]:
-        """Division steps (quotient bits) per scatter stage: ``DIV_STEPS``, the first stage
-        ``DIV_STEPS - 1`` (it also forms the divisor from ``num_nodes``), the rest last."""
-        left = self._meta_layout["length"].width - (self.DIV_STEPS - 1)
-        return [self.DIV_STEPS - 1] + [min(self.DIV_STEPS, left - k)
-                                       for k in range(0, left, self.DIV_STEPS)]
-
     @property
     def scatter_latency(self) -> int:
         """Cycles from a scatter beat's acceptance to its part beat on ``net`` (``net``
         ready): the division's stages plus the drop decision's."""
-        return len(self._div_steps()) + 1
+        return len(scatter_div_steps(self._meta_layout["length"].width)) + 1
 
     def elaborate(self, platform):
         m = Module()
@@ -115,88 +110,13 @@ class AllToAll(wiring.Component):
         log_bpb = (bpb - 1).bit_length()
 
         # ---- scatter: re-frame one tensor into num_nodes parts ----------------------------------
-        # The scatter stream first passes a pipeline of scatter_latency stages (one common
-        # advance, so 1 beat/cycle) along which every beat's length // num_nodes is computed
-        # by restoring division, at most DIV_STEPS quotient bits per stage (the head's is the
-        # one used); the last stage registers the head's drop decision.
-        nw = N.bit_length()             # the divisor: num_nodes when in 1..N (else 1: dropped)
-        steps = self._div_steps()
-        beat = self.scatter.payload.shape()
-        stage = []
-        for k in range(len(steps) + 1):
-            stage.append(SimpleNamespace(
-                valid=Signal(name=f"sp{k}_valid"), beat=Signal(beat, name=f"sp{k}_beat"),
-                n_bad=Signal(name=f"sp{k}_n_bad"), den=Signal(nw, name=f"sp{k}_den"),
-                rem=Signal(nw, name=f"sp{k}_rem"), q=Signal(lw, name=f"sp{k}_q")))
-        sc_in, sc, net = self.scatter, stage[-1], self.net
-        s_adv = Signal()
-        m.d.comb += sc_in.ready.eq(s_adv)
-        n_in = self.num_nodes
-        # stage 0 takes whether num_nodes is out of range and the divisor (num_nodes, else 1:
-        # such a scatter is dropped, its parts' length is never valid on ``net``)
-        n_bad = (n_in == 0) | (n_in > N)
-        prev = SimpleNamespace(valid=sc_in.valid, beat=sc_in.payload,
-                               n_bad=n_bad, den=Mux(n_bad, 1, n_in)[:nw],
-                               rem=Const(0, nw), q=Const(0, lw))
-        for k, st_k in enumerate(stage):
-            length = prev.beat.meta.length
-            rem, q = prev.rem, prev.q
-            if k < len(steps):
-                done = sum(steps[:k])
-                for t in range(done, done + steps[k]):
-                    r2 = Cat(length[lw - 1 - t], rem)
-                    ge = r2 >= prev.den
-                    rem = Mux(ge, r2 - prev.den, r2)[:nw]
-                    q = Cat(ge, q[:-1])
-            with m.If(s_adv):
-                m.d.sync += [st_k.valid.eq(prev.valid), st_k.beat.eq(prev.beat),
-                             st_k.n_bad.eq(prev.n_bad), st_k.den.eq(prev.den),
-                             st_k.rem.eq(rem), st_k.q.eq(q)]
-            prev = st_k
-        # the last stage holds length // num_nodes (q) and the remainder of the stage before it
-        pre = stage[-2]
-        bad = Signal()
-        plen = sc.q
-        with m.If(s_adv):
-            m.d.sync += bad.eq(pre.n_bad | (pre.q == 0) | (pre.rem != 0)
-                               | (pre.q[:log_bpb] != 0) | (pre.q > self._part_max)
-                               | (pre.beat.keep == 0))
-        s_in = Signal()
-        s_drop = Signal()
-        s_j = Signal(range(N + 1))
-        s_pb = Signal(lw)
-        s_pbeats = Signal(lw)
-        s_plen = Signal(lw)
-        cur_drop = Mux(s_in, s_drop, bad)
-        cur_j = Mux(s_in, s_j, 0)
-        cur_pb = Mux(s_in, s_pb, 0)
-        cur_pbeats = Mux(s_in, s_pbeats, plen >> log_bpb)
-        cur_plen = Mux(s_in, s_plen, plen)
-        end_part = cur_pb + 1 == cur_pbeats
-        m.d.comb += [
-            net.valid.eq(sc.valid & ~cur_drop),
-            s_adv.eq(~sc.valid | net.ready | cur_drop),
-            net.payload.eq(sc.beat),
-            net.payload.meta.dst.eq(cur_j), net.payload.meta.src.eq(self.local_id),
-            net.payload.meta.route_id.eq(sc.beat.meta.route_id + cur_j),
-            net.payload.meta.length.eq(cur_plen), net.payload.meta.seq.eq(cur_j),
-            net.payload.last.eq(end_part),
-        ]
-        s_fire = sc.valid & (net.ready | cur_drop)
-        with m.If(s_fire):
-            m.d.sync += [s_in.eq(~sc.beat.last), s_drop.eq(cur_drop), s_pbeats.eq(cur_pbeats),
-                         s_plen.eq(cur_plen)]
-            with m.If(end_part):
-                m.d.sync += [s_pb.eq(0), s_j.eq(cur_j + 1)]
-            with m.Else():
-                m.d.sync += [s_pb.eq(cur_pb + 1), s_j.eq(cur_j)]
-            with m.If(~s_in):
-                with m.If(bad):
-                    m.d.sync += st.scatter_drops.eq(st.scatter_drops + 1)
-                with m.Else():
-                    m.d.sync += st.scatter_ops.eq(st.scatter_ops + 1)
-        with m.If(net.valid & net.ready & end_part):
-            m.d.sync += st.parts_sent.eq(st.parts_sent + 1)
+        m.submodules.scatter = sc = A2AScatter(data_width=self._dw, max_nodes=N,
+                                               part_max=self._part_max,
+                                               meta_layout=self._meta_layout)
+        wiring.connect(m, wiring.flipped(self.scatter), sc.scatter)
+        wiring.connect(m, sc.net, wiring.flipped(self.net))
+        m.d.comb += [sc.local_id.eq(self.local_id), sc.num_nodes.eq(self.num_nodes)]
+        m.d.comb += [st[n].eq(sc.status[n]) for n in SCATTER_COUNTERS]
 
         # ---- gather -----------------------------------------------------------------------------
         i = self.i
@@ -288,54 +208,16 @@ class AllToAll(wiring.Component):
                     m.d.sync += st[name].eq(st[name] + 1)
 
         # ---- emission of complete gathers -------------------------------------------------------
-        o = self.o
-        emitting = Signal()
-        e_slot = Signal(range(S))
-        e_src = Signal(range(N + 1))
-        e_b = Signal(pbits + 1)
-        e_pbeats = Signal(lw)
-        e_n = Signal.like(self.num_nodes)
-        o_valid = Signal()
-        o_last = Signal()
-        o_meta = Signal(self._meta_layout)
-        e_meta = Signal(self._meta_layout)     # meta of the gather being read out
-        adv = ~o_valid | o.ready
-        m.d.comb += [rp.en.eq(adv), o.valid.eq(o_valid), o.payload.data.eq(rp.data),
-                     o.payload.keep.eq((1 << bpb) - 1), o.payload.last.eq(o_last),
-                     o.payload.meta.eq(o_meta)]
-        # b_last == (e_b + 1 == e_pbeats) and s_last == (e_src + 1 == e_n) in every state:
-        # registers updated with the counters, so no adder or compare precedes a slot release
-        b_last = Signal()
-        s_last = Signal()
-        issue_last = s_last & b_last
-        nb = (e_b + 1)[:len(e_b)]
-        ns = (e_src + 1)[:len(e_src)]
-        m.d.comb += rp.addr.eq(Cat(e_b[:pbits], e_src[:nbits], e_slot[:sbits] if S > 1 else []))
-        with m.If(adv):
-            m.d.sync += [o_valid.eq(emitting), o_last.eq(issue_last), o_meta.eq(e_meta)]
-            with m.If(emitting):
-                with m.If(b_last):
-                    m.d.sync += [e_b.eq(0), e_src.eq(e_src + 1), b_last.eq(e_pbeats == 1),
-                                 s_last.eq(ns + 1 == e_n)]
-                with m.Else():
-                    m.d.sync += [e_b.eq(e_b + 1), b_last.eq(nb + 1 == e_pbeats)]
-                with m.If(issue_last):
-                    m.d.sync += emitting.eq(0)
-                    m.d.comb += freeing.eq(Const(1, S) << e_slot)
-                    m.d.sync += st.gathers_done.eq(st.gathers_done + 1)
-        # the next complete gather starts in the cycle the previous one issues its last read:
-        # back-to-back gathers leave without a bubble
-        with m.If(adv & (~emitting | issue_last)):
-            for s in reversed(range(S)):
-                with m.If(g_done[s] & ~(freeing >> s)[0]):
-                    m.d.sync += [emitting.eq(1), e_slot.eq(s), e_src.eq(0), e_b.eq(0),
-                                 e_pbeats.eq(g_len[s] >> log_bpb), e_n.eq(self.num_nodes),
-                                 b_last.eq((g_len[s] >> log_bpb) == 1),
-                                 s_last.eq(self.num_nodes == 1),
-                                 e_meta.eq(g_meta[s]), e_meta.src.eq(self.local_id),
-                                 e_meta.dst.eq(self.local_id), e_meta.seq.eq(0),
-                                 e_meta.collective.eq(Collective.ALL_TO_ALL),
-                                 e_meta.length.eq(g_len[s] * self.num_nodes)]
+        m.submodules.emit = emit = A2AEmit(data_width=self._dw, max_nodes=N,
+                                           part_beats=self._pbeats, n_slots=S,
+                                           meta_layout=self._meta_layout)
+        for s in range(S):
+            m.d.comb += [emit.slots[s].done.eq(g_done[s]), emit.slots[s].len.eq(g_len[s]),
+                         emit.slots[s].meta.eq(g_meta[s])]
+        m.d.comb += [emit.local_id.eq(self.local_id), emit.num_nodes.eq(self.num_nodes),
+                     rp.addr.eq(emit.rd_addr), rp.en.eq(emit.rd_en), emit.rd_data.eq(rp.data),
+                     freeing.eq(emit.freeing), st.gathers_done.eq(emit.status.gathers_done)]
+        wiring.connect(m, emit.o, wiring.flipped(self.o))
 
         # ---- slot table and watchdog ------------------------------------------------------------
         trips = Signal(S)

@@ -9,13 +9,13 @@ import json
 import pytest
 
 from mcf.abi.node_config import KR260
+from mcf.cli import main
 from mcf.sim.perf.qwen import (
     DECODE_MEMORY,
     MEASURED,
     QWEN,
     SMALL,
     compare,
-    main,
     model_config,
     predict,
 )
@@ -68,7 +68,9 @@ def test_from_record_recomputes_the_prediction_of_the_recorded_run(tmp_path):
     path = results_dirs()[1] / "qwen.json"
     rec = json.loads(path.read_text())
     out = tmp_path / "qwen.json"
-    assert main(["--from-record", str(path), "--json", str(out)]) == 0
+    assert main(["bench", "qwen", "--from-record", str(path), "--json", str(out),
+                 "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "qwen.json").read_text()) == json.loads(out.read_text())
     r = json.loads(out.read_text())
     cfg = model_config(QWEN)
     for name, e in r["runs"].items():
@@ -84,6 +86,17 @@ def test_from_record_recomputes_the_prediction_of_the_recorded_run(tmp_path):
     assert r["measured_on"] == rec["measured_on"] and r["n4"] == rec["n4"]
     errs = [abs(x) for e in r["runs"].values() for x in (e["ttft_error"], *e["decode_errors"])]
     assert r["model_vs_rtl_cycle_error_qwen"] == max(errs) <= 0.10
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["bench", "decode", "--from-record", "x.json"], "--from-record recomputes a recorded qwen"),
+    (["bench", "qwen", "--from-record", "/nonexistent/qwen.json"], "not a recorded qwen bench"),
+])
+def test_from_record_refusals_exit_2(argv, msg, tmp_path, capsys):
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0]
+    assert not (tmp_path / "qwen.json").exists()
 
 
 def test_compare_arithmetic():
@@ -105,7 +118,6 @@ def test_all_leaves_qwen_out(monkeypatch, tmp_path):
     ran = []
     monkeypatch.setattr(bench, "run_benches",
                         lambda names, **kw: (ran.extend(names), ({}, []))[1])
-    from mcf.cli import main
     assert main(["bench", "--out", str(tmp_path)]) == 0
     assert "qwen" not in ran and "depth" in ran
     ran.clear()
@@ -125,3 +137,30 @@ def test_small_run_end_to_end():
     assert len(r["runs"]["n2"]["decode_cycles"]) == SMALL.decode_tokens
     assert r["model_vs_rtl_cycle_error"] >= 0
     assert "n2" in render(r)
+
+
+def test_prediction_prices_the_runs_softmax():
+    """The prefill ATTEND is priced as the run's node program issues it: on the sim node a
+    single-softmax run's PREFILL_TILE records, a two_phase run's per-token PREFILL records
+    (mcf.node.layer.prefill_tile_chunk); kr260 has no tiled path, so its softmax changes
+    nothing. Decode is the same either way."""
+    from dataclasses import replace
+
+    from mcf.abi.node_config import SIM
+    from mcf.cluster import make_plan
+    from mcf.sim.cluster import BENCH_LATENCY_CYCLES
+    from mcf.sysmodel.system import simulate_plan
+    from mcf.sysmodel.validate import rtl_system_spec
+
+    fig, spec = load_figures(), SMALL.spec(2)
+    single, two = predict(spec, fig), predict(replace(spec, softmax="two_phase"), fig)
+    plan = make_plan(spec, model_config(SMALL))
+    for pred, chunk in ((single, SIM.tile_max_chunk), (two, 0)):
+        want = simulate_plan(plan, fig, rtl_system_spec(BENCH_LATENCY_CYCLES, tile_chunk=chunk))
+        assert pred["prefill_step_cycles"] == [float(c) for c in want.step_cycles]
+    assert single["ttft_cycles"] < two["ttft_cycles"]
+    assert single["decode_cycles_per_token"] == two["decode_cycles_per_token"]
+    q = QWEN.spec(2, resolve=False)
+    cfg = model_config(QWEN)
+    assert predict(q, fig, cfg)["ttft_cycles"] == \
+        predict(replace(q, softmax="two_phase"), fig, cfg)["ttft_cycles"]

@@ -22,7 +22,7 @@ error of the two over the runs (issue target ≤ 0.10).
 :func:`from_record` recomputes the prediction and the errors of a recorded result (its measured
 part kept) with today's model, without re-running the simulation::
 
-    python -m mcf.sim.perf.qwen --from-record docs/results/qwen.json [--json OUT]
+    mcf bench qwen --from-record docs/results/qwen.json [--json OUT]
 
 A failed check refuses the figure (:class:`~mcf.sim.perf.BenchRefused`). ``small`` (what CI
 runs) is the same code path on the tiny model and the ``sim`` node (one run, N = 2): the kr260
@@ -120,7 +120,9 @@ def model_config(run: QwenRun):
 def predict(spec, fig=None, cfg=None, memory: str = SIM_MEMORY) -> dict:
     """The system model's cycles for the run ``spec`` (a :class:`mcf.cluster.RunSpec`):
     ``prefill_step_cycles`` and ``ttft_cycles`` (the run's plan through
-    :func:`~mcf.sysmodel.system.simulate_plan` on the RTL cluster's configuration) and
+    :func:`~mcf.sysmodel.system.simulate_plan` on the RTL cluster's configuration, the prefill
+    ATTEND records those the run's node program issues for its softmax:
+    :func:`mcf.node.layer.prefill_tile_chunk`) and
     ``decode_cycles_per_token`` per decode token (the replicated root's token on the KR260 ring
     at the context it decodes at: the prompt plus the tokens before it). ``fig``: the bench
     figures (default :func:`mcf.sysmodel.calibration.load_figures`); ``cfg``: the model's
@@ -128,7 +130,9 @@ def predict(spec, fig=None, cfg=None, memory: str = SIM_MEMORY) -> dict:
     for decode (:data:`DECODE_MEMORY`)."""
     from dataclasses import replace
 
+    from mcf.abi.node_config import NODE_CONFIGS
     from mcf.cluster import make_plan
+    from mcf.node.layer import prefill_tile_chunk
     from mcf.sim.cluster import BENCH_LATENCY_CYCLES
     from mcf.sysmodel.calibration import load_figures
     from mcf.sysmodel.evaluation import decode
@@ -140,10 +144,13 @@ def predict(spec, fig=None, cfg=None, memory: str = SIM_MEMORY) -> dict:
     if memory not in DECODE_MEMORY:
         raise ValueError(f"memory {memory!r}: one of {', '.join(DECODE_MEMORY)}")
     plan = make_plan(spec, cfg or _model(spec))
-    sys_spec = rtl_system_spec(BENCH_LATENCY_CYCLES)
+    # the prefill ATTEND records the run's node program issues for its softmax
+    tile_chunk = prefill_tile_chunk(NODE_CONFIGS[spec.config], spec.softmax)
+    sys_spec = rtl_system_spec(BENCH_LATENCY_CYCLES, tile_chunk=tile_chunk)
     res = simulate_plan(plan, fig, sys_spec)
     steps = [float(c) for c in res.step_cycles][:len(plan.steps)]
-    rates = NodeRates.calibrated(fig, spec.config, plan.model, overheads=sys_spec.overheads)
+    rates = NodeRates.calibrated(fig, spec.config, plan.model, overheads=sys_spec.overheads,
+                                 tile_chunk=tile_chunk)
     attr = DECODE_MEMORY[memory][0]
     dfig = replace(fig, stripe_weight_bytes_per_cycle=getattr(fig, attr))
     dec = []
@@ -268,25 +275,3 @@ def render(result: dict) -> str:
         lines.append(f"predicted decode weights: {result['prediction']['decode_weights']}")
     return "\n".join(lines)
 
-
-def main(argv=None) -> int:
-    """``python -m mcf.sim.perf.qwen --from-record PATH [--json OUT] [--memory M]``."""
-    import argparse
-    import json
-    from pathlib import Path
-
-    ap = argparse.ArgumentParser(prog="python -m mcf.sim.perf.qwen")
-    ap.add_argument("--from-record", required=True, metavar="PATH",
-                    help="a recorded `mcf bench qwen` result (its measured part is kept)")
-    ap.add_argument("--json", metavar="OUT", help="write the recomputed result here")
-    ap.add_argument("--memory", default=SIM_MEMORY, choices=tuple(DECODE_MEMORY))
-    args = ap.parse_args(argv)
-    result = from_record(json.loads(Path(args.from_record).read_text()), memory=args.memory)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    print(render(result))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

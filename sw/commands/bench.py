@@ -7,6 +7,10 @@ its figure is not written, the refusal is printed as one line and the exit statu
 bench; for several, one member per bench plus ``resources`` (every top's yosys estimate, by
 bench and top name). A ``--json`` value without a ``.`` or ``/`` is a bench's name, not a path
 (``mcf bench --json decode`` prints decode's object).
+
+``--from-record PATH`` (``qwen`` only): no simulation — the recorded result at PATH (a
+``qwen.json`` an earlier ``mcf bench qwen`` wrote) with its prediction and errors recomputed by
+today's system model (:func:`mcf.sim.perf.qwen.from_record`; its measured part kept).
 """
 
 from __future__ import annotations
@@ -52,6 +56,34 @@ def run_benches(names: list[str], *, small: bool, synth: bool, out: Path,
     return results, refusals
 
 
+FROM_RECORD = ("qwen",)
+"""Benches whose recorded result ``--from-record`` recomputes without a simulation."""
+
+
+def _from_record(args) -> int:
+    """``mcf bench qwen --from-record PATH``: the record's prediction and errors recomputed."""
+    from mcf.sim.perf.qwen import from_record, render
+
+    from ..cli import UsageError
+
+    path = Path(args.from_record)
+    try:
+        record = json.loads(path.read_text())
+        result = from_record(record)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--from-record {path}: not a recorded qwen bench result "
+                         f"({type(exc).__name__}: {exc})") from None
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "qwen.json").write_text(json.dumps(result, indent=1) + "\n")
+    if args.json == "-":
+        print(json.dumps(result))
+    elif args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    else:
+        print(f"## qwen (from {path})\n\n{render(result)}\n")
+    return 0
+
+
 def _combined(results: dict) -> dict:
     combined = dict(results)
     combined["resources"] = {f"{bench}.{top}": res
@@ -73,10 +105,15 @@ def run(args) -> int:
     if unknown:
         raise UsageError(f"unknown bench(es) {', '.join(unknown)}; known: "
                          f"{', '.join(known)}, all")
+    if args.from_record is not None and names != list(FROM_RECORD):
+        raise UsageError(f"--from-record recomputes a recorded {', '.join(FROM_RECORD)} run: "
+                         f"name only {', '.join(FROM_RECORD)}")
     from ._checks import writable_dir, writable_file
     writable_dir("--out", args.out)
     if args.json not in (None, "-"):
         writable_file("--json", args.json)
+    if args.from_record is not None:
+        return _from_record(args)
 
     def say(name):
         print(f"mcf bench: running {name}{' (small)' if args.small else ''}", file=sys.stderr)
@@ -111,4 +148,7 @@ def register(subs) -> None:
     p.add_argument("--no-synth", action="store_true", help="skip the yosys resource estimates")
     p.add_argument("--out", default="build/bench",
                    help="folder for <name>.json (default %(default)s)")
+    p.add_argument("--from-record", metavar="PATH", default=None,
+                   help="qwen only: recompute a recorded result's prediction and errors with "
+                        "today's model (no simulation)")
     p.set_defaults(handler=run)

@@ -137,16 +137,23 @@ def summary_model(ev, predicted: dict, measured: dict) -> dict:
 
 def _predict(runs, fig) -> dict:
     """The system model's TTFT in cycles of each RTL run (its plan on the same configuration:
-    the node program's layout, the cluster simulation's links and latency)."""
+    the node program's layout and prefill ATTEND records for the run's softmax,
+    :func:`mcf.node.layer.prefill_tile_chunk`; the cluster simulation's links and latency)."""
+    from ..abi.node_config import NODE_CONFIGS
     from ..cluster import make_plan
     from ..model import model_from_spec
+    from ..node.layer import prefill_tile_chunk
     from ..sim.cluster import BENCH_LATENCY_CYCLES
     from ..sysmodel.system import simulate_plan
     from ..sysmodel.validate import rtl_system_spec
 
     cfg, _ = model_from_spec("retrieval")
-    sys_spec = rtl_system_spec(BENCH_LATENCY_CYCLES)
-    return {r.policy: sum(simulate_plan(make_plan(r, cfg), fig, sys_spec).step_cycles)
+
+    def sys_spec(r):  # the prefill ATTEND records the run's node program issues
+        return rtl_system_spec(BENCH_LATENCY_CYCLES, tile_chunk=prefill_tile_chunk(
+            NODE_CONFIGS[r.config], r.softmax))
+
+    return {r.policy: sum(simulate_plan(make_plan(r, cfg), fig, sys_spec(r)).step_cycles)
             for r in runs}
 
 

@@ -98,13 +98,9 @@ def golden_decode(x, layers: list[QuantLayer], cfg: LayerConfig, position: int, 
         def attn(q, k, v, pos, li=li, kept=kept):
             kv, queries, states = [], [], {n: [None] * cfg.heads for n in nodes}
             for g in range(cfg.kv_heads):
-                k4, sk = quantize_kv_rows(k[:, g * hd:(g + 1) * hd])
-                v4, sv = quantize_kv_rows(v[:, g * hd:(g + 1) * hd])
-                kv.append(pack_kv_block(k4[:, pk], sk, v4, sv))
-                new = KVBlock(k4[:, pk], sk, v4, sv, np.asarray(pos, dtype=np.int64))
-                qc, qm, qe = requantize(q[0, g * rep * hd:(g + 1) * rep * hd].reshape(rep, hd))
-                sq = np.stack([qm, qe], axis=-1)
-                queries.append(pack_query(qc[:, pk], sq, int(pos[0]), li, g * rep))
+                entry, new, qc, sq, query = decode_head_inputs(q, k, v, pos, g, hd, rep, pk, li)
+                kv.append(entry)
+                queries.append(query)
                 lists = {}
                 for n in nodes:
                     blocks = list(blocks_of(n, li, g))
@@ -136,6 +132,20 @@ def golden_decode(x, layers: list[QuantLayer], cfg: LayerConfig, position: int, 
         out.append(GoldenDecodeLayer(xa[0].copy(), kept["att"], kept["kv"], kept["states"],
                                      kept["merged"], kept["queries"]))
     return out
+
+
+def decode_head_inputs(q, k, v, pos, g: int, hd: int, rep: int, pk, layer: int):
+    """KV head ``g``'s inputs of a decode token's attention (``q``: the token's query row,
+    ``k``/``v``: its K/V rows, ``pos`` its position; ``rep`` query heads per KV head, ``pk``
+    the RoPE pair order): ``(entry, new, qc, sq, query)`` — the token's packed KV entry, its
+    :class:`KVBlock`, the group's requantised query codes and scales, and its packed query."""
+    k4, sk = quantize_kv_rows(k[:, g * hd:(g + 1) * hd])
+    v4, sv = quantize_kv_rows(v[:, g * hd:(g + 1) * hd])
+    new = KVBlock(k4[:, pk], sk, v4, sv, np.asarray(pos, dtype=np.int64))
+    qc, qm, qe = requantize(q[0, g * rep * hd:(g + 1) * rep * hd].reshape(rep, hd))
+    sq = np.stack([qm, qe], axis=-1)
+    return (pack_kv_block(k4[:, pk], sk, v4, sv), new, qc, sq,
+            pack_query(qc[:, pk], sq, int(pos[0]), layer, g * rep))
 
 
 def with_new_token(blocks: list[KVBlock], new: KVBlock, open_block) -> list[KVBlock]:

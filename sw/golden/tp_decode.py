@@ -42,11 +42,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mcf.abi.framing import MAX_PAYLOAD
-from mcf.abi.kv import pack_kv_block, quantize_kv_rows
 from mcf.abi.meta import Collective, Meta, Op, ReduceOp
 from mcf.abi.nic import LANE_BYTES, reduce_config
 from mcf.abi.quant import requantize, rope_pair_order, rope_table
-from mcf.abi.query import pack_query
 from mcf.abi.softmax import empty_state, pack_state
 from mcf.abi.tp import (
     ACC_LANES,
@@ -61,7 +59,7 @@ from mcf.quant import QuantWeight
 
 from . import gemm as G
 from . import vector as V
-from .attention import KVBlock, attend_fixed, attend_max, attend_single
+from .attention import attend_fixed, attend_max, attend_single
 from .nic import Packet, ReduceModel
 from .qwen_layer import LayerConfig, QuantLayer
 
@@ -418,7 +416,7 @@ def _kv_parallel_attention(cfg: LayerConfig, layer: int, root: int, parents: dic
     chain (root decode's arithmetic, :func:`mcf.golden.node_decode.golden_decode`)."""
     from mcf.abi.decode_land import normalized_row
 
-    from .node_decode import merge_tree, with_new_token
+    from .node_decode import decode_head_inputs, merge_tree, with_new_token
 
     hd, rep = cfg.head_dim, cfg.heads // cfg.kv_heads
     pk = rope_pair_order(hd, hd)
@@ -427,13 +425,9 @@ def _kv_parallel_attention(cfg: LayerConfig, layer: int, root: int, parents: dic
     def attn(q, k, v, pos):
         kv, queries, states = [], [], {n: [None] * cfg.heads for n in nodes}
         for g in range(cfg.kv_heads):
-            k4, sk = quantize_kv_rows(k[:, g * hd:(g + 1) * hd])
-            v4, sv = quantize_kv_rows(v[:, g * hd:(g + 1) * hd])
-            kv.append(pack_kv_block(k4[:, pk], sk, v4, sv))
-            new = KVBlock(k4[:, pk], sk, v4, sv, np.asarray(pos, dtype=np.int64))
-            qc, qm, qe = requantize(q[0, g * rep * hd:(g + 1) * rep * hd].reshape(rep, hd))
-            sq = np.stack([qm, qe], axis=-1)
-            queries.append(pack_query(qc[:, pk], sq, int(pos[0]), layer, g * rep))
+            entry, new, qc, sq, query = decode_head_inputs(q, k, v, pos, g, hd, rep, pk, layer)
+            kv.append(entry)
+            queries.append(query)
             lists = {n: (with_new_token(list(blocks_of(n, layer, g)), new, open_block)
                          if n == root else list(blocks_of(n, layer, g))) for n in nodes}
             if two_phase:

@@ -92,11 +92,10 @@ from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
 from .compute import DMA_ADDR_BITS
-from .csrmap import counters
 from .decode_land import query_slot_bytes
 from .kv import ATTN_OUT, KV_POS_BITS, AttnMode
 from .kv_reader import KV_BLOCK_TOKENS_BITS
-from .regs import Access, Register, status_registers
+from .regs import Access, Register, counters, status_registers
 
 __all__ = [
     "AttendMode", "ATTEND_ARG", "ATTEND_HEADER", "ATTEND_BLOCK", "ATT_ENTRY_BYTES",

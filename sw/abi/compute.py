@@ -13,9 +13,9 @@ import numpy as np
 from amaranth.hdl import signed, unsigned
 from amaranth.lib import data
 
-from .csrmap import counters
 from .platform import HP_PORTS
 from .quant import GROUP_SIZE, SCALE_EXP_BITS, SCALE_MANT_BITS
+from .regs import counters
 from .tp import ACC_LANES
 
 __all__ = [

@@ -7,21 +7,51 @@ PYNQ driver reads them by name. Counters are 32 bits and wrap (software takes di
 
 from __future__ import annotations
 
-from amaranth.hdl import unsigned
-from amaranth.lib import data, enum
+from amaranth.lib import enum
 
+from .attend import attend_registers
+from .compute import COMPUTE_BUSY_STATUS, DMA_STATUS, GEMM_STATUS, STRIPE_STATUS, VECTOR_STATUS
+from .decode_land import decode_land_registers
+from .directory import directory_registers
+from .emit import emit_registers
+from .jobs import jobs_registers
+from .kv import attn_status_layout, kvq_status_layout
+from .kv_reader import kv_reader_registers
+from .landing import landing_registers
+from .link_map import link_map_registers
+from .local_sink import local_sink_registers
 from .meta import META, Port
-from .regs import Access, Field, Register, RegisterMap, status_registers
+from .nic import (
+    A2A_STATUS,
+    LINK_RX_STATUS,
+    LINK_TX_STATUS,
+    REDUCE_CONFIG,
+    REDUCE_STATUS,
+    ROUTER_STATUS,
+)
+from .node import dir_land_register, ingress_registers, irq_registers
+from .node_config import caps_register
+from .platform import HP_PORTS, NODE_LINKS
+from .regs import (
+    COUNTER_BITS,
+    Access,
+    Field,
+    Register,
+    RegisterMap,
+    counters,
+    status_registers,
+)
+from .route import ROUTE_ENTRY
+from .send import send_registers
+from .sequencer import sequencer_registers
 
 __all__ = ["COUNTER_BITS", "DropCause", "counters", "PARSER_STATUS", "PACKETIZER_STATUS",
            "node_regmap", "nic_regmap", "nic_registers", "node_register", "NODE_MAP_VERSION",
            "NIC_MAP_VERSION", "NODE_LINKS", "PARSER_PORTS", "compute_registers",
            "node_top_registers", "stripe_registers"]
 
-COUNTER_BITS = 32
 NODE_MAP_VERSION = 0x0402  # minor 1: jobs_bad_gemm; minor 2: the stripe_* counters (appended)
 NIC_MAP_VERSION = 0x0200
-NODE_LINKS = 3  # KR260 PL-side links: one 10G SFP+, two 1G RGMII
 PARSER_PORTS = NODE_LINKS + 1
 """Parsers of a node, each with its own counter set in the node map: parser 0 checks the local
 packetizer's packets, parser ``1 + i`` the packets arriving on link ``i``."""
@@ -34,10 +64,6 @@ class DropCause(enum.Enum, shape=3):
     OVERSIZE = 2     # length > the parser's maximum payload
     TRUNCATED = 3    # last arrived before length bytes
     BAD_LENGTH = 4   # payload longer than length, or keep inconsistent with length
-
-
-def counters(*names: str) -> data.StructLayout:
-    return data.StructLayout({n: unsigned(COUNTER_BITS) for n in names})
 
 
 PARSER_STATUS = counters(
@@ -62,15 +88,6 @@ def nic_registers(n_links: int = NODE_LINKS) -> list[Register]:
     """The NIC engines' registers (:mod:`mcf.abi.nic`): table write ports, watchdogs, status
     counters of the router, reduction, all-to-all and each link's framer/deframer. The node
     map and the NIC's own map both take them from here."""
-    from .nic import (
-        A2A_STATUS,
-        LINK_RX_STATUS,
-        LINK_TX_STATUS,
-        REDUCE_CONFIG,
-        REDUCE_STATUS,
-        ROUTER_STATUS,
-    )
-    from .route import ROUTE_ENTRY
     route_bits = META["route_id"].width
     regs = [
         Register("ROUTE_WR", (
@@ -115,7 +132,6 @@ def node_regmap() -> RegisterMap:
 def stripe_registers() -> list[Register]:
     """``stripe_<field>``: the GEMM's stripe readers (:data:`mcf.abi.compute.STRIPE_STATUS`;
     weights from every HP port, docs/node.md §4), after every other register of the map."""
-    from .compute import STRIPE_STATUS
     return status_registers("stripe", STRIPE_STATUS, "stripe readers (GEMM weights)")
 
 
@@ -124,19 +140,6 @@ def node_top_registers() -> list[Register]:
     interrupts, command rings, sequencer, directory, landing, local sink, decode lander, send
     unit, link map, KV reader and the compute half's units (template walker, K/V emitter, ATTEND
     executor) — each block's list from its ABI module."""
-    from .attend import attend_registers
-    from .decode_land import decode_land_registers
-    from .directory import directory_registers
-    from .emit import emit_registers
-    from .jobs import jobs_registers
-    from .kv_reader import kv_reader_registers
-    from .landing import landing_registers
-    from .link_map import link_map_registers
-    from .local_sink import local_sink_registers
-    from .node import dir_land_register, ingress_registers, irq_registers
-    from .node_config import caps_register
-    from .send import send_registers
-    from .sequencer import sequencer_registers
     return [caps_register(), *irq_registers(), *ingress_registers(), *sequencer_registers(),
             *directory_registers(), dir_land_register(), *landing_registers(),
             *local_sink_registers(), *decode_land_registers(), *send_registers(),
@@ -148,9 +151,6 @@ def compute_registers() -> list[Register]:
     """Status counters of the compute half of the node: one DMA loader per HP port, the GEMM
     engine, the vector unit, the attention engine and the K/V emitter (:mod:`mcf.abi.compute`,
     :mod:`mcf.abi.kv`)."""
-    from .compute import COMPUTE_BUSY_STATUS, DMA_STATUS, GEMM_STATUS, VECTOR_STATUS
-    from .kv import attn_status_layout, kvq_status_layout
-    from .platform import HP_PORTS
     regs = []
     for port in range(HP_PORTS):
         regs += status_registers(f"dma{port}", DMA_STATUS, f"DMA loader on HP port {port}")

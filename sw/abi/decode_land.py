@@ -85,12 +85,11 @@ from amaranth.hdl import unsigned
 from amaranth.lib import data
 
 from .compute import DMA_ADDR_BITS
-from .csrmap import counters
 from .framing import MAX_PAYLOAD
 from .kv import ATTN_OUT
 from .meta import META, Meta, Op, ReduceOp
 from .query import QUERY_HEAD_BITS, QUERY_HEADER, QUERY_HEADER_BYTES, query_bytes
-from .regs import Access, Register, status_registers
+from .regs import Access, Register, counters, status_registers
 from .softmax import LANE_BITS, normalize, state_words, unpack_state
 from .tp import ACC_LANES
 

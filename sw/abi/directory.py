@@ -35,10 +35,9 @@ from dataclasses import dataclass
 from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
-from .csrmap import counters
 from .landing import LANDED_BITS
 from .meta import META
-from .regs import Access, Field, Register, status_registers
+from .regs import Access, Field, Register, counters, status_registers
 
 __all__ = [
     "DirState", "DirOp", "DIR_ENTRY", "LAND_EVENT", "DIR_OP", "DIRECTORY_STATUS", "LANDED_MAX",

@@ -37,14 +37,13 @@ from amaranth.hdl import unsigned
 from amaranth.lib import data
 
 from .compute import DMA_ADDR_BITS, DMA_STRIDE_BITS
-from .csrmap import counters
 from .framing import MAX_PAYLOAD
 from .kv import (
     kv_token_bytes,
 )
 from .meta import Meta, Op
 from .quant import ACT
-from .regs import Access, Register, status_registers
+from .regs import Access, Register, counters, status_registers
 
 __all__ = [
     "EMIT_ARG", "EMIT_CONFIG", "EMIT_STATUS", "EmitArg", "EmitConfig", "kv_pair_bytes",

@@ -34,12 +34,11 @@ import enum as py_enum
 from amaranth.hdl import unsigned
 from amaranth.lib import data
 
-from .csrmap import counters
 from .framing import MAX_PAYLOAD
 from .meta import META
 from .nic import CRC_BYTES, crc32
 from .platform import RGMII_RATE_BPS
-from .regs import Access, Field, Register, status_registers
+from .regs import Access, Field, Register, counters, status_registers
 
 __all__ = [
     "ETH_TYPE", "MAC_OUI", "mac_of", "mac_bytes", "HEADER_BYTES", "FCS_BYTES", "MIN_PAYLOAD",

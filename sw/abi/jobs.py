@@ -67,10 +67,9 @@ from .compute import (
     GemmLimits,
     StripeJob,
 )
-from .csrmap import counters
 from .node import CMD
 from .quant import ReadDest, VectorOp, WriteSrc
-from .regs import Access, Register, status_registers
+from .regs import Access, Register, counters, status_registers
 
 __all__ = [
     "JOB_INDEX_BITS", "JOB_ARG", "TEMPLATE_REF", "TEMPLATE_ENTRY", "ENTRY_BYTES", "EntryKind",

@@ -55,9 +55,9 @@ import numpy as np
 from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
-from .csrmap import COUNTER_BITS
 from .fixed import INT4, FixedFormat, pack_int4, round_shift, saturate, unpack_int4
 from .quant import ACT, SCALE_EXP_BITS, SCALE_MANT_BITS, XQ, bitlen, requantize
+from .regs import COUNTER_BITS
 from .softmax import NORM_OUT, SCORE, SCORE_FRAC, recip_mant, state_words
 
 __all__ = [
@@ -309,7 +309,7 @@ def job_payloads(mode: AttnMode, normalize: bool, heads: int) -> int:
 
 def attn_status_layout() -> data.StructLayout:
     """Status counters of the attention engine (read through the CSR block; 32-bit counters
-    that wrap, :data:`mcf.abi.csrmap.COUNTER_BITS`)."""
+    that wrap, :data:`mcf.abi.regs.COUNTER_BITS`)."""
     return data.StructLayout({
         "jobs": unsigned(COUNTER_BITS),      # jobs completed (payload handed to the output FIFO)
         "blocks": unsigned(COUNTER_BITS),    # KV blocks processed

@@ -83,11 +83,11 @@ import numpy as np
 from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
-from .csrmap import COUNTER_BITS
 from .fixed import round_shift, saturate
 from .framing import MAX_PAYLOAD
 from .kv import KV_SCALE, Q_ELEM, kv_token_bytes, pack_kv_block, quantize_kv_rows
 from .quant import SCALE_EXP_BITS, bitlen
+from .regs import COUNTER_BITS
 from .softmax import RECIP_FRAC, RECIP_IN_BITS, recip_mant
 
 __all__ = [

@@ -22,10 +22,9 @@ from amaranth.hdl import unsigned
 from amaranth.lib import data
 
 from .compute import DMA_ADDR_BITS
-from .csrmap import counters
 from .kv import KV_ELEM, KV_POS_BITS, kv_beat_layout, kv_token_bytes, unpack_kv_block
 from .landing import KvLayout, LandingConfig
-from .regs import Register, status_registers
+from .regs import Register, counters, status_registers
 
 __all__ = [
     "KV_BLOCK_TOKENS_BITS", "KV_BLOCK_REQ", "KvBlockReq", "KV_READER_STATUS",

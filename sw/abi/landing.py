@@ -32,10 +32,9 @@ from amaranth.hdl import unsigned
 from amaranth.lib import data
 
 from .compute import DMA_ADDR_BITS
-from .csrmap import counters
 from .framing import MAX_PAYLOAD
 from .meta import META, Meta, Op
-from .regs import Access, Field, Register, status_registers
+from .regs import Access, Field, Register, counters, status_registers
 
 __all__ = [
     "LAND_OFF_BITS", "LAND_OFF_ENTRY", "LAND_OFF_ENTRIES", "KV_BASE_BITS", "KV_SLOT_BITS",

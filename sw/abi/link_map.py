@@ -20,9 +20,9 @@ from __future__ import annotations
 from amaranth.hdl import unsigned
 from amaranth.lib import data
 
-from .csrmap import NODE_LINKS, counters
 from .nic import Topology
-from .regs import Access, Field, Register, status_registers
+from .platform import NODE_LINKS
+from .regs import Access, Field, Register, counters, status_registers
 
 __all__ = ["LINK_BITS", "link_map_layout", "LINK_MAP", "LINK_MAP_STATUS", "LINK_SFP",
            "link_map_register", "link_map_registers", "link_map_value", "link_map_unpack",

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import enum
 
-from .csrmap import counters
 from .meta import InvalidateKind, Op
-from .regs import Register, status_registers
+from .regs import Register, counters, status_registers
 
 __all__ = ["SinkRoute", "sink_route", "LOCAL_SINK_STATUS", "local_sink_registers"]
 

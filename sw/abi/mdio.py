@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import math
 
-from .csrmap import counters
 from .platform import ACLK_HZ
-from .regs import Access, Field, Register, status_registers
+from .regs import Access, Field, Register, counters, status_registers
 
 __all__ = [
     "MDC_MAX_HZ", "mdc_half_period", "MDC_HALF_PERIOD", "PREAMBLE_BITS", "ST", "OP_WRITE",

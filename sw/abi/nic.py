@@ -32,8 +32,8 @@ import zlib
 from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
-from .csrmap import COUNTER_BITS, counters
 from .meta import META
+from .regs import COUNTER_BITS, counters
 from .route import NET_PORTS
 from .softmax import LANE_BITS
 

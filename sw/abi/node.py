@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
-from .csrmap import COUNTER_BITS, counters
 from .framing import MAX_PAYLOAD
 from .meta import META, Op
-from .regs import Access, Field, Register, status_registers
+from .regs import COUNTER_BITS, Access, Field, Register, counters, status_registers
 
 __all__ = [
     "RecordClass", "Queue", "PayloadSource", "CMD_FLAGS", "CMD", "CMD_BYTES", "CMD_RING_MAX_LOG2",

@@ -11,13 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .compute import GemmLimits
-from .csrmap import NODE_LINKS
 from .framing import MAX_PAYLOAD
 from .kv import KVFormat
 from .kv_channel import KV_GROUP
 from .meta import META
 from .node import CMD_RING_MAX_LOG2
-from .platform import HP_PORTS
+from .platform import HP_PORTS, NODE_LINKS
 from .quant import GROUP_SIZE
 from .regs import Access, Field, Register
 

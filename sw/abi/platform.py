@@ -10,7 +10,10 @@ from __future__ import annotations
 
 __all__ = ["K26", "HP_PORTS", "ACLK_HZ", "SFP_RATE_BPS", "RGMII_RATE_BPS", "LINK_LATENCY_S",
            "CTRL_BASE", "CTRL_RANGE", "ETH_CTRL_BASE", "ETH_CTRL_RANGE", "ETH_CLK_HZ",
-           "MODULE_REF_VLNV"]
+           "MODULE_REF_VLNV", "NODE_LINKS"]
+
+NODE_LINKS = 3
+"""The KR260 node's PL-side links: one 10G SFP+, two 1G RGMII."""
 
 K26: dict[str, int] = {"LUT": 117_120, "FF": 234_240, "DSP": 1_248, "BRAM36": 144, "URAM": 64}
 

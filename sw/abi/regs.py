@@ -11,10 +11,20 @@ import enum
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from amaranth.hdl import unsigned
 from amaranth.lib import data
 
 __all__ = ["Access", "Field", "Register", "RegisterMap", "MCF_ID", "WORD_BYTES",
-           "status_registers", "bank_registers"]
+           "status_registers", "bank_registers", "COUNTER_BITS", "counters"]
+
+COUNTER_BITS = 32
+"""Width of every status counter in the register maps (saturating or wrapping per block)."""
+
+
+def counters(*names: str) -> data.StructLayout:
+    """A status register layout of ``COUNTER_BITS``-wide counters, one per name, in order."""
+    return data.StructLayout({n: unsigned(COUNTER_BITS) for n in names})
+
 
 WORD_BYTES = 4
 MCF_ID = 0x4D43  # "MC"

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .csrmap import counters
 from .framing import MAX_PAYLOAD
 from .landing import KV_BASE_BITS, LandingConfig
 from .meta import META, Op
 from .node import CMD, PayloadSource, RecordClass
-from .regs import Register, status_registers
+from .regs import Register, counters, status_registers
 
 __all__ = ["SEND_STATUS", "STAGED_SOURCES", "send_registers", "send_decision"]
 

@@ -69,10 +69,9 @@ from __future__ import annotations
 from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
-from .csrmap import COUNTER_BITS, counters
 from .meta import META
 from .node import N_QUEUES, Queue, RecordClass
-from .regs import Access, Field, Register, status_registers
+from .regs import COUNTER_BITS, Access, Field, Register, counters, status_registers
 
 __all__ = [
     "SeqCounter", "HaltCause", "SEQ_COUNTERS", "SEQ_HALT", "SEQ_STATUS",

@@ -10,7 +10,7 @@ The host lays tiles out with :func:`mcf.quant.gemm_tile_blob`; the arithmetic is
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -22,41 +22,17 @@ from mcf.abi.quant import (
     GROUP_SIZE,
     SCALE_EXP_BITS,
     SCALE_MANT_BITS,
-    SHIFT_MAX,
     WEIGHT,
     XQ,
 )
 from mcf.abi.tp import ACC_LANES, ACC_LO_BITS
 
 from .gemm_array import GemmArray
+from .gemm_load import GemmActLoader, GemmTileLoader
+from .gemm_queue import WALKERS, GemmJobQueue
+from .gemm_requant import GemmRequant
 
-__all__ = ["GemmEngine", "gemm_round_shift"]
-
-
-def gemm_round_shift(m: Module, value, shift, width: int):
-    """Comb ``round_half_even(value, shift)`` for a signed ``value`` and a variable ``shift``."""
-    q = Signal(signed(width), name="rs_q")
-    rem = Signal(width, name="rs_rem")
-    half = Signal(width + 1, name="rs_half")
-    up = Signal(name="rs_up")
-    out = Signal(signed(width + 1), name="rs_out")
-    mask = Signal(width + 1, name="rs_mask")
-    m.d.comb += [
-        q.eq(value >> shift),
-        mask.eq((Const(1, width + 1) << shift) - 1),
-        rem.eq(value.as_unsigned() & mask),
-        half.eq((Const(1, width + 1) << shift) >> 1),
-        up.eq((shift != 0) & ((rem > half) | ((rem == half) & q[0]))),
-        out.eq(q + up),
-    ]
-    return out
-
-
-def _sat(m: Module, value, width: int, name: str):
-    out = Signal(signed(width), name=name)
-    lo, hi = -(1 << (width - 1)), (1 << (width - 1)) - 1
-    m.d.comb += out.eq(Mux(value > hi, hi, Mux(value < lo, lo, value)))
-    return out
+__all__ = ["GemmEngine"]
 
 
 class GemmEngine(wiring.Component):
@@ -136,6 +112,13 @@ class GemmEngine(wiring.Component):
     per token: with ``arrays · rows > k_steps`` (K < 1,024 at 16 × 16, 4 arrays) it, not the
     arrays, sets the rate. An ``acc_out`` job's epilogue takes two cycles per element (one per
     lane); an ``acc_in`` job's one per element, as its lanes arrive.
+
+    Structure: :class:`~.gemm_queue.GemmJobQueue` (the job ring),
+    :class:`~.gemm_load.GemmActLoader` and :class:`~.gemm_load.GemmTileLoader` (``x_in`` and
+    ``w_in`` into the activation and tile banks), the ``arrays`` :class:`GemmArray` and
+    :class:`~.gemm_requant.GemmRequant` (the epilogue's E1–E2 and output register); this
+    component holds the banks, their flags and the walkers' pointers, and runs the issuer and
+    the epilogue's element selection (the arrays' result FIFOs, ``acc_in`` lanes).
     """
 
     def __init__(self, rows: int = 16, lanes: int = 16, group: int = GROUP_SIZE,
@@ -178,204 +161,93 @@ class GemmEngine(wiring.Component):
         spg = G // L
         lg_spg = spg.bit_length() - 1
         ks_max = self.k_max // L
-        g_max = self.k_max // G
         tpb = B // 32                               # 32-bit words per beat
         lg_tpb = tpb.bit_length() - 1
         A = self.n_arrays
         lg_a = A.bit_length() - 1
-        W = self.w_width
         XD = -(-self.m_max // A) * ks_max           # words per activation (sub-)bank
         TD = -(-self.m_max // tpb)                  # scale beats per bank
         BT = R // tpb                               # bias beats per tile
         st = self.status
         arrs = self.arrays
-        if A == 1:
-            m.submodules.array = arrs[0]
-        else:
-            for a, arr_a in enumerate(arrs):
-                m.submodules[f"array{a}"] = arr_a
-
-        w_word = R * L * WEIGHT.width
-        w_beats = w_word // W                       # w_in words per weight word
-        nsub = W // B                               # beats per w_in word (scales, bias)
+        for a, arr_a in enumerate(arrs):
+            m.submodules["array" if A == 1 else f"array{a}"] = arr_a
         s_word = R * SCALE_MANT_BITS
-        s_beats = max(1, s_word // W)               # w_in words per scale word
-        spw = max(1, W // s_word)                   # scale words per w_in word
+        spw = max(1, self.w_width // s_word)        # scale words per w_in word
         lg_spw = spw.bit_length() - 1
-        se_max = -(-g_max // spw)                   # scale entries per bank
+        se_max = -(-(self.k_max // G) // spw)       # scale entries per bank
 
         # activation sub-bank a holds tokens a, a + A, …: row (t // A)·k_steps + step
         xmems = [memory.Memory(shape=unsigned(B), depth=2 * XD, init=[]) for _ in range(A)]
-        if A == 1:
-            m.submodules.xmem = xmems[0]
-        else:
-            for a, xm in enumerate(xmems):
-                m.submodules[f"xmem{a}"] = xm
+        for a, xm in enumerate(xmems):
+            m.submodules["xmem" if A == 1 else f"xmem{a}"] = xm
         m.submodules.tmem = tmem = memory.Memory(shape=unsigned(B), depth=2 * TD, init=[])
-        m.submodules.wmem = wmem = memory.Memory(shape=unsigned(w_word), depth=2 * ks_max,
-                                                 init=[])
+        m.submodules.wmem = wmem = memory.Memory(shape=unsigned(R * L * WEIGHT.width),
+                                                 depth=2 * ks_max, init=[])
         m.submodules.smem = smem = memory.Memory(shape=unsigned(s_word * spw),
-                                                 depth=2 * se_max,
-                                                 init=[])
+                                                 depth=2 * se_max, init=[])
         m.submodules.bmem = bmem = memory.Memory(shape=unsigned(B), depth=2 * BT, init=[])
 
         # --- job queue: a ring read by four walkers (X loader, tile loader, issuer, epilogue)
         J = self.jobs
         pbits = J.bit_length()                      # one wrap bit
-        jm = Array(Signal(range(self.m_max + 1), name=f"job{i}_m") for i in range(J))
-        jk = Array(Signal(range(ks_max + 1), name=f"job{i}_k") for i in range(J))
-        jn = Array(Signal(GEMM_JOB["n_tiles"].shape, name=f"job{i}_n") for i in range(J))
-        je = Array(Signal(signed(SCALE_EXP_BITS), name=f"job{i}_e") for i in range(J))
-        jai = Array(Signal(name=f"job{i}_acc_in") for i in range(J))
-        jao = Array(Signal(name=f"job{i}_acc_out") for i in range(J))
-        wp, xp, lp, ip, ep = (Signal(pbits, name=n) for n in ("jq_w", "jq_x", "jq_l", "jq_i",
-                                                                 "jq_e"))
-
-        def slot(ptr):
-            return ptr[:pbits - 1]
-
-        jp = self.job.payload
-        job_ok = Signal()
-        m.d.comb += [
-            job_ok.eq(self.limits.accepts(jp.m_count, jp.k_steps, jp.n_tiles)),
-            self.job.ready.eq((wp - ep)[:pbits] != J),
-            self.busy.eq(wp != ep),
-        ]
-        with m.If(self.job.valid & self.job.ready):
-            with m.If(job_ok):
-                m.d.sync += [jm[slot(wp)].eq(jp.m_count), jk[slot(wp)].eq(jp.k_steps),
-                             jn[slot(wp)].eq(jp.n_tiles), je[slot(wp)].eq(jp.w_exp),
-                             jai[slot(wp)].eq(jp.acc_in), jao[slot(wp)].eq(jp.acc_out),
-                             wp.eq(wp + 1), st.jobs.eq(st.jobs + 1)]
-            with m.Else():
-                m.d.sync += st.bad_jobs.eq(st.bad_jobs + 1)
+        m.submodules.queue = q = GemmJobQueue(self.limits, J)
+        wiring.connect(m, wiring.flipped(self.job), q.job)
+        wp = q.tail
+        xp, lp, ip, ep = (Signal(pbits, name=f"jq_{w}") for w in WALKERS)
+        m.d.comb += [q.x_ptr.eq(xp), q.l_ptr.eq(lp), q.i_ptr.eq(ip), q.e_ptr.eq(ep),
+                     self.busy.eq(q.busy)]
+        with m.If(q.accepted):
+            m.d.sync += st.jobs.eq(st.jobs + 1)
+        with m.If(q.rejected):
+            m.d.sync += st.bad_jobs.eq(st.bad_jobs + 1)
 
         # --- activation loader: job xp into bank xp[0] (scale beats, then codes) ------------
         xbusy = Signal(2)                           # bank loaded or loading, not yet released
-        x_on = Signal()
-        x_tok = Signal(range(self.m_max + 1))       # token being loaded, its step, its row
-        x_step = Signal(range(ks_max + 1))
-        x_row = Signal(range(XD + 1))
-        t_cnt = Signal(range(TD + 1))
-        t_total = Signal(range(TD + 1))
-        xws = [xm.write_port() for xm in xmems]
-        tw = tmem.write_port()
-        x_m_, x_k_ = jm[slot(xp)], jk[slot(xp)]
-        # an acc_in job's lanes follow its scale words on x_in: the epilogue takes them
-        x_lanes = Signal()                          # x_in carries job xp's lanes
-        x_lanes_take = Signal()                     # the epilogue takes a lanes beat
-        x_lanes_end = Signal()                      # ... the job's final one
-        m.d.comb += x_lanes.eq(x_on & jai[slot(xp)] & (t_cnt == t_total))
-        with m.If(~x_on & (xp != wp) & ~xbusy.bit_select(xp[0], 1)):
-            m.d.sync += [x_on.eq(1), xbusy.bit_select(xp[0], 1).eq(1),
-                         t_total.eq((x_m_ + (tpb - 1)) >> lg_tpb)]
-        m.d.comb += [self.x_in.ready.eq(Mux(x_lanes, x_lanes_take, x_on)),
-                     tw.addr.eq(t_cnt + Mux(xp[0], TD, 0)), tw.data.eq(self.x_in.payload)]
-        for xw in xws:
-            m.d.comb += [xw.addr.eq(x_row + x_step + Mux(xp[0], XD, 0)),
-                         xw.data.eq(self.x_in.payload)]
+        m.submodules.x_loader = xl = GemmActLoader(B, A, self.m_max, ks_max, XD, TD)
+        wiring.connect(m, wiring.flipped(self.x_in), xl.x_in)
+        wiring.connect(m, xl.t_wr, tmem.write_port())
+        for a, xm in enumerate(xmems):
+            wiring.connect(m, getattr(xl, f"x_wr{a}"), xm.write_port())
+        m.d.comb += [xl.queued.eq(xp != wp), xl.bank.eq(xp[0]),
+                     xl.bank_busy.eq(xbusy.bit_select(xp[0], 1)), xl.m_count.eq(q.x_job.m_count),
+                     xl.k_steps.eq(q.x_job.k_steps), xl.acc_in.eq(q.x_job.acc_in)]
+        with m.If(xl.start):
+            m.d.sync += xbusy.bit_select(xp[0], 1).eq(1)
         with m.If(self.x_in.valid & self.x_in.ready):
             m.d.sync += st.x_beats.eq(st.x_beats + 1)
-        with m.If(x_lanes_end):
-            m.d.sync += [x_on.eq(0), xp.eq(xp + 1), t_cnt.eq(0)]
-        with m.If(self.x_in.valid & x_on & ~x_lanes):
-            with m.If(t_cnt != t_total):
-                m.d.comb += tw.en.eq(1)
-                m.d.sync += t_cnt.eq(t_cnt + 1)
-            with m.Else():
-                for a, xw in enumerate(xws):
-                    m.d.comb += xw.en.eq(x_tok[:lg_a] == a if A > 1 else 1)
-                m.d.sync += x_step.eq(x_step + 1)
-                with m.If(x_step == x_k_ - 1):
-                    m.d.sync += [x_step.eq(0), x_tok.eq(x_tok + 1)]
-                    with m.If(x_tok[:lg_a] == A - 1 if A > 1 else 1):
-                        m.d.sync += x_row.eq(x_row + x_k_)
-                    with m.If(x_tok == x_m_ - 1):
-                        m.d.sync += [x_on.eq(0), xp.eq(xp + 1), x_tok.eq(0), x_row.eq(0),
-                                     t_cnt.eq(0)]
+        with m.If(xl.done):
+            m.d.sync += xp.eq(xp + 1)
 
         # --- tile loader: tiles of job lp into bank lb (ping-pong across jobs) --------------
         full = Signal(2)                            # bank held: loaded, results not all out
         avail = Signal(2)                           # bank loaded, not yet taken by the issuer
-        lb = Signal()
-        tl = Signal.like(jn[0])
-        ww = wmem.write_port()
-        sw = smem.write_port()
-        bw = bmem.write_port()
-        phase = Signal(2)        # 0 weights, 1 scales, 2 bias
-        wcnt = Signal(range(max(ks_max, se_max, BT) + 1))
-        sub = Signal(range(max(w_beats, s_beats, 2) + 1))
-        asm = Signal(max(w_word, s_word))
-        l_k = jk[slot(lp)]
-        ph = Signal(2)                              # the phase; an acc_in job's: bias only
-        m.d.comb += ph.eq(Mux(jai[slot(lp)], 2, phase))
-        w_ok = Signal()
-        # weights and scales come a w_in word at a time (a scale entry = spw scale words);
-        # bias one beat at a time: beat ws of the word, taken at its last beat or at the end
-        # of the tile (padding)
-        ws = Signal(range(max(nsub, 2)))
-        part = self.w_in.payload.word_select(ws, B) if nsub > 1 else self.w_in.payload
-        new_asm = Signal.like(asm)
-        tile_end = Signal()
-        m.d.comb += [
-            new_asm.eq(Cat(asm[W:], self.w_in.payload)),
-            tile_end.eq((ph == 2) & (wcnt == BT - 1)),
-            w_ok.eq((lp != wp) & ~full.bit_select(lb, 1)),
-            self.w_in.ready.eq(w_ok & ((ph != 2) | (ws == nsub - 1) | tile_end)
-                               if nsub > 1 else w_ok),
-            ww.addr.eq(wcnt + Mux(lb, ks_max, 0)), ww.data.eq(new_asm[len(asm) - w_word:]),
-            sw.addr.eq(wcnt + Mux(lb, se_max, 0)),
-            sw.data.eq(new_asm[len(asm) - s_word:] if spw == 1 else self.w_in.payload),
-            bw.addr.eq(wcnt + Mux(lb, BT, 0)), bw.data.eq(part),
-        ]
+        m.submodules.w_loader = wl = GemmTileLoader(R, L, B, self.w_width, ks_max, se_max, spg)
+        wiring.connect(m, wiring.flipped(self.w_in), wl.w_in)
+        wiring.connect(m, wl.w_wr, wmem.write_port())
+        wiring.connect(m, wl.s_wr, smem.write_port())
+        wiring.connect(m, wl.b_wr, bmem.write_port())
+        m.d.comb += [wl.queued.eq(lp != wp), wl.held.eq(full), wl.k_steps.eq(q.l_job.k_steps),
+                     wl.n_tiles.eq(q.l_job.n_tiles), wl.acc_in.eq(q.l_job.acc_in)]
         with m.If(self.w_in.valid & self.w_in.ready):
             m.d.sync += st.w_beats.eq(st.w_beats + 1)
-        with m.If(self.w_in.valid & w_ok):
-            if nsub > 1:
-                with m.If(ph == 2):
-                    m.d.sync += ws.eq(Mux((ws == nsub - 1) | tile_end, 0, ws + 1))
-            with m.If(ph == 0):
-                m.d.sync += asm.eq(new_asm)
-                with m.If(sub == w_beats - 1):
-                    m.d.comb += ww.en.eq(1)
-                    m.d.sync += [sub.eq(0), wcnt.eq(wcnt + 1)]
-                    with m.If(wcnt == l_k - 1):
-                        m.d.sync += [phase.eq(1), wcnt.eq(0)]
-                with m.Else():
-                    m.d.sync += sub.eq(sub + 1)
-            with m.Elif(ph == 1):
-                m.d.sync += asm.eq(new_asm)
-                with m.If(sub == s_beats - 1):
-                    m.d.comb += sw.en.eq(1)
-                    m.d.sync += [sub.eq(0), wcnt.eq(wcnt + 1)]
-                    n_se = (l_k >> lg_spg) if spw == 1 else \
-                        ((l_k >> lg_spg) + (spw - 1)) >> lg_spw
-                    with m.If(wcnt == n_se - 1):
-                        m.d.sync += [phase.eq(2), wcnt.eq(0)]
-                with m.Else():
-                    m.d.sync += sub.eq(sub + 1)
-            with m.Else():
-                m.d.comb += bw.en.eq(1)
-                m.d.sync += wcnt.eq(wcnt + 1)
-                with m.If(tile_end):
-                    m.d.sync += [full.bit_select(lb, 1).eq(1), avail.bit_select(lb, 1).eq(1),
-                                 lb.eq(~lb), phase.eq(0),
-                                 wcnt.eq(0), tl.eq(tl + 1)]
-                    with m.If(tl == jn[slot(lp)] - 1):
-                        m.d.sync += [tl.eq(0), lp.eq(lp + 1)]
+        with m.If(wl.loaded):
+            m.d.sync += [full.bit_select(wl.bank, 1).eq(1), avail.bit_select(wl.bank, 1).eq(1)]
+        with m.If(wl.done):
+            m.d.sync += lp.eq(lp + 1)
 
         # --- issuer: k-steps of the tile in bank ib, activations of job ip ------------------
         # tokens mi .. mi + A − 1 (those < m_count) run on arrays 0 .. A − 1, same k-step
         ib = Signal()
         issuing = Signal()
-        ti = Signal.like(tl)
+        ti = Signal.like(q.i_job.n_tiles)
         mi = Signal(range(self.m_max + A))
         si = Signal(range(ks_max + 1))
         gi = Signal(range(spg))
         xrow = Signal(range(XD + 1))
         x_ok = Signal()
         t_last = Signal.like(mi)                    # the group's last token
-        i_m, i_k = jm[slot(ip)], jk[slot(ip)]
+        i_m, i_k = q.i_job.m_count, q.i_job.k_steps
         xrs = [xm.read_port() for xm in xmems]
         wr = wmem.read_port()
         sr = smem.read_port()
@@ -387,9 +259,9 @@ class GemmEngine(wiring.Component):
         m.d.comb += [
             x_d.eq(xp - ip),
             t_last.eq(Mux(mi + (A - 1) < i_m, mi + (A - 1), i_m - 1) if A > 1 else mi),
-            x_ok.eq(((x_d != 0) & (x_d <= J)) | ((x_d == 0) & ((x_tok > t_last) |
-                                                               ((x_tok == t_last) &
-                                                                (x_step > si))))),
+            x_ok.eq(((x_d != 0) & (x_d <= J)) | ((x_d == 0) & ((xl.tok > t_last) |
+                                                               ((xl.tok == t_last) &
+                                                                (xl.step > si))))),
             wr.en.eq(go), sr.en.eq(go),
             wr.addr.eq(si + Mux(ib, ks_max, 0)),
             sr.addr.eq((si >> lg_spg + lg_spw) + Mux(ib, se_max, 0))]
@@ -414,12 +286,12 @@ class GemmEngine(wiring.Component):
                     m.d.sync += [si.eq(0), gi.eq(0), mi.eq(mi + A), xrow.eq(xrow + i_k)]
                     with m.If(last_group):
                         m.d.sync += [issuing.eq(0), ib.eq(~ib), ti.eq(ti + 1)]
-                        with m.If(ti == jn[slot(ip)] - 1):
+                        with m.If(ti == q.i_job.n_tiles - 1):
                             m.d.sync += [ti.eq(0), ip.eq(ip + 1)]
-            with m.Elif(~issuing & avail.bit_select(ib, 1) & jai[slot(ip)]):
+            with m.Elif(~issuing & avail.bit_select(ib, 1) & q.i_job.acc_in):
                 # an acc_in job's tile (its bias) goes to the epilogue without array steps
                 m.d.sync += [avail.bit_select(ib, 1).eq(0), ib.eq(~ib), ti.eq(ti + 1)]
-                with m.If(ti == jn[slot(ip)] - 1):
+                with m.If(ti == q.i_job.n_tiles - 1):
                     m.d.sync += [ti.eq(0), ip.eq(ip + 1)]
             with m.Elif(~issuing & avail.bit_select(ib, 1)):
                 m.d.sync += [issuing.eq(1), avail.bit_select(ib, 1).eq(0), mi.eq(0), si.eq(0),
@@ -446,21 +318,20 @@ class GemmEngine(wiring.Component):
                          rq_a.w_en.eq(arr_a.o.valid), arr_a.o.ready.eq(rq_a.w_rdy)]
             rqs.append(rq_a)
         eb = Signal()
-        te = Signal.like(tl)
+        te = Signal.like(q.i_job.n_tiles)
         em = Signal(range(self.m_max + 1))
         er = Signal(range(R + 1))
         cur = Signal(R * ACC_BITS)
         cur_v = Signal()
         tr = tmem.read_port(domain="comb")
         br = bmem.read_port(domain="comb")
-        ee = Signal()
-        m.d.comb += ee.eq(~self.o.valid | self.o.ready)
-        with m.If(self.o.valid & self.o.ready):
-            m.d.sync += self.o.valid.eq(0)
+        m.submodules.requant = rqt = GemmRequant(B)
+        wiring.connect(m, rqt.o, wiring.flipped(self.o))
+        ee = rqt.i.ready                            # the requantiser's pipeline moves
         # E0: pick lane er of the current vector
         m.d.comb += [tr.addr.eq((em >> lg_tpb) + Mux(ep[0], TD, 0)),
                      br.addr.eq((er >> lg_tpb) + Mux(eb, BT, 0))]
-        e_in, e_out = jai[slot(ep)], jao[slot(ep)]
+        e_in, e_out = q.e_job.acc_in, q.e_job.acc_out
         for a, rq_a in enumerate(rqs):
             sel = (em[:lg_a] == a) if A > 1 else 1
             m.d.comb += rq_a.r_en.eq(~cur_v & sel & ~e_in)
@@ -476,7 +347,7 @@ class GemmEngine(wiring.Component):
         e_ok = Signal()                             # element er is there
         half = Signal()                             # acc_out: lo sent, hi next
         e_step = Signal()                           # element er is done this cycle
-        m.d.comb += lanes_here.eq(x_lanes & (xp == ep) & e_in & full.bit_select(eb, 1))
+        m.d.comb += lanes_here.eq(xl.lanes & (xp == ep) & e_in & full.bit_select(eb, 1))
         if B >= ACC_LANES * 32:
             epb = B // (ACC_LANES * 32)             # elements per beat
             pair = self.x_in.payload.word_select(er[:epb.bit_length() - 1], ACC_LANES * 32) \
@@ -506,57 +377,30 @@ class GemmEngine(wiring.Component):
         m.d.comb += [e_ok.eq(Mux(e_in, lane_ok, cur_v)),
                      acc_e.eq(Mux(e_in, lane_acc, cur.word_select(er, ACC_BITS).as_signed())),
                      e_step.eq(ee & e_ok & (~e_out | half))]
-        m.d.comb += x_lanes_take.eq(lo_take | (e_step & e_in & lane_beat_end))
+        m.d.comb += xl.lanes_take.eq(lo_take | (e_step & e_in & lane_beat_end))
         t_word = tr.data.word_select(em[:lg_tpb], 32) if lg_tpb else tr.data
         b_word = br.data.word_select(er[:lg_tpb], 32) if lg_tpb else br.data
         x_m = t_word[:SCALE_MANT_BITS]
         x_e = t_word[SCALE_MANT_BITS:SCALE_MANT_BITS + SCALE_EXP_BITS].as_signed()
         sh_raw = Signal(signed(SCALE_EXP_BITS + 3))
-        m.d.comb += sh_raw.eq(-(je[slot(ep)] + x_e + ACT_FRAC))
-        p1 = Signal(signed(ACC_BITS + SCALE_MANT_BITS + 1))
-        sh1 = Signal(range(SHIFT_MAX + 1))
-        bias1 = Signal(signed(32))
-        lane1 = Signal(signed(32))                  # acc_out: the lane sent instead
-        raw1 = Signal()
-        v1 = Signal()
-        with m.If(ee):
-            m.d.sync += v1.eq(e_ok)
-            with m.If(e_ok):
-                m.d.sync += [
-                    p1.eq(acc_e * x_m),
-                    sh1.eq(Mux(sh_raw < 0, 0, Mux(sh_raw > SHIFT_MAX, SHIFT_MAX, sh_raw))),
-                    bias1.eq(b_word), raw1.eq(e_out),
-                    lane1.eq(Mux(half, acc_e[ACC_LO_BITS:].as_signed(), acc_e[:ACC_LO_BITS]))]
-                with m.If(e_out):
-                    m.d.sync += half.eq(~half)
+        m.d.comb += sh_raw.eq(-(q.e_job.w_exp + x_e + ACT_FRAC))
+        elem = rqt.i.payload
+        m.d.comb += [rqt.i.valid.eq(e_ok), elem.acc.eq(acc_e), elem.x_m.eq(x_m),
+                     elem.shift.eq(sh_raw), elem.bias.eq(b_word), elem.raw.eq(e_out),
+                     elem.lane.eq(Mux(half, acc_e[ACC_LO_BITS:].as_signed(),
+                                      acc_e[:ACC_LO_BITS]))]
+        with m.If(ee & e_ok & e_out):
+            m.d.sync += half.eq(~half)
         with m.If(e_step):
             m.d.sync += er.eq(er + 1)
             with m.If(er == R - 1):
                 m.d.sync += [cur_v.eq(0), er.eq(0), em.eq(em + 1)]
-                with m.If(em == jm[slot(ep)] - 1):
+                with m.If(em == q.e_job.m_count - 1):
                     m.d.sync += [em.eq(0), eb.eq(~eb), full.bit_select(eb, 1).eq(0),
                                  te.eq(te + 1), st.tiles_done.eq(st.tiles_done + 1)]
-                    with m.If(te == jn[slot(ep)] - 1):
+                    with m.If(te == q.e_job.n_tiles - 1):
                         m.d.sync += [te.eq(0), ep.eq(ep + 1),
                                      xbusy.bit_select(ep[0], 1).eq(0),
                                      st.jobs_done.eq(st.jobs_done + 1)]
-                        m.d.comb += x_lanes_end.eq(e_in)
-        # E1: round and saturate; E2: bias, saturate, pack
-        rounded = gemm_round_shift(m, p1, sh1, len(p1))
-        y1 = _sat(m, rounded, ACT.width, "y1")
-        y2 = Signal(signed(32))
-        b2 = Signal(signed(32))
-        v2 = Signal()
-        with m.If(ee):
-            m.d.sync += [y2.eq(Mux(raw1, lane1, y1)), b2.eq(Mux(raw1, 0, bias1)), v2.eq(v1)]
-        ysum = Signal(signed(34))
-        m.d.comb += ysum.eq(y2 + b2)
-        y3 = _sat(m, ysum, ACT.width, "y3")
-        pack = Signal(B)
-        pidx = Signal(range(tpb))
-        with m.If(ee & v2):
-            m.d.sync += [pack.eq(Cat(pack[32:], y3)), pidx.eq(pidx + 1)]
-            with m.If(pidx == tpb - 1):
-                m.d.sync += [pidx.eq(0), self.o.valid.eq(1),
-                             self.o.payload.eq(Cat(pack[32:], y3))]
+                        m.d.comb += xl.lanes_end.eq(e_in)
         return m

@@ -25,7 +25,7 @@ from mcf.abi.quant import (
     sigmoid_lut,
 )
 
-from .gemm import gemm_round_shift
+from .gemm_requant import gemm_round_shift
 
 __all__ = ["SS_BITS", "VectorBack", "VectorFront", "VectorKind", "vector_acc_layout",
            "vector_issue_layout", "vector_mid_layout", "vector_out_layout"]

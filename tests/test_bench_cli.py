@@ -155,3 +155,26 @@ def test_json_path_and_json_before_a_name(tmp_path, capsys, monkeypatch):
     assert json.loads(path.read_text()) == {"cycles": 7, "small": False}
     assert main(["bench", "--json", "csr", "--out", str(tmp_path / "b")]) == 0
     assert json.loads(capsys.readouterr().out) == {"cycles": 7, "small": False}
+
+
+def test_checked_run_refuses_a_failed_check(monkeypatch):
+    """The benches' RTL runs (decode, task, qwen): a raised check or a failed reported check
+    refuses the figure in one line, prefixed with what ran; a clean run is returned as is."""
+    import mcf.commands.run as run_cmd
+    from mcf.sim.perf import checked_run
+
+    def raising(spec, **kw):
+        raise AssertionError("logits differ at token 3\nmore detail")
+
+    monkeypatch.setattr(run_cmd, "simulate", raising)
+    with pytest.raises(BenchRefused, match=r"^decode tp N=2: logits differ at token 3$"):
+        checked_run(None, "decode tp N=2")
+    got = {"checks": {"bit_exact": True, "owner_only": False}}
+    monkeypatch.setattr(run_cmd, "simulate", lambda spec, **kw: got)
+    with pytest.raises(BenchRefused, match=r"^N=2: checks failed: owner_only$"):
+        checked_run(None, "N=2")
+    seen = {}
+    ok = {"checks": {"bit_exact": True}}
+    monkeypatch.setattr(run_cmd, "simulate", lambda spec, **kw: seen.update(kw) or ok)
+    assert checked_run("spec", "x", mpi=True, mem=1 << 20) is ok
+    assert seen == {"progress": False, "mpi": True, "mem": 1 << 20}

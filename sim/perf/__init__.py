@@ -22,7 +22,7 @@ Resources come from :func:`mcf.sim.synth.resources` only (one counting rule).
 
 from __future__ import annotations
 
-__all__ = ["BENCHES", "BenchRefused", "refuse_unplanned", "resource_table"]
+__all__ = ["BENCHES", "BenchRefused", "refuse_unplanned", "checked_run", "resource_table"]
 
 BENCHES = ("packet", "nic", "compute", "attention", "csr", "plan", "node", "cluster", "eth",
            "task", "decode")
@@ -40,6 +40,21 @@ def refuse_unplanned(what: str, counters: dict[str, int], planned: dict[str, int
     if bad:
         want = {k: planned.get(k, 0) for k in bad}
         raise BenchRefused(f"{what}: unplanned counter values {bad} (planned {want})")
+
+
+def checked_run(spec, label: str, **kw) -> dict:
+    """One RTL run of ``spec`` (:func:`mcf.commands.run.simulate` with ``kw``), refused
+    (:class:`BenchRefused`, prefixed ``label``) when a check raises or a reported check failed."""
+    from mcf.commands.run import simulate
+
+    try:
+        got = simulate(spec, progress=False, **kw)
+    except AssertionError as exc:
+        raise BenchRefused(f"{label}: {str(exc).splitlines()[0]}") from None
+    failed = [k for k, ok in got["checks"].items() if not ok]
+    if failed:
+        raise BenchRefused(f"{label}: checks failed: {', '.join(failed)}")
+    return got
 
 
 def resource_table(resources: dict[str, dict[str, int]], title: str) -> list[str]:

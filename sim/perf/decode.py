@@ -41,7 +41,7 @@ import numpy as np
 
 from mcf.abi.compute import STRIPE_STATUS, WEIGHT_STRIPES, gemm_w_stream
 from mcf.abi.quant import GROUP_SIZE
-from mcf.sim.perf import BenchRefused, refuse_unplanned
+from mcf.sim.perf import BenchRefused, checked_run, refuse_unplanned
 
 __all__ = ["DECODE_SHAPES", "DDR_LATENCY", "DdrPort", "packer", "simulate", "layer_image",
            "weight_stream", "TP_NODES", "tp_runs", "collect", "render"]
@@ -334,21 +334,12 @@ TP_NODES = (2, 4)
 
 def _decode_run(spec) -> dict:
     """One RTL run of ``spec`` (tiny model); refuses on a failed check."""
-    from mcf.commands.run import ddr_model_bytes, simulate
+    from mcf.commands.run import ddr_model_bytes
     from mcf.model import model_from_spec
 
     cfg, _ = model_from_spec(spec.model, seed=spec.seed)
     mem = ddr_model_bytes(cfg, spec) * (2 if spec.decode == "tp" else 1)
-    try:
-        got = simulate(spec, progress=False, mem=mem)
-    except AssertionError as exc:
-        raise BenchRefused(f"decode {spec.decode} N={spec.nodes}: "
-                           f"{str(exc).splitlines()[0]}") from None
-    bad = [k for k, v in got["checks"].items() if not v]
-    if bad:
-        raise BenchRefused(f"decode {spec.decode} N={spec.nodes}: checks failed: "
-                           f"{', '.join(bad)}")
-    return got
+    return checked_run(spec, f"decode {spec.decode} N={spec.nodes}", mem=mem)
 
 
 def tp_runs(small: bool = False) -> dict:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from mcf.sim.perf import BenchRefused
+from mcf.sim.perf import checked_run
 
 __all__ = ["QwenRun", "QWEN", "SMALL", "DECODE_MEMORY", "SIM_MEMORY", "MEASURED",
            "model_config", "predict", "measure", "compare", "collect", "from_record", "render"]
@@ -164,16 +164,10 @@ def predict(spec, fig=None, cfg=None, memory: str = SIM_MEMORY) -> dict:
 
 def measure(spec, *, mpi: bool = False) -> dict:
     """One RTL run of ``spec`` (:func:`mcf.commands.run.simulate`); refuses on a failed check."""
-    from mcf.commands.run import ddr_model_bytes, simulate
+    from mcf.commands.run import ddr_model_bytes
 
-    try:
-        got = simulate(spec, progress=False, mpi=mpi, mem=ddr_model_bytes(_model(spec), spec))
-    except AssertionError as exc:
-        raise BenchRefused(f"N={spec.nodes}: {str(exc).splitlines()[0]}") from None
-    if not all(got["checks"].values()):
-        bad = [k for k, v in got["checks"].items() if not v]
-        raise BenchRefused(f"N={spec.nodes}: checks failed: {', '.join(bad)}")
-    return got
+    return checked_run(spec, f"N={spec.nodes}", mpi=mpi,
+                       mem=ddr_model_bytes(_model(spec), spec))
 
 
 def _error(pred: float, meas: float) -> float:

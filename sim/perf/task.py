@@ -18,7 +18,7 @@ Cycles are ``aclk`` cycles (no fmax is claimed).
 
 from __future__ import annotations
 
-from mcf.sim.perf import BenchRefused
+from mcf.sim.perf import checked_run
 
 __all__ = ["collect", "render", "LENGTHS", "PROMPTS", "RTL_TOKENS", "RTL_PROMPTS"]
 
@@ -41,7 +41,6 @@ def _rtl(nodes: int, tokens: int, seeds: int) -> list[dict]:
     from concurrent.futures import ThreadPoolExecutor
 
     from mcf.cluster import RunSpec
-    from mcf.commands.run import simulate
     from mcf.model.task import PASSKEY
     from mcf.sim.cluster import build_cluster
 
@@ -52,16 +51,7 @@ def _rtl(nodes: int, tokens: int, seeds: int) -> list[dict]:
     mpi = seeds < PARALLEL                # a run alone: one node per MPI rank, same cycles
 
     def one(spec):
-        try:
-            got = simulate(spec, progress=False, mpi=mpi)
-        except AssertionError as exc:
-            raise BenchRefused(f"N={nodes} seed {spec.seed}: "
-                               f"{str(exc).splitlines()[0]}") from None
-        failed = [k for k, ok in got["checks"].items() if not ok]
-        if failed:
-            raise BenchRefused(f"N={nodes} seed {spec.seed}: checks failed: "
-                               f"{', '.join(failed)}")
-        return got
+        return checked_run(spec, f"N={nodes} seed {spec.seed}", mpi=mpi)
 
     with ThreadPoolExecutor(PARALLEL) as pool:
         return list(pool.map(one, specs))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from mcf.cli import main
 from mcf.sim.cluster import simulated
 
@@ -18,17 +20,31 @@ def _run(tmp_path, name, argv):
     return json.loads(out.read_text())
 
 
+def _ranks_give_the_single_process_run(tmp_path, nodes):
+    argv = ["--nodes", str(nodes), "--prompt-tokens", "32", "--decode-tokens", "2"]
+    one = _run(tmp_path, "one", argv)
+    ranks = _run(tmp_path, "mpi", [*argv, "--mpi"])
+    assert ranks["mpi_ranks"] == nodes and one["mpi_ranks"] == 0
+    assert all(one["checks"].values())
+    assert simulated(ranks) == simulated(one)
+    assert one["tokens"] == one["golden_tokens"] and len(one["tokens"]) == 3
+    return one
+
+
+def test_two_ranks_give_the_single_process_run(tmp_path):
+    """N = 2 under ``mpirun -n 2`` (the default suite's path): one chunk step of two slices and
+    two decode tokens on alternating roots, every cycle count and bit the same as in one
+    simulation."""
+    one = _ranks_give_the_single_process_run(tmp_path, 2)
+    assert one["roots"] == [0, 1]
+
+
+@pytest.mark.slow
 def test_four_ranks_give_the_single_process_run(tmp_path):
     """N = 4 under ``mpirun -n 4`` on this 2-core machine: one chunk step (MARS sends KV to
     every later slice of the chunk) and two decode tokens (states reduced along the chain of
     four), every cycle count and bit the same as in one simulation."""
-    argv = ["--nodes", "4", "--prompt-tokens", "32", "--decode-tokens", "2"]
-    one = _run(tmp_path, "one", argv)
-    ranks = _run(tmp_path, "mpi", [*argv, "--mpi"])
-    assert ranks["mpi_ranks"] == 4 and one["mpi_ranks"] == 0
-    assert all(one["checks"].values())
-    assert simulated(ranks) == simulated(one)
-    assert one["tokens"] == one["golden_tokens"] and len(one["tokens"]) == 3
+    _ranks_give_the_single_process_run(tmp_path, 4)
 
 
 def test_a_link_fault_stops_every_rank_naming_node_and_link(capsys):

@@ -332,7 +332,6 @@ def test_run_spec_refuses_what_tp_decode_does_not_build(kw, msg):
 
 
 @pytest.mark.parametrize("argv, msg", [
-    (["--decode", "tp", "--mpi"], "not with --mpi or --board"),
     (["--decode", "tp", "--nodes", "4"], "runs on 2 nodes"),
     (["--decode", "tp", "--softmax", "two_phase"], "single-pass softmax"),
 ])

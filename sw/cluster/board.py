@@ -9,11 +9,15 @@ and ATTEND lists, doorbells, both MARKs, every planned landing, the step's check
 directory), the head phase (the node that computed the prompt's last row runs the LM head on
 it, :mod:`mcf.node.head`; its host reads the logits), then each decode token (records and
 doorbells, the root's COMPUTE doorbell after a meeting, both MARKs, the root's checks; its
-program ends with the LM head, whose logits the root's host reads). The hosts meet only through
-``meet`` (:class:`Meet`): an MPI ``allgather`` on boards (:class:`MpiMeet`), the
-co-simulation's window grid on simulated KR260s (``mcf.sim.benches.board_run``). Every check of
-the simulated back end is made, on what the host reads from its node
-(:mod:`mcf.cluster.checks`); the record is the same (:func:`mcf.cluster.setup.run_record`).
+program ends with the LM head, whose logits the root's host reads). With ``--decode tp``
+(``spec.decode == "tp"``) the node's :class:`mcf.node.tp_decode.TPDecodeImage` sits in the same
+buffer above the node image, every host writes the token's input row and runs its shard of
+every layer, and every host checks its node (:func:`mcf.cluster.tp.check_tp_token`), as the
+simulated hosts do. The hosts meet only through ``meet`` (:class:`Meet`): an MPI
+``allgather`` on boards (:class:`MpiMeet`), the co-simulation's window grid on simulated KR260s
+(``mcf.sim.benches.board_run``). Every check of the simulated back end is made, on what the
+host reads from its node (:mod:`mcf.cluster.checks`); the record is the same
+(:func:`mcf.cluster.setup.run_record`).
 
 Time is the driver's clock (wall time on a board, simulated seconds on the simulated board),
 given in cycles of ``clock_hz`` (``aclk``; :data:`mcf.abi.platform.ACLK_HZ` on a KR260, no fmax
@@ -48,6 +52,7 @@ from .checks import (
     step_counter_names,
 )
 from .setup import RunSetup, StepPrograms, planned_landings, run_record
+from .tp import check_tp_token
 
 __all__ = ["Meet", "MpiMeet", "BusMemory", "BoardHost", "open_node", "run_node", "POLL_CYCLES",
            "STEP_LIMIT_CYCLES"]
@@ -116,7 +121,8 @@ class BusMemory:
 @dataclass
 class BoardHost:
     """Node ``node``'s host: its driver (configured on :meth:`setup_node`), its buffer and the
-    run (``setup``; ``image``: the node image at the buffer's address)."""
+    run (``setup``; ``image``: the node image at the buffer's address; ``tp``: with
+    ``--decode tp``, the node's :class:`~mcf.node.tp_decode.TPDecodeImage` above it)."""
     driver: object
     buffer: object
     setup: RunSetup
@@ -127,6 +133,7 @@ class BoardHost:
     seq_timeout: int = 0
     step_limit: int = STEP_LIMIT_CYCLES
     before_step: object = None    # called with a prefill step's index before its writes
+    tp: object = None             # --decode tp: the node's TPDecodeImage
     mem: BusMemory = field(init=False)
     programs: StepPrograms = field(init=False)
     regmap: object = field(init=False)
@@ -159,9 +166,11 @@ class BoardHost:
     # --- the run ---------------------------------------------------------------------------------
 
     def setup_node(self) -> None:
-        """The model image into the buffer, then the node's configuration (after
-        ``DIR_READY``)."""
+        """The model image (and the TP decode image) into the buffer, then the node's
+        configuration (after ``DIR_READY``)."""
         self.mem.write(self.image.image)
+        if self.tp is not None:
+            self.mem.write(self.tp.image)
         self.driver.attach(self.buffer, self.image.layout)
         self.driver.configure(self.setup.plan, self.node, seq_timeout=self.seq_timeout,
                               model=self.image, ready_timeout=self.step_limit / self.clock_hz)
@@ -255,13 +264,15 @@ class BoardHost:
         token's cycles and logits."""
         drv, p, image, v = self.driver, self.setup.plan, self.image, self.node
         gold = self.setup.decode_gold(k)     # every host: the golden decodes in token order
-        prog = decode_program(p, k, v, image)
+        x = self.setup.golden.embed([token])[0]
+        prog = decode_program(p, k, v, image) if self.tp is None else \
+            self.tp.program(p, k, x)         # TP: every node's records and input row
         root = prog.root
         assert root == p.decode_owner(k)
         drv.apply(prog.writes)
         writes = dict(prog.ddr)
-        if v == root:
-            writes[image.dx0] = act_bytes(np.reshape(self.setup.golden.embed([token])[0], (1, -1)))
+        if v == root and self.tp is None:
+            writes[image.dx0] = act_bytes(np.reshape(x, (1, -1)))
         self.mem.write(writes)
         drv.put(Queue.NET, prog.net)
         drv.put(Queue.COMPUTE, prog.compute)
@@ -281,8 +292,11 @@ class BoardHost:
         self._irq_marks(f"decode token {k}")
         bad = bad_counters({n: drv.read_reg(n) for n in bad_counter_names(self.regmap)})
         assert not bad, f"token {k} node {v}: {bad}"
-        if v == root:
+        if self.tp is not None:
+            check_tp_token(self.mem, self.tp, gold, p, k)
+        elif v == root:
             check_decode_root(self.mem, root, p, image, gold, k)
+        if v == root:
             out["logits"] = self.setup.decode_logits(self.mem, image)
         return out
 
@@ -291,7 +305,8 @@ def open_node(overlay, setup: RunSetup, node: int, meet: Meet, *, seq_timeout: i
               step_limit: int = STEP_LIMIT_CYCLES, cmd_log2: int = 10) -> BoardHost:
     """Node ``node``'s host on a loaded ``overlay`` (``pynq.Overlay`` of the node's bitstream,
     its ``node`` bound to :class:`mcf.driver.NodeDriver`): one ``pynq.allocate`` buffer on the
-    overlay's device for the node image, which is built at the buffer's address. Cycles are
+    overlay's device for the node image (with ``--decode tp`` the node's TP decode image above
+    it, :meth:`RunSetup.tp_image`), which is built at the buffer's address. Cycles are
     of the device's ``aclk_hz`` when it has one (the simulated board), else
     :data:`~mcf.abi.platform.ACLK_HZ`."""
     from pynq import allocate
@@ -303,15 +318,21 @@ def open_node(overlay, setup: RunSetup, node: int, meet: Meet, *, seq_timeout: i
                         " not mcf.driver.NodeDriver: not an MCF node overlay, or mcf.driver "
                         "was not imported before pynq.Overlay")
     device = overlay.device
-    size = setup.image(0, cmd_log2).alloc.at
-    buffer = allocate((size,), dtype=np.uint8, target=device)
+
+    def end(image) -> int:            # where the node's images end
+        return image.alloc.at if setup.spec.decode != "tp" else \
+            setup.tp_image(image, node).end
+
+    buffer = allocate((end(setup.image(0, cmd_log2)),), dtype=np.uint8, target=device)
     image = setup.image(int(buffer.device_address), cmd_log2)
-    if image.alloc.at - image.layout.base > buffer.nbytes:
-        raise MemoryError(f"the node image needs {image.alloc.at - image.layout.base} B at "
-                          f"{image.layout.base:#x}, the buffer has {buffer.nbytes}")
+    tp = setup.tp_image(image, node) if setup.spec.decode == "tp" else None
+    need = (image.alloc.at if tp is None else tp.end) - image.layout.base
+    if need > buffer.nbytes:
+        raise MemoryError(f"the node image needs {need} B at {image.layout.base:#x}, the "
+                          f"buffer has {buffer.nbytes}")
     return BoardHost(overlay.node, buffer, setup, node, meet, image,
                      clock_hz=getattr(device, "aclk_hz", ACLK_HZ), seq_timeout=seq_timeout,
-                     step_limit=step_limit)
+                     step_limit=step_limit, tp=tp)
 
 
 def run_node(host: BoardHost, *, progress: bool = False) -> dict:

@@ -186,8 +186,6 @@ def run(args) -> int:
     from ..golden.cluster import float_agreement
 
     hosts = _check_flags(args)
-    if args.decode == "tp" and (args.mpi or args.board):
-        raise UsageError("--decode tp runs in one simulation: not with --mpi or --board")
     try:
         spec = RunSpec(model=args.model, prompt_tokens=args.prompt_tokens, nodes=args.nodes,
                        policy=args.policy, decode_tokens=args.decode_tokens, chunk=args.chunk,

@@ -1,7 +1,8 @@
 """amaranth.sim helpers shared by the unit tests, the cocotb-free benchmarks (``mcf.sim.perf``)
 and the ABI tests (no cocotb): stream sources with random idle cycles and sinks with random
 backpressure (fixed seeds; ``rng`` is a ``random.Random`` or a numpy ``Generator``), payloads
-packed and unpacked by layout, table writes, a packet as the parsers hand it on
+packed and unpacked by layout, table writes, node records run one at a time to their
+``done``, a packet as the parsers hand it on
 (:func:`mcf.abi.framing.parsed_layout` beats) and the packetizer / parser harnesses. Beats are
 raw integers or dicts of layout fields, so tests compare bit for bit against the golden models
 (:mod:`mcf.golden.packet`, :mod:`mcf.golden.nic`)."""
@@ -15,10 +16,11 @@ from amaranth.lib import data
 
 from mcf.abi.framing import parsed_layout
 from mcf.abi.meta import Meta
+from mcf.abi.node import CMD
 
-__all__ = ["send", "pack_fields", "unpack_fields", "parsed_beats", "drive", "sink_process",
-           "sinks_process", "write_table", "split_packets", "Sink", "run_packetizer",
-           "run_parser", "expected_parsed"]
+__all__ = ["send", "run_records", "pack_fields", "unpack_fields", "parsed_beats", "drive",
+           "sink_process", "sinks_process", "write_table", "split_packets", "Sink",
+           "run_packetizer", "run_parser", "expected_parsed"]
 
 
 def _value(stream):
@@ -43,6 +45,24 @@ async def send(ctx, stream, words: Iterable[int], rng=None, idle: float = 0.0) -
         ctx.set(stream.valid, 1)
         await ctx.tick().until(stream.ready)
     ctx.set(stream.valid, 0)
+
+
+async def run_records(ctx, port, done, args: Iterable[int], limit: int) -> list[int]:
+    """Each record argument of ``args`` (``CMD``'s ``arg``) sent on ``port`` as one
+    :data:`~mcf.abi.node.CMD` beat, then the cycles until ``done`` is high; returns each
+    record's cycles — ``limit`` for a record not done within ``limit`` cycles, which ends the
+    run."""
+    cycles: list[int] = []
+    for a in args:
+        await send(ctx, port, [CMD.const({"arg": a}).as_bits()])
+        c = 0
+        while not ctx.get(done) and c < limit:
+            await ctx.tick()
+            c += 1
+        cycles.append(c)
+        if c >= limit:
+            break
+    return cycles
 
 
 def pack_fields(layout, fields: dict) -> int:

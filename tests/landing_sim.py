@@ -1,13 +1,15 @@
 """amaranth.sim pieces of the landing units' tests (tests/test_node_landing.py,
-tests/test_node_decode_land.py, tests/test_node_send.py): the LAND_OFF table written, parsed
-packets' beats fed to an input, and a run of a unit that lands them through an AXI write bus
-(:func:`mcf.sim.axi_slave.write_slave`), ended once the input and the bus have been quiet for a
-while after the last beat, the status counters read."""
+tests/test_node_decode_land.py, tests/test_node_send.py, tests/test_node_directory.py): the
+LAND_OFF table written, parsed packets' beats fed to an input, a run of a unit that lands them
+through an AXI write bus (:func:`mcf.sim.axi_slave.write_slave`), ended once the input and the
+bus have been quiet for a while after the last beat, the status counters read, and the KV
+directory's entries read back."""
 
 from __future__ import annotations
 
 from amaranth.sim import Simulator
 
+from mcf.abi.directory import DirEntry, DirState
 from mcf.abi.landing import land_off_entry
 from mcf.sim.amsim import parsed_beats
 from mcf.sim.axi_slave import write_slave
@@ -22,6 +24,22 @@ async def write_land_off(ctx, dut, land_off) -> None:
         ctx.set(dut.land_off_data.as_value(), land_off_entry(off))
         await ctx.tick()
     ctx.set(dut.land_off_we, 0)
+
+
+def dir_entry(ctx, port) -> DirEntry:
+    """The entry a :class:`~mcf.hdl.node.directory.Directory` read port shows now."""
+    return DirEntry(DirState(ctx.get(port.state)), ctx.get(port.landed))
+
+
+async def read_directory(ctx, port, n: int) -> dict[int, DirEntry]:
+    """Entries ``0 .. n-1`` through a Directory read port, one a cycle (``kv_id`` set, the
+    entry read after the next edge)."""
+    entries = {}
+    for kv in range(n):
+        ctx.set(port.kv_id, kv)
+        await ctx.tick()
+        entries[kv] = dir_entry(ctx, port)
+    return entries
 
 
 async def feed_packets(ctx, port, packets, rng, idle: float) -> int:

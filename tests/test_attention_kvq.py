@@ -29,6 +29,7 @@ from mcf.abi.kv import (
 )
 from mcf.abi.meta import Collective, Meta, Op
 from mcf.hdl.compute.attention_kvq import KVQ_LANES, KVQuantizer, kvq_in_layout
+from mcf.sim.amsim import send
 
 D, DW = 32, 64
 
@@ -61,11 +62,7 @@ def run_kvq(blocks, metas, backpressure=0.0, seed=0, dut=None):
     metas_out = []
 
     async def meta_src(ctx):
-        for meta in metas:
-            ctx.set(dut.i_meta.valid, 1)
-            ctx.set(dut.i_meta.payload.as_value(), meta.pack())
-            await ctx.tick().until(dut.i_meta.ready)
-        ctx.set(dut.i_meta.valid, 0)
+        await send(ctx, dut.i_meta, [meta.pack() for meta in metas])
 
     async def meta_sink(ctx):
         while len(metas_out) < len(metas):
@@ -76,11 +73,7 @@ def run_kvq(blocks, metas, backpressure=0.0, seed=0, dut=None):
                 metas_out.append(Meta.unpack(raw))
 
     async def src(ctx):
-        for w in words:
-            ctx.set(dut.i.valid, 1)
-            ctx.set(dut.i.payload.as_value(), w)
-            await ctx.tick().until(dut.i.ready)
-        ctx.set(dut.i.valid, 0)
+        await send(ctx, dut.i, words)
 
     async def sink(ctx):
         nonlocal cur

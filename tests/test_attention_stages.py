@@ -30,6 +30,17 @@ def _sim(dut, *testbenches):
     sim.run()
 
 
+async def _run_once(ctx, dut):
+    """Pulse ``dut.start`` for one cycle, wait for ``done``, then one more edge (the outputs
+    are read after it)."""
+    ctx.set(dut.start, 1)
+    await ctx.tick()
+    ctx.set(dut.start, 0)
+    while not ctx.get(dut.done):
+        await ctx.tick()
+    await ctx.tick()
+
+
 def _word(values, width):
     return sum((int(v) & ((1 << width) - 1)) << (width * i) for i, v in enumerate(values))
 
@@ -156,12 +167,7 @@ def test_merge_unit_matches_merge_state():
             ctx.set(dut.l_blk, l_blk)
             ctx.set(dut.o_run, _word(o_run, 32))
             ctx.set(dut.o_blk, _word(o_blk, acc_w))
-            ctx.set(dut.start, 1)
-            await ctx.tick()
-            ctx.set(dut.start, 0)
-            while not ctx.get(dut.done):
-                await ctx.tick()
-            await ctx.tick()
+            await _run_once(ctx, dut)
             out = ctx.get(dut.o_out)
             results.append((ctx.get(dut.m_new), ctx.get(dut.l_out),
                             [_s32(out >> (32 * i)) for i in range(L)]))
@@ -184,12 +190,7 @@ def test_normalizer_matches_abi_normalize():
     async def tb(ctx):
         for lv in ls:
             ctx.set(dut.l, lv)
-            ctx.set(dut.start, 1)
-            await ctx.tick()
-            ctx.set(dut.start, 0)
-            while not ctx.get(dut.done):
-                await ctx.tick()
-            await ctx.tick()
+            await _run_once(ctx, dut)
             row = []
             for x in xs:
                 ctx.set(dut.x, int(x))

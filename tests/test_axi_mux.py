@@ -24,6 +24,22 @@ def _word(client: int, burst: int, beat: int) -> int:
     return (client << 100) | (burst << 50) | beat
 
 
+def _offer(ctx, c, ch: str, bursts, k: int, rng, p: float) -> None:
+    """Client ``c`` offers burst ``k`` of ``bursts`` ((addr, beats) pairs) on its ``ch`` channel
+    (``"ar"`` or ``"aw"``, ID ``k & 1``): an offer is held while valid, a new one is raised with
+    probability ``1 - p``; valid is low once no burst is left."""
+    valid = getattr(c, ch + "valid")
+    if k < len(bursts):
+        addr, n = bursts[k]
+        if ctx.get(valid) or rng.random() >= p:
+            ctx.set(valid, 1)
+            ctx.set(getattr(c, ch + "addr"), addr)
+            ctx.set(getattr(c, ch + "len"), n - 1)
+            ctx.set(getattr(c, ch + "id"), k & 1)
+    else:
+        ctx.set(valid, 0)
+
+
 def simulate(n_clients, readers, writers, *, seed=1, p=0.3, interleave=True, w_depth=8,
              idle_clients=(), max_cycles=40_000):
     """``readers``/``writers``: client index → list of ``(addr, beats)`` bursts. Every random
@@ -60,25 +76,9 @@ def simulate(n_clients, readers, writers, *, seed=1, p=0.3, interleave=True, w_d
             assert cycle < max_cycles, "hang"
             # --- clients drive
             for i, c in enumerate(cl):
-                if i in readers and ar_next[i] < len(readers[i]):
-                    addr, n = readers[i][ar_next[i]]
-                    if ctx.get(c.arvalid) or rng.random() >= p:
-                        ctx.set(c.arvalid, 1)
-                        ctx.set(c.araddr, addr)
-                        ctx.set(c.arlen, n - 1)
-                        ctx.set(c.arid, ar_next[i] & 1)
-                else:
-                    ctx.set(c.arvalid, 0)
+                _offer(ctx, c, "ar", readers.get(i, ()), ar_next.get(i, 0), rng, p)
                 ctx.set(c.rready, int(rng.random() >= p / 2))
-                if i in writers and aw_next[i] < len(writers[i]):
-                    addr, n = writers[i][aw_next[i]]
-                    if ctx.get(c.awvalid) or rng.random() >= p:
-                        ctx.set(c.awvalid, 1)
-                        ctx.set(c.awaddr, addr)
-                        ctx.set(c.awlen, n - 1)
-                        ctx.set(c.awid, aw_next[i] & 1)
-                else:
-                    ctx.set(c.awvalid, 0)
+                _offer(ctx, c, "aw", writers.get(i, ()), aw_next.get(i, 0), rng, p)
                 if i in writers and w_burst[i] < aw_next[i]:   # W only after its AW (DMA)
                     n = writers[i][w_burst[i]][1]
                     if ctx.get(c.wvalid) or rng.random() >= p:

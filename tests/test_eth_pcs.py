@@ -78,6 +78,15 @@ def _words(rng: random.Random) -> list[tuple[int, int]]:
     return out
 
 
+def _sim_of(*parts) -> Simulator:
+    """A simulator of ``parts`` side by side in one module, on the 6.4 ns block clock."""
+    m = Module()
+    m.submodules += list(parts)
+    sim = Simulator(m)
+    sim.add_clock(6.4e-9)
+    return sim
+
+
 def test_encode_decode_every_block_type():
     rng = random.Random(5)
     words = _words(rng)
@@ -90,10 +99,7 @@ def test_encode_decode_every_block_type():
            (SYNC_CTRL, 0x7F << 8 | 0x1E), (SYNC_CTRL, 0x3 << 32 | 0x4B)]
     dec_in = blocks + bad
     enc, dec = Encoder(), Decoder()
-    m = Module()
-    m.submodules += [enc, dec]
-    sim = Simulator(m)
-    sim.add_clock(6.4e-9)
+    sim = _sim_of(enc, dec)
     got_enc, got_dec = [], []
 
     async def bench(ctx):
@@ -130,10 +136,7 @@ def test_scrambler_descrambler():
     heads = [rng.choice((SYNC_DATA, SYNC_CTRL)) for _ in pays]
     want, _ = scramble(pays)
     scr, des = Scrambler(), Descrambler()
-    m = Module()
-    m.submodules += [scr, des]
-    sim = Simulator(m)
-    sim.add_clock(6.4e-9)
+    sim = _sim_of(scr, des)
     got_s, got_d = [], []
 
     async def bench(ctx):

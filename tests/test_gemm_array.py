@@ -76,6 +76,15 @@ def run_array(xq, wq, w_m, rows, lanes, group, stall_seed=None, gaps=False, chai
     return np.array(results, dtype=np.int64)
 
 
+def _operands(seed, tokens, rows, k, group):
+    """Random INT8 activations (``tokens`` x ``k``), INT4 weights (``rows`` x ``k``) and 16-bit
+    per-group weight scales, drawn in that order from ``default_rng(seed)``."""
+    rng = np.random.default_rng(seed)
+    xq = rng.integers(-128, 128, (tokens, k))
+    wq = rng.integers(-8, 8, (rows, k))
+    return xq, wq, rng.integers(0, 1 << 16, (rows, k // group))
+
+
 def check(xq, wq, w_m, rows, lanes, group, **kw):
     got = run_array(xq, wq, w_m, rows, lanes, group, **kw)
     want = accumulate(group_sums(xq, wq, group), w_m)
@@ -111,12 +120,8 @@ def test_int4_int8_extremes(w, a):
 
 def test_group_boundaries_and_scales():
     rows, lanes, group = 4, 4, 8
-    rng = np.random.default_rng(2)
-    k = 5 * group
-    xq = rng.integers(-128, 128, (3, k))
-    wq = rng.integers(-8, 8, (rows, k))
     # a different scale per group exposes any group mis-alignment
-    w_m = rng.integers(0, 1 << 16, (rows, k // group))
+    xq, wq, w_m = _operands(2, 3, rows, 5 * group, group)
     w_m[:, 0] = 0
     w_m[:, 1] = 0xFFFF
     check(xq, wq, w_m, rows, lanes, group)
@@ -124,21 +129,14 @@ def test_group_boundaries_and_scales():
 
 def test_backpressure_and_gaps():
     rows, lanes, group = 6, 4, 8
-    rng = np.random.default_rng(3)
-    k = 3 * group
-    xq = rng.integers(-128, 128, (5, k))
-    wq = rng.integers(-8, 8, (rows, k))
-    w_m = rng.integers(0, 1 << 16, (rows, k // group))
+    xq, wq, w_m = _operands(3, 5, rows, 3 * group, group)
     check(xq, wq, w_m, rows, lanes, group, stall_seed=7, gaps=True)
 
 
 def test_one_step_groups():
     # group == lanes: every step is a group end; the scaler has one cycle per group
     rows, lanes, group = 2, 8, 8
-    rng = np.random.default_rng(4)
-    xq = rng.integers(-128, 128, (4, 24))
-    wq = rng.integers(-8, 8, (rows, 24))
-    w_m = rng.integers(0, 1 << 16, (rows, 3))
+    xq, wq, w_m = _operands(4, 4, rows, 24, group)
     check(xq, wq, w_m, rows, lanes, group, stall_seed=9)
 
 
@@ -151,11 +149,7 @@ def test_post_adder_chains(lanes, chain, dsp):
     modelled DSP48E2 slices) give the same sums, with INT4/INT8 extremes in the mix, source
     gaps and sink backpressure."""
     rows, group = 4, 2 * lanes
-    rng = np.random.default_rng(5 + chain)
-    k = 3 * group
-    xq = rng.integers(-128, 128, (4, k))
-    wq = rng.integers(-8, 8, (rows, k))
+    xq, wq, w_m = _operands(5 + chain, 4, rows, 3 * group, group)
     xq[0, :] = -128
     wq[0, :], wq[1, :] = -8, 7
-    w_m = rng.integers(0, 1 << 16, (rows, k // group))
     check(xq, wq, w_m, rows, lanes, group, stall_seed=11, gaps=True, chain=chain, dsp=dsp)

@@ -16,7 +16,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
-from attend_mem import Mem, place_block, place_list, place_slot
+from attend_mem import Mem, memory_slaves, place_block, place_list, place_slot
 
 from mcf.abi.attend import (
     ATTEND_STATUS,
@@ -36,10 +36,8 @@ from mcf.hdl.compute.tile_prefill import TilePrefill
 from mcf.hdl.node.attend_split import AttendSplit
 from mcf.hdl.node.compute import NodeCompute
 from mcf.hdl.node.tile_unit import TileUnit
-from mcf.sim.amsim import send
-from mcf.sim.axi_slave import read_slave, write_slave
+from mcf.sim.amsim import run_records, send
 
-BB = 16
 KV_BASE, Q_BASE, LIST_BASE, OUT_BASE, MEM = 0x1000, 0x6000, 0x9000, 0xA000, 0x10000
 
 
@@ -176,16 +174,11 @@ def _run_node(cfg, lay, args, *, seed):
     rng = random.Random(seed)
     wmem: dict[int, int] = {}
     staged: list[bytes] = []
-    out: dict = {"cycles": []}
-
-    def reader(a):
-        return bytes(lay.mem.raw[a:a + BB]).ljust(BB, b"\0")
-
+    out: dict = {}
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    for s in (read_slave(dut.m_axi_att_rd, rng, reader, r_pause=0.2),
-              read_slave(dut.m_axi_kvr, rng, reader, latency=(4, 20), r_pause=0.2),
-              write_slave(dut.m_axi_att_wr, rng, wmem, [], wpause=0.3)):
+    for s in memory_slaves(lay.mem, rng, dut.m_axi_att_rd, dut.m_axi_kvr, dut.m_axi_att_wr,
+                           wmem, []):
         sim.add_testbench(s, background=True)
 
     async def sink(ctx):
@@ -202,14 +195,8 @@ def _run_node(cfg, lay, args, *, seed):
 
     async def host(ctx):
         ctx.set(dut.att_list_base, LIST_BASE)
-        for a in args:
-            await send(ctx, dut.attend, [CMD.const({"arg": a}).as_bits()])
-            c = 0
-            while not ctx.get(dut.attend_done):
-                await ctx.tick()
-                c += 1
-                assert c < 30_000, f"record {len(out['cycles'])} never done"
-            out["cycles"].append(c)
+        out["cycles"] = await run_records(ctx, dut.attend, dut.attend_done, args, 30_000)
+        assert out["cycles"][-1] < 30_000, f"record {len(out['cycles']) - 1} never done"
         await ctx.tick().repeat(20)
         st = ctx.get(dut.att_status)
         out["status"] = {n: int(st[n]) for n, _ in ATTEND_STATUS}

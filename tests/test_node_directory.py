@@ -13,6 +13,7 @@ import pytest
 from amaranth.sim import Simulator
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from landing_sim import dir_entry, read_directory
 
 from mcf.abi.directory import (
     DIR_ENTRY,
@@ -201,7 +202,7 @@ def run_directory(*, kv_count=16, n=3000, seed=1, land_rate=0.7, op_rate=0.4, kv
             # the read presented before this tick sees events accepted up to the cycle before
             if reads and len(history) >= 2:
                 want = history[-2].get(rkv, DirEntry()) if rkv < kv_count else DirEntry()
-                got = DirEntry(DirState(ctx.get(dut.read0.state)), ctx.get(dut.read0.landed))
+                got = dir_entry(ctx, dut.read0)
                 assert got == want, f"cycle {cycle}: read {rkv}: {got} != {want}"
                 checks += 1
         ctx.set(dut.land.valid, 0)
@@ -209,12 +210,7 @@ def run_directory(*, kv_count=16, n=3000, seed=1, land_rate=0.7, op_rate=0.4, kv
         for _ in range(3):
             await ctx.tick()
         res["status"] = _status(ctx, dut)
-        res["entries"] = {}
-        for kv in range(kv_count):
-            ctx.set(dut.read1.kv_id, kv)
-            await ctx.tick()
-            res["entries"][kv] = DirEntry(DirState(ctx.get(dut.read1.state)),
-                                          ctx.get(dut.read1.landed))
+        res["entries"] = await read_directory(ctx, dut.read1, kv_count)
         res["lands"], res["cycles"], res["checks"] = lands, cycle, checks
 
     sim = Simulator(dut)

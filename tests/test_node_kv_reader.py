@@ -128,41 +128,36 @@ def simulate(dut: KvReader, mem: dict, reqs, *, k_bp=0.0, v_bp=0.0, r_pause=0.0,
 
     info["k_starved"] = info["v_starved"] = 0
 
-    async def k_sink(ctx):
+    async def drain(ctx, name, got, n, prng, bp, may_take=lambda: True):
+        """Take ``n`` beats of stream ``name`` (``k`` or ``v``) into ``got``: ready on a cycle
+        when ``pace`` allows, ``may_take()`` holds and ``prng`` passes the back-pressure ``bp``;
+        counts ``info[name + "_starved"]``; returns the cycles it took."""
+        port = getattr(dut, name)
         cycles, wait = 0, 0
-        while len(got_k) < n_k:
-            ready = wait == 0 and rng.random() >= k_bp
-            ctx.set(dut.k.ready, ready)
-            _, _, valid, payload = await ctx.tick().sample(dut.k.valid, dut.k.payload)
+        while len(got) < n:
+            ready = wait == 0 and may_take() and prng.random() >= bp
+            ctx.set(port.ready, ready)
+            _, _, valid, payload = await ctx.tick().sample(port.valid, port.payload)
             cycles += 1
             wait = max(0, wait - 1)
-            assert cycles < 50_000, "reader hung"
+            assert cycles < 50_000, f"reader hung ({name.upper()})"
             if valid and ready:
-                got_k.append(payload.as_bits())
+                got.append(payload.as_bits())
                 wait = pace - 1
-            elif ready and got_k:
-                info["k_starved"] += 1
-        ctx.set(dut.k.ready, 1)
-        info["cycles"] = cycles
+            elif ready and got:
+                info[name + "_starved"] += 1
+        ctx.set(port.ready, 1)
+        return cycles
+
+    async def k_sink(ctx):
+        info["cycles"] = await drain(ctx, "k", got_k, n_k, rng, k_bp)
+
+    def v_may_take():
+        gate = (len(got_v) // v_gate + 1) * v_gate if v_gate else 0
+        return len(got_k) >= min(max(v_lag, gate), n_k)
 
     async def v_sink(ctx):
-        lrng = random.Random(seed + 1)
-        cycles, wait = 0, 0
-        while len(got_v) < n_v:
-            gate = (len(got_v) // v_gate + 1) * v_gate if v_gate else 0
-            ready = wait == 0 and len(got_k) >= min(max(v_lag, gate), n_k) and \
-                lrng.random() >= v_bp
-            ctx.set(dut.v.ready, ready)
-            _, _, valid, payload = await ctx.tick().sample(dut.v.valid, dut.v.payload)
-            cycles += 1
-            wait = max(0, wait - 1)
-            assert cycles < 50_000, "reader hung (V)"
-            if valid and ready:
-                got_v.append(payload.as_bits())
-                wait = pace - 1
-            elif ready and got_v:
-                info["v_starved"] += 1
-        ctx.set(dut.v.ready, 1)
+        await drain(ctx, "v", got_v, n_v, random.Random(seed + 1), v_bp, v_may_take)
 
     async def done(ctx):
         await ctx.tick().until((dut.k.valid == 0) & (dut.v.valid == 0))

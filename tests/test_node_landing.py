@@ -16,9 +16,9 @@ import pytest
 from amaranth import Elaboratable, Module
 from amaranth.lib import stream, wiring
 from amaranth.sim import Simulator
-from landing_sim import feed_packets, run_drained, write_land_off
+from landing_sim import feed_packets, read_directory, run_drained, write_land_off
 
-from mcf.abi.directory import DIR_OP, DirEntry, DirOp, DirState
+from mcf.abi.directory import DIR_OP, DirOp, DirState
 from mcf.abi.framing import parsed_layout
 from mcf.abi.landing import (
     LAND_OFF_ENTRIES,
@@ -317,12 +317,7 @@ def test_landing_path(seed, stall):
             raw = ctx.get(dut.status.as_value())
             out[name] = {n: (raw >> f.offset) & ((1 << f.width) - 1)
                          for n, f in dut.status.shape()}
-        out["entries"] = {}
-        for kv in range(KV_CAPACITY):
-            ctx.set(dirc.read0.kv_id, kv)
-            await ctx.tick()
-            out["entries"][kv] = DirEntry(DirState(ctx.get(dirc.read0.state)),
-                                          ctx.get(dirc.read0.landed))
+        out["entries"] = await read_directory(ctx, dirc.read0, KV_CAPACITY)
 
     sim = Simulator(top)
     sim.add_clock(1e-8)

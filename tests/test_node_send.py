@@ -50,6 +50,16 @@ def simulate(sc: Scenario, *, idle=0.0, bp=0.0, rpause=0.0, seed=1, bad_beats=()
     out = {"metas": [], "beats": [], "beat_cycles": []}
     done = [False] * 4
 
+    async def push(ctx, port, beats):
+        """Offer ``beats`` on stream ``port`` in order, each after a random idle run."""
+        for beat in beats:
+            while rng.random() < idle:
+                await ctx.tick()
+            ctx.set(port.valid, 1)
+            ctx.set(port.payload.as_value(), beat)
+            await ctx.tick().until(port.ready)
+            ctx.set(port.valid, 0)
+
     async def setup_and_queue(ctx, q):
         if q == 0:
             ctx.set(dut.cfg.as_value(), sc.cfg.pack())
@@ -57,14 +67,7 @@ def simulate(sc: Scenario, *, idle=0.0, bp=0.0, rpause=0.0, seed=1, bad_beats=()
             await write_land_off(ctx, dut, sc.land_off)
         else:
             await ctx.tick().repeat(len(sc.land_off) + 1)
-        port = getattr(dut, f"req{q}")
-        for raw in sc.records[q]:
-            while rng.random() < idle:
-                await ctx.tick()
-            ctx.set(port.valid, 1)
-            ctx.set(port.payload.as_value(), raw)
-            await ctx.tick().until(port.ready)
-            ctx.set(port.valid, 0)
+        await push(ctx, getattr(dut, f"req{q}"), sc.records[q])
         done[q] = True
 
     async def req0(ctx):
@@ -78,14 +81,7 @@ def simulate(sc: Scenario, *, idle=0.0, bp=0.0, rpause=0.0, seed=1, bad_beats=()
 
         async def run(ctx):
             await ctx.tick().repeat(staged_delay + 1)
-            for payload in sc.staged[src]:
-                for beat in staged_beats(payload):
-                    while rng.random() < idle:
-                        await ctx.tick()
-                    ctx.set(port.valid, 1)
-                    ctx.set(port.payload.as_value(), beat)
-                    await ctx.tick().until(port.ready)
-                    ctx.set(port.valid, 0)
+            await push(ctx, port, (b for pl in sc.staged[src] for b in staged_beats(pl)))
             done[k] = True
         return run
 

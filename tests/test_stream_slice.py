@@ -94,11 +94,10 @@ def test_full_rate_and_latency_with_ready_high(forward):
     assert log["out"] == list(range(1 + lat, 65 + lat))
 
 
-def test_outputs_are_registers():
-    """``o.valid``, ``o.payload`` and ``i.ready`` hold their value when the inputs change
-    between edges: nothing passes through combinationally."""
-    dut = RegisterSlice(LAYOUT)
-    seen = []
+def _after_offer(dut, steps) -> list:
+    """Simulate ``dut`` with the beat ``{word 0x1234, last 0}`` offered on ``i`` and ``o.ready``
+    low, then ``await steps(ctx, seen)``; returns ``seen``, what ``steps`` recorded."""
+    seen: list = []
     sim = Simulator(dut)
     sim.add_clock(1e-8)
 
@@ -106,6 +105,19 @@ def test_outputs_are_registers():
         ctx.set(dut.i.payload, {"word": 0x1234, "last": 0})
         ctx.set(dut.i.valid, 1)
         ctx.set(dut.o.ready, 0)
+        await steps(ctx, seen)
+
+    sim.add_testbench(proc)
+    sim.run()
+    return seen
+
+
+def test_outputs_are_registers():
+    """``o.valid``, ``o.payload`` and ``i.ready`` hold their value when the inputs change
+    between edges: nothing passes through combinationally."""
+    dut = RegisterSlice(LAYOUT)
+
+    async def steps(ctx, seen):
         seen.append((ctx.get(dut.o.valid), ctx.get(dut.i.ready)))      # (0, 1): before an edge
         await ctx.tick()                                                # word 0x1234 in main
         ctx.set(dut.i.payload, {"word": 0x5678, "last": 1})
@@ -119,8 +131,7 @@ def test_outputs_are_registers():
         seen.append(ctx.get(dut.o.payload.word))
         seen.append(ctx.get(dut.i.ready))
 
-    sim.add_testbench(proc)
-    sim.run()
+    seen = _after_offer(dut, steps)
     assert seen == [(0, 1), (1, 1), (1, 0), 0x1234, 0x5678, 1]
     Fragment.get(dut, None)
 
@@ -129,22 +140,18 @@ def test_ready_slice_passes_data_through_and_registers_ready():
     """Ready slice: ``o`` follows ``i`` in the same cycle while the skid is empty; a stall
     parks the beat and ``i.ready`` falls at the next edge, not in the cycle ``o.ready`` falls."""
     dut = RegisterSlice(LAYOUT, forward=False)
-    seen = []
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
 
-    async def proc(ctx):
-        ctx.set(dut.i.payload, {"word": 0x1234, "last": 0})
-        ctx.set(dut.i.valid, 1)
-        ctx.set(dut.o.ready, 0)
-        seen.append((ctx.get(dut.o.valid), ctx.get(dut.o.payload.word), ctx.get(dut.i.ready)))
+    def look(ctx):
+        return ctx.get(dut.o.valid), ctx.get(dut.o.payload.word), ctx.get(dut.i.ready)
+
+    async def steps(ctx, seen):
+        seen.append(look(ctx))
         await ctx.tick()                                                # 0x1234 parked
         ctx.set(dut.i.payload, {"word": 0x5678, "last": 1})
-        seen.append((ctx.get(dut.o.valid), ctx.get(dut.o.payload.word), ctx.get(dut.i.ready)))
+        seen.append(look(ctx))
         ctx.set(dut.o.ready, 1)
         await ctx.tick()                                                # 0x1234 sent
-        seen.append((ctx.get(dut.o.valid), ctx.get(dut.o.payload.word), ctx.get(dut.i.ready)))
+        seen.append(look(ctx))
 
-    sim.add_testbench(proc)
-    sim.run()
+    seen = _after_offer(dut, steps)
     assert seen == [(1, 0x1234, 1), (1, 0x1234, 0), (1, 0x5678, 1)]

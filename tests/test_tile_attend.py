@@ -10,7 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
-from test_tile_merge import check
+from test_tile_merge import check, scheduled
+from test_tile_merge import chunk as merge_chunk
+from tile_sim import feeder, merged_rows, taking_sink
 
 from mcf.abi.attn_tile import (
     P8,
@@ -23,20 +25,9 @@ from mcf.abi.attn_tile import (
     v_beat_layout,
 )
 from mcf.abi.kv import fold_query
-from mcf.abi.quant import ACT
-from mcf.golden.attention import KVChannelBlock, KVChannelCache, random_blocks, random_query
+from mcf.golden.attention import KVChannelBlock
 from mcf.golden.attention_tiled import attend_tiled_rows, packed_matmul, tile_schedule
 from mcf.hdl.compute.tile_attend import TileAttend, TileAttention
-from mcf.sim.amsim import send
-
-
-def row_visits(sched) -> dict[int, list[int]]:
-    """Query row → the indices of the schedule's steps that visit it (its first and final)."""
-    seen: dict[int, list[int]] = {}
-    for n, (_, _, r, _) in enumerate(sched):
-        for x in r:
-            seen.setdefault(int(x), []).append(n)
-    return seen
 
 
 def stimulus(q, sq, blocks, q_pos, q_tile, keys, d):
@@ -45,11 +36,8 @@ def stimulus(q, sq, blocks, q_pos, q_tile, keys, d):
     causal mask, blocks padded with masked keys / zero V to whole beats."""
     slay = score_row_beat_layout(keys, d, q_tile)
     vlay = v_beat_layout(keys, d, q_tile)
-    sched = list(tile_schedule(q_pos, blocks, q_tile))
-    seen = row_visits(sched)
     rows, vblocks = [], []
-    for n, (tile, b, r, valid) in enumerate(sched):
-        blk = blocks[b]
+    for tile, blk, r, valid, tags in scheduled(q_pos, blocks, q_tile):
         runs = blk.engine_view() if isinstance(blk, KVChannelBlock) else [(None, blk)]
         acc, sm, se = [], [], []
         for hdr, run_ in runs:
@@ -73,8 +61,8 @@ def stimulus(q, sq, blocks, q_pos, q_tile, keys, d):
                                       {"acc": 0, "sk": 0, "sv": 0, "masked": 1} for k in ks],
                              "scale_m": int(sm[j, bt * keys]), "scale_e": int(se[j, bt * keys]),
                              "last": int(bt == nb - 1)},
-                    "row": x - int(tile[0]), "first": int(seen[x][0] == n),
-                    "final": int(seen[x][-1] == n)}).as_bits())
+                    "row": x - int(tile[0]), "first": tags[j][0],
+                    "final": tags[j][1]}).as_bits())
             rows.append((x, beats))
         v = np.zeros((nb * keys, d), dtype=np.int64)
         v[:nk] = np.asarray(blk.v)
@@ -93,11 +81,8 @@ def score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, max_block):
     steps = d // lanes
     klay = k_word_layout(keys, d, lanes, max_block, q_tile)
     qlay = score_q_layout(d, max_block, q_tile)
-    sched = list(tile_schedule(q_pos, blocks, q_tile))
-    seen = row_visits(sched)
     kblocks, qbeats = [], []
-    for n, (tile, b, r, valid) in enumerate(sched):
-        blk = blocks[b]
+    for tile, blk, r, valid, tags in scheduled(q_pos, blocks, q_tile):
         nk = len(blk)
         nt = -(-nk // R)
         kp = np.zeros((nt * R, d), dtype=np.int64)
@@ -132,8 +117,8 @@ def score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, max_block):
                 qf, sf = (q[x], sq[x]) if hdr is None else fold_query(q[x], sq[x], hdr)
                 qbeats.append(qlay.const({
                     "q": [int(v) for v in qf], "scale_m": int(sf[0]), "scale_e": int(sf[1]),
-                    "visible": vis, "row": x - int(tile[0]), "first": int(seen[x][0] == n),
-                    "final": int(seen[x][-1] == n)}).as_bits())
+                    "visible": vis, "row": x - int(tile[0]), "first": tags[j][0],
+                    "final": tags[j][1]}).as_bits())
     return kblocks, qbeats
 
 
@@ -152,7 +137,6 @@ def run(dut, rows, vblocks, idle=0.0, stall=0.0, seed=0, qk=None):
         tag = score_row_beat_layout(dut.keys, d, dut.rows).from_bits(beats[0])
         if tag.final:
             finals.append(x)
-    got, tr = [], {"take": [], "wait": 0, "out": []}
     if qk is None:
         feeds = [(dut.v, [b for bl in vblocks for b in bl]),
                  (dut.s, [b for _, bl in rows for b in bl])]
@@ -161,52 +145,19 @@ def run(dut, rows, vblocks, idle=0.0, stall=0.0, seed=0, qk=None):
         feeds = [(dut.v, [b for bl in vblocks for b in bl]),
                  (dut.k, [b for bl in qk[0] for b in bl]), (dut.q, qk[1])]
         s_port = dut.score.o
-
-    def feeder(port, beats, n):
-        async def feed(ctx):
-            await send(ctx, port, beats, np.random.default_rng(seed + 7 * n), idle)
-        return feed
-
-    async def sink(ctx):
-        cyc = 0
-        orng = np.random.default_rng(seed + 11)
-        while len(got) < len(finals):
-            ctx.set(dut.o.ready, int(not stall or orng.random() >= stall))
-            _, _, sv_, sr, ov, ordy, op = await ctx.tick().sample(
-                s_port.valid, s_port.ready, dut.o.valid, dut.o.ready, dut.o.payload.as_value())
-            if sv_ and sr:
-                tr["take"].append(cyc)
-            elif sv_:
-                tr["wait"] += 1
-            if ov and ordy:
-                b = olay.from_bits(op)
-                x = finals[len(got)]
-                assert x % dut.rows == int(b.row)
-                got.append((x, int(b.state.m), int(b.state.l),
-                            np.array([int(b.state.o[n]) for n in range(d)])))
-                tr["out"].append(cyc)
-            cyc += 1
-
+    sink, seen = taking_sink(dut.o, s_port, len(finals), np.random.default_rng(seed + 11),
+                             stall)
     for n, (port, beats) in enumerate(feeds):
-        sim.add_testbench(feeder(port, beats, n), background=True)
+        sim.add_testbench(feeder(port, beats, seed + 7 * n, idle), background=True)
     sim.add_testbench(sink)
     sim.run()
-    return got, tr
+    return merged_rows(seen.bits, finals, olay, d, dut.rows), {
+        "take": seen.take, "wait": seen.wait, "out": seen.out}
 
 
 def chunk(rng, lens, n_tok, g, d, per_channel):
-    if per_channel:
-        cache = KVChannelCache(d)
-        n = sum(lens)
-        kf = rng.normal(0, 1, (n, d)) + rng.normal(0, 1, d)
-        kf[:, :2] *= 6
-        cache.append(ACT.quantize(kf), ACT.quantize(rng.normal(0, 1, (n, d))))
-        blocks = cache.blocks(max_block=max(lens))
-    else:
-        blocks = random_blocks(rng, lens, d)
-    n = sum(len(b) for b in blocks)
-    q, sq = random_query(rng, n_tok * g, d, sigma=2.0)
-    return q, sq, blocks, np.repeat(np.arange(n - n_tok, n), g)
+    """:func:`test_tile_merge.chunk` with two outlier channels in per-channel K."""
+    return merge_chunk(rng, lens, n_tok, g, d, per_channel, outliers=2)
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
@@ -230,6 +181,20 @@ def test_chunk_bit_exact(per_channel):
     check(got, expect, len(q))
 
 
+def run_at_full_rate(dut, q, sq, blocks, q_pos, rows, vblocks, qk=None):
+    """:func:`run` with inputs always valid and the output always ready; the rows checked
+    against ``attend_tiled_rows(..., "single", p_format=P8, array=True)`` and every score beat
+    seen once. Returns the rows, the trace, the score beats and the cycles from the first to
+    the last."""
+    got, tr = run(dut, rows, vblocks, qk=qk)
+    check(got, attend_tiled_rows(q, sq, blocks, q_pos, "single", p_format=P8, q_tile=dut.rows,
+                                 array=True), len(q))
+    take = tr["take"]
+    n_beats = sum(len(b) for _, b in rows)
+    assert len(take) == n_beats
+    return got, tr, n_beats, take[-1] - take[0] + 1
+
+
 def test_rate():
     """Full-rate shape (rows of N = 16 beats, 4 slots: 4·16 ≥ 3·16 + HOLD; the merge's 10
     cycles per row < 16), inputs always valid, output always ready: after the first row the
@@ -240,13 +205,7 @@ def test_rate():
     q, sq, blocks, q_pos = chunk(rng, [64, 64, 64], 8, 2, d, False)
     rows, vblocks = stimulus(q, sq, blocks, q_pos, q_tile, keys, d)
     dut = TileAttend(keys=keys, head_dim=d, max_block=64, rows=q_tile, slots=4, merge_lanes=4)
-    got, tr = run(dut, rows, vblocks)
-    check(got, attend_tiled_rows(q, sq, blocks, q_pos, "single", p_format=P8, q_tile=q_tile,
-                                 array=True), len(q))
-    take = tr["take"]
-    n_beats = sum(len(b) for _, b in rows)
-    assert len(take) == n_beats
-    span = take[-1] - take[0] + 1
+    got, tr, n_beats, span = run_at_full_rate(dut, q, sq, blocks, q_pos, rows, vblocks)
     pv_macs = n_beats * keys * d
     print(f"score beats {n_beats} in {span} cycles; P·V {pv_macs / span:.2f} MACs/cycle")
     assert span == n_beats and tr["wait"] == 0
@@ -288,13 +247,7 @@ def test_qkv_rate(d, lanes, nk, n_blocks, n_tok):
     rows, vblocks = stimulus(q, sq, blocks, q_pos, q_tile, keys, d)
     qk = score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, nk)
     dut = TileAttention(keys=keys, head_dim=d, lanes=lanes, max_block=nk, rows=q_tile)
-    got, tr = run(dut, rows, vblocks, qk=qk)
-    check(got, attend_tiled_rows(q, sq, blocks, q_pos, "single", p_format=P8, q_tile=q_tile,
-                                 array=True), len(q))
-    take = tr["take"]
-    n_beats = sum(len(b) for _, b in rows)
-    assert len(take) == n_beats
-    span = take[-1] - take[0] + 1
+    got, tr, n_beats, span = run_at_full_rate(dut, q, sq, blocks, q_pos, rows, vblocks, qk)
     macs = 2 * n_beats * keys * d
     print(f"score beats {n_beats} in {span} cycles; QKᵀ + P·V {macs / span:.2f} MACs/cycle; "
           f"all {len(got)} rows out {tr['out'][-1] + 1} cycles from the start "

@@ -14,7 +14,9 @@ from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 from test_tile_attend import check, chunk, score_inputs
-from test_tile_kv import feeder, kv_inputs
+from test_tile_kv import kv_inputs
+from test_tile_merge import scheduled
+from tile_sim import feeder, merged_rows, taking_sink
 
 from mcf.abi.attn_tile import P8, fold_header_layout, fold_row_layout, merge_out_layout
 from mcf.abi.kv import KVFormat
@@ -32,21 +34,15 @@ def fold_inputs(q, sq, blocks, q_pos, q_tile, d, max_block, fold_lanes):
     headers (one per 32 keys from its first key), ``last`` on the final beat."""
     rlay = fold_row_layout(d, max_block, q_tile)
     hlay = fold_header_layout(fold_lanes)
-    sched = list(tile_schedule(q_pos, blocks, q_tile))
-    seen = {}
-    for n, (_, _, r, _) in enumerate(sched):
-        for x in r:
-            seen.setdefault(int(x), []).append(n)
     rows, hdrs = [], []
-    for n, (tile, b, r, valid) in enumerate(sched):
-        blk = blocks[b]
+    for tile, blk, r, valid, tags in scheduled(q_pos, blocks, q_tile):
         nk = len(blk)
         for j, x in enumerate(r):
             x = int(x)
             rows.append(rlay.const({
                 "q": [int(v) for v in q[x]], "scale_m": int(sq[x, 0]), "scale_e": int(sq[x, 1]),
                 "visible": int(valid[j].sum()), "n": nk, "row": x - int(tile[0]),
-                "first": int(seen[x][0] == n), "final": int(seen[x][-1] == n),
+                "first": tags[j][0], "final": tags[j][1],
                 "last": int(j == len(r) - 1)}).as_bits())
         if isinstance(blk, KVChannelBlock):
             ng = -(-nk // KV_GROUP)
@@ -63,31 +59,14 @@ def run_fold(dut, rows, hdrs, n_out, idle=0.0, stall=0.0, seed=0):
     """Returns the query beats emitted (bits) and the cycles they were taken."""
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    got, cyc_out, cyc_in = [], [], []
-
-    async def sink(ctx):
-        rng = np.random.default_rng(seed + 5)
-        cyc = 0
-        while len(got) < n_out:
-            ctx.set(dut.o.ready, int(not stall or rng.random() >= stall))
-            _, _, iv, ir, ov, ordy, op = await ctx.tick().sample(
-                dut.i.valid, dut.i.ready, dut.o.valid, dut.o.ready, dut.o.payload.as_value())
-            if iv and ir:
-                cyc_in.append(cyc)
-            if ov and ordy:
-                got.append(int(op))
-                cyc_out.append(cyc)
-            cyc += 1
-        for _ in range(4):
-            await ctx.tick()
-            assert not ctx.get(dut.o.valid)
-
+    sink, seen = taking_sink(dut.o, dut.i, n_out, np.random.default_rng(seed + 5), stall,
+                             quiet=4)
     sim.add_testbench(feeder(dut.i, rows, seed, idle), background=True)
     if hdrs:
         sim.add_testbench(feeder(dut.kh, hdrs, seed + 1, idle), background=True)
     sim.add_testbench(sink)
     sim.run()
-    return got, cyc_out, cyc_in
+    return seen.bits, seen.out, seen.take
 
 
 @pytest.mark.parametrize("per_channel,lanes,folds", [(False, 4, 3), (True, 4, 3),
@@ -162,32 +141,13 @@ def run_chain(dut, feeds, finals, q_tile, d, seed, idle, stall):
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     olay = merge_out_layout(d, q_tile)
-    got, tr = [], {"take": [], "wait": 0}
-    o, s = dut.att.o, dut.att.score.o
-
-    async def sink(ctx):
-        orng = np.random.default_rng(seed + 11)
-        cyc = 0
-        while len(got) < len(finals):
-            ctx.set(o.ready, int(not stall or orng.random() >= stall))
-            _, _, sv, sr, ov, ordy, op = await ctx.tick().sample(
-                s.valid, s.ready, o.valid, o.ready, o.payload.as_value())
-            if sv and sr:
-                tr["take"].append(cyc)
-            tr["wait"] += bool(sv and not sr)
-            if ov and ordy:
-                b = olay.from_bits(op)
-                x = finals[len(got)]
-                assert x % q_tile == int(b.row)
-                got.append((x, int(b.state.m), int(b.state.l),
-                            np.array([int(b.state.o[n]) for n in range(d)])))
-            cyc += 1
-
+    sink, seen = taking_sink(dut.att.o, dut.att.score.o, len(finals),
+                             np.random.default_rng(seed + 11), stall)
     for n, (port, beats) in enumerate(feeds):
         sim.add_testbench(feeder(port, beats, seed + 7 * n, idle), background=True)
     sim.add_testbench(sink)
     sim.run()
-    return got, tr
+    return merged_rows(seen.bits, finals, olay, d, q_tile), {"take": seen.take, "wait": seen.wait}
 
 
 def chain_inputs(dut, q, sq, blocks, q_pos, q_tile, d, in_lanes, mb, fl):

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 from test_tile_attend import chunk, score_inputs, stimulus
+from tile_sim import feeder
 
 from mcf.abi.attn_tile import k_word_layout, kv_rows_layout, v_beat_layout
 from mcf.abi.kv import pack_kv_block
 from mcf.abi.kv_reader import block_beats
 from mcf.golden.attention_tiled import tile_schedule
 from mcf.hdl.compute.tile_kv import TileKV
-from mcf.sim.amsim import send
 
 
 def kv_inputs(blocks, q_pos, q_tile, d, in_lanes, max_rows):
@@ -33,12 +33,6 @@ def kv_inputs(blocks, q_pos, q_tile, d, in_lanes, max_rows):
         vb += v
         rb.append(rlay.const({"rows": len(r)}).as_bits())
     return kb, vb, rb
-
-
-def feeder(port, beats, seed, idle):
-    async def feed(ctx):
-        await send(ctx, port, beats, np.random.default_rng(seed), idle)
-    return feed
 
 
 def run(dut, kb, vb, rb, n_kw, n_vb, idle=0.0, stall=0.0, seed=0):
@@ -104,6 +98,24 @@ def compare_v(got, want, lay):
     compare(got, want, lay, ("v", "last"), ("rows",))
 
 
+def run_and_compare(cut, keys, d, lanes, in_lanes, max_block, q_tile, **run_kw):
+    """Run a :class:`TileKV` (``max_rows`` = ``q_tile``) on the reader beats of the chunk ``cut``
+    (``chunk``'s (q, sq, blocks, q_pos)) and check every K word and V beat against
+    TileAttention's test inputs; returns the unit and :func:`run`'s trace."""
+    q, sq, blocks, q_pos = cut
+    kblocks, _ = score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, max_block)
+    _, vblocks = stimulus(q, sq, blocks, q_pos, q_tile, keys, d)
+    want_k = [w for bl in kblocks for w in bl]
+    want_v = [b for bl in vblocks for b in bl]
+    kb, vb, rb = kv_inputs(blocks, q_pos, q_tile, d, in_lanes, q_tile)
+    dut = TileKV(keys=keys, head_dim=d, lanes=lanes, in_lanes=in_lanes, max_block=max_block,
+                 max_rows=q_tile)
+    got, tr = run(dut, kb, vb, rb, len(want_k), len(want_v), **run_kw)
+    compare_k(got["kw"], want_k, k_word_layout(keys, d, lanes, max_block, q_tile))
+    compare_v(got["vb"], want_v, v_beat_layout(keys, d, q_tile))
+    return dut, tr
+
+
 @pytest.mark.parametrize("per_channel,in_lanes,lanes", [(False, 4, 4), (False, 2, 4),
                                                         (True, 16, 4), (True, 4, 2)])
 def test_bit_exact(per_channel, in_lanes, lanes):
@@ -115,19 +127,9 @@ def test_bit_exact(per_channel, in_lanes, lanes):
     rng = np.random.default_rng(200 + per_channel + in_lanes)
     d, keys, q_tile = 16, 4, 16
     lens = [32, 32, 32] if per_channel else [32, 34, 30]
-    q, sq, blocks, q_pos = chunk(rng, lens, 36, 2, d, per_channel)
-    mb = 48 if lanes == 4 else 64
-    kblocks, _ = score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, mb)
-    _, vblocks = stimulus(q, sq, blocks, q_pos, q_tile, keys, d)
-    want_k = [w for bl in kblocks for w in bl]
-    want_v = [b for bl in vblocks for b in bl]
-    kb, vb, rb = kv_inputs(blocks, q_pos, q_tile, d, in_lanes, q_tile)
-    dut = TileKV(keys=keys, head_dim=d, lanes=lanes, in_lanes=in_lanes, max_block=mb,
-                 max_rows=q_tile)
-    got, _ = run(dut, kb, vb, rb, len(want_k), len(want_v), idle=0.3, stall=0.4,
-                 seed=in_lanes)
-    compare_k(got["kw"], want_k, k_word_layout(keys, d, lanes, mb, q_tile))
-    compare_v(got["vb"], want_v, v_beat_layout(keys, d, q_tile))
+    cut = chunk(rng, lens, 36, 2, d, per_channel)
+    run_and_compare(cut, keys, d, lanes, in_lanes, 48 if lanes == 4 else 64, q_tile,
+                    idle=0.3, stall=0.4, seed=in_lanes)
 
 
 @pytest.mark.parametrize("d,lanes,in_lanes,nk", [(16, 4, 4, 64), (128, 16, 64, 256)])
@@ -139,17 +141,8 @@ def test_rate(d, lanes, in_lanes, nk):
     256-key blocks: 512 cycles per block, against 64 per row on the arrays)."""
     rng = np.random.default_rng(210)
     keys, q_tile = 4, 8
-    q, sq, blocks, q_pos = chunk(rng, [nk, nk], 4, 2, d, False)
-    kblocks, _ = score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, nk)
-    _, vblocks = stimulus(q, sq, blocks, q_pos, q_tile, keys, d)
-    want_k = [w for bl in kblocks for w in bl]
-    want_v = [b for bl in vblocks for b in bl]
-    kb, vb, rb = kv_inputs(blocks, q_pos, q_tile, d, in_lanes, q_tile)
-    dut = TileKV(keys=keys, head_dim=d, lanes=lanes, in_lanes=in_lanes, max_block=nk,
-                 max_rows=q_tile)
-    got, tr = run(dut, kb, vb, rb, len(want_k), len(want_v))
-    compare_k(got["kw"], want_k, k_word_layout(keys, d, lanes, nk, q_tile))
-    compare_v(got["vb"], want_v, v_beat_layout(keys, d, q_tile))
+    _, _, blocks, _ = cut = chunk(rng, [nk, nk], 4, 2, d, False)
+    dut, tr = run_and_compare(cut, keys, d, lanes, in_lanes, nk, q_tile)
     take = tr["ktake"]
     span = take[-1] - take[0] + 1
     print(f"{len(take)} K beats in {span} cycles ({len(blocks)} blocks of {nk} keys); "

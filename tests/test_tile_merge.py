@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
+from tile_sim import taking_sink
 
 from mcf.abi.attn_tile import P8, merge_in_layout, merge_out_layout, pv_acc_bits, pv_p8_out
 from mcf.abi.fixed import saturate
@@ -28,26 +29,33 @@ from mcf.hdl.compute.tile_merge import TileMerge
 from mcf.sim.amsim import send
 
 
+def scheduled(q_pos, blocks, q_tile):
+    """:func:`tile_schedule`'s steps as ``(tile, block, rows, valid, tags)``: ``tags[j]`` is
+    row ``rows[j]``'s ``(first, final)`` — 1 where this step is its first / its last visit."""
+    sched = list(tile_schedule(q_pos, blocks, q_tile))
+    seen: dict[int, list[int]] = {}          # query row → the steps that visit it
+    for n, (_, _, r, _) in enumerate(sched):
+        for x in r:
+            seen.setdefault(int(x), []).append(n)
+    for n, (tile, b, r, valid) in enumerate(sched):
+        yield tile, blocks[b], r, valid, [(int(seen[int(x)][0] == n), int(seen[int(x)][-1] == n))
+                                          for x in r]
+
+
 def schedule(q, sq, blocks, q_pos, q_tile):
     """The merge's input, in order: ``(row in tile, first, final, m, l, (s, acc))`` per (row,
     block) of :func:`tile_schedule`, the block states from the golden stages (P8, packed
     arrays; their ``o_b`` checked against ``tile_block_state``), and the tile's start."""
-    sched = list(tile_schedule(q_pos, blocks, q_tile))
-    seen = {}
-    for n, (_, _, r, _) in enumerate(sched):
-        for x in r:
-            seen.setdefault(int(x), []).append(n)
     items = []
-    for n, (tile, b, r, valid) in enumerate(sched):
-        t = tile_scores(q[r], sq[r], blocks[b], array=True)
-        m, _, w, l_sum = tile_weights(t, valid, blocks[b].sv)
+    for tile, blk, r, valid, tags in scheduled(q_pos, blocks, q_tile):
+        t = tile_scores(q[r], sq[r], blk, array=True)
+        m, _, w, l_sum = tile_weights(t, valid, blk.sv)
         sh, w8 = p8_rows(w)
-        acc = pv_p8_acc(w8, blocks[b].v, array=True)
-        st = tile_block_state(t, valid, blocks[b], p_format=P8, array=True)
+        acc = pv_p8_acc(w8, blk.v, array=True)
+        st = tile_block_state(t, valid, blk, p_format=P8, array=True)
         assert np.array_equal(st.o, saturate(pv_p8_out(acc, sh[:, None]), STATE_O.width, True))
         for j, x in enumerate(r):
-            x = int(x)
-            items.append((x - int(tile[0]), int(seen[x][0] == n), int(seen[x][-1] == n),
+            items.append((int(x) - int(tile[0]), *tags[j],
                           int(m[j]), int(l_sum[j]), (int(sh[j]), acc[j]), int(tile[0])))
     return items
 
@@ -61,7 +69,6 @@ def run(dut, items, idle=0.0, stall=0.0, seed=0):
     rng = np.random.default_rng(seed)
     ilay, olay = merge_in_layout(d, dut.rows, dut.max_block), merge_out_layout(d, dut.rows)
     n_final = sum(it[2] for it in items)
-    got, tr = [], {"take": [], "out": []}
     bases = [it[6] for it in items if it[2]]
 
     async def feed(ctx):
@@ -70,26 +77,16 @@ def run(dut, items, idle=0.0, stall=0.0, seed=0):
             "row": row, "first": first, "final": final}).as_bits()
             for row, first, final, m, l_sum, (sh, acc), _ in items), rng, idle)
 
-    async def sink(ctx):
-        cyc = 0
-        srng = np.random.default_rng(seed + 1)
-        while len(got) < n_final:
-            ctx.set(dut.o.ready, int(not stall or srng.random() >= stall))
-            _, _, iv, ir, ov, ordy, op = await ctx.tick().sample(
-                dut.i.valid, dut.i.ready, dut.o.valid, dut.o.ready, dut.o.payload.as_value())
-            if iv and ir:
-                tr["take"].append(cyc)
-            if ov and ordy:
-                b = olay.from_bits(op)
-                got.append((bases[len(got)] + int(b.row), int(b.state.m), int(b.state.l),
-                            np.array([int(b.state.o[n]) for n in range(d)])))
-                tr["out"].append(cyc)
-            cyc += 1
-
+    sink, seen = taking_sink(dut.o, dut.i, n_final, np.random.default_rng(seed + 1), stall)
     sim.add_testbench(feed, background=True)
     sim.add_testbench(sink)
     sim.run()
-    return got, tr
+    got = []
+    for base, bits in zip(bases, seen.bits):
+        b = olay.from_bits(bits)
+        got.append((base + int(b.row), int(b.state.m), int(b.state.l),
+                    np.array([int(b.state.o[n]) for n in range(d)])))
+    return got, {"take": seen.take, "out": seen.out}
 
 
 def check(got, expect, n_rows):
@@ -99,14 +96,16 @@ def check(got, expect, n_rows):
         np.testing.assert_array_equal(o, expect.o[row], err_msg=f"row {row}: o")
 
 
-def chunk(rng, lens, n_tok, g, d, per_channel=False):
+def chunk(rng, lens, n_tok, g, d, per_channel=False, outliers=0):
     """A causal prefill chunk: the last ``n_tok`` tokens of the keys (``g`` query heads each),
-    KV blocks of ``lens`` tokens."""
+    KV blocks of ``lens`` tokens (per-channel K: its first ``outliers`` channels six times
+    wider)."""
     if per_channel:
         cache = KVChannelCache(d)
         n = sum(lens)
-        cache.append(ACT.quantize(rng.normal(0, 1, (n, d)) + rng.normal(0, 1, d)),
-                     ACT.quantize(rng.normal(0, 1, (n, d))))
+        kf = rng.normal(0, 1, (n, d)) + rng.normal(0, 1, d)
+        kf[:, :outliers] *= 6
+        cache.append(ACT.quantize(kf), ACT.quantize(rng.normal(0, 1, (n, d))))
         blocks = cache.blocks(max_block=max(lens))
     else:
         blocks = random_blocks(rng, lens, d)

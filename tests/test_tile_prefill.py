@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 from test_tile_attend import chunk
-from test_tile_kv import feeder
+from tile_sim import feeder, taking_sink
 
 from mcf.abi.attn_tile import (
     P8,
@@ -51,6 +51,12 @@ def norm_states(rng, n, d):
     return out
 
 
+def normalized_rows(bits, olay, d: int) -> list:
+    """``(row, o)`` of each normalized-row beat in ``bits`` (layout ``olay``, ``d`` lanes)."""
+    return [(int(b.row), np.array([int(b.o[n]) for n in range(d)]))
+            for b in map(olay.from_bits, bits)]
+
+
 def run_norm(dut, states, rows, seed, idle, stall):
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -58,27 +64,11 @@ def run_norm(dut, states, rows, seed, idle, stall):
     ilay, olay = merge_out_layout(d, dut.rows), norm_row_layout(d, dut.rows)
     beats = [ilay.const({"state": {"m": 0, "l": l_sum, "o": [int(x) for x in o]},
                          "row": r}).as_bits() for (l_sum, o), r in zip(states, rows)]
-    got, cyc = [], {"in": [], "out": []}
-
-    async def sink(ctx):
-        rng = np.random.default_rng(seed + 1)
-        c = 0
-        while len(got) < len(beats):
-            ctx.set(dut.o.ready, int(not stall or rng.random() >= stall))
-            _, _, iv, ir, ov, ordy, op = await ctx.tick().sample(
-                dut.i.valid, dut.i.ready, dut.o.valid, dut.o.ready, dut.o.payload.as_value())
-            if iv and ir:
-                cyc["in"].append(c)
-            if ov and ordy:
-                b = olay.from_bits(op)
-                got.append((int(b.row), np.array([int(b.o[n]) for n in range(d)])))
-                cyc["out"].append(c)
-            c += 1
-
+    sink, seen = taking_sink(dut.o, dut.i, len(beats), np.random.default_rng(seed + 1), stall)
     sim.add_testbench(feeder(dut.i, beats, seed, idle), background=True)
     sim.add_testbench(sink)
     sim.run()
-    return got, cyc
+    return normalized_rows(seen.bits, olay, d), {"in": seen.take, "out": seen.out}
 
 
 @pytest.mark.parametrize("d,lanes", [(16, 4), (8, 8), (12, 1)])
@@ -155,32 +145,13 @@ def run_prefill(dut, ins, n_rows, seed, idle, stall):
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     olay = norm_row_layout(dut.head_dim, dut.max_rows)
-    got, cyc = [], {"out": [], "beats": []}
-    s = dut.att.score.o
-
-    async def sink(ctx):
-        rng = np.random.default_rng(seed + 11)
-        c = 0
-        while len(got) < n_rows:
-            ctx.set(dut.o.ready, int(not stall or rng.random() >= stall))
-            _, _, sv, sr, ov, ordy, op = await ctx.tick().sample(
-                s.valid, s.ready, dut.o.valid, dut.o.ready, dut.o.payload.as_value())
-            if sv and sr:
-                cyc["beats"].append(c)
-            if ov and ordy:
-                b = olay.from_bits(op)
-                got.append((int(b.row), np.array([int(b.o[n]) for n in range(dut.head_dim)])))
-                cyc["out"].append(c)
-            c += 1
-        for _ in range(8):
-            await ctx.tick()
-            assert not ctx.get(dut.o.valid)
-
+    sink, seen = taking_sink(dut.o, dut.att.score.o, n_rows, np.random.default_rng(seed + 11),
+                             stall, quiet=8)
     for n, (name, beats) in enumerate(ins.items()):
         sim.add_testbench(feeder(getattr(dut, name), beats, seed + 7 * n, idle), background=True)
     sim.add_testbench(sink)
     sim.run()
-    return got, cyc
+    return normalized_rows(seen.bits, olay, dut.head_dim), {"out": seen.out, "beats": seen.take}
 
 
 def check_rows(got, want):

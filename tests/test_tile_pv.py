@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
+from tile_sim import taking_sink
 
 from mcf.abi.attn_tile import (
     P8,
@@ -64,8 +65,6 @@ def run(dut, blocks, idle=0.0, stall=0.0, seed=0, v_first=False):
     rng = np.random.default_rng(seed)
     olay = pv_out_layout(d, dut.max_block)
     n_rows = sum(len(r) for _, r in blocks)
-    got = []
-    tr = {"take": [], "out": [], "p_wait": 0}
 
     async def v_feed(ctx):
         await send(ctx, dut.v, (bits for v, rows in blocks
@@ -78,29 +77,14 @@ def run(dut, blocks, idle=0.0, stall=0.0, seed=0, v_first=False):
         await send(ctx, dut.p, (bits for _, rows in blocks for row in rows
                                 for bits in p_beats(*row, keys)), rng, idle)
 
-    async def sink(ctx):
-        cyc = 0
-        srng = np.random.default_rng(seed + 100)
-        while len(got) < n_rows:
-            ctx.set(dut.o.ready, int(not stall or srng.random() >= stall))
-            _, _, pv, pr, ov, ordy, op = await ctx.tick().sample(
-                dut.p.valid, dut.p.ready, dut.o.valid, dut.o.ready, dut.o.payload.as_value())
-            if pv and pr:
-                tr["take"].append(cyc)
-            elif pv:
-                tr["p_wait"] += 1
-            if ov and ordy:
-                b = olay.from_bits(op)
-                got.append((int(b.m), int(b.l), int(b.s),
-                            np.array([int(b.acc[n]) for n in range(d)])))
-                tr["out"].append(cyc)
-            cyc += 1
-
+    sink, seen = taking_sink(dut.o, dut.p, n_rows, np.random.default_rng(seed + 100), stall)
     sim.add_testbench(v_feed, background=True)
     sim.add_testbench(p_feed, background=True)
     sim.add_testbench(sink)
     sim.run()
-    return got, tr
+    got = [(int(b.m), int(b.l), int(b.s), np.array([int(b.acc[n]) for n in range(d)]))
+           for b in map(olay.from_bits, seen.bits)]
+    return got, {"take": seen.take, "out": seen.out, "p_wait": seen.wait}
 
 
 def check(blocks, got, expect_o):

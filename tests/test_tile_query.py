@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 from test_tile_fold import fold_inputs
-from test_tile_kv import feeder
+from tile_sim import feeder
 
 from mcf.abi.attn_tile import (
     block_desc_layout,

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 from test_tile_attend import chunk, score_inputs, stimulus
+from tile_sim import taking_sink
 
 from mcf.abi.attn_tile import qk_acc_bits, qk_pack_shift, qk_tile_keys, score_row_beat_layout
 from mcf.abi.kv import KV_ELEM, Q_ELEM
@@ -26,8 +27,6 @@ def run(dut, kblocks, qbeats, n_out, idle=0.0, stall=0.0, seed=0):
     ``q.ready`` was low under a valid beat."""
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    got = []
-    tr = {"out": [], "qtake": [], "qwait": 0}
 
     async def feed_k(ctx):
         await send(ctx, dut.k, (b for words in kblocks for b in words),
@@ -36,30 +35,13 @@ def run(dut, kblocks, qbeats, n_out, idle=0.0, stall=0.0, seed=0):
     async def feed_q(ctx):
         await send(ctx, dut.q, qbeats, np.random.default_rng(seed + 3), idle)
 
-    async def sink(ctx):
-        rng = np.random.default_rng(seed + 5)
-        cyc = 0
-        while len(got) < n_out:
-            ctx.set(dut.o.ready, int(not stall or rng.random() >= stall))
-            _, _, qv, qr, ov, ordy, op = await ctx.tick().sample(
-                dut.q.valid, dut.q.ready, dut.o.valid, dut.o.ready, dut.o.payload.as_value())
-            if qv and qr:
-                tr["qtake"].append(cyc)
-            elif qv:
-                tr["qwait"] += 1
-            if ov and ordy:
-                got.append(int(op))
-                tr["out"].append(cyc)
-            cyc += 1
-        for _ in range(8):                      # nothing more comes out
-            await ctx.tick()
-            assert not ctx.get(dut.o.valid)
-
+    sink, seen = taking_sink(dut.o, dut.q, n_out, np.random.default_rng(seed + 5), stall,
+                             quiet=8)          # nothing more comes out
     sim.add_testbench(feed_k, background=True)
     sim.add_testbench(feed_q, background=True)
     sim.add_testbench(sink)
     sim.run()
-    return got, tr
+    return seen.bits, {"out": seen.out, "qtake": seen.take, "qwait": seen.wait}
 
 
 def compare(got, rows, keys, d, q_tile):

@@ -14,10 +14,8 @@ import random
 
 import numpy as np
 import pytest
-from amaranth import Module
-from amaranth.lib import wiring
 from amaranth.sim import Simulator
-from attend_mem import Mem, place_block, place_list, place_slot
+from attend_mem import Mem, memory_slaves, place_block, place_list, place_slot
 
 from mcf.abi.attend import (
     ATTEND_STATUS,
@@ -29,17 +27,12 @@ from mcf.abi.attend import (
     prefill_out_bytes,
     prefill_query_address,
 )
-from mcf.abi.kv import KVFormat
 from mcf.abi.kv_reader import KV_READER_STATUS
-from mcf.abi.node import CMD
 from mcf.golden.attend_unit import attend_model
 from mcf.golden.attention import random_blocks, random_query
 from mcf.golden.attention_tiled import tile_schedule
-from mcf.hdl.compute.tile_prefill import TilePrefill
-from mcf.hdl.node.kv_reader import KvReader
-from mcf.hdl.node.tile_unit import TileUnit
-from mcf.sim.amsim import send
-from mcf.sim.axi_slave import read_slave, write_slave
+from mcf.sim.amsim import run_records
+from mcf.sim.tile_top import tile_top
 
 BB = 16
 MAX_HEADS, MAX_LIST = 3, 8
@@ -92,48 +85,23 @@ def run(case, recs, *, mb, max_chunk, qt, lanes=4, in_lanes=8, seed=0, limit=200
         bad_beats=(), bad_reads=()):
     """The records through TileUnit + KvReader + TilePrefill: the bytes written, the status
     counters, the KV reader's, and each record's cycles to ``done``."""
-    d = case.d
-    top = Module()
-    top.submodules.unit = u = TileUnit(head_dim=d, max_heads=MAX_HEADS, max_block=mb,
-                                       max_list=MAX_LIST, max_chunk=max_chunk, rows=qt)
-    top.submodules.kvr = kvr = KvReader(head_dim=d, lanes=in_lanes, max_block=mb)
-    top.submodules.tp = tp = TilePrefill(keys=4, head_dim=d, lanes=lanes, in_lanes=in_lanes,
-                                         max_block=mb, rows=qt, max_rows=u.max_rows,
-                                         max_heads=MAX_HEADS, kv_format=KVFormat.PER_TOKEN,
-                                         fold_lanes=4)
-    for name in ("chunk", "q", "desc"):
-        wiring.connect(top, getattr(u, name), getattr(tp, name))
-    wiring.connect(top, u.blocks, kvr.blocks)
-    wiring.connect(top, kvr.k, tp.k)
-    wiring.connect(top, kvr.v, tp.v)
-    wiring.connect(top, tp.o, u.o)
+    ex = tile_top(head_dim=case.d, max_heads=MAX_HEADS, max_block=mb, max_list=MAX_LIST,
+                  max_chunk=max_chunk, rows=qt, keys=4, lanes=lanes, in_lanes=in_lanes,
+                  fold_lanes=4)
+    u, kvr, tp = ex.unit, ex.reader, ex.prefill
     rng = random.Random(seed)
     wmem: dict[int, int] = {}
-    aws: list = []
-    mem = case.mem
-
-    def reader(a):
-        return bytes(mem.raw[a:a + BB]).ljust(BB, b"\0")
-
-    sim = Simulator(top)
+    sim = Simulator(ex.m)
     sim.add_clock(1e-8)
-    for s in (read_slave(u.rd_bus, rng, reader, r_pause=0.2,
-                         is_error=lambda a: a in bad_reads),
-              read_slave(kvr.bus, rng, reader, latency=(4, 20), r_pause=0.2),
-              write_slave(u.wr_bus, rng, wmem, aws, bad_beats=bad_beats, wpause=0.3)):
+    for s in memory_slaves(case.mem, rng, u.rd_bus, kvr.bus, u.wr_bus, wmem, [],
+                           bad_reads=bad_reads, bad_beats=bad_beats):
         sim.add_testbench(s, background=True)
-    out = {"cycles": []}
+    out = {}
 
     async def host(ctx):
         ctx.set(u.list_base, LIST_BASE)
-        for arg in recs:
-            await send(ctx, u.rec, [CMD.const({"arg": arg}).as_bits()])
-            c = 0
-            while not ctx.get(u.done):
-                await ctx.tick()
-                c += 1
-                assert c < limit, f"record {len(out['cycles'])} never done"
-            out["cycles"].append(c)
+        out["cycles"] = await run_records(ctx, u.rec, u.done, recs, limit)
+        assert out["cycles"][-1] < limit, f"record {len(out['cycles']) - 1} never done"
         for _ in range(20):
             await ctx.tick()
             assert not ctx.get(u.done) and not ctx.get(tp.o.valid)

@@ -188,8 +188,6 @@ def tiled_records(records, seed: int = 0) -> list[int]:
     import random
 
     import numpy as np
-    from amaranth import Module
-    from amaranth.lib import wiring
     from amaranth.sim import Simulator
 
     from mcf.abi.attend import (
@@ -206,16 +204,13 @@ def tiled_records(records, seed: int = 0) -> list[int]:
         prefill_query_address,
     )
     from mcf.abi.kv import pack_kv_block
-    from mcf.abi.node import CMD
     from mcf.abi.node_config import AXI_WIDTH, SIM
     from mcf.abi.query import pack_query
     from mcf.golden.attend_unit import attend_model
     from mcf.golden.attention import random_blocks, random_query
-    from mcf.hdl.compute.tile_prefill import TilePrefill
-    from mcf.hdl.node.kv_reader import KvReader
-    from mcf.hdl.node.tile_unit import TileUnit
-    from mcf.sim.amsim import send
+    from mcf.sim.amsim import run_records
     from mcf.sim.axi_slave import read_slave, write_slave
+    from mcf.sim.tile_top import tile_top
 
     cfg = SIM
     d, g, mb, bb = cfg.attn_head_dim, cfg.attn_heads, cfg.attn_block, AXI_WIDTH // 8
@@ -262,28 +257,17 @@ def tiled_records(records, seed: int = 0) -> list[int]:
         for addr, raw in res.writes:
             golden.update({addr + i: v for i, v in enumerate(raw)})
 
-    m = Module()
-    m.submodules.unit = u = TileUnit(d, g, mb, max_list=cfg.attn_max_list,
-                                     max_chunk=cfg.tile_max_chunk, rows=ATTEND_TILE_ROWS,
-                                     data_width=AXI_WIDTH)
-    m.submodules.kvr = kvr = KvReader(d, cfg.attn_lanes, mb)
-    m.submodules.tp = tp = TilePrefill(keys=cfg.tile_keys, head_dim=d, lanes=cfg.tile_lanes,
-                                       in_lanes=cfg.attn_lanes, max_block=mb,
-                                       rows=ATTEND_TILE_ROWS, max_rows=u.max_rows,
-                                       max_heads=g, kv_format=cfg.kv_format)
-    for name in ("chunk", "q", "desc"):
-        wiring.connect(m, getattr(u, name), getattr(tp, name))
-    wiring.connect(m, u.blocks, kvr.blocks)
-    wiring.connect(m, kvr.k, tp.k)
-    wiring.connect(m, kvr.v, tp.v)
-    wiring.connect(m, tp.o, u.o)
+    ex = tile_top(head_dim=d, max_heads=g, max_block=mb, max_list=cfg.attn_max_list,
+                  max_chunk=cfg.tile_max_chunk, rows=ATTEND_TILE_ROWS, keys=cfg.tile_keys,
+                  lanes=cfg.tile_lanes, in_lanes=cfg.attn_lanes, kv_format=cfg.kv_format)
+    u, kvr = ex.unit, ex.reader
     prng = random.Random(seed)
     wmem: dict[int, int] = {}
 
     def reader(a):
         return bytes(mem[a:a + bb]).ljust(bb, b"\0")
 
-    sim = Simulator(m)
+    sim = Simulator(ex.m)
     sim.add_clock(1e-8)
     for s in (read_slave(u.rd_bus, prng, reader, latency=(4, 4)),
               read_slave(kvr.bus, prng, reader, latency=(4, 4)),
@@ -295,13 +279,7 @@ def tiled_records(records, seed: int = 0) -> list[int]:
 
     async def host(ctx):
         ctx.set(u.list_base, list_base)
-        for a in args:
-            await send(ctx, u.rec, [CMD.const({"arg": a}).as_bits()])
-            c = 0
-            while not ctx.get(u.done) and c < limit:
-                await ctx.tick()
-                c += 1
-            cycles.append(c)
+        cycles.extend(await run_records(ctx, u.rec, u.done, args, limit))
         status.update({n: ctx.get(u.status[n]) for n, _ in ATTEND_STATUS})
 
     sim.add_testbench(host)

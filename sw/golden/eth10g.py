@@ -135,31 +135,28 @@ def _int(bits: np.ndarray) -> int:
 def scramble(payloads: list[int], state: int = (1 << _B) - 1) -> tuple[list[int], int]:
     """Scramble 64-bit payloads in order. ``state``: the last 58 scrambled bits (bit 57 the
     most recent). Returns the scrambled payloads and the final state."""
-    hist = list(_bits(state, _B))                      # hist[-1] most recent
-    out = []
-    for p in payloads:
-        d = _bits(p, 64)
-        s = np.zeros(64, dtype=np.uint8)
-        for i in range(64):
-            s[i] = d[i] ^ hist[-_A] ^ hist[-_B]
-            hist.append(int(s[i]))
-        hist = hist[-_B:]
-        out.append(_int(s))
-    return out, _int(np.array(hist, dtype=np.uint8))
+    return _self_sync(payloads, state, scrambling=True)
 
 
 def descramble(payloads: list[int], state: int = 0) -> tuple[list[int], int]:
     """Inverse of :func:`scramble` (self-synchronising: any ``state`` is right after 58 bits)."""
-    hist = list(_bits(state, _B))
+    return _self_sync(payloads, state, scrambling=False)
+
+
+def _self_sync(payloads: list[int], state: int, scrambling: bool) -> tuple[list[int], int]:
+    """The self-synchronising scrambler polynomial over 64-bit words, LSB first: each output
+    bit is the input bit XOR the scrambled bits ``SCRAMBLER_TAPS`` back; the history takes the
+    scrambled bit (the output when ``scrambling``, else the input)."""
+    hist = list(_bits(state, _B))                      # hist[-1] most recent
     out = []
     for p in payloads:
-        s = _bits(p, 64)
-        d = np.zeros(64, dtype=np.uint8)
+        x = _bits(p, 64)
+        y = np.zeros(64, dtype=np.uint8)
         for i in range(64):
-            d[i] = s[i] ^ hist[-_A] ^ hist[-_B]
-            hist.append(int(s[i]))
+            y[i] = x[i] ^ hist[-_A] ^ hist[-_B]
+            hist.append(int(y[i] if scrambling else x[i]))
         hist = hist[-_B:]
-        out.append(_int(d))
+        out.append(_int(y))
     return out, _int(np.array(hist, dtype=np.uint8))
 
 

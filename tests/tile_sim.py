@@ -1,0 +1,72 @@
+"""amaranth.sim pieces of the tiled-prefill units' tests (tests/test_tile_*.py): a source that
+feeds a stream with random idle cycles, a sink that takes a unit's output beats under random
+backpressure while watching one stream in front of or inside the unit (fixed seeds: numpy
+``Generator``s), and the merged rows read back from the merge's output beats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mcf.sim.amsim import send
+
+
+def feeder(port, beats, seed: int, idle: float):
+    """A testbench sending ``beats`` on ``port``, an idle cycle before a beat with probability
+    ``idle`` (drawn from ``default_rng(seed)``)."""
+    async def feed(ctx):
+        await send(ctx, port, beats, np.random.default_rng(seed), idle)
+    return feed
+
+
+@dataclass
+class Taken:
+    """What a :func:`taking_sink` saw: ``bits`` the output beats taken (raw), ``out`` the cycles
+    they were taken, ``take`` the cycles a beat passed on the watched stream and ``wait`` the
+    count of cycles one waited there (valid without ready)."""
+    bits: list[int] = field(default_factory=list)
+    out: list[int] = field(default_factory=list)
+    take: list[int] = field(default_factory=list)
+    wait: int = 0
+
+
+def taking_sink(out, tap, n: int, rng, stall: float, *, quiet: int = 0):
+    """A testbench taking ``n`` beats from the stream ``out`` — its ``ready`` low with
+    probability ``stall`` each cycle (drawn from ``rng``) — while watching the stream ``tap``;
+    then ``quiet`` more cycles in which ``out`` must not be valid. Returns the testbench and the
+    :class:`Taken` it fills."""
+    seen = Taken()
+
+    async def sink(ctx):
+        cyc = 0
+        while len(seen.bits) < n:
+            ctx.set(out.ready, int(not stall or rng.random() >= stall))
+            _, _, tv, tr, ov, ordy, op = await ctx.tick().sample(
+                tap.valid, tap.ready, out.valid, out.ready, out.payload.as_value())
+            if tv and tr:
+                seen.take.append(cyc)
+            elif tv:
+                seen.wait += 1
+            if ov and ordy:
+                seen.bits.append(int(op))
+                seen.out.append(cyc)
+            cyc += 1
+        for _ in range(quiet):
+            await ctx.tick()
+            assert not ctx.get(out.valid)
+
+    return sink, seen
+
+
+def merged_rows(bits, finals, olay, d: int, tile_rows: int) -> list:
+    """The merged states ``(chunk row, m, l, o)`` of the merge-output beats ``bits`` (layout
+    ``olay``, ``d`` lanes of ``o``): beat ``n`` is chunk row ``finals[n]``, whose place in its
+    ``tile_rows``-row tile must be the beat's ``row``."""
+    got = []
+    for x, raw in zip(finals, bits, strict=True):
+        b = olay.from_bits(raw)
+        assert x % tile_rows == int(b.row)
+        got.append((x, int(b.state.m), int(b.state.l),
+                    np.array([int(b.state.o[n]) for n in range(d)])))
+    return got

@@ -33,20 +33,7 @@ from mcf.golden.eth10g import (
     word,
     xgmii_tx,
 )
-from mcf.hdl.eth.pcs10g import (
-    BerMonitor as BerMonitorHdl,
-)
-from mcf.hdl.eth.pcs10g import (
-    BlockLock as BlockLockHdl,
-)
-from mcf.hdl.eth.pcs10g import (
-    Decoder,
-    Descrambler,
-    Encoder,
-    GearboxRx,
-    GearboxTx,
-    Scrambler,
-)
+from mcf.hdl.eth import pcs10g as hw
 
 
 def _word_of(fmt: str, rng: random.Random) -> tuple[int, int]:
@@ -98,7 +85,7 @@ def test_encode_decode_every_block_type():
            (SYNC_CTRL, rng.getrandbits(56) << 8 | 0x11),
            (SYNC_CTRL, 0x7F << 8 | 0x1E), (SYNC_CTRL, 0x3 << 32 | 0x4B)]
     dec_in = blocks + bad
-    enc, dec = Encoder(), Decoder()
+    enc, dec = hw.Encoder(), hw.Decoder()
     sim = _sim_of(enc, dec)
     got_enc, got_dec = [], []
 
@@ -135,7 +122,7 @@ def test_scrambler_descrambler():
     pays = [rng.getrandbits(64) for _ in range(40)]
     heads = [rng.choice((SYNC_DATA, SYNC_CTRL)) for _ in pays]
     want, _ = scramble(pays)
-    scr, des = Scrambler(), Descrambler()
+    scr, des = hw.Scrambler(), hw.Descrambler()
     sim = _sim_of(scr, des)
     got_s, got_d = [], []
 
@@ -181,7 +168,7 @@ def test_gearbox_slip_lock(width):
     n_cycles = 2400 if width == 64 else 3200
     blocks = [(rng.choice((SYNC_DATA, SYNC_CTRL)), rng.getrandbits(64))
               for _ in range(n_cycles)]
-    gtx, grx, lock = GearboxTx(width), GearboxRx(width), BlockLockHdl()
+    gtx, grx, lock = hw.GearboxTx(width), hw.GearboxRx(width), hw.BlockLock()
     m = Module()
     m.submodules += [gtx, grx, lock]
     m.d.comb += [lock.header.eq(grx.header), lock.valid.eq(grx.valid), grx.slip.eq(lock.slip)]
@@ -255,7 +242,7 @@ def test_block_lock_vs_model():
     hs += [rng.choice((0, 3)) if rng.random() < 0.05 else SYNC_CTRL for _ in range(300)]
     hs += [0] * 16 + [SYNC_DATA] * 200
     hs = [rng.choice((0, 3)) if i < 5 else h for i, h in enumerate(hs)]
-    dut = BlockLockHdl()
+    dut = hw.BlockLock()
     sim = Simulator(dut)
     sim.add_clock(6.4e-9)
     model = BlockLock()
@@ -288,7 +275,7 @@ def test_ber_monitor():
         lk += [1] * window
     hs += [0] * 40
     lk += [0] * 40
-    dut = BerMonitorHdl(window)
+    dut = hw.BerMonitor(window)
     sim = Simulator(dut)
     sim.add_clock(6.4e-9)
     model = BerMonitor(window)
@@ -326,8 +313,8 @@ def test_pcs_loopback_slip_and_errors():
     frames = [rng.randbytes(rng.randrange(60, 200)) for _ in range(100)]
     words, _ = xgmii_tx(frames, idle_words=4)
     n_cycles = len(words) * 33 // 32 + 40
-    enc, scr, gtx = Encoder(), Scrambler(), GearboxTx(64)
-    grx, lock, des, dec = GearboxRx(64), BlockLockHdl(), Descrambler(), Decoder()
+    enc, scr, gtx = hw.Encoder(), hw.Scrambler(), hw.GearboxTx(64)
+    grx, lock, des, dec = hw.GearboxRx(64), hw.BlockLock(), hw.Descrambler(), hw.Decoder()
     m = Module()
     m.submodules.enc = EnableInserter(gtx.ready)(enc)
     m.submodules.scr = EnableInserter(gtx.ready)(scr)

@@ -215,16 +215,9 @@ class KVQuantizer(wiring.Component):
         m.d.comb += [fifo.w_data.eq(Cat(e3_val, e3_last)), fifo.w_en.eq(e3)]
         busy = e1 | e2 | e3
 
-        blk_len = Signal.like(self.i_meta.payload.length)
-        blk_bytes = Signal(len(blk_len) + 8)
+        blk_len, blk_bytes = self._blk_counters()
         with m.FSM(name="kvq"):
-            with m.State("META"):
-                m.d.comb += [self.o_meta.payload.eq(self.i_meta.payload),
-                             self.o_meta.valid.eq(self.i_meta.valid),
-                             self.i_meta.ready.eq(self.o_meta.ready)]
-                with m.If(self.i_meta.valid & self.o_meta.ready):
-                    m.d.sync += [blk_len.eq(self.i_meta.payload.length), blk_bytes.eq(0)]
-                    m.next = "RECV"
+            self._meta_state(m, blk_len, blk_bytes)
             with m.State("RECV"):
                 m.d.comb += [self.i.ready.eq(1), wr.addr.eq(cnt), wr.data.eq(ip.data)]
                 with m.If(self.i.valid):
@@ -349,17 +342,10 @@ class KVQuantizer(wiring.Component):
                      em.space.eq(fifo.level <= self.out_fifo_depth - 4),
                      fifo.w_data.eq(em.w_data), fifo.w_en.eq(em.w_en)]
 
-        blk_len = Signal.like(self.i_meta.payload.length)
-        blk_bytes = Signal(len(blk_len) + 8)
+        blk_len, blk_bytes = self._blk_counters()
         with m.FSM(name="kvq"):
-            with m.State("META"):
-                m.d.comb += [self.o_meta.payload.eq(self.i_meta.payload),
-                             self.o_meta.valid.eq(self.i_meta.valid),
-                             self.i_meta.ready.eq(self.o_meta.ready)]
-                with m.If(self.i_meta.valid & self.o_meta.ready):
-                    m.d.sync += [blk_len.eq(self.i_meta.payload.length), blk_bytes.eq(0),
-                                 tok.eq(0), cnt.eq(0), hcnt.eq(0), opened.eq(0), first.eq(1)]
-                    m.next = "RECV"
+            self._meta_state(m, blk_len, blk_bytes, tok.eq(0), cnt.eq(0), hcnt.eq(0),
+                             opened.eq(0), first.eq(1))
             with m.State("RECV"):
                 m.d.comb += [self.i.ready.eq(1), wr.addr.eq(tok * TW + cnt), wr.data.eq(ip.data),
                              cabs_r.addr.eq(cnt), cabs_w.addr.eq(cnt), cabs_w.data.eq(Cat(*new_c))]
@@ -415,6 +401,22 @@ class KVQuantizer(wiring.Component):
             with m.If(wb.lastw):
                 m.d.comb += [kabs_w.addr.eq(wb.tok), kabs_w.data.eq(wb.kmax), kabs_w.en.eq(1)]
         return fifo
+
+    def _blk_counters(self):
+        """(``blk_len``, ``blk_bytes``): the block's ``Meta.length`` and the bytes emitted."""
+        blk_len = Signal.like(self.i_meta.payload.length)
+        return blk_len, Signal(len(blk_len) + 8, name="blk_bytes")
+
+    def _meta_state(self, m, blk_len, blk_bytes, *resets):
+        """The ``META`` state: pass the block's Meta through, latch its length, clear the byte
+        count (and ``resets``), then receive."""
+        with m.State("META"):
+            m.d.comb += [self.o_meta.payload.eq(self.i_meta.payload),
+                         self.o_meta.valid.eq(self.i_meta.valid),
+                         self.i_meta.ready.eq(self.o_meta.ready)]
+            with m.If(self.i_meta.valid & self.o_meta.ready):
+                m.d.sync += [blk_len.eq(self.i_meta.payload.length), blk_bytes.eq(0), *resets]
+                m.next = "RECV"
 
     def _unit_done(self, m, nbytes, blk_last, blk_len):
         """End of a token (PER_TOKEN) or group (PER_CHANNEL_K) in the ``DRAIN`` state: at the

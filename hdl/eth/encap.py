@@ -16,7 +16,6 @@ from __future__ import annotations
 from amaranth import Array, Const, Module, Mux, Signal
 from amaranth.hdl import unsigned
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.eth import (
@@ -41,6 +40,7 @@ from mcf.abi.framing import beat_layout
 from mcf.abi.meta import META
 from mcf.abi.nic import CRC32_INIT, CRC32_XOROUT
 from mcf.hdl.nic.crc import crc32_update
+from mcf.hdl.nic.rx_buffer import RxFrameBuffer
 
 from .rx_verdict import RxVerdict
 
@@ -157,7 +157,8 @@ class EthDecap(FrameDecap):
     per frame (``cause`` :class:`mcf.abi.eth.EthDrop`, frame bytes), ``valid`` for one cycle,
     ``ready`` ignored.
 
-    The bytes of a frame are written into a ``depth``-byte buffer as they arrive; at the FCS
+    The bytes of a frame are written into a ``depth``-byte buffer
+    (:class:`~mcf.hdl.nic.rx_buffer.RxFrameBuffer`) as they arrive; at the FCS
     the checks of :func:`mcf.abi.eth.decap` decide (same order:
     :class:`~mcf.hdl.eth.rx_verdict.RxVerdict`), and the link frame's bytes
     are committed or the write pointer rolled back. A frame with a byte that found the buffer
@@ -173,21 +174,9 @@ class EthDecap(FrameDecap):
     def elaborate(self, platform):
         m = Module()
         i, o = self.i, self.o
-        D = self._depth
-        abits = (D - 1).bit_length()
-        m.submodules.buf = buf = Memory(shape=LINK_BYTE, depth=D, init=[])
-        wp = buf.write_port()
-        rp = buf.read_port(transparent_for=(wp,))
-        wr = Signal(abits + 1)
-        commit = Signal(abits + 1)
-        rd = Signal(abits + 1)
-
-        # ---- read side: first-word-fall-through over the synchronous read port ----------------
-        o_fire = o.valid & o.ready
-        m.d.comb += [o.valid.eq(rd != commit), o.payload.eq(rp.data),
-                     rp.addr.eq(Mux(o_fire, rd + 1, rd)[:abits])]
-        with m.If(o_fire):
-            m.d.sync += rd.eq(rd + 1)
+        m.submodules.fb = fb = RxFrameBuffer(LINK_BYTE, self._depth)
+        wiring.connect(m, wiring.flipped(o), fb.o)
+        commit = fb.commit
 
         # ---- write side ------------------------------------------------------------------------
         m.d.comb += i.ready.eq(1)
@@ -203,7 +192,7 @@ class EthDecap(FrameDecap):
         ll = Signal(16)                 # link frame length from its Meta
         m.d.comb += ll.eq(LINK_OVERHEAD + (lraw >> LENGTH_SHIFT)[:META["length"].width])
         first = k == 0
-        full = (wr - rd)[:abits + 1] == D
+        full = fb.level == self._depth
         p = k - HEADER_BYTES            # link byte index (when k >= 14)
         mac = Array(_mac_bytes(self.local_id))
         crc_next = crc32_update(Mux(first, CRC32_INIT, crc), byte, 1)
@@ -211,17 +200,14 @@ class EthDecap(FrameDecap):
 
         in_link = (k >= HEADER_BYTES) & (p < MAX_LINK_FRAME)
         room_now = Mux(first, 1, room) & ~(in_link & full)
-        m.d.comb += [wp.addr.eq(wr[:abits]), wp.data.data.eq(byte),
-                     wp.data.last.eq(p == ll - 1),
-                     wp.data.flush.eq(((p[:3] == 7) & (p < ll - 4))
-                                      | (p == ll - 1) | (p == ll - 5)),
-                     wp.en.eq(fire & in_link & room_now)]
+        w = fb.w_data
+        m.d.comb += [w.data.eq(byte), w.last.eq(p == ll - 1),
+                     w.flush.eq(((p[:3] == 7) & (p < ll - 4)) | (p == ll - 1) | (p == ll - 5)),
+                     fb.w_en.eq(fire & in_link & room_now)]
         with m.If(fire):
             m.d.sync += [k.eq(Mux(k.all(), k, k + 1)), crc.eq(crc_next),
                          err.eq(Mux(first, 0, err) | i.payload.err), room.eq(room_now),
                          dst_ok.eq(dst_now)]
-            with m.If(wp.en):
-                m.d.sync += wr.eq(wr + 1)
             with m.If(k == 12):
                 m.d.sync += etype[8:].eq(byte)
             with m.If(k == 13):
@@ -243,10 +229,10 @@ class EthDecap(FrameDecap):
             m.d.comb += [self.event.valid.eq(1), self.event.payload.cause.eq(cause),
                          self.event.payload.bytes.eq(n)]
             m.d.sync += k.eq(0)
+            m.d.comb += [fb.wr_load.eq(1), fb.wr_to.eq(commit)]
             with m.If(cause == EthDrop.OK):
-                m.d.sync += [commit.eq(commit + ll), wr.eq(commit + ll)]
-            with m.Else():
-                m.d.sync += wr.eq(commit)
+                m.d.comb += [fb.commit_load.eq(1), fb.commit_to.eq(commit + ll),
+                             fb.wr_to.eq(commit + ll)]
         return m
 
 

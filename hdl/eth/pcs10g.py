@@ -44,6 +44,18 @@ ERROR_DATA = int.from_bytes(bytes([XGMII_ERROR] * 8), "little")
 _A, _B = SCRAMBLER_TAPS
 
 
+def _gt_width(width: int) -> int:
+    """``width`` if the GTH user width is one the gearboxes support (32 or 64 bits)."""
+    if width not in (32, 64):
+        raise ValueError("the GTH user width is 32 or 64")
+    return width
+
+
+def _sync_ok(header):
+    """A valid sync header (data or control; 00 and 11 are invalid)."""
+    return (header == SYNC_DATA) | (header == SYNC_CTRL)
+
+
 def _lookup(m, value, table: dict, width: int, name: str):
     """(mapped value, hit) of ``value`` through ``table`` as a comb case."""
     out = Signal(width, name=f"{name}_v")
@@ -227,9 +239,7 @@ class GearboxTx(wiring.Component):
     """
 
     def __init__(self, width: int = 64):
-        if width not in (32, 64):
-            raise ValueError("the GTH user width is 32 or 64")
-        self._width = width
+        self._width = _gt_width(width)
         super().__init__({"header": In(2), "payload": In(64), "ready": Out(1),
                           "data": Out(width)})
 
@@ -258,9 +268,7 @@ class GearboxRx(wiring.Component):
     the blocks (registered), ``valid`` in 32 of 33 cycles at 64 bits (16 of 33 at 32)."""
 
     def __init__(self, width: int = 64):
-        if width not in (32, 64):
-            raise ValueError("the GTH user width is 32 or 64")
-        self._width = width
+        self._width = _gt_width(width)
         super().__init__({"data": In(width), "slip": In(1), "header": Out(2),
                           "payload": Out(64), "valid": Out(1)})
 
@@ -302,7 +310,7 @@ class BlockLock(wiring.Component):
         sh_cnt = Signal(range(LOCK_GOOD_HEADERS + 1))
         bad_cnt = Signal(range(LOCK_BAD_HEADERS + 1))
         holdoff = Signal(range(SLIP_HOLDOFF + 1))
-        good = (self.header == SYNC_DATA) | (self.header == SYNC_CTRL)
+        good = _sync_ok(self.header)
         m.d.sync += [self.slip.eq(0), self.lost.eq(0)]
         with m.If(self.valid):
             with m.If(holdoff != 0):
@@ -338,7 +346,7 @@ class BerMonitor(wiring.Component):
         m = Module()
         timer = Signal(range(self._window))
         cnt = Signal(range(HI_BER_COUNT + 1))
-        bad = (self.header != SYNC_DATA) & (self.header != SYNC_CTRL)
+        bad = ~_sync_ok(self.header)
         cnt_next = Mux(bad & (cnt != HI_BER_COUNT), cnt + 1, cnt)
         with m.If(~self.block_lock):
             m.d.sync += [timer.eq(0), cnt.eq(0), self.hi_ber.eq(0)]

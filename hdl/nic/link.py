@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from amaranth import Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.framing import (
@@ -33,6 +32,7 @@ from mcf.abi.nic import (
 )
 
 from .crc import CrcByKeep
+from .rx_buffer import RxFrameBuffer
 
 __all__ = ["LinkTx", "LinkRx"]
 
@@ -111,7 +111,8 @@ class LinkRx(wiring.Component):
     ``Out(stream.Signature(beat_layout))``: wire packets (Meta beat then payload, ``last`` on
     the final beat) for the node's parser; ``status`` — ``Out(LINK_RX_STATUS)``.
 
-    A frame is stored in a receive buffer as it arrives and committed only after its CRC
+    A frame is stored in a receive buffer
+    (:class:`~mcf.hdl.nic.rx_buffer.RxFrameBuffer`) as it arrives and committed only after its CRC
     (IEEE 802.3, over header, Meta and payload bytes) matched, its header was valid and its
     sequence number was not behind the expected one; otherwise the buffer is rolled back and
     the cause counted. A sequence number ahead of the expected one is accepted and the gap is
@@ -144,22 +145,8 @@ class LinkRx(wiring.Component):
         i, o = self.i, self.o
         st = self.status
         blay = beat_layout(self._dw, self._meta_layout)
-        D = self._depth
-        abits = (D - 1).bit_length()
-        m.submodules.buf = buf = Memory(shape=blay, depth=D, init=[])
-        wp = buf.write_port()
-        rp = buf.read_port(transparent_for=(wp,))
-
-        wr = Signal(abits + 1)
-        wr_commit = Signal(abits + 1)
-        rd = Signal(abits + 1)
-
-        # ---- read side (first-word-fall-through over a synchronous read port) -----------------
-        o_fire = o.valid & o.ready
-        m.d.comb += [o.valid.eq(rd != wr_commit), o.payload.eq(rp.data),
-                     rp.addr.eq(Mux(o_fire, rd + 1, rd)[:abits]), rp.en.eq(1)]
-        with m.If(o_fire):
-            m.d.sync += rd.eq(rd + 1)
+        m.submodules.fb = fb = RxFrameBuffer(blay, self._depth)
+        wiring.connect(m, wiring.flipped(o), fb.o)
 
         # ---- write side ------------------------------------------------------------------------
         in_frame = Signal()
@@ -171,7 +158,7 @@ class LinkRx(wiring.Component):
         too_long = Signal()
         expected = Signal(LINK_HEADER["seq"].width)
 
-        room = (D - (wr - rd)[:abits + 1]) >= self._max_frame
+        room = (self._depth - fb.level) >= self._max_frame
         m.d.comb += i.ready.eq(in_frame | room)
         fire = i.valid & i.ready
         m.submodules.crc = cu = CrcByKeep(self._dw)
@@ -200,31 +187,30 @@ class LinkRx(wiring.Component):
                     m.d.sync += too_long.eq(1)
                 with m.Else():
                     m.d.sync += [held.eq(i.payload), held_valid.eq(1)]
-                    with m.If(held_valid):
-                        m.d.comb += [wp.addr.eq(wr[:abits]), wp.data.eq(held), wp.en.eq(1)]
-                        m.d.sync += wr.eq(wr + 1)
+                    m.d.comb += [fb.w_data.eq(held), fb.w_en.eq(held_valid)]
             with m.Else():
                 # CRC beat: decide the frame's fate
                 m.d.sync += [in_frame.eq(0), bidx.eq(0), held_valid.eq(0), too_long.eq(0),
                              crc.eq(CRC32_INIT)]
                 good = Signal()
+                m.d.comb += fb.wr_to.eq(fb.commit)         # a dropped frame: roll back
                 with m.If(too_long):
-                    m.d.sync += [st.drop_oversize.eq(st.drop_oversize + 1), wr.eq(wr_commit)]
+                    m.d.sync += st.drop_oversize.eq(st.drop_oversize + 1)
                 with m.Elif(~crc_ok):
-                    m.d.sync += [st.crc_errors.eq(st.crc_errors + 1), wr.eq(wr_commit)]
+                    m.d.sync += st.crc_errors.eq(st.crc_errors + 1)
                 with m.Elif(~hdr_ok | ~held_valid):
-                    m.d.sync += [st.drop_bad_header.eq(st.drop_bad_header + 1),
-                                 wr.eq(wr_commit)]
+                    m.d.sync += st.drop_bad_header.eq(st.drop_bad_header + 1)
                 with m.Elif(stale):
-                    m.d.sync += [st.drop_stale.eq(st.drop_stale + 1), wr.eq(wr_commit)]
+                    m.d.sync += st.drop_stale.eq(st.drop_stale + 1)
                 with m.Else():
                     m.d.comb += good.eq(1)
+                m.d.comb += fb.wr_load.eq(~good)
                 with m.If(good):
                     last_beat = Signal(blay)
                     m.d.comb += [last_beat.eq(held), last_beat.last.eq(1),
-                                 wp.addr.eq(wr[:abits]), wp.data.eq(last_beat), wp.en.eq(1)]
-                    m.d.sync += [wr.eq(wr + 1), wr_commit.eq(wr + 1),
-                                 expected.eq(cur_hdr.seq + 1),
+                                 fb.w_data.eq(last_beat), fb.w_en.eq(1),
+                                 fb.commit_load.eq(1), fb.commit_to.eq(fb.wr + 1)]
+                    m.d.sync += [expected.eq(cur_hdr.seq + 1),
                                  st.frames_ok.eq(st.frames_ok + 1)]
                     with m.If(ahead != 0):
                         m.d.sync += [st.seq_gaps.eq(st.seq_gaps + 1),

@@ -208,18 +208,14 @@ class JobWalker(wiring.Component):
                                                  take.eq(q.w_rdy)]
                                     if kind == STRIPE_KIND:
                                         m.d.comb += q.w_data.eq(self._stripe_job(m, ent))
-                            with m.Case(EntryKind.ROUTE.value):
-                                r = data.View(ROUTE, ent.body[:ROUTE.size])
-                                m.d.sync += [self.rd_dest0.eq(r.rd_dest0),
-                                             self.rd_dest1.eq(r.rd_dest1),
-                                             self.wr_src.eq(r.wr_src)]
-                                m.d.comb += take.eq(1)
-                            with m.Case(EntryKind.VEC.value):
-                                v = data.View(VEC_CFG, ent.body[:VEC_CFG.size])
-                                m.d.sync += [self.vec_op.eq(v.op),
-                                             self.vec_n_beats.eq(v.n_beats),
-                                             self.vec_eps.eq(v.eps)]
-                                m.d.comb += take.eq(1)
+                            # settings: each field into the output of its name
+                            for kind, lay, prefix in ((EntryKind.ROUTE, ROUTE, ""),
+                                                      (EntryKind.VEC, VEC_CFG, "vec_")):
+                                with m.Case(kind.value):
+                                    v = data.View(lay, ent.body[:lay.size])
+                                    m.d.sync += [getattr(self, prefix + f).eq(v[f])
+                                                 for f, _ in lay]
+                                    m.d.comb += take.eq(1)
                             with m.Default():
                                 m.d.comb += take.eq(1)
                                 m.d.sync += st.bad_entries.eq(st.bad_entries + 1)

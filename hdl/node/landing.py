@@ -125,7 +125,6 @@ class LandingEngine(wiring.Component):
         aw = self.addr_width
         st = self.status
         cfg = self.cfg
-        len_bits = META["length"].width
 
         # --- LAND_OFF table and the slot address -----------------------------------------
         m.submodules.kv_addr = kv = KvAddress(aw)
@@ -134,8 +133,8 @@ class LandingEngine(wiring.Component):
         # --- stage 1: beat register, table read, slot multiply ---------------------------
         beat_l = data.StructLayout({
             "data": unsigned(PACKET_WIDTH), "last": unsigned(1), "first": unsigned(1),
-            "op": Op, "kv_id": unsigned(META["kv_id"].width), "length": unsigned(len_bits),
-            "src": unsigned(META["src"].width)})
+            "op": Op, "kv_id": unsigned(META["kv_id"].width),
+            "length": unsigned(META["length"].width), "src": unsigned(META["src"].width)})
         s1 = Signal(beat_l)
         s1_valid = Signal()
         s1_move = Signal()

@@ -145,7 +145,7 @@ def e2e(args) -> dict:
     (:func:`mcf.golden.kv_accuracy.kv_format_error`: ACT, the KV format's on-chip quantiser,
     the query quantiser), the attention computed by the tiled model in each P format."""
     import mcf.golden.kv_accuracy as ka
-    from mcf.abi.kv import KVFormat
+    from mcf.abi.kv_channel import KVFormat
 
     today = ka.attend_single
     res = {}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from amaranth import Module
 from amaranth.lib import wiring
 
-from mcf.abi.kv import KVFormat
+from mcf.abi.kv_channel import KVFormat
 from mcf.hdl.compute.tile_prefill import TilePrefill
 from mcf.hdl.node.kv_reader import KvReader
 from mcf.hdl.node.tile_unit import TileUnit

@@ -7,7 +7,8 @@ through."""
 from __future__ import annotations
 
 from mcf.abi.attend import AttendBlock, AttendHeader, attend_list_bytes, prefill_query_address
-from mcf.abi.kv import pack_kv_block, pack_kv_channel_block
+from mcf.abi.kv import pack_kv_block
+from mcf.abi.kv_channel import pack_kv_channel_block
 from mcf.abi.query import pack_query
 from mcf.golden.attention import KVChannelBlock
 from mcf.sim.axi_slave import read_slave, write_slave

@@ -6,7 +6,8 @@ from mcf.abi import MCF_ID, Access, Field, Register, RegisterMap
 from mcf.abi.compute import DMA_STATUS, GEMM_STATUS, VECTOR_STATUS
 from mcf.abi.csrmap import PARSER_PORTS, PARSER_STATUS, node_regmap
 from mcf.abi.doc import regmap_text
-from mcf.abi.kv import attn_status_layout, kvq_status_layout
+from mcf.abi.kv import attn_status_layout
+from mcf.abi.kv_channel import kvq_status_layout
 from mcf.abi.platform import HP_PORTS
 
 

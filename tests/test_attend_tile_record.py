@@ -33,13 +33,8 @@ from mcf.abi.attend import (
     prefill_tile_out_address,
 )
 from mcf.abi.compute import DMA_ADDR_BITS
-from mcf.abi.kv import (
-    KV_POS_BITS,
-    KV_SCALE,
-    KVFormat,
-    dequantize,
-    dequantize_q,
-)
+from mcf.abi.kv import KV_POS_BITS, KV_SCALE, dequantize, dequantize_q
+from mcf.abi.kv_channel import KVFormat
 from mcf.abi.node import CMD
 from mcf.abi.quant import ACT
 from mcf.abi.softmax import NORM_OUT

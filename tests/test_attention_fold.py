@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from amaranth.sim import Simulator
 
-from mcf.abi.kv import fold_query
+from mcf.abi.kv_channel import fold_query
 from mcf.hdl.compute.attn_fold import QueryFold
 
 D, L = 32, 8

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from mcf.abi.kv import AttnMode, KVFormat, to_act
+from mcf.abi.kv import AttnMode, to_act
+from mcf.abi.kv_channel import KVFormat
 from mcf.golden.attention import KVChannelBlock, attend_fixed, attend_max, random_query
 from mcf.hdl.compute.attention import AttentionEngine
 from mcf.sim.benches.attention_common import (
@@ -283,7 +284,7 @@ def test_per_channel_k_full_geometry():
 
         pytest -m slow tests/test_attention_hdl.py -k full_geometry
     """
-    from mcf.abi.kv import KV_GROUP
+    from mcf.abi.kv_channel import KV_GROUP
     from mcf.golden.attention import random_blocks
 
     d, lanes, g, t = 128, 16, 6, 256

@@ -11,21 +11,23 @@ from amaranth.sim import Simulator
 
 from mcf.abi.fixed import round_shift
 from mcf.abi.kv import (
-    KV_GROUP,
     KV_SCALE,
     KVQ_SCALE_SHIFT,
-    KVFormat,
-    kv_channel_block_bytes,
     kv_token_bytes,
     kvq_scale_mult,
-    kvq_status_layout,
     pack_kv_block,
+    quantize_kv_rows,
+    to_act,
+)
+from mcf.abi.kv_channel import (
+    KV_GROUP,
+    KVFormat,
+    kv_channel_block_bytes,
+    kvq_status_layout,
     pack_kv_channel_block,
     prescale_k,
     quantize_k_open,
     quantize_kv_channel,
-    quantize_kv_rows,
-    to_act,
 )
 from mcf.abi.meta import Collective, Meta, Op
 from mcf.hdl.compute.attention_kvq import KVQ_LANES, KVQuantizer, kvq_in_layout

@@ -27,7 +27,7 @@ from mcf.abi.attend import (
     AttendSoftmax,
     prefill_out_bytes,
 )
-from mcf.abi.kv import KVFormat
+from mcf.abi.kv_channel import KVFormat
 from mcf.abi.node import CMD
 from mcf.abi.node_config import KR260, SIM, NodeConfig, caps_register
 from mcf.golden.attend_unit import attend_model

@@ -24,7 +24,7 @@ from mcf.abi.attn_tile import (
     score_row_beat_layout,
     v_beat_layout,
 )
-from mcf.abi.kv import fold_query
+from mcf.abi.kv_channel import fold_query
 from mcf.golden.attention import KVChannelBlock
 from mcf.golden.attention_tiled import attend_tiled_rows, packed_matmul, tile_schedule
 from mcf.hdl.compute.tile_attend import TileAttend, TileAttention

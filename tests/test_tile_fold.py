@@ -19,8 +19,7 @@ from test_tile_merge import scheduled
 from tile_sim import feeder, merged_rows, taking_sink
 
 from mcf.abi.attn_tile import P8, fold_header_layout, fold_row_layout, merge_out_layout
-from mcf.abi.kv import KVFormat
-from mcf.abi.kv_channel import KV_GROUP
+from mcf.abi.kv_channel import KV_GROUP, KVFormat
 from mcf.golden.attention import KVChannelBlock
 from mcf.golden.attention_tiled import attend_tiled_rows, tile_schedule
 from mcf.hdl.compute.tile_attend import TileAttention

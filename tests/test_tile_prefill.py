@@ -23,8 +23,8 @@ from mcf.abi.attn_tile import (
     norm_row_layout,
     query_row_layout,
 )
-from mcf.abi.kv import KVFormat, pack_kv_block
-from mcf.abi.kv_channel import KV_GROUP
+from mcf.abi.kv import pack_kv_block
+from mcf.abi.kv_channel import KV_GROUP, KVFormat
 from mcf.abi.kv_reader import block_beats
 from mcf.abi.softmax import LANE_BITS, STATE_L, STATE_O, normalize
 from mcf.golden.attention import KVChannelBlock

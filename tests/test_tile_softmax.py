@@ -24,7 +24,8 @@ from mcf.abi.attn_tile import (
     score_beat_layout,
 )
 from mcf.abi.fixed import saturate
-from mcf.abi.kv import KV_SCALE, fold_query, q_multiplier, score, score_shift, v_weight
+from mcf.abi.kv import KV_SCALE, q_multiplier, score, score_shift, v_weight
+from mcf.abi.kv_channel import fold_query
 from mcf.abi.quant import ACT, SCALE_EXP_BITS, SCALE_MANT_BITS
 from mcf.abi.softmax import M_EMPTY, STATE_O, exp2_neg
 from mcf.golden.attention import KVBlock, KVChannelCache, random_blocks, random_query

@@ -25,14 +25,13 @@ from amaranth.lib.wiring import In, Out
 
 from mcf.abi.framing import beat_layout
 from mcf.abi.kv import (
-    KV_GROUP,
-    KVFormat,
     attn_job_layout,
     attn_status_layout,
     kv_beat_layout,
     kv_header_layout,
     q_beat_layout,
 )
+from mcf.abi.kv_channel import KV_GROUP, KVFormat
 from mcf.abi.softmax import LANE_BITS, SCORE
 
 from .attn_pvside import PVSide

@@ -18,16 +18,8 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.framing import beat_layout
-from mcf.abi.kv import (
-    KV_ELEM,
-    KV_GROUP,
-    KV_SCALE,
-    KVQ_SCALE_SHIFT,
-    KVFormat,
-    kv_group_header_bytes,
-    kv_token_bytes,
-    kvq_scale_mult,
-)
+from mcf.abi.kv import KV_ELEM, KV_SCALE, KVQ_SCALE_SHIFT, kv_token_bytes, kvq_scale_mult
+from mcf.abi.kv_channel import KV_GROUP, KVFormat, kv_group_header_bytes
 from mcf.abi.meta import META
 from mcf.abi.quant import ACT
 from mcf.abi.softmax import RECIP_FRAC, RECIP_IN_BITS

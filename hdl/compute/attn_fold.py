@@ -10,7 +10,8 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.kv import FOLD_E_BASE, FOLD_M_SHIFT, FOLD_Q_SHIFT_BASE, KV_SCALE, Q_ELEM
+from mcf.abi.kv import KV_SCALE, Q_ELEM
+from mcf.abi.kv_channel import FOLD_E_BASE, FOLD_M_SHIFT, FOLD_Q_SHIFT_BASE
 from mcf.abi.quant import SCALE_EXP_BITS, SCALE_MANT_BITS
 from mcf.abi.softmax import RECIP_IN_BITS
 

@@ -10,15 +10,8 @@ from amaranth.lib.memory import WritePort
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from mcf.abi.kv import (
-    KV_GROUP,
-    KV_SCALE,
-    KVFormat,
-    attn_job_layout,
-    kv_beat_layout,
-    kv_header_layout,
-    q_beat_layout,
-)
+from mcf.abi.kv import KV_SCALE, attn_job_layout, kv_beat_layout, kv_header_layout, q_beat_layout
+from mcf.abi.kv_channel import KV_GROUP, KVFormat
 from mcf.abi.softmax import M_EMPTY, SCORE
 
 from .attn_group import GroupFold

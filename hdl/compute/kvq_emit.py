@@ -10,7 +10,8 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.kv import KV_ELEM, KV_ONE, KV_SCALE
+from mcf.abi.kv import KV_ELEM, KV_SCALE
+from mcf.abi.kv_channel import KV_ONE
 from mcf.abi.quant import ACT
 from mcf.abi.softmax import RECIP_FRAC, RECIP_IN_BITS
 

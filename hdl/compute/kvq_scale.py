@@ -10,13 +10,8 @@ from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.kv import (
-    KV_ELEM,
-    KV_SCALE,
-    KVQ_SCALE_SHIFT,
-    PRESCALE_SHIFT_BASE,
-    kvq_scale_mult,
-)
+from mcf.abi.kv import KV_ELEM, KV_SCALE, KVQ_SCALE_SHIFT, kvq_scale_mult
+from mcf.abi.kv_channel import PRESCALE_SHIFT_BASE
 from mcf.abi.quant import ACT
 from mcf.abi.softmax import RECIP_FRAC, RECIP_IN_BITS
 

@@ -18,8 +18,8 @@ from mcf.abi.attn_tile import (
     qk_tile_keys,
     score_q_layout,
 )
-from mcf.abi.kv import KV_SCALE, Q_ELEM, KVFormat
-from mcf.abi.kv_channel import KV_GROUP
+from mcf.abi.kv import KV_SCALE, Q_ELEM
+from mcf.abi.kv_channel import KV_GROUP, KVFormat
 
 from .attn_fold import QueryFold
 

@@ -20,7 +20,8 @@ from mcf.abi.attn_tile import (
     norm_row_layout,
     query_row_layout,
 )
-from mcf.abi.kv import KVFormat, kv_beat_layout
+from mcf.abi.kv import kv_beat_layout
+from mcf.abi.kv_channel import KVFormat
 
 from .tile_attend import TileAttention
 from .tile_fold import TileFold

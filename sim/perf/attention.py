@@ -149,7 +149,7 @@ def collect(small: bool = False, synth: bool = True) -> dict:
     result["tiled"] = tiled(small)
     result.update(kv_accuracy(seeds=(0,) if small else ACCURACY_SEEDS))
     if synth:
-        from mcf.abi.kv import KVFormat
+        from mcf.abi.kv_channel import KVFormat
         from mcf.hdl.compute.attention import AttentionEngine
         from mcf.hdl.compute.attention_kvq import KVQuantizer
         from mcf.sim.synth import resources
@@ -344,7 +344,7 @@ def tiled(small: bool = False) -> dict:
 
 def kv_accuracy(seeds=ACCURACY_SEEDS) -> dict:
     """Attention-output error of both KV formats against float64, worst over ``seeds``."""
-    from mcf.abi.kv import KVFormat
+    from mcf.abi.kv_channel import KVFormat
     from mcf.golden.kv_accuracy import kv_format_error
 
     table = {}

@@ -15,7 +15,8 @@ from .decode_land import decode_land_registers
 from .directory import directory_registers
 from .emit import emit_registers
 from .jobs import jobs_registers
-from .kv import attn_status_layout, kvq_status_layout
+from .kv import attn_status_layout
+from .kv_channel import kvq_status_layout
 from .kv_reader import kv_reader_registers
 from .landing import landing_registers
 from .link_map import link_map_registers

@@ -3,7 +3,8 @@
 Everything the attention engine, the KV memory, the packetizer and the golden models agree on
 about a KV block is defined here once. This module's format is ``KVFormat.PER_TOKEN`` (the
 default); the second format, ``KVFormat.PER_CHANNEL_K`` (K per channel over groups of
-``KV_GROUP`` tokens, V per token), is defined in :mod:`mcf.abi.kv_channel` and re-exported here.
+``KV_GROUP`` tokens, V per token), is defined in :mod:`mcf.abi.kv_channel`
+(which imports this module, never the other way round).
 
 Quantisation granularity — **per token and KV head**, one scale for K and one for V:
 
@@ -320,11 +321,3 @@ def attn_status_layout() -> data.StructLayout:
                                              # their query and KV beats, no output)
         "busy": unsigned(1),
     })
-
-
-# --- second format: K per channel over groups of tokens (mcf.abi.kv_channel, re-exported) -------
-
-from . import kv_channel as _kv_channel  # noqa: E402
-from .kv_channel import *  # noqa: E402, F403  (re-exported: one list, kv_channel.__all__)
-
-__all__ += _kv_channel.__all__

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from .compute import GemmLimits
 from .framing import MAX_PAYLOAD
-from .kv import KVFormat
-from .kv_channel import KV_GROUP
+from .kv_channel import KV_GROUP, KVFormat
 from .meta import META
 from .node import CMD_RING_MAX_LOG2
 from .platform import HP_PORTS, NODE_LINKS

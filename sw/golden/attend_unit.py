@@ -34,14 +34,8 @@ from ..abi.attend import (
     prefill_tile_out_address,
 )
 from ..abi.attn_tile import P8
-from ..abi.kv import (
-    KV_POS_BITS,
-    KVFormat,
-    kv_channel_block_bytes,
-    kv_token_bytes,
-    unpack_kv_block,
-    unpack_kv_channel_block,
-)
+from ..abi.kv import KV_POS_BITS, kv_token_bytes, unpack_kv_block
+from ..abi.kv_channel import KVFormat, kv_channel_block_bytes, unpack_kv_channel_block
 from ..abi.query import QUERY_HEADER, QUERY_HEADER_BYTES, QueryRecord, query_bytes, unpack_query
 from ..abi.softmax import pack_state
 from .attention import (

@@ -37,20 +37,22 @@ import numpy as np
 
 from mcf.abi.fixed import saturate, wrap
 from mcf.abi.kv import (
-    KV_GROUP,
-    KV_ONE,
     KV_SCALE,
     dequantize,
     dequantize_q,
-    fold_query,
-    group_sizes,
     q_multiplier,
-    quantize_k_open,
-    quantize_kv_channel,
     quantize_kv_rows,
     score,
     score_shift,
     v_weight,
+)
+from mcf.abi.kv_channel import (
+    KV_GROUP,
+    KV_ONE,
+    fold_query,
+    group_sizes,
+    quantize_k_open,
+    quantize_kv_channel,
 )
 from mcf.abi.softmax import (
     LANE_BITS,

@@ -45,7 +45,8 @@ from mcf.abi.attn_tile import (
     quantize_p8,
 )
 from mcf.abi.fixed import saturate, wrap
-from mcf.abi.kv import fold_query, q_multiplier, score, score_shift, v_weight
+from mcf.abi.kv import q_multiplier, score, score_shift, v_weight
+from mcf.abi.kv_channel import fold_query
 from mcf.abi.quant import ACC_BITS
 from mcf.abi.softmax import LANE_BITS, M_EMPTY, STATE_L, STATE_O, exp2_neg, merge_state
 

@@ -16,7 +16,8 @@ import json
 
 import numpy as np
 
-from mcf.abi.kv import KV_GROUP, KVFormat, quantize_kv_rows, quantize_q, to_act
+from mcf.abi.kv import quantize_kv_rows, quantize_q, to_act
+from mcf.abi.kv_channel import KV_GROUP, KVFormat
 from mcf.abi.softmax import NORM_OUT
 
 from .attention import KVBlock, KVChannelCache, attend_single, normalize_state

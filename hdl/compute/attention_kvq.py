@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -24,6 +23,7 @@ from mcf.abi.meta import META
 from mcf.abi.quant import ACT
 from mcf.abi.softmax import RECIP_FRAC, RECIP_IN_BITS
 
+from .attn_out import WordPacker
 from .kvq_emit import KvqGroupEmit
 from .kvq_scale import HALF, KVQ_LANES, KvqChannelParams, KvqScaleUnit, kvq_par_layout
 from .recip import Recip
@@ -119,10 +119,10 @@ class KVQuantizer(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         if self.kv_format == KVFormat.PER_CHANNEL_K:
-            fifo = self._elaborate_channel(m)
+            pk = self._elaborate_channel(m)
         else:
-            fifo = self._elaborate_token(m)
-        self._packer(m, fifo)
+            pk = self._elaborate_token(m)
+        wiring.connect(m, pk.o, wiring.flipped(self.o))
         return m
 
     def _elaborate_token(self, m):
@@ -165,7 +165,7 @@ class KVQuantizer(wiring.Component):
         s_full = (a * kvq_scale_mult() + (1 << (KVQ_SCALE_SHIFT - 1))) >> KVQ_SCALE_SHIFT
 
         # emission pipeline: issue → e1 (buffer word) → e2 (products) → e3 (halfword) → FIFO
-        m.submodules.fifo = fifo = SyncFIFOBuffered(width=HALF + 1, depth=self.out_fifo_depth)
+        m.submodules.packer = pk = WordPacker(self.data_width, self.out_fifo_depth, HALF)
         unit = Signal(range(2 + 2 * RB + 1))
         e_issue = Signal()
         e1 = Signal()
@@ -182,7 +182,7 @@ class KVQuantizer(wiring.Component):
         e3 = Signal()
         e3_val = Signal(HALF)
         e3_last = Signal()
-        space = fifo.level <= self.out_fifo_depth - 4
+        space = pk.level <= self.out_fifo_depth - 4
         last_unit = unit == 2 + 2 * RB - 1
         # unit 0: sk, 1: sv, 2..: K row words then V row words (one buffer word = 4 codes)
         m.d.comb += rd.addr.eq(unit - 2)
@@ -204,7 +204,7 @@ class KVQuantizer(wiring.Component):
             codes.append(Mux(e2_zero, 0, Mux(q > hi, hi, Mux(q < lo, lo, q)))[:KV_ELEM.width])
         m.d.sync += [e3.eq(e2), e3_last.eq(e2_last),
                      e3_val.eq(Mux(e2_kind == 2, Cat(*codes), e2_sc))]
-        m.d.comb += [fifo.w_data.eq(Cat(e3_val, e3_last)), fifo.w_en.eq(e3)]
+        m.d.comb += [pk.i.payload.eq(Cat(e3_val, e3_last)), pk.i.valid.eq(e3)]
         busy = e1 | e2 | e3
 
         blk_len, blk_bytes = self._blk_counters()
@@ -247,7 +247,7 @@ class KVQuantizer(wiring.Component):
                 m.d.sync += [absmax[0].eq(0), absmax[1].eq(0), blk_bytes.eq(nbytes),
                              self.tokens.eq(self.tokens + 1)]
                 self._unit_done(m, nbytes, blk_last, blk_len)
-        return fifo
+        return pk
 
     def _elaborate_channel(self, m):
         """PER_CHANNEL_K: buffer a group's rows (channel absmax per K beat, row absmax per V
@@ -324,15 +324,15 @@ class KVQuantizer(wiring.Component):
             m.d.sync += self.scale_sat.eq(self.scale_sat + 1)
 
         # --- emission (and the open group's prescale) into the unit FIFO
-        m.submodules.fifo = fifo = SyncFIFOBuffered(width=HALF + 1, depth=self.out_fifo_depth)
+        m.submodules.packer = pk = WordPacker(self.data_width, self.out_fifo_depth, HALF)
         for n in ("lead", "sc", "over", "zero", "rmul"):
             m.d.comb += getattr(em, n).eq(getattr(su, n))
         m.d.comb += [em.ntok.eq(ntok), em.blk_last.eq(blk_last), em.opened.eq(opened),
                      rd.addr.eq(em.rd_addr), csc_r.addr.eq(em.csc_addr),
                      cpar_r.addr.eq(em.par_addr), em.rd_data.eq(rd.data),
                      em.hdr_data.eq(csc_r.data), em.par_data.eq(cpar_r.data),
-                     em.space.eq(fifo.level <= self.out_fifo_depth - 4),
-                     fifo.w_data.eq(em.w_data), fifo.w_en.eq(em.w_en)]
+                     em.space.eq(pk.level <= self.out_fifo_depth - 4),
+                     pk.i.payload.eq(em.w_data), pk.i.valid.eq(em.w_en)]
 
         blk_len, blk_bytes = self._blk_counters()
         with m.FSM(name="kvq"):
@@ -392,7 +392,7 @@ class KVQuantizer(wiring.Component):
             m.d.comb += [wr.addr.eq(wb.addr), wr.data.eq(wb.data), wr.en.eq(1)]
             with m.If(wb.lastw):
                 m.d.comb += [kabs_w.addr.eq(wb.tok), kabs_w.data.eq(wb.kmax), kabs_w.en.eq(1)]
-        return fifo
+        return pk
 
     def _blk_counters(self):
         """(``blk_len``, ``blk_bytes``): the block's ``Meta.length`` and the bytes emitted."""
@@ -421,23 +421,3 @@ class KVQuantizer(wiring.Component):
             m.next = "META"
         with m.Else():
             m.next = "RECV"
-
-    def _packer(self, m, fifo):
-        """16-bit units (+ ``last``) from ``fifo`` → ``data_width`` output beats."""
-        UPB = self.data_width // HALF
-        pk = Array(Signal(HALF, name=f"pk{i}") for i in range(UPB))
-        pk_cnt = Signal(range(UPB + 1))
-        pk_full = Signal()
-        pk_last = Signal()
-        keep = Array(Const((1 << (2 * n)) - 1, self.data_width // 8) for n in range(UPB + 1))
-        m.d.comb += [self.o.valid.eq(pk_full), self.o.payload.data.eq(Cat(*pk)),
-                     self.o.payload.last.eq(pk_last), self.o.payload.keep.eq(keep[pk_cnt]),
-                     fifo.r_en.eq(~pk_full)]
-        with m.If(pk_full), m.If(self.o.ready):
-            m.d.sync += [pk_full.eq(0), pk_cnt.eq(0)]
-        with m.Elif(fifo.r_rdy):
-            wlast = fifo.r_data[HALF]
-            m.d.sync += [pk[pk_cnt].eq(fifo.r_data[:HALF]), pk_cnt.eq(pk_cnt + 1),
-                         pk_last.eq(wlast)]
-            with m.If(wlast | (pk_cnt == UPB - 1)):
-                m.d.sync += pk_full.eq(1)

@@ -19,9 +19,9 @@ from .recip import Recip
 __all__ = ["Normalizer", "OutputStage", "WordPacker", "word_layout"]
 
 
-def word_layout() -> data.StructLayout:
-    """A 32-bit payload word; ``last`` ends its payload."""
-    return data.StructLayout({"word": unsigned(LANE_BITS), "last": unsigned(1)})
+def word_layout(bits: int = LANE_BITS) -> data.StructLayout:
+    """A ``bits``-bit payload word (32 unless said); ``last`` ends its payload."""
+    return data.StructLayout({"word": unsigned(bits), "last": unsigned(1)})
 
 
 class Normalizer(wiring.Component):
@@ -75,48 +75,50 @@ class Normalizer(wiring.Component):
 
 
 class WordPacker(wiring.Component):
-    """32-bit words → ``data_width`` payload beats, through a FIFO of ``depth`` words.
+    """``word_bits``-bit words (32, the attention engine's; 16, the KV quantiser's units) →
+    ``data_width`` payload beats, through a FIFO of ``depth`` words.
 
     Members
     -------
-    i : In(stream.Signature(word_layout()))
+    i : In(stream.Signature(word_layout(word_bits)))
     level : Out(range(depth + 1))
         Words in the FIFO (producers that cannot stall check space before issuing).
     o : Out(stream.Signature(beat_layout(data_width)))
-        Beats of ``data_width/32`` words, little-endian; a word with ``last`` closes its beat
-        (``keep`` = the bytes of the words it holds) and carries ``last``.
+        Beats of ``data_width/word_bits`` words, little-endian; a word with ``last`` closes its
+        beat (``keep`` = the bytes of the words it holds) and carries ``last``.
 
     Latency: a word reaches ``o`` 2 cycles after it enters ``i`` at the earliest. ``o`` raises
     ``valid`` without waiting for ``ready`` and holds the beat.
     """
 
-    def __init__(self, data_width: int, depth: int):
-        if data_width % LANE_BITS:
-            raise ValueError("data_width must be a multiple of 32")
-        self.data_width, self.depth = data_width, depth
+    def __init__(self, data_width: int, depth: int, word_bits: int = LANE_BITS):
+        if word_bits % 8 or data_width % word_bits:
+            raise ValueError(f"data_width must be a multiple of {word_bits}, whole bytes")
+        self.data_width, self.depth, self.word_bits = data_width, depth, word_bits
         super().__init__({
-            "i": In(stream.Signature(word_layout())),
+            "i": In(stream.Signature(word_layout(word_bits))),
             "level": Out(range(depth + 1)),
             "o": Out(stream.Signature(beat_layout(data_width))),
         })
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.fifo = fifo = SyncFIFOBuffered(width=word_layout().size, depth=self.depth)
+        wl = word_layout(self.word_bits)
+        m.submodules.fifo = fifo = SyncFIFOBuffered(width=wl.size, depth=self.depth)
         m.d.comb += [fifo.w_data.eq(self.i.payload), fifo.w_en.eq(self.i.valid),
                      self.i.ready.eq(fifo.w_rdy), self.level.eq(fifo.level)]
-        WPB = self.data_width // LANE_BITS
-        buf = Array(Signal(LANE_BITS, name=f"pk{n}") for n in range(WPB))
+        WPB, WB = self.data_width // self.word_bits, self.word_bits // 8
+        buf = Array(Signal(self.word_bits, name=f"pk{n}") for n in range(WPB))
         cnt = Signal(range(WPB + 1))
         full = Signal()
         last = Signal()
-        keep = Array(Const((1 << (4 * n)) - 1, self.data_width // 8) for n in range(WPB + 1))
+        keep = Array(Const((1 << (WB * n)) - 1, self.data_width // 8) for n in range(WPB + 1))
         m.d.comb += [
             self.o.valid.eq(full), self.o.payload.data.eq(Cat(*buf)),
             self.o.payload.last.eq(last), self.o.payload.keep.eq(keep[cnt]),
             fifo.r_en.eq(~full),
         ]
-        rd = word_layout()(fifo.r_data)
+        rd = wl(fifo.r_data)
         with m.If(full), m.If(self.o.ready):
             m.d.sync += [full.eq(0), cnt.eq(0)]
         with m.Elif(fifo.r_rdy):

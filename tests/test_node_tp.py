@@ -952,6 +952,65 @@ def test_tp_decode_image_folds_every_layer(attend_case):
     with pytest.raises(TPError, match="2 nodes"):
         TPDecodeImage(dec, tp_split(TINY, 4), 0, base)
 
+def test_tp_decode_image_runs_its_slice_of_the_lm_head():
+    """On a HeadImage every node's TP image ends with its slice of the LM head: the vocabulary
+    split in whole GEMM tiles (node 0 the first rows), its template RMSNORM of the last layer's
+    output row with the final norm, REQUANT, then one GEMM per slice whose STRIPE job points at
+    the node's own stripe image of its rows (in the TP image) and whose results tile exactly
+    its rows of the logits; every node's program runs it (a JOB) before its MARK."""
+    from mcf.abi.compute import DmaDesc
+    from mcf.abi.node_config import AXI_WIDTH
+    from mcf.cluster import RunSpec
+    from mcf.cluster.setup import RunSetup
+    from mcf.golden.tp_decode import vocab_split
+    from mcf.node.head import slice_weight
+    from mcf.quant import gemm_stripe_image
+
+    s = RunSetup.prepare(RunSpec(decode="tp"))
+    img = s.image(0x1000)
+    h, vocab = img.cfg.hidden, img.vocab
+    assert vocab_split(vocab, 2, SIM.gemm_rows) == ((0, vocab // 2), (vocab // 2, vocab))
+    for node in range(2):
+        t = s.tp_image(img, node)
+        r0, r1 = t.vocab
+        assert t.vocab == vocab_split(vocab, 2, SIM.gemm_rows)[node]
+        mem = bytearray(t.end)
+        for part in (img.image, t.image):
+            for a, raw in part.items():
+                mem[a:a + len(raw)] = raw
+
+        def read(a, n, mem=mem):
+            return bytes(mem[a:a + n])
+
+        acts, counts = walk(read, t.table, t.table_len,
+                            JOB_ARG.const({"template": t.head_template}).as_bits(),
+                            SIM.gemm_limits)
+        assert counts["bad_entries"] == counts["bad_gemm"] == counts["bad_index"] == 0
+        vecs = [VEC_CFG.from_bits(v) for _, tgt, v in acts if tgt == "vec"]
+        assert [v.op for v in vecs] == [VectorOp.RMSNORM, VectorOp.REQUANT]
+        rd = [DmaDesc.unpack(v) for _, tgt, v in acts if tgt in ("rd_desc0", "rd_desc1")]
+        assert {(d.addr, d.length) for d in rd[:2]} == {(t.y, h * 4), (img.head_gamma, h * 4)}
+        stripes = [StripeJob.unpack(v, STRIPE_JOB) for _, tgt, v in acts if tgt == "w_job"]
+        jobs = [GemmJob.unpack(v) for _, tgt, v in acts if tgt == "gemm_job"]
+        assert len(stripes) == len(jobs) == 1 and jobs[0].n_tiles * SIM.gemm_rows == r1 - r0
+        raw, want = gemm_stripe_image(slice_weight(s.quantized.lm_head, r0, r1), SIM.gemm_rows,
+                                      SIM.gemm_lanes, ports=SIM.hp_ports,
+                                      beat_bytes=AXI_WIDTH // 8)
+        assert stripes[0].addr >= img.alloc.at and read(stripes[0].addr, len(raw)) == raw
+        assert (stripes[0].length, stripes[0].pitch) == (want.length, want.pitch)
+        covered = bytearray(vocab * 4)
+        for _, tgt, v in acts:
+            if tgt == "wr_desc" and DmaDesc.unpack(v).addr >= img.logits:
+                d = DmaDesc.unpack(v)
+                off = d.addr - img.logits
+                assert not any(covered[off:off + d.length])
+                covered[off:off + d.length] = b"\1" * d.length
+        assert covered == bytes(r0 * 4) + b"\1" * ((r1 - r0) * 4) + bytes((vocab - r1) * 4)
+        recs = t.program(s.plan, 0).compute
+        assert recs[-1].cls is RecordClass.MARK and recs[-2].cls is RecordClass.JOB
+        assert JOB_ARG.from_bits(recs[-2].arg).template == t.head_template
+
+
 # ---- RTL: two node tops ------------------------------------------------------------------------
 
 BENCH = "mcf.sim.benches.node_tp"

@@ -29,20 +29,24 @@ from mcf.cluster.tp import check_tp, tp_node_bytes
 from mcf.golden import gemm as G
 from mcf.golden import vector as V
 from mcf.golden.cluster import TPClusterGolden, golden_run, tp_golden_run
-from mcf.golden.model import quantize_model
+from mcf.golden.model import IntModel, quantize_model
 from mcf.golden.qwen_layer import LayerConfig, layer_fixed, quantize_layer, random_layer
 from mcf.golden.tp_decode import (
     TPError,
     column_ffn,
     gemm_blob_bytes,
+    merge_argmax,
     nic_all_reduce,
     node_weight_bytes,
     partial_acc,
     row_parallel,
+    slice_argmax,
     tp_ffn,
+    tp_head,
     tp_layer,
     tp_pre_attention,
     tp_split,
+    vocab_split,
 )
 from mcf.model import model_from_spec
 from mcf.model.config import QWEN25_1P5B_MODEL, Qwen2Config
@@ -404,3 +408,44 @@ def test_check_tp_run_refuses_partial_kv_heads(tiny):
     with pytest.raises(TPError, match="query heads 0..1 are not whole groups of 4") as e:
         check_tp_run(dataclasses.replace(cfg, num_key_value_heads=1), 2, SIM)
     assert "\n" not in str(e.value)
+
+
+# ---- the LM head split over the nodes -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3, 4])
+def test_head_slices_are_the_golden_head_bit_for_bit(tiny, nodes):
+    """Every node's slice of the logits (whole 16-row tiles, as even as possible) concatenated
+    is IntModel.head's logits bit for bit, and the largest of the slices' (max, index) pairs is
+    the argmax of the whole row — also with ties across slices (the first index wins)."""
+    cfg, qm = tiny
+    rng = np.random.default_rng(nodes)
+    ranges = vocab_split(cfg.vocab_size, nodes, SIM.gemm_rows)
+    assert ranges[0][0] == 0 and ranges[-1][1] == cfg.vocab_size
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    sizes = [b - a for a, b in ranges]
+    assert all(n % SIM.gemm_rows == 0 for n in sizes) and max(sizes) - min(sizes) <= SIM.gemm_rows
+    for _ in range(3):
+        row = to_act(rng.standard_normal((1, cfg.hidden_size)) * 4)
+        whole = IntModel(qm).head(row)[0]
+        parts = tp_head(row, qm.norm, qm.lm_head, cfg.rms_norm_eps, ranges)
+        assert np.array_equal(np.concatenate(parts), whole)
+        pairs = [slice_argmax(p, r[0]) for p, r in zip(parts, ranges)]
+        assert merge_argmax(pairs) == int(np.argmax(whole))
+    tied = np.array([3, 9, 1, 9, 9, 0, 2, 9])
+    halves = [(0, 4), (4, 8)]
+    pairs = [slice_argmax(tied[a:b], a) for a, b in halves]
+    assert pairs == [(9, 1), (9, 4)] and merge_argmax(pairs[::-1]) == 1 == int(np.argmax(tied))
+    assert merge_argmax([(2, 0), (5, 7)]) == 7
+
+
+def test_head_split_refusals():
+    """A vocabulary not in whole GEMM tiles, or with fewer tiles than nodes, is refused; the
+    Qwen2.5 vocabulary splits into quarters of ⌈vocab / 4⌉ rows (the system model's head
+    bytes per node)."""
+    with pytest.raises(TPError, match="multiple of 16"):
+        vocab_split(100, 2, 16)
+    with pytest.raises(TPError, match="over 4 nodes"):
+        vocab_split(48, 4, 16)
+    q = vocab_split(QWEN25_1P5B_MODEL.vocab_size, 4, KR260.gemm_rows)
+    assert {b - a for a, b in q} == {-(-QWEN25_1P5B_MODEL.vocab_size // 4)}

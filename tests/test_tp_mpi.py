@@ -37,9 +37,10 @@ def one(tmp_path_factory):
 def test_two_ranks_run_tp_decode_as_one_simulation(one, tmp_path):
     """``mcf run --mpi --decode tp``, ``mpirun -n 2``: the MARS prefill and two TP decode
     tokens, every node checking its own heads' OBUF rows and every layer's output row against
-    the TP golden (the root its new KV), the root's logits; every cycle count (prefill steps,
-    head phase, cycles per decode token), token, logit and check the same as in one
-    simulation."""
+    the TP golden (the root its new KV), every node its slice of the logits (its share of the
+    LM head) and the token the largest of the slices' (max, index) pairs; every cycle count
+    (prefill steps, head phase, cycles per decode token), token, logit and check the same as in
+    one simulation."""
     ranks = _run(tmp_path, "mpi", [*ARGV, "--mpi"])
     assert ranks["mpi_ranks"] == 2
     assert simulated(ranks) == simulated(one)
@@ -50,9 +51,10 @@ def test_two_ranks_run_tp_decode_as_one_simulation(one, tmp_path):
 def test_the_board_runtime_runs_tp_decode_on_two_simulated_kr260s(one, tmp_path):
     """``mcf run --board --decode tp``: each node's TP image in its ``pynq.allocate`` buffer,
     every host writing the token's input row and checking its node (the TP golden's OBUF
-    rows, output rows, the root's new KV) through the PYNQ driver: every check passes and the
-    tokens and logits are the one-simulation run's, bit for bit (the cycles include the
-    runtime's polling)."""
+    rows, output rows, the root's new KV) through the PYNQ driver and reading its node's logit
+    slice, the token from the slices' (max, index) pairs after the MPI meeting: every check
+    passes and the tokens and logits are the one-simulation run's, bit for bit (the cycles
+    include the runtime's polling)."""
     got = _run(tmp_path, "board", [*ARGV, "--board"])
     assert got["backend"] == "board" and got["mpi_ranks"] == 2
     assert got["checks"] == one["checks"] and all(got["checks"].values())

@@ -27,8 +27,12 @@ does the same thing at the same cycle whether the other nodes are in this simula
    ``spec.decode == "tp"`` every node runs the token tensor-parallel
    (:class:`mcf.node.tp_decode.TPDecodeImage`, written above the node image at setup; every
    host writes the token's input row) and checks its own heads' OBUF rows and every layer's
-   output row (:func:`mcf.cluster.tp.check_tp_token`), the root the new KV; the root's LM head
-   reads the last layer's output row.
+   output row (:func:`mcf.cluster.tp.check_tp_token`), the root the new KV. Every node's
+   program ends with its slice of the LM head on the last layer's output row (its vocabulary
+   rows, :func:`mcf.golden.tp_decode.vocab_split`); each host reads its node's slice and takes
+   its (max, index) pair (:meth:`mcf.cluster.setup.RunSetup.decode_head`), and the token is the
+   largest pair over the nodes at the grid (:func:`mcf.cluster.setup.decode_result`); the
+   token's cycles run from the root's COMPUTE doorbell to the last node's MARK.
 
 After the prefill every node's owned KV is checked in its DDR and the layout read from the
 directories must be owner-only. Every logits row the nodes wrote must equal the golden head's
@@ -38,7 +42,8 @@ buffer fails the run at the next window (:func:`mac_drops`).
 Written to ``out`` (JSON, by node 0's simulation): the tokens (RTL and golden), per-step prefill
 cycles, the COMPUTE queue's wait cycles per step and node (the cycles the compute engines waited
 for KV and counters: the exposed communication), TTFT in cycles (the prefill steps; the first
-token's head phase is ``head_cycles``), per-token decode cycles (each with its LM head), owned
+token's head phase is ``head_cycles``), per-token decode cycles (each with its LM head; TP: the
+nodes' slices concatenated are the token's logits), owned
 tokens per node, the checks, the simulated cycles and wall time.
 
 ``fault = {"step": s, "node": v}`` arms a one-bit fault on every link leaving node ``v`` just
@@ -71,7 +76,13 @@ from mcf.cluster.checks import (
     directory_ids,
     held_from_directory,
 )
-from mcf.cluster.setup import RunSetup, StepPrograms, planned_landings, run_record
+from mcf.cluster.setup import (
+    RunSetup,
+    StepPrograms,
+    decode_result,
+    planned_landings,
+    run_record,
+)
 from mcf.cluster.tp import check_tp_token
 from mcf.node.decode import DecodeImage
 from mcf.node.layer import slice_positions
@@ -231,7 +242,8 @@ async def _prefill_step(h: Host, r: Run, step, expect: list[int]) -> dict:
 
 async def _decode_token(h: Host, r: Run, k: int, token: int, marks: int) -> dict:
     """Node ``h``'s part of decode token ``k`` (input ``token``). The root returns the
-    token's cycles and logits."""
+    token's cycles and logits (TP: every node its cycles, from the root's doorbell to its own
+    MARK, and its logit slice and pair, :meth:`mcf.cluster.setup.RunSetup.decode_head`)."""
     p, image = r.p, r.image
     root = p.decode_owner(k)
     layers = r.setup.decode_gold(k)
@@ -247,7 +259,8 @@ async def _decode_token(h: Host, r: Run, k: int, token: int, marks: int) -> dict
     t0 = r.grid.now()
     if h.i == root:
         await h.doorbell(Queue.COMPUTE)
-        await wait_irq(h, [h], r.limit, f"MARK of decode token {k} (its root)")
+    if h.i == root or r.tp is not None:   # TP: every node ends with its slice of the LM head
+        await wait_irq(h, [h], r.limit, f"MARK of decode token {k}")
         out["cycles"] = r.grid.now() - t0
     while await h.read("seq1_marks") < marks + 1:
         assert r.grid.now() - t0 < r.limit, f"node {h.i}: MARK of decode token {k} missing"
@@ -264,8 +277,10 @@ async def _decode_token(h: Host, r: Run, k: int, token: int, marks: int) -> dict
         check_tp_token(h.mem, r.tp[h.i], layers, p, k)
     elif h.i == root:
         check_decode_root(h.mem, root, p, image, layers, k)
-    if h.i == root:
-        out["logits"] = r.setup.decode_logits(h.mem, image)
+    if r.tp is not None:
+        out.update(r.setup.decode_head(h.mem, image, r.tp[h.i]))
+    elif h.i == root:
+        out.update(r.setup.decode_head(h.mem, image))
     return out
 
 
@@ -320,17 +335,19 @@ async def node_host(h: Host, r: Run) -> dict:
     first = next(v for v in got if v is not None)
     logits = [first["logits"]]
     tokens = [int(np.argmax(logits[-1]))]
-    decode_cycles = []
+    decode_cycles, node_cycles = [], []
     for k in range(spec.decode_tokens):
         got = await r.grid.gather(h.i, await _decode_token(h, r, k, tokens[-1], marks))
         marks += 1
-        root = next(v for v in got if v)
-        decode_cycles.append(root["cycles"])
-        logits.append(root["logits"])
-        tokens.append(int(np.argmax(logits[-1])))
+        token, row, cycles, per_node = decode_result(got)
+        decode_cycles.append(cycles)
+        node_cycles.append(per_node)
+        logits.append(row)
+        tokens.append(token)
         if r.bar is not None and h.i == min(r.ports):
             r.bar.update()
-    return {**run_record(r.setup, steps, tokens, logits, decode_cycles, first["cycles"]),
+    return {**run_record(r.setup, steps, tokens, logits, decode_cycles, first["cycles"],
+                         node_cycles),
             "sim_cycles": r.grid.now()}
 
 

@@ -12,12 +12,14 @@ doorbells, the root's COMPUTE doorbell after a meeting, both MARKs, the root's c
 program ends with the LM head, whose logits the root's host reads). With ``--decode tp``
 (``spec.decode == "tp"``) the node's :class:`mcf.node.tp_decode.TPDecodeImage` sits in the same
 buffer above the node image, every host writes the token's input row and runs its shard of
-every layer, and every host checks its node (:func:`mcf.cluster.tp.check_tp_token`), as the
-simulated hosts do. The hosts meet only through ``meet`` (:class:`Meet`): an MPI
-``allgather`` on boards (:class:`MpiMeet`), the co-simulation's window grid on simulated KR260s
-(``mcf.sim.benches.board_run``). Every check of the simulated back end is made, on what the
-host reads from its node (:mod:`mcf.cluster.checks`); the record is the same
-(:func:`mcf.cluster.setup.run_record`).
+every layer and its slice of the LM head, every host checks its node
+(:func:`mcf.cluster.tp.check_tp_token`) and reads its node's logit slice, and the token is the
+largest of the slices' (max, index) pairs after the meeting
+(:func:`mcf.cluster.setup.decode_result`), as the simulated hosts do. The hosts meet only
+through ``meet`` (:class:`Meet`): an MPI ``allgather`` on boards (:class:`MpiMeet`), the
+co-simulation's window grid on simulated KR260s (``mcf.sim.benches.board_run``). Every check
+of the simulated back end is made, on what the host reads from its node
+(:mod:`mcf.cluster.checks`); the record is the same (:func:`mcf.cluster.setup.run_record`).
 
 Time is the driver's clock (wall time on a board, simulated seconds on the simulated board),
 given in cycles of ``clock_hz`` (``aclk``; :data:`mcf.abi.platform.ACLK_HZ` on a KR260, no fmax
@@ -51,7 +53,7 @@ from .checks import (
     link_faults,
     step_counter_names,
 )
-from .setup import RunSetup, StepPrograms, planned_landings, run_record
+from .setup import RunSetup, StepPrograms, decode_result, planned_landings, run_record
 from .tp import check_tp_token
 
 __all__ = ["Meet", "MpiMeet", "BusMemory", "BoardHost", "open_node", "run_node", "POLL_CYCLES",
@@ -261,7 +263,8 @@ class BoardHost:
 
     def decode_token(self, k: int, token: int, marks: int) -> dict:
         """This node's part of decode token ``k`` (input ``token``); the root returns the
-        token's cycles and logits."""
+        token's cycles and logits (TP: every node its cycles and its logit slice and pair,
+        :meth:`RunSetup.decode_head`)."""
         drv, p, image, v = self.driver, self.setup.plan, self.image, self.node
         gold = self.setup.decode_gold(k)     # every host: the golden decodes in token order
         x = self.setup.golden.embed([token])[0]
@@ -286,7 +289,7 @@ class BoardHost:
         if v == root:
             drv.doorbell(Queue.COMPUTE)
         self._wait(f"the MARKs of decode token {k}", lambda: self._marks_at_least(marks + 1), t0)
-        if v == root:
+        if v == root or self.tp is not None:     # TP: every node ends with its head slice
             out["cycles"] = self.now() - t0
         assert [drv.read_reg(f"seq{q.value}_marks") for q in Queue] == [marks + 1] * 2
         self._irq_marks(f"decode token {k}")
@@ -296,8 +299,10 @@ class BoardHost:
             check_tp_token(self.mem, self.tp, gold, p, k)
         elif v == root:
             check_decode_root(self.mem, root, p, image, gold, k)
-        if v == root:
-            out["logits"] = self.setup.decode_logits(self.mem, image)
+        if self.tp is not None:
+            out.update(self.setup.decode_head(self.mem, image, self.tp))
+        elif v == root:
+            out.update(self.setup.decode_head(self.mem, image))
         return out
 
 
@@ -356,17 +361,19 @@ def run_node(host: BoardHost, *, progress: bool = False) -> dict:
     first = next(v for v in host.meet.gather(host.first_head(marks)) if v is not None)
     logits = [first["logits"]]
     tokens = [int(np.argmax(logits[-1]))]
-    decode_cycles = []
+    decode_cycles, node_cycles = [], []
     for k in range(setup.spec.decode_tokens):
         got = host.meet.gather(host.decode_token(k, tokens[-1], marks))
         marks += 1
-        root = next(v for v in got if v)
-        decode_cycles.append(root["cycles"])
-        logits.append(root["logits"])
-        tokens.append(int(np.argmax(logits[-1])))
+        token, row, cycles, per_node = decode_result(got)
+        decode_cycles.append(cycles)
+        node_cycles.append(per_node)
+        logits.append(row)
+        tokens.append(token)
         bar.update()
     bar.close()
-    record = run_record(setup, steps, tokens, logits, decode_cycles, first["cycles"])
+    record = run_record(setup, steps, tokens, logits, decode_cycles, first["cycles"],
+                        node_cycles)
     cycles, wall = host.now() - c0, time.monotonic() - wall0
     record.update(setup.prompt_record(tokens), backend="board", sim_cycles=cycles,
                   wall_seconds=wall, clock_hz=host.clock_hz,

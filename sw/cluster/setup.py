@@ -14,7 +14,7 @@ from ..golden.cluster import ClusterGolden, GoldenRun
 from .spec import RunSpec, make_plan, run_prompt
 
 __all__ = ["RunSetup", "StepPrograms", "planned_receivers", "planned_landings", "run_record",
-           "decode_held"]
+           "decode_held", "decode_result"]
 
 
 @dataclass
@@ -137,10 +137,20 @@ class RunSetup:
         owner, _ = self.last_row_owner()
         return image.read_logits(mem).tolist() if owner == node else None
 
-    def decode_logits(self, mem, image) -> list:
-        """A decode token's logits, read at its root (``mem``), whose decode program ends with
-        the LM head."""
-        return image.read_logits(mem).tolist()
+    def decode_head(self, mem, image, tp=None) -> dict:
+        """What a node's host reads from its DDR (``mem``) after a decode token's LM head:
+        replicated decode (``tp`` None; at the root, whose program ends with the whole head)
+        ``logits``, every logit; TP decode (``tp``: the node's
+        :class:`~mcf.node.tp_decode.TPDecodeImage`, whose program ends with its slice of the
+        head) ``rows`` ``[v0, v1)``, ``logits`` of those rows and ``pair``, the slice's
+        (max logit, index) (:func:`mcf.golden.tp_decode.slice_argmax`)."""
+        if tp is None:
+            return {"logits": image.read_logits(mem).tolist()}
+        from ..golden.tp_decode import slice_argmax
+
+        logits = image.read_logits(mem, tp.vocab)
+        return {"rows": list(tp.vocab), "logits": logits.tolist(),
+                "pair": list(slice_argmax(logits, tp.vocab[0]))}
 
     def last_row_owner(self) -> tuple[int, int]:
         """``(node, row)``: who computed the prompt's last position, and its row in the
@@ -154,6 +164,30 @@ class RunSetup:
             if p0 <= S - 1 < p0 + n:
                 return s, S - 1 - p0
         raise AssertionError("no slice holds the last position")
+
+
+def decode_result(got: list) -> tuple[int, list, int, list]:
+    """``(token, logits, cycles, node_cycles)`` of one decode token from every node's values
+    ``got`` (by node; :meth:`RunSetup.decode_head` plus ``cycles``, the root's COMPUTE doorbell
+    to the node's MARK; a node with nothing to report gives an empty value). Replicated decode:
+    the root's logits, their argmax and the root's cycles. TP decode: the token is the largest
+    of the nodes' ``pair`` values (:func:`mcf.golden.tp_decode.merge_argmax`, the first index on
+    ties), the logits (for the record and its bit-exact check) the nodes' slices in row order,
+    the cycles the last node's. ``node_cycles``: each node's cycles (None: it reported none)."""
+    from ..golden.tp_decode import merge_argmax
+
+    outs = [v for v in got if v]
+    per = [v["cycles"] if v else None for v in got]
+    if len(outs) == 1 and "pair" not in outs[0]:
+        o = outs[0]
+        return int(np.argmax(o["logits"])), o["logits"], o["cycles"], per
+    outs.sort(key=lambda o: o["rows"][0])
+    edges = [0] + [o["rows"][1] for o in outs]
+    assert [o["rows"][0] for o in outs] == edges[:-1], \
+        f"the nodes' logit slices {[o['rows'] for o in outs]} do not tile the vocabulary"
+    logits = [x for o in outs for x in o["logits"]]
+    return (merge_argmax([tuple(o["pair"]) for o in outs]), logits,
+            max(o["cycles"] for o in outs), per)
 
 
 def decode_held(p, decode_tokens: int) -> tuple[int, int]:
@@ -213,10 +247,12 @@ def planned_landings(p, index: int, progs: list, node: int, tokens: int) -> int:
 
 
 def run_record(setup: RunSetup, steps: list[list[dict]], tokens: list[int], logits: list,
-               decode_cycles: list[int], head_cycles: int) -> dict:
+               decode_cycles: list[int], head_cycles: int,
+               decode_node_cycles: list | None = None) -> dict:
     """The run's record from every node's step values (``steps[i][v]``: ``t0``, ``t1``,
     ``wait``, ``owned``, ``replicas``, ``kv_bytes``), the logits the nodes' LM heads wrote
-    (first token, then each decode token) and the first token's head phase cycles; checks the
+    (first token, then each decode token), the first token's head phase cycles and
+    (``decode_node_cycles``, :func:`decode_result`) each decode token's cycles per node; checks the
     layout after the prefill, the logits bit for bit against the golden run's and the tokens
     (``AssertionError``)."""
     from ..node.layer import slice_positions
@@ -240,6 +276,7 @@ def run_record(setup: RunSetup, steps: list[list[dict]], tokens: list[int], logi
         "roots": gold.roots, "prefill_step_cycles": span,
         "exposed_comm_cycles": [[v["wait"] for v in s] for s in steps],
         "ttft_cycles": sum(span), "head_cycles": head_cycles, "decode_cycles": decode_cycles,
+        "decode_node_cycles": decode_node_cycles or [],
         "logits": logits,
         "owned_tokens": owned, "kv_bytes_per_step": kv_bytes, "peak_kv_bytes": peak,
         "kv_budget": spec.kv_budget, "planned_peak_kv_bytes": p.totals.peak_node_kv_bytes,

@@ -19,6 +19,7 @@ from ..golden.tp_decode import (
     gemm_blob_bytes,
     node_weight_bytes,
     tp_split,
+    vocab_split,
 )
 from ..mars.setting import BOARD_RESERVE_MIB, KR260_DDR_BYTES
 from ..model.config import Qwen2Config
@@ -82,11 +83,13 @@ def check_tp(cfg: Qwen2Config, nodes: int, node_config: NodeConfig, *, layout_by
 
 def check_tp_run(cfg: Qwen2Config, nodes: int, node_config: NodeConfig) -> TPSplit:
     """:func:`check_tp` and what the node program (:mod:`mcf.node.tp_decode`) needs on top, as
-    :class:`TPError` (one line): whole groups of query heads per node (one ATTEND reads a KV
-    head's query record). With ``heads / N`` heads per node that is ``N`` dividing the KV
-    heads, so each node's K/V rows are whole KV heads too (the EMIT quantises a head's row with
-    one scale)."""
+    :class:`TPError` (one line): the LM head's vocabulary in whole GEMM tiles, at least one
+    per node (:func:`mcf.golden.tp_decode.vocab_split`); whole groups of query heads per node
+    (one ATTEND reads a KV head's query record). With ``heads / N`` heads per node that is
+    ``N`` dividing the KV heads, so each node's K/V rows are whole KV heads too (the EMIT
+    quantises a head's row with one scale)."""
     split = check_tp(cfg, nodes, node_config)
+    vocab_split(cfg.vocab_size, nodes, node_config.gemm_rows)   # each node's LM head rows
     lay = cfg.layer
     rep = lay.heads // lay.kv_heads
     for i in range(nodes):

@@ -67,7 +67,8 @@ __all__ = ["TPError", "TPSplit", "tp_split", "gemm_blob_bytes", "node_weight_byt
            "nic_all_reduce", "partial_acc", "RowParallel", "row_parallel", "column_ffn", "TPFFN",
            "tp_ffn", "TPDecodeLayer", "tp_layer", "TPPreAttention", "tp_pre_attention",
            "TPPostAttention",
-           "tp_post_attention", "tp_golden_decode"]
+           "tp_post_attention", "tp_golden_decode", "vocab_split", "tp_head", "slice_argmax",
+           "merge_argmax"]
 
 Range = tuple[int, int]
 
@@ -477,3 +478,49 @@ def tp_golden_decode(x, layers: list[QuantLayer], cfg: LayerConfig, position: in
                                  kept["merged"], kept["queries"], o, down))
         xa = y
     return out
+
+
+# ---- the LM head, its vocabulary split over the nodes --------------------------------------------
+
+
+def vocab_split(vocab: int, nodes: int, rows: int) -> tuple[Range, ...]:
+    """Node ``i``'s rows ``[v0, v1)`` of the LM head (and of the logits): whole ``rows``-row
+    GEMM tiles in node order, as even as possible (``⌈T/N⌉`` tiles on the first ``T mod N``
+    nodes, ``T = vocab / rows``), so no node has more than ``⌈T/N⌉·rows`` rows; refused
+    (:class:`TPError`) when ``rows`` does not divide ``vocab`` or there are fewer tiles than
+    nodes."""
+    if vocab % rows:
+        raise TPError(f"a vocabulary of {vocab}: the head GEMM takes a multiple of {rows} rows")
+    tiles = vocab // rows
+    if tiles < nodes:
+        raise TPError(f"a vocabulary of {tiles} {rows}-row tiles does not split over {nodes} "
+                      "nodes")
+    base, extra = divmod(tiles, nodes)
+    edges = np.cumsum([0] + [base + (i < extra) for i in range(nodes)]) * rows
+    return tuple((int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]))
+
+
+def tp_head(row, norm, lm_head: QuantWeight, eps: float,
+            ranges: tuple[Range, ...]) -> list[np.ndarray]:
+    """Every node's slice of the logits of one last-layer ACT row (every node holds it after
+    the last down all-reduce): the final RMSNorm and its requantisation (replicated), then the
+    head GEMM over the node's rows ``ranges[i]`` (no bias). Concatenated in node order the
+    slices are :meth:`mcf.golden.model.IntModel.head`'s ACT logit codes bit for bit (a GEMM's
+    output rows are independent)."""
+    xa = np.asarray(row, dtype=np.int64).reshape(1, -1)
+    xq, xm, xe = requantize(V.rmsnorm(xa, norm, eps))
+    return [_column(xq, xm, xe, lm_head, r)[0] for r in ranges]
+
+
+def slice_argmax(logits, v0: int) -> tuple[int, int]:
+    """``(max logit, index)`` of one node's slice of the logits starting at row ``v0``: the
+    first index of the maximum, as a global index."""
+    a = np.asarray(logits, dtype=np.int64)
+    i = int(np.argmax(a))
+    return int(a[i]), v0 + i
+
+
+def merge_argmax(pairs) -> int:
+    """The token from every node's :func:`slice_argmax` pair: the largest logit, the smallest
+    index among equal ones — the argmax (first index) of the whole logits row."""
+    return min(pairs, key=lambda p: (-p[0], p[1]))[1]

@@ -21,6 +21,12 @@ Templates (after the prefill's and the decode's): ``head_template0`` runs the he
 token's last-layer row (``dbufs[-1].buf["y"]``, appended to the root's decode program before
 its MARK by :func:`mcf.node.decode.decode_program`); ``head_template0 + 1 + r`` on row ``r`` of
 the prefill slice's last-layer output (the prompt's last row, at the node that computed it).
+
+A tensor-parallel decode token (:mod:`mcf.node.tp_decode`) runs the head on every node over the
+node's vocabulary rows ``[v0, v1)`` only: :meth:`HeadImage.head_rows` lays out those rows'
+stripe images (in the TP image), :meth:`HeadImage._head_template` with ``rows`` builds the
+template over them, writing logits ``v0 .. v1 − 1`` at their places, and
+:meth:`HeadImage.read_logits` with ``rows`` reads that slice.
 """
 
 from __future__ import annotations
@@ -129,13 +135,7 @@ class HeadImage(DecodeImage):
         self.head_n = alloc(h * 4)
         self.head_xq = alloc(h + 64)
         self.logits = alloc(vocab * 4)
-        for r0, r1 in self.slices:
-            raw, job = gemm_stripe_image(slice_weight(self.lm_head, r0, r1), c.gemm_rows,
-                                         c.gemm_lanes, ports=c.hp_ports,
-                                         beat_bytes=AXI_WIDTH // 8)
-            at = alloc(len(raw), STRIPE_ALIGN)
-            self.image[at] = raw
-            self.head_jobs.append(dataclasses.replace(job, addr=at))
+        self.head_jobs = self.head_rows(0, vocab, alloc, self.image)
         self.head_template0 = len(self.templates)
         rows = [self.dbufs[-1].buf["y"]] + [self.bufs[-1].buf["y"] + r * h * 4
                                             for r in range(self.tokens)]
@@ -147,14 +147,45 @@ class HeadImage(DecodeImage):
         self.image[self.table] = raw
         self.size = alloc.at - self.layout.base
 
-    def _head_template(self, x: int):
+    def head_rows(self, v0: int, v1: int, alloc, image: dict) -> list[StripeJob]:
+        """The stripe images of the head's rows ``[v0, v1)`` (whole ``gemm_rows`` tiles), one
+        per :func:`head_slices` slice of those rows, placed by ``alloc`` into ``image``; their
+        :class:`~mcf.abi.compute.StripeJob` list (``self.slices`` for the whole head; the
+        slices of ``[v0, v1)`` are :meth:`row_slices`)."""
+        c = self.config
+        jobs = []
+        for r0, r1 in self.row_slices(v0, v1):
+            raw, job = gemm_stripe_image(slice_weight(self.lm_head, r0, r1), c.gemm_rows,
+                                         c.gemm_lanes, ports=c.hp_ports,
+                                         beat_bytes=AXI_WIDTH // 8)
+            at = alloc(len(raw), STRIPE_ALIGN)
+            image[at] = raw
+            jobs.append(dataclasses.replace(job, addr=at))
+        return jobs
+
+    def row_slices(self, v0: int, v1: int) -> list[tuple[int, int]]:
+        """:func:`head_slices` of the head's rows ``[v0, v1)`` (global row numbers)."""
+        rows = self.config.gemm_rows
+        if v0 % rows or not 0 <= v0 < v1 <= self.vocab:
+            raise ValueError(f"head rows {v0}..{v1}: whole {rows}-row tiles of {self.vocab}")
+        return [(v0 + a, v0 + b) for a, b in head_slices(v1 - v0, self.cfg.hidden,
+                                                         self.lm_head.group, self.config,
+                                                         self.max_pitch)]
+
+    def _head_template(self, x: int, rows: tuple[int, int] | None = None,
+                       jobs: list[StripeJob] | None = None):
+        """The head template on the ACT row at ``x`` over the head's rows ``rows`` (default:
+        all) whose stripe images are ``jobs`` (:meth:`head_rows`; default: the image's own):
+        RMSNORM, REQUANT, one GEMM per slice writing logit ``r`` at ``logits + 4·r``."""
         cfg, c, h = self.cfg, self.config, self.cfg.hidden
+        slices = self.slices if rows is None else self.row_slices(*rows)
+        jobs = self.head_jobs if jobs is None else jobs
         t = TemplateBuilder(norm_eps_code(cfg.eps), c.gemm_rows, c.gemm_lanes, c.vec_lanes)
         t.vector(VectorOp.RMSNORM, h, 1, x, self.head_gamma, self.head_n)
         t.requant(h, 1, self.head_n, self.head_xq)
         t.gemms([(self.head_xq, 1, h, job, slice_weight(self.lm_head, r0, r1),
                   self.logits + r0 * 4)
-                 for (r0, r1), job in zip(self.slices, self.head_jobs, strict=True)])
+                 for (r0, r1), job in zip(slices, jobs, strict=True)])
         return t.entries
 
     def head_template(self, row: int | None = None) -> int:
@@ -170,7 +201,9 @@ class HeadImage(DecodeImage):
         return Cmd(RecordClass.JOB, Queue.COMPUTE,
                    arg=JOB_ARG.const({"template": self.head_template(row)}).as_bits())
 
-    def read_logits(self, mem) -> np.ndarray:
-        """The ``vocab`` ACT logit codes from a node's DDR (``mem[a:b]`` by bus address)."""
-        raw = bytes(mem[self.logits: self.logits + self.vocab * 4])
+    def read_logits(self, mem, rows: tuple[int, int] | None = None) -> np.ndarray:
+        """The ACT logit codes of the head's rows ``rows`` (default: all ``vocab``) from a
+        node's DDR (``mem[a:b]`` by bus address)."""
+        v0, v1 = (0, self.vocab) if rows is None else rows
+        raw = bytes(mem[self.logits + v0 * 4: self.logits + v1 * 4])
         return np.frombuffer(raw, dtype="<i4").astype(np.int64)

@@ -50,7 +50,7 @@ from ..abi.meta import Meta, Op
 from ..abi.node import Cmd, Queue, RecordClass
 from ..abi.regs import RegisterMap
 from ..abi.sequencer import SeqCounter
-from ..golden.tp_decode import TPError, TPSplit
+from ..golden.tp_decode import TPError, TPSplit, vocab_split
 from ..mars.metadata import ReduceEntry
 from .decode import (
     COUNTER_CLEAR,
@@ -196,8 +196,14 @@ class TPDecodeImage:
       the image zeroes both parities' rows and the node's heads are the only rows its lander
       writes there, so the others stay zero), whose output row is ``x_{l+1}``;
     * one template table: layer ``l``'s pre template at ``10·l``, its post templates from
-      ``10·l + 1``; on a :class:`~mcf.node.head.HeadImage` then the LM head's template on the
-      last layer's output row (:attr:`head_template`, the root's JOB before its MARK).
+      ``10·l + 1``; on a :class:`~mcf.node.head.HeadImage` then the node's slice of the LM
+      head on the last layer's output row (:attr:`head_template`, every node's JOB before its
+      MARK): the final RMSNorm and REQUANT of that row (every node holds it after the last
+      down all-reduce) and the head GEMM over the node's rows :attr:`vocab` ``= (v0, v1)``
+      (:func:`mcf.golden.tp_decode.vocab_split`: whole ``gemm_rows`` tiles, as even as
+      possible) from the node's own stripe images of those rows, placed here, writing logits
+      ``v0 .. v1 − 1`` at their places in the node image's logits
+      (:meth:`mcf.node.head.HeadImage.read_logits` with ``rows = vocab``).
 
     ``layers``: the per-layer ``(pre, post)`` images; ``x0``: the first layer's input row (the
     host's write); ``y``: the last layer's output row (every node's)."""
@@ -247,11 +253,12 @@ class TPDecodeImage:
         self.per_layer = 1 + len(self.layers[0][1].templates)
         self.templates = [t for pre, post in self.layers for t in (*pre.templates,
                                                                      *post.templates)]
-        head = getattr(dec, "_head_template", None)     # a HeadImage: its LM head on y
-        self.head_template = None
-        if head is not None:
+        self.head_template = self.vocab = None
+        if hasattr(dec, "head_rows"):        # a HeadImage: the node's slice of the LM head on y
+            self.vocab = vocab_split(dec.vocab, sp.nodes, c.gemm_rows)[i]
+            jobs = dec.head_rows(*self.vocab, alloc, self.image)
             self.head_template = len(self.templates)
-            self.templates.append(head(self.y))
+            self.templates.append(dec._head_template(self.y, self.vocab, jobs))
         self.table = alloc(ENTRY_BYTES * (len(self.templates)
                                           + sum(len(t) for t in self.templates)), REGION_ALIGN)
         raw, self.table_len = template_image(self.templates, self.table)
@@ -293,7 +300,9 @@ class TPDecodeImage:
         from ``10·l + 1``; its all-reduces rooted at :meth:`reduce_root`, cumulative thresholds).
         ``writes``: MARS's decode registers, the owners' engine entries and :meth:`registers`;
         ``ddr``: the ATTEND lists, every layer's RoPE words and query headers and (``x``) the
-        first layer's input row. The COMPUTE ring ends with the token's clearing MARK
+        first layer's input row. On a head image every node's COMPUTE ring then runs its slice
+        of the LM head (:attr:`head_template`). The COMPUTE ring ends with the token's clearing
+        MARK
         (:data:`~mcf.node.decode.COUNTER_CLEAR`), the NET ring with a MARK."""
         dec, sp, i = self.dec, self.split, self.node
         lay, cfg = dec.layout, dec.cfg
@@ -323,7 +332,7 @@ class TPDecodeImage:
             prog.ddr.update(pre.pre_writes(position))
         if x is not None:
             prog.ddr[self.x0] = act_bytes(np.asarray(x, dtype=np.int64).reshape(1, -1))
-        if i == prog.root and self.head_template is not None:
+        if self.head_template is not None:
             prog.compute.append(Cmd(RecordClass.JOB, Queue.COMPUTE, arg=JOB_ARG.const(
                 {"template": self.head_template}).as_bits()))
         prog.compute.append(Cmd(RecordClass.MARK, Queue.COMPUTE, irq=True, arg=COUNTER_CLEAR))

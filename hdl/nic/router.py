@@ -24,6 +24,33 @@ from mcf.abi.route import NET_PORTS, ROUTE_ENTRY, ROUTE_TABLE_DEPTH, route_table
 __all__ = ["Router", "RouteWriteSignature"]
 
 
+def _gt_const(x, c: int):
+    """``x > c`` for a constant ``c`` as plain logic: some bit of ``x`` is 1 where ``c`` has a 0
+    and every bit above it equals ``c``'s. Two LUT levels for a 14-bit length where the
+    ``>`` operator becomes a carry chain and a LUT level or two around it."""
+    n = len(x)
+    if c >= (1 << n) - 1:
+        return Const(0, 1)
+    if c < 0:
+        return Const(1, 1)
+    terms = []
+    for k in range(n):
+        if not (c >> k) & 1:
+            above = x[k + 1:] == (c >> (k + 1)) if k + 1 < n else Const(1, 1)
+            terms.append(x[k] & above)
+    return Cat(*terms).any()
+
+
+def _one_hot_or(sel, values):
+    """The value whose ``sel`` bit is set (``sel`` one-hot or zero; zero gives 0), as an
+    AND-OR: no priority between the choices."""
+    width = max(len(v) for v in values)
+    out = Const(0, width)
+    for s_, v in zip(sel, values):
+        out = out | (v & s_.replicate(len(v)))
+    return out
+
+
 def RouteWriteSignature(layout=ROUTE_ENTRY, depth: int = ROUTE_TABLE_DEPTH) -> wiring.Signature:
     """Table write port (driven by the CSR layer): ``en`` writes ``data`` at ``addr``."""
     return wiring.Signature({
@@ -72,6 +99,15 @@ class Router(wiring.Component):
     appears on an idle output 2 cycles later; packets stream through at 1 beat/cycle
     (cut-through; no store-and-forward).
 
+    Logic depth (docs/depth.md): the path from an input's head to the FIFO writes — route
+    lookup and length check, allocation, grant, the beat FIFOs' write enable and data — has no
+    chain over the inputs. Eligibility is computed per input from flip-flops (``owned``,
+    ``pkts``, a registered ``room`` flag in place of the FIFOs' ``w_rdy`` compare) and the
+    head's own decode; an eligible head is granted unless an eligible head earlier in the
+    round-robin order wants one of its outputs (``conflict``, beside the eligibility); the
+    length check is plain logic (no carry chain) and the FIFO inputs are one-hot AND-OR
+    selections. A head beat is still written in its grant cycle, so the cut costs no cycle.
+
     Flow control and deadlock freedom
     ---------------------------------
     Each output has a beat FIFO of ``packet_slots × max_beats`` beats and a packet counter. An
@@ -82,7 +118,11 @@ class Router(wiring.Component):
     ``need = 2`` for every other input (injection, or turning into a new dimension). A
     granted packet therefore never waits for space: it only waits for its own input, and a
     blocked output only stops its own FIFO — copies already queued on other outputs keep
-    flowing, in order, untouched. Allocation is round-robin among requesting inputs.
+    flowing, in order, untouched. Allocation is round-robin among requesting inputs and
+    parallel: in a cycle, every eligible head with no eligible conflicting head before it in
+    the order from ``prio`` is granted, so the first eligible head is always granted (a head
+    behind an eligible but blocked one waits a cycle where a sequential allocator would take
+    it). ``prio`` moves past the lowest-numbered input granted.
 
     * No output is ever held while waiting for another one (all-or-nothing grants), so no
       cycle can form inside a router.
@@ -199,34 +239,56 @@ class Router(wiring.Component):
             m.d.comb += rp.addr.eq(s.payload.meta.route_id)
             ports = entry.ports[:P]
             extra = entry.ports[P:] if P < NET_PORTS else Const(0, 1)
-            oversize = s.payload.meta.length > self._max_payload
+            oversize = _gt_const(s.payload.meta.length, self._max_payload)
             no_route = (entry.ports == 0) & ~entry.local
             m.d.comb += [
                 head[i].eq(s.valid & ~busy[i] & ~dropping[i]),
                 want[i].eq(Cat(ports, entry.local)),
                 cause[i].eq(Cat(no_route & ~oversize, (extra != 0) & ~no_route & ~oversize,
                                 oversize)),
-                bad[i].eq(cause[i] != 0),
+                bad[i].eq(no_route | (extra != 0) | oversize),    # = cause[i] != 0
             ]
 
-        # ---- allocation: round-robin, all-or-nothing -----------------------------------------
+        # ---- allocation: round-robin, all-or-nothing, in parallel ---------------------------
+        # ``elig``: the head could take all its outputs now (from registers and the head's own
+        # decode); an eligible head is granted unless an eligible head before it in the
+        # round-robin order from ``prio`` wants one of the same outputs (``conflict``, computed
+        # beside ``elig``). No chain through the inputs, and the beat FIFOs' ``w_rdy`` (a
+        # compare on their level) is not on the path: ``room`` is a flip-flop.
         owned = Signal(n_out)
         prio = Signal(range(n_in))
         grant = Signal(n_in)
-        for p in range(n_in):
-            with m.If(prio == p):
-                taken = Const(0, n_out)
-                for r in range(n_in):
-                    i = (p + r) % n_in
-                    ok = head[i] & ~bad[i]
-                    for o in range(n_out):
-                        free = (~owned[o] & ~taken[o] & bfifo[o].w_rdy
-                                & (pkts[o] <= self._slots - self.need(i, o)))
-                        ok = ok & (~want[i][o] | free)
-                    m.d.comb += grant[i].eq(ok)
-                    nxt = Signal(n_out, name=f"taken_p{p}_r{r}")
-                    m.d.comb += nxt.eq(taken | (want[i] & ok.replicate(n_out)))
-                    taken = nxt
+        room = [Signal(name=f"room{o}") for o in range(n_out)]
+        for o in range(n_out):
+            if self._max_beats >= 3:
+                # level ≤ depth - 3 one cycle ago: the FIFO takes at least two more beats now,
+                # so ``room`` implies ``w_rdy``. A grant needs ``pkts`` ≤ slots - 1, i.e. at
+                # most depth - max_beats ≤ depth - 3 beats of well-formed packets queued, so
+                # ``room`` delays no grant the packet-slot rule allows, except by one cycle
+                # right after a full FIFO's last packet leaves.
+                m.d.sync += room[o].eq(bfifo[o].level <= self.fifo_depth - 3)
+            else:
+                m.d.comb += room[o].eq(bfifo[o].w_rdy)
+        elig = [Signal(name=f"elig{i}") for i in range(n_in)]
+        for i in range(n_in):
+            ok = head[i] & ~bad[i]
+            for o in range(n_out):
+                free = (~owned[o] & room[o]
+                        & (pkts[o] <= self._slots - self.need(i, o)))
+                ok = ok & (~want[i][o] | free)
+            m.d.comb += elig[i].eq(ok)
+        for i in range(n_in):
+            blocked = []
+            for j in range(n_in):
+                if j == i:
+                    continue
+                # j comes before i in the order prio, prio + 1, ... (mod n_in)
+                first = [p for p in range(n_in) if (j - p) % n_in < (i - p) % n_in]
+                conflict = Signal(name=f"conflict{j}_{i}")
+                m.d.comb += conflict.eq(Cat(prio == p for p in first).any()
+                                        & (want[i] & want[j]).any())
+                blocked.append(elig[j] & conflict)
+            m.d.comb += grant[i].eq(elig[i] & ~Cat(*blocked).any())
         with m.If(grant != 0):
             for i in reversed(range(n_in)):
                 with m.If(grant[i]):
@@ -248,19 +310,29 @@ class Router(wiring.Component):
             with m.Else():
                 m.d.comb += s.ready.eq(grant[i])
 
+        beat = []                                    # each input's beat as the FIFO stores it
+        for i, s in enumerate(ins):
+            bv = Signal(blay, name=f"beat{i}")
+            m.d.comb += [bv.data.eq(s.payload.data), bv.keep.eq(s.payload.keep),
+                         bv.last.eq(s.payload.last)]
+            beat.append(bv.as_value())
+        # one-hot AND-OR selection (at most one input owns or is granted an output): two LUT
+        # levels for the data whatever the number of inputs, no priority chain
         for o in range(n_out):
-            bview = blay(bfifo[o].w_data)
-            for i, s in enumerate(ins):
-                sel = Signal(name=f"sel{o}_{i}")
-                m.d.comb += sel.eq((owned[o] & owner[o][i]) | (grant[i] & want[i][o]))
-                with m.If(sel):
-                    m.d.comb += [
-                        bview.data.eq(s.payload.data), bview.keep.eq(s.payload.keep),
-                        bview.last.eq(s.payload.last),
-                        bfifo[o].w_en.eq(s.valid & s.ready),
-                        mfifo[o].w_data.eq(s.payload.meta.as_value()),
-                        mfifo[o].w_en.eq(grant[i]),
-                    ]
+            sel = [Signal(name=f"sel{o}_{i}") for i in range(n_in)]
+            for i in range(n_in):
+                m.d.comb += sel[i].eq((owned[o] & owner[o][i]) | (grant[i] & want[i][o]))
+            m.d.comb += [
+                bfifo[o].w_data.eq(_one_hot_or(sel, beat)),
+                # a head beat is written in its grant cycle, the rest by the owning (busy)
+                # input: its ready is ``outs_ready``, not behind the allocation
+                bfifo[o].w_en.eq(Cat(*(grant[i] & want[i][o] for i in range(n_in)),
+                                     *(owned[o] & owner[o][i] & s.valid & outs_ready[i]
+                                       for i, s in enumerate(ins))).any()),
+                mfifo[o].w_data.eq(_one_hot_or([grant[i] & want[i][o] for i in range(n_in)],
+                                               [s.payload.meta.as_value() for s in ins])),
+                mfifo[o].w_en.eq(Cat(grant[i] & want[i][o] for i in range(n_in)).any()),
+            ]
 
         # ---- input state machines ---------------------------------------------------------------
         for i, s in enumerate(ins):

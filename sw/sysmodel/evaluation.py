@@ -489,8 +489,10 @@ DECODE_LINKS = ("kr260-ring", "switch10g")
 LM_HEAD = ("the final RMSNorm and the tied LM head run on the node as a JOB (mcf.node.head: "
            "RMSNORM, REQUANT and the head GEMM in vocabulary slices through the stripe readers; "
            "the host reads the logits and picks the token); every row counts the head's bytes and "
-           "MACs that way (tensor-parallel: the vocabulary split over the nodes, one (max, index) "
-           "pair per node gathered to the root - not built: one node runs the whole head today)")
+           "MACs that way (tensor-parallel: the vocabulary split over the nodes in whole GEMM "
+           "tiles, mcf.golden.tp_decode.vocab_split, each node's logit slice read by its own host "
+           "and one (max, index) pair per node gathered between the hosts - modelled as 8 bytes "
+           "per node over the node links to the root)")
 
 
 def decode_bytes(model, nodes: int) -> tuple[int, int, int, int]:

@@ -297,11 +297,9 @@ class BoardHost:
         assert not bad, f"token {k} node {v}: {bad}"
         if self.tp is not None:
             check_tp_token(self.mem, self.tp, gold, p, k)
-        elif v == root:
-            check_decode_root(self.mem, root, p, image, gold, k)
-        if self.tp is not None:
             out.update(self.setup.decode_head(self.mem, image, self.tp))
         elif v == root:
+            check_decode_root(self.mem, root, p, image, gold, k)
             out.update(self.setup.decode_head(self.mem, image))
         return out
 

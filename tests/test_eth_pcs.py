@@ -8,6 +8,7 @@ import random
 
 import pytest
 from amaranth import Module
+from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
 from mcf.abi.eth import (
@@ -92,18 +93,18 @@ def test_encode_decode_every_block_type():
     async def bench(ctx):
         for k in range(max(len(words), len(dec_in))):
             if k < len(words):
-                ctx.set(enc.data, words[k][0])
-                ctx.set(enc.ctrl, words[k][1])
+                ctx.set(enc.i.data, words[k][0])
+                ctx.set(enc.i.ctrl, words[k][1])
             if k < len(dec_in):
-                ctx.set(dec.header, dec_in[k][0])
-                ctx.set(dec.payload, dec_in[k][1])
-            ctx.set(dec.valid, k < len(dec_in))
+                ctx.set(dec.i.header, dec_in[k][0])
+                ctx.set(dec.i.payload, dec_in[k][1])
+            ctx.set(dec.i.valid, k < len(dec_in))
             await ctx.tick()
             if k < len(words):
-                got_enc.append((ctx.get(enc.header), ctx.get(enc.payload)))
+                got_enc.append((ctx.get(enc.o.header), ctx.get(enc.o.payload)))
             if k < len(dec_in):
-                assert ctx.get(dec.o_valid)
-                got_dec.append(((ctx.get(dec.data), ctx.get(dec.ctrl)), ctx.get(dec.error)))
+                assert ctx.get(dec.o.valid)
+                got_dec.append(((ctx.get(dec.o.data), ctx.get(dec.o.ctrl)), ctx.get(dec.error)))
 
     sim.add_testbench(bench)
     sim.run()
@@ -131,23 +132,23 @@ def test_scrambler_descrambler():
         sent = []
         while len(got_d) < len(pays):
             if k < len(pays):
-                ctx.set(scr.payload, pays[k])
-                ctx.set(scr.header, heads[k])
+                ctx.set(scr.i.payload, pays[k])
+                ctx.set(scr.i.header, heads[k])
             await ctx.tick()
             if k < len(pays):
-                got_s.append((ctx.get(scr.o_header), ctx.get(scr.o_payload)))
+                got_s.append((ctx.get(scr.o.header), ctx.get(scr.o.payload)))
                 sent.append(got_s[-1])
             k += 1
             # descrambler: the scrambled blocks with a gap every third cycle
-            if ctx.get(des.o_valid):
-                got_d.append((ctx.get(des.o_header), ctx.get(des.o_payload)))
+            if ctx.get(des.o.valid):
+                got_d.append((ctx.get(des.o.header), ctx.get(des.o.payload)))
             if sent and k % 3:
                 h, p = sent.pop(0)
-                ctx.set(des.header, h)
-                ctx.set(des.payload, p)
-                ctx.set(des.valid, 1)
+                ctx.set(des.i.header, h)
+                ctx.set(des.i.payload, p)
+                ctx.set(des.i.valid, 1)
             else:
-                ctx.set(des.valid, 0)
+                ctx.set(des.i.valid, 0)
 
     sim.add_testbench(bench)
     sim.run()
@@ -171,7 +172,8 @@ def test_gearbox_slip_lock(width):
     gtx, grx, lock = hw.GearboxTx(width), hw.GearboxRx(width), hw.BlockLock()
     m = Module()
     m.submodules += [gtx, grx, lock]
-    m.d.comb += [lock.header.eq(grx.header), lock.valid.eq(grx.valid), grx.slip.eq(lock.slip)]
+    wiring.connect(m, grx.o, lock.i)
+    m.d.comb += grx.slip.eq(lock.slip)
     sim = Simulator(m)
     sim.add_clock(6.2e-9)
     tx_words: list[int] = []
@@ -186,8 +188,8 @@ def test_gearbox_slip_lock(width):
         was = 0
         for cyc in range(n_cycles):
             h, p = blocks[k]
-            ctx.set(gtx.header, h)
-            ctx.set(gtx.payload, p)
+            ctx.set(gtx.i.header, h)
+            ctx.set(gtx.i.payload, p)
             taken = ctx.get(gtx.ready)
             # channel: deliver width bits from pos on
             if nbits - pos >= width:
@@ -202,10 +204,10 @@ def test_gearbox_slip_lock(width):
             if cyc == n_cycles // 2:
                 pos += 13                             # the link moves: 13 bits lost
                 events.append((cyc, "move"))
-            if ctx.get(grx.valid):
-                hh = ctx.get(grx.header)
+            if ctx.get(grx.o.valid):
+                hh = ctx.get(grx.o.header)
                 slip = model.step(hh)
-                rx_blocks.append((hh, ctx.get(grx.payload), cyc))
+                rx_blocks.append((hh, ctx.get(grx.o.payload), cyc))
                 if slip:
                     events.append((cyc, "model slip"))
             lk = ctx.get(lock.block_lock)
@@ -249,13 +251,13 @@ def test_block_lock_vs_model():
 
     async def bench(ctx):
         for i, h in enumerate(hs):
-            ctx.set(dut.header, h)
-            ctx.set(dut.valid, 1)
+            ctx.set(dut.i.header, h)
+            ctx.set(dut.i.valid, 1)
             slip = model.step(h)
             await ctx.tick()
             assert ctx.get(dut.slip) == slip, i
             assert ctx.get(dut.block_lock) == model.locked, i
-            ctx.set(dut.valid, 0)
+            ctx.set(dut.i.valid, 0)
             await ctx.tick()
 
     sim.add_testbench(bench)
@@ -283,8 +285,8 @@ def test_ber_monitor():
 
     async def bench(ctx):
         for i, (h, lock) in enumerate(zip(hs, lk)):
-            ctx.set(dut.header, h)
-            ctx.set(dut.valid, 1)
+            ctx.set(dut.i.header, h)
+            ctx.set(dut.i.valid, 1)
             ctx.set(dut.block_lock, lock)
             model.step(h, bool(lock))
             await ctx.tick()
@@ -319,13 +321,11 @@ def test_pcs_loopback_slip_and_errors():
     m.submodules.enc = EnableInserter(gtx.ready)(enc)
     m.submodules.scr = EnableInserter(gtx.ready)(scr)
     m.submodules += [gtx, grx, lock, des, dec]
-    m.d.comb += [scr.header.eq(enc.header), scr.payload.eq(enc.payload),
-                 gtx.header.eq(scr.o_header), gtx.payload.eq(scr.o_payload),
-                 grx.slip.eq(lock.slip), lock.header.eq(grx.header), lock.valid.eq(grx.valid),
-                 des.header.eq(grx.header), des.payload.eq(grx.payload),
-                 des.valid.eq(grx.valid), dec.header.eq(des.o_header),
-                 dec.payload.eq(des.o_payload), dec.valid.eq(des.o_valid),
-                 dec.force_error.eq(~lock.block_lock)]
+    wiring.connect(m, enc.o, scr.i)
+    wiring.connect(m, scr.o, gtx.i)
+    wiring.connect(m, grx.o, lock.i, des.i)
+    wiring.connect(m, des.o, dec.i)
+    m.d.comb += [grx.slip.eq(lock.slip), dec.force_error.eq(~lock.block_lock)]
     sim = Simulator(m)
     sim.add_clock(6.2e-9)
     got: list[tuple[int, tuple[int, int], int]] = []      # (cycle, word, error)
@@ -338,8 +338,8 @@ def test_pcs_loopback_slip_and_errors():
         was = 0
         for cyc in range(n_cycles):
             d, c = words[min(k, len(words) - 1)]
-            ctx.set(enc.data, d)
-            ctx.set(enc.ctrl, c)
+            ctx.set(enc.i.data, d)
+            ctx.set(enc.i.ctrl, c)
             k += ctx.get(gtx.ready)
             if nbits - pos >= 64:
                 ctx.set(grx.data, bits >> pos & ((1 << 64) - 1))
@@ -362,8 +362,9 @@ def test_pcs_loopback_slip_and_errors():
                         and cyc > lock_log[2][0] + after and 66 * j + 66 <= nbits:
                     bits ^= 1 << (66 * j + bit)
                     marks[what] = cyc
-            if ctx.get(dec.o_valid) and lk:
-                got.append((cyc, (ctx.get(dec.data), ctx.get(dec.ctrl)), ctx.get(dec.error)))
+            if ctx.get(dec.o.valid) and lk:
+                got.append((cyc, (ctx.get(dec.o.data), ctx.get(dec.o.ctrl)),
+                            ctx.get(dec.error)))
 
     sim.add_testbench(bench)
     sim.run()

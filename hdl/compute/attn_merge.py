@@ -14,7 +14,7 @@ from mcf.abi.softmax import EXP_FRAC, LANE_BITS, SCORE, STATE_L, STATE_O
 from .exp2 import Exp2Neg
 from .fixed_ops import lane, round_shift, sat
 
-__all__ = ["MergeStage", "MergeUnit"]
+__all__ = ["MergeStage", "MergeUnit", "merge_head_state"]
 
 
 class MergeUnit(wiring.Component):
@@ -77,6 +77,18 @@ class MergeUnit(wiring.Component):
         ]
         return m
 
+
+def merge_head_state(m: Module, mu: MergeUnit, started: Signal, *, then: str, on_done) -> None:
+    """The ``HEAD`` state of an FSM that drives ``mu`` (:class:`MergeStage`, TileMerge): on its
+    first cycle (``started`` low, cleared by whoever enters the state) ``mu.start`` takes
+    ``m_new``; :data:`MergeUnit.LATENCY` cycles later, with ``mu.done``, the scale factors are
+    taken, ``on_done`` (sync statements) runs and the FSM goes to ``then``."""
+    with m.State("HEAD"):
+        m.d.comb += mu.start.eq(~started)
+        m.d.sync += started.eq(1)
+        with m.If(mu.done):
+            m.d.sync += on_done
+            m.next = then
 
 class MergeStage(wiring.Component):
     """Merges a finished block's accumulator into the running state, head by head and word by
@@ -157,13 +169,8 @@ class MergeStage(wiring.Component):
                 m.d.sync += [gh.eq(0), started.eq(0)]
                 m.d.sync += [mm[h].eq(self.m_blk[h]) for h in range(G)]
                 m.next = "HEAD"
-            with m.State("HEAD"):
-                # m_new, then the two scale factors through the exp units
-                m.d.comb += mu.start.eq(~started)
-                m.d.sync += started.eq(1)
-                with m.If(mu.done):
-                    m.d.sync += [mc.eq(0), ms.eq(0)]
-                    m.next = "RUN"
+            # m_new, then the two scale factors through the exp units
+            merge_head_state(m, mu, started, then="RUN", on_done=[mc.eq(0), ms.eq(0)])
             with m.State("RUN"):
                 # read a word of the running o and of the block accumulator, rescale it chunk by
                 # chunk, write the merged word (and clear the accumulator word)

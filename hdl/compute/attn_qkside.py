@@ -170,14 +170,14 @@ class QKSide(wiring.Component):
                         qblk.eq(0), qcnt.eq(0), h_cnt.eq(0), c_cnt.eq(0), gcnt.eq(0),
                         qheads.eq(hv), drop_heads.eq(hv),
                     ]
+                    # a bad job: counted, its header published at once (drop), its Q drained
                     m.d.comb += [cw.hdr_en.eq(1), cw.hdr.mode.eq(jobp.mode),
                                  cw.hdr.normalize.eq(jobp.normalize), cw.hdr.heads.eq(hv),
-                                 cw.hdr.n_blocks.eq(jobp.n_blocks), cw.hdr.drop.eq(bad)]
+                                 cw.hdr.n_blocks.eq(jobp.n_blocks), cw.hdr.drop.eq(bad),
+                                 self.err_job.eq(bad), cw.pub.eq(bad)]
+                    m.next = "LOAD_Q"
                     with m.If(bad):
-                        m.d.comb += [self.err_job.eq(1), cw.pub.eq(1)]
                         m.next = "DROP_Q"
-                    with m.Else():
-                        m.next = "LOAD_Q"
 
             with m.State("DROP_Q"):
                 with m.If(qcnt == drop_heads * NB):

@@ -18,7 +18,7 @@ from amaranth.lib.wiring import In, Out
 from mcf.abi.attn_tile import merge_in_layout, merge_out_layout
 from mcf.abi.softmax import LANE_BITS, M_EMPTY, STATE_L, STATE_M, STATE_O
 
-from .attn_merge import MergeUnit
+from .attn_merge import MergeUnit, merge_head_state
 from .fixed_ops import sat
 
 __all__ = ["TileMerge"]
@@ -116,13 +116,8 @@ class TileMerge(wiring.Component):
                 with m.If(self.i.valid & self.i.ready):
                     m.d.sync += [blk.eq(self.i.payload), started.eq(0)]
                     m.next = "HEAD"
-            with m.State("HEAD"):
-                # the row's m, l on ml_rd; m_new, then the scale factors (MergeUnit.LATENCY)
-                m.d.comb += mu.start.eq(~started)
-                m.d.sync += started.eq(1)
-                with m.If(mu.done):
-                    m.d.sync += [c.eq(0), vld.eq(0)]
-                    m.next = "RUN"
+            # the row's m, l on ml_rd; m_new, then the scale factors (MergeUnit.LATENCY)
+            merge_head_state(m, mu, started, then="RUN", on_done=[c.eq(0), vld.eq(0)])
             with m.State("RUN"):
                 # read word c; merge and write back word cd (read the cycle before)
                 m.d.sync += [vld.eq(c != NB), cd.eq(c), c.eq(Mux(c == NB, NB, c + 1))]

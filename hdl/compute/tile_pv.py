@@ -12,19 +12,10 @@ accumulators, then ``o_b = (Σ w8·v)·2^s`` saturated —
 from __future__ import annotations
 
 from amaranth import Array, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, stream, wiring
-from amaranth.lib.memory import Memory
+from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.attn_tile import (
-    P8,
-    PV_SHIFT,
-    PV_SPLIT_KEYS,
-    p8_beat_layout,
-    pv_acc_bits,
-    pv_out_layout,
-    v_beat_layout,
-)
+from mcf.abi import attn_tile
 from mcf.abi.kv import KV_ELEM
 
 from .tile_cascade import PackedCascades
@@ -61,13 +52,13 @@ class TilePV(wiring.Component):
 
     Members
     -------
-    v : In(stream.Signature(v_beat_layout(keys, head_dim, max_rows)))
+    v : In(stream.Signature(attn_tile.v_beat_layout(keys, head_dim, max_rows)))
         A block's V, beat by beat, ``rows`` on the ``last`` beat; ready while a bank is free.
-    p : In(stream.Signature(p8_beat_layout(keys)))
+    p : In(stream.Signature(attn_tile.p8_beat_layout(keys)))
         P8 rows (TileSoftmax's ``o``), each against the oldest loaded block, as many beats as its
         V; after the block's ``rows`` rows its bank is free. Ready while a block is loaded and
         ``o`` is not stalled.
-    o : Out(stream.Signature(pv_out_layout(head_dim, max_block)))
+    o : Out(stream.Signature(attn_tile.pv_out_layout(head_dim, max_block)))
         One beat per row: ``(m_b, l_b, s, acc)``. Rows in order; the payload holds until
         taken.
 
@@ -77,19 +68,19 @@ class TilePV(wiring.Component):
     """
 
     def __init__(self, keys: int = 4, head_dim: int = 128, max_block: int = 256,
-                 max_rows: int = 64, group: int = PV_SPLIT_KEYS, dsp: str = "model"):
-        if head_dim % 2 or max_block % keys or group % keys or group > PV_SPLIT_KEYS:
+                 max_rows: int = 64, group: int = attn_tile.PV_SPLIT_KEYS, dsp: str = "model"):
+        if head_dim % 2 or max_block % keys or group % keys or group > attn_tile.PV_SPLIT_KEYS:
             raise ValueError("head_dim even; keys divides max_block and group; group ≤ "
-                             f"{PV_SPLIT_KEYS}")
+                             f"{attn_tile.PV_SPLIT_KEYS}")
         if dsp not in ("model", "primitive"):
             raise ValueError("dsp must be 'model' or 'primitive'")
         self.keys, self.head_dim, self.max_block = keys, head_dim, max_block
         self.max_rows, self.group, self.dsp = max_rows, group, dsp
         self.beats = max_block // keys
         super().__init__({
-            "v": In(stream.Signature(v_beat_layout(keys, head_dim, max_rows))),
-            "p": In(stream.Signature(p8_beat_layout(keys))),
-            "o": Out(stream.Signature(pv_out_layout(head_dim, max_block))),
+            "v": In(stream.Signature(attn_tile.v_beat_layout(keys, head_dim, max_rows))),
+            "p": In(stream.Signature(attn_tile.p8_beat_layout(keys))),
+            "o": Out(stream.Signature(attn_tile.pv_out_layout(head_dim, max_block))),
         })
 
     @property
@@ -102,7 +93,7 @@ class TilePV(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        K, D, MB, k = self.keys, self.head_dim, self.beats, PV_SHIFT
+        K, D, MB, k = self.keys, self.head_dim, self.beats, attn_tile.PV_SHIFT
         en = Signal()
         m.d.comb += en.eq(~self.o.valid | self.o.ready)
         with m.If(self.o.valid & self.o.ready):
@@ -110,7 +101,7 @@ class TilePV(wiring.Component):
 
         # ---- V banks --------------------------------------------------------------------------
         vlay = data.ArrayLayout(data.ArrayLayout(signed(KV_ELEM.width), D), K)
-        m.submodules.vmem = vmem = Memory(shape=vlay, depth=2 * MB, init=[])
+        m.submodules.vmem = vmem = memory.Memory(shape=vlay, depth=2 * MB, init=[])
         v_wr, v_rd = vmem.write_port(), vmem.read_port()
         full = Array(Signal(name=f"full{b}") for b in range(2))
         nrows = Array(Signal(range(self.max_rows + 1), name=f"nrows{b}") for b in range(2))
@@ -149,7 +140,7 @@ class TilePV(wiring.Component):
                                   "m": p.payload.m.shape(), "l": p.payload.l.shape(),
                                   "s": p.payload.s.shape()})
         F = [Signal(flay, name=f"f{n}") for n in range(K + 3)]
-        w8 = Signal(data.ArrayLayout(unsigned(P8.width), K))
+        w8 = Signal(data.ArrayLayout(unsigned(attn_tile.P8.width), K))
         with m.If(en):
             m.d.sync += [F[0].valid.eq(take), F[0].gfirst.eq(gpos == 0),
                          F[0].glast.eq(p.payload.last | (gpos == spg - 1)),
@@ -160,8 +151,8 @@ class TilePV(wiring.Component):
 
         # ---- the array: lane j's inputs j cycles late, one cascade per channel pair ---------
         m.submodules.array = arr = PackedCascades(
-            lanes=K, pairs=D // 2, a_shape=signed(KV_ELEM.width), b_shape=unsigned(P8.width),
-            shift=k, dsp=self.dsp)                                     # w8 zero-extended
+            lanes=K, pairs=D // 2, a_shape=signed(KV_ELEM.width),
+            b_shape=unsigned(attn_tile.P8.width), shift=k, dsp=self.dsp)   # w8 zero-extended
         for j in range(K):
             m.d.comb += [arr.a[j].eq(v_rd.data[j]), arr.b[j].eq(w8[j])]
         # P ← M + PCIN (+ P within a group) in the step's cycle t0 + K + 1
@@ -170,7 +161,7 @@ class TilePV(wiring.Component):
         tails = [arr.sums[c] for c in range(D // 2)]
 
         # ---- split at the group's end, exact accumulators, o_b at the row's end -------------
-        AB = pv_acc_bits(self.max_block)
+        AB = attn_tile.pv_acc_bits(self.max_block)
         acc = [Signal(signed(AB), name=f"acc{n}") for n in range(D)]
         fx = F[K + 2]
         with m.If(en & fx.valid & fx.glast):

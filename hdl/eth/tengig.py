@@ -16,7 +16,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.eth import ETH_STATUS, NODE_BITS, PCS_STATUS
+from mcf.abi.eth import ETH_STATUS, NODE_BITS, PCS_STATUS, XGMII_DATA_BITS, XGMII_LANES
 from mcf.abi.framing import beat_layout
 
 from .cdc import async_fifo, events_to_aclk, stream_cdc
@@ -79,8 +79,9 @@ class TenGigMac(wiring.Component):
             "local_id": In(NODE_BITS), "peer_id": In(NODE_BITS),
             "status": Out(ETH_STATUS),
             **clocks, "tx_ce": In(1),
-            "xgmii_txd": Out(64), "xgmii_txc": Out(8),
-            "xgmii_rxd": In(64), "xgmii_rxc": In(8), "xgmii_rx_valid": In(1),
+            "xgmii_txd": Out(XGMII_DATA_BITS), "xgmii_txc": Out(XGMII_LANES),
+            "xgmii_rxd": In(XGMII_DATA_BITS), "xgmii_rxc": In(XGMII_LANES),
+            "xgmii_rx_valid": In(1),
         })
 
     def elaborate(self, platform):
@@ -170,10 +171,10 @@ class TenGigLink(wiring.Component):
         m.submodules.encoder = DomainRenamer("xg_tx")(EnableInserter(gbx.ready)(enc))
         m.submodules.scrambler = DomainRenamer("xg_tx")(EnableInserter(gbx.ready)(scr))
         m.d.comb += [mac.tx_ce.eq(gbx.ready),
-                     enc.data.eq(mac.xgmii_txd), enc.ctrl.eq(mac.xgmii_txc),
-                     scr.header.eq(enc.header), scr.payload.eq(enc.payload),
-                     gbx.header.eq(scr.o_header), gbx.payload.eq(scr.o_payload),
+                     enc.i.data.eq(mac.xgmii_txd), enc.i.ctrl.eq(mac.xgmii_txc),
                      self.gt_txdata.eq(gbx.data)]
+        wiring.connect(m, enc.o, scr.i)
+        wiring.connect(m, scr.o, gbx.i)
 
         # ---- RX ------------------------------------------------------------------------------
         grx, lock, des, dec = GearboxRx(w), BlockLock(), Descrambler(), Decoder()
@@ -181,16 +182,13 @@ class TenGigLink(wiring.Component):
         for name, c in (("gearbox_rx", grx), ("block_lock", lock), ("descrambler", des),
                         ("decoder", dec), ("ber", ber)):
             m.submodules[name] = DomainRenamer("xg_rx")(c)
+        wiring.connect(m, grx.o, lock.i, ber.i, des.i)     # one driver, three receivers
+        wiring.connect(m, des.o, dec.i)
         m.d.comb += [grx.data.eq(self.gt_rxdata), grx.slip.eq(lock.slip),
-                     lock.header.eq(grx.header), lock.valid.eq(grx.valid),
-                     ber.header.eq(grx.header), ber.valid.eq(grx.valid),
                      ber.block_lock.eq(lock.block_lock),
-                     des.header.eq(grx.header), des.payload.eq(grx.payload),
-                     des.valid.eq(grx.valid),
-                     dec.header.eq(des.o_header), dec.payload.eq(des.o_payload),
-                     dec.valid.eq(des.o_valid), dec.force_error.eq(~lock.block_lock | ber.hi_ber),
-                     mac.xgmii_rxd.eq(dec.data), mac.xgmii_rxc.eq(dec.ctrl),
-                     mac.xgmii_rx_valid.eq(dec.o_valid)]
+                     dec.force_error.eq(~lock.block_lock | ber.hi_ber),
+                     mac.xgmii_rxd.eq(dec.o.data), mac.xgmii_rxc.eq(dec.o.ctrl),
+                     mac.xgmii_rx_valid.eq(dec.o.valid)]
 
         # ---- PCS status: counted in xg_rx, snapshots to aclk ------------------------------------
         errored = Signal(32)

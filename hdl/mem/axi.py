@@ -10,25 +10,19 @@ from __future__ import annotations
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from mcf.abi import compute as dma_abi
 from mcf.abi.axi import AxiBurst, AxiResp
-from mcf.abi.compute import (
-    DMA_ADDR_BITS,
-    DMA_COUNT_BITS,
-    DMA_LENGTH_BITS,
-    DMA_STRIDE_BITS,
-    dma_desc_layout,
-)
 
 __all__ = ["AXI4Signature", "AxiResp", "AxiBurst", "MAX_BURST_BEATS", "BOUNDARY_BYTES",
            "descriptor_layout", "ADDR_BITS", "LENGTH_BITS", "STRIDE_BITS", "COUNT_BITS"]
 
 MAX_BURST_BEATS = 256          # AXI4 INCR bursts: arlen ≤ 255
 BOUNDARY_BYTES = 4096          # a burst never crosses a 4 KiB boundary
-ADDR_BITS = DMA_ADDR_BITS
-LENGTH_BITS = DMA_LENGTH_BITS
-STRIDE_BITS = DMA_STRIDE_BITS
-COUNT_BITS = DMA_COUNT_BITS
-descriptor_layout = dma_desc_layout     # the ABI's descriptor (mcf.abi.compute)
+ADDR_BITS = dma_abi.DMA_ADDR_BITS
+LENGTH_BITS = dma_abi.DMA_LENGTH_BITS
+STRIDE_BITS = dma_abi.DMA_STRIDE_BITS
+COUNT_BITS = dma_abi.DMA_COUNT_BITS
+descriptor_layout = dma_abi.dma_desc_layout     # the ABI's descriptor (mcf.abi.compute)
 
 
 class AXI4Signature(wiring.Signature):

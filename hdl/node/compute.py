@@ -153,12 +153,10 @@ class NodeCompute(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.walker = w = self.walker
-        m.submodules.matrix = x = self.matrix
-        m.submodules.emitter = e = self.emitter
-        m.submodules.attender = a = self.attender
-        m.submodules.reader = r = self.reader
-        m.submodules.engine = g = self.engine
+        parts = ("walker", "matrix", "emitter", "attender", "reader", "engine")
+        for name in parts:
+            m.submodules[name] = getattr(self, name)
+        w, x, e, a, r, g = (getattr(self, name) for name in parts)
 
         # JOB: walker → matrix engine
         wiring.connect(m, wiring.flipped(self.job), w.rec)

@@ -16,14 +16,7 @@ from amaranth.lib.wiring import In, Out
 from mcf.abi.framing import MAX_PAYLOAD
 from mcf.abi.meta import META
 
-from ..mem.axi import (
-    ADDR_BITS,
-    BOUNDARY_BYTES,
-    MAX_BURST_BEATS,
-    AXI4Signature,
-    AxiResp,
-    descriptor_layout,
-)
+from ..mem import axi
 from ..mem.dma import DmaWriter
 
 __all__ = ["PacketWriter", "PacketUpsizer", "FramingGuard", "LandingStage", "packet_beat_layout",
@@ -282,7 +275,7 @@ class PacketWriter(wiring.Component):
         One per packet in ``head`` order, valid on the packet's last B response (its ``tag``;
         ``err`` when any of its bursts answered other than OKAY). ``done.ready`` low holds
         every B response (``bus.bready`` low) — a full consumer stops the writer.
-    bus : Out(AXI4Signature(addr_width, axi_width))
+    bus : Out(axi.AXI4Signature(addr_width, axi_width))
         Write master (AW/W/B; AR/R tied off). INCR bursts, never across 4 KiB, one AXI ID; a
         packet of at most ``MAX_PAYLOAD`` bytes is one burst, or two when it crosses a 4 KiB
         page (or a maximum burst: narrow writers only).
@@ -296,13 +289,14 @@ class PacketWriter(wiring.Component):
 
     DESC_DEPTH = 4          # descriptors queued for the DmaWriter
 
-    def __init__(self, tag, *, axi_width: int = 128, addr_width: int = ADDR_BITS,
+    def __init__(self, tag, *, axi_width: int = 128, addr_width: int = axi.ADDR_BITS,
                  outstanding: int = 8, fifo_depth: int = 64):
         if axi_width % PACKET_WIDTH:
             raise ValueError(f"axi_width must be a multiple of {PACKET_WIDTH}")
         bb = axi_width // 8
         # a packet of at most MAX_PAYLOAD bytes needs at most two bursts
-        if (MAX_PAYLOAD + 2 * bb - 2) // bb > min(MAX_BURST_BEATS, BOUNDARY_BYTES // bb) + 1:
+        longest = min(axi.MAX_BURST_BEATS, axi.BOUNDARY_BYTES // bb)   # beats in one burst
+        if (MAX_PAYLOAD + 2 * bb - 2) // bb > longest + 1:
             raise ValueError("a MAX_PAYLOAD packet would need more than two bursts")
         self.tag, self.axi_width, self.addr_width = tag, axi_width, addr_width
         self.outstanding, self.fifo_depth = outstanding, fifo_depth
@@ -311,7 +305,7 @@ class PacketWriter(wiring.Component):
             "head": In(stream.Signature(write_head_layout(addr_width, tag))),
             "i": In(stream.Signature(unsigned(axi_width))),
             "done": Out(stream.Signature(write_done_layout(tag))),
-            "bus": Out(AXI4Signature(addr_width, axi_width)),
+            "bus": Out(axi.AXI4Signature(addr_width, axi_width)),
         })
 
     def elaborate(self, platform):
@@ -323,7 +317,7 @@ class PacketWriter(wiring.Component):
         head = self.head.payload
 
         # --- descriptors, packets awaiting their B responses, payload FIFO ---------------
-        desc_l = descriptor_layout(aw)
+        desc_l = axi.descriptor_layout(aw)
         m.submodules.desc_fifo = desc_fifo = fifo.SyncFIFOBuffered(width=desc_l.size,
                                                                    depth=self.DESC_DEPTH)
         pend_l = data.StructLayout({"tag": self.tag, "two": unsigned(1)})
@@ -335,11 +329,13 @@ class PacketWriter(wiring.Component):
         # the packet's write in bursts as DmaWriter cuts it: one, or two across a 4 KiB page
         # (or beyond a maximum burst, possible only for narrow writers)
         total = Signal(len_bits + 1)
-        to_4k = Signal(range(BOUNDARY_BYTES // bb + 1))
+        page_bits = (axi.BOUNDARY_BYTES - 1).bit_length()
+        to_4k = Signal(range(axi.BOUNDARY_BYTES // bb + 1))
         first_n = Signal.like(to_4k)
         m.d.comb += [total.eq((head.addr[:lb] + head.length + (bb - 1)) >> lb),
-                     to_4k.eq((BOUNDARY_BYTES - Cat(Const(0, lb), head.addr[lb:12])) >> lb),
-                     first_n.eq(Mux(to_4k < MAX_BURST_BEATS, to_4k, MAX_BURST_BEATS))]
+                     to_4k.eq((axi.BOUNDARY_BYTES - Cat(Const(0, lb), head.addr[lb:page_bits]))
+                              >> lb),
+                     first_n.eq(Mux(to_4k < axi.MAX_BURST_BEATS, to_4k, axi.MAX_BURST_BEATS))]
         desc = Signal(desc_l)
         m.d.comb += [desc.addr.eq(head.addr), desc.length.eq(head.length), desc.stride.eq(0),
                      desc.count.eq(1),
@@ -369,7 +365,7 @@ class PacketWriter(wiring.Component):
         pend_head = data.View(pend_l, pend.r_data)
         b_seen, b_err, b_fire, done = Signal(), Signal(), Signal(), Signal()
         m.d.comb += b_fire.eq(bus.bvalid & bus.bready)
-        err_now = b_err | (bus.bresp != AxiResp.OKAY)
+        err_now = b_err | (bus.bresp != axi.AxiResp.OKAY)
         m.d.comb += done.eq(b_fire & pend.r_rdy & (b_seen == pend_head.two))
         with m.If(b_fire):
             m.d.sync += [b_seen.eq(~done), b_err.eq(Mux(done, 0, err_now))]

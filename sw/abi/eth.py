@@ -48,6 +48,7 @@ __all__ = [
     "wire_bytes", "link_beats", "LENGTH_OFFSET", "LENGTH_SHIFT", "LENGTH_BYTES",
     "NODE_BITS",
     "RX_COUNTER",
+    "XGMII_LANES", "XGMII_DATA_BITS", "SYNC_HEADER_BITS", "BLOCK_PAYLOAD_BITS", "BLOCK_BITS",
     "XGMII_IDLE", "XGMII_START", "XGMII_TERM", "XGMII_ERROR", "XGMII_SEQ", "XGMII_SIG",
     "CONTROL_CODES", "O_CODES", "SYNC_DATA", "SYNC_CTRL", "BLOCK_FORMATS", "BLOCK_FIELDS",
     "SCRAMBLER_TAPS", "LOCK_GOOD_HEADERS", "LOCK_BAD_HEADERS", "PCS_CLOCK_HZ", "BER_WINDOW_S",
@@ -197,6 +198,12 @@ def link_beats(link: bytes) -> list[tuple[int, int, int]]:
 
 
 # ---- 10GBASE-R (IEEE 802.3 clauses 46 and 49) -------------------------------------------------
+
+XGMII_LANES = 8                                     # one control bit per byte lane
+XGMII_DATA_BITS = 8 * XGMII_LANES                   # the 64-bit XGMII word
+SYNC_HEADER_BITS = 2
+BLOCK_PAYLOAD_BITS = XGMII_DATA_BITS                # 64b/66b: one XGMII word per block
+BLOCK_BITS = SYNC_HEADER_BITS + BLOCK_PAYLOAD_BITS  # 66, bit 0 (the header's) first
 
 XGMII_IDLE = 0x07
 XGMII_START = 0xFB

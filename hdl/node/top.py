@@ -356,32 +356,7 @@ class NodeTop(wiring.Component):
                      getattr(self, f"m_axi_hp{p}"))
 
         # ---- interrupts ------------------------------------------------------------------------
-        causes = {
-            "mark0": seqs[0].irq_mark, "mark1": seqs[1].irq_mark,
-            "halt0": _rose(m, seqs[0].halted), "halt1": _rose(m, seqs[1].halted),
-            "bad_record": _bumped(m, [*(r.status.bad_records for r in rings),
-                                      comp.jobs_status.bad_index, comp.jobs_status.bad_entries,
-                                      comp.jobs_status.bad_gemm,
-                                      comp.emit_status.bad_record, comp.att_status.bad_record,
-                                      comp.att_status.bad_list, comp.kvr_status.rejects]),
-            "overrun": _bumped(m, [r.status.overruns for r in rings]),
-            "bus_error": _bumped(m, [*(r.status.read_errors for r in rings),
-                                     land.status.write_errors, dec.status.write_errors,
-                                     send.status.read_errors, comp.jobs_status.read_errors,
-                                     comp.emit_status.read_errors, comp.att_status.write_errors,
-                                     comp.kvr_status.bus_errors, comp.stripe_status.errors,
-                                     *(getattr(comp, f"dma{i}_status")[f"{d}_errors"]
-                                       for i in (0, 1) for d in ("rd", "wr"))]),
-            "drop": _bumped(m, [land.status.drop_unmapped, land.status.drop_bad_seq,
-                                land.status.drop_op, lsink.status.drop_op,
-                                lsink.status.drop_invalidate,
-                                dec.status.drop_op, dec.status.drop_reduce_op,
-                                dec.status.drop_length, dec.status.drop_slot,
-                                send.status.drop_unmapped, send.status.drop_bad_seq,
-                                send.status.drop_bad_record]),
-            "link_error": _stepped(m, [_nic_counter(nic, f"link{p}_rx_{c}")
-                                       for p in range(cfg.links) for c in LINK_FAULTS]),
-        }
+        causes = _irq_causes(m, seqs, rings, comp, land, dec, lsink, send, nic, cfg.links)
         pending = []
         for name, _ in IRQ_CAUSES:
             m.d.comb += getattr(regs.IRQ_STATUS, name).set.eq(causes[name])
@@ -389,6 +364,39 @@ class NodeTop(wiring.Component):
                            getattr(regs.IRQ_ENABLE, name))
         m.d.comb += self.irq.eq(Cat(*pending).any())
         return m
+
+
+def _irq_causes(m: Module, seqs, rings, comp, land, dec, lsink, send, nic, links: int) -> dict:
+    """``IRQ_STATUS``'s causes (:data:`mcf.abi.node.IRQ_CAUSES`) by name, each high for one
+    cycle per event: a sequencer's MARK, a sequencer halting (the rise of ``halted``), and the
+    first cycle any of the parts' counters behind ``bad_record``, ``overrun``, ``bus_error``,
+    ``drop`` and ``link_error`` shows a new value."""
+    return {
+        "mark0": seqs[0].irq_mark, "mark1": seqs[1].irq_mark,
+        "halt0": _rose(m, seqs[0].halted), "halt1": _rose(m, seqs[1].halted),
+        "bad_record": _bumped(m, [*(r.status.bad_records for r in rings),
+                                  comp.jobs_status.bad_index, comp.jobs_status.bad_entries,
+                                  comp.jobs_status.bad_gemm,
+                                  comp.emit_status.bad_record, comp.att_status.bad_record,
+                                  comp.att_status.bad_list, comp.kvr_status.rejects]),
+        "overrun": _bumped(m, [r.status.overruns for r in rings]),
+        "bus_error": _bumped(m, [*(r.status.read_errors for r in rings),
+                                 land.status.write_errors, dec.status.write_errors,
+                                 send.status.read_errors, comp.jobs_status.read_errors,
+                                 comp.emit_status.read_errors, comp.att_status.write_errors,
+                                 comp.kvr_status.bus_errors, comp.stripe_status.errors,
+                                 *(getattr(comp, f"dma{i}_status")[f"{d}_errors"]
+                                   for i in (0, 1) for d in ("rd", "wr"))]),
+        "drop": _bumped(m, [land.status.drop_unmapped, land.status.drop_bad_seq,
+                            land.status.drop_op, lsink.status.drop_op,
+                            lsink.status.drop_invalidate,
+                            dec.status.drop_op, dec.status.drop_reduce_op,
+                            dec.status.drop_length, dec.status.drop_slot,
+                            send.status.drop_unmapped, send.status.drop_bad_seq,
+                            send.status.drop_bad_record]),
+        "link_error": _stepped(m, [_nic_counter(nic, f"link{p}_rx_{c}")
+                                   for p in range(links) for c in LINK_FAULTS]),
+    }
 
 
 def _pulse(field) -> Signal:

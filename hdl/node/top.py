@@ -108,7 +108,9 @@ class NodeTop(wiring.Component):
     all-to-all parts), between the local packet arbiter and the local sink, between the sink's
     DRAINs and the directory-op arbiter, and between that arbiter and ``Directory.op``. The
     last one delays a sequencer's FREE/DRAIN to the directory by up to :data:`DIR_OP_DELAY`
-    cycles, so the sequencers run with ``dir_settle`` = :data:`DIR_SETTLE`.
+    cycles, so the sequencers run with ``dir_settle`` = :data:`DIR_SETTLE`. A ready slice
+    (no latency while empty; a SEND the send unit does not take at once waits in its skid
+    register) sits between each sequencer's ``send`` and the send unit.
     """
 
     def __init__(self, config: NodeConfig = SIM):
@@ -185,8 +187,13 @@ class NodeTop(wiring.Component):
         # ---- send path: sequencers → send unit → packetizer → parser 0 -------------------------
         m.submodules.send = send = SendUnit()
         m.submodules.pkt = pkt = Packetizer(PACKET_WIDTH)
+        # a ready slice per queue (no latency while empty): the send unit's arbitration
+        # (req ready) no longer reaches a sequencer's transfer and directory lookup
         for q, seq in enumerate(seqs):
-            wiring.connect(m, seq.send, getattr(send, f"req{q}"))
+            m.submodules[f"send_slice{q}"] = sl = RegisterSlice(seq.send.payload.shape(),
+                                                                forward=False)
+            wiring.connect(m, seq.send, sl.i)
+            wiring.connect(m, sl.o, getattr(send, f"req{q}"))
         wiring.connect(m, send.o_meta, pkt.i_meta)
         wiring.connect(m, send.o_payload, pkt.i_payload)
         status("send", send.status)

@@ -90,6 +90,7 @@ def merge_head_state(m: Module, mu: MergeUnit, started: Signal, *, then: str, on
             m.d.sync += on_done
             m.next = then
 
+
 class MergeStage(wiring.Component):
     """Merges a finished block's accumulator into the running state, head by head and word by
     word (SINGLE mode), ``merge_lanes`` lanes per cycle through a :class:`MergeUnit`.

@@ -9,8 +9,8 @@
   when the first beat of a result for tag ``t`` is taken on ``o``, at least ``k`` heads of
   well-formed contributions of ``t`` were accepted on ``i`` since the previous result of ``t``
   started or since the watchdog last freed a slot holding ``t``. Also proved: the status
-  reports every trip (``watchdog_trips`` grows by the number of freed slots, ``last_trip``
-  names the freed tag).
+  reports every trip, one cycle after the slot is freed (``watchdog_trips`` grows by the
+  number of freed slots, ``last_trip`` names the freed tag).
 
   Instance: 2 slots, two tags (``kv_id`` 0/1), 2-beat contributions. k (1..3) and each tag's
   op (MAX, SUM or SOFTMAX_MERGE) are chosen by the solver and held; k is written into the
@@ -219,9 +219,11 @@ class ReduceFormal(wiring.Component):
 
         # ---- the status reports every trip: counter + 1 per freed slot, tag of the last ------
         st = e.status
-        prev_trips = _prev(m, p.trips, "trips")
+        # a cycle's trips reach the status one cycle later (registered), so two cycles on
+        prev_trips = _prev(m, _prev(m, p.trips, "trips1"), "trips")
         prev_count = _prev(m, st.watchdog_trips, "trip_count")
-        prev_tags = [_prev(m, p.s_tag[s].as_value(), f"tag{s}") for s in range(n_slots)]
+        prev_tags = [_prev(m, _prev(m, p.s_tag[s].as_value(), f"tag1_{s}"), f"tag{s}")
+                     for s in range(n_slots)]
         with m.If(started):
             m.d.comb += Assert(st.watchdog_trips
                                == (prev_count + sum(prev_trips[s] for s in range(n_slots)))[:32],

@@ -1,10 +1,10 @@
-"""The node top's directory-op path (``hdl/node/top.py``, docs/depth.md): the sequencer's DIR
-ops and the local sink's DRAINs (behind ``drain_slice``) meet in the op arbiter, whose output
-reaches ``Directory.op`` through a full slice (``dirop_slice``); the directory alternates ops
-with land events. amaranth.sim of that path as the top wires it (same components, same
-helpers): every sequencer op is accepted by the directory at most ``DIR_OP_DELAY`` cycles after
-its transfer, the bound the sequencers' ``dir_settle`` (``DIR_SETTLE``) is derived from, and
-the bound is reached."""
+"""The node top's directory-op path (``hdl/node/top.py``, :func:`~mcf.hdl.node.top.dir_op_path`,
+docs/depth.md): the sequencer's DIR ops (behind a ready slice, ``dir_slice``) and the local
+sink's DRAINs (behind ``drain_slice``) meet in the op arbiter, whose output reaches
+``Directory.op`` through a full slice (``dirop_slice``); the directory alternates ops with land
+events. amaranth.sim of that path built by the top's own function: every sequencer op is
+accepted by the directory at most ``DIR_OP_DELAY`` cycles after its transfer, the bound the
+sequencers' ``dir_settle`` (``DIR_SETTLE``) is derived from, and the bound is reached."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from mcf.hdl.node.top import (
     _drain,
     _feed,
     _one_beat,
+    dir_op_path,
 )
-from mcf.hdl.stream.register_slice import RegisterSlice
 
 KV_COUNT = 16
 
@@ -37,21 +37,11 @@ def _dir_path():
     drain = stream.Signature(DIR_OP).create()        # ``LocalSink.dir_op``
     land = stream.Signature(LAND_EVENT).create()     # ``LandingEngine.landed``
     m.submodules.dirx = dirx = Directory(KV_COUNT, n_read=1)
-    one_land, one_op = _one_beat(LAND_EVENT), _one_beat(DIR_OP)
-    m.submodules.arb_land = arb_land = PacketArbiter(2, one_land)
-    m.submodules.arb_op = arb_op = PacketArbiter(2, one_op)
-    m.submodules.drain_slice = drain_slice = RegisterSlice(DIR_OP)
-    m.submodules.dirop_slice = dirop_slice = RegisterSlice(one_op)
-    m.d.comb += [drain_slice.i.valid.eq(drain.valid), drain_slice.i.payload.eq(drain.payload),
-                 drain.ready.eq(drain_slice.i.ready), arb_land.i1.valid.eq(0)]
+    m.submodules.arb_land = arb_land = PacketArbiter(2, _one_beat(LAND_EVENT))
+    m.d.comb += arb_land.i1.valid.eq(0)
     _feed(m, land, arb_land.i0)
-    _feed(m, seq, arb_op.i0)
-    _feed(m, drain_slice.o, arb_op.i1)
     _drain(m, arb_land.o, dirx.land)
-    m.d.comb += [dirop_slice.i.valid.eq(arb_op.o.valid),
-                 dirop_slice.i.payload.eq(arb_op.o.payload),
-                 arb_op.o.ready.eq(dirop_slice.i.ready)]
-    _drain(m, dirop_slice.o, dirx.op)
+    dir_op_path(m, seq, drain, dirx.op)
     return m, seq, drain, land, dirx
 
 

@@ -36,13 +36,14 @@ MAX_PAYLOAD = 96
 
 
 def _check(width, beats, *, idle=0.0, backpressure=0.0, seed=0, max_payload=MAX_PAYLOAD,
-           buffer_depth=None, meta_layout=META):
+           buffer_depth=None, meta_layout=META, out_register=False):
     model = ParserModel(width, max_payload=max_payload, local_id=LOCAL_ID,
                         num_nodes=NUM_NODES, meta_layout=meta_layout)
     model.feed(beats)
     layout = parsed_layout(width, meta_layout)
     expected = expected_parsed(model, layout)
-    dut = Parser(width, meta_layout, max_payload=max_payload, buffer_depth=buffer_depth)
+    dut = Parser(width, meta_layout, max_payload=max_payload, buffer_depth=buffer_depth,
+                 out_register=out_register)
     got, status, stalls = run_parser(dut, beats, local_id=LOCAL_ID, num_nodes=NUM_NODES,
                                      expected_beats=sum(map(len, expected.values())),
                                      idle=idle, backpressure=backpressure, seed=seed)
@@ -203,9 +204,12 @@ def test_rollback_reuses_space_and_never_leaks(width):
            buffer_depth=payload_beats(max_payload, width))
 
 
+@pytest.mark.parametrize("out_register", (False, True))
 @pytest.mark.parametrize("width", (64, 128))
 @pytest.mark.parametrize("idle,backpressure", [(0.0, 0.0), (0.3, 0.0), (0.0, 0.6), (0.3, 0.6)])
-def test_random_mix(width, idle, backpressure):
+def test_random_mix(width, idle, backpressure, out_register):
+    """Good and bad packets to every port, idle input cycles × output backpressure, with the
+    default ready slice and with ``out_register`` (the node top's parsers)."""
     rng = random.Random(width * 3 + int(idle * 10) + int(backpressure * 10))
     bpb = width // 8
     beats = []
@@ -220,7 +224,8 @@ def test_random_mix(width, idle, backpressure):
                                                num_nodes=NUM_NODES, port=port,
                                                local_id=LOCAL_ID)
             beats += packet_beats(meta, payload, width)
-    _check(width, beats, idle=idle, backpressure=backpressure, seed=rng.randrange(1000))
+    _check(width, beats, idle=idle, backpressure=backpressure, seed=rng.randrange(1000),
+           out_register=out_register)
 
 
 def test_input_not_stalled_by_drops():

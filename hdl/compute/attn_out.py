@@ -25,8 +25,9 @@ def word_layout(bits: int = LANE_BITS) -> data.StructLayout:
 
 
 class Normalizer(wiring.Component):
-    """``o / l``: ``l`` normalised by its leading one (truncated to RECIP_IN_BITS), its
-    reciprocal ``r`` (:class:`Recip`), then per word ``sat32(round(o·r >> e))``.
+    """``o / l``: ``l`` normalised by its leading one (truncated to RECIP_IN_BITS, registered:
+    the leading-one search and shift do not reach the reciprocal's table), its reciprocal ``r``
+    (:class:`Recip`), then per word ``sat32(round(o·r >> e))``.
 
     Members
     -------
@@ -35,13 +36,15 @@ class Normalizer(wiring.Component):
     start : In(1)
     done : Out(1)
         :data:`LATENCY` cycles after ``start``; the factors are then held until the next start.
+        ``e`` and the zero flag change at the edge after ``start``, ``r`` at ``done``: a word
+        presented in the ``start`` cycle or earlier is still divided by the previous ``l``.
     x : In(signed(32))
         An ``o`` word.
     y : Out(unsigned(32))
         ``o / l`` of the ``x`` presented :data:`WORD_LATENCY` cycles earlier (0 when ``l = 0``).
     """
 
-    LATENCY = Recip.LATENCY
+    LATENCY = Recip.LATENCY + 1
     WORD_LATENCY = 1
 
     def __init__(self):
@@ -57,7 +60,10 @@ class Normalizer(wiring.Component):
         for n in range(LANE_BITS):
             with m.If(self.l[n]):
                 m.d.comb += lead.eq(n)
-        m.d.comb += recip.x.eq(((self.l << (RECIP_IN_BITS - 1)) >> lead)[:RECIP_IN_BITS])
+        xn = Signal(RECIP_IN_BITS)
+        with m.If(self.start):
+            m.d.sync += xn.eq(((self.l << (RECIP_IN_BITS - 1)) >> lead)[:RECIP_IN_BITS])
+        m.d.comb += recip.x.eq(xn)
         e = Signal(range(LANE_BITS))
         zero = Signal()
         r = Signal(RECIP_IN_BITS + 1)
@@ -150,8 +156,8 @@ class OutputStage(wiring.Component):
     o_lanes : In(unsigned(lanes · 32))
     o : Out(stream.Signature(beat_layout(data_width)))
 
-    Latency: per head 6 cycles (reciprocal of ``l``) before its first word; words leave at one
-    per cycle while the packer FIFO has room.
+    Latency: per head 6 cycles (the normalised ``l`` and its reciprocal) before its first word;
+    words leave at one per cycle while the packer FIFO has room.
     """
 
     def __init__(self, head_dim: int, lanes: int, max_heads: int, data_width: int,
@@ -215,11 +221,13 @@ class OutputStage(wiring.Component):
                 m.d.sync += [mh.eq(0), wait.eq(0)]
                 m.next = "HEAD"
             with m.State("HEAD"):
-                # word count and the reciprocal of l (the previous head's last words leave the
-                # normaliser before it takes the new l)
+                # word count and the reciprocal of l: start in the HEAD's second cycle, when
+                # the previous head's last word (issued in the cycle before HEAD) is in the
+                # normaliser's output stage, which still uses the old l (Normalizer: e and the
+                # zero flag change at the edge after start)
                 with m.If(wait != 7):
                     m.d.sync += wait.eq(wait + 1)
-                m.d.comb += nz.start.eq(wait == 2)
+                m.d.comb += nz.start.eq(wait == 1)
                 with m.If(wait == 0):
                     m.d.sync += widx.eq(0)
                     with m.If(self.mode == AttnMode.MAX):

@@ -86,8 +86,9 @@ class ReduceEngine(wiring.Component):
     slot (``NO_SLOT``): a new tag while every slot is busy (open or complete), or a
     contribution of a tag whose complete result still waits in its slot. An open slot that
     receives nothing for ``timeout`` cycles is freed and counted (``watchdog_trips``,
-    ``last_trip``): a missing contributor never hangs the engine. A complete slot is never
-    freed by the watchdog (its result waits only for the router).
+    ``last_trip``, one cycle after the slot is freed): a missing contributor never hangs the
+    engine. A complete slot is never freed by the watchdog (its result waits only for the
+    router).
 
     Latency / rate: ``i.ready`` is constantly high: 1 beat (all lanes) per cycle in, whatever
     ``o`` does. A result's first beat is on ``o`` 4 cycles after the k-th contribution's last
@@ -284,9 +285,15 @@ class ReduceEngine(wiring.Component):
                 m.d.sync += [s_valid[s].eq(0), s_timer[s].eq(0)]
             with m.Elif(s_open[s]):
                 m.d.sync += s_timer[s].eq(s_timer[s] + 1)
-        # last_trip: the tag of the highest slot tripped this cycle, by a balanced tree of
-        # (any, tag) pairs (the higher half wins), not a chain of one multiplexer per slot
-        level = [(trip_cut[s], s_tag[s].as_value()) for s in range(S)]
+        # the status reports a cycle's trips one cycle later, from registers: the head decode
+        # (take → active → trips) does not reach the counter's adder or the tag tree. A tripped
+        # slot keeps its tag through that cycle (a slot taken in a cycle does not trip in it).
+        trips_q = Signal(S)
+        cut_q = Signal(S)
+        m.d.sync += [trips_q.eq(trips), cut_q.eq(trip_cut)]
+        # last_trip: the tag of the highest slot tripped, by a balanced tree of (any, tag)
+        # pairs (the higher half wins), not a chain of one multiplexer per slot
+        level = [(cut_q[s], s_tag[s].as_value()) for s in range(S)]
         while len(level) > 1:
             nxt = [(lo[0] | hi[0], Mux(hi[0], hi[1], lo[1]))
                    for lo, hi in zip(level[0::2], level[1::2])]
@@ -296,7 +303,7 @@ class ReduceEngine(wiring.Component):
 
         # ---- counters --------------------------------------------------------------------------
         st = self.status
-        m.d.sync += st.watchdog_trips.eq(st.watchdog_trips + sum(trips[s] for s in range(S)))
+        m.d.sync += st.watchdog_trips.eq(st.watchdog_trips + sum(trips_q[s] for s in range(S)))
         with m.If(head_fire):
             m.d.sync += st.rx_packets.eq(st.rx_packets + 1)
             for c in ReduceDrop:

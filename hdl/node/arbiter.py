@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from amaranth import Module, Signal
+from amaranth import C, Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -35,8 +35,10 @@ class PacketArbiter(wiring.Component):
     waiting input is granted after at most ``n − 1`` other packets (no starvation).
 
     Latency / rate: combinational (0 cycles: ``o`` is the granted input's beat, its ``ready`` is
-    ``o.ready``); 1 beat per cycle; **no bubble between packets** — in the cycle after a
-    ``last`` beat is transferred, another waiting input's first beat is already on ``o``.
+    ``o.ready``; the grant is one-hot, the round-robin pick a prefix OR over the inputs and the
+    beat an AND-OR selection, so the logic grows with log ``n``, not ``n``); 1 beat per cycle;
+    **no bubble between packets** — in the cycle after a ``last`` beat is transferred, another
+    waiting input's first beat is already on ``o``.
     Per input, packets leave in arrival order (a stream is never reordered).
     """
 
@@ -61,31 +63,40 @@ class PacketArbiter(wiring.Component):
         m = Module()
         n, ins, o = self._n, self.inputs(), self.o
         busy = Signal()                  # a grant is held (a beat was offered, last not taken)
-        cur = Signal(range(n))           # the held grant
-        prev = Signal(range(n), init=n - 1)   # the input granted last: lowest priority next
+        cur = Signal(n)                  # the held grant, one-hot
+        after = Signal(n, init=0)        # the inputs after the one granted last (bits k > it):
+        #                                  first in the round robin; reset: input n-1 granted last
 
-        pick = Signal(range(n))          # round-robin choice among valid inputs
-        with m.Switch(prev):
-            for p in range(n):
-                with m.Case(p):
-                    for k in reversed([(p + 1 + t) % n for t in range(n)]):
-                        with m.If(ins[k].valid):
-                            m.d.comb += pick.eq(k)
-        sel = Signal(range(n))
-        with m.If(busy):
-            m.d.comb += sel.eq(cur)
-        with m.Else():
-            m.d.comb += sel.eq(pick)
+        # round robin in parallel: the first valid input after the last grant, else the first
+        # valid one; "first" by a prefix OR (log depth), not a chain of one multiplexer per input
+        req = Cat(i.valid for i in ins)
 
-        with m.Switch(sel):
-            for k in range(n):
-                with m.Case(k):
-                    m.d.comb += [o.valid.eq(ins[k].valid), o.payload.eq(ins[k].payload),
-                                 ins[k].ready.eq(o.ready)]
+        def first(v):
+            return Cat(v[k] & ~v[:k].any() if k else v[0] for k in range(n))
+        ahead = req & after
+        pick = Signal(n)
+        m.d.comb += pick.eq(Mux(ahead.any(), first(ahead), first(req)))
+        sel = Signal(n)
+        m.d.comb += sel.eq(Mux(busy, cur, pick))
+
+        # the granted input by one-hot AND-OR selection (at most one bit of sel is set)
+        m.d.comb += [o.valid.eq((sel & req).any()),
+                     o.payload.eq(_select(sel, [i.payload.as_value() for i in ins]))]
+        m.d.comb += [ins[k].ready.eq(sel[k] & o.ready) for k in range(n)]
 
         done = o.valid & o.ready & o.payload.last
         with m.If(done):
-            m.d.sync += [busy.eq(0), prev.eq(sel)]
+            # after the input granted now: the bits above its one-hot position
+            m.d.sync += [busy.eq(0),
+                         after.eq(Cat(sel[:k].any() if k else C(0, 1) for k in range(n)))]
         with m.Elif(o.valid):
             m.d.sync += [busy.eq(1), cur.eq(sel)]
         return m
+
+
+def _select(onehot, values):
+    """``values[k]`` for the set bit ``k`` of ``onehot`` (0 when none): an OR of ANDs."""
+    out = 0
+    for k, v in enumerate(values):
+        out = out | (v & onehot[k].replicate(len(v)))
+    return out

@@ -7,7 +7,7 @@ The record rules, the status counters and the golden model are :mod:`mcf.abi.sen
 
 from __future__ import annotations
 
-from amaranth import Const, Module, Mux, Signal, unsigned
+from amaranth import Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -294,8 +294,10 @@ class SendUnit(wiring.Component):
         ended = Signal()
         err = Signal()
         done = Signal()
+        # the job's beat count n and n - 1, registered with it: the streamer's compares start
+        # from flip-flops (no adder between the job register and the output handshake)
         n = Signal(len_bits)
-        m.d.comb += n.eq((cj.length + 7) >> 3)
+        nm1 = Signal(signed(len_bits + 1), init=-1)
         rem = cj.length[:3]
         final_keep = Signal(8)
         m.d.comb += final_keep.eq(Mux(rem == 0, 0xFF, (Const(1, 9) << rem) - 1))
@@ -320,7 +322,7 @@ class SendUnit(wiring.Component):
             with m.If(active & (cj.kind == kind)):
                 need = Signal(name=f"need_{kind.name.lower()}")
                 m.d.comb += need.eq(cj.emit & (out_cnt < n))
-                is_last_out = out_cnt == n - 1
+                is_last_out = out_cnt == nm1
                 m.d.comb += [o.payload.keep.eq(Mux(is_last_out, final_keep, 0xFF)),
                              o.payload.last.eq(is_last_out)]
                 took = Signal(name=f"took_{kind.name.lower()}")
@@ -336,9 +338,9 @@ class SendUnit(wiring.Component):
                     m.d.sync += in_cnt.eq(in_cnt + 1)
                 with m.If(ends_now):
                     m.d.sync += ended.eq(1)
-                    with m.If(cj.emit & (in_cnt != n - 1)):
+                    with m.If(cj.emit & (in_cnt != nm1)):
                         m.d.sync += st.framing_errors.eq(st.framing_errors + 1)
-                out_done = ~cj.emit | (out_cnt + o_go == n)
+                out_done = ~cj.emit | Mux(o_go, out_cnt == nm1, out_cnt == n)
                 with m.If((ended | ends_now) & out_done):
                     m.d.comb += [done.eq(1), pend_dec[s].eq(1)]
 
@@ -346,6 +348,8 @@ class SendUnit(wiring.Component):
         with m.If(done):
             m.d.sync += active.eq(0)
         with m.If(jobs.r_en & jobs.r_rdy):
+            nxt = data.View(job_l, jobs.r_data)
             m.d.sync += [cj.eq(jobs.r_data), active.eq(1), out_cnt.eq(0), in_cnt.eq(0),
-                         ended.eq(0), err.eq(0)]
+                         ended.eq(0), err.eq(0),
+                         n.eq((nxt.length + 7) >> 3), nm1.eq(((nxt.length + 7) >> 3) - 1)]
         return m

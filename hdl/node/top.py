@@ -50,7 +50,7 @@ from .local_sink import LocalSink
 from .send import SendUnit
 from .sequencer import QueueSequencer
 
-__all__ = ["NodeTop", "node_axis_names", "HP_CLIENTS"]
+__all__ = ["NodeTop", "node_axis_names", "HP_CLIENTS", "dir_op_path", "DIR_OP_DELAY", "DIR_SETTLE"]
 
 HP_CLIENTS: dict[int, tuple[str, ...]] = {
     0: ("ring0", "ring1", "walker", "mat0", "w0"),
@@ -72,13 +72,14 @@ def _one_beat(layout) -> data.StructLayout:
     return data.StructLayout({"rec": layout, "last": 1})
 
 
-DIR_OP_DELAY = 3
+DIR_OP_DELAY = 6
 """Cycles from a sequencer's DIR transfer to ``Directory.op`` accepting the op, at most
-(``tests/test_node_top_dir_path.py`` reaches it): the op arbiter feeds ``Directory.op``
-through a full slice (``dirop_slice``), so the transfer ends in the slice; the directory
-alternates ``op`` with ``land`` events. The op waits behind at most one other (a DRAIN in the
-slice's output register), and only after that one lost its turn to a land event, so it goes
-next: 1 (the slice's register) + 1 (the op ahead) + 1 (the op's own lost turn)."""
+(``tests/test_node_top_dir_path.py`` reaches it; :func:`dir_op_path`): the transfer ends in a
+ready slice (``dir_slice``) when the op arbiter does not take the op at once, and the arbiter
+feeds ``Directory.op`` through a full slice (``dirop_slice``), which the directory serves
+alternately with ``land`` events, so it takes an op at least every second cycle while ops wait.
+Ahead of the op are at most three: the two the full slice holds and one DRAIN the round-robin
+arbiter grants before it; 2 cycles each."""
 
 DIR_SETTLE = max(DEFAULT_DIR_SETTLE, 1 + DIR_OP_DELAY)
 """The sequencers' ``dir_settle`` in this top: the directory shows an op to reads presented
@@ -102,15 +103,18 @@ class NodeTop(wiring.Component):
         MAC wrapper of physical link ``l`` (0 SFP+, 1 and 2 RGMII).
     irq : Out(1) — OR of ``IRQ_STATUS & IRQ_ENABLE``.
 
-    Latency: the blocks' own (each block's docstring); the register paths add the bank's; the
-    top adds one cycle (a full :class:`~mcf.hdl.stream.register_slice.RegisterSlice`) in
-    front of each router input (the parsers' FORWARD outputs, the reduction results, the
-    all-to-all parts), between the local packet arbiter and the local sink, between the sink's
-    DRAINs and the directory-op arbiter, and between that arbiter and ``Directory.op``. The
-    last one delays a sequencer's FREE/DRAIN to the directory by up to :data:`DIR_OP_DELAY`
-    cycles, so the sequencers run with ``dir_settle`` = :data:`DIR_SETTLE`. A ready slice
-    (no latency while empty; a SEND the send unit does not take at once waits in its skid
-    register) sits between each sequencer's ``send`` and the send unit.
+    Latency: the blocks' own (each block's docstring); the register paths add the bank's. The
+    parsers run with ``out_register`` (a full slice on every output, +1 cycle: the router's
+    FORWARD inputs and the local, control, reduction and all-to-all arbiters take registers).
+    The top adds one cycle (a full :class:`~mcf.hdl.stream.register_slice.RegisterSlice`) in
+    front of the router's other inputs (the reduction results, the all-to-all parts), between
+    the local packet arbiter and the local sink, between the sink's DRAINs and the
+    directory-op arbiter, and between that arbiter and ``Directory.op``; a ready slice (no
+    latency while empty; a record the next stage does not take at once waits in its skid
+    register) sits between the COMPUTE sequencer's ``dir`` and that arbiter
+    (:func:`dir_op_path`) and between each sequencer's ``send`` and the send unit. A
+    sequencer's FREE reaches the directory up to :data:`DIR_OP_DELAY` cycles after its
+    transfer, so the sequencers run with ``dir_settle`` = :data:`DIR_SETTLE`.
     """
 
     def __init__(self, config: NodeConfig = SIM):
@@ -223,7 +227,9 @@ class NodeTop(wiring.Component):
                        "cmp", "stripe"):
             status(prefix, getattr(comp, f"{prefix}_status"))
 
-        parsers = [Parser(PACKET_WIDTH, max_payload=cfg.max_payload)
+        # out_register: every parser output (FORWARD to the router, LOCAL / CONTROL /
+        # REDUCTION / ALL_TO_ALL to the arbiters) starts from flip-flops (+1 cycle)
+        parsers = [Parser(PACKET_WIDTH, max_payload=cfg.max_payload, out_register=True)
                    for _ in range(PARSER_PORTS)]
         for i, prs in enumerate(parsers):
             m.submodules[f"parser{i}"] = prs
@@ -249,13 +255,15 @@ class NodeTop(wiring.Component):
             wiring.connect(m, wiring.flipped(getattr(self, f"s_axis_link{p}")),
                            getattr(lmap, f"link_rx{p}"))
             wiring.connect(m, getattr(nic, f"link_rx{p}"), parsers[1 + p].i_packet)
-        # the router's inputs behind full slices (+1 cycle each): its allocation starts from
-        # registers and its grants do not reach the parsers' or the engines' output logic
-        router_in = {f"net_in{p}": getattr(parsers[1 + p], port_member_name(Port.FORWARD))
-                     for p in range(cfg.links)}
-        router_in.update(inject0=getattr(parsers[0], port_member_name(Port.FORWARD)),
-                         inject1=nic.reduce_out, inject2=nic.a2a_net)
-        for name, src in router_in.items():
+        # the router's inputs from registers: the parsers' full output slices (net_in*,
+        # inject0) and full slices (+1 cycle each) on the engines' results (inject1, inject2):
+        # its allocation starts from registers and its grants do not reach the parsers' or the
+        # engines' output logic
+        for p in range(cfg.links):
+            wiring.connect(m, getattr(parsers[1 + p], port_member_name(Port.FORWARD)),
+                           getattr(nic, f"net_in{p}"))
+        wiring.connect(m, getattr(parsers[0], port_member_name(Port.FORWARD)), nic.inject0)
+        for name, src in (("inject1", nic.reduce_out), ("inject2", nic.a2a_net)):
             m.submodules[f"{name}_slice"] = sl = RegisterSlice(src.payload.shape())
             wiring.connect(m, src, sl.i)
             wiring.connect(m, sl.o, getattr(nic, name))
@@ -283,15 +291,12 @@ class NodeTop(wiring.Component):
         m.submodules.lsink = lsink = LocalSink()
         m.submodules.landing = land = LandingEngine(kv_count=cfg.kv_count)
         m.submodules.decode = dec = DecodeLander(cfg.attn_head_dim)
-        # full slices (+1 cycle each) cut the parsers' outputs → arb_local → the sink's route
-        # → arb_dirop → the directory chain (docs/depth.md): on every local packet, and on the
-        # sink's DRAINs; and between the op arbiter and the directory (FREEs and DRAINs: one
-        # register stage, within the sequencers' dir_settle)
+        # a full slice (+1 cycle) cuts the parsers' outputs → arb_local → the sink's route
+        # chain (docs/depth.md) on every local packet; the sink's DRAINs meet the sequencer's
+        # FREEs through more slices (dir_op_path, within the sequencers' dir_settle)
         m.submodules.lsink_in = lsink_in = RegisterSlice(parsed)
-        m.submodules.drain_slice = drain_slice = RegisterSlice(DIR_OP)
         wiring.connect(m, arb_loc.o, lsink_in.i)
         wiring.connect(m, lsink_in.o, lsink.i)
-        wiring.connect(m, lsink.dir_op, drain_slice.i)
         wiring.connect(m, lsink.kv, land.i)
         wiring.connect(m, lsink.decode, dec.i)
         status("lsink", lsink.status)
@@ -328,19 +333,13 @@ class NodeTop(wiring.Component):
         ]
 
         # directory inputs: land events (landing engine, DIR_LAND), ops (FREE, DRAIN)
-        one_land, one_op = _one_beat(LAND_EVENT), _one_beat(DIR_OP)
-        m.submodules.arb_land = arb_land = PacketArbiter(2, one_land)
-        m.submodules.arb_dirop = arb_op = PacketArbiter(2, one_op)
+        m.submodules.arb_land = arb_land = PacketArbiter(2, _one_beat(LAND_EVENT))
         _feed(m, land.landed, arb_land.i0)
         ps_land = _strobe_source(m, LAND_EVENT, regs.DIR_LAND.kv_id.stb | regs.DIR_LAND.owner.stb,
                                  Cat(regs.DIR_LAND.kv_id.value, regs.DIR_LAND.owner.value))
         _feed(m, ps_land, arb_land.i1)
-        _feed(m, seqs[Queue.COMPUTE.value].dir, arb_op.i0)
-        _feed(m, drain_slice.o, arb_op.i1)
         _drain(m, arb_land.o, dirx.land)
-        m.submodules.dirop_slice = dirop_slice = RegisterSlice(one_op)
-        wiring.connect(m, arb_op.o, dirop_slice.i)
-        _drain(m, dirop_slice.o, dirx.op)
+        dir_op_path(m, seqs[Queue.COMPUTE.value].dir, lsink.dir_op, dirx.op)
 
         # counters the sequencers' WAITs test
         for q, seq in enumerate(seqs):
@@ -410,6 +409,28 @@ def _pulse(field) -> Signal:
     """A one-bit ``W`` field as a command: a write of 1 (the bank strobes on any write of the
     register's byte, so ``run`` can be written without aborting)."""
     return field.stb & field.value
+
+
+def dir_op_path(m: Module, seq_dir: stream.Interface, drain: stream.Interface,
+                op: stream.Interface) -> None:
+    """The directory's op input as the top wires it (``tests/test_node_top_dir_path.py`` builds
+    it alone): the COMPUTE sequencer's DIR ops (FREE) through a ready slice (``dir_slice``: the
+    arbiter's grant does not reach the sequencer's transfer and directory lookup) and the local
+    sink's DRAINs through a full slice (``drain_slice``) into a round-robin arbiter
+    (``arb_dirop``), then a full slice (``dirop_slice``) into ``op`` (``Directory.op``). An op
+    reaches ``op`` at most :data:`DIR_OP_DELAY` cycles after its transfer."""
+    one_op = _one_beat(DIR_OP)
+    m.submodules.dir_slice = dir_slice = RegisterSlice(DIR_OP, forward=False)
+    m.submodules.drain_slice = drain_slice = RegisterSlice(DIR_OP)
+    m.submodules.arb_dirop = arb_op = PacketArbiter(2, one_op)
+    m.submodules.dirop_slice = dirop_slice = RegisterSlice(one_op)
+    for src, sl in ((seq_dir, dir_slice), (drain, drain_slice)):
+        m.d.comb += [sl.i.valid.eq(src.valid), sl.i.payload.eq(src.payload),
+                     src.ready.eq(sl.i.ready)]
+    _feed(m, dir_slice.o, arb_op.i0)
+    _feed(m, drain_slice.o, arb_op.i1)
+    wiring.connect(m, arb_op.o, dirop_slice.i)
+    _drain(m, dirop_slice.o, op)
 
 
 def _feed(m: Module, src: stream.Interface, dst: stream.Interface) -> None:

@@ -82,6 +82,12 @@ class Parser(PacketStage):
         packet is received while the previous one is sent). At least one maximum packet.
     queue_depth : int
         Validated packets waiting for output (metadata queue entries).
+    out_register : bool
+        ``False`` (default): a ready slice before the outputs (``i``'s ready a flip-flop, no
+        latency). ``True``: a full slice — the outputs' ``valid`` and payload start from
+        flip-flops too (one port decode), so a consumer's arbitration does not reach back
+        into the buffer's read side and length compare; +1 cycle of latency (the node top's
+        parsers, docs/depth.md).
 
     Members
     -------
@@ -113,14 +119,15 @@ class Parser(PacketStage):
     Store-and-forward: nothing of a packet leaves before its ``last`` beat has been checked,
     so a bad packet never leaks data. ``i_packet`` takes one beat per cycle (headers
     included) while the buffer and queue have room; dropped packets never stall later ones.
-    Latency: the first output beat can transfer 2 cycles after the packet's ``last`` input
-    beat (any length). Outputs sustain one beat per cycle. Outputs share one head-of-line: the next
-    packet waits until the current one has left through its port.
+    Latency: the first output beat can transfer 2 cycles (3 with ``out_register``) after the
+    packet's ``last`` input beat (any length). Outputs sustain one beat per cycle. Outputs
+    share one head-of-line: the next packet waits until the current one has left through its
+    port.
     """
 
     def __init__(self, data_width: int = 128, meta_layout: data.StructLayout = META, *,
                  max_payload: int = MAX_PAYLOAD, buffer_depth: int | None = None,
-                 queue_depth: int = 16):
+                 queue_depth: int = 16, out_register: bool = False):
         length_max = (1 << meta_layout["length"].width) - 1
         if not 0 <= max_payload <= length_max:
             raise ValueError(f"max_payload must be in 0..{length_max}")
@@ -140,6 +147,7 @@ class Parser(PacketStage):
         self._max_payload = max_payload
         self._buffer_depth = buffer_depth
         self._queue_depth = queue_depth
+        self._out_register = out_register
         node_bits = meta_layout["dst"].width
         members = {"i_packet": In(stream.Signature(beat_layout(data_width, meta_layout)))}
         for port in Port:
@@ -298,9 +306,10 @@ class Parser(PacketStage):
         valid = queue.r_stream.valid & (zero | buf.r_stream.valid)
         # a ready slice between the buffer's read side and the outputs: the outputs' ready
         # (the node's arbiters and sinks) stops at a register instead of reaching the buffer's
-        # read pointer and commit counter (docs/depth.md); no latency added
+        # read pointer and commit counter (docs/depth.md); no latency added. With
+        # out_register a full slice: the outputs start from registers as well (+1 cycle)
         out_entry = data.StructLayout({"beat": parsed_layout(width, layout), "port": Port})
-        m.submodules.out_slice = osl = RegisterSlice(out_entry, forward=False)
+        m.submodules.out_slice = osl = RegisterSlice(out_entry, forward=self._out_register)
         sel_ready = osl.i.ready
         m.d.comb += [
             osl.i.valid.eq(valid),

@@ -348,8 +348,7 @@ class SendUnit(wiring.Component):
         with m.If(done):
             m.d.sync += active.eq(0)
         with m.If(jobs.r_en & jobs.r_rdy):
-            nxt = data.View(job_l, jobs.r_data)
+            beats = (data.View(job_l, jobs.r_data).length + 7) >> 3
             m.d.sync += [cj.eq(jobs.r_data), active.eq(1), out_cnt.eq(0), in_cnt.eq(0),
-                         ended.eq(0), err.eq(0),
-                         n.eq((nxt.length + 7) >> 3), nm1.eq(((nxt.length + 7) >> 3) - 1)]
+                         ended.eq(0), err.eq(0), n.eq(beats), nm1.eq(beats - 1)]
         return m

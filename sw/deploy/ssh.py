@@ -22,6 +22,7 @@ dominate (seconds each).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import os
 import posixpath
@@ -238,8 +239,13 @@ async def _link_host(cfg: DeployConfig, spec: HostSpec, node: int, n: int, bit: 
             await go.wait()
             if abort[0]:
                 proc.stdin.write("ABORT\n")
+                proc.stdin.write_eof()
                 res.error = "not started: another board failed before the pings"
                 sent.set()
+                # the board has read its ABORT and ended before the connection closes
+                # (closing at once could cut the line off: the board would see end of input)
+                with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+                    await proc.wait(timeout=cfg.timeout)
                 return res
             proc.stdin.write("GO\n")
             await line(proc, STARTED)       # this board's pings are out: the next one may go

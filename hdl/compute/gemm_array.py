@@ -24,13 +24,16 @@ __all__ = ["GemmArray", "step_layout", "result_layout"]
 
 def step_layout(rows: int, lanes: int) -> data.StructLayout:
     """One k-step: ``rows × lanes`` INT4 weights (row r, lane l at nibble r·lanes + l),
-    ``lanes`` INT8 activations, ``rows`` scale mantissas (used on ``glast`` steps), flags."""
+    ``lanes`` 8-bit activations, ``rows`` scale mantissas (used on ``glast`` steps), flags.
+    ``ua``: the step's activations are unsigned (0..255, :data:`mcf.abi.attn_tile.P8`, the P
+    rows of the packed P·V), not INT8 — zero-extended instead of sign-extended."""
     return data.StructLayout({
         "w": unsigned(rows * lanes * WEIGHT.width),
         "a": unsigned(lanes * XQ.width),
         "scale": unsigned(rows * SCALE_MANT_BITS),
         "glast": unsigned(1),
         "last": unsigned(1),
+        "ua": unsigned(1),
     })
 
 
@@ -52,7 +55,15 @@ class GemmArray(wiring.Component):
     -------
     i : In(stream.Signature(step_layout))
         k-steps. ``glast`` marks the last step of a group, ``last`` the last of a dot product
-        (a ``last`` step must also be ``glast``). Groups are ``group / lanes`` steps long.
+        (a ``last`` step must also be ``glast``). Groups are ``group / lanes`` steps long; a
+        shorter group is exact too, but consecutive group ends must be at least ``rows /
+        scalers`` cycles apart in which the pipeline moves (``i.ready`` high; the shared
+        scaler's passes: ``group / lanes`` at 16 × 16, group 128), so a short group is padded
+        with zero steps or its end is preceded by idle cycles.
+        ``ua`` per step: unsigned activations (P8, 0..255) enter the multipliers zero-extended
+        to 9 bits; every field's group sum still fits ``pack_shift(group)`` bits (``255 · 8 <
+        2 · 128 · 8``), so the split stays exact — prefill attention's P·V on these arrays
+        (docs/attention.md).
     o : Out(stream.Signature(result_layout))
         ``rows`` 48-bit accumulators per dot product.
 
@@ -113,7 +124,7 @@ class GemmArray(wiring.Component):
             m.d.sync += [s1.eq(self.i.payload), v1.eq(self.i.valid)]
 
         C = self.chain
-        prod_w = k + 4 + XQ.width
+        prod_w = k + 4 + XQ.width + 1             # 9-bit activations (``ua``)
         v2, g2, l2 = Signal(), Signal(), Signal()
         sc2 = Signal(R * SCALE_MANT_BITS)
         with m.If(en):
@@ -237,17 +248,18 @@ class GemmArray(wiring.Component):
         return m
 
     def _skewed(self, m, en, src, l_):
-        """Lane ``l_``'s weight nibbles (rows 0..R−1) and activation from the step ``src``,
-        delayed ``l_ mod chain`` cycles (a chain's skew). The skew stages stay flip-flops
+        """Lane ``l_``'s weight nibbles (rows 0..R−1) and 9-bit activation (sign- or, with
+        ``ua``, zero-extended) from the step ``src``, delayed ``l_ mod chain`` cycles (a chain's skew). The skew stages stay flip-flops
         (``keep``, ``shreg_extract = "no"``), not SRL shift registers: LUTs bind on the K26,
         flip-flops do not (docs/node.md §11)."""
         R, L = self.rows, self.lanes
         wv = Cat(*[src.w[(r * L + l_) * 4:(r * L + l_) * 4 + 4] for r in range(R)])
-        av = src.a[l_ * 8:l_ * 8 + 8]
+        a8 = src.a[l_ * 8:l_ * 8 + 8]
+        av = Cat(a8, a8[7] & ~src.ua)             # 9 bits: sign- or zero-extended (``ua``)
         ff = {"keep": 1, "shreg_extract": "no"}
         for d in range(l_ % self.chain):
             wd = Signal(len(wv), name=f"wskew{l_}_{d}", reset_less=True, attrs=ff)
-            ad = Signal(8, name=f"askew{l_}_{d}", reset_less=True, attrs=ff)
+            ad = Signal(9, name=f"askew{l_}_{d}", reset_less=True, attrs=ff)
             with m.If(en):
                 m.d.sync += [wd.eq(wv), ad.eq(av)]
             wv, av = wd, ad

@@ -249,9 +249,9 @@ class GemmArray(wiring.Component):
 
     def _skewed(self, m, en, src, l_):
         """Lane ``l_``'s weight nibbles (rows 0..R−1) and 9-bit activation (sign- or, with
-        ``ua``, zero-extended) from the step ``src``, delayed ``l_ mod chain`` cycles (a chain's skew). The skew stages stay flip-flops
-        (``keep``, ``shreg_extract = "no"``), not SRL shift registers: LUTs bind on the K26,
-        flip-flops do not (docs/node.md §11)."""
+        ``ua``, zero-extended) from the step ``src``, delayed ``l_ mod chain`` cycles (a
+        chain's skew). The skew stages stay flip-flops (``keep``, ``shreg_extract = "no"``),
+        not SRL shift registers: LUTs bind on the K26, flip-flops do not (docs/node.md §11)."""
         R, L = self.rows, self.lanes
         wv = Cat(*[src.w[(r * L + l_) * 4:(r * L + l_) * 4 + 4] for r in range(R)])
         a8 = src.a[l_ * 8:l_ * 8 + 8]

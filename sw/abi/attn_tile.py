@@ -59,7 +59,7 @@ __all__ = [
     "score_row_beat_layout", "pv_out_layout", "qk_tile_keys", "k_word_layout",
     "score_q_layout", "kv_rows_layout", "fold_row_layout", "fold_header_layout",
     "chunk_layout", "query_row_layout", "block_desc_layout", "tile_rows_layout",
-    "norm_row_layout",
+    "norm_row_layout", "pv_word_layout",
 ]
 
 P_ONE = 1 << EXP_FRAC
@@ -289,6 +289,23 @@ def score_q_layout(head_dim: int, max_block: int, rows: int) -> data.StructLayou
         "row": unsigned(max(1, (rows - 1).bit_length())),
         "first": unsigned(1),
         "final": unsigned(1),
+    })
+
+
+def pv_word_layout(channels: int, lanes: int, max_block: int,
+                   max_rows: int) -> data.StructLayout:
+    """A weight word of a KV block's V for P·V on the GEMM's arrays
+    (:class:`mcf.hdl.compute.array_pv.ArrayPV`): ``channels`` V channels (the array's rows) ×
+    ``lanes`` consecutive keys (its lanes; ``v[channel][key]``, :data:`mcf.abi.kv.KV_ELEM`
+    codes; keys past the block 0), words in the order (key step, channel group) — a K-style
+    ``[key][channel]`` block of ``lanes`` keys and ``channels`` channels, transposed. On the
+    ``last`` word: ``n`` (the block's keys, 1 .. ``max_block``) and ``rows`` (the P rows that
+    run against the block, 1 .. ``max_rows``; 0: the block is dropped)."""
+    return data.StructLayout({
+        "v": data.ArrayLayout(data.ArrayLayout(signed(KV_ELEM.width), lanes), channels),
+        "n": unsigned(int(max_block).bit_length()),
+        "rows": unsigned(int(max_rows).bit_length()),
+        "last": unsigned(1),
     })
 
 

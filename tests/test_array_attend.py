@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from amaranth import Elaboratable, Module, Value
+from amaranth.lib import wiring
+from amaranth.sim import Simulator
+from engine_sim import SharedGemm
 from test_array_pv import v_words
+from test_gemm_engine import SHAPES4, golden, job_results, job_streams, random_case
 from test_tile_attend import check, chunk, run, run_at_full_rate, score_inputs, stimulus
 from test_tile_merge import scheduled
+from tile_sim import feeder, merged_rows
 
-from mcf.abi.attn_tile import P8
+from mcf.abi.attn_tile import P8, merge_out_layout, score_row_beat_layout
 from mcf.golden.attention_tiled import attend_tiled_rows
 from mcf.hdl.compute.array_attend import ArrayAttention
 
@@ -73,3 +79,91 @@ def test_qkv_rate(d, lanes, nk, n_blocks, n_tok, array_rows):
           f"{tr['out'][-1] + 1} cycles from the start "
           f"({macs / (tr['out'][-1] + 1):.1f} MACs/cycle with fill and drain)")
     assert steady == n_beats - first
+
+
+class GemmAndAttention(Elaboratable):
+    """A GEMM engine and an ArrayAttention on one set of arrays: the engine is client 0 of a
+    three-client ArrayShare (:class:`engine_sim.SharedGemm`), ArrayScore and ArrayPV clients 1
+    and 2."""
+
+    def __init__(self, gemm_kw, att_kw):
+        self.g = SharedGemm(clients=3, **gemm_kw)
+        self.a = ArrayAttention(own_arrays=False, **att_kw)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.g, m.submodules.a = g, a = self.g, self.a
+        wiring.connect(m, a.score_st, g.c1_st)
+        wiring.connect(m, g.c1_res, a.score_res)
+        wiring.connect(m, a.pv_st, g.c2_st)
+        wiring.connect(m, g.c2_res, a.pv_res)
+        return m
+
+
+def test_gemm_and_attention_share_the_arrays():
+    """GEMM jobs (token-parallel, M not a multiple of the 4 arrays) and a causal attention chunk
+    (per-channel K, GQA 2:1) run at the same time on one set of 4 arrays of 4 × 4 (group 8 =
+    head_dim): the share switches between their dot products (the clients' steps interleave
+    in time), and every GEMM output and every merged attention row is bit-exact, under random
+    valid/ready on all seven streams."""
+    rng = np.random.default_rng(77)
+    cases = [random_case(rng, *s) for s in SHAPES4]
+    d, keys, lanes, q_tile = 8, 4, 4, 8
+    q, sq, blocks, q_pos = chunk(rng, [32, 32], 12, 2, d, True)
+    rows, _ = stimulus(q, sq, blocks, q_pos, q_tile, keys, d)
+    kb, qb = score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, 32)
+    top = GemmAndAttention(dict(rows=4, lanes=4, group=8, k_max=32, m_max=8, arrays=4),
+                           dict(keys=keys, head_dim=d, lanes=lanes, max_block=32, rows=q_tile,
+                                array_rows=4))
+    g, a = top.g, top.a
+    jobs, xb, wb, n_out = job_streams(g, cases)
+    finals = [x for x, beats in rows
+              if score_row_beat_layout(keys, d, q_tile).from_bits(beats[0]).final]
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    feeds = [(g.job, jobs), (g.x_in, xb), (g.w_in, wb), (a.q, qb),
+             (a.k, [w for blk in kb for w in blk]), (a.v, [w for blk in v_blocks(
+                 a, q_pos, blocks, q_tile) for w in blk])]
+    for n, (port, beats) in enumerate(feeds):
+        sim.add_testbench(feeder(port, beats, 5 + n, 0.2), background=True)
+    g_out, a_out, steps = [], [], {0: [], 1: [], 2: []}
+
+    def sink(port, out, count, seed):
+        async def tb(ctx):
+            r = np.random.default_rng(seed)
+            while len(out) < count:
+                ctx.set(port.ready, int(r.random() < 0.7))
+                _, _, v, rd, p = await ctx.tick().sample(port.valid, port.ready,
+                                                         Value.cast(port.payload))
+                if v and rd:
+                    out.append(int(p))
+        return tb
+
+    async def watch(ctx):
+        cyc = 0
+        sh = g.share
+        async for vals in ctx.tick().sample(*[x for c in range(3) for x in (
+                getattr(sh, f"c{c}_st").valid, getattr(sh, f"c{c}_st").ready)]):
+            for c in range(3):
+                if vals[2 + 2 * c] and vals[3 + 2 * c]:
+                    steps[c].append(cyc)
+            cyc += 1
+
+    sim.add_testbench(sink(g.o, g_out, sum(n_out), 1))
+    sim.add_testbench(sink(a.o, a_out, len(finals), 2))
+    sim.add_testbench(watch, background=True)
+    sim.run()
+    bb = g.beat // 8
+    vals = np.frombuffer(b"".join(v.to_bytes(bb, "little") for v in g_out),
+                         dtype="<i4").astype(np.int64)
+    for case, y in zip(cases, job_results(g, cases, vals, n_out)):
+        np.testing.assert_array_equal(y, golden(case))
+    got = merged_rows(a_out, finals, merge_out_layout(d, q_tile), d, q_tile)
+    check(got, attend_tiled_rows(q, sq, blocks, q_pos, "single", p_format=P8, q_tile=q_tile,
+                                 array=True), len(q))
+    # the clients' steps interleave: attention steps between the GEMM's first and last
+    g0, g1 = steps[0][0], steps[0][-1]
+    inside = [c for c in steps[1] + steps[2] if g0 < c < g1]
+    print(f"GEMM steps {len(steps[0])} in cycles {g0}..{g1}; attention steps {len(steps[1])} "
+          f"S + {len(steps[2])} P·V, {len(inside)} of them in that span")
+    assert len(inside) > 10

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_sim import beats, run_gemm_engine
+from engine_sim import SharedGemm, beats, run_gemm_engine
 
 from mcf.abi.compute import (
     GemmJob,
@@ -23,11 +23,25 @@ ROWS, LANES, GROUP = 4, 4, 8
 
 
 def run_jobs(cases, k_max, m_max, seed=0, stall=False, bad=(), rows=ROWS, lanes=LANES,
-             group=GROUP, arrays=1, w_width=None, chain=1, dsp="fabric"):
+             group=GROUP, arrays=1, w_width=None, chain=1, dsp="fabric", shared=False):
     """Run ``cases`` (``(xq, x_m, x_e, qw, bias)``) as back-to-back jobs; ``bad`` job
-    descriptors are pushed first (they must be rejected). Returns per-case results, status."""
-    dut = GemmEngine(rows=rows, lanes=lanes, group=group, k_max=k_max, m_max=m_max,
-                     arrays=arrays, w_width=w_width, chain=chain, dsp=dsp)
+    descriptors are pushed first (they must be rejected). Returns per-case results, status.
+    ``shared``: the engine on arrays outside, behind an ArrayShare (:class:`SharedGemm`)."""
+    kw = dict(rows=rows, lanes=lanes, group=group, k_max=k_max, m_max=m_max, arrays=arrays,
+              w_width=w_width, chain=chain, dsp=dsp)
+    dut = SharedGemm(**kw) if shared else GemmEngine(**kw)
+    jobs, xb, wb, n_out = job_streams(dut, cases, bad)
+    budget = sum(c[0].shape[0] * (c[0].shape[1] // lanes + 30) * (c[3].q.shape[0] // rows)
+                 for c in cases)
+    vals, status = run_gemm_engine(dut, jobs, xb, wb, n_out, seed=seed, stall=stall,
+                            cycles=(len(xb) + len(wb)) * 3 + budget * 3 + 600)
+    return job_results(dut, cases, vals, n_out), status
+
+
+def job_streams(dut, cases, bad=()):
+    """The job descriptors (``bad`` first), ``x_in`` and ``w_in`` beats of ``cases`` for the
+    engine ``dut``, and each job's count of output beats."""
+    rows, lanes, group = dut.rows, dut.lanes, dut.group
     bb = dut.beat // 8
     wbb = dut.w_width // 8
     jobs, xb, wb, n_out = list(bad), [], [], []
@@ -39,10 +53,12 @@ def run_jobs(cases, k_max, m_max, seed=0, stall=False, bad=(), rows=ROWS, lanes=
         wb += beats(gemm_w_stream(gemm_tile_blob(qw, rows, lanes, bias), k // lanes,
                                   n // rows, rows, lanes, wbb, group), wbb)
         n_out.append(m_tok * n * 4 // bb)
-    budget = sum(c[0].shape[0] * (c[0].shape[1] // lanes + 30) * (c[3].q.shape[0] // rows)
-                 for c in cases)
-    vals, status = run_gemm_engine(dut, jobs, xb, wb, n_out, seed=seed, stall=stall,
-                            cycles=(len(xb) + len(wb)) * 3 + budget * 3 + 600)
+    return jobs, xb, wb, n_out
+
+
+def job_results(dut, cases, vals, n_out):
+    """Each case's ``Y[M, N]`` from the engine's output words ``vals`` (signed 32-bit)."""
+    bb, rows = dut.beat // 8, dut.rows
     ys, pos = [], 0
     for (xq, _, _, qw, _), cnt in zip(cases, n_out):
         m_tok, n = xq.shape[0], qw.q.shape[0]
@@ -50,7 +66,7 @@ def run_jobs(cases, k_max, m_max, seed=0, stall=False, bad=(), rows=ROWS, lanes=
         pos += cnt * bb // 4
         # tile-major, token-major inside a tile
         ys.append(v.reshape(n // rows, m_tok, rows).transpose(1, 0, 2).reshape(m_tok, n))
-    return ys, status
+    return ys
 
 
 def random_case(rng, m_tok, n, k, group=GROUP):
@@ -130,20 +146,24 @@ def test_bad_jobs_rejected():
 SHAPES4 = [(5, 8, 24), (1, 12, 32), (4, 4, 8), (7, 16, 16), (3, 8, 32), (8, 4, 24)]
 
 
-@pytest.mark.parametrize("arrays,w_width,stall,chain", [
-    (4, None, False, 1), (4, None, True, 1), (4, 2 * LANES * 8, True, 1), (2, None, True, 1),
-    (4, None, True, LANES)])
-def test_token_parallel_arrays(arrays, w_width, stall, chain):
+@pytest.mark.parametrize("arrays,w_width,stall,chain,shared", [
+    (4, None, False, 1, False), (4, None, True, 1, False), (4, 2 * LANES * 8, True, 1, False),
+    (2, None, True, 1, False), (4, None, True, LANES, False), (4, None, True, 1, True),
+    (2, 2 * LANES * 8, True, LANES, True), (1, None, True, 1, True)])
+def test_token_parallel_arrays(arrays, w_width, stall, chain, shared):
     """``arrays`` token-parallel arrays sharing the weight word (token t on array t mod
     arrays): bit-exact for M not a multiple of the arrays, M = 1 (decode) and M = m_max, back to
     back, with random source idle cycles and sink backpressure; a wide ``w_in`` (two beats per
     word, scales and bias padded to a whole word) gives the same results; so do the kr260's
     arrays (lane sums in modelled DSP48E2 cascades, ``chain = lanes``). Each array's steps are
-    counted (``steps`` = M · k_steps · n_tiles)."""
+    counted (``steps`` = M · k_steps · n_tiles). ``shared``: the same on arrays outside the
+    engine, behind an ArrayShare (every array takes every step; the results of tokens past M
+    are dropped)."""
     rng = np.random.default_rng(31 + arrays)
     cases = [random_case(rng, *s) for s in SHAPES4]
     ys, st = run_jobs(cases, k_max=32, m_max=8, seed=9, stall=stall, arrays=arrays,
-                      w_width=w_width, chain=chain, dsp="fabric" if chain == 1 else "model")
+                      w_width=w_width, chain=chain, dsp="fabric" if chain == 1 else "model",
+                      shared=shared)
     for case, y in zip(cases, ys):
         np.testing.assert_array_equal(y, golden(case))
     assert st["jobs_done"] == len(cases) and st["bad_jobs"] == 0
@@ -153,15 +173,17 @@ def test_token_parallel_arrays(arrays, w_width, stall, chain):
 
 def test_token_parallel_rate():
     """Four arrays run a 8-token tile in a quarter of the issue cycles of one array: the same
-    job finishes sooner (fed without stalls), with the same results."""
+    job finishes sooner (fed without stalls), with the same results — and in the same cycles
+    on arrays shared through an ArrayShare (the client switch costs none)."""
     rng = np.random.default_rng(41)
     case = random_case(rng, 8, 8, 32)
     cycles = {}
-    for arrays in (1, 4):
-        (y,), st = run_jobs([case], k_max=32, m_max=8, arrays=arrays)
+    for arrays, shared in ((1, False), (4, False), (4, True)):
+        (y,), st = run_jobs([case], k_max=32, m_max=8, arrays=arrays, shared=shared)
         np.testing.assert_array_equal(y, golden(case))
-        cycles[arrays] = st["active_cycles"]
-    assert cycles[4] < cycles[1]
+        cycles[arrays, shared] = st["active_cycles"]
+    assert cycles[4, False] < cycles[1, False]
+    assert cycles[4, True] == cycles[4, False]
 
 
 @pytest.mark.parametrize("rows,lanes,w_width,stall", [(4, 8, 128, False), (4, 8, 128, True),

@@ -37,6 +37,9 @@ class ArrayAttention(wiring.Component):
         (ArrayPV's ``v``).
     o : Out(stream.Signature(merge_out_layout(head_dim, rows)))
         A row's merged ``(m, l, o)`` after its final block.
+    score_st, score_res, pv_st, pv_res : ``own_arrays = False`` only
+        ArrayScore's and ArrayPV's client ports (:class:`~.array_share.ArrayShare`'s
+        ``c{n}_st`` / ``c{n}_res``) for arrays shared with others — the GEMM's.
 
     Rate: the arrays run S and P·V dot products in turn — per quad of rows and block of ``n``
     keys ``S·ceil(n / array_rows)`` steps of S and ``head_dim / array_rows · ceil(n /
@@ -48,7 +51,7 @@ class ArrayAttention(wiring.Component):
     def __init__(self, keys: int = 4, head_dim: int = 128, lanes: int = 16,
                  max_block: int = 256, rows: int = 64, slots: int = 4, merge_lanes: int = 4,
                  tags: int = 16, arrays: int = 4, array_rows: int = 16, chain: int = 1,
-                 dsp: str = "fabric"):
+                 dsp: str = "fabric", own_arrays: bool = True):
         self.keys, self.head_dim, self.max_block, self.rows = keys, head_dim, max_block, rows
         self.score = ArrayScore(keys, head_dim, lanes, max_block, rows, arrays, array_rows,
                                 chain, dsp, own_arrays=False)
@@ -58,24 +61,36 @@ class ArrayAttention(wiring.Component):
                           group=head_dim, chain=chain, dsp=dsp, own_arrays=False)
         self.merge = TileMerge(head_dim=head_dim, rows=rows, lanes=merge_lanes,
                                max_block=max_block)
-        self.share = ArrayShare(2, arrays, array_rows, lanes, head_dim, chain, dsp)
+        self.share = ArrayShare(2, arrays, array_rows, lanes, head_dim, chain, dsp) \
+            if own_arrays else None
         self.tags = tags
-        super().__init__({
+        members = {
             "q": In(stream.Signature(score_q_layout(head_dim, max_block, rows))),
             "k": In(stream.Signature(k_word_layout(keys, head_dim, lanes, max_block, rows))),
             "v": In(stream.Signature(pv_word_layout(array_rows, lanes, max_block, rows))),
             "o": Out(stream.Signature(merge_out_layout(head_dim, rows))),
-        })
+        }
+        if not own_arrays:
+            for part in ("score", "pv"):
+                members[f"{part}_st"] = getattr(self, part).signature.members["st"]
+                members[f"{part}_res"] = getattr(self, part).signature.members["res"]
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
-        sc, pv, sh = self.score, self.pv, self.share
-        m.submodules.score, m.submodules.pv, m.submodules.share = sc, pv, sh
+        sc, pv = self.score, self.pv
+        m.submodules.score, m.submodules.pv = sc, pv
         m.submodules.softmax, m.submodules.merge = self.softmax, self.merge
-        wiring.connect(m, sc.st, sh.c0_st)
-        wiring.connect(m, sh.c0_res, sc.res)
-        wiring.connect(m, pv.st, sh.c1_st)
-        wiring.connect(m, sh.c1_res, pv.res)
+        if self.share is not None:
+            m.submodules.share = sh = self.share
+            wiring.connect(m, sc.st, sh.c0_st)
+            wiring.connect(m, sh.c0_res, sc.res)
+            wiring.connect(m, pv.st, sh.c1_st)
+            wiring.connect(m, sh.c1_res, pv.res)
+        else:
+            for part, c in (("score", sc), ("pv", pv)):
+                wiring.connect(m, c.st, wiring.flipped(getattr(self, f"{part}_st")))
+                wiring.connect(m, wiring.flipped(getattr(self, f"{part}_res")), c.res)
         wiring.connect(m, wiring.flipped(self.q), sc.q)
         wiring.connect(m, wiring.flipped(self.k), sc.k)
         wiring.connect(m, wiring.flipped(self.v), pv.v)

@@ -27,6 +27,7 @@ from mcf.abi.quant import (
 )
 from mcf.abi.tp import ACC_LANES, ACC_LO_BITS
 
+from .array_bank import bank_result_layout, bank_step_layout
 from .gemm_array import GemmArray
 from .gemm_load import GemmActLoader, GemmTileLoader
 from .gemm_queue import WALKERS, GemmJobQueue
@@ -104,6 +105,13 @@ class GemmEngine(wiring.Component):
     status : Out(:data:`mcf.abi.compute.GEMM_STATUS`)
         Counters (wrap): jobs accepted / done / rejected, tiles done, k-steps issued (per
         array: each ``rows · lanes`` MACs), cycles with a job in flight, x and w words taken.
+    st : Out(stream.Signature(:func:`~.array_bank.bank_step_layout`)) — ``shared`` only
+        The issuer's steps for arrays outside (an :class:`~.array_bank.ArrayBank`, through an
+        :class:`~.array_share.ArrayShare` client port, where prefill attention is the other
+        client): every array takes every step; a token group's results of arrays past
+        ``m_count`` are dropped here.
+    res : In(stream.Signature(:func:`~.array_bank.bank_result_layout`)) — ``shared`` only
+        Their results, in step order.
 
     Latency: a tile's first result leaves ``k_steps + array latency + 5`` cycles after it
     starts computing; steady state is one k-step per cycle on every array (``arrays · rows ·
@@ -123,7 +131,8 @@ class GemmEngine(wiring.Component):
 
     def __init__(self, rows: int = 16, lanes: int = 16, group: int = GROUP_SIZE,
                  k_max: int = 8960, m_max: int = 64, jobs: int = 4, arrays: int = 1,
-                 w_width: int | None = None, chain: int = 1, dsp: str = "fabric"):
+                 w_width: int | None = None, chain: int = 1, dsp: str = "fabric",
+                 shared: bool = False):
         beat = lanes * XQ.width
         w_width = beat if w_width is None else w_width
         if (rows * SCALE_MANT_BITS) % beat or (rows * ACT.width) % beat or beat % 32:
@@ -144,16 +153,23 @@ class GemmEngine(wiring.Component):
         self.k_max, self.m_max, self.beat, self.jobs = k_max, m_max, beat, jobs
         self.n_arrays, self.w_width = arrays, w_width
         self.limits = GemmLimits(m_max, k_max, lanes, group)
-        self.arrays = [GemmArray(rows, lanes, group, chain, dsp) for _ in range(arrays)]
-        self.array = self.arrays[0]
-        super().__init__({
+        self.shared = shared
+        # shared: the arrays are outside (an ArrayBank behind an ArrayShare), reached through
+        # the ``st`` / ``res`` client ports
+        self.arrays = [] if shared else [GemmArray(rows, lanes, group, chain, dsp)
+                                         for _ in range(arrays)]
+        members = {
             "job": In(stream.Signature(GEMM_JOB)),
             "x_in": In(stream.Signature(unsigned(beat))),
             "w_in": In(stream.Signature(unsigned(w_width))),
             "o": Out(stream.Signature(unsigned(beat))),
             "busy": Out(1),
             "status": Out(GEMM_STATUS),
-        })
+        }
+        if shared:
+            members["st"] = Out(stream.Signature(bank_step_layout(arrays, rows, lanes)))
+            members["res"] = In(stream.Signature(bank_result_layout(arrays, rows)))
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
@@ -172,6 +188,11 @@ class GemmEngine(wiring.Component):
         arrs = self.arrays
         for a, arr_a in enumerate(arrs):
             m.submodules["array" if A == 1 else f"array{a}"] = arr_a
+        if self.shared:
+            # which arrays' results a dot product has (tokens past m_count: none), in order;
+            # deep enough for every dot in flight: a dot is a step at least, and the arrays'
+            # latency is at most 3 + log2(lanes) + rows + chain ≤ rows + 2·lanes + 3 cycles
+            m.submodules.mask = rmask = fifo.SyncFIFOBuffered(width=A, depth=R + 2 * L + 8)
         s_word = R * SCALE_MANT_BITS
         spw = max(1, self.w_width // s_word)        # scale words per w_in word
         lg_spw = spw.bit_length() - 1
@@ -252,7 +273,10 @@ class GemmEngine(wiring.Component):
         wr = wmem.read_port()
         sr = smem.read_port()
         go = Signal()
-        m.d.comb += go.eq(Cat(*[arr_a.i.ready for arr_a in arrs]).all())
+        if self.shared:
+            m.d.comb += go.eq((~self.st.valid | self.st.ready) & rmask.w_rdy)
+        else:
+            m.d.comb += go.eq(Cat(*[arr_a.i.ready for arr_a in arrs]).all())
         # a step may use a row once the loader wrote it (early start on the first tile); the
         # issuer passes an acc_in job at once, so the loader may be behind it (x_d > J)
         x_d = Signal(pbits)
@@ -297,13 +321,23 @@ class GemmEngine(wiring.Component):
                 m.d.sync += [issuing.eq(1), avail.bit_select(ib, 1).eq(0), mi.eq(0), si.eq(0),
                              gi.eq(0), xrow.eq(0)]
         # an array takes a step only when all can (they share the weight word)
+        taken = [Signal(name=f"taken{a}") for a in range(A)]
+        if self.shared:
+            # every array takes the step (lockstep); the results of tokens past m_count drop
+            sp = self.st.payload
+            m.d.comb += [self.st.valid.eq(v0[0]), sp.w.eq(wr.data), sp.scale.eq(s_data),
+                         sp.glast.eq(g0), sp.last.eq(l0),
+                         rmask.w_en.eq(self.st.valid & self.st.ready & l0),
+                         rmask.w_data.eq(v0)]
+            m.d.comb += [sp.a[a].eq(xr.data) for a, xr in enumerate(xrs)]
+            m.d.comb += [t.eq(self.st.valid & self.st.ready & v0[a])
+                         for a, t in enumerate(taken)]
         for a, (arr_a, xr) in enumerate(zip(arrs, xrs)):
             m.d.comb += [arr_a.i.valid.eq(v0[a] & go if A > 1 else v0[a]),
                          arr_a.i.payload.w.eq(wr.data),
                          arr_a.i.payload.a.eq(xr.data), arr_a.i.payload.scale.eq(s_data),
                          arr_a.i.payload.glast.eq(g0), arr_a.i.payload.last.eq(l0)]
-        taken = [Signal(name=f"taken{a}") for a in range(A)]
-        m.d.comb += [t.eq(arr_a.i.valid & arr_a.i.ready) for t, arr_a in zip(taken, arrs)]
+            m.d.comb += taken[a].eq(arr_a.i.valid & arr_a.i.ready)
         m.d.sync += st.steps.eq(st.steps + sum(taken) if A > 1 else
                                 st.steps + taken[0])
         with m.If(self.busy):
@@ -311,12 +345,22 @@ class GemmEngine(wiring.Component):
 
         # --- epilogue: job ep, tile bank eb; token em's result from array em mod A --------
         rqs = []
-        for a, arr_a in enumerate(arrs):
+        for a in range(A):
             rq_a = fifo.SyncFIFOBuffered(width=R * ACC_BITS, depth=2)
             m.submodules["rq" if A == 1 else f"rq{a}"] = rq_a
+            rqs.append(rq_a)
+        if self.shared:
+            res = self.res
+            need = rmask.r_data
+            m.d.comb += [res.ready.eq(rmask.r_rdy & Cat(*[~need[a] | rq_a.w_rdy
+                                                          for a, rq_a in enumerate(rqs)]).all()),
+                         rmask.r_en.eq(res.valid & res.ready)]
+            for a, rq_a in enumerate(rqs):
+                m.d.comb += [rq_a.w_data.eq(res.payload[a].as_value()),
+                             rq_a.w_en.eq(res.valid & res.ready & need[a])]
+        for arr_a, rq_a in zip(arrs, rqs):
             m.d.comb += [rq_a.w_data.eq(arr_a.o.payload.as_value()),
                          rq_a.w_en.eq(arr_a.o.valid), arr_a.o.ready.eq(rq_a.w_rdy)]
-            rqs.append(rq_a)
         eb = Signal()
         te = Signal.like(q.i_job.n_tiles)
         em = Signal(range(self.m_max + 1))

@@ -7,13 +7,16 @@ K, partial key tiles and beats, random valid/ready; the rate measured in cycles.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
+from test_array_pv import v_words
 from test_tile_attend import chunk, score_inputs, stimulus
 from tile_sim import feeder
 
-from mcf.abi.attn_tile import k_word_layout, kv_rows_layout, v_beat_layout
+from mcf.abi.attn_tile import k_word_layout, kv_rows_layout, pv_word_layout, v_beat_layout
 from mcf.abi.kv import pack_kv_block
 from mcf.abi.kv_reader import block_beats
 from mcf.golden.attention_tiled import tile_schedule
@@ -36,8 +39,10 @@ def kv_inputs(blocks, q_pos, q_tile, d, in_lanes, max_rows):
 
 
 def run(dut, kb, vb, rb, n_kw, n_vb, idle=0.0, stall=0.0, seed=0):
-    """Returns the K words and V beats emitted (bits) and a trace: the cycles ``k`` beats were
-    taken, the cycles ``k.ready`` was low under a valid beat, the cycles of the outputs."""
+    """Returns the K words and V beats (or the arrays' V words, ``pv_words``) emitted (bits)
+    and a trace: the cycles ``k`` beats were taken, the cycles ``k.ready`` was low under a valid
+    beat, the cycles of the outputs."""
+    vout = dut.vw if dut.pv_words else dut.vb
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     got = {"kw": [], "vb": []}
@@ -48,10 +53,10 @@ def run(dut, kb, vb, rb, n_kw, n_vb, idle=0.0, stall=0.0, seed=0):
         cyc = 0
         while len(got["kw"]) < n_kw or len(got["vb"]) < n_vb:
             ctx.set(dut.kw.ready, int(not stall or rng.random() >= stall))
-            ctx.set(dut.vb.ready, int(not stall or rng.random() >= stall))
+            ctx.set(vout.ready, int(not stall or rng.random() >= stall))
             s = await ctx.tick().sample(dut.k.valid, dut.k.ready, dut.v.valid, dut.v.ready,
                                         dut.kw.valid, dut.kw.ready, dut.kw.payload.as_value(),
-                                        dut.vb.valid, dut.vb.ready, dut.vb.payload.as_value())
+                                        vout.valid, vout.ready, vout.payload.as_value())
             kv_, kr, vv, vr, wv, wr, wp, bv, br, bp = s[2:]
             if kv_ and kr:
                 tr["ktake"].append(cyc)
@@ -66,7 +71,7 @@ def run(dut, kb, vb, rb, n_kw, n_vb, idle=0.0, stall=0.0, seed=0):
             cyc += 1
         for _ in range(4):                       # nothing more comes out
             await ctx.tick()
-            assert not ctx.get(dut.kw.valid) and not ctx.get(dut.vb.valid)
+            assert not ctx.get(dut.kw.valid) and not ctx.get(vout.valid)
 
     sim.add_testbench(feeder(dut.k, kb, seed, idle), background=True)
     sim.add_testbench(feeder(dut.v, vb, seed + 1, idle), background=True)
@@ -151,3 +156,29 @@ def test_rate(d, lanes, in_lanes, nk):
     assert span == len(take) == len(blocks) * nk * d // in_lanes
     assert tr["kwait"] == 0 and tr["vwait"] == 0
     assert tr["kw"][0] - take[dut.tile * d // in_lanes - 1] == 1
+
+
+@pytest.mark.parametrize("per_channel,in_lanes,pv_words", [(False, 4, (8, 4)), (True, 16, (4, 8)),
+                                                            (False, 2, (16, 16))])
+def test_pv_words(per_channel, in_lanes, pv_words):
+    """``pv_words``: the same chunk's V as the GEMM arrays' words (ArrayPV's ``v``: tiles of
+    ``keys`` keys, words of ``channels`` channels, ``[channel][key]``; keys past a block's end
+    0; ``n`` and ``rows`` on the last), every word equal to ``test_array_pv.v_words`` of the
+    scheduled block, the K words unchanged, under random valid/ready."""
+    rng = np.random.default_rng(300 + per_channel + in_lanes)
+    d, keys, lanes, q_tile, mb = 16, 4, 4, 16, 48
+    lens = [32, 32, 32] if per_channel else [32, 34, 30]
+    q, sq, blocks, q_pos = chunk(rng, lens, 36, 2, d, per_channel)
+    kblocks, _ = score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, mb)
+    want_k = [w for bl in kblocks for w in bl]
+    va, vl = pv_words
+    geom = SimpleNamespace(lanes=vl, array_rows=va, head_dim=d, max_block=mb, max_rows=q_tile)
+    want_v = [w for _, b, r, _ in tile_schedule(q_pos, blocks, q_tile)
+              for w in v_words(np.asarray(blocks[b].v), len(r), geom)]
+    kb, vb, rb = kv_inputs(blocks, q_pos, q_tile, d, in_lanes, q_tile)
+    dut = TileKV(keys=keys, head_dim=d, lanes=lanes, in_lanes=in_lanes, max_block=mb,
+                 max_rows=q_tile, pv_words=pv_words)
+    got, _ = run(dut, kb, vb, rb, len(want_k), len(want_v), idle=0.3, stall=0.4, seed=in_lanes)
+    compare_k(got["kw"], want_k, k_word_layout(keys, d, lanes, mb, q_tile))
+    compare(got["vb"], want_v, pv_word_layout(va, vl, mb, q_tile), ("v", "last"),
+            ("n", "rows"))

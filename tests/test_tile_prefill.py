@@ -160,15 +160,19 @@ def check_rows(got, want):
         np.testing.assert_array_equal(o, want[r], err_msg=f"row {r}")
 
 
-@pytest.mark.parametrize("per_channel,g,n_tok,lens,q_tile", [
-    (False, 2, 14, [16, 16, 12, 8], 8),  # partial diagonal blocks, a tile skips the last block
-    (True, 2, 20, [32, 32, 16], 8),      # per-channel: the open group diagonal, a block dropped
+@pytest.mark.parametrize("per_channel,g,n_tok,lens,q_tile,arrays", [
+    (False, 2, 14, [16, 16, 12, 8], 8, 0),  # partial diagonal blocks, a tile skips the last block
+    (True, 2, 20, [32, 32, 16], 8, 0),      # per-channel: the open group diagonal, a block dropped
+    (False, 2, 14, [16, 16, 12, 8], 8, 4),  # the same on 4 shared GEMM arrays
+    (True, 2, 20, [32, 32, 16], 8, 2),
 ])
-def test_chunk_bit_exact(per_channel, g, n_tok, lens, q_tile):
+def test_chunk_bit_exact(per_channel, g, n_tok, lens, q_tile, arrays):
     """A causal chunk at the end of the keys (its diagonal block partial; a query tile wholly
     before the last block: that block is read and dropped, per-channel K its headers too),
     head_dim 16, gaps on every input and backpressure on the output: every row's ``o / l``
-    equals ``attend_prefill_tiled(..., p_format=P8, array=True)``."""
+    equals ``attend_prefill_tiled(..., p_format=P8, array=True)`` — with S and P·V on arrays
+    of their own (TileAttention) and on ``arrays`` GEMM arrays of 8 × 4 taking turns
+    (ArrayAttention, TileKV's V as the arrays' words)."""
     rng = np.random.default_rng(520 + 10 * per_channel + g)
     d, keys, lanes, in_lanes, fl, mb = 16, 4, 4, 8, 4, 32
     q, sq, blocks, q_pos = chunk(rng, lens, n_tok, g, d, per_channel)
@@ -181,7 +185,7 @@ def test_chunk_bit_exact(per_channel, g, n_tok, lens, q_tile):
     fmt = KVFormat.PER_CHANNEL_K if per_channel else KVFormat.PER_TOKEN
     dut = TilePrefill(keys=keys, head_dim=d, lanes=lanes, in_lanes=in_lanes, max_block=mb,
                       rows=q_tile, max_rows=MAX_ROWS, max_heads=MAX_HEADS, kv_format=fmt,
-                      fold_lanes=fl)
+                      fold_lanes=fl, arrays=arrays, array_rows=8)
     ins = prefill_inputs(q, sq, blocks, pos, g, q_tile, d, in_lanes, mb, fl)
     got, _ = run_prefill(dut, ins, len(q), g, 0.25, 0.4)
     check_rows(got, want.reshape(len(q), d))
@@ -192,17 +196,19 @@ def unmasked_macs(q_pos, blocks, q_tile, d):
     return sum(int(v.sum()) for _, _, _, v in tile_schedule(q_pos, blocks, q_tile)) * 2 * d
 
 
-def measure(per_channel, g, n_tok, lens, q_tile, d, lanes, in_lanes, fl, seed):
+def measure(per_channel, g, n_tok, lens, q_tile, d, lanes, in_lanes, fl, seed, arrays=0,
+            array_rows=16):
     """The chain at full rate (inputs always valid, output always ready): the rows against
     the golden model, the score beats' span, and the chunk's cycles from the first input to
-    the last row out against its unmasked MACs."""
+    the last row out against its unmasked MACs. ``arrays``: S and P·V on that many shared
+    GEMM arrays of ``array_rows × lanes``."""
     rng = np.random.default_rng(seed)
     keys, mb = 4, max(lens)
     q, sq, blocks, q_pos = chunk(rng, lens, n_tok, g, d, per_channel)
     fmt = KVFormat.PER_CHANNEL_K if per_channel else KVFormat.PER_TOKEN
     dut = TilePrefill(keys=keys, head_dim=d, lanes=lanes, in_lanes=in_lanes, max_block=mb,
                       rows=q_tile, max_rows=MAX_ROWS, max_heads=6, kv_format=fmt,
-                      fold_lanes=fl)
+                      fold_lanes=fl, arrays=arrays, array_rows=array_rows)
     assert len(q) <= dut.max_rows
     ins = prefill_inputs(q, sq, blocks, int(q_pos[0]), g, q_tile, d, in_lanes, mb, fl)
     ins["chunk"] = [chunk_layout(MAX_ROWS, 6).const({"pos": int(q_pos[0]), "rows": len(q),
@@ -216,26 +222,31 @@ def measure(per_channel, g, n_tok, lens, q_tile, d, lanes, in_lanes, fl, seed):
     beats = cyc["beats"]
     cycles = cyc["out"][-1] + 1
     macs = unmasked_macs(q_pos, blocks, q_tile, d)
-    print(f"\n{len(q)} rows (GQA {g}:1, head_dim {d}) against {sum(lens)} keys: score beats "
+    print(f"\n{'TileAttention' if not arrays else f'{arrays} shared arrays'}: "
+          f"{len(q)} rows (GQA {g}:1, head_dim {d}) against {sum(lens)} keys: score beats "
           f"{len(beats)} in {beats[-1] - beats[0] + 1} cycles; the chunk {cycles} cycles, "
           f"{macs} unmasked QKᵀ + P·V MACs: {macs / cycles:.1f} MACs/cycle "
           f"(peak {2 * keys * d}: {macs / cycles / (2 * keys * d):.3f})")
     return n_beats, beats
 
 
-def test_chunk_rate():
+@pytest.mark.parametrize("arrays", [0, 4])
+def test_chunk_rate(arrays):
     """Full rate at head_dim 16 (4 keys per beat, 4 lanes, the reader's 8 lanes; a 16-row
     query tile against three 64-key blocks, the last the diagonal): after the first row the
-    score beats pass TileScore → TileAttend one per cycle through the whole chain; the chunk's
-    MACs per cycle are printed (not asserted)."""
-    n_beats, beats = measure(False, 2, 8, [64, 64, 64], 16, 16, 4, 8, 4, 530)
+    score beats pass TileScore → TileAttend one per cycle through the whole chain — also with
+    S and P·V on 4 shared arrays of 16 × 4; the chunk's MACs per cycle are printed (not
+    asserted)."""
+    n_beats, beats = measure(False, 2, 8, [64, 64, 64], 16, 16, 4, 8, 4, 530, arrays)
     assert len(beats) == n_beats and beats[-1] - beats[0] + 1 == n_beats
 
 
 @pytest.mark.slow
-def test_kr260_shape_rate():
+@pytest.mark.parametrize("arrays", [0, 4])
+def test_kr260_shape_rate(arrays):
     """Near the kr260 shape (head_dim 128, 16 lanes, the reader's 64 lanes, GQA 6:1, 256-key
     blocks, 64-row query tiles): a 16-token causal chunk (96 rows) at the end of 512 keys, bit
-    exact; the score beats one per cycle; the MACs per cycle printed."""
-    n_beats, beats = measure(False, 6, 16, [256, 256], 64, 128, 16, 64, 16, 540)
+    exact; the score beats one per cycle; the MACs per cycle printed. ``arrays`` 4: S and P·V
+    on the kr260's 4 GEMM arrays of 16 × 16 taking turns."""
+    n_beats, beats = measure(False, 6, 16, [256, 256], 64, 128, 16, 64, 16, 540, arrays)
     assert len(beats) == n_beats and beats[-1] - beats[0] + 1 == n_beats

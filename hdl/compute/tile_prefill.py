@@ -23,6 +23,7 @@ from mcf.abi.attn_tile import (
 from mcf.abi.kv import kv_beat_layout
 from mcf.abi.kv_channel import KVFormat
 
+from .array_attend import ArrayAttention
 from .tile_attend import TileAttention
 from .tile_fold import TileFold
 from .tile_kv import TileKV
@@ -56,6 +57,14 @@ class TilePrefill(wiring.Component):
     o : Out(stream.Signature(norm_row_layout(head_dim, max_rows)))
         Each row's ``o / l`` (ATTN_OUT codes) and its row in the chunk, in the order the rows
         finish (per query tile, by their final block).
+    score_st, score_res, pv_st, pv_res : ``arrays`` with ``own_arrays = False`` only
+        The S and P·V client ports of :class:`~.array_attend.ArrayAttention` (the GEMM's
+        arrays, through its :class:`~.array_share.ArrayShare`).
+
+    ``arrays`` (default 0: TileAttention, S and P·V on arrays of their own): S and P·V on
+    ``arrays`` GEMM arrays of ``array_rows × lanes`` (``chain``: their lane sums) taking turns
+    (:class:`~.array_attend.ArrayAttention`, TileKV's V as the arrays' words) — the same bits;
+    ``own_arrays``: the arrays inside, else reached through the client ports above.
 
     ``query_ram``: TileQuery's ``ram_style`` (``"ultra"``: the row memory in URAM288).
 
@@ -69,17 +78,31 @@ class TilePrefill(wiring.Component):
                  max_block: int = 256, rows: int = 64, max_rows: int = 1536, max_heads: int = 8,
                  kv_format: KVFormat = KVFormat.PER_TOKEN, fold_lanes: int = 16,
                  folds: int = 3, slots: int = 4, merge_lanes: int = 4, norm_lanes: int = 4,
-                 rows_fifo: int = 4, dsp: str = "model", query_ram: str = "block"):
+                 rows_fifo: int = 4, dsp: str = "model", query_ram: str = "block",
+                 arrays: int = 0, array_rows: int = 16, chain: int = 1,
+                 own_arrays: bool = True):
         self.keys, self.head_dim, self.rows, self.max_rows = keys, head_dim, rows, max_rows
         self.kv_format, self.rows_fifo = KVFormat(kv_format), rows_fifo
         self.query = TileQuery(head_dim=head_dim, max_block=max_block, rows=rows,
                                max_rows=max_rows, max_heads=max_heads, ram_style=query_ram)
         self.fold = TileFold(keys=keys, head_dim=head_dim, lanes=lanes, max_block=max_block,
                              rows=rows, kv_format=kv_format, fold_lanes=fold_lanes, folds=folds)
+        self.arrays = arrays
         self.kv = TileKV(keys=keys, head_dim=head_dim, lanes=lanes, in_lanes=in_lanes,
-                         max_block=max_block, max_rows=rows, rows_fifo=rows_fifo)
-        self.att = TileAttention(keys=keys, head_dim=head_dim, lanes=lanes, max_block=max_block,
-                                 rows=rows, slots=slots, merge_lanes=merge_lanes, dsp=dsp)
+                         max_block=max_block, max_rows=rows, rows_fifo=rows_fifo,
+                         pv_words=(array_rows, lanes) if arrays else None)
+        if arrays:
+            # S and P·V on the GEMM's kind of arrays, taking turns (:class:`ArrayAttention`)
+            self.att = ArrayAttention(keys=keys, head_dim=head_dim, lanes=lanes,
+                                      max_block=max_block, rows=rows, slots=slots,
+                                      merge_lanes=merge_lanes, arrays=arrays,
+                                      array_rows=array_rows, chain=chain,
+                                      dsp="fabric" if dsp == "model" and chain == 1 else dsp,
+                                      own_arrays=own_arrays)
+        else:
+            self.att = TileAttention(keys=keys, head_dim=head_dim, lanes=lanes,
+                                     max_block=max_block, rows=rows, slots=slots,
+                                     merge_lanes=merge_lanes, dsp=dsp)
         self.norm = TileNormalize(head_dim=head_dim, rows=rows, lanes=norm_lanes)
         members = {
             "chunk": In(stream.Signature(chunk_layout(max_rows, max_heads))),
@@ -91,6 +114,9 @@ class TilePrefill(wiring.Component):
         }
         if self.kv_format == KVFormat.PER_CHANNEL_K:
             members["kh"] = In(stream.Signature(fold_header_layout(fold_lanes)))
+        if arrays and not own_arrays:
+            for name in ("score_st", "score_res", "pv_st", "pv_res"):
+                members[name] = self.att.signature.members[name]
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -105,7 +131,12 @@ class TilePrefill(wiring.Component):
         wiring.connect(m, qs.o, fd.i)
         wiring.connect(m, fd.o, at.q)
         wiring.connect(m, kv.kw, at.k)
-        wiring.connect(m, kv.vb, at.v)
+        wiring.connect(m, kv.vw if self.arrays else kv.vb, at.v)
+        if self.arrays and "score_st" in self.signature.members:
+            for name in ("score_st", "pv_st"):
+                wiring.connect(m, getattr(at, name), wiring.flipped(getattr(self, name)))
+            for name in ("score_res", "pv_res"):
+                wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(at, name))
         wiring.connect(m, at.o, nz.i)
 
         # ---- a block's row count to TileKV and (per-channel K) to the header filter ----------

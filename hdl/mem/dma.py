@@ -40,7 +40,19 @@ def read_beat_layout(data_width: int) -> data.StructLayout:
 
 
 class _Rows:
-    """Shared descriptor walker: rows → (aligned beat address, beats) bursts + row info."""
+    """Shared descriptor walker: rows → (aligned beat address, beats) bursts + row info.
+
+    The next burst is ``n = min(beats_left, lim)`` beats at ``baddr`` with ``lim =
+    min(to_4k, max_beats)`` and ``to_4k`` the beats from ``baddr`` to its 4 KiB boundary;
+    ``to_4k`` and ``lim`` are registers kept beside ``baddr`` (set with it in
+    :meth:`start_row`, stepped with it in :meth:`issued`; ``lim`` is ``to_4k`` itself when
+    ``max_beats`` covers a page), so ``n`` and ``last`` (this burst ends the row:
+    ``beats_left == n``) are one compare of registers deep, and ``last_row`` (``left == 1``)
+    is a register beside ``left`` (issue #35: the subtraction from ``baddr``, the compare
+    with ``max_beats`` and the one of ``left`` were in series with every issue). The same
+    values in every cycle as computing them from ``baddr`` and ``left``
+    (``tests/test_dma_bursts.py``).
+    """
 
     def __init__(self, m: Module, desc: stream.Interface, bb: int, addr_bits: int, rejects,
                  max_beats: int = MAX_BURST_BEATS):
@@ -51,6 +63,7 @@ class _Rows:
         self.length = Signal(LENGTH_BITS, name="row_len")
         self.stride = Signal.like(desc.payload.stride, name="row_stride")
         self.left = Signal.like(desc.payload.count, name="rows_left")
+        self.last_row = Signal(name="last_row")  # left == 1, a register beside left
         self.in_row = Signal(name="in_row")      # bursts of the current row being issued
         self.baddr = Signal(addr_bits, name="burst_addr")
         self.beats_left = Signal(LENGTH_BITS + 1, name="row_beats_left")
@@ -60,12 +73,19 @@ class _Rows:
         total = Signal(LENGTH_BITS + 1, name="row_beats")
         m.d.comb += total.eq((off + self.length + (bb - 1)) >> lb)
         self.total = total
-        to_4k = Signal(range(BOUNDARY_BYTES // bb + 1), name="beats_to_4k")
-        m.d.comb += to_4k.eq((BOUNDARY_BYTES - self.baddr[:12]) >> lb)
+        # beats in a 4 KiB page; baddr is always beat-aligned, so the beats from baddr to its
+        # boundary are page − baddr[lb:12] (1 … page)
+        self.page = page = BOUNDARY_BYTES >> lb
+        self.max_beats = max_beats
+        self.to_4k = Signal(range(page + 1), name="beats_to_4k", init=page)
+        if max_beats >= page:
+            self.lim = self.to_4k              # a page never holds more than a burst
+        else:
+            self.lim = Signal(range(max_beats + 1), name="burst_limit", init=max_beats)
         n = Signal(range(MAX_BURST_BEATS + 1), name="burst_beats")
-        lim = Signal.like(n)
-        m.d.comb += lim.eq(Mux(to_4k < max_beats, to_4k, max_beats))
-        m.d.comb += n.eq(Mux(self.beats_left < lim, self.beats_left, lim))
+        self.last = Signal(name="burst_ends_row")  # beats_left == n
+        m.d.comb += [self.last.eq(self.beats_left <= self.lim),
+                     n.eq(Mux(self.last, self.beats_left, self.lim))]
         self.n = n
         m.d.comb += desc.ready.eq(~self.busy)
         with m.If(desc.valid & ~self.busy):
@@ -75,23 +95,36 @@ class _Rows:
             with m.Else():
                 m.d.sync += [self.busy.eq(1), self.addr.eq(p.addr), self.length.eq(p.length),
                              self.stride.eq(p.stride), self.left.eq(p.count),
-                             self.in_row.eq(0)]
+                             self.last_row.eq(p.count == 1), self.in_row.eq(0)]
+
+    def _set_to_4k(self, m, value):
+        m.d.sync += self.to_4k.eq(value)
+        if self.lim is not self.to_4k:
+            m.d.sync += self.lim.eq(Mux(value < self.max_beats, value, self.max_beats))
 
     def start_row(self, m):
         """Call under the condition that the row's info was accepted."""
         m.d.sync += [self.in_row.eq(1), self.baddr.eq(Cat(Const(0, (self.lb)),
                                                           self.addr[self.lb:])),
                      self.beats_left.eq(self.total)]
+        to_4k = Signal.like(self.to_4k, name="row_to_4k")
+        m.d.comb += to_4k.eq(self.page - self.addr[self.lb:12])
+        self._set_to_4k(m, to_4k)
 
     def issued(self, m):
         """Call when a burst of ``n`` beats was issued."""
         bb_shift = self.lb
         m.d.sync += [self.baddr.eq(self.baddr + (self.n << bb_shift)),
                      self.beats_left.eq(self.beats_left - self.n)]
-        with m.If(self.beats_left == self.n):
+        # a burst ending on the boundary (n == to_4k) leaves baddr at a page's start
+        to_4k = Signal.like(self.to_4k, name="next_to_4k")
+        m.d.comb += to_4k.eq(Mux(self.n == self.to_4k, self.page, self.to_4k - self.n))
+        self._set_to_4k(m, to_4k)
+        with m.If(self.last):
             m.d.sync += [self.in_row.eq(0), self.left.eq(self.left - 1),
+                         self.last_row.eq(self.left == 2),
                          self.addr.eq(self.addr + self.stride)]
-            with m.If(self.left == 1):
+            with m.If(self.last_row):
                 m.d.sync += self.busy.eq(0)
 
 
@@ -129,7 +162,9 @@ class DmaReader(wiring.Component):
     issued only when the receive FIFO has room for all of it beside the beats in flight and
     one more, so a burst the size of the FIFO would wait forever (with ``fifo_depth`` 256 a
     read covering a whole 4 KiB page of 16-byte beats hung: found by a JOB template of 447
-    entries, ``tests/test_node_jobs.py``).
+    entries, ``tests/test_node_jobs.py``). The room is a register (``fifo_free`` =
+    ``fifo_depth − 1`` − beats in flight − the FIFO's level) compared with the burst's
+    registered bounds; it relies on the bus returning no more R beats than requested.
     """
 
     def __init__(self, data_width: int = 128, addr_width: int = ADDR_BITS,
@@ -155,7 +190,9 @@ class DmaReader(wiring.Component):
                                     "last": unsigned(1)})
         m.submodules.info = info = fifo.SyncFIFOBuffered(width=info_l.size, depth=4)
 
-        inflight = Signal(range(self.fifo_depth + MAX_BURST_BEATS + 1))
+        # FIFO entries neither reserved by a burst in flight nor holding a beat:
+        # fifo_depth − 1 − (beats in flight + raw.level), a register (issue #35)
+        free = Signal(range(self.fifo_depth), name="fifo_free", init=self.fifo_depth - 1)
         bursts = Signal(range(self.outstanding + 1))
         recv = Signal()
         recv_last = Signal()
@@ -168,10 +205,11 @@ class DmaReader(wiring.Component):
             m.d.sync += bus.arvalid.eq(0)
         issue = Signal()
         room = Signal()
-        m.d.comb += room.eq(inflight + raw.level + rows.n + 1 <= self.fifo_depth)
+        # beats in flight + raw.level + n + 1 <= fifo_depth, i.e. min(beats_left, lim) <= free
+        m.d.comb += room.eq((rows.beats_left <= free) | (rows.lim <= free))
         with m.If(rows.busy & ~rows.in_row):
             m.d.comb += [info.w_en.eq(1), info.w_data.eq(Cat(rows.off, rows.length,
-                                                             rows.left == 1))]
+                                                             rows.last_row))]
             with m.If(info.w_rdy):
                 rows.start_row(m)
         with m.Elif(rows.busy & rows.in_row & (~bus.arvalid | bus.arready) & room &
@@ -182,8 +220,15 @@ class DmaReader(wiring.Component):
             rows.issued(m)
         ar_done = Signal()
         m.d.comb += ar_done.eq(bus.arvalid & bus.arready)
-        m.d.sync += [inflight.eq(inflight + Mux(issue, rows.n, 0) - recv),
-                     bursts.eq(bursts + ar_done - recv_last)]
+        m.d.sync += bursts.eq(bursts + ar_done - recv_last)
+        # a received beat moves from in flight into the FIFO (its room was reserved at issue,
+        # so the write is always taken); a beat read from the FIFO frees its entry
+        taken = Signal()
+        m.d.comb += taken.eq(raw.r_en & raw.r_rdy)
+        with m.If(issue):
+            m.d.sync += free.eq(free - rows.n + taken)
+        with m.Else():
+            m.d.sync += free.eq(free + taken)
 
         # R channel into the FIFO (space was reserved at issue)
         m.d.comb += [bus.rready.eq(1), raw.w_en.eq(recv),
@@ -201,10 +246,11 @@ class DmaReader(wiring.Component):
         have_prev = Signal()
         raw_seen = Signal(LENGTH_BITS + 1)
         out_sent = Signal(LENGTH_BITS + 1)
+        # the row's bus beats and output beats, registered with ``cur`` (issue #35: the adds
+        # were in front of the FIFO read, the output and the FIFO room)
         raw_cnt = Signal(LENGTH_BITS + 1)
         out_cnt = Signal(LENGTH_BITS + 1)
-        m.d.comb += [raw_cnt.eq((cur.off + cur.length + (bb - 1)) >> lb),
-                     out_cnt.eq((cur.length + (bb - 1)) >> lb)]
+        nxt_info = data.View(info_l, info.r_data)
         can_out = Signal()
         m.d.comb += can_out.eq(~self.o.valid | self.o.ready)
         with m.If(self.o.valid & self.o.ready):
@@ -212,7 +258,9 @@ class DmaReader(wiring.Component):
         m.d.comb += info.r_en.eq(~active)
         with m.If(~active & info.r_rdy):
             m.d.sync += [cur.eq(info.r_data), active.eq(1), have_prev.eq(0), raw_seen.eq(0),
-                         out_sent.eq(0)]
+                         out_sent.eq(0),
+                         raw_cnt.eq((nxt_info.off + nxt_info.length + (bb - 1)) >> lb),
+                         out_cnt.eq((nxt_info.length + (bb - 1)) >> lb)]
         rem = cur.length[:lb]
         final_keep = Signal(bb)
         m.d.comb += final_keep.eq(Mux(rem == 0, (1 << bb) - 1,
@@ -321,7 +369,7 @@ class DmaWriter(wiring.Component):
                          bus.awlen.eq(rows.n - 1)]
             m.d.comb += [wlen.w_en.eq(1), wlen.w_data.eq(rows.n),
                          tags.w_en.eq(1),
-                         tags.w_data.eq((rows.beats_left == rows.n) & (rows.left == 1))]
+                         tags.w_data.eq(rows.last & rows.last_row)]
             rows.issued(m)
         b_ok = Signal()
         m.d.comb += [bus.bready.eq(1), b_ok.eq(bus.bvalid)]

@@ -114,12 +114,15 @@ class StripeReader(wiring.Component):
 
         # job queue → one descriptor per port; the head leaves when every port has taken it
         lay = self._job_layout
-        m.submodules.queue = q = fifo.SyncFIFOBuffered(width=lay.size, depth=self._jobs)
-        m.d.comb += [q.w_data.eq(self.job.payload.as_value()), q.w_en.eq(self.job.valid),
-                     self.job.ready.eq(q.w_rdy)]
-        head = data.View(lay, q.r_data)
+        # each entry carries whether the job reads anything (issue #35: so the head's test is a
+        # flip-flop, not compares of its fields in front of every port's descriptor valid)
+        m.submodules.queue = q = fifo.SyncFIFOBuffered(width=lay.size + 1, depth=self._jobs)
+        job = self.job.payload
+        m.d.comb += [q.w_data.eq(Cat(job.as_value(), (job.length != 0) & (job.count != 0))),
+                     q.w_en.eq(self.job.valid), self.job.ready.eq(q.w_rdy)]
+        head = data.View(lay, q.r_data[:lay.size])
         good = Signal()
-        m.d.comb += good.eq((head.length != 0) & (head.count != 0))
+        m.d.comb += good.eq(q.r_data[lay.size])
         taken = Signal(P)               # ports that took the head job's descriptor
         now = Signal(P)
         for p, rd in enumerate(rds):

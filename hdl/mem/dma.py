@@ -223,12 +223,13 @@ class DmaReader(wiring.Component):
         m.d.sync += bursts.eq(bursts + ar_done - recv_last)
         # a received beat moves from in flight into the FIFO (its room was reserved at issue,
         # so the write is always taken); a beat read from the FIFO frees its entry
+        # (the read comes last: the FIFO's reader — its consumer's ready chain — selects between
+        # two sums formed from registers, so it adds one multiplexer, not an adder, to its path)
         taken = Signal()
-        m.d.comb += taken.eq(raw.r_en & raw.r_rdy)
-        with m.If(issue):
-            m.d.sync += free.eq(free - rows.n + taken)
-        with m.Else():
-            m.d.sync += free.eq(free + taken)
+        kept = Signal.like(free)
+        m.d.comb += [taken.eq(raw.r_en & raw.r_rdy),
+                     kept.eq(Mux(issue, free - rows.n, free))]
+        m.d.sync += free.eq(Mux(taken, kept + 1, kept))
 
         # R channel into the FIFO (space was reserved at issue)
         m.d.comb += [bus.rready.eq(1), raw.w_en.eq(recv),

@@ -67,9 +67,7 @@ class QueueSequencer(wiring.Component):
     stays high with a stable payload until the transfer.
 
     Latency: a record at the input in cycle ``t`` is offered (or retires, for NOP/MARK/WAIT)
-    in cycle ``t + 1`` if its wait holds — a WAIT's on the counters of cycle ``t`` (it sees
-    ``counters`` one cycle late: a WAIT a counter releases leaves the cycle after the counter
-    reached its threshold, not in it); ``irq_mark``, ``retired`` and ``status`` follow one
+    in cycle ``t + 1`` if its wait holds; ``irq_mark``, ``retired`` and ``status`` follow one
     cycle after the retire. Throughput: one record per cycle while no wait blocks and the
     issue streams are ready (measured, ``tests/test_node_sequencer.py::
     test_header_only_send_rate``: 1.00 records/cycle for header-only SENDs with ``wait = 0``
@@ -191,14 +189,12 @@ class QueueSequencer(wiring.Component):
         self._decode(m, self.rec.payload, nxt, classes, engines)
         bad, eng, is_wait, dir_wait = dec.bad, dec.eng, dec.is_wait, dec.dir_wait
 
-        # conditions: a WAIT tests the counters as they were in the previous cycle — ``wcond``
-        # is registered, computed for the record the slot holds next (issue #35: the two
-        # 32-bit carry chains, the subtraction and the compare, end at a flip-flop instead of
-        # running on into the handshakes; a WAIT a counter releases leaves a cycle later)
+        # conditions
         cidx_bits = max(1, (self._n - 1).bit_length())
-        wcond = Signal()
+        cnt = Signal(COUNTER_BITS)
+        m.d.comb += cnt.eq(self.counters[s.arg[:cidx_bits]] - base[s.arg[:cidx_bits]])
         cond = Signal()
-        m.d.comb += cond.eq(Mux(is_wait, wcond,
+        m.d.comb += cond.eq(Mux(is_wait, cnt >= s.wait,
                                 ~dir_wait | ((settle == 0) & (self.dir_landed >= s.wait))))
         order_ok = Signal()
         m.d.comb += order_ok.eq((pend == 0) | (eng & (s.cls == pend_cls) &
@@ -256,9 +252,7 @@ class QueueSequencer(wiring.Component):
             st.bad_runtime.eq(st.bad_runtime + (go_ns & bad) + stray),
         ]
         m.d.comb += [self.retired.eq(st.retired), self.halted.eq(halted)]
-        mark_now = Signal()
-        m.d.comb += mark_now.eq(go_ns & ~bad & dec.is_mark)
-        with m.If(mark_now):
+        with m.If(go_ns & ~bad & dec.is_mark):
             m.d.sync += st.marks.eq(st.marks + 1)
             for i in range(self._n):
                 with m.If(s.arg[i]):
@@ -289,15 +283,6 @@ class QueueSequencer(wiring.Component):
         take = self.rec.valid & self.rec.ready
         with m.If(take):
             m.d.sync += taken.eq(taken + 1)
-        # the WAIT condition of the next cycle's slot: the record staying (``s``) or the one
-        # taken (its counter's base zeroed by a MARK retiring now), selected at the end
-        nrec = self.rec.payload
-        c_s, c_n = s.arg[:cidx_bits], nrec.arg[:cidx_bits]
-        cnt_s, cnt_n = Signal(COUNTER_BITS), Signal(COUNTER_BITS)
-        m.d.comb += [cnt_s.eq(self.counters[c_s] - base[c_s]),
-                     cnt_n.eq(Mux(mark_now & s.arg.bit_select(c_n, 1), 0,
-                                  self.counters[c_n] - base[c_n]))]
-        m.d.sync += wcond.eq(Mux(take, cnt_n >= nrec.wait, cnt_s >= s.wait))
         with m.If(take & ~flushing):
             m.d.sync += [s.eq(self.rec.payload), dec.eq(nxt), s_valid.eq(1), committed.eq(0),
                          wd.eq(0)]

@@ -9,22 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from amaranth.sim import Simulator
-from test_tile_pv import check, p_beats, random_p_blocks
-from tile_sim import taking_sink
+from test_tile_pv import check, random_p_blocks, real_block_rows
+from test_tile_pv import run as run_pv
 
-from mcf.abi.attn_tile import pv_out_layout, pv_word_layout
-from mcf.golden.attention import random_blocks, random_query
-from mcf.golden.attention_tiled import (
-    P8,
-    p8_rows,
-    pv_p8_block,
-    tile_block_state,
-    tile_scores,
-    tile_weights,
-)
+from mcf.abi.attn_tile import pv_word_layout
+from mcf.golden.attention_tiled import pv_p8_block
 from mcf.hdl.compute.array_pv import ArrayPV
-from mcf.sim.amsim import send
 
 
 def v_words(v, rows, dut):
@@ -46,30 +36,8 @@ def v_words(v, rows, dut):
 
 
 def run(dut, blocks, idle=0.0, stall=0.0, seed=0):
-    """As ``test_tile_pv.run``, V as array words."""
-    keys, d = dut.keys, dut.head_dim
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    rng = np.random.default_rng(seed)
-    olay = pv_out_layout(d, dut.max_block)
-    n_rows = sum(len(r) for _, r in blocks)
-
-    async def v_feed(ctx):
-        await send(ctx, dut.v, (bits for v, rows in blocks for bits in v_words(v, len(rows),
-                                                                                 dut)), rng, idle)
-
-    async def p_feed(ctx):
-        await send(ctx, dut.p, (bits for _, rows in blocks for row in rows
-                                for bits in p_beats(*row, keys)), rng, idle)
-
-    sink, seen = taking_sink(dut.o, dut.p, n_rows, np.random.default_rng(seed + 100), stall)
-    sim.add_testbench(v_feed, background=True)
-    sim.add_testbench(p_feed, background=True)
-    sim.add_testbench(sink)
-    sim.run()
-    got = [(int(b.m), int(b.l), int(b.s), np.array([int(b.acc[n]) for n in range(d)]))
-           for b in map(olay.from_bits, seen.bits)]
-    return got, {"take": seen.take, "out": seen.out, "p_wait": seen.wait}
+    """``test_tile_pv.run`` with V as array words."""
+    return run_pv(dut, blocks, idle, stall, seed, v_stream=lambda v, rows: v_words(v, rows, dut))
 
 
 @pytest.mark.parametrize("keys,d,block,rows,arrays,array_rows,lanes,group",
@@ -102,20 +70,8 @@ def test_real_block_states(block):
     """TilePV's causal chunk rows against real KV blocks (masked keys, all-masked rows), at
     the kr260 array (16 channels × 16 keys, group 128; 160 keys: a whole and a partial
     group): equal to ``tile_block_state(…, p_format=P8, array=True)``."""
-    rng = np.random.default_rng(block)
     d = 16
-    kv = random_blocks(rng, [block, block], d)
-    q, sq = random_query(rng, 6, d, sigma=2.0)
-    q_pos = np.array([block - 1, block + 3, block + 10, 2 * block - 1, block - 1, block + 1])
-    blocks, exp = [], []
-    for blk in kv:
-        t = tile_scores(q, sq, blk, array=True)
-        valid = np.asarray(blk.pos)[None, :] <= q_pos[:, None]
-        m, _, w, l_sum = tile_weights(t, valid, blk.sv)
-        s, w8 = p8_rows(w)
-        st = tile_block_state(t, valid, blk, p_format=P8, array=True)
-        blocks.append((np.asarray(blk.v), [(m[r], l_sum[r], s[r], w8[r]) for r in range(len(q))]))
-        exp += list(st.o)
+    blocks, exp = real_block_rows(block, d)
     dut = ArrayPV(keys=4, head_dim=d, max_block=256, max_rows=8)
     got, _ = run(dut, blocks, idle=0.2, stall=0.3, seed=7)
     check(blocks, got, exp)

@@ -7,12 +7,9 @@ sub-tiles skipped past a block's keys; the rate in cycles."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from test_tile_attend import chunk, score_inputs, stimulus
-from test_tile_score import compare, run, setup
+from test_tile_score import compare, run, run_full_rate, setup
 
-from mcf.golden.attention_tiled import tile_schedule
 from mcf.hdl.compute.array_score import ArrayScore
 
 
@@ -52,17 +49,9 @@ def test_rate(keys, d, lanes, nk, array_rows):
     """Inputs always valid, output always ready, whole key tiles: after the first quad the
     score beats leave one per cycle across quads and blocks — the arrays (twice TileScore's
     MACs per step at 4 arrays) keep up with the output."""
-    q_tile = 8
-    rng = np.random.default_rng(11)
-    q, sq, blocks, q_pos = chunk(rng, [nk] * 3, 4, 2, d, False)
-    assert all(len(r) == 8 for _, _, r, _ in tile_schedule(q_pos, blocks, q_tile))
-    rows, _ = stimulus(q, sq, blocks, q_pos, q_tile, keys, d)
-    kb, qb = score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, nk)
-    dut = ArrayScore(keys=keys, head_dim=d, lanes=lanes, max_block=nk, max_rows=q_tile,
+    dut = ArrayScore(keys=keys, head_dim=d, lanes=lanes, max_block=nk, max_rows=8,
                      array_rows=array_rows)
-    n_out = sum(len(b) for _, b in rows)
-    got, tr = run(dut, kb, qb, n_out)
-    compare(got, rows, keys, d, q_tile)
+    n_out, tr = run_full_rate(dut, keys, d, lanes, nk)
     out = tr["out"]
     first_quad = 4 * nk // keys
     span = out[-1] - out[first_quad] + 1

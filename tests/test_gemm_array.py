@@ -38,41 +38,52 @@ def steps_for(xq, wq, w_m, lanes, group):
 def run_array(xq, wq, w_m, rows, lanes, group, stall_seed=None, gaps=False, chain=1,
               dsp="fabric"):
     dut = GemmArray(rows=rows, lanes=lanes, group=group, chain=chain, dsp=dsp)
+    dots = [steps_for(xq[t], wq, w_m, lanes, group) for t in range(xq.shape[0])]
+    rng = np.random.default_rng(stall_seed if stall_seed is not None else 0)
+    return run_steps(dut, dots, rng, stall=0.5 if stall_seed is not None else 0.0,
+                     gap=0.3 if gaps else 0.0)
+
+
+def run_steps(dut, dots, rng, stall=0.0, gap=0.0, idle=0):
+    """Every dot product's ``rows`` accumulators from the array ``dut``: the steps of ``dots``
+    (lists of step payloads) with an idle cycle after a step with probability ``gap`` and
+    ``idle`` cycles in which the pipeline moves before each dot product's last step; ``o.ready``
+    low with probability ``stall``."""
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     results = []
-    expected = xq.shape[0]
-    rng = np.random.default_rng(stall_seed if stall_seed is not None else 0)
 
     async def producer(ctx):
-        for t in range(xq.shape[0]):
-            for st in steps_for(xq[t], wq, w_m, lanes, group):
+        for steps in dots:
+            for st in steps:
+                if st["last"]:
+                    for _ in range(idle):         # cycles the pipeline moves without a step
+                        await ctx.tick().until(dut.i.ready)
                 ctx.set(dut.i.payload, st)
                 ctx.set(dut.i.valid, 1)
                 await ctx.tick().until(dut.i.ready)
                 ctx.set(dut.i.valid, 0)
-                if gaps and rng.random() < 0.3:
+                if gap and rng.random() < gap:
                     await ctx.tick()
-        ctx.set(dut.i.valid, 0)
 
     async def consumer(ctx):
-        while len(results) < expected:
-            ready = 1 if stall_seed is None else int(rng.random() < 0.5)
-            ctx.set(dut.o.ready, ready)
+        while len(results) < len(dots):
+            ctx.set(dut.o.ready, int(not stall or rng.random() >= stall))
             await ctx.tick()
-        ctx.set(dut.o.ready, 0)
 
     async def monitor(ctx):
-        while len(results) < expected:
+        while True:
             _, _, valid, ready, payload = await ctx.tick().sample(
                 dut.o.valid, dut.o.ready, dut.o.payload)
             if valid and ready:
-                results.append([int(payload[r]) for r in range(rows)])
+                results.append([int(payload[r]) for r in range(dut.rows)])
 
     sim.add_testbench(producer)
     sim.add_testbench(consumer)
     sim.add_testbench(monitor, background=True)
-    sim.run_until(1e-8 * (xq.shape[0] * (wq.shape[1] // lanes + 40) * 4 + 500))
+    steps = sum(len(s) for s in dots)
+    sim.run_until(1e-8 * (4 * steps + 60 * len(dots) + 500))
+    assert len(results) == len(dots)
     return np.array(results, dtype=np.int64)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from amaranth.sim import Simulator
+from test_gemm_array import run_steps
 
 from mcf.abi.attn_tile import P8, PV_SPLIT_KEYS, qk_pack_shift
 from mcf.abi.fixed import pack_int4
@@ -73,47 +73,10 @@ def pv_dots(w8, v, rows, lanes, group):
 
 
 def run_dots(dots, rows, lanes, group, chain=1, dsp="fabric", seed=0, idle=0):
-    """Every dot product's ``rows`` accumulators, steps with random gaps, random ``o.ready``;
-    ``idle`` cycles without a step (in which the pipeline moves: ``i.ready`` high) before each
-    dot product's last."""
+    """Every dot product's ``rows`` accumulators (``test_gemm_array.run_steps``: steps with
+    random gaps, random ``o.ready``, ``idle`` moving cycles before each dot product's last)."""
     dut = GemmArray(rows=rows, lanes=lanes, group=group, chain=chain, dsp=dsp)
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    rng = np.random.default_rng(seed)
-    results = []
-
-    async def producer(ctx):
-        for steps in dots:
-            for st in steps:
-                if st["last"]:
-                    for _ in range(idle):         # cycles the pipeline moves without a step
-                        await ctx.tick().until(dut.i.ready)
-                ctx.set(dut.i.payload, st)
-                ctx.set(dut.i.valid, 1)
-                await ctx.tick().until(dut.i.ready)
-                ctx.set(dut.i.valid, 0)
-                if rng.random() < 0.2:
-                    await ctx.tick()
-
-    async def consumer(ctx):
-        while len(results) < len(dots):
-            ctx.set(dut.o.ready, int(rng.random() < 0.6))
-            await ctx.tick()
-
-    async def monitor(ctx):
-        while True:
-            _, _, valid, ready, payload = await ctx.tick().sample(
-                dut.o.valid, dut.o.ready, dut.o.payload)
-            if valid and ready:
-                results.append([int(payload[r]) for r in range(rows)])
-
-    sim.add_testbench(producer)
-    sim.add_testbench(consumer)
-    sim.add_testbench(monitor, background=True)
-    steps = sum(len(s) for s in dots)
-    sim.run_until(1e-8 * (4 * steps + 60 * len(dots) + 500))
-    assert len(results) == len(dots)
-    return np.array(results, dtype=np.int64)
+    return run_steps(dut, dots, np.random.default_rng(seed), stall=0.4, gap=0.2, idle=idle)
 
 
 def _s_want(q, k, rows):

@@ -56,9 +56,10 @@ def p_beats(m, l_sum, s, w8, keys):
             for b in range(nb)]
 
 
-def run(dut, blocks, idle=0.0, stall=0.0, seed=0, v_first=False):
+def run(dut, blocks, idle=0.0, stall=0.0, seed=0, v_first=False, v_stream=None):
     """``blocks``: ``[(v[T, d], [(m, l, s, w8[T]) per row])]``. Returns the output rows
-    ``[(m, l, s, acc[d])]`` and a trace (cycles of P beats taken, of outputs, P-ready-low count)."""
+    ``[(m, l, s, acc[d])]`` and a trace (cycles of P beats taken, of outputs, P-ready-low count).
+    ``v_stream(v, rows)``: a block's ``v`` stream (default :func:`v_beats`, TilePV's)."""
     keys, d = dut.keys, dut.head_dim
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -66,9 +67,10 @@ def run(dut, blocks, idle=0.0, stall=0.0, seed=0, v_first=False):
     olay = pv_out_layout(d, dut.max_block)
     n_rows = sum(len(r) for _, r in blocks)
 
+    v_stream = v_stream or (lambda v, rows: v_beats(v, keys, d, rows, dut.max_rows))
+
     async def v_feed(ctx):
-        await send(ctx, dut.v, (bits for v, rows in blocks
-                                for bits in v_beats(v, keys, d, len(rows), dut.max_rows)),
+        await send(ctx, dut.v, (bits for v, rows in blocks for bits in v_stream(v, len(rows))),
                    rng, idle)
 
     async def p_feed(ctx):
@@ -147,14 +149,11 @@ def test_largest_sums():
     assert pv_acc_bits(320) == 21 and min(int(g[3].min()) for g in got) < -(1 << 19)
 
 
-@pytest.mark.parametrize("block", [32, 160])
-def test_real_block_states(block):
-    """Rows of a causal chunk against real KV blocks (the diagonal block has masked keys and
-    all-masked rows): scores, ``w8``, ``s`` from the golden model's stages, the array's output
-    equal to ``tile_block_state(…, p_format=P8, array=True)``. 160 keys: two packed groups of
-    ``PV_SPLIT_KEYS`` = 128 keys and a partial one."""
+def real_block_rows(block, d):
+    """Rows of a causal chunk against two real KV blocks of ``block`` keys (masked keys,
+    all-masked rows): ``[(v, [(m, l, s, w8) per row])]`` from the golden model's stages and
+    the expected ``o_b`` of ``tile_block_state(…, p_format=P8, array=True)``."""
     rng = np.random.default_rng(block)
-    d = 16
     kv = random_blocks(rng, [block, block], d)
     q, sq = random_query(rng, 6, d, sigma=2.0)
     q_pos = np.array([block - 1, block + 3, block + 10, 2 * block - 1, block - 1, block + 1])
@@ -168,6 +167,17 @@ def test_real_block_states(block):
         assert np.array_equal(st.m, m) and np.array_equal(st.l, l_sum)
         blocks.append((np.asarray(blk.v), [(m[r], l_sum[r], s[r], w8[r]) for r in range(len(q))]))
         exp += list(st.o)
+    return blocks, exp
+
+
+@pytest.mark.parametrize("block", [32, 160])
+def test_real_block_states(block):
+    """Rows of a causal chunk against real KV blocks (the diagonal block has masked keys and
+    all-masked rows): scores, ``w8``, ``s`` from the golden model's stages, the array's output
+    equal to ``tile_block_state(…, p_format=P8, array=True)``. 160 keys: two packed groups of
+    ``PV_SPLIT_KEYS`` = 128 keys and a partial one."""
+    d = 16
+    blocks, exp = real_block_rows(block, d)
     dut = TilePV(keys=4, head_dim=d, max_block=block, max_rows=8)
     got, _ = run(dut, blocks, idle=0.2, stall=0.3, seed=7)
     check(blocks, got, exp)

@@ -126,22 +126,30 @@ def test_extremes_kr260_shape():
     compare(got, rows, keys, d, 4)
 
 
-@pytest.mark.parametrize("keys,d,lanes,nk", [(4, 16, 4, 64), (4, 128, 16, 64)])
-def test_rate_and_latency(keys, d, lanes, nk):
-    """Whole key tiles (``R`` divides the block), inputs always valid, output always ready:
-    after the first row the score beats leave one per cycle — ``keys × head_dim`` MACs per
-    cycle — across rows and blocks (K double-banked, the next block loaded under the current
-    one); the first beat leaves ``latency`` cycles after the first query beat is taken."""
+def run_full_rate(dut, keys, d, lanes, nk):
+    """Three whole blocks of ``nk`` keys, 8 rows each (a 4-token chunk at GQA 2:1, 8-row
+    tiles), inputs always valid and the output always ready, every beat checked; returns the
+    beats' count and :func:`run`'s trace."""
     q_tile = 8
     rng = np.random.default_rng(11)
     q, sq, blocks, q_pos = chunk(rng, [nk] * 3, 4, 2, d, False)
     assert all(len(r) == 8 for _, _, r, _ in tile_schedule(q_pos, blocks, q_tile))
     rows, _ = stimulus(q, sq, blocks, q_pos, q_tile, keys, d)
     kb, qb = score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, nk)
-    dut = TileScore(keys=keys, head_dim=d, lanes=lanes, max_block=nk, max_rows=q_tile)
     n_out = sum(len(b) for _, b in rows)
     got, tr = run(dut, kb, qb, n_out)
     compare(got, rows, keys, d, q_tile)
+    return n_out, tr
+
+
+@pytest.mark.parametrize("keys,d,lanes,nk", [(4, 16, 4, 64), (4, 128, 16, 64)])
+def test_rate_and_latency(keys, d, lanes, nk):
+    """Whole key tiles (``R`` divides the block), inputs always valid, output always ready:
+    after the first row the score beats leave one per cycle — ``keys × head_dim`` MACs per
+    cycle — across rows and blocks (K double-banked, the next block loaded under the current
+    one); the first beat leaves ``latency`` cycles after the first query beat is taken."""
+    dut = TileScore(keys=keys, head_dim=d, lanes=lanes, max_block=nk, max_rows=8)
+    n_out, tr = run_full_rate(dut, keys, d, lanes, nk)
     out = tr["out"]
     span = out[-1] - out[0] + 1
     print(f"{n_out} score beats in {span} cycles: {n_out * keys * d / span:.1f} MACs/cycle on "

@@ -23,14 +23,10 @@ from mcf.abi.attn_tile import (
 from mcf.abi.kv import KV_ELEM
 from mcf.abi.quant import pack_shift
 
-from .array_bank import ArrayBank, bank_result_layout, bank_step_layout
+from .array_bank import ArrayBank
+from .array_quads import QuadFlow, at, client_members
 
 __all__ = ["ArrayPV"]
-
-
-def _at(half, n: int, low):
-    """The address ``half · n + low`` of a two-half memory."""
-    return Mux(half, n, 0) + low
 
 
 class ArrayPV(wiring.Component):
@@ -100,8 +96,7 @@ class ArrayPV(wiring.Component):
             "o": Out(stream.Signature(pv_out_layout(head_dim, max_block))),
         }
         if not own_arrays:
-            sig["st"] = Out(stream.Signature(bank_step_layout(arrays, array_rows, lanes)))
-            sig["res"] = In(stream.Signature(bank_result_layout(arrays, array_rows)))
+            sig.update(client_members(arrays, array_rows, lanes))
         super().__init__(sig)
 
     def elaborate(self, platform):
@@ -119,95 +114,51 @@ class ArrayPV(wiring.Component):
             st, res = bank.i, bank.o
         else:
             st, res = self.st, self.res
+        p, o = self.p, self.o
+        meta_l = data.StructLayout({"m": p.payload.m.shape(), "l": p.payload.l.shape(),
+                                    "s": p.payload.s.shape()})
+        qf = QuadFlow(m, A, self.max_rows, self.max_block, meta_l)
 
         # ---- V banks: words in arrival order, (key step, channel group) -----------------------
         wlay = data.ArrayLayout(data.ArrayLayout(signed(KV_ELEM.width), L), AR)
         m.submodules.vmem = vmem = Memory(shape=wlay, depth=2 * NWB, init=[])
         v_wr, v_rd = vmem.write_port(), vmem.read_port()
-        full = Signal(2)                              # loaded, results not all in
-        loaded = Signal(2)                            # loaded, rows to take
-        nrows = Array(Signal(range(self.max_rows + 1), name=f"nrows{b}") for b in range(2))
-        nkeys = Array(Signal(range(self.max_block + 1), name=f"nkeys{b}") for b in range(2))
-        wb = Signal()
-        vword = Signal(range(NWB))
-        v = self.v
-        m.d.comb += [v.ready.eq(~full.bit_select(wb, 1)), v_wr.addr.eq(_at(wb, NWB, vword)),
-                     v_wr.data.eq(v.payload.v), v_wr.en.eq(v.valid & v.ready)]
-        with m.If(v.valid & v.ready):
-            m.d.sync += vword.eq(Mux(v.payload.last, 0, vword + 1))
-            with m.If(v.payload.last & (v.payload.rows != 0)):
-                m.d.sync += [full.bit_select(wb, 1).eq(1), loaded.bit_select(wb, 1).eq(1),
-                             nrows[wb].eq(v.payload.rows), nkeys[wb].eq(v.payload.n),
-                             wb.eq(~wb)]
+        qf.load(m, self.v, v_wr, NWB)
+        m.d.comb += v_wr.data.eq(self.v.payload.v)
 
         # ---- quad buffers: the P rows of up to A rows ----------------------------------------
-        p, o = self.p, self.o
-        rec_l = data.StructLayout({"m": p.payload.m.shape(), "l": p.payload.l.shape(),
-                                   "s": p.payload.s.shape()})
-        qinfo_l = data.StructLayout({"bank": 1, "rows": range(A + 1),
-                                     "nkeys": range(self.max_block + 1), "blast": 1})
         pmems = []
         for i in range(A):
             pm = Memory(shape=unsigned(L * P8.width), depth=2 * KS, init=[])
             m.submodules[f"pmem{i}"] = pm
             pmems.append(pm)
-        rec = [[Signal(rec_l, name=f"rec{h}_{i}") for i in range(A)] for h in range(2)]
-        qinfo = Array(Signal(qinfo_l, name=f"qinfo{h}") for h in range(2))
-        qfull = Signal(2)
-        qissued = Signal(2)
-        fb, fh = Signal(), Signal()
-        frow = Signal(range(self.max_rows + 1))
-        fi = Signal(range(A))
         fbeat = Signal(range(self.max_block // K + 1))
-        f_rows = Signal(range(A + 1))
-        left = Signal(range(self.max_rows + 1))
-        m.d.comb += [left.eq(nrows[fb] - frow), f_rows.eq(Mux(left < A, left, A)),
-                     p.ready.eq(loaded.bit_select(fb, 1) & ~qfull.bit_select(fh, 1))]
+        m.d.comb += p.ready.eq(qf.fill_ready)
         take = p.valid & p.ready
         for i, pm in enumerate(pmems):
             wp = pm.write_port(granularity=K * P8.width)
-            m.d.comb += [wp.addr.eq(_at(fh, KS, fbeat // KPS if KPS > 1 else fbeat)),
+            m.d.comb += [wp.addr.eq(at(qf.fh, KS, fbeat // KPS if KPS > 1 else fbeat)),
                          wp.data.eq(Cat(*([p.payload.w8.as_value()] * KPS))),
-                         wp.en.eq(Mux(take & (fi == i),
+                         wp.en.eq(Mux(take & (qf.fi == i),
                                       1 << (fbeat % KPS) if KPS > 1 else 1, 0))]
-            with m.If(take & (fi == i) & (fbeat == 0)):
-                for h in range(2):
-                    with m.If(fh == h):
-                        m.d.sync += [rec[h][i].m.eq(p.payload.m), rec[h][i].l.eq(p.payload.l),
-                                     rec[h][i].s.eq(p.payload.s)]
+        qf.set_meta(m, take & (fbeat == 0), m=p.payload.m, l=p.payload.l, s=p.payload.s)
         with m.If(take):
-            m.d.sync += fbeat.eq(fbeat + 1)
-            with m.If(p.payload.last):
-                m.d.sync += [fbeat.eq(0), fi.eq(fi + 1)]
-                with m.If(fi == f_rows - 1):
-                    blast = frow + f_rows == nrows[fb]
-                    m.d.sync += [fi.eq(0), qfull.bit_select(fh, 1).eq(1), fh.eq(~fh),
-                                 frow.eq(frow + f_rows)]
-                    for h in range(2):
-                        with m.If(fh == h):
-                            m.d.sync += [qinfo[h].bank.eq(fb), qinfo[h].rows.eq(f_rows),
-                                         qinfo[h].nkeys.eq(nkeys[fb]), qinfo[h].blast.eq(blast)]
-                    with m.If(blast):
-                        m.d.sync += [frow.eq(0), loaded.bit_select(fb, 1).eq(0), fb.eq(~fb)]
+            m.d.sync += fbeat.eq(Mux(p.payload.last, 0, fbeat + 1))
+        qf.fill(m, take, p.payload.last)
 
         # ---- issue: per channel group, the block's key steps (whole groups) ------------------
-        ih, ish = Signal(), Signal()
-        sbusy = Signal(2)
-        issuing = Signal()
         cg = Signal(range(CG))
         ks = Signal(range(KS))
         tag_l = data.StructLayout({"qh": 1, "sh": 1, "cg": range(max(CG, 2)), "qlast": 1})
         m.submodules.tags = tags = fifo.SyncFIFOBuffered(width=tag_l.size, depth=8)
-        qi = qinfo[ih]
+        qi = qf.qinfo[qf.ih]
         nbeats = Signal(range(self.max_block // K + 1))     # P beats of a row
         nsteps = Signal(range(KS + 1))                      # whole groups of steps
         m.d.comb += [nbeats.eq((qi.nkeys + K - 1) // K),
                      nsteps.eq((qi.nkeys + G - 1) // G * spg)]
-        with m.If(~issuing & qfull.bit_select(ih, 1) & ~qissued.bit_select(ih, 1) &
-                  ~sbusy.bit_select(ish, 1)):
-            m.d.sync += [issuing.eq(1), sbusy.bit_select(ish, 1).eq(1), cg.eq(0), ks.eq(0)]
+        qf.start(m, cg, ks)
         adv, go = Signal(), Signal()
-        m.d.comb += [adv.eq(~st.valid | st.ready), go.eq(adv & issuing & tags.w_rdy)]
+        m.d.comb += [adv.eq(~st.valid | st.ready), go.eq(adv & qf.issuing & tags.w_rdy)]
         dend = ks == nsteps - 1
         qend = dend & (cg == CG - 1)
         g_reg, l_reg = Signal(), Signal()
@@ -217,16 +168,16 @@ class ArrayPV(wiring.Component):
                          g_reg.eq((ks % spg == spg - 1) if spg > 1 else 1)]
             m.d.sync += [live[q].eq(ks * KPS + q < nbeats) for q in range(KPS)]
         tag_w = Signal(tag_l)
-        m.d.comb += [v_rd.en.eq(adv), v_rd.addr.eq(_at(qi.bank, NWB, ks * CG + cg)),
+        m.d.comb += [v_rd.en.eq(adv), v_rd.addr.eq(at(qi.bank, NWB, ks * CG + cg)),
                      st.payload.w.eq(v_rd.data), st.payload.glast.eq(g_reg),
                      st.payload.last.eq(l_reg), st.payload.ua.eq(1),
-                     tag_w.qh.eq(ih), tag_w.sh.eq(ish), tag_w.cg.eq(cg), tag_w.qlast.eq(qend),
-                     tags.w_en.eq(go & dend), tags.w_data.eq(tag_w)]
+                     tag_w.qh.eq(qf.ih), tag_w.sh.eq(qf.ish), tag_w.cg.eq(cg),
+                     tag_w.qlast.eq(qend), tags.w_en.eq(go & dend), tags.w_data.eq(tag_w)]
         for r in range(AR):
             m.d.comb += st.payload.scale[r].eq(1)
         for i, pm in enumerate(pmems):
             rp = pm.read_port()
-            m.d.comb += [rp.en.eq(adv), rp.addr.eq(_at(ih, KS, ks))]
+            m.d.comb += [rp.en.eq(adv), rp.addr.eq(at(qf.ih, KS, ks))]
             chunks = [Mux(live[q], rp.data.word_select(q, K * P8.width), 0) for q in range(KPS)]
             m.d.comb += st.payload.a[i].eq(Cat(*chunks))
         with m.If(go):
@@ -234,13 +185,10 @@ class ArrayPV(wiring.Component):
             with m.If(dend):
                 m.d.sync += [ks.eq(0), cg.eq(cg + 1)]
                 with m.If(qend):
-                    m.d.sync += [cg.eq(0), issuing.eq(0), qissued.bit_select(ih, 1).eq(1),
-                                 ih.eq(~ih), ish.eq(~ish)]
+                    m.d.sync += cg.eq(0)
+                    qf.issued(m)
 
         # ---- results: each row's channel group into its sum buffer ---------------------------
-        smeta = [[Signal(rec_l, name=f"smeta{h}_{i}") for i in range(A)] for h in range(2)]
-        sinfo = Array(Signal(qinfo_l, name=f"sinfo{h}") for h in range(2))
-        sready = Signal(2)
         tag = data.View(tag_l, tags.r_data)
         got = res.valid & res.ready
         m.d.comb += [res.ready.eq(1), tags.r_en.eq(got)]
@@ -254,39 +202,26 @@ class ArrayPV(wiring.Component):
             m.d.comb += [wo.addr.eq(tag.sh), wo.data.eq(Cat(*([part] * CG))),
                          wo.en.eq(Mux(got, 1 << tag.cg, 0) if CG > 1 else got)]
         with m.If(got & tag.qlast):
-            m.d.sync += [qfull.bit_select(tag.qh, 1).eq(0), qissued.bit_select(tag.qh, 1).eq(0),
-                         sready.bit_select(tag.sh, 1).eq(1)]
-            for h in range(2):
-                with m.If(tag.qh == h):
-                    with m.If(qinfo[h].blast):
-                        m.d.sync += full.bit_select(qinfo[h].bank, 1).eq(0)
-                    for s_ in range(2):
-                        with m.If(tag.sh == s_):
-                            m.d.sync += [smeta[s_][i].eq(rec[h][i]) for i in range(A)]
-                            m.d.sync += sinfo[s_].eq(qinfo[h])
+            qf.resulted(m, tag.qh, tag.sh)
+            qi_r = qf.qinfo[tag.qh]
+            with m.If(qi_r.blast):                    # V is read at issue only
+                m.d.sync += qf.full.bit_select(qi_r.bank, 1).eq(0)
 
         # ---- emit: one beat per row ----------------------------------------------------------
-        eh = Signal()
-        ei = Signal(range(A))
-        si = sinfo[eh]
         load = Signal()
-        m.d.comb += load.eq(sready.bit_select(eh, 1) & (~o.valid | o.ready))
+        m.d.comb += load.eq(qf.sready.bit_select(qf.eh, 1) & (~o.valid | o.ready))
         with m.If(o.valid & o.ready):
             m.d.sync += o.valid.eq(0)
         sums = []
         for om in omems:
             ro = om.read_port(domain="comb")
-            m.d.comb += ro.addr.eq(eh)
+            m.d.comb += ro.addr.eq(qf.eh)
             sums.append(ro.data)
-        meta = Signal(rec_l)
+        meta = Signal(meta_l)
         word = Signal(D * PB)
-        m.d.comb += [word.eq(Array(sums)[ei]),
-                     meta.eq(Array(Array(smeta[h][i] for i in range(A)) for h in range(2))[eh]
-                             [ei])]
+        m.d.comb += [word.eq(Array(sums)[qf.ei]), meta.eq(qf.emit_meta)]
         with m.If(load):
             m.d.sync += [o.valid.eq(1), o.payload.m.eq(meta.m), o.payload.l.eq(meta.l),
-                         o.payload.s.eq(meta.s), o.payload.acc.eq(word), ei.eq(ei + 1)]
-            with m.If(ei == si.rows - 1):
-                m.d.sync += [ei.eq(0), sready.bit_select(eh, 1).eq(0),
-                             sbusy.bit_select(eh, 1).eq(0), eh.eq(~eh)]
+                         o.payload.s.eq(meta.s), o.payload.acc.eq(word)]
+            qf.emitted(m)
         return m

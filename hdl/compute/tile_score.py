@@ -29,7 +29,20 @@ from mcf.abi.kv_channel import KV_GROUP
 
 from .tile_cascade import PackedCascades
 
-__all__ = ["TileScore"]
+__all__ = ["TileScore", "k_banks"]
+
+
+def k_banks(m: Module, keys: int, lanes: int, tile: int, words: int):
+    """Two banks of ``words`` K words (``tile`` keys × ``lanes`` channels of INT4) and, addressed
+    like them, each word's ``keys`` keys' ``sk``, ``sv`` (read asynchronously): the write and
+    read ports ``(k_wr, k_rd, s_wr, s_rd)`` of TileScore's and ArrayScore's K memories."""
+    wlay = data.ArrayLayout(data.ArrayLayout(signed(KV_ELEM.width), lanes), tile)
+    slay = data.StructLayout({"sk": data.ArrayLayout(unsigned(KV_SCALE.width), keys),
+                              "sv": data.ArrayLayout(unsigned(KV_SCALE.width), keys)})
+    m.submodules.kmem = kmem = Memory(shape=wlay, depth=2 * words, init=[])
+    m.submodules.smem = smem = Memory(shape=slay, depth=2 * words, init=[])
+    return (kmem.write_port(), kmem.read_port(), smem.write_port(),
+            smem.read_port(domain="comb"))
 
 
 class TileScore(wiring.Component):
@@ -133,13 +146,7 @@ class TileScore(wiring.Component):
         m.d.comb += ob_end.eq(o.valid & o.ready & (ob_beat == ob_beats - 1))
 
         # ---- K banks (the words, and the keys' scales addressed like the beats) -------------
-        wlay = data.ArrayLayout(data.ArrayLayout(signed(KV_ELEM.width), L), R)
-        slay = data.StructLayout({"sk": data.ArrayLayout(unsigned(KV_SCALE.width), K),
-                                  "sv": data.ArrayLayout(unsigned(KV_SCALE.width), K)})
-        m.submodules.kmem = kmem = Memory(shape=wlay, depth=2 * NW, init=[])
-        m.submodules.smem = smem = Memory(shape=slay, depth=2 * NW, init=[])
-        k_wr, k_rd = kmem.write_port(), kmem.read_port()
-        s_wr, s_rd = smem.write_port(), smem.read_port(domain="comb")
+        k_wr, k_rd, s_wr, s_rd = k_banks(m, K, L, R, NW)
         full = Array(Signal(name=f"full{b}") for b in range(2))       # loaded, not yet emitted
         loaded = Array(Signal(name=f"loaded{b}") for b in range(2))   # loaded, rows to issue
         nrows = Array(Signal(range(self.max_rows + 1), name=f"nrows{b}") for b in range(2))

@@ -59,8 +59,8 @@ def test_qkv_rate(d, lanes, nk, n_blocks, n_tok, array_rows):
     ArrayScore to the softmax one per cycle after the first quad — ``keys`` (row, key) pairs,
     ``2·keys·head_dim`` QKᵀ + P·V MACs per cycle — while S and P·V share the arrays. The
     second shape is the kr260's (4 keys per beat, head_dim 128, 4 arrays of 16 × 16,
-    256-key blocks): 1,024 MACs per cycle on 512 DSP48E2, TileAttention's rate on half its
-    DSPs."""
+    256-key blocks): 1,024 MACs per cycle on 512 DSP48E2 — TileAttention's rate on as many
+    array DSPs, which here S and P·V share."""
     rng = np.random.default_rng(91)
     keys, q_tile = 4, 8
     q, sq, blocks, q_pos = chunk(rng, [nk] * n_blocks, n_tok, 2, d, False)

@@ -3,8 +3,8 @@ docs/attention.md "The arrays' attention products"): S = Q·Kᵀ
 (:class:`~.array_score.ArrayScore`) and P·V (:class:`~.array_pv.ArrayPV`) taking turns on the
 same :class:`~.array_bank.ArrayBank` (through :class:`~.array_share.ArrayShare`), the row
 softmax (:class:`~.tile_softmax.TileSoftmax`) and the merge (:class:`~.tile_merge.TileMerge`)
-between and after them — :class:`~.tile_attend.TileAttention`'s rows, bit for bit, on half its
-arrays' count for the same MACs."""
+between and after them — :class:`~.tile_attend.TileAttention`'s rows, bit for bit, at its rate
+on as many array DSPs, which S and P·V share (and can share with the GEMM)."""
 
 from __future__ import annotations
 

@@ -65,9 +65,10 @@ class ArrayScore(wiring.Component):
     res : In(stream.Signature(bank_result_layout(arrays, array_rows))) — ``own_arrays =
         False`` only: the dot products' results, in step order (always ready).
 
-    Rate: a quad takes ``S·Σ_t (sub-tiles of t)`` cycles of the arrays — ``S·ceil(n /
-    array_rows)`` for a block of ``n`` keys, ``arrays × keys × head_dim`` MACs per cycle per
-    array step (twice TileScore's at the kr260 shape) — and leaves at one beat per cycle,
+    Rate: a quad takes ``S·Σ_t (sub-tiles of t)`` steps of the arrays — ``S·ceil(n /
+    array_rows)`` for a block of ``n`` keys, ``arrays · array_rows · lanes`` MACs a step
+    (1,024 at the kr260 shape: twice TileScore's, on twice its DSPs) — and leaves at one beat
+    per cycle,
     ``ceil(n / keys)`` per row: the output, not the arrays, sets the rate when ``arrays·S·
     ceil(n / keys) > S·ceil(n / array_rows)`` (always at ``keys < arrays·array_rows``).
     Latency: a quad's first beat leaves after its last query beat, its ``S·(sub-tiles)``

@@ -24,7 +24,7 @@ from mcf.abi.kv import KV_ELEM
 from mcf.abi.quant import pack_shift
 
 from .array_bank import ArrayBank
-from .array_quads import QuadFlow, at, client_members
+from .array_quads import QuadFlow, at, client_members, client_ports
 
 __all__ = ["ArrayPV"]
 
@@ -109,11 +109,7 @@ class ArrayPV(wiring.Component):
         spg = G // L                                  # steps per packed group
         KPS = L // K                                  # P beats per step
         PB = pv_acc_bits(self.max_block)
-        if self.own_arrays:
-            m.submodules.bank = bank = self.bank
-            st, res = bank.i, bank.o
-        else:
-            st, res = self.st, self.res
+        st, res = client_ports(m, self)
         p, o = self.p, self.o
         meta_l = data.StructLayout({"m": p.payload.m.shape(), "l": p.payload.l.shape(),
                                     "s": p.payload.s.shape()})

@@ -12,7 +12,7 @@ from amaranth.lib.wiring import In, Out
 
 from .array_bank import bank_result_layout, bank_step_layout
 
-__all__ = ["QuadFlow", "client_members", "at"]
+__all__ = ["QuadFlow", "client_members", "client_ports", "at"]
 
 
 def at(half, n: int, low):
@@ -25,6 +25,15 @@ def client_members(arrays: int, rows: int, lanes: int) -> dict:
     :class:`~.array_share.ArrayShare` port)."""
     return {"st": Out(stream.Signature(bank_step_layout(arrays, rows, lanes))),
             "res": In(stream.Signature(bank_result_layout(arrays, rows)))}
+
+
+def client_ports(m: Module, client):
+    """``client``'s step and result streams: its own :class:`~.array_bank.ArrayBank` (added to
+    ``m``) when it has ``own_arrays``, else its ``st`` / ``res`` members."""
+    if client.own_arrays:
+        m.submodules.bank = bank = client.bank
+        return bank.i, bank.o
+    return client.st, client.res
 
 
 class QuadFlow:

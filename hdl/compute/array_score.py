@@ -23,7 +23,7 @@ from mcf.abi.kv_channel import KV_GROUP
 from mcf.abi.quant import SCALE_EXP_BITS, SCALE_MANT_BITS
 
 from .array_bank import ArrayBank
-from .array_quads import QuadFlow, at, client_members
+from .array_quads import QuadFlow, at, client_members, client_ports
 from .tile_score import k_banks
 
 __all__ = ["ArrayScore"]
@@ -110,11 +110,7 @@ class ArrayScore(wiring.Component):
         NT = self.max_block // R                      # key tiles of a bank
         NW = self.max_block // K                      # K words (= score beats) of a bank
         AB = qk_acc_bits(D)
-        if self.own_arrays:
-            m.submodules.bank = bank = self.bank
-            st, res = bank.i, bank.o
-        else:
-            st, res = self.st, self.res
+        st, res = client_ports(m, self)
         o, q = self.o, self.q
         scale_l = data.StructLayout({"m": unsigned(SCALE_MANT_BITS),
                                      "e": signed(SCALE_EXP_BITS)})

@@ -62,10 +62,8 @@ class ArrayShare(wiring.Component):
         mid = Signal()                                # a dot product is in progress
         sel = Signal(range(C))
         # round robin: the first client after ``cur`` with a step waiting (``cur`` last)
-        with m.If(mid):
-            m.d.comb += sel.eq(cur)
-        with m.Else():
-            m.d.comb += sel.eq(cur)
+        m.d.comb += sel.eq(cur)
+        with m.If(~mid):
             for k in reversed(range(1, C + 1)):
                 n = Signal(range(C), name=f"rr{k}")
                 m.d.comb += n.eq(Mux(cur + k >= C, cur + k - C, cur + k))

@@ -1,54 +1,18 @@
 """amaranth.sim pieces the compute-engine tests share (tests/test_gemm_engine.py,
 tests/test_vector_unit.py, tests/test_tp_node_ops.py): a blob cut into beats, the output sink
 that ends by reading the status counters, a whole GEMM engine run, and a GEMM engine on shared
-arrays (:class:`SharedGemm`)."""
+arrays (:class:`mcf.hdl.compute.gemm_shared.SharedGemm`, re-exported)."""
 
 from __future__ import annotations
 
 import numpy as np
-from amaranth.hdl import Module, Value
-from amaranth.lib import wiring
+from amaranth.hdl import Value
 from amaranth.sim import Simulator
 
 from mcf.abi.compute import GEMM_STATUS
-from mcf.hdl.compute.array_share import ArrayShare
-from mcf.hdl.compute.gemm import GemmEngine
+from mcf.hdl.compute.gemm_shared import SharedGemm
 
-
-class SharedGemm(wiring.Component):
-    """A :class:`GemmEngine` (``shared=True``) on its arrays behind an :class:`ArrayShare` of
-    ``clients`` client ports, client 0 the engine's; with ``clients > 1`` the others are the
-    ``c{n}_st`` / ``c{n}_res`` members. The engine's own members otherwise."""
-
-    def __init__(self, clients: int = 1, **kw):
-        self.engine = GemmEngine(shared=True, **kw)
-        e = self.engine
-        self.beat, self.w_width = e.beat, e.w_width
-        self.rows, self.lanes, self.group = e.rows, e.lanes, e.group
-        self.share = ArrayShare(clients, e.n_arrays, e.rows, e.lanes, e.group,
-                                kw.get("chain", 1), kw.get("dsp", "fabric"))
-        members = {k: v for k, v in e.signature.members.items() if k not in ("st", "res")}
-        for n in range(1, clients):
-            members[f"c{n}_st"] = self.share.signature.members[f"c{n}_st"]
-            members[f"c{n}_res"] = self.share.signature.members[f"c{n}_res"]
-        self.clients = clients
-        super().__init__(members)
-
-    def elaborate(self, platform):
-        m = Module()
-        e, sh = self.engine, self.share
-        m.submodules.engine, m.submodules.share = e, sh
-        wiring.connect(m, e.st, sh.c0_st)
-        wiring.connect(m, sh.c0_res, e.res)
-        for name in ("job", "x_in", "w_in"):
-            wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(e, name))
-        wiring.connect(m, e.o, wiring.flipped(self.o))
-        m.d.comb += [self.busy.eq(e.busy), self.status.eq(e.status)]
-        for n in range(1, self.clients):
-            wiring.connect(m, wiring.flipped(getattr(self, f"c{n}_st")), getattr(sh, f"c{n}_st"))
-            wiring.connect(m, getattr(sh, f"c{n}_res"), wiring.flipped(getattr(self,
-                                                                                f"c{n}_res")))
-        return m
+__all__ = ["SharedGemm", "beats", "data_last", "sink", "run_gemm_engine"]
 
 
 def beats(blob: bytes, nbytes: int) -> list[int]:

@@ -208,14 +208,40 @@ def _run_node(cfg, lay, args, *, seed):
     return wmem, staged, out, dut
 
 
+SHARE = replace(SIM, name="share", attn_head_dim=128, attn_lanes=8, attn_block=128, tile_keys=4,
+                tile_lanes=16, tile_on_gemm=True)
+"""The sim configuration at head_dim 128 (= the GEMM's group, and the P·V group of 128-key
+blocks), its tiled path's S and P·V on
+the GEMM's one 16 × 16 array (``tile_on_gemm``): the kr260's kind of key tile (4 keys × 16
+channels per cycle, 32-key tiles, 16-key dot products) on the sim's GEMM."""
+
+
+def test_tile_on_gemm_config():
+    """``tile_on_gemm`` builds TilePrefill on ArrayAttention without arrays of its own, its S
+    and P·V ports the matrix engine's share clients 1 and 2; the sizes it cannot share are
+    refused when the configuration is made."""
+    dut = NodeCompute(SHARE)
+    att = dut.prefill.att
+    assert att.share is None and att.score.bank is None and att.pv.bank is None
+    assert dut.matrix.clients == 2 and dut.matrix.gemm.share.clients == 3
+    assert dut.matrix.gemm.engine.shared and not dut.matrix.gemm.engine.arrays
+    assert not NodeCompute(SIM).prefill.arrays and not NodeCompute(SIM).matrix.clients
+    for bad in ({"attn_head_dim": 64}, {"tile_lanes": 8}, {"gemm_rows": 8, "tile_keys": 16},
+                {"attn_block": 64},
+                {"tile_keys": 0, "tile_max_chunk": 0}):
+        with pytest.raises(ValueError):
+            replace(SHARE, **bad)
+
+
 @pytest.mark.slow
-def test_node_compute_attend_records():
-    """The sim configuration's NodeCompute: a 12-token PREFILL_TILE chunk (24 rows over three
+@pytest.mark.parametrize("cfg", [SIM, SHARE], ids=lambda c: c.name)
+def test_node_compute_attend_records(cfg):
+    """The sim configuration's NodeCompute (and ``SHARE``'s: its S and P·V on the GEMM's
+    array): a 12-token PREFILL_TILE chunk (24 rows over three
     blocks, the last partial), a PREFILL and a DECODE record, bad records of both executors
     (PREFILL_TILE with softmax MAX, a slot with a wrong ``pos``; the undefined mode 3, a DECODE
     block above ``attn_block``), then a 5-token chunk over two blocks: the rows and ``o/l``
     written, the staged states and the ``att_*`` counters are the golden model's."""
-    cfg = SIM
     lay = Layout(cfg, 33)
     T = AttendMode.PREFILL_TILE
     args = [lay.record(T, 12), lay.record(AttendMode.PREFILL, pos=70),

@@ -15,6 +15,7 @@ from mcf.abi.quant import GROUP_SIZE, ReadDest, WriteSrc
 from ..mem.dma import DmaLoader
 from ..mem.stripe import StripeReader
 from .gemm import GemmEngine
+from .gemm_shared import SharedGemm
 from .vector import VectorUnit
 
 __all__ = ["MatrixEngine", "ReadDest", "WriteSrc"]
@@ -60,6 +61,10 @@ class MatrixEngine(wiring.Component):
     m_axi_w0 … m_axi_w{P-1} : Out(AXI4Signature) — ``w_ports`` > 0 only: the stripe readers'
         read masters, one per HP port (R only).
     stripe_status : Out(:data:`mcf.abi.compute.STRIPE_STATUS`) — ``w_ports`` > 0 only.
+    c{n}_st, c{n}_res, 1 ≤ n ≤ ``clients`` : the GEMM's arrays offered to others
+        (``clients`` > 0 only; :class:`~.gemm_shared.SharedGemm`): whole dot products of whole
+        ``group``-channel groups in, results back in each client's step order — the node's
+        tiled prefill attention (S and P·V, :class:`~.array_attend.ArrayAttention`).
     wr_busy, gemm_busy : Out(1)
         Port 0's write path has something outstanding; the GEMM has a job queued or in
         flight (or, with stripe readers, a weight job is queued or not yet consumed).
@@ -69,15 +74,17 @@ class MatrixEngine(wiring.Component):
 
     def __init__(self, rows=16, lanes=16, group=GROUP_SIZE, k_max=8960, m_max=64,
                  vec_n_max=8960, data_width=128, outstanding=8, arrays=1, chain=1,
-                 dsp="fabric", w_ports=0):
+                 dsp="fabric", w_ports=0, clients=0):
         vec_lanes = data_width // 32
         if lanes * INT8.width != data_width:
             raise ValueError("the GEMM beat (lanes·8) must equal the port width")
         self.w_ports = w_ports
         self.dma0 = DmaLoader(data_width, outstanding=outstanding)
         self.dma1 = DmaLoader(data_width, outstanding=outstanding)
-        self.gemm = GemmEngine(rows, lanes, group, k_max, m_max, arrays=arrays,
-                               w_width=data_width * (w_ports or 1), chain=chain, dsp=dsp)
+        gemm_kw = dict(rows=rows, lanes=lanes, group=group, k_max=k_max, m_max=m_max,
+                       arrays=arrays, w_width=data_width * (w_ports or 1), chain=chain, dsp=dsp)
+        self.clients = clients
+        self.gemm = SharedGemm(clients + 1, **gemm_kw) if clients else GemmEngine(**gemm_kw)
         self.stripes = (StripeReader(w_ports, data_width, outstanding=outstanding)
                         if w_ports else None)
         self.vec = VectorUnit(vec_lanes, vec_n_max)
@@ -94,6 +101,7 @@ class MatrixEngine(wiring.Component):
             "gemm_status": Out(GEMM_STATUS), "vec_status": Out(VECTOR_STATUS),
             "wr_busy": d0["wr_busy"], "gemm_busy": g["busy"],
             **(self._stripe_members() if w_ports else {}),
+            **{f"c{n}_{p}": g[f"c{n}_{p}"] for n in range(1, clients + 1) for p in ("st", "res")},
         })
 
     def _stripe_members(self) -> dict:
@@ -114,6 +122,9 @@ class MatrixEngine(wiring.Component):
         wiring.connect(m, wiring.flipped(self.wr_desc), d0.wr_desc)
         m.d.comb += d1.wr_desc.valid.eq(0)
         wiring.connect(m, wiring.flipped(self.gemm_job), g.job)
+        for n in range(1, self.clients + 1):
+            wiring.connect(m, wiring.flipped(getattr(self, f"c{n}_st")), getattr(g, f"c{n}_st"))
+            wiring.connect(m, getattr(g, f"c{n}_res"), wiring.flipped(getattr(self, f"c{n}_res")))
         m.d.comb += [v.op.eq(self.vec_op), v.n_beats.eq(self.vec_n_beats),
                      v.eps.eq(self.vec_eps),
                      self.dma0_status.eq(d0.status), self.dma1_status.eq(d1.status),

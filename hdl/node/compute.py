@@ -96,7 +96,10 @@ class NodeCompute(wiring.Component):
     cost a DMA reader, its V FIFO (block RAM) and a bus name — and ``att_rd`` / ``att_wr`` are
     the record's executor's read and write masters (a select, not an arbiter: only one
     executor is in work). Without the tiled path the node is as it was: PREFILL_TILE is a bad
-    record (``attend_model(..., max_chunk=0)``).
+    record (``attend_model(..., max_chunk=0)``). With ``config.tile_on_gemm`` TilePrefill's S
+    and P·V run on the GEMM's arrays (:class:`~mcf.hdl.compute.array_attend.ArrayAttention`,
+    clients 1 and 2 of the matrix engine's :class:`~mcf.hdl.compute.gemm_shared.SharedGemm`),
+    taking turns with the GEMM's dot products; else on arrays of their own.
 
     Latency: each unit's own (their docstrings); the three record streams run concurrently,
     each one record at a time.
@@ -112,7 +115,7 @@ class NodeCompute(wiring.Component):
                                    k_max=c.gemm_k_max, m_max=c.gemm_m_max,
                                    vec_n_max=c.vec_n_max, data_width=AXI_WIDTH,
                                    arrays=c.gemm_arrays, chain=c.gemm_chain, dsp=c.gemm_dsp,
-                                   w_ports=WEIGHT_STRIPES)
+                                   w_ports=WEIGHT_STRIPES, clients=2 if c.tile_on_gemm else 0)
         self.emitter = EmitUnit(c.attn_head_dim)
         self.attender = AttendUnit(c.attn_head_dim, c.attn_lanes, c.attn_heads, c.attn_block,
                                    max_list=c.attn_max_list, out_width=PACKET_WIDTH,
@@ -130,7 +133,7 @@ class NodeCompute(wiring.Component):
                                        lanes=c.tile_lanes, in_lanes=c.attn_lanes,
                                        max_block=c.attn_block, rows=ATTEND_TILE_ROWS,
                                        max_rows=self.tiler.max_rows, max_heads=c.attn_heads,
-                                       kv_format=c.kv_format)
+                                       kv_format=c.kv_format, **self._tile_arrays(c))
         rec = stream.Signature(CMD)
         axi = AXI4Signature(ADDR_BITS, AXI_WIDTH)
         super().__init__({
@@ -150,6 +153,15 @@ class NodeCompute(wiring.Component):
             "attn_status": Out(attn_status_layout()), "stripe_status": Out(STRIPE_STATUS),
             "cmp_status": Out(COMPUTE_BUSY_STATUS),
         })
+
+    @staticmethod
+    def _tile_arrays(c: NodeConfig) -> dict:
+        """TilePrefill's arrays: its own TileAttention, or (``tile_on_gemm``) S and P·V on the
+        GEMM's arrays, reached through the matrix engine's share clients 1 and 2."""
+        if not c.tile_on_gemm:
+            return {}
+        return {"arrays": c.gemm_arrays, "array_rows": c.gemm_rows, "chain": c.gemm_chain,
+                "dsp": c.gemm_dsp, "own_arrays": False}
 
     def elaborate(self, platform):
         m = Module()
@@ -230,6 +242,11 @@ class NodeCompute(wiring.Component):
         for name in ("chunk", "q", "desc"):
             wiring.connect(m, getattr(t, name), getattr(p, name))
         wiring.connect(m, p.o, t.o)
+        if self.config.tile_on_gemm:                 # S, P·V: the GEMM's share clients 1, 2
+            x = self.matrix
+            for n, part in ((1, "score"), (2, "pv")):
+                wiring.connect(m, getattr(p, f"{part}_st"), getattr(x, f"c{n}_st"))
+                wiring.connect(m, getattr(x, f"c{n}_res"), getattr(p, f"{part}_res"))
         m.d.comb += [s.attend_done.eq(a.done), s.tile_done.eq(t.done),
                      s.attend_status.eq(a.status), s.tile_status.eq(t.status),
                      t.list_base.eq(self.att_list_base)]

@@ -64,6 +64,8 @@ class NodeConfig:
     tile_keys: int = 0             # TilePrefill ``keys``: keys per score beat
     tile_lanes: int = 16           # TilePrefill ``lanes``: channels per cycle of its S arrays
     tile_max_chunk: int = 0        # TileUnit ``max_chunk``: query tokens per record (a power of 2)
+    # S and P·V on the GEMM's arrays (clients of its ArrayShare) instead of arrays of their own
+    tile_on_gemm: bool = False
     reduce_slots: int = 12
     kv_count: int = 1 << META["kv_id"].width
     ring_fifo: int = 32
@@ -76,8 +78,9 @@ class NodeConfig:
             raise ValueError(f"{self.name}: kv_count must be a power of two ≤ 2^kv_id bits")
         if self.tile_keys:
             self._check_tile()
-        elif self.tile_max_chunk:
-            raise ValueError(f"{self.name}: tile_max_chunk without the tiled path (tile_keys 0)")
+        elif self.tile_max_chunk or self.tile_on_gemm:
+            raise ValueError(f"{self.name}: tile_max_chunk / tile_on_gemm without the tiled path "
+                             "(tile_keys 0)")
 
     def _check_tile(self):
         """The tiled path's sizes against its parts' rules: TilePrefill reads the KV reader's
@@ -93,10 +96,31 @@ class NodeConfig:
         if KV_GROUP % kt or self.attn_block % kt:
             raise ValueError(f"{n}: the key tile ({kt} keys) must divide {KV_GROUP} and "
                              "attn_block")
+        if self.tile_on_gemm:
+            self._check_tile_on_gemm(kt)
         c = self.tile_max_chunk
         if c < 2 or c & (c - 1) or c.bit_length() - 1 >= 1 << _TILE_CHUNK_BITS:
             raise ValueError(f"{n}: tile_max_chunk must be a power of two in "
                              f"2..2^{(1 << _TILE_CHUNK_BITS) - 1}")
+
+    def _check_tile_on_gemm(self, kt: int):
+        """S and P·V on the GEMM's arrays (:class:`~mcf.hdl.compute.array_attend.ArrayAttention`
+        through the GEMM's share): one S dot product is one GEMM group (``attn_head_dim`` =
+        ``group``) and a P·V group ``group`` keys (dividing ``attn_block``), the arrays' lanes
+        are the S lanes (a multiple of ``tile_keys``), and a dot product's ``gemm_rows`` keys
+        (even, a multiple of ``tile_keys``) divide the key tile."""
+        n = self.name
+        if self.attn_head_dim != self.group:
+            raise ValueError(f"{n}: tile_on_gemm needs attn_head_dim = the GEMM's group")
+        if self.attn_block % self.group:
+            raise ValueError(f"{n}: tile_on_gemm needs attn_block a multiple of the group")
+        if self.tile_lanes != self.gemm_lanes or self.tile_lanes % self.tile_keys:
+            raise ValueError(f"{n}: tile_on_gemm needs tile_lanes = gemm_lanes, a multiple of "
+                             "tile_keys")
+        r = self.gemm_rows
+        if r % 2 or kt % r or r % self.tile_keys:
+            raise ValueError(f"{n}: tile_on_gemm needs gemm_rows even, dividing the key tile "
+                             f"({kt} keys) and a multiple of tile_keys")
 
     @property
     def tiled(self) -> bool:

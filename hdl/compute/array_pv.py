@@ -43,7 +43,9 @@ class ArrayPV(wiring.Component):
     Buffers: V in two banks of ``max_block`` keys (the next block loads while rows run against
     the current one; a bank is freed when its last quad's results are in); two quad buffers for
     the P rows (a quad fills while the other is issued; freed at its last result) and two for
-    the sums (a quad's results while the other is emitted). Results are never refused.
+    the sums (a quad's results while the other is emitted; each array's rows as ``head_dim /
+    array_rows`` words of one channel group, read one a cycle into the output beat — a narrow
+    memory rather than a row-wide one). Results are never refused.
 
     Parameters
     ----------
@@ -68,10 +70,12 @@ class ArrayPV(wiring.Component):
     st, res : ``own_arrays = False`` only, as :class:`~.array_score.ArrayScore`.
 
     Rate: a quad takes ``head_dim / array_rows · ceil(n / group) · group / lanes`` array
-    cycles (``arrays · array_rows · lanes`` MACs each) and leaves at one beat per row; P rows
+    cycles (``arrays · array_rows · lanes`` MACs each) and leaves at one beat per ``head_dim /
+    array_rows`` cycles (the read of a row's words; 8 at the kr260 shape, against the merge's
+    32 cycles a row at 4 lanes); P rows
     are taken at one beat per cycle.
-    Latency: a quad's first row leaves after its last P beat, its steps and the arrays'
-    latency.
+    Latency: a quad's first row leaves after its last P beat, its steps, the arrays'
+    latency and ``head_dim / array_rows + 1`` cycles (its words read).
     """
 
     def __init__(self, keys: int = 4, head_dim: int = 128, max_block: int = 256,
@@ -190,34 +194,43 @@ class ArrayPV(wiring.Component):
         m.d.comb += [res.ready.eq(1), tags.r_en.eq(got)]
         omems = []
         for i in range(A):
-            om = Memory(shape=unsigned(D * PB), depth=2, init=[])
+            # a row's sums as CG words of one channel group each (a narrow, deeper memory:
+            # LUT-RAM by depth, not by the row's width)
+            om = Memory(shape=unsigned(AR * PB), depth=2 * CG, init=[])
             m.submodules[f"omem{i}"] = om
             omems.append(om)
-            wo = om.write_port(granularity=AR * PB)
-            part = Cat(*[res.payload[i][r][:PB] for r in range(AR)])
-            m.d.comb += [wo.addr.eq(tag.sh), wo.data.eq(Cat(*([part] * CG))),
-                         wo.en.eq(Mux(got, 1 << tag.cg, 0) if CG > 1 else got)]
+            wo = om.write_port()
+            m.d.comb += [wo.addr.eq(at(tag.sh, CG, tag.cg)),
+                         wo.data.eq(Cat(*[res.payload[i][r][:PB] for r in range(AR)])),
+                         wo.en.eq(got)]
         with m.If(got & tag.qlast):
             qf.resulted(m, tag.qh, tag.sh)
             qi_r = qf.qinfo[tag.qh]
             with m.If(qi_r.blast):                    # V is read at issue only
                 m.d.sync += qf.full.bit_select(qi_r.bank, 1).eq(0)
 
-        # ---- emit: one beat per row ----------------------------------------------------------
-        load = Signal()
-        m.d.comb += load.eq(qf.sready.bit_select(qf.eh, 1) & (~o.valid | o.ready))
+        # ---- emit: a row's CG words read one a cycle into the beat, then one beat per row -----
+        rc = Signal(range(CG + 1))                    # words read of the row
+        rv, rw = Signal(), Signal(range(CG))          # a word read last cycle, its index
+        rd = Signal(AR * PB)
+        rdo = []
+        for om in omems:
+            ro = om.read_port()
+            m.d.comb += [ro.addr.eq(at(qf.eh, CG, rc)), ro.en.eq(1)]
+            rdo.append(ro.data)
+        m.d.comb += rd.eq(Array(rdo)[qf.ei])
+        rgo = qf.sready.bit_select(qf.eh, 1) & (rc < CG) & (~o.valid | o.ready)
+        m.d.sync += [rv.eq(rgo), rw.eq(rc)]
+        with m.If(rgo):
+            m.d.sync += rc.eq(rc + 1)
         with m.If(o.valid & o.ready):
             m.d.sync += o.valid.eq(0)
-        sums = []
-        for om in omems:
-            ro = om.read_port(domain="comb")
-            m.d.comb += ro.addr.eq(qf.eh)
-            sums.append(ro.data)
         meta = Signal(meta_l)
-        word = Signal(D * PB)
-        m.d.comb += [word.eq(Array(sums)[qf.ei]), meta.eq(qf.emit_meta)]
-        with m.If(load):
-            m.d.sync += [o.valid.eq(1), o.payload.m.eq(meta.m), o.payload.l.eq(meta.l),
-                         o.payload.s.eq(meta.s), o.payload.acc.eq(word)]
-            qf.emitted(m)
+        m.d.comb += meta.eq(qf.emit_meta)
+        with m.If(rv):
+            m.d.sync += o.payload.acc.as_value().word_select(rw, AR * PB).eq(rd)
+            with m.If(rw == CG - 1):
+                m.d.sync += [rc.eq(0), o.valid.eq(1), o.payload.m.eq(meta.m),
+                             o.payload.l.eq(meta.l), o.payload.s.eq(meta.s)]
+                qf.emitted(m)
         return m

@@ -13,15 +13,19 @@ import pytest
 from mcf.abi.attn_tile import (
     P8,
     P8_MAX_PRODUCT,
+    PV_LIMB_BITS,
+    PV_LIMBS,
     PV_SPLIT_KEYS,
     PV_W,
     W_BITS,
     W_MAX,
     p8_row_shift,
     pv_pack_shift,
+    pv_w_acc_bits,
     qk_acc_bits,
     qk_pack_shift,
     quantize_p8,
+    w_limbs,
 )
 from mcf.abi.kv import KV_ELEM, KV_SCALE, Q_ELEM, dequantize_q, v_weight
 from mcf.abi.quant import ACT, GROUP_SIZE, pack_shift
@@ -46,6 +50,7 @@ from mcf.golden.attention_tiled import (
     attend_prefill_tiled,
     attend_tiled_rows,
     packed_matmul,
+    pv_w_acc,
     tile_scores,
 )
 from mcf.hdl.compute.dsp48 import MULT_B_BITS, PREADD_BITS
@@ -151,6 +156,27 @@ def test_packed_matmul_exact_at_extremes():
     assert not np.array_equal(packed_matmul(w8, v.T, sh - 1, PV_SPLIT_KEYS), w8 @ v)
 
 
+def test_w_in_bytes_on_the_arrays_exact_at_extremes():
+    """Today's ``w`` in :data:`PV_LIMBS` bytes, each byte's P·V packed as P8's: the sums are
+    ``w @ v`` exactly at ``W_MAX`` × −8 over a 256-key block (and random ``w``), within
+    :func:`pv_w_acc_bits`; the bytes rebuild ``w``."""
+    rng = np.random.default_rng(7)
+    keys = 2 * PV_SPLIT_KEYS
+    w = np.vstack([np.full(keys, W_MAX), rng.integers(0, W_MAX + 1, (5, keys)),
+                   np.full(keys, 255), np.full(keys, 256)])
+    v = rng.integers(KV_ELEM.min_int, KV_ELEM.max_int + 1, (keys, 16))
+    v[:, 0] = KV_ELEM.min_int
+    v[:, 1] = KV_ELEM.max_int
+    limbs = w_limbs(w)
+    assert PV_LIMBS == 3 and limbs.shape == (*w.shape, 3) and limbs.max() <= P8.max_int
+    assert np.array_equal(sum(limbs[..., j] << (PV_LIMB_BITS * j) for j in range(PV_LIMBS)), w)
+    ref = w @ v
+    assert np.array_equal(pv_w_acc(w, v, array=True), ref) and np.array_equal(
+        pv_w_acc(w, v), ref)
+    assert -ref.min() <= 1 << (pv_w_acc_bits(keys) - 1) and pv_w_acc_bits(keys) == 32
+    assert -ref.min() > 1 << (pv_w_acc_bits(keys) - 2)   # the extreme needs every bit
+
+
 # --- today's w: the tiled model gives today's bits ---------------------------------------------
 
 @pytest.mark.parametrize("case", ["token_case", "channel_case"])
@@ -181,13 +207,13 @@ def test_tiled_modes_per_job(case, request):
     jobs = [slice(j * G, (j + 1) * G) for j in (0, 7, 39)]
     rows = np.concatenate([np.arange(s.start, s.stop) for s in jobs])
     qr, sr, pr = q[rows], sq[rows], pos[rows]
-    for causal in (False, True):
-        single = attend_tiled_rows(qr, sr, blocks, pr, "single", causal=causal, q_tile=4)
-        mx = attend_tiled_rows(qr, sr, blocks, pr, "max", causal=causal, q_tile=4)
+    for causal, array in ((False, False), (True, False), (False, True)):
+        kw = {"causal": causal, "q_tile": 4, "array": array}   # array: w in bytes (pv_w_acc)
+        single = attend_tiled_rows(qr, sr, blocks, pr, "single", **kw)
+        mx = attend_tiled_rows(qr, sr, blocks, pr, "max", **kw)
         m_fix = mx.copy()
         m_fix[1] -= 300                                   # a bad maximum: counted violations
-        fixed, bad = attend_tiled_rows(qr, sr, blocks, pr, "fixed", causal=causal, m_fix=m_fix,
-                                       q_tile=4)
+        fixed, bad = attend_tiled_rows(qr, sr, blocks, pr, "fixed", m_fix=m_fix, **kw)
         total_bad = 0
         for j, s in enumerate(jobs):
             r = slice(j * G, (j + 1) * G)

@@ -38,6 +38,12 @@ activation. Two formats for it:
   path. The row shift depends on the block's keys, so ``P8`` is defined for SINGLE mode only:
   FIXED mode (two-phase) keeps :data:`PV_W`, whose per-key rounding is what makes its sums
   independent of the split.
+
+:data:`PV_W` **on the packed arrays, in bytes**: ``w = Σ_j 2^(8j)·w_j`` with :data:`PV_LIMBS` =
+3 unsigned bytes ``w_j`` (:func:`w_limbs`), each in :data:`P8`'s range, so each byte's P·V packs
+and splits exactly as ``P8``'s does, and ``o_b = Σ_j 2^(8j)·Σ w_j·v`` is today's exact ``Σ w·v``
+(:func:`pv_w_acc_bits` signed bits) — today's bits, in every mode, at :data:`PV_LIMBS` × the P·V
+steps of ``P8``.
 """
 
 from __future__ import annotations
@@ -59,7 +65,8 @@ __all__ = [
     "score_row_beat_layout", "pv_out_layout", "qk_tile_keys", "k_word_layout",
     "score_q_layout", "kv_rows_layout", "fold_row_layout", "fold_header_layout",
     "chunk_layout", "query_row_layout", "block_desc_layout", "tile_rows_layout",
-    "norm_row_layout", "pv_word_layout",
+    "norm_row_layout", "pv_word_layout", "PV_LIMB_BITS", "PV_LIMBS", "w_limbs",
+    "pv_w_acc_bits",
 ]
 
 P_ONE = 1 << EXP_FRAC
@@ -107,6 +114,24 @@ PV_SHIFT = pv_pack_shift(PV_SPLIT_KEYS)
 def pv_acc_bits(keys: int) -> int:
     """Signed bits of a channel's exact ``Σ w8·v`` over ``keys`` keys."""
     return pv_pack_shift(keys)
+
+
+PV_LIMB_BITS = P8.width
+"""Bits of one byte (limb) of :data:`PV_W` on the packed arrays: a :data:`P8`-range activation."""
+PV_LIMBS = -(-W_BITS // PV_LIMB_BITS)
+"""Bytes of :data:`PV_W` (3): P·V dot products per channel group in today's ``w``."""
+
+
+def w_limbs(w) -> np.ndarray:
+    """``w`` (:data:`PV_W` codes, any shape) → its bytes ``[..., j] = (w >> 8j) & 255``, ``j <``
+    :data:`PV_LIMBS`, least significant first: ``w = Σ_j 2^(8j)·w_j``."""
+    w = np.asarray(w, dtype=np.int64)
+    return np.stack([(w >> (PV_LIMB_BITS * j)) & P8.max_int for j in range(PV_LIMBS)], axis=-1)
+
+
+def pv_w_acc_bits(keys: int) -> int:
+    """Signed bits of a channel's exact ``Σ w·v`` over ``keys`` keys in today's ``w``."""
+    return int(keys * W_MAX * -KV_ELEM.min_int).bit_length() + 1
 
 
 def p8_row_shift(w_max, fmt: FixedFormat = P8):

@@ -28,7 +28,8 @@ The stages the RTL (``mcf.hdl.compute.tile_*``) is compared against are function
 used by the model's loop: :func:`tile_schedule` (which rows meet which block, the causal masks),
 :func:`qk_acc` (the exact ``S`` accumulators), :func:`tile_weights` (``m_b``, ``p``, ``w``,
 ``l_b``), :func:`p8_rows` (``s``, ``w8``),
-:func:`pv_p8_acc` / :func:`pv_p8_block` (the exact P·V sums, ``o_b``).
+:func:`pv_p8_acc` / :func:`pv_p8_block` (the exact P·V sums, ``o_b``), :func:`pv_w_acc` (today's
+``w`` in bytes on the packed arrays).
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ import numpy as np
 
 from mcf.abi.attn_tile import (
     P8,
+    PV_LIMB_BITS,
+    PV_LIMBS,
     PV_SPLIT_KEYS,
     p8_row_shift,
     pv_p8_out,
     pv_pack_shift,
     qk_pack_shift,
     quantize_p8,
+    w_limbs,
 )
 from mcf.abi.fixed import saturate, wrap
 from mcf.abi.kv import q_multiplier, score, score_shift, v_weight
@@ -53,8 +57,8 @@ from mcf.abi.softmax import LANE_BITS, M_EMPTY, STATE_L, STATE_O, exp2_neg, merg
 from .attention import KVChannelBlock, State, normalize_state
 
 __all__ = ["P_FORMATS", "packed_matmul", "qk_acc", "tile_scores", "tile_weights", "p8_rows",
-           "pv_p8_acc", "pv_p8_block", "tile_block_state", "tile_schedule", "attend_tiled_rows",
-           "attend_prefill_tiled"]
+           "pv_p8_acc", "pv_p8_block", "pv_w_acc", "tile_block_state", "tile_schedule",
+           "attend_tiled_rows", "attend_prefill_tiled"]
 
 P_FORMATS = {"w": None, "p8": P8}
 """P·V formats by name: today's unpacked ``w`` and the 8-bit row-scaled ``P8``."""
@@ -145,11 +149,24 @@ def pv_p8_block(w8, s, v, array: bool = False):
                     STATE_O.width, signed=True)
 
 
+def pv_w_acc(w, v, array: bool = False):
+    """The exact sums ``Σ w·v`` of today's weights ``w[R, T]`` against V codes ``v[T, d]``; with
+    ``array`` the way the packed arrays take them (:class:`mcf.hdl.compute.array_pv.ArrayPV`
+    with ``p_format = PV_W``): per byte ``w_j`` (:func:`mcf.abi.attn_tile.w_limbs`) the packed
+    P·V of :func:`pv_p8_acc`, the bytes' sums added as ``Σ_j 2^(8j)·acc_j``."""
+    w = np.asarray(w, dtype=np.int64)
+    v = np.asarray(v, dtype=np.int64)
+    if not array:
+        return w @ v
+    limbs = w_limbs(w)
+    return sum(pv_p8_acc(limbs[..., j], v, True) << (PV_LIMB_BITS * j) for j in range(PV_LIMBS))
+
+
 def _pv(w, v, p_format, array: bool):
     """``o_b`` (unsaturated for today's ``w``) of weights ``w[R, T]`` and V codes ``v[T, d]``."""
     v = np.asarray(v, dtype=np.int64)
     if p_format is None:
-        return w @ v                      # one MAC per DSP: no packing to model
+        return pv_w_acc(w, v, array)      # in bytes on the packed arrays
     s, w8 = p8_rows(w, p_format)
     return pv_p8_block(w8, s, v, array)
 

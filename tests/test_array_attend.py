@@ -7,6 +7,8 @@ and its rate in cycles."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from amaranth import Elaboratable, Module, Value
@@ -19,7 +21,8 @@ from test_tile_attend import check, chunk, run, run_at_full_rate, score_inputs, 
 from test_tile_merge import scheduled
 from tile_sim import feeder, merged_rows
 
-from mcf.abi.attn_tile import P8, merge_out_layout, score_row_beat_layout
+from mcf.abi.attn_tile import P8, PV_W, merge_out_layout, score_row_beat_layout
+from mcf.abi.kv import KV_SCALE
 from mcf.golden.attention_tiled import attend_tiled_rows
 from mcf.hdl.compute.array_attend import ArrayAttention
 
@@ -49,6 +52,35 @@ def test_qkv_chunk_bit_exact(per_channel, g):
                          array_rows=8)
     got, _ = run(dut, rows, v_blocks(dut, q_pos, blocks, q_tile), idle=0.25, stall=0.4,
                  seed=g + per_channel, qk=qk)
+    check(got, expect, len(q))
+
+
+@pytest.mark.parametrize("per_channel,g", [(False, 2), (True, 6)])
+def test_qkv_chunk_today_w(per_channel, g):
+    """The same chunks, V scales raised so ``w`` fills its three bytes, with P·V in today's
+    ``w`` (``p_format = PV_W``: each byte a dot product on the arrays): every merged row is
+    today's — ``attend_tiled_rows(..., p_format=None)``, which the golden tests equal to
+    ``attend_causal_rows`` — and the P8 path gives different rows on these chunks (the test
+    can tell the formats apart; a wrong shift of byte 1 or byte 2 fails it)."""
+    rng = np.random.default_rng(100 + 10 * per_channel + g)
+    d, keys, lanes, q_tile = 16, 4, 4, 16
+    lens = [32, 32, 32] if per_channel else [32, 34, 30]
+    q, sq, blocks, q_pos = chunk(rng, lens, 72 // g, g, d, per_channel)
+    # V scales up to KV_SCALE's largest: w = p·sv / 2^12 reaches its third byte
+    blocks = [replace(b, sv=rng.integers(1 << 12, KV_SCALE.max_int + 1, len(b.sv)))
+              for b in blocks]
+    blocks[0].sv[0] = KV_SCALE.max_int
+    mb = 48
+    rows, _ = stimulus(q, sq, blocks, q_pos, q_tile, keys, d)
+    qk = score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, mb)
+    expect = attend_tiled_rows(q, sq, blocks, q_pos, "single", q_tile=q_tile, array=True)
+    assert expect == attend_tiled_rows(q, sq, blocks, q_pos, "single", q_tile=q_tile)
+    p8 = attend_tiled_rows(q, sq, blocks, q_pos, "single", p_format=P8, q_tile=q_tile)
+    assert not np.array_equal(p8.o, expect.o)
+    dut = ArrayAttention(keys=keys, head_dim=d, lanes=lanes, max_block=mb, rows=q_tile,
+                         array_rows=8, p_format=PV_W)
+    got, _ = run(dut, rows, v_blocks(dut, q_pos, blocks, q_tile), idle=0.25, stall=0.4,
+                 seed=7 + g + per_channel, qk=qk)
     check(got, expect, len(q))
 
 

@@ -12,7 +12,13 @@ from amaranth import Module
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.attn_tile import k_word_layout, merge_out_layout, pv_word_layout, score_q_layout
+from mcf.abi.attn_tile import (
+    P8,
+    k_word_layout,
+    merge_out_layout,
+    pv_word_layout,
+    score_q_layout,
+)
 
 from .array_pv import ArrayPV
 from .array_score import ArrayScore
@@ -41,6 +47,10 @@ class ArrayAttention(wiring.Component):
         ArrayScore's and ArrayPV's client ports (:class:`~.array_share.ArrayShare`'s
         ``c{n}_st`` / ``c{n}_res``) for arrays shared with others — the GEMM's.
 
+    ``p_format``: P·V in :data:`~mcf.abi.attn_tile.P8` (the default), or in today's ``w``
+    (:data:`~mcf.abi.attn_tile.PV_W`, its three bytes one dot product each: the rows of
+    ``attend_tiled_rows(..., p_format=None)`` — today's bits — at three times the P·V steps).
+
     Rate: the arrays run S and P·V dot products in turn — per quad of rows and block of ``n``
     keys ``S·ceil(n / array_rows)`` steps of S and ``head_dim / array_rows · ceil(n /
     head_dim) · head_dim / lanes`` of P·V, each ``arrays · array_rows · lanes`` MACs; the row
@@ -51,16 +61,17 @@ class ArrayAttention(wiring.Component):
     def __init__(self, keys: int = 4, head_dim: int = 128, lanes: int = 16,
                  max_block: int = 256, rows: int = 64, slots: int = 4, merge_lanes: int = 4,
                  tags: int = 16, arrays: int = 4, array_rows: int = 16, chain: int = 1,
-                 dsp: str = "fabric", own_arrays: bool = True):
+                 dsp: str = "fabric", own_arrays: bool = True, p_format=P8):
         self.keys, self.head_dim, self.max_block, self.rows = keys, head_dim, max_block, rows
         self.score = ArrayScore(keys, head_dim, lanes, max_block, rows, arrays, array_rows,
                                 chain, dsp, own_arrays=False)
         self.softmax = TileSoftmax(keys=keys, head_dim=head_dim, max_block=max_block,
-                                   slots=slots)
+                                   slots=slots, p_format=p_format)
         self.pv = ArrayPV(keys, head_dim, max_block, rows, arrays, array_rows, lanes,
-                          group=head_dim, chain=chain, dsp=dsp, own_arrays=False)
+                          group=head_dim, chain=chain, dsp=dsp, own_arrays=False,
+                          p_format=p_format)
         self.merge = TileMerge(head_dim=head_dim, rows=rows, lanes=merge_lanes,
-                               max_block=max_block)
+                               max_block=max_block, p_format=p_format)
         self.share = ArrayShare(2, arrays, array_rows, lanes, head_dim, chain, dsp) \
             if own_arrays else None
         self.tags = tags

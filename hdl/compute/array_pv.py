@@ -6,18 +6,21 @@ their unsigned P8 activations zero-extended (``ua``)."""
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.attn_tile import (
     P8,
+    PV_LIMB_BITS,
+    PV_LIMBS,
     PV_SPLIT_KEYS,
     p8_beat_layout,
     pv_acc_bits,
     pv_out_layout,
     pv_pack_shift,
+    pv_sum_bits,
     pv_word_layout,
 )
 from mcf.abi.kv import KV_ELEM
@@ -81,7 +84,8 @@ class ArrayPV(wiring.Component):
     def __init__(self, keys: int = 4, head_dim: int = 128, max_block: int = 256,
                  max_rows: int = 64, arrays: int = 4, array_rows: int = 16, lanes: int = 16,
                  group: int = PV_SPLIT_KEYS, chain: int = 1, dsp: str = "fabric",
-                 own_arrays: bool = True):
+                 own_arrays: bool = True, p_format=P8):
+        pv_sum_bits(1, p_format)
         if array_rows % 2 or head_dim % array_rows:
             raise ValueError("array_rows must be even and divide head_dim")
         if lanes % keys or group % lanes or max_block % group:
@@ -91,13 +95,14 @@ class ArrayPV(wiring.Component):
         self.keys, self.head_dim, self.max_block, self.max_rows = keys, head_dim, max_block, \
             max_rows
         self.n_arrays, self.array_rows, self.lanes, self.group = arrays, array_rows, lanes, group
-        self.own_arrays = own_arrays
+        self.own_arrays, self.p_format = own_arrays, p_format
+        self.limbs = 1 if p_format == P8 else PV_LIMBS
         self.bank = ArrayBank(arrays, array_rows, lanes, group, chain, dsp) \
             if own_arrays else None
         sig = {
             "v": In(stream.Signature(pv_word_layout(array_rows, lanes, max_block, max_rows))),
-            "p": In(stream.Signature(p8_beat_layout(keys))),
-            "o": Out(stream.Signature(pv_out_layout(head_dim, max_block))),
+            "p": In(stream.Signature(p8_beat_layout(keys, p_format))),
+            "o": Out(stream.Signature(pv_out_layout(head_dim, max_block, p_format))),
         }
         if not own_arrays:
             sig.update(client_members(arrays, array_rows, lanes))
@@ -112,7 +117,9 @@ class ArrayPV(wiring.Component):
         NWB = KS * CG                                 # V words of a bank
         spg = G // L                                  # steps per packed group
         KPS = L // K                                  # P beats per step
-        PB = pv_acc_bits(self.max_block)
+        PB = pv_acc_bits(self.max_block)              # a byte's (P8's) exact sum
+        CB = pv_sum_bits(self.max_block, self.p_format)   # the row's sum
+        J, FW = self.limbs, self.p_format.width       # dot products per channel group; P bits
         st, res = client_ports(m, self)
         p, o = self.p, self.o
         meta_l = data.StructLayout({"m": p.payload.m.shape(), "l": p.payload.l.shape(),
@@ -129,14 +136,14 @@ class ArrayPV(wiring.Component):
         # ---- quad buffers: the P rows of up to A rows ----------------------------------------
         pmems = []
         for i in range(A):
-            pm = Memory(shape=unsigned(L * P8.width), depth=2 * KS, init=[])
+            pm = Memory(shape=unsigned(L * FW), depth=2 * KS, init=[])
             m.submodules[f"pmem{i}"] = pm
             pmems.append(pm)
         fbeat = Signal(range(self.max_block // K + 1))
         m.d.comb += p.ready.eq(qf.fill_ready)
         take = p.valid & p.ready
         for i, pm in enumerate(pmems):
-            wp = pm.write_port(granularity=K * P8.width)
+            wp = pm.write_port(granularity=K * FW)
             m.d.comb += [wp.addr.eq(at(qf.fh, KS, fbeat // KPS if KPS > 1 else fbeat)),
                          wp.data.eq(Cat(*([p.payload.w8.as_value()] * KPS))),
                          wp.en.eq(Mux(take & (qf.fi == i),
@@ -146,47 +153,59 @@ class ArrayPV(wiring.Component):
             m.d.sync += fbeat.eq(Mux(p.payload.last, 0, fbeat + 1))
         qf.fill(m, take, p.payload.last)
 
-        # ---- issue: per channel group, the block's key steps (whole groups) ------------------
+        # ---- issue: per channel group and byte of w, the block's key steps (whole groups) -----
         cg = Signal(range(CG))
+        jb = Signal(range(max(J, 2)))                       # the byte of w (PV_W), else 0
         ks = Signal(range(KS))
-        tag_l = data.StructLayout({"qh": 1, "sh": 1, "cg": range(max(CG, 2)), "qlast": 1})
+        tag_l = data.StructLayout({"qh": 1, "sh": 1, "cg": range(max(CG, 2)),
+                                   "j": range(max(J, 2)), "qlast": 1})
         m.submodules.tags = tags = fifo.SyncFIFOBuffered(width=tag_l.size, depth=8)
         qi = qf.qinfo[qf.ih]
         nbeats = Signal(range(self.max_block // K + 1))     # P beats of a row
         nsteps = Signal(range(KS + 1))                      # whole groups of steps
         m.d.comb += [nbeats.eq((qi.nkeys + K - 1) // K),
                      nsteps.eq((qi.nkeys + G - 1) // G * spg)]
-        qf.start(m, cg, ks)
+        qf.start(m, cg, jb, ks)
         adv, go = Signal(), Signal()
         m.d.comb += [adv.eq(~st.valid | st.ready), go.eq(adv & qf.issuing & tags.w_rdy)]
         dend = ks == nsteps - 1
-        qend = dend & (cg == CG - 1)
+        jend = dend & (jb == J - 1)
+        qend = jend & (cg == CG - 1)
         g_reg, l_reg = Signal(), Signal()
+        j_reg = Signal.like(jb)
         live = Signal(KPS)                                  # the step's P beats of the row
         with m.If(adv):
-            m.d.sync += [st.valid.eq(go), l_reg.eq(dend),
+            m.d.sync += [st.valid.eq(go), l_reg.eq(dend), j_reg.eq(jb),
                          g_reg.eq((ks % spg == spg - 1) if spg > 1 else 1)]
             m.d.sync += [live[q].eq(ks * KPS + q < nbeats) for q in range(KPS)]
         tag_w = Signal(tag_l)
         m.d.comb += [v_rd.en.eq(adv), v_rd.addr.eq(at(qi.bank, NWB, ks * CG + cg)),
                      st.payload.w.eq(v_rd.data), st.payload.glast.eq(g_reg),
                      st.payload.last.eq(l_reg), st.payload.ua.eq(1),
-                     tag_w.qh.eq(qf.ih), tag_w.sh.eq(qf.ish), tag_w.cg.eq(cg),
+                     tag_w.qh.eq(qf.ih), tag_w.sh.eq(qf.ish), tag_w.cg.eq(cg), tag_w.j.eq(jb),
                      tag_w.qlast.eq(qend), tags.w_en.eq(go & dend), tags.w_data.eq(tag_w)]
         for r in range(AR):
             m.d.comb += st.payload.scale[r].eq(1)
         for i, pm in enumerate(pmems):
             rp = pm.read_port()
             m.d.comb += [rp.en.eq(adv), rp.addr.eq(at(qf.ih, KS, ks))]
-            chunks = [Mux(live[q], rp.data.word_select(q, K * P8.width), 0) for q in range(KPS)]
-            m.d.comb += st.payload.a[i].eq(Cat(*chunks))
+            lanes_ = []
+            for ln in range(L):                       # lane ln's byte j_reg of w (P8: w8)
+                wl = rp.data.word_select(ln, FW)
+                if J > 1:
+                    wl = Cat(wl, Const(0, J * PV_LIMB_BITS - FW)).word_select(j_reg,
+                                                                              PV_LIMB_BITS)
+                lanes_.append(Mux(live[ln // K], wl, 0))
+            m.d.comb += st.payload.a[i].eq(Cat(*lanes_))
         with m.If(go):
             m.d.sync += ks.eq(ks + 1)
             with m.If(dend):
-                m.d.sync += [ks.eq(0), cg.eq(cg + 1)]
-                with m.If(qend):
-                    m.d.sync += cg.eq(0)
-                    qf.issued(m)
+                m.d.sync += [ks.eq(0), jb.eq(jb + 1)]
+                with m.If(jend):
+                    m.d.sync += [jb.eq(0), cg.eq(cg + 1)]
+                    with m.If(qend):
+                        m.d.sync += cg.eq(0)
+                        qf.issued(m)
 
         # ---- results: each row's channel group into its sum buffer ---------------------------
         tag = data.View(tag_l, tags.r_data)
@@ -196,13 +215,24 @@ class ArrayPV(wiring.Component):
         for i in range(A):
             # a row's sums as CG words of one channel group each (a narrow, deeper memory:
             # LUT-RAM by depth, not by the row's width)
-            om = Memory(shape=unsigned(AR * PB), depth=2 * CG, init=[])
+            om = Memory(shape=unsigned(AR * CB), depth=2 * CG, init=[])
             m.submodules[f"omem{i}"] = om
             omems.append(om)
             wo = om.write_port()
+            sums = [res.payload[i][r][:PB].as_signed() for r in range(AR)]
+            if J > 1:
+                # today's w: Σ_j 2^(8j)·acc_j, the bytes' dot products in order (j = 0 first)
+                hold = Signal(data.ArrayLayout(signed(CB), AR), name=f"hold{i}")
+                tot = [Signal(signed(CB), name=f"tot{i}_{r}") for r in range(AR)]
+                for r in range(AR):
+                    sh_ = Array(sums[r] << (PV_LIMB_BITS * j) for j in range(J))[tag.j]
+                    m.d.comb += tot[r].eq(Mux(tag.j == 0, 0, hold[r]) + sh_)
+                with m.If(got):
+                    m.d.sync += [hold[r].eq(tot[r]) for r in range(AR)]
+                sums = tot
             m.d.comb += [wo.addr.eq(at(tag.sh, CG, tag.cg)),
-                         wo.data.eq(Cat(*[res.payload[i][r][:PB] for r in range(AR)])),
-                         wo.en.eq(got)]
+                         wo.data.eq(Cat(*[x.as_unsigned()[:CB] for x in sums])),
+                         wo.en.eq(got & (tag.j == J - 1))]
         with m.If(got & tag.qlast):
             qf.resulted(m, tag.qh, tag.sh)
             qi_r = qf.qinfo[tag.qh]
@@ -212,7 +242,7 @@ class ArrayPV(wiring.Component):
         # ---- emit: a row's CG words read one a cycle into the beat, then one beat per row -----
         rc = Signal(range(CG + 1))                    # words read of the row
         rv, rw = Signal(), Signal(range(CG))          # a word read last cycle, its index
-        rd = Signal(AR * PB)
+        rd = Signal(AR * CB)
         rdo = []
         for om in omems:
             ro = om.read_port()
@@ -228,7 +258,7 @@ class ArrayPV(wiring.Component):
         meta = Signal(meta_l)
         m.d.comb += meta.eq(qf.emit_meta)
         with m.If(rv):
-            m.d.sync += o.payload.acc.as_value().word_select(rw, AR * PB).eq(rd)
+            m.d.sync += o.payload.acc.as_value().word_select(rw, AR * CB).eq(rd)
             with m.If(rw == CG - 1):
                 m.d.sync += [rc.eq(0), o.valid.eq(1), o.payload.m.eq(meta.m),
                              o.payload.l.eq(meta.l), o.payload.s.eq(meta.s)]

@@ -15,7 +15,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.attn_tile import merge_in_layout, merge_out_layout
+from mcf.abi.attn_tile import P8, merge_in_layout, merge_out_layout
 from mcf.abi.softmax import LANE_BITS, M_EMPTY, STATE_L, STATE_M, STATE_O
 
 from .attn_merge import MergeUnit, merge_head_state
@@ -30,9 +30,10 @@ class TileMerge(wiring.Component):
 
     Members
     -------
-    i : In(stream.Signature(merge_in_layout(head_dim, rows, max_block)))
+    i : In(stream.Signature(merge_in_layout(head_dim, rows, max_block, p_format)))
         A row's block state as TilePV emits it (``m_b``, ``l_b``, ``s``, the exact sums
-        ``acc``: ``o_b = sat(acc << s)`` is formed here, ``lanes`` channels per cycle), the row
+        ``acc``: ``o_b = sat(acc << s)`` is formed here, ``lanes`` channels per cycle; with
+        ``p_format = PV_W`` as ArrayPV emits today's ``Σ w·v``, ``s`` 0), the row
         (``0 .. rows−1``), ``first`` (merge into the empty state: the running state is not
         read) and ``final`` (emit the merged state). A row's blocks come in KV order; rows of
         a block in any order. Ready in the idle state while no output waits (or it is taken in
@@ -52,12 +53,12 @@ class TileMerge(wiring.Component):
     """
 
     def __init__(self, head_dim: int = 128, rows: int = 64, lanes: int = 4,
-                 max_block: int = 256):
+                 max_block: int = 256, p_format=P8):
         if head_dim % lanes:
             raise ValueError("lanes must divide head_dim")
         self.head_dim, self.rows, self.lanes, self.max_block = head_dim, rows, lanes, max_block
         super().__init__({
-            "i": In(stream.Signature(merge_in_layout(head_dim, rows, max_block))),
+            "i": In(stream.Signature(merge_in_layout(head_dim, rows, max_block, p_format))),
             "o": Out(stream.Signature(merge_out_layout(head_dim, rows))),
         })
 

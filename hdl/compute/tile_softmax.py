@@ -13,7 +13,14 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.attn_tile import P8, P8_SHIFT_MAX, W_BITS, p8_beat_layout, score_beat_layout
+from mcf.abi.attn_tile import (
+    P8,
+    P8_SHIFT_MAX,
+    W_BITS,
+    p8_beat_layout,
+    pv_sum_bits,
+    score_beat_layout,
+)
 from mcf.abi.csrmap import COUNTER_BITS
 from mcf.abi.kv import (
     KV_SCALE,
@@ -91,15 +98,18 @@ class TileSoftmax(wiring.Component):
     Latency: ``LATENCY + 2N`` cycles (:data:`LATENCY`) from a row's last beat taken to its last
     beat on ``o`` (``o.ready`` high): passes 1 and 2 of a row end before pass 3 starts.
 
-    FIXED mode (the global maximum given, ``w`` out unpacked) is not in this component: it
-    keeps today's ``w`` (20 bits per key), which the packed P·V arrays do not take.
+    ``p_format = PV_W``: pass 3 emits today's ``w`` as it is (``s`` = 0), for P·V in bytes
+    on the arrays (:class:`~.array_pv.ArrayPV` with the same ``p_format``) — today's bits.
+
+    FIXED mode (the global maximum given) is not in this component.
     """
 
     LATENCY = 13
     HOLD = 9
 
     def __init__(self, keys: int = 4, head_dim: int = 128, max_block: int = 256,
-                 slots: int = 4, out_depth: int = 8):
+                 slots: int = 4, out_depth: int = 8, p_format=P8):
+        pv_sum_bits(1, p_format)
         if keys < 1 or max_block % keys:
             raise ValueError("keys must divide max_block")
         if slots < 2 or out_depth < 6:
@@ -107,9 +117,10 @@ class TileSoftmax(wiring.Component):
         self.keys, self.head_dim, self.max_block = keys, head_dim, max_block
         self.slots, self.out_depth = slots, out_depth
         self.beats = max_block // keys
+        self.p_format = p_format
         super().__init__({
             "i": In(stream.Signature(score_beat_layout(keys, head_dim))),
-            "o": Out(stream.Signature(p8_beat_layout(keys))),
+            "o": Out(stream.Signature(p8_beat_layout(keys, p_format))),
             "rows": Out(COUNTER_BITS),
             "err_long": Out(COUNTER_BITS),
             "busy": Out(1),
@@ -128,7 +139,8 @@ class TileSoftmax(wiring.Component):
                                           depth=S * MB, init=[])
         t_wr, t_rd = tmem.write_port(), tmem.read_port()
         w_wr, w_rd = wmem.write_port(), wmem.read_port()
-        olay = p8_beat_layout(K)
+        olay = p8_beat_layout(K, self.p_format)
+        p8 = self.p_format == P8
         m.submodules.ofifo = ofifo = fifo.SyncFIFOBuffered(width=Shape.cast(olay).width,
                                                            depth=self.out_depth)
         m.d.comb += [self.o.payload.eq(ofifo.r_data), self.o.valid.eq(ofifo.r_rdy),
@@ -247,8 +259,9 @@ class TileSoftmax(wiring.Component):
                 m.d.comb += bl.eq(b + 1)
         m.d.comb += weigh_done.eq(fin)
         with m.If(fin):
-            m.d.sync += [d_l[fslot].eq(sat(l_acc, STATE_L.width, False)),
-                         d_s[fslot].eq(Mux(bl > P8.width, bl - P8.width, 0))]
+            m.d.sync += d_l[fslot].eq(sat(l_acc, STATE_L.width, False))
+            if p8:
+                m.d.sync += d_s[fslot].eq(Mux(bl > P8.width, bl - P8.width, 0))
 
         # ---- pass 3: w8 = quantize_p8(w, s) into the output FIFO ------------------------------
         # issued only with room in the FIFO for every beat in flight: the pipeline never stalls
@@ -262,7 +275,7 @@ class TileSoftmax(wiring.Component):
                      q2.m.eq(q1.m), q2.l.eq(q1.l), q2.s.eq(q1.s), q2.last.eq(q1.last)]
         for k in range(K):
             m.d.sync += q2.w8[k].eq(sat(round_shift_var(w_rd.data[k], q1.s, P8_SHIFT_MAX),
-                                        P8.width, False))
+                                        P8.width, False) if p8 else w_rd.data[k])
         m.d.comb += [ofifo.w_data.eq(q2), ofifo.w_en.eq(q2_v),
                      self.busy.eq((used != 0) | q1_v | q2_v | (ofifo.level != 0))]
         return m

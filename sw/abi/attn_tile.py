@@ -66,7 +66,7 @@ __all__ = [
     "score_q_layout", "kv_rows_layout", "fold_row_layout", "fold_header_layout",
     "chunk_layout", "query_row_layout", "block_desc_layout", "tile_rows_layout",
     "norm_row_layout", "pv_word_layout", "PV_LIMB_BITS", "PV_LIMBS", "w_limbs",
-    "pv_w_acc_bits",
+    "pv_w_acc_bits", "pv_sum_bits",
 ]
 
 P_ONE = 1 << EXP_FRAC
@@ -186,14 +186,25 @@ def score_beat_layout(keys: int, head_dim: int) -> data.StructLayout:
     })
 
 
-def p8_beat_layout(keys: int) -> data.StructLayout:
+def pv_sum_bits(keys: int, p_format: FixedFormat = P8) -> int:
+    """Signed bits of a channel's exact P·V sum over ``keys`` keys in ``p_format``
+    (:data:`P8`: :func:`pv_acc_bits`; :data:`PV_W`, today's ``w`` in bytes:
+    :func:`pv_w_acc_bits`)."""
+    if p_format not in (P8, PV_W):
+        raise ValueError(f"no P·V on the arrays in {p_format}")
+    return pv_acc_bits(keys) if p_format == P8 else pv_w_acc_bits(keys)
+
+
+def p8_beat_layout(keys: int, p_format: FixedFormat = P8) -> data.StructLayout:
     """A beat of a row's :data:`P8` probabilities for the P·V arrays: ``w8`` of ``keys``
     consecutive keys (0 for masked keys), and the row's record for the merge, equal on every
     beat of the row: the block maximum ``m`` (:data:`mcf.abi.softmax.STATE_M`, ``M_EMPTY`` if
     every key is masked), ``l = Σ p`` (:data:`mcf.abi.softmax.STATE_L`), the row shift ``s``
-    (``o_b = (Σ w8·v) · 2^s``, :func:`pv_p8_out`); ``last`` on the row's final beat."""
+    (``o_b = (Σ w8·v) · 2^s``, :func:`pv_p8_out`); ``last`` on the row's final beat. With
+    ``p_format = PV_W`` the ``w8`` fields carry today's ``w`` (20 bits) and ``s`` is 0."""
+    pv_sum_bits(1, p_format)
     return data.StructLayout({
-        "w8": data.ArrayLayout(unsigned(P8.width), keys),
+        "w8": data.ArrayLayout(unsigned(p_format.width), keys),
         "m": signed(STATE_M.width),
         "l": unsigned(STATE_L.width),
         "s": unsigned(P8_SHIFT_MAX.bit_length()),
@@ -225,25 +236,27 @@ def tile_state_layout(head_dim: int) -> data.StructLayout:
     })
 
 
-def pv_out_layout(head_dim: int, max_block: int) -> data.StructLayout:
+def pv_out_layout(head_dim: int, max_block: int, p_format: FixedFormat = P8) -> data.StructLayout:
     """A row's block state out of the P·V arrays: ``m_b``, ``l_b``, the row shift ``s`` and per
     channel the exact ``acc = Σ w8·v`` (:func:`pv_acc_bits` of ``max_block``), so that
     ``o_b = sat(pv_p8_out(acc, s))`` (``STATE_O``) — the shift and saturation are left to the
-    merge, which takes a few channels per cycle."""
+    merge, which takes a few channels per cycle. ``p_format = PV_W``: ``acc = Σ w·v`` in
+    :func:`pv_w_acc_bits`, ``s`` 0."""
     return data.StructLayout({
         "m": signed(STATE_M.width),
         "l": unsigned(STATE_L.width),
         "s": unsigned(P8_SHIFT_MAX.bit_length()),
-        "acc": data.ArrayLayout(signed(pv_acc_bits(max_block)), head_dim),
+        "acc": data.ArrayLayout(signed(pv_sum_bits(max_block, p_format)), head_dim),
     })
 
 
-def merge_in_layout(head_dim: int, rows: int, max_block: int) -> data.StructLayout:
+def merge_in_layout(head_dim: int, rows: int, max_block: int,
+                    p_format: FixedFormat = P8) -> data.StructLayout:
     """A block state on its way into the merge (:func:`pv_out_layout`), the row (``0 ..
     rows−1`` of the query tile), ``first`` (the row's first block: merged into the empty
     state) and ``final`` (its last block: the merged state is emitted)."""
     return data.StructLayout({
-        "state": pv_out_layout(head_dim, max_block),
+        "state": pv_out_layout(head_dim, max_block, p_format),
         "row": unsigned(max(1, (rows - 1).bit_length())),
         "first": unsigned(1),
         "final": unsigned(1),

@@ -113,6 +113,27 @@ def test_qkv_rate(d, lanes, nk, n_blocks, n_tok, array_rows):
     assert steady == n_beats - first
 
 
+@pytest.mark.slow
+def test_qkv_rate_today_w():
+    """The kr260 shape of :func:`test_qkv_rate` with P·V in today's ``w`` (three dot products
+    per channel group): bit-exact with today's rows; the cycles printed (P·V's steps three
+    times P8's, so the arrays, not the output, set the rate)."""
+    rng = np.random.default_rng(91)
+    d, lanes, nk, keys, q_tile = 128, 16, 256, 4, 8
+    q, sq, blocks, q_pos = chunk(rng, [nk] * 2, 4, 2, d, False)
+    rows, _ = stimulus(q, sq, blocks, q_pos, q_tile, keys, d)
+    qk = score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, nk)
+    dut = ArrayAttention(keys=keys, head_dim=d, lanes=lanes, max_block=nk, rows=q_tile,
+                         array_rows=16, p_format=PV_W)
+    got, tr, n_beats, span = run_at_full_rate(dut, q, sq, blocks, q_pos, rows,
+                                              v_blocks(dut, q_pos, blocks, q_tile), qk,
+                                              p_format=None)
+    macs = 2 * n_beats * keys * d
+    print(f"today's w: score beats {n_beats} in {span} cycles ({macs / span:.1f} MACs/cycle); "
+          f"all {len(got)} rows out {tr['out'][-1] + 1} cycles from the start "
+          f"({macs / (tr['out'][-1] + 1):.1f} MACs/cycle with fill and drain)")
+
+
 class GemmAndAttention(Elaboratable):
     """A GEMM engine and an ArrayAttention on one set of arrays: the engine is client 0 of a
     three-client ArrayShare (:class:`engine_sim.SharedGemm`), ArrayScore and ArrayPV clients 1

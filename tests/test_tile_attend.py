@@ -181,14 +181,14 @@ def test_chunk_bit_exact(per_channel):
     check(got, expect, len(q))
 
 
-def run_at_full_rate(dut, q, sq, blocks, q_pos, rows, vblocks, qk=None):
+def run_at_full_rate(dut, q, sq, blocks, q_pos, rows, vblocks, qk=None, p_format=P8):
     """:func:`run` with inputs always valid and the output always ready; the rows checked
-    against ``attend_tiled_rows(..., "single", p_format=P8, array=True)`` and every score beat
-    seen once. Returns the rows, the trace, the score beats and the cycles from the first to
-    the last."""
+    against ``attend_tiled_rows(..., "single", p_format, array=True)`` (``p_format`` the
+    golden's: ``None`` for today's ``w``) and every score beat seen once. Returns the rows, the
+    trace, the score beats and the cycles from the first to the last."""
     got, tr = run(dut, rows, vblocks, qk=qk)
-    check(got, attend_tiled_rows(q, sq, blocks, q_pos, "single", p_format=P8, q_tile=dut.rows,
-                                 array=True), len(q))
+    check(got, attend_tiled_rows(q, sq, blocks, q_pos, "single", p_format=p_format,
+                                 q_tile=dut.rows, array=True), len(q))
     take = tr["take"]
     n_beats = sum(len(b) for _, b in rows)
     assert len(take) == n_beats

@@ -95,11 +95,15 @@ class TileRowWriter(wiring.Component):
         recip = Array(self.recip)
         m.d.comb += tok.eq((x * recip[self.heads]) >> self.k)
         addr = Signal(DMA_ADDR_BITS)
+        # the row held as it came (a load enable per flop) and its beats selected by index:
+        # a word multiplexer instead of a shift register's load-or-shift LUT per bit
         buf = Signal(NW * DW)
         dpend, beats = Signal(), Signal(range(NW + 1))
+        beat = Signal(range(max(NW, 2)))
         m.d.comb += self.o.ready.eq(~dpend & (beats == 0))
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += [buf.eq(self.o.payload.o.as_value()), dpend.eq(1), beats.eq(NW),
+                         beat.eq(0),
                          addr.eq(self.out_addr + tok * self.out_stride
                                  + (x - tok * self.heads) * (RB // 8))]
         wd = wr.desc.payload
@@ -107,9 +111,10 @@ class TileRowWriter(wiring.Component):
                      wd.stride.eq(0), wd.count.eq(1)]
         with m.If(wr.desc.valid & wr.desc.ready):
             m.d.sync += dpend.eq(0)
-        m.d.comb += [wr.i.valid.eq(beats != 0), wr.i.payload.eq(buf[:DW])]
+        m.d.comb += [wr.i.valid.eq(beats != 0),
+                     wr.i.payload.eq(buf.word_select(beat, DW) if NW > 1 else buf)]
         with m.If(wr.i.valid & wr.i.ready):
-            m.d.sync += [buf.eq(buf >> DW), beats.eq(beats - 1)]
+            m.d.sync += [beat.eq(beat + 1), beats.eq(beats - 1)]
         return m
 
 

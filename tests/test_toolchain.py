@@ -97,6 +97,23 @@ def test_resource_estimate():
     assert set(utilization(res)) == set(K26)
 
 
+def test_resource_breakdown_by_part():
+    """``resources_by_part``: every instance with the resources of its subtree — the top's are
+    the sum of its own cells and its children's, and the FIFO's LUT-RAM is the FIFO's."""
+    from mcf.sim.synth import RESOURCE_KEYS, resources_by_part
+
+    top = FlatTop(Loop(), {"i": "s_axis", "o": "m_axis"})
+    parts = resources_by_part(top, "loopback_parts", abc9=False)
+    name = next(n for n in parts if "." not in n)
+    kids = [n for n in parts if n.count(".") == 1]
+    assert kids and all(set(parts[n]) == set(RESOURCE_KEYS) for n in parts)
+    for k in RESOURCE_KEYS:
+        assert parts[name][k] >= sum(parts[c][k] for c in kids)
+    fifo = [n for n in parts if parts[n]["LUTRAM"] and all(
+        not parts[c]["LUTRAM"] for c in parts if c.startswith(n + "."))]
+    assert fifo and parts[name]["LUTRAM"] == sum(parts[n]["LUTRAM"] for n in fifo)
+
+
 class Wrap(wiring.Component):
     """A 3-bit counter that wraps at ``limit``; formally ``count < limit`` always holds."""
     count: Out(3)

@@ -26,9 +26,10 @@ __all__ = ["TileQuery"]
 
 class TileQuery(wiring.Component):
     """A chunk's rows (row ``x``: token ``x // heads``, position ``pos + x // heads``, as
-    :func:`mcf.golden.attention_tiled.attend_prefill_tiled` orders them) in a
-    ``max_rows``-deep :class:`~amaranth.lib.memory.Memory`; per query tile of ``rows`` rows,
-    per KV block descriptor, the tile's rows that are not wholly before the block.
+    :func:`mcf.golden.attention_tiled.attend_prefill_tiled` orders them) in a ring of two query
+    tiles (a ``2·rows``-deep :class:`~amaranth.lib.memory.Memory`: tile ``t`` in half ``t mod
+    2``, its rows taken once tile ``t − 2`` is done); per query tile of ``rows`` rows, per KV
+    block descriptor, the tile's rows that are not wholly before the block.
 
     For a block at ``pos0`` the rows issued are ``s .. len−1`` of the tile (``s`` the first row
     whose token is at ``≥ pos0``: ``(pos0 − pos)·heads`` less the tile's first row, clamped),
@@ -45,8 +46,9 @@ class TileQuery(wiring.Component):
         Taken while idle (the last chunk's last row gone): the chunk's first position, row
         count and GQA heads.
     q : In(stream.Signature(query_row_layout(head_dim)))
-        The chunk's ``rows`` query rows in order, written at one per cycle; a query tile runs
-        once its rows are written.
+        The chunk's ``rows`` query rows in order, written at one per cycle while their ring
+        half is free (``ready`` low while the tile two before is in work); a query tile runs
+        once its rows are written — so the executor sends rows and descriptors side by side.
     desc : In(stream.Signature(block_desc_layout(max_block)))
         Per query tile every KV block (``pos0``, ``n ≥ 1``; positions increasing, ``last`` on
         the tile's final block), as the executor requests them again per query tile. After the
@@ -96,7 +98,9 @@ class TileQuery(wiring.Component):
         MR, QT = self.max_rows, self.rows
         qlay = query_row_layout(self.head_dim)
         elay = data.StructLayout({"row": qlay, "tok": range(MR)})
-        m.submodules.mem = mem = Memory(shape=elay, depth=MR, init=[],
+        # a ring of two query tiles: tile t's rows in half t mod 2, written while tile t − 1
+        # runs, the half free again when tile t − 2 is done
+        m.submodules.mem = mem = Memory(shape=elay, depth=2 * QT, init=[],
                                         attrs={"ram_style": self.ram_style})
         wr, rd = mem.write_port(), mem.read_port(transparent_for=())
 
@@ -105,19 +109,26 @@ class TileQuery(wiring.Component):
         act = Signal()
         wa = Signal(range(MR + 1))
         tok, hd = Signal(range(MR)), Signal(range(self.max_heads))
+        wh, wo = Signal(), Signal(range(QT))          # the write's ring half and row in it
+        rh = Signal()                                 # the issued tile's ring half
+        lo = Signal(range(MR + QT))                   # the issued tile's first row
         m.d.comb += self.chunk.ready.eq(~act & ~self.o.valid)
         with m.If(self.chunk.valid & self.chunk.ready):
-            m.d.sync += [ck.eq(self.chunk.payload), act.eq(1), wa.eq(0), tok.eq(0), hd.eq(0)]
+            m.d.sync += [ck.eq(self.chunk.payload), act.eq(1), wa.eq(0), tok.eq(0), hd.eq(0),
+                         wh.eq(0), wo.eq(0), rh.eq(0)]
         q = self.q
-        m.d.comb += [q.ready.eq(act & (wa < ck.rows)), wr.addr.eq(wa),
+        m.d.comb += [q.ready.eq(act & (wa < ck.rows) & (wa < lo + 2 * QT)),
+                     wr.addr.eq(Mux(wh, QT, 0) + wo),
                      wr.data.row.eq(q.payload), wr.data.tok.eq(tok), wr.en.eq(q.valid & q.ready)]
         with m.If(q.valid & q.ready):
-            m.d.sync += [wa.eq(wa + 1), hd.eq(Mux(hd == ck.heads - 1, 0, hd + 1))]
+            m.d.sync += [wa.eq(wa + 1), hd.eq(Mux(hd == ck.heads - 1, 0, hd + 1)),
+                         wo.eq(wo + 1)]
+            with m.If(wo == QT - 1):
+                m.d.sync += [wo.eq(0), wh.eq(~wh)]
             with m.If(hd == ck.heads - 1):
                 m.d.sync += tok.eq(tok + 1)
 
         # ---- the query tile and the block descriptor ------------------------------------------
-        lo = Signal(range(MR + QT))
         left = Signal(range(MR + 1))
         tlen = Signal(range(QT + 1))
         m.d.comb += [left.eq(ck.rows - lo), tlen.eq(Mux(left < QT, left, QT))]
@@ -158,7 +169,7 @@ class TileQuery(wiring.Component):
                                          "tlast": 1, "first": 1, "last": 1}))
         issue = have & (x < tlen) & adv & (cur.last | d.valid)
         done = have & ((x >= tlen) | (issue & (x == tlen - 1)))
-        m.d.comb += [rd.addr.eq(lo + x), rd.en.eq(adv)]
+        m.d.comb += [rd.addr.eq(Mux(rh, QT, 0) + x), rd.en.eq(adv)]
         with m.If(adv):
             m.d.sync += o.valid.eq(issue)
         with m.If(issue):
@@ -168,7 +179,7 @@ class TileQuery(wiring.Component):
         with m.If(done):
             m.d.sync += have.eq(0)
             with m.If(cur.last):
-                m.d.sync += [lo.eq(lo + QT), tfirst.eq(1)]
+                m.d.sync += [lo.eq(lo + QT), tfirst.eq(1), rh.eq(~rh)]
                 with m.If(lo + QT >= ck.rows):
                     m.d.sync += [act.eq(0), lo.eq(0)]
 

@@ -120,8 +120,10 @@ class TileRowWriter(wiring.Component):
 
 class TileUnit(wiring.Component):
     """One PREFILL_TILE record at a time: list → the chunk's query slots (checked, then read
-    again) → TilePrefill's chunk and rows → per query tile the blocks' descriptors and, in the
-    same order, the KV reader's block requests → the rows written (:class:`TileRowWriter`).
+    again) → TilePrefill's chunk and rows, and beside the rows (TileQuery holds two query
+    tiles: a tile's rows wait for the tile two before) per query tile the blocks' descriptors
+    and, in the same order, the KV reader's block requests → the rows written
+    (:class:`TileRowWriter`).
 
     Members
     -------
@@ -171,8 +173,8 @@ class TileUnit(wiring.Component):
     ``in_lanes``, PER_TOKEN records only) takes this unit's block requests and feeds
     TilePrefill's ``k``/``v`` (:func:`~mcf.hdl.node.attend_split.steer`).
 
-    Latency: the list, two passes over the slots, then the chain's; records are not overlapped
-    (the next record is taken after ``done``).
+    Latency: the list, the slots' check pass, then the rows' pass beside the descriptors and
+    the chain's; records are not overlapped (the next record is taken after ``done``).
     """
 
     def __init__(self, head_dim: int = 128, max_heads: int = 6, max_block: int = 256, *,
@@ -262,6 +264,9 @@ class TileUnit(wiring.Component):
                      bp.addr.eq(er0.data.addr), bp.tokens.eq(er0.data.tokens),
                      bp.pos0.eq(er0.data.pos0), bp.last.eq(rlast), bp.k_only.eq(0)]
         dsent, bsent = Signal(), Signal()
+        pairs = Signal()            # the pairs are being sent (beside the rows: TileQuery
+        #                             holds two query tiles, so a tile's rows wait for the
+        #                             descriptors of the tile two before)
         acked = Signal(range(self.max_rows + 1))
         with m.If(wr.row_done):
             m.d.sync += [acked.eq(acked + 1), werr.eq(werr | wr.row_err)]
@@ -316,7 +321,7 @@ class TileUnit(wiring.Component):
                 m.d.comb += self.rec.ready.eq(1)
                 with m.If(self.rec.valid):
                     m.d.sync += [arg.eq(rin), bad.eq(0), qerr.eq(0), werr.eq(0), idx.eq(0),
-                                 bi.eq(0), lo.eq(0), b.eq(0), acked.eq(0)]
+                                 bi.eq(0), lo.eq(0), b.eq(0), acked.eq(0), pairs.eq(0)]
                     arg_check(m, rin, rin.mode != AttendMode.PREFILL_TILE, sm_ok, G, self.max_list,
                               status=st, done=done)
             list_states(m, rd, list_base=self.list_base, arg=arg, hdr=hdr, idx=idx, bad=bad,
@@ -340,6 +345,8 @@ class TileUnit(wiring.Component):
                 m.next = "IDLE"
             with m.State("CHUNK"):
                 offer(m, self.chunk, "Q_REQ")
+                with m.If(self.chunk.ready):
+                    m.d.sync += pairs.eq(1)
             slot_pass("Q", True)
             with m.State("Q_OUT"):
                 m.d.comb += self.q.valid.eq(1)
@@ -348,26 +355,27 @@ class TileUnit(wiring.Component):
                     with m.If(h == arg.heads - 1):
                         m.next = "Q_RX"
                         with m.If(idx == hdr.tokens):
-                            m.next = "PAIRS"
-            with m.State("PAIRS"):
-                m.d.comb += [self.desc.valid.eq(~dsent), self.blocks.valid.eq(~bsent)]
-                d_ok = dsent | self.desc.ready
-                b_ok = bsent | self.blocks.ready
-                with m.If(self.desc.ready):
-                    m.d.sync += dsent.eq(1)
-                with m.If(self.blocks.valid & self.blocks.ready):
-                    m.d.sync += [bsent.eq(1), st.blocks.eq(st.blocks + 1)]
-                with m.If(d_ok & b_ok):
-                    m.d.sync += [dsent.eq(0), bsent.eq(0), b.eq(b + 1)]
-                    with m.If(tlast):
-                        m.d.sync += [b.eq(0), lo.eq(lo + QT)]
-                    with m.If(rlast):
-                        m.next = "ROWS"
-            with m.State("ROWS"), m.If(acked == nrows):
+                            m.next = "ROWS"
+            with m.State("ROWS"), m.If(~pairs & (acked == nrows)):
                 m.d.sync += [st.records.eq(st.records + ~qerr),
                              st.bad_list.eq(st.bad_list + qerr),
                              st.write_errors.eq(st.write_errors + werr)]
                 m.d.comb += done.eq(1)
                 m.next = "IDLE"
+        # ---- the pairs, beside the rows ------------------------------------------------------
+        with m.If(pairs):
+            m.d.comb += [self.desc.valid.eq(~dsent), self.blocks.valid.eq(~bsent)]
+            d_ok = dsent | self.desc.ready
+            b_ok = bsent | self.blocks.ready
+            with m.If(self.desc.ready):
+                m.d.sync += dsent.eq(1)
+            with m.If(self.blocks.valid & self.blocks.ready):
+                m.d.sync += [bsent.eq(1), st.blocks.eq(st.blocks + 1)]
+            with m.If(d_ok & b_ok):
+                m.d.sync += [dsent.eq(0), bsent.eq(0), b.eq(b + 1)]
+                with m.If(tlast):
+                    m.d.sync += [b.eq(0), lo.eq(lo + QT)]
+                with m.If(rlast):
+                    m.d.sync += pairs.eq(0)
         m.d.comb += self.busy.eq(~self.rec.ready)
         return m

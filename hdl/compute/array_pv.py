@@ -57,7 +57,11 @@ class ArrayPV(wiring.Component):
     ``head_dim``); lanes : keys per step (a multiple of ``keys``); group : the arrays' group
     (a multiple of ``lanes`` dividing ``max_block``, whose packed P·V sums split exactly:
     ``pv_pack_shift(group) ≤ pack_shift(group)``); chain, dsp : the arrays' lane sums;
-    own_arrays : as :class:`~.array_score.ArrayScore`.
+    own_arrays : as :class:`~.array_score.ArrayScore`; p_format : :data:`~mcf.abi.attn_tile.P8`
+    (``w8`` rows, the default) or :data:`~mcf.abi.attn_tile.PV_W` (today's ``w``: each channel
+    group's dot product once per byte, ``j`` = 0, 1, 2, the bytes' exact sums added as
+    ``Σ 2^(8j)·acc_j`` into :func:`~mcf.abi.attn_tile.pv_w_acc_bits`-bit sums — today's bits,
+    :data:`~mcf.abi.attn_tile.PV_LIMBS` times the steps).
 
     Members
     -------

@@ -69,7 +69,9 @@ class TileSoftmax(wiring.Component):
     ----------
     keys : keys per beat (per cycle); head_dim : sets ``acc``'s width and ``q_multiplier``;
     max_block : keys of the longest row (a multiple of ``keys``); slots : row buffers;
-    out_depth : the output FIFO (≥ 6; pass 3 issues a beat only with room for it).
+    out_depth : the output FIFO (≥ 6; pass 3 issues a beat only with room for it);
+    p_format : :data:`~mcf.abi.attn_tile.P8` (the default) or :data:`~mcf.abi.attn_tile.PV_W`
+    (below).
 
     Members
     -------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -134,7 +135,7 @@ def resources(top, name: str, *, ports=None, uram: bool = False,
     stat = _run(text, name, opts, abc9)
     design = stat.get("design") or next(iter(stat["modules"].values()))
     counts = _counts(design.get("num_cells_by_type", {}))
-    out = {k: int(-(-counts[k] // 1)) for k in RESOURCE_KEYS}
+    out = {k: math.ceil(v) for k, v in counts.items()}
     result.write_text(json.dumps(out))
     return out
 

@@ -1,7 +1,6 @@
 """amaranth.sim pieces the compute-engine tests share (tests/test_gemm_engine.py,
 tests/test_vector_unit.py, tests/test_tp_node_ops.py): a blob cut into beats, the output sink
-that ends by reading the status counters, a whole GEMM engine run, and a GEMM engine on shared
-arrays (:class:`mcf.hdl.compute.gemm_shared.SharedGemm`, re-exported)."""
+that ends by reading the status counters and a whole GEMM engine run."""
 
 from __future__ import annotations
 
@@ -10,9 +9,6 @@ from amaranth.hdl import Value
 from amaranth.sim import Simulator
 
 from mcf.abi.compute import GEMM_STATUS
-from mcf.hdl.compute.gemm_shared import SharedGemm
-
-__all__ = ["SharedGemm", "beats", "data_last", "sink", "run_gemm_engine"]
 
 
 def beats(blob: bytes, nbytes: int) -> list[int]:

@@ -14,7 +14,6 @@ import pytest
 from amaranth import Elaboratable, Module, Value
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
-from engine_sim import SharedGemm
 from test_array_pv import v_words
 from test_gemm_engine import SHAPES4, golden, job_results, job_streams, random_case
 from test_tile_attend import check, chunk, run, run_at_full_rate, score_inputs, stimulus
@@ -25,6 +24,7 @@ from mcf.abi.attn_tile import P8, PV_W, merge_out_layout, score_row_beat_layout
 from mcf.abi.kv import KV_SCALE
 from mcf.golden.attention_tiled import attend_tiled_rows
 from mcf.hdl.compute.array_attend import ArrayAttention
+from mcf.hdl.compute.gemm_shared import SharedGemm
 
 
 def v_blocks(dut, q_pos, blocks, q_tile):
@@ -136,8 +136,8 @@ def test_qkv_rate_today_w():
 
 class GemmAndAttention(Elaboratable):
     """A GEMM engine and an ArrayAttention on one set of arrays: the engine is client 0 of a
-    three-client ArrayShare (:class:`engine_sim.SharedGemm`), ArrayScore and ArrayPV clients 1
-    and 2."""
+    three-client ArrayShare (:class:`~mcf.hdl.compute.gemm_shared.SharedGemm`), ArrayScore and
+    ArrayPV clients 1 and 2."""
 
     def __init__(self, gemm_kw, att_kw):
         self.g = SharedGemm(clients=3, **gemm_kw)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_sim import SharedGemm, beats, run_gemm_engine
+from engine_sim import beats, run_gemm_engine
 
 from mcf.abi.compute import (
     GemmJob,
@@ -17,6 +17,7 @@ from mcf.abi.compute import (
 from mcf.abi.quant import ACT, ACT_FRAC
 from mcf.golden.gemm import gemm
 from mcf.hdl.compute.gemm import GemmEngine
+from mcf.hdl.compute.gemm_shared import SharedGemm
 from mcf.quant import QuantWeight, gemm_tile_blob, gemm_x_blob
 
 ROWS, LANES, GROUP = 4, 4, 8

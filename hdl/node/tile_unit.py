@@ -264,9 +264,9 @@ class TileUnit(wiring.Component):
                      bp.addr.eq(er0.data.addr), bp.tokens.eq(er0.data.tokens),
                      bp.pos0.eq(er0.data.pos0), bp.last.eq(rlast), bp.k_only.eq(0)]
         dsent, bsent = Signal(), Signal()
-        pairs = Signal()            # the pairs are being sent (beside the rows: TileQuery
-        #                             holds two query tiles, so a tile's rows wait for the
-        #                             descriptors of the tile two before)
+        # the (query tile, block) pairs are being sent, beside the rows: TileQuery holds two
+        # query tiles, so a tile's rows wait for the descriptors of the tile two before
+        pairs = Signal()
         acked = Signal(range(self.max_rows + 1))
         with m.If(wr.row_done):
             m.d.sync += [acked.eq(acked + 1), werr.eq(werr | wr.row_err)]

@@ -21,7 +21,8 @@ from test_tile_merge import scheduled
 from tile_sim import feeder, merged_rows
 
 from mcf.abi.attn_tile import P8, PV_W, merge_out_layout, score_row_beat_layout
-from mcf.abi.kv import KV_SCALE
+from mcf.abi.kv import KV_SCALE, AttnMode
+from mcf.golden.attention import State
 from mcf.golden.attention_tiled import attend_tiled_rows
 from mcf.hdl.compute.array_attend import ArrayAttention
 from mcf.hdl.compute.gemm_shared import SharedGemm
@@ -82,6 +83,51 @@ def test_qkv_chunk_today_w(per_channel, g):
     got, _ = run(dut, rows, v_blocks(dut, q_pos, blocks, q_tile), idle=0.25, stall=0.4,
                  seed=7 + g + per_channel, qk=qk)
     check(got, expect, len(q))
+
+
+def today_w_chunk(per_channel, g):
+    """:func:`test_qkv_chunk_today_w`'s chunk and its inputs (V scales filling ``w``'s three
+    bytes)."""
+    rng = np.random.default_rng(100 + 10 * per_channel + g)
+    d, keys, q_tile = 16, 4, 16
+    lens = [32, 32, 32] if per_channel else [32, 34, 30]
+    q, sq, blocks, q_pos = chunk(rng, lens, 72 // g, g, d, per_channel)
+    blocks = [replace(b, sv=rng.integers(1 << 12, KV_SCALE.max_int + 1, len(b.sv)))
+              for b in blocks]
+    rows, _ = stimulus(q, sq, blocks, q_pos, q_tile, keys, d)
+    return rng, q, sq, blocks, q_pos, rows
+
+
+@pytest.mark.parametrize("per_channel,g", [(False, 2), (True, 6)])
+def test_qkv_chunk_two_phase(per_channel, g):
+    """The two-phase modes on the arrays in today's ``w``, rows of both modes in one stream:
+    MAX rows give :func:`attend_tiled_rows`' ``"max"`` maxima (``l``, ``o`` 0); FIXED rows
+    against given maxima give its ``"fixed"`` states — the wrapped exact sums of
+    :func:`mcf.golden.attention.attend_fixed` — with the maxima of a quarter of the rows
+    lowered (keys above it: ``p = 1``, counted in ``err_fixed`` as the golden counts them);
+    the FIXED rows differ from SINGLE's (the test tells the modes apart)."""
+    rng, q, sq, blocks, q_pos, rows = today_w_chunk(per_channel, g)
+    d, keys, lanes, q_tile, mb = 16, 4, 4, 16, 48
+    m_max = attend_tiled_rows(q, sq, blocks, q_pos, "max", q_tile=q_tile, array=True)
+    m_fix = m_max + rng.integers(0, 3 << 8, len(q))
+    low = rng.permutation(len(q))[:len(q) // 4]
+    m_fix[low] -= 3 << 8
+    fixed, bad = attend_tiled_rows(q, sq, blocks, q_pos, "fixed", m_fix=m_fix, q_tile=q_tile,
+                                   array=True)
+    assert bad > 0
+    single = attend_tiled_rows(q, sq, blocks, q_pos, "single", q_tile=q_tile)
+    assert not np.array_equal(fixed.l, single.l)
+    for mode, expect, n_bad in ((AttnMode.MAX, State(m_max, np.zeros_like(m_max),
+                                                     np.zeros_like(fixed.o)), 0),
+                                (AttnMode.FIXED, fixed, bad)):
+        qk = score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, mb, mode=mode,
+                          m_fix=m_fix)
+        dut = ArrayAttention(keys=keys, head_dim=d, lanes=lanes, max_block=mb, rows=q_tile,
+                             array_rows=8, p_format=PV_W)
+        got, tr = run(dut, rows, v_blocks(dut, q_pos, blocks, q_tile), idle=0.25, stall=0.4,
+                      seed=3 + g + per_channel, qk=qk, probes=[dut.softmax.err_fixed])
+        check(got, expect, len(q))
+        assert tr["probes"] == [n_bad]
 
 
 @pytest.mark.parametrize("d,lanes,nk,n_blocks,n_tok,array_rows", [(16, 4, 64, 3, 8, 8),

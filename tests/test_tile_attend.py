@@ -72,11 +72,13 @@ def stimulus(q, sq, blocks, q_pos, q_tile, keys, d):
     return rows, vblocks
 
 
-def score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, max_block):
+def score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, max_block, mode=None,
+                 m_fix=None):
     """TileScore's inputs in :func:`tile_schedule`'s order: per (query tile, block) the block's K
     words (key tile by key tile, ``lanes`` channels each, padding keys 0, word ``n`` carrying
     the scales of keys ``n·keys ..``) and per row one query beat per key tile (per-channel K:
-    the query folded by the tile's group header; ``visible`` from the causal mask)."""
+    the query folded by the tile's group header; ``visible`` from the causal mask; with
+    ``mode`` (:class:`mcf.abi.kv.AttnMode`) every row's ``mode`` and ``m_fix[row]``)."""
     R = qk_tile_keys(keys, d, lanes)
     steps = d // lanes
     klay = k_word_layout(keys, d, lanes, max_block, q_tile)
@@ -118,16 +120,19 @@ def score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, max_block):
                 qbeats.append(qlay.const({
                     "q": [int(v) for v in qf], "scale_m": int(sf[0]), "scale_e": int(sf[1]),
                     "visible": vis, "row": x - int(tile[0]), "first": tags[j][0],
-                    "final": tags[j][1]}).as_bits())
+                    "final": tags[j][1],
+                    **({} if mode is None else
+                       {"mode": mode, "m_fix": 0 if m_fix is None else int(m_fix[x])})
+                    }).as_bits())
     return kblocks, qbeats
 
 
-def run(dut, rows, vblocks, idle=0.0, stall=0.0, seed=0, qk=None):
+def run(dut, rows, vblocks, idle=0.0, stall=0.0, seed=0, qk=None, probes=()):
     """Returns the emitted rows' ``(row in the chunk, m, l, o)`` and the cycles of the score
     beats taken, the count of cycles the score stream's ``ready`` was low under a valid beat,
     and the outputs. ``qk = (kblocks, qbeats)`` (a :class:`TileAttention`): K and the query
     beats go in instead of the score rows, which are then watched inside, between TileScore
-    and TileAttend."""
+    and TileAttend. ``probes``: signals read at the end (``"probes"``, their values)."""
     d = dut.head_dim
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -146,13 +151,13 @@ def run(dut, rows, vblocks, idle=0.0, stall=0.0, seed=0, qk=None):
                  (dut.k, [b for bl in qk[0] for b in bl]), (dut.q, qk[1])]
         s_port = dut.score.o
     sink, seen = taking_sink(dut.o, s_port, len(finals), np.random.default_rng(seed + 11),
-                             stall)
+                             stall, probes=probes)
     for n, (port, beats) in enumerate(feeds):
         sim.add_testbench(feeder(port, beats, seed + 7 * n, idle), background=True)
     sim.add_testbench(sink)
     sim.run()
     return merged_rows(seen.bits, finals, olay, d, dut.rows), {
-        "take": seen.take, "wait": seen.wait, "out": seen.out}
+        "take": seen.take, "wait": seen.wait, "out": seen.out, "probes": seen.probes}
 
 
 def chunk(rng, lens, n_tok, g, d, per_channel):

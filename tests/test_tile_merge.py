@@ -11,8 +11,17 @@ import pytest
 from amaranth.sim import Simulator
 from tile_sim import taking_sink
 
-from mcf.abi.attn_tile import P8, merge_in_layout, merge_out_layout, pv_acc_bits, pv_p8_out
+from mcf.abi.attn_tile import (
+    P8,
+    PV_W,
+    merge_in_layout,
+    merge_out_layout,
+    pv_acc_bits,
+    pv_p8_out,
+    pv_sum_bits,
+)
 from mcf.abi.fixed import saturate
+from mcf.abi.kv import AttnMode
 from mcf.abi.quant import ACT
 from mcf.abi.softmax import M_EMPTY, STATE_L, STATE_O
 from mcf.golden.attention import KVChannelCache, random_blocks, random_query
@@ -60,21 +69,25 @@ def schedule(q, sq, blocks, q_pos, q_tile):
     return items
 
 
-def run(dut, items, idle=0.0, stall=0.0, seed=0):
+def run(dut, items, idle=0.0, stall=0.0, seed=0, modes=None):
     """Drive the items; returns ``{tile start + row: (m, l, o)}`` of the emitted rows in
-    order, and the cycles of the inputs taken and of the outputs."""
+    order, and the cycles of the inputs taken and of the outputs. ``modes``: each row's
+    :class:`~mcf.abi.kv.AttnMode` (SINGLE when not given)."""
     d = dut.head_dim
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     rng = np.random.default_rng(seed)
-    ilay, olay = merge_in_layout(d, dut.rows, dut.max_block), merge_out_layout(d, dut.rows)
+    ilay = merge_in_layout(d, dut.rows, dut.max_block, dut.p_format)
+    olay = merge_out_layout(d, dut.rows)
     n_final = sum(it[2] for it in items)
     bases = [it[6] for it in items if it[2]]
+    modes = modes or {}
 
     async def feed(ctx):
         await send(ctx, dut.i, (ilay.const({
             "state": {"m": m, "l": l_sum, "s": sh, "acc": [int(x) for x in acc]},
-            "row": row, "first": first, "final": final}).as_bits()
+            "row": row, "first": first, "final": final,
+            "mode": modes.get(row, AttnMode.SINGLE)}).as_bits()
             for row, first, final, m, l_sum, (sh, acc), _ in items), rng, idle)
 
     sink, seen = taking_sink(dut.o, dut.i, n_final, np.random.default_rng(seed + 1), stall)
@@ -166,6 +179,49 @@ def test_edge_states():
         em, el, eo = expect[row]
         assert (m, l_sum) == (int(em), int(el))
         np.testing.assert_array_equal(o, eo)
+
+
+def test_two_phase_states():
+    """``p_format = PV_W``, hand-made block states of rows in the three modes interleaved:
+    FIXED rows (every block's ``m`` the row's ``m_fix``, ``acc`` at the ends of 256 keys' 32
+    bits, ``l_b`` up to 2^31) sum ``l`` and ``o`` with 32-bit wrap-around — the two-phase
+    combine :func:`mcf.abi.softmax.sum_states`, not the online merge, whose saturation gives
+    other bits here; MAX rows keep the largest ``m`` (``M_EMPTY`` blocks too) with ``l``, ``o``
+    0; a SINGLE row beside them is the online merge (``merge_state``)."""
+    from mcf.abi.softmax import merge_state, sum_states
+    d, rng = 8, np.random.default_rng(12)
+    amax = (1 << (pv_sum_bits(256, PV_W) - 1)) - 1
+    big = np.array([amax, -amax - 1, amax, -amax - 1, 5, -5, 0, 1])
+    zero = np.zeros(d, dtype=np.int64)
+    fix = [(-300, int(rng.integers(0, 1 << 31)), big) for _ in range(4)]
+    modes = {0: AttnMode.FIXED, 1: AttnMode.MAX, 2: AttnMode.SINGLE, 3: AttnMode.FIXED}
+    seq = {0: fix, 1: [(M_EMPTY, 0, zero), (40, 9, big), (-(1 << 30), 3, -big - 1)],
+           2: [(40, 1 << 16, big[:] // (1 << 12)), (100, 5 << 16, -big // (1 << 12))],
+           3: [(1 << 20, 7, big), (1 << 20, 1 << 24, -big - 1)]}
+    items, expect = [], {}
+    for row, states in seq.items():
+        run_ = None
+        for j, (m, l_sum, acc) in enumerate(states):
+            o = saturate(acc, STATE_O.width, True)
+            b = (m, l_sum, np.asarray(acc, dtype=np.int64))
+            if modes[row] == AttnMode.FIXED:
+                run_ = b if run_ is None else sum_states(run_, b)
+            elif modes[row] == AttnMode.MAX:
+                run_ = (max(m, M_EMPTY if run_ is None else run_[0]), 0, zero)
+            else:
+                run_ = merge_state((M_EMPTY, 0, zero) if run_ is None else run_, (m, l_sum, o))
+            items.append((row, int(j == 0), int(j == len(states) - 1), m, l_sum, (0, acc), 0))
+        expect[row] = run_
+    assert expect[0][1] != min(sum(f[1] for f in fix), (1 << 32) - 1)   # l wrapped
+    items = sorted(items, key=lambda it: (sum(1 for x in items[:items.index(it)]
+                                              if x[0] == it[0]), it[0]))
+    got, _ = run(TileMerge(head_dim=d, rows=4, lanes=4, max_block=256, p_format=PV_W), items,
+                 stall=0.3, seed=4, modes=modes)
+    assert sorted(g[0] for g in got) == [0, 1, 2, 3]
+    for row, m, l_sum, o in got:
+        em, el, eo = expect[row]
+        assert (m, l_sum) == (int(em), int(el)), f"row {row}"
+        np.testing.assert_array_equal(o, eo, err_msg=f"row {row}")
 
 
 @pytest.mark.parametrize("d,lanes", [(16, 4), (128, 4), (128, 16)])

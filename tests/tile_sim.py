@@ -24,18 +24,20 @@ def feeder(port, beats, seed: int, idle: float):
 class Taken:
     """What a :func:`taking_sink` saw: ``bits`` the output beats taken (raw), ``out`` the cycles
     they were taken, ``take`` the cycles a beat passed on the watched stream and ``wait`` the
-    count of cycles one waited there (valid without ready)."""
+    count of cycles one waited there (valid without ready); ``probes`` the values of the
+    signals asked for, read after the last beat and the quiet cycles."""
     bits: list[int] = field(default_factory=list)
     out: list[int] = field(default_factory=list)
     take: list[int] = field(default_factory=list)
     wait: int = 0
+    probes: list[int] = field(default_factory=list)
 
 
-def taking_sink(out, tap, n: int, rng, stall: float, *, quiet: int = 0):
+def taking_sink(out, tap, n: int, rng, stall: float, *, quiet: int = 0, probes=()):
     """A testbench taking ``n`` beats from the stream ``out`` — its ``ready`` low with
     probability ``stall`` each cycle (drawn from ``rng``) — while watching the stream ``tap``;
-    then ``quiet`` more cycles in which ``out`` must not be valid. Returns the testbench and the
-    :class:`Taken` it fills."""
+    then ``quiet`` more cycles in which ``out`` must not be valid, and the signals ``probes``
+    read. Returns the testbench and the :class:`Taken` it fills."""
     seen = Taken()
 
     async def sink(ctx):
@@ -55,6 +57,7 @@ def taking_sink(out, tap, n: int, rng, stall: float, *, quiet: int = 0):
         for _ in range(quiet):
             await ctx.tick()
             assert not ctx.get(out.valid)
+        seen.probes.extend(ctx.get(p) for p in probes)
 
     return sink, seen
 

@@ -15,6 +15,7 @@ from mcf.abi.attn_tile import (
     k_word_layout,
     qk_acc_bits,
     qk_tile_keys,
+    row_mode_fields,
     score_q_layout,
     score_row_beat_layout,
 )
@@ -58,8 +59,9 @@ class ArrayScore(wiring.Component):
 
     Members
     -------
-    k, q, o : as :class:`~.tile_score.TileScore` (``visible``, ``row``, ``first``, ``final``
-        read from a row's first query beat, the scale from each tile's).
+    k, q, o : as :class:`~.tile_score.TileScore` (``visible``, ``row``, ``first``, ``final``,
+        ``mode``, ``m_fix`` read from a row's first query beat, the scale from each tile's;
+        ``mode`` and ``m_fix`` go out on every beat of the row).
     st : Out(stream.Signature(bank_step_layout(arrays, array_rows, lanes))) — ``own_arrays =
         False`` only: the steps.
     res : In(stream.Signature(bank_result_layout(arrays, array_rows))) — ``own_arrays =
@@ -115,7 +117,7 @@ class ArrayScore(wiring.Component):
         scale_l = data.StructLayout({"m": unsigned(SCALE_MANT_BITS),
                                      "e": signed(SCALE_EXP_BITS)})
         meta_l = data.StructLayout({"row": o.payload.row.shape(), "first": 1, "final": 1,
-                                    "lim": range(self.max_block + 1)})
+                                    "lim": range(self.max_block + 1), **row_mode_fields()})
         qf = QuadFlow(m, A, self.max_rows, self.max_block, meta_l, {"ntiles": range(NT + 1)})
 
         # ---- K banks (TileScore's): words in (tile, chunk) order, the keys' scales per beat --
@@ -145,7 +147,8 @@ class ArrayScore(wiring.Component):
                          wt.en.eq(wq.en)]
         vis = q.payload.visible
         qf.set_meta(m, take & (ft == 0), row=q.payload.row, first=q.payload.first,
-                    final=q.payload.final, lim=Mux(vis < nk, vis, nk))
+                    final=q.payload.final, lim=Mux(vis < nk, vis, nk), mode=q.payload.mode,
+                    m_fix=q.payload.m_fix)
         row_end = ft == f_tiles - 1
         with m.If(take):
             m.d.sync += ft.eq(Mux(row_end, 0, ft + 1))
@@ -252,7 +255,8 @@ class ArrayScore(wiring.Component):
         beat_last = eb == nb - 1
         with m.If(load):
             m.d.sync += [o.valid.eq(1), ol.scale_m.eq(scale_sel.m), ol.scale_e.eq(scale_sel.e),
-                         ol.last.eq(beat_last), o.payload.row.eq(meta_sel.row),
+                         ol.last.eq(beat_last), ol.mode.eq(meta_sel.mode),
+                         ol.m_fix.eq(meta_sel.m_fix), o.payload.row.eq(meta_sel.row),
                          o.payload.first.eq(meta_sel.first), o.payload.final.eq(meta_sel.final)]
             for j in range(K):
                 m.d.sync += [ol.keys[j].acc.eq(keys_sel[j]), ol.keys[j].sk.eq(s_rd.data.sk[j]),

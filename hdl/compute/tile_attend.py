@@ -79,22 +79,24 @@ class TileAttend(wiring.Component):
 def attend_chain(m: Module, s, softmax, pv, merge, tags: int):
     """Score rows on ``s`` (the parent's In member) through ``softmax`` → ``pv`` (its ``p``;
     any P·V stage emitting one :func:`~mcf.abi.attn_tile.pv_out_layout` beat per row, rows in
-    order) → ``merge``'s ``i``, each row's ``row``, ``first``, ``final`` carried beside them in
-    a FIFO of ``tags`` entries (a row's first beat enters only with room for its tag)."""
-    tag_w = len(s.payload.row) + 2
+    order) → ``merge``'s ``i``, each row's ``row``, ``first``, ``final``, ``mode`` carried
+    beside them in a FIFO of ``tags`` entries (a row's first beat enters only with room for its
+    tag)."""
+    tag_w = len(s.payload.row) + 2 + len(s.payload.beat.mode.as_value())
     m.submodules.tag = tag = fifo.SyncFIFOBuffered(width=tag_w, depth=tags)
     sm, mg = softmax, merge
     in_row = Signal()
     room = in_row | tag.w_rdy
     m.d.comb += [sm.i.payload.eq(s.payload.beat), sm.i.valid.eq(s.valid & room),
                  s.ready.eq(sm.i.ready & room),
-                 tag.w_data.eq(Cat(s.payload.row, s.payload.first, s.payload.final)),
+                 tag.w_data.eq(Cat(s.payload.row, s.payload.first, s.payload.final,
+                                   s.payload.beat.mode)),
                  tag.w_en.eq(s.valid & s.ready & ~in_row)]
     with m.If(s.valid & s.ready):
         m.d.sync += in_row.eq(~s.payload.beat.last)
     wiring.connect(m, sm.o, pv.p)
     # a block state meets its row's tag (rows stay in order through both stages)
-    tag_v = Cat(mg.i.payload.row, mg.i.payload.first, mg.i.payload.final)
+    tag_v = Cat(mg.i.payload.row, mg.i.payload.first, mg.i.payload.final, mg.i.payload.mode)
     m.d.comb += [mg.i.payload.state.eq(pv.o.payload), tag_v.eq(tag.r_data),
                  mg.i.valid.eq(pv.o.valid & tag.r_rdy), pv.o.ready.eq(mg.i.ready & tag.r_rdy),
                  tag.r_en.eq(pv.o.valid & mg.i.ready)]

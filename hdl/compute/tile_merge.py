@@ -16,6 +16,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.attn_tile import P8, merge_in_layout, merge_out_layout
+from mcf.abi.kv import AttnMode
 from mcf.abi.softmax import LANE_BITS, M_EMPTY, STATE_L, STATE_M, STATE_O
 
 from .attn_merge import MergeUnit, merge_head_state
@@ -35,9 +36,13 @@ class TileMerge(wiring.Component):
         ``acc``: ``o_b = sat(acc << s)`` is formed here, ``lanes`` channels per cycle; with
         ``p_format = PV_W`` as ArrayPV emits today's ``Σ w·v``, ``s`` 0), the row
         (``0 .. rows−1``), ``first`` (merge into the empty state: the running state is not
-        read) and ``final`` (emit the merged state). A row's blocks come in KV order; rows of
-        a block in any order. Ready in the idle state while no output waits (or it is taken in
-        this cycle).
+        read), ``final`` (emit the merged state) and, with ``p_format = PV_W``, the row's
+        ``mode``: SINGLE merges online; FIXED adds ``l_b`` and ``acc`` into ``l``, ``o`` with
+        32-bit wrap-around (``m`` is the blocks' ``m_fix``) —
+        :func:`mcf.golden.attention.attend_fixed`'s sums; MAX keeps ``m = max(m, m_b)`` with
+        ``l``, ``o`` 0 — :func:`mcf.golden.attention.attend_max`. A row's blocks come in KV
+        order; rows of a block in any order. Ready in the idle state while no output waits (or
+        it is taken in this cycle).
     o : Out(stream.Signature(merge_out_layout(head_dim, rows)))
         After a ``final`` block: the row's merged ``(m, l, o)`` and the row. The payload holds
         until taken.
@@ -57,6 +62,7 @@ class TileMerge(wiring.Component):
         if head_dim % lanes:
             raise ValueError("lanes must divide head_dim")
         self.head_dim, self.rows, self.lanes, self.max_block = head_dim, rows, lanes, max_block
+        self.p_format = p_format
         super().__init__({
             "i": In(stream.Signature(merge_in_layout(head_dim, rows, max_block, p_format))),
             "o": Out(stream.Signature(merge_out_layout(head_dim, rows))),
@@ -108,9 +114,24 @@ class TileMerge(wiring.Component):
             mu.l_run.eq(Mux(blk.first, 0, ml_rd.data.l)), mu.l_blk.eq(blk.state.l),
             mu.o_run.eq(Mux(blk.first, 0, o_rd.data)), mu.o_blk.eq(bword),
             acc_sel.eq(acc_words[cd]),
-            o_wr.addr.eq(blk.row * NB + cd), o_wr.data.eq(mu.o_out),
-            ml_wr.addr.eq(blk.row), ml_wr.data.m.eq(mu.m_new), ml_wr.data.l.eq(mu.l_out),
+            o_wr.addr.eq(blk.row * NB + cd),
+            ml_wr.addr.eq(blk.row), ml_wr.data.m.eq(mu.m_new),
         ]
+        # the word and l written back: the online merge (SINGLE), or with p_format = PV_W
+        # FIXED's wrapped sums and MAX's maximum alone (m: MergeUnit's max of m_run, m_b —
+        # FIXED's blocks all carry m_fix)
+        o_new, l_new = mu.o_out, mu.l_out
+        if self.p_format != P8:
+            o_run = Mux(blk.first, 0, o_rd.data)
+            l_run = Mux(blk.first, 0, ml_rd.data.l)
+            o_fix = Cat(*((o_run[n * LANE_BITS:(n + 1) * LANE_BITS]
+                           + acc_sel[n * AW:(n + 1) * AW].as_signed())[:LANE_BITS]
+                          for n in range(ML)))
+            mode = blk.mode
+            o_new = Mux(mode == AttnMode.FIXED, o_fix, Mux(mode == AttnMode.MAX, 0, mu.o_out))
+            l_new = Mux(mode == AttnMode.FIXED, (l_run + blk.state.l)[:LANE_BITS],
+                        Mux(mode == AttnMode.MAX, 0, mu.l_out))
+        m.d.comb += [o_wr.data.eq(o_new), ml_wr.data.l.eq(l_new)]
         with m.FSM() as fsm:
             with m.State("IDLE"):
                 m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready)
@@ -124,12 +145,12 @@ class TileMerge(wiring.Component):
                 m.d.sync += [vld.eq(c != NB), cd.eq(c), c.eq(Mux(c == NB, NB, c + 1))]
                 with m.If(vld):
                     m.d.comb += o_wr.en.eq(1)
-                    m.d.sync += out_words[cd].eq(mu.o_out)
+                    m.d.sync += out_words[cd].eq(o_new)
                     with m.If(cd == NB - 1):
                         m.d.comb += ml_wr.en.eq(1)
                         with m.If(blk.final):
                             m.d.sync += [self.o.valid.eq(1), out.row.eq(blk.row),
-                                         out.state.m.eq(mu.m_new), out.state.l.eq(mu.l_out)]
+                                         out.state.m.eq(mu.m_new), out.state.l.eq(l_new)]
                         m.next = "IDLE"
         m.d.comb += idle.eq(fsm.ongoing("IDLE"))
         return m

@@ -27,6 +27,7 @@ from mcf.abi.kv import (
     QM_SHIFT,
     SCORE_SHIFT_BASE,
     SCORE_SHIFT_MAX,
+    AttnMode,
     q_multiplier,
     score_const,
 )
@@ -101,9 +102,13 @@ class TileSoftmax(wiring.Component):
     beat on ``o`` (``o.ready`` high): passes 1 and 2 of a row end before pass 3 starts.
 
     ``p_format = PV_W``: pass 3 emits today's ``w`` as it is (``s`` = 0), for P·V in bytes
-    on the arrays (:class:`~.array_pv.ArrayPV` with the same ``p_format``) — today's bits.
-
-    FIXED mode (the global maximum given) is not in this component.
+    on the arrays (:class:`~.array_pv.ArrayPV` with the same ``p_format``) — today's bits —
+    and the rows' ``mode`` counts (:func:`~mcf.abi.attn_tile.row_mode_fields`, read on a
+    row's last beat): a FIXED row takes its ``m_fix`` for ``m_b`` (so ``p = exp2_neg(max(m_fix
+    − t, 0))`` and ``m`` out is ``m_fix``), and its unmasked keys scoring above ``m_fix`` (bad
+    input: ``p = 1``) are counted in ``err_fixed`` (wraps). SINGLE and MAX rows are alike here
+    (MAX keeps only ``m``, in the merge). ``l`` is exact in every mode (``Σ p < 2^32``). With
+    :data:`~mcf.abi.attn_tile.P8` every row is SINGLE.
     """
 
     LATENCY = 13
@@ -125,6 +130,7 @@ class TileSoftmax(wiring.Component):
             "o": Out(stream.Signature(p8_beat_layout(keys, p_format))),
             "rows": Out(COUNTER_BITS),
             "err_long": Out(COUNTER_BITS),
+            **({} if p_format == P8 else {"err_fixed": Out(COUNTER_BITS)}),
             "busy": Out(1),
         })
 
@@ -220,8 +226,19 @@ class TileSoftmax(wiring.Component):
         m_new = _max([Mux(p4.first, M_EMPTY, m_run), Mux(p4.valid, m_beat, M_EMPTY)])
         m.d.sync += m_run.eq(m_new)
         m.d.comb += score_done.eq(p4.close)
+        m_row = m_new
+        if not p8:
+            # FIXED rows: the given maximum instead of the block's; unmasked keys above it
+            # counted (their d = m_fix − t < 0 is clamped to 0 in pass 2: p = 1)
+            fx2, fx3, fx4 = (Signal(name=f"fx{n}") for n in (2, 3, 4))
+            mf2, mf3, mf4 = (Signal(signed(SW), name=f"mf{n}") for n in (2, 3, 4))
+            m.d.sync += [fx2.eq(p1_in.mode == AttnMode.FIXED), mf2.eq(p1_in.m_fix),
+                         fx3.eq(fx2), mf3.eq(mf2), fx4.eq(fx3), mf4.eq(mf3)]
+            over = [p4.valid & fx4 & ~k4[k].masked & (k4[k].t > mf4) for k in range(K)]
+            m.d.sync += self.err_fixed.eq(self.err_fixed + sum(over))
+            m_row = Mux(fx4, mf4, m_new)
         with m.If(p4.close):
-            m.d.sync += [d_m[p4.slot].eq(m_new), d_nb[p4.slot].eq(p4.nb)]
+            m.d.sync += [d_m[p4.slot].eq(m_row), d_nb[p4.slot].eq(p4.nb)]
             with m.If(p4.long):
                 m.d.sync += self.err_long.eq(self.err_long + 1)
 

@@ -53,7 +53,7 @@ from amaranth.hdl import signed, unsigned
 from amaranth.lib import data
 
 from .fixed import FixedFormat, saturate
-from .kv import ATTN_OUT, KV_ELEM, KV_POS_BITS, KV_SCALE, Q_ELEM, v_weight
+from .kv import ATTN_OUT, KV_ELEM, KV_POS_BITS, KV_SCALE, Q_ELEM, AttnMode, v_weight
 from .quant import GROUP_SIZE, SCALE_EXP_BITS, SCALE_MANT_BITS, bitlen, group_sum_bits, pack_shift
 from .softmax import EXP_FRAC, STATE_L, STATE_M, STATE_O
 
@@ -63,7 +63,7 @@ __all__ = [
     "pv_p8_out", "P8_SHIFT_MAX", "score_beat_layout", "p8_beat_layout", "PV_SHIFT",
     "pv_acc_bits", "v_beat_layout", "tile_state_layout", "merge_in_layout", "merge_out_layout",
     "score_row_beat_layout", "pv_out_layout", "qk_tile_keys", "k_word_layout",
-    "score_q_layout", "kv_rows_layout", "fold_row_layout", "fold_header_layout",
+    "score_q_layout", "row_mode_fields", "kv_rows_layout", "fold_row_layout", "fold_header_layout",
     "chunk_layout", "query_row_layout", "block_desc_layout", "tile_rows_layout",
     "norm_row_layout", "pv_word_layout", "PV_LIMB_BITS", "PV_LIMBS", "w_limbs",
     "pv_w_acc_bits", "pv_sum_bits",
@@ -162,6 +162,16 @@ P8_SHIFT_MAX = W_BITS - P8.width
 """Largest row shift :func:`p8_row_shift` gives (``w_max = W_MAX``: 12)."""
 
 
+def row_mode_fields() -> dict:
+    """A row's softmax mode on its way through the tiled chain (the rows of
+    :func:`mcf.golden.attention_tiled.attend_tiled_rows`' modes): ``mode``
+    (:class:`mcf.abi.kv.AttnMode`: SINGLE — the block maximum, merged online; MAX — only the
+    row's maximum is kept; FIXED — every ``p`` against the given maximum ``m_fix``
+    (:data:`mcf.abi.softmax.SCORE`), exact sums wrapped to 32 bits). MAX and FIXED are defined
+    in :data:`PV_W` only (a stage in :data:`P8` runs every row as SINGLE)."""
+    return {"mode": AttnMode, "m_fix": signed(STATE_M.width)}
+
+
 def score_beat_layout(keys: int, head_dim: int) -> data.StructLayout:
     """A beat of one (query row, KV block) on its way from ``S = Q·Kᵀ`` to the row softmax:
     ``keys`` consecutive keys of the row, each its exact ``acc = Σ q·k``
@@ -171,7 +181,8 @@ def score_beat_layout(keys: int, head_dim: int) -> data.StructLayout:
     (:class:`mcf.abi.quant.Scale`, per-channel K: the folded ``(m', e')`` of the keys' group,
     :func:`mcf.abi.kv.fold_query`) shared by the beat's keys; ``last`` on the row's final beat.
     The key's score is ``score(acc, sk, q_multiplier(scale_m, head_dim),
-    score_shift(scale_e))``."""
+    score_shift(scale_e))``. The row's ``mode`` and ``m_fix`` (:func:`row_mode_fields`) are
+    equal on every beat of the row."""
     key = data.StructLayout({
         "acc": signed(qk_acc_bits(head_dim)),
         "sk": unsigned(KV_SCALE.width),
@@ -182,6 +193,7 @@ def score_beat_layout(keys: int, head_dim: int) -> data.StructLayout:
         "keys": data.ArrayLayout(key, keys),
         "scale_m": unsigned(SCALE_MANT_BITS),
         "scale_e": signed(SCALE_EXP_BITS),
+        **row_mode_fields(),
         "last": unsigned(1),
     })
 
@@ -254,12 +266,14 @@ def merge_in_layout(head_dim: int, rows: int, max_block: int,
                     p_format: FixedFormat = P8) -> data.StructLayout:
     """A block state on its way into the merge (:func:`pv_out_layout`), the row (``0 ..
     rows−1`` of the query tile), ``first`` (the row's first block: merged into the empty
-    state) and ``final`` (its last block: the merged state is emitted)."""
+    state), ``final`` (its last block: the merged state is emitted) and the row's ``mode``
+    (:func:`row_mode_fields`)."""
     return data.StructLayout({
         "state": pv_out_layout(head_dim, max_block, p_format),
         "row": unsigned(max(1, (rows - 1).bit_length())),
         "first": unsigned(1),
         "final": unsigned(1),
+        "mode": AttnMode,
     })
 
 
@@ -318,11 +332,13 @@ def score_q_layout(head_dim: int, max_block: int, rows: int) -> data.StructLayou
     of the tile's keys, :func:`mcf.abi.kv.fold_query`) and its scale ``(scale_m, scale_e)``;
     ``visible``: the keys of the block the row sees (keys ``≥ visible`` are masked — causal
     ``pos > q_pos`` on the diagonal tile; a block's positions increase); the row's place in the
-    query tile ``row``, ``first``, ``final`` (:func:`merge_in_layout`)."""
+    query tile ``row``, ``first``, ``final`` (:func:`merge_in_layout`); its ``mode`` and
+    ``m_fix`` (:func:`row_mode_fields`, read on the row's first beat)."""
     return data.StructLayout({
         "q": data.ArrayLayout(signed(Q_ELEM.width), head_dim),
         "scale_m": unsigned(SCALE_MANT_BITS),
         "scale_e": signed(SCALE_EXP_BITS),
+        **row_mode_fields(),
         "visible": unsigned(int(max_block).bit_length()),
         "row": unsigned(max(1, (rows - 1).bit_length())),
         "first": unsigned(1),

@@ -7,8 +7,10 @@ down to ``--depth`` levels below the node, largest LUT + LUT-RAM first.
 
 ``kr260-tiled`` is the kr260 configuration with the tiled prefill on the GEMM's arrays
 (``tile_keys`` 4, ``tile_lanes`` 16, ``tile_max_chunk`` 256, ``tile_on_gemm``) — what does not
-fit yet, measured to see why. The per-part flow keeps the hierarchy (no ``-flatten``), so its
-LUTs are a few per cent above the flat figure of ``mcf bench node``.
+fit yet, measured to see why; ``kr260-arrays`` adds ``attn_on_arrays`` (every other ATTEND
+on the same arrays: ArrayEngine instead of AttentionEngine). The per-part flow keeps the
+hierarchy (no ``-flatten``), so its LUTs are a few per cent above the flat figure of
+``mcf bench node``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ CONFIGS: dict[str, NodeConfig] = {
     "kr260": KR260,
     "kr260-tiled": replace(KR260, name="kr260_tiled", tile_keys=4, tile_lanes=16,
                            tile_max_chunk=256, tile_on_gemm=True),
+    "kr260-arrays": replace(KR260, name="kr260_arrays", tile_keys=4, tile_lanes=16,
+                            tile_max_chunk=256, tile_on_gemm=True, attn_on_arrays=True),
     "sim": SIM,
 }
 

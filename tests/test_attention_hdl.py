@@ -33,10 +33,15 @@ D, L, G, T, DW = 16, 4, 6, 16, 64
 
 def run_engine(jobs, *, idle=0.0, backpressure=0.0, seed=0, k_override=None, v_override=None,
                max_cycles=200000, n_outputs=None, merge_lanes=None, score_slots=3, cycles=None,
-               kh_words=None, geometry=None, **engine_kw):
+               kh_words=None, geometry=None, make=None, **engine_kw):
+    """``make``: builds another engine with AttentionEngine's streams from ``(head_dim, lanes,
+    max_heads, max_block, data_width)`` (default: AttentionEngine with the other arguments)."""
     d, lanes, g, t = geometry or (D, L, G, T)
-    dut = AttentionEngine(head_dim=d, lanes=lanes, max_heads=g, max_block=t, data_width=DW,
-                          merge_lanes=merge_lanes, score_slots=score_slots, **engine_kw)
+    if make is None:
+        dut = AttentionEngine(head_dim=d, lanes=lanes, max_heads=g, max_block=t, data_width=DW,
+                              merge_lanes=merge_lanes, score_slots=score_slots, **engine_kw)
+    else:
+        dut = make(d, lanes, g, t, DW)
     rng = np.random.default_rng(seed)
     beats = []
     n_expected = (sum(len(expected_ends(j)) for j in jobs) if n_outputs is None

@@ -32,6 +32,7 @@ from mcf.abi.node import CMD
 from mcf.abi.node_config import KR260, SIM, NodeConfig, caps_register
 from mcf.golden.attend_unit import attend_model
 from mcf.golden.attention import random_blocks, random_query
+from mcf.hdl.compute.array_engine import ArrayEngine
 from mcf.hdl.compute.tile_prefill import TilePrefill
 from mcf.hdl.node.attend_split import AttendSplit
 from mcf.hdl.node.compute import NodeCompute
@@ -216,6 +217,10 @@ the GEMM's one 16 × 16 array (``tile_on_gemm``): the kr260's kind of key tile (
 channels per cycle, 32-key tiles, 16-key dot products) on the sim's GEMM."""
 
 
+ARRAYS = replace(SHARE, name="arrays", attn_on_arrays=True)
+"""``SHARE`` with DECODE and PREFILL on the GEMM's array too (ArrayEngine, clients 3 and 4)."""
+
+
 def test_tile_on_gemm_config():
     """``tile_on_gemm`` builds TilePrefill on ArrayAttention without arrays of its own, its S
     and P·V ports the matrix engine's share clients 1 and 2; the sizes it cannot share are
@@ -226,6 +231,11 @@ def test_tile_on_gemm_config():
     assert dut.matrix.clients == 2 and dut.matrix.gemm.share.clients == 3
     assert dut.matrix.gemm.engine.shared and not dut.matrix.gemm.engine.arrays
     assert not NodeCompute(SIM).prefill.arrays and not NodeCompute(SIM).matrix.clients
+    arr = NodeCompute(ARRAYS)
+    assert isinstance(arr.engine, ArrayEngine) and arr.engine.att.share is None
+    assert arr.matrix.clients == 4 and arr.matrix.gemm.share.clients == 5
+    with pytest.raises(ValueError):
+        replace(SIM, attn_on_arrays=True)                       # not without tile_on_gemm
     for bad in ({"attn_head_dim": 64}, {"tile_lanes": 8}, {"gemm_rows": 8, "tile_keys": 16},
                 {"attn_block": 64},
                 {"tile_keys": 0, "tile_max_chunk": 0}):
@@ -234,7 +244,7 @@ def test_tile_on_gemm_config():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cfg", [SIM, SHARE], ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", [SIM, SHARE, ARRAYS], ids=lambda c: c.name)
 def test_node_compute_attend_records(cfg):
     """The sim configuration's NodeCompute (and ``SHARE``'s: its S and P·V on the GEMM's
     array): a 12-token PREFILL_TILE chunk (24 rows over three

@@ -16,6 +16,7 @@ from mcf.abi.attn_tile import (
     fold_header_layout,
     fold_row_layout,
     qk_tile_keys,
+    row_mode_fields,
     score_q_layout,
 )
 from mcf.abi.kv import KV_SCALE, Q_ELEM
@@ -43,7 +44,8 @@ class TileFold(wiring.Component):
     -------
     i : In(stream.Signature(fold_row_layout(head_dim, max_block, rows)))
         A row against a block: the query (not folded), its scale, ``visible``, the tags, the
-        block's ``n`` keys and ``last`` (the block's last row).
+        block's ``n`` keys, ``last`` (the block's last row) and the row's ``mode``, ``m_fix``
+        (passed on with the tags).
     kh : In(stream.Signature(fold_header_layout(fold_lanes))) — ``PER_CHANNEL_K`` only
         Per block its ``ceil(n / 32)`` group headers, ``last`` on the final beat; in the
         blocks' order.
@@ -85,7 +87,7 @@ class TileFold(wiring.Component):
         R = self.tile
         ntiles = Signal(range(self.max_block // R + 2))
         t = Signal.like(ntiles)
-        meta = ("visible", "row", "first", "final")
+        meta = ("visible", "row", "first", "final", "mode", "m_fix")
         if self.kv_format == KVFormat.PER_TOKEN:
             m.d.comb += ntiles.eq((i.payload.n + R - 1) // R)
             m.d.comb += [o.payload.q.eq(i.payload.q), o.payload.scale_m.eq(i.payload.scale_m),
@@ -117,7 +119,7 @@ class TileFold(wiring.Component):
         # ---- the feeder: a row, group by group, to the folds in turn ---------------------------
         mlay = data.StructLayout({"visible": o.payload.visible.shape(),
                                   "row": o.payload.row.shape(), "first": 1, "final": 1,
-                                  "tiles": range(KV_GROUP // R + 1)})
+                                  **row_mode_fields(), "tiles": range(KV_GROUP // R + 1)})
         m.submodules.meta = mq = fifo.SyncFIFOBuffered(width=mlay.size, depth=N + 3)
         cur = Signal(i.payload.shape())
         busy = Signal()
@@ -133,7 +135,8 @@ class TileFold(wiring.Component):
         gtiles = Mux(left >= KV_GROUP, KV_GROUP // R, (left + R - 1) // R)
         mw = Signal(mlay)
         m.d.comb += [mw.visible.eq(cur.visible), mw.row.eq(cur.row), mw.first.eq(cur.first),
-                     mw.final.eq(cur.final), mw.tiles.eq(gtiles), mq.w_data.eq(mw)]
+                     mw.final.eq(cur.final), mw.mode.eq(cur.mode), mw.m_fix.eq(cur.m_fix),
+                     mw.tiles.eq(gtiles), mq.w_data.eq(mw)]
         h_addr = Mux(hr, GM * NB, 0) + g * NB + fc
         m.d.comb += h_rd.addr.eq(h_addr)
         f_rdy = Array(u.i.ready for u in qf)[fw]

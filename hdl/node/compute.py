@@ -27,6 +27,7 @@ from mcf.abi.meta import META
 from mcf.abi.node import CMD
 from mcf.abi.node_config import AXI_WIDTH, PACKET_WIDTH, NodeConfig
 
+from ..compute.array_engine import ArrayEngine
 from ..compute.attention import AttentionEngine
 from ..compute.gemm_top import MatrixEngine
 from ..compute.tile_prefill import TilePrefill
@@ -99,7 +100,11 @@ class NodeCompute(wiring.Component):
     record (``attend_model(..., max_chunk=0)``). With ``config.tile_on_gemm`` TilePrefill's S
     and P·V run on the GEMM's arrays (:class:`~mcf.hdl.compute.array_attend.ArrayAttention`,
     clients 1 and 2 of the matrix engine's :class:`~mcf.hdl.compute.gemm_shared.SharedGemm`),
-    taking turns with the GEMM's dot products; else on arrays of their own.
+    taking turns with the GEMM's dot products; else on arrays of their own. With
+    ``config.attn_on_arrays`` the AttendUnit's engine is
+    :class:`~mcf.hdl.compute.array_engine.ArrayEngine` instead of the vector
+    :class:`~mcf.hdl.compute.attention.AttentionEngine` (the same words: today's ``w`` on the
+    arrays), its S and P·V clients 3 and 4 of the same share.
 
     Latency: each unit's own (their docstrings); the three record streams run concurrently,
     each one record at a time.
@@ -115,15 +120,22 @@ class NodeCompute(wiring.Component):
                                    k_max=c.gemm_k_max, m_max=c.gemm_m_max,
                                    vec_n_max=c.vec_n_max, data_width=AXI_WIDTH,
                                    arrays=c.gemm_arrays, chain=c.gemm_chain, dsp=c.gemm_dsp,
-                                   w_ports=WEIGHT_STRIPES, clients=2 if c.tile_on_gemm else 0)
+                                   w_ports=WEIGHT_STRIPES,
+                                   clients=2 * (c.tile_on_gemm + c.attn_on_arrays))
         self.emitter = EmitUnit(c.attn_head_dim)
         self.attender = AttendUnit(c.attn_head_dim, c.attn_lanes, c.attn_heads, c.attn_block,
                                    max_list=c.attn_max_list, out_width=PACKET_WIDTH,
                                    data_width=AXI_WIDTH)
         self.reader = KvReader(c.attn_head_dim, c.attn_lanes, c.attn_block)
-        self.engine = AttentionEngine(c.attn_head_dim, c.attn_lanes, c.attn_heads,
-                                      c.attn_block, data_width=PACKET_WIDTH,
-                                      kv_format=c.kv_format)
+        if c.attn_on_arrays:
+            self.engine = ArrayEngine(c.attn_head_dim, c.attn_lanes, c.attn_heads, c.attn_block,
+                                      data_width=PACKET_WIDTH, kv_format=c.kv_format,
+                                      keys=c.tile_keys, arr_lanes=c.tile_lanes,
+                                      **self._tile_arrays(c))
+        else:
+            self.engine = AttentionEngine(c.attn_head_dim, c.attn_lanes, c.attn_heads,
+                                          c.attn_block, data_width=PACKET_WIDTH,
+                                          kv_format=c.kv_format)
         if c.tiled:
             self.split = AttendSplit()
             self.tiler = TileUnit(c.attn_head_dim, c.attn_heads, c.attn_block,
@@ -242,11 +254,12 @@ class NodeCompute(wiring.Component):
         for name in ("chunk", "q", "desc"):
             wiring.connect(m, getattr(t, name), getattr(p, name))
         wiring.connect(m, p.o, t.o)
-        if self.config.tile_on_gemm:                 # S, P·V: the GEMM's share clients 1, 2
-            x = self.matrix
-            for n, part in ((1, "score"), (2, "pv")):
-                wiring.connect(m, getattr(p, f"{part}_st"), getattr(x, f"c{n}_st"))
-                wiring.connect(m, getattr(x, f"c{n}_res"), getattr(p, f"{part}_res"))
+        x = self.matrix
+        # S, P·V on the GEMM's share: TilePrefill's clients 1, 2; ArrayEngine's 3, 4
+        users = [p] * 2 * self.config.tile_on_gemm + [g] * 2 * self.config.attn_on_arrays
+        for n, (unit, part) in enumerate(zip(users, ("score", "pv") * 2), start=1):
+            wiring.connect(m, getattr(unit, f"{part}_st"), getattr(x, f"c{n}_st"))
+            wiring.connect(m, getattr(x, f"c{n}_res"), getattr(unit, f"{part}_res"))
         m.d.comb += [s.attend_done.eq(a.done), s.tile_done.eq(t.done),
                      s.attend_status.eq(a.status), s.tile_status.eq(t.status),
                      t.list_base.eq(self.att_list_base)]

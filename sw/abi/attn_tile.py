@@ -376,12 +376,13 @@ def fold_row_layout(head_dim: int, max_block: int, rows: int) -> data.StructLayo
     """A query row against one KV block, for :class:`mcf.hdl.compute.tile_fold.TileFold`: the
     row's INT8 query and scale (**not** folded), ``visible`` and the tags as in
     :func:`score_q_layout`, ``n`` (the block's keys, 1 .. ``max_block``: the row's key tiles
-    and, per-channel K, its 32-key groups) and ``last`` (the block's last row: its group
-    headers are done with)."""
+    and, per-channel K, its 32-key groups), ``last`` (the block's last row: its group
+    headers are done with) and the row's ``mode``, ``m_fix`` (:func:`row_mode_fields`)."""
     return data.StructLayout({
         "q": data.ArrayLayout(signed(Q_ELEM.width), head_dim),
         "scale_m": unsigned(SCALE_MANT_BITS),
         "scale_e": signed(SCALE_EXP_BITS),
+        **row_mode_fields(),
         "visible": unsigned(int(max_block).bit_length()),
         "n": unsigned(int(max_block).bit_length()),
         "row": unsigned(max(1, (rows - 1).bit_length())),

@@ -66,6 +66,9 @@ class NodeConfig:
     tile_max_chunk: int = 0        # TileUnit ``max_chunk``: query tokens per record (a power of 2)
     # S and P·V on the GEMM's arrays (clients of its ArrayShare) instead of arrays of their own
     tile_on_gemm: bool = False
+    # every other ATTEND (DECODE, PREFILL, MAX, FIXED) on the GEMM's arrays too (ArrayEngine,
+    # today's w: the same bits) instead of the vector AttentionEngine; needs tile_on_gemm
+    attn_on_arrays: bool = False
     reduce_slots: int = 12
     kv_count: int = 1 << META["kv_id"].width
     ring_fifo: int = 32
@@ -81,6 +84,9 @@ class NodeConfig:
         elif self.tile_max_chunk or self.tile_on_gemm:
             raise ValueError(f"{self.name}: tile_max_chunk / tile_on_gemm without the tiled path "
                              "(tile_keys 0)")
+        if self.attn_on_arrays and not self.tile_on_gemm:
+            raise ValueError(f"{self.name}: attn_on_arrays shares the GEMM's arrays as the tiled "
+                             "path does (tile_on_gemm)")
 
     def _check_tile(self):
         """The tiled path's sizes against its parts' rules: TilePrefill reads the KV reader's

@@ -85,6 +85,29 @@ def test_qkv_chunk_today_w(per_channel, g):
     check(got, expect, len(q))
 
 
+@pytest.mark.parametrize("per_channel,g", [(False, 2), (True, 6)])
+def test_p8_rows_on_the_today_w_chain(per_channel, g):
+    """One chain for both formats: rows with ``p8`` on ArrayAttention built for today's ``w``
+    (``PV_W``) give the P8 rows (``attend_tiled_rows(..., p_format=P8, array=True)``), the
+    others today's — query tiles of either kind in one stream, and the two kinds' rows differ
+    on this chunk (the test tells them apart)."""
+    rng, q, sq, blocks, q_pos, rows = today_w_chunk(per_channel, g)
+    d, keys, lanes, q_tile, mb = 16, 4, 4, 16, 48
+    p8_gold = attend_tiled_rows(q, sq, blocks, q_pos, "single", p_format=P8, q_tile=q_tile,
+                                array=True)
+    w_gold = attend_tiled_rows(q, sq, blocks, q_pos, "single", q_tile=q_tile, array=True)
+    assert not np.array_equal(p8_gold.o, w_gold.o)
+    p8 = (np.arange(len(q)) // q_tile) % 2 == 0            # every other query tile in P8
+    expect = State(np.where(p8, p8_gold.m, w_gold.m), np.where(p8, p8_gold.l, w_gold.l),
+                   np.where(p8[:, None], p8_gold.o, w_gold.o))
+    qk = score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, mb, p8=p8)
+    dut = ArrayAttention(keys=keys, head_dim=d, lanes=lanes, max_block=mb, rows=q_tile,
+                         array_rows=8, p_format=PV_W)
+    got, _ = run(dut, rows, v_blocks(dut, q_pos, blocks, q_tile), idle=0.2, stall=0.3,
+                 seed=11 + g, qk=qk)
+    check(got, expect, len(q))
+
+
 def today_w_chunk(per_channel, g):
     """:func:`test_qkv_chunk_today_w`'s chunk and its inputs (V scales filling ``w``'s three
     bytes)."""

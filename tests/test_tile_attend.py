@@ -73,12 +73,13 @@ def stimulus(q, sq, blocks, q_pos, q_tile, keys, d):
 
 
 def score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, max_block, mode=None,
-                 m_fix=None):
+                 m_fix=None, p8=None):
     """TileScore's inputs in :func:`tile_schedule`'s order: per (query tile, block) the block's K
     words (key tile by key tile, ``lanes`` channels each, padding keys 0, word ``n`` carrying
     the scales of keys ``n·keys ..``) and per row one query beat per key tile (per-channel K:
     the query folded by the tile's group header; ``visible`` from the causal mask; with
-    ``mode`` (:class:`mcf.abi.kv.AttnMode`) every row's ``mode`` and ``m_fix[row]``)."""
+    ``mode`` (:class:`mcf.abi.kv.AttnMode`) every row's ``mode`` and ``m_fix[row]``; ``p8``:
+    ``p8[row]``, the row's P·V in P8 on a PV_W chain)."""
     R = qk_tile_keys(keys, d, lanes)
     steps = d // lanes
     klay = k_word_layout(keys, d, lanes, max_block, q_tile)
@@ -122,7 +123,8 @@ def score_inputs(q, sq, blocks, q_pos, q_tile, keys, d, lanes, max_block, mode=N
                     "visible": vis, "row": x - int(tile[0]), "first": tags[j][0],
                     "final": tags[j][1],
                     **({} if mode is None else
-                       {"mode": mode, "m_fix": 0 if m_fix is None else int(m_fix[x])})
+                       {"mode": mode, "m_fix": 0 if m_fix is None else int(m_fix[x])}),
+                    **({} if p8 is None else {"p8": int(p8[x])}),
                     }).as_bits())
     return kblocks, qbeats
 

@@ -61,7 +61,8 @@ class ArrayPV(wiring.Component):
     (``w8`` rows, the default) or :data:`~mcf.abi.attn_tile.PV_W` (today's ``w``: each channel
     group's dot product once per byte, ``j`` = 0, 1, 2, the bytes' exact sums added as
     ``Σ 2^(8j)·acc_j`` into :func:`~mcf.abi.attn_tile.pv_w_acc_bits`-bit sums — today's bits,
-    :data:`~mcf.abi.attn_tile.PV_LIMBS` times the steps).
+    :data:`~mcf.abi.attn_tile.PV_LIMBS` times the steps; a quad whose rows carry ``p8`` runs
+    byte 0 only: its ``w8``, P8's steps and sums, ``s`` passed on).
 
     Members
     -------
@@ -128,7 +129,9 @@ class ArrayPV(wiring.Component):
         p, o = self.p, self.o
         meta_l = data.StructLayout({"m": p.payload.m.shape(), "l": p.payload.l.shape(),
                                     "s": p.payload.s.shape()})
-        qf = QuadFlow(m, A, self.max_rows, self.max_block, meta_l)
+        # PV_W: a quad in P8 (its rows' p8: the tiled prefill) takes byte 0 only
+        qf = QuadFlow(m, A, self.max_rows, self.max_block, meta_l,
+                      {"p8": 1} if J > 1 else None)
 
         # ---- V banks: words in arrival order, (key step, channel group) -----------------------
         wlay = data.ArrayLayout(data.ArrayLayout(signed(KV_ELEM.width), L), AR)
@@ -155,14 +158,14 @@ class ArrayPV(wiring.Component):
         qf.set_meta(m, take & (fbeat == 0), m=p.payload.m, l=p.payload.l, s=p.payload.s)
         with m.If(take):
             m.d.sync += fbeat.eq(Mux(p.payload.last, 0, fbeat + 1))
-        qf.fill(m, take, p.payload.last)
+        qf.fill(m, take, p.payload.last, **({"p8": p.payload.p8} if J > 1 else {}))
 
         # ---- issue: per channel group and byte of w, the block's key steps (whole groups) -----
         cg = Signal(range(CG))
         jb = Signal(range(max(J, 2)))                       # the byte of w (PV_W), else 0
         ks = Signal(range(KS))
         tag_l = data.StructLayout({"qh": 1, "sh": 1, "cg": range(max(CG, 2)),
-                                   "j": range(max(J, 2)), "qlast": 1})
+                                   "j": range(max(J, 2)), "jlast": 1, "qlast": 1})
         m.submodules.tags = tags = fifo.SyncFIFOBuffered(width=tag_l.size, depth=8)
         qi = qf.qinfo[qf.ih]
         nbeats = Signal(range(self.max_block // K + 1))     # P beats of a row
@@ -173,7 +176,8 @@ class ArrayPV(wiring.Component):
         adv, go = Signal(), Signal()
         m.d.comb += [adv.eq(~st.valid | st.ready), go.eq(adv & qf.issuing & tags.w_rdy)]
         dend = ks == nsteps - 1
-        jend = dend & (jb == J - 1)
+        jlast = (jb == J - 1) | qi.p8 if J > 1 else 1
+        jend = dend & jlast
         qend = jend & (cg == CG - 1)
         g_reg, l_reg = Signal(), Signal()
         j_reg = Signal.like(jb)
@@ -187,6 +191,7 @@ class ArrayPV(wiring.Component):
                      st.payload.w.eq(v_rd.data), st.payload.glast.eq(g_reg),
                      st.payload.last.eq(l_reg), st.payload.ua.eq(1),
                      tag_w.qh.eq(qf.ih), tag_w.sh.eq(qf.ish), tag_w.cg.eq(cg), tag_w.j.eq(jb),
+                     tag_w.jlast.eq(jlast),
                      tag_w.qlast.eq(qend), tags.w_en.eq(go & dend), tags.w_data.eq(tag_w)]
         for r in range(AR):
             m.d.comb += st.payload.scale[r].eq(1)
@@ -236,7 +241,7 @@ class ArrayPV(wiring.Component):
                 sums = tot
             m.d.comb += [wo.addr.eq(at(tag.sh, CG, tag.cg)),
                          wo.data.eq(Cat(*[x.as_unsigned()[:CB] for x in sums])),
-                         wo.en.eq(got & (tag.j == J - 1))]
+                         wo.en.eq(got & tag.jlast)]
         with m.If(got & tag.qlast):
             qf.resulted(m, tag.qh, tag.sh)
             qi_r = qf.qinfo[tag.qh]

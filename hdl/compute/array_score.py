@@ -60,8 +60,8 @@ class ArrayScore(wiring.Component):
     Members
     -------
     k, q, o : as :class:`~.tile_score.TileScore` (``visible``, ``row``, ``first``, ``final``,
-        ``mode``, ``m_fix`` read from a row's first query beat, the scale from each tile's;
-        ``mode`` and ``m_fix`` go out on every beat of the row).
+        ``mode``, ``m_fix``, ``p8`` read from a row's first query beat, the scale from each
+        tile's; ``mode``, ``m_fix``, ``p8`` go out on every beat of the row).
     st : Out(stream.Signature(bank_step_layout(arrays, array_rows, lanes))) — ``own_arrays =
         False`` only: the steps.
     res : In(stream.Signature(bank_result_layout(arrays, array_rows))) — ``own_arrays =
@@ -148,7 +148,7 @@ class ArrayScore(wiring.Component):
         vis = q.payload.visible
         qf.set_meta(m, take & (ft == 0), row=q.payload.row, first=q.payload.first,
                     final=q.payload.final, lim=Mux(vis < nk, vis, nk), mode=q.payload.mode,
-                    m_fix=q.payload.m_fix)
+                    m_fix=q.payload.m_fix, p8=q.payload.p8)
         row_end = ft == f_tiles - 1
         with m.If(take):
             m.d.sync += ft.eq(Mux(row_end, 0, ft + 1))
@@ -256,7 +256,8 @@ class ArrayScore(wiring.Component):
         with m.If(load):
             m.d.sync += [o.valid.eq(1), ol.scale_m.eq(scale_sel.m), ol.scale_e.eq(scale_sel.e),
                          ol.last.eq(beat_last), ol.mode.eq(meta_sel.mode),
-                         ol.m_fix.eq(meta_sel.m_fix), o.payload.row.eq(meta_sel.row),
+                         ol.m_fix.eq(meta_sel.m_fix), ol.p8.eq(meta_sel.p8),
+                         o.payload.row.eq(meta_sel.row),
                          o.payload.first.eq(meta_sel.first), o.payload.final.eq(meta_sel.final)]
             for j in range(K):
                 m.d.sync += [ol.keys[j].acc.eq(keys_sel[j]), ol.keys[j].sk.eq(s_rd.data.sk[j]),

@@ -44,8 +44,8 @@ class TileFold(wiring.Component):
     -------
     i : In(stream.Signature(fold_row_layout(head_dim, max_block, rows)))
         A row against a block: the query (not folded), its scale, ``visible``, the tags, the
-        block's ``n`` keys, ``last`` (the block's last row) and the row's ``mode``, ``m_fix``
-        (passed on with the tags).
+        block's ``n`` keys, ``last`` (the block's last row) and the row's ``mode``, ``m_fix``,
+        ``p8`` (passed on with the tags).
     kh : In(stream.Signature(fold_header_layout(fold_lanes))) — ``PER_CHANNEL_K`` only
         Per block its ``ceil(n / 32)`` group headers, ``last`` on the final beat; in the
         blocks' order.
@@ -87,7 +87,7 @@ class TileFold(wiring.Component):
         R = self.tile
         ntiles = Signal(range(self.max_block // R + 2))
         t = Signal.like(ntiles)
-        meta = ("visible", "row", "first", "final", "mode", "m_fix")
+        meta = ("visible", "row", "first", "final", "mode", "m_fix", "p8")
         if self.kv_format == KVFormat.PER_TOKEN:
             m.d.comb += ntiles.eq((i.payload.n + R - 1) // R)
             m.d.comb += [o.payload.q.eq(i.payload.q), o.payload.scale_m.eq(i.payload.scale_m),
@@ -136,6 +136,7 @@ class TileFold(wiring.Component):
         mw = Signal(mlay)
         m.d.comb += [mw.visible.eq(cur.visible), mw.row.eq(cur.row), mw.first.eq(cur.first),
                      mw.final.eq(cur.final), mw.mode.eq(cur.mode), mw.m_fix.eq(cur.m_fix),
+                     mw.p8.eq(cur.p8),
                      mw.tiles.eq(gtiles), mq.w_data.eq(mw)]
         h_addr = Mux(hr, GM * NB, 0) + g * NB + fc
         m.d.comb += h_rd.addr.eq(h_addr)

@@ -107,8 +107,9 @@ class TileSoftmax(wiring.Component):
     row's last beat): a FIXED row takes its ``m_fix`` for ``m_b`` (so ``p = exp2_neg(max(m_fix
     − t, 0))`` and ``m`` out is ``m_fix``), and its unmasked keys scoring above ``m_fix`` (bad
     input: ``p = 1``) are counted in ``err_fixed`` (wraps). SINGLE and MAX rows are alike here
-    (MAX keeps only ``m``, in the merge). ``l`` is exact in every mode (``Σ p < 2^32``). With
-    :data:`~mcf.abi.attn_tile.P8` every row is SINGLE.
+    (MAX keeps only ``m``, in the merge). ``l`` is exact in every mode (``Σ p < 2^32``). A row
+    with ``p8`` (SINGLE) goes out in P8 (its shift and ``w8``, ``p8`` set on its beats). With
+    :data:`~mcf.abi.attn_tile.P8` every row is SINGLE and P8.
     """
 
     LATENCY = 13
@@ -161,6 +162,7 @@ class TileSoftmax(wiring.Component):
         d_m = Array(Signal(signed(SW), name=f"d_m{j}") for j in range(S))
         d_l = Array(Signal(STATE_L.width, name=f"d_l{j}") for j in range(S))
         d_s = Array(Signal(range(P8_SHIFT_MAX + 1), name=f"d_s{j}") for j in range(S))
+        d_p8 = Array(Signal(name=f"d_p8{j}") for j in range(S))   # PV_W stage: the row in P8
         used = Signal(range(S + 1))            # slots taken by rows not yet read by pass 3
         scored = Signal(range(S + 1))          # rows waiting for pass 2
         weighted = Signal(range(S + 1))        # rows waiting for pass 3
@@ -237,6 +239,11 @@ class TileSoftmax(wiring.Component):
             over = [p4.valid & fx4 & ~k4[k].masked & (k4[k].t > mf4) for k in range(K)]
             m.d.sync += self.err_fixed.eq(self.err_fixed + sum(over))
             m_row = Mux(fx4, mf4, m_new)
+            # a row in P8 on this PV_W stage (the row's p8): its shift and w8 in passes 2, 3
+            q82, q83, q84 = (Signal(name=f"q8{n}") for n in (2, 3, 4))
+            m.d.sync += [q82.eq(p1_in.p8), q83.eq(q82), q84.eq(q83)]
+            with m.If(p4.close):
+                m.d.sync += d_p8[p4.slot].eq(q84)
         with m.If(p4.close):
             m.d.sync += [d_m[p4.slot].eq(m_row), d_nb[p4.slot].eq(p4.nb)]
             with m.If(p4.long):
@@ -279,8 +286,8 @@ class TileSoftmax(wiring.Component):
         m.d.comb += weigh_done.eq(fin)
         with m.If(fin):
             m.d.sync += d_l[fslot].eq(sat(l_acc, STATE_L.width, False))
-            if p8:
-                m.d.sync += d_s[fslot].eq(Mux(bl > P8.width, bl - P8.width, 0))
+            shift = Mux(bl > P8.width, bl - P8.width, 0)
+            m.d.sync += d_s[fslot].eq(shift if p8 else Mux(d_p8[fslot], shift, 0))
 
         # ---- pass 3: w8 = quantize_p8(w, s) into the output FIFO ------------------------------
         # issued only with room in the FIFO for every beat in flight: the pipeline never stalls
@@ -290,11 +297,12 @@ class TileSoftmax(wiring.Component):
         m.d.comb += [w_rd.addr.eq(slot3 * MB + beat3), free.eq(iss3 & last3)]
         q1, q2 = Signal(olay), Signal(olay)        # q1: the record (w8 unused); q2: the beat
         m.d.sync += [q1_v.eq(iss3), q1.last.eq(last3), q1.m.eq(d_m[slot3]), q1.l.eq(d_l[slot3]),
-                     q1.s.eq(d_s[slot3]), q2_v.eq(q1_v),
-                     q2.m.eq(q1.m), q2.l.eq(q1.l), q2.s.eq(q1.s), q2.last.eq(q1.last)]
+                     q1.s.eq(d_s[slot3]), q1.p8.eq(1 if p8 else d_p8[slot3]), q2_v.eq(q1_v),
+                     q2.m.eq(q1.m), q2.l.eq(q1.l), q2.s.eq(q1.s), q2.p8.eq(q1.p8),
+                     q2.last.eq(q1.last)]
         for k in range(K):
-            m.d.sync += q2.w8[k].eq(sat(round_shift_var(w_rd.data[k], q1.s, P8_SHIFT_MAX),
-                                        P8.width, False) if p8 else w_rd.data[k])
+            w8 = sat(round_shift_var(w_rd.data[k], q1.s, P8_SHIFT_MAX), P8.width, False)
+            m.d.sync += q2.w8[k].eq(w8 if p8 else Mux(q1.p8, w8, w_rd.data[k]))
         m.d.comb += [ofifo.w_data.eq(q2), ofifo.w_en.eq(q2_v),
                      self.busy.eq((used != 0) | q1_v | q2_v | (ofifo.level != 0))]
         return m

@@ -168,8 +168,10 @@ def row_mode_fields() -> dict:
     (:class:`mcf.abi.kv.AttnMode`: SINGLE — the block maximum, merged online; MAX — only the
     row's maximum is kept; FIXED — every ``p`` against the given maximum ``m_fix``
     (:data:`mcf.abi.softmax.SCORE`), exact sums wrapped to 32 bits). MAX and FIXED are defined
-    in :data:`PV_W` only (a stage in :data:`P8` runs every row as SINGLE)."""
-    return {"mode": AttnMode, "m_fix": signed(STATE_M.width)}
+    in :data:`PV_W` only (a stage in :data:`P8` runs every row as SINGLE). ``p8``: on stages
+    built for :data:`PV_W`, the row's P·V in :data:`P8` instead (SINGLE; the tiled prefill on
+    the chain the engine's jobs use) — a stage built for :data:`P8` runs every row so."""
+    return {"mode": AttnMode, "m_fix": signed(STATE_M.width), "p8": unsigned(1)}
 
 
 def score_beat_layout(keys: int, head_dim: int) -> data.StructLayout:
@@ -213,13 +215,15 @@ def p8_beat_layout(keys: int, p_format: FixedFormat = P8) -> data.StructLayout:
     beat of the row: the block maximum ``m`` (:data:`mcf.abi.softmax.STATE_M`, ``M_EMPTY`` if
     every key is masked), ``l = Σ p`` (:data:`mcf.abi.softmax.STATE_L`), the row shift ``s``
     (``o_b = (Σ w8·v) · 2^s``, :func:`pv_p8_out`); ``last`` on the row's final beat. With
-    ``p_format = PV_W`` the ``w8`` fields carry today's ``w`` (20 bits) and ``s`` is 0."""
+    ``p_format = PV_W`` the ``w8`` fields carry today's ``w`` (20 bits) and ``s`` is 0 — or,
+    with ``p8`` (the row's, :func:`row_mode_fields`), the row's ``w8`` and ``s``."""
     pv_sum_bits(1, p_format)
     return data.StructLayout({
         "w8": data.ArrayLayout(unsigned(p_format.width), keys),
         "m": signed(STATE_M.width),
         "l": unsigned(STATE_L.width),
         "s": unsigned(P8_SHIFT_MAX.bit_length()),
+        "p8": unsigned(1),
         "last": unsigned(1),
     })
 

@@ -218,7 +218,8 @@ channels per cycle, 32-key tiles, 16-key dot products) on the sim's GEMM."""
 
 
 ARRAYS = replace(SHARE, name="arrays", attn_on_arrays=True)
-"""``SHARE`` with DECODE and PREFILL on the GEMM's array too (ArrayEngine, clients 3 and 4)."""
+"""``SHARE`` with DECODE and PREFILL on the GEMM's array too: ArrayEngine on the tiled path's
+chain (in today's ``w``; the chunks' rows in P8)."""
 
 
 def test_tile_on_gemm_config():
@@ -231,9 +232,10 @@ def test_tile_on_gemm_config():
     assert dut.matrix.clients == 2 and dut.matrix.gemm.share.clients == 3
     assert dut.matrix.gemm.engine.shared and not dut.matrix.gemm.engine.arrays
     assert not NodeCompute(SIM).prefill.arrays and not NodeCompute(SIM).matrix.clients
-    arr = NodeCompute(ARRAYS)
-    assert isinstance(arr.engine, ArrayEngine) and arr.engine.att.share is None
-    assert arr.matrix.clients == 4 and arr.matrix.gemm.share.clients == 5
+    arr = NodeCompute(ARRAYS)                     # the engine's jobs on the prefill's chain
+    assert arr.engine is None and isinstance(arr.prefill.engine, ArrayEngine)
+    assert not arr.prefill.engine.inner and arr.prefill.att.pv.limbs == 3
+    assert arr.matrix.clients == 2 and arr.matrix.gemm.share.clients == 3
     with pytest.raises(ValueError):
         replace(SIM, attn_on_arrays=True)                       # not without tile_on_gemm
     for bad in ({"attn_head_dim": 64}, {"tile_lanes": 8}, {"gemm_rows": 8, "tile_keys": 16},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from amaranth import Elaboratable, Module
 from amaranth.sim import Simulator
 from test_tile_attend import chunk
 from tile_sim import feeder, taking_sink
@@ -139,10 +140,23 @@ def prefill_inputs(q, sq, blocks, pos, g, q_tile, d, in_lanes, mb, fl):
     return ins
 
 
+class Selected(Elaboratable):
+    """A TilePrefill built with the engine (``engine_width``) on its chunk's path (``sel``)."""
+
+    def __init__(self, dut):
+        self.dut = dut
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = self.dut
+        m.d.comb += self.dut.sel.eq(1)
+        return m
+
+
 def run_prefill(dut, ins, n_rows, seed, idle, stall):
     """Returns ``{chunk row: o}`` in the order out, the cycles of the output rows, and those
     the score beats passed from TileScore to TileAttend."""
-    sim = Simulator(dut)
+    sim = Simulator(Selected(dut) if dut.engine is not None else dut)
     sim.add_clock(1e-8)
     olay = norm_row_layout(dut.head_dim, dut.max_rows)
     sink, seen = taking_sink(dut.o, dut.att.score.o, n_rows, np.random.default_rng(seed + 11),
@@ -160,19 +174,21 @@ def check_rows(got, want):
         np.testing.assert_array_equal(o, want[r], err_msg=f"row {r}")
 
 
-@pytest.mark.parametrize("per_channel,g,n_tok,lens,q_tile,arrays", [
-    (False, 2, 14, [16, 16, 12, 8], 8, 0),  # partial diagonal blocks, a tile skips the last block
-    (True, 2, 20, [32, 32, 16], 8, 0),      # per-channel: the open group diagonal, a block dropped
-    (False, 2, 14, [16, 16, 12, 8], 8, 4),  # the same on 4 shared GEMM arrays
-    (True, 2, 20, [32, 32, 16], 8, 2),
+@pytest.mark.parametrize("per_channel,g,n_tok,lens,q_tile,arrays,engine", [
+    (False, 2, 14, [16, 16, 12, 8], 8, 0, 0),  # partial diagonal blocks, a tile skips a block
+    (True, 2, 20, [32, 32, 16], 8, 0, 0),   # per-channel: the open group diagonal, a block dropped
+    (False, 2, 14, [16, 16, 12, 8], 8, 4, 0),  # the same on 4 shared GEMM arrays
+    (True, 2, 20, [32, 32, 16], 8, 2, 0),
+    (False, 2, 14, [16, 16, 12, 8], 8, 4, 64),  # the chain the engine shares (today's w, P8 rows)
 ])
-def test_chunk_bit_exact(per_channel, g, n_tok, lens, q_tile, arrays):
+def test_chunk_bit_exact(per_channel, g, n_tok, lens, q_tile, arrays, engine):
     """A causal chunk at the end of the keys (its diagonal block partial; a query tile wholly
     before the last block: that block is read and dropped, per-channel K its headers too),
     head_dim 16, gaps on every input and backpressure on the output: every row's ``o / l``
     equals ``attend_prefill_tiled(..., p_format=P8, array=True)`` — with S and P·V on arrays
     of their own (TileAttention) and on ``arrays`` GEMM arrays of 8 × 4 taking turns
-    (ArrayAttention, TileKV's V as the arrays' words)."""
+    (ArrayAttention, TileKV's V as the arrays' words); ``engine``: on the chain it shares with
+    ArrayEngine (built in today's ``w``, the chunk's rows in P8 by their ``p8`` flag)."""
     rng = np.random.default_rng(520 + 10 * per_channel + g)
     d, keys, lanes, in_lanes, fl, mb = 16, 4, 4, 8, 4, 32
     q, sq, blocks, q_pos = chunk(rng, lens, n_tok, g, d, per_channel)
@@ -185,7 +201,7 @@ def test_chunk_bit_exact(per_channel, g, n_tok, lens, q_tile, arrays):
     fmt = KVFormat.PER_CHANNEL_K if per_channel else KVFormat.PER_TOKEN
     dut = TilePrefill(keys=keys, head_dim=d, lanes=lanes, in_lanes=in_lanes, max_block=mb,
                       rows=q_tile, max_rows=MAX_ROWS, max_heads=MAX_HEADS, kv_format=fmt,
-                      fold_lanes=fl, arrays=arrays, array_rows=8)
+                      fold_lanes=fl, arrays=arrays, array_rows=8, engine_width=engine)
     ins = prefill_inputs(q, sq, blocks, pos, g, q_tile, d, in_lanes, mb, fl)
     got, _ = run_prefill(dut, ins, len(q), g, 0.25, 0.4)
     check_rows(got, want.reshape(len(q), d))
@@ -197,7 +213,7 @@ def unmasked_macs(q_pos, blocks, q_tile, d):
 
 
 def measure(per_channel, g, n_tok, lens, q_tile, d, lanes, in_lanes, fl, seed, arrays=0,
-            array_rows=16):
+            array_rows=16, engine=0):
     """The chain at full rate (inputs always valid, output always ready): the rows against
     the golden model, the score beats' span, and the chunk's cycles from the first input to
     the last row out against its unmasked MACs. ``arrays``: S and P·V on that many shared
@@ -208,7 +224,8 @@ def measure(per_channel, g, n_tok, lens, q_tile, d, lanes, in_lanes, fl, seed, a
     fmt = KVFormat.PER_CHANNEL_K if per_channel else KVFormat.PER_TOKEN
     dut = TilePrefill(keys=keys, head_dim=d, lanes=lanes, in_lanes=in_lanes, max_block=mb,
                       rows=q_tile, max_rows=MAX_ROWS, max_heads=6, kv_format=fmt,
-                      fold_lanes=fl, arrays=arrays, array_rows=array_rows)
+                      fold_lanes=fl, arrays=arrays, array_rows=array_rows,
+                      engine_width=engine)
     assert len(q) <= dut.max_rows
     ins = prefill_inputs(q, sq, blocks, int(q_pos[0]), g, q_tile, d, in_lanes, mb, fl)
     ins["chunk"] = [chunk_layout(MAX_ROWS, 6).const({"pos": int(q_pos[0]), "rows": len(q),
@@ -242,11 +259,13 @@ def test_chunk_rate(arrays):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arrays", [0, 4])
-def test_kr260_shape_rate(arrays):
+@pytest.mark.parametrize("arrays,engine", [(0, 0), (4, 0), (4, 64)])
+def test_kr260_shape_rate(arrays, engine):
     """Near the kr260 shape (head_dim 128, 16 lanes, the reader's 64 lanes, GQA 6:1, 256-key
     blocks, 64-row query tiles): a 16-token causal chunk (96 rows) at the end of 512 keys, bit
     exact; the score beats one per cycle; the MACs per cycle printed. ``arrays`` 4: S and P·V
-    on the kr260's 4 GEMM arrays of 16 × 16 taking turns."""
-    n_beats, beats = measure(False, 6, 16, [256, 256], 64, 128, 16, 64, 16, 540, arrays)
+    on the kr260's 4 GEMM arrays of 16 × 16 taking turns; ``engine``: on the chain ArrayEngine
+    shares (today's ``w``, the chunk in P8)."""
+    n_beats, beats = measure(False, 6, 16, [256, 256], 64, 128, 16, 64, 16, 540, arrays,
+                             engine=engine)
     assert len(beats) == n_beats and beats[-1] - beats[0] + 1 == n_beats

@@ -55,6 +55,10 @@ class ArrayEngine(wiring.Component):
         or cut at ``max_block`` rows: the job still emits), ``blocks`` the kept jobs' blocks.
     score_st, score_res, pv_st, pv_res : ``own_arrays = False`` only — ArrayAttention's client
         ports, for the GEMM's arrays.
+    rows, tk, tv, blk, merged, err_max : ``inner = False`` only — the chain outside (shared
+        with the tiled prefill, :class:`~.tile_prefill.TilePrefill` ``engine``): the rows for
+        its TileFold, the K/V beats and block rows for its TileKV, its merged rows back, its
+        TileSoftmax's ``err_fixed``.
 
     Parameters beyond AttentionEngine's: ``keys`` (keys per score beat), ``arr_lanes``,
     ``arrays``, ``array_rows``, ``chain``, ``dsp``, ``own_arrays`` (the arrays', as
@@ -74,7 +78,7 @@ class ArrayEngine(wiring.Component):
                  merge_lanes: int = 4, kv_format: KVFormat = KVFormat.PER_TOKEN,
                  keys: int = 4, arr_lanes: int = 16, arrays: int = 4, array_rows: int = 16,
                  chain: int = 1, dsp: str = "fabric", own_arrays: bool = True,
-                 slots: int = 4, tags: int = 16, out_lanes: int = 4):
+                 slots: int = 4, tags: int = 16, out_lanes: int = 4, inner: bool = True):
         if KVFormat(kv_format) != KVFormat.PER_TOKEN:
             raise ValueError("the engine on the arrays takes PER_TOKEN K")
         if data_width % LANE_BITS:
@@ -84,14 +88,18 @@ class ArrayEngine(wiring.Component):
         G, T = max_heads, max_block
         self.front = QueryFront(head_dim, lanes, G, T)
         self.feed = KVFeed(head_dim, lanes, G, T)
-        self.kv = TileKV(keys=keys, head_dim=head_dim, lanes=arr_lanes, in_lanes=lanes,
-                         max_block=T, max_rows=G, pv_words=(array_rows, arr_lanes))
-        self.fold = TileFold(keys=keys, head_dim=head_dim, lanes=arr_lanes, max_block=T, rows=G)
-        self.att = ArrayAttention(keys=keys, head_dim=head_dim, lanes=arr_lanes, max_block=T,
-                                  rows=G, slots=slots, merge_lanes=merge_lanes, tags=tags,
-                                  arrays=arrays, array_rows=array_rows, chain=chain, dsp=dsp,
-                                  own_arrays=own_arrays, p_format=PV_W)
         self.out = StateOut(head_dim, out_lanes, G, data_width, out_fifo_depth)
+        self.inner = inner
+        if inner:
+            self.kv = TileKV(keys=keys, head_dim=head_dim, lanes=arr_lanes, in_lanes=lanes,
+                             max_block=T, max_rows=G, pv_words=(array_rows, arr_lanes))
+            self.fold = TileFold(keys=keys, head_dim=head_dim, lanes=arr_lanes, max_block=T,
+                                 rows=G)
+            self.att = ArrayAttention(keys=keys, head_dim=head_dim, lanes=arr_lanes,
+                                      max_block=T, rows=G, slots=slots,
+                                      merge_lanes=merge_lanes, tags=tags, arrays=arrays,
+                                      array_rows=array_rows, chain=chain, dsp=dsp,
+                                      own_arrays=own_arrays, p_format=PV_W)
         members = {
             "job": In(stream.Signature(attn_job_layout(G))),
             "q": In(stream.Signature(q_beat_layout(lanes))),
@@ -100,16 +108,24 @@ class ArrayEngine(wiring.Component):
             "o": Out(stream.Signature(beat_layout(data_width))),
             "status": Out(attn_status_layout()),
         }
-        if not own_arrays:
+        if not inner:
+            beat = stream.Signature(kv_beat_layout(lanes))
+            members.update({
+                "rows": self.front.signature.members["rows"],
+                "tk": Out(beat), "tv": Out(beat),
+                "blk": self.feed.signature.members["blk"],
+                "merged": self.out.signature.members["i"],
+                "err_max": In(32),
+            })
+        elif not own_arrays:
             for name in ("score_st", "score_res", "pv_st", "pv_res"):
                 members[name] = self.att.signature.members[name]
         super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
-        fr, fd, kv, fo, at, out = self.front, self.feed, self.kv, self.fold, self.att, self.out
-        m.submodules.front, m.submodules.feed, m.submodules.kv = fr, fd, kv
-        m.submodules.fold, m.submodules.att, m.submodules.out = fo, at, out
+        fr, fd, out = self.front, self.feed, self.out
+        m.submodules.front, m.submodules.feed, m.submodules.out = fr, fd, out
         wiring.connect(m, wiring.flipped(self.job), fr.job)
         wiring.connect(m, wiring.flipped(self.q), fr.q)
         wiring.connect(m, wiring.flipped(self.k), fd.k)
@@ -117,17 +133,28 @@ class ArrayEngine(wiring.Component):
         jobs = [via_fifo(m, "kjobs", fr.kjob, fd.kjob, 2),
                 via_fifo(m, "vjobs", fr.vjob, fd.vjob, 4),
                 via_fifo(m, "ojobs", fr.ojob, out.ojob, 4)]
-        wiring.connect(m, fd.tk, kv.k)
-        wiring.connect(m, fd.tv, kv.v)
-        wiring.connect(m, fd.blk, kv.blk)
         wiring.connect(m, fd.blocks, fr.blocks)
-        wiring.connect(m, fr.rows, fo.i)
-        wiring.connect(m, fo.o, at.q)
-        wiring.connect(m, kv.kw, at.k)
-        wiring.connect(m, kv.vw, at.v)
-        wiring.connect(m, at.o, out.i)
         wiring.connect(m, out.o, wiring.flipped(self.o))
+        if self.inner:
+            kv, fo, at = self.kv, self.fold, self.att
+            m.submodules.kv, m.submodules.fold, m.submodules.att = kv, fo, at
+            wiring.connect(m, fd.tk, kv.k)
+            wiring.connect(m, fd.tv, kv.v)
+            wiring.connect(m, fd.blk, kv.blk)
+            wiring.connect(m, fr.rows, fo.i)
+            wiring.connect(m, fo.o, at.q)
+            wiring.connect(m, kv.kw, at.k)
+            wiring.connect(m, kv.vw, at.v)
+            wiring.connect(m, at.o, out.i)
+            err_max = at.softmax.err_fixed
+        else:
+            for src, dst in ((fd.tk, self.tk), (fd.tv, self.tv), (fd.blk, self.blk),
+                             (fr.rows, self.rows)):
+                wiring.connect(m, src, wiring.flipped(dst))
+            wiring.connect(m, wiring.flipped(self.merged), out.i)
+            err_max = self.err_max
         if "score_st" in self.signature.members:
+            at = self.att
             for name in ("score_st", "pv_st"):
                 wiring.connect(m, getattr(at, name), wiring.flipped(getattr(self, name)))
             for name in ("score_res", "pv_res"):
@@ -137,7 +164,7 @@ class ArrayEngine(wiring.Component):
         m.d.sync += [st.jobs.eq(st.jobs + out.job), st.blocks.eq(st.blocks + fd.block),
                      st.err_rows.eq(st.err_rows + fd.err),
                      st.err_job.eq(st.err_job + fr.err_job)]
-        m.d.comb += [st.err_max.eq(at.softmax.err_fixed),
+        m.d.comb += [st.err_max.eq(err_max),
                      st.busy.eq(fr.busy | fd.busy | out.busy
                                 | sum(f.r_rdy for f in jobs).bool())]
         return m

@@ -14,6 +14,8 @@ from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.attn_tile import (
+    P8,
+    PV_W,
     block_desc_layout,
     chunk_layout,
     fold_header_layout,
@@ -24,6 +26,8 @@ from mcf.abi.kv import kv_beat_layout
 from mcf.abi.kv_channel import KVFormat
 
 from .array_attend import ArrayAttention
+from .array_engine import ArrayEngine
+from .chain_share import share_chain
 from .tile_attend import TileAttention
 from .tile_fold import TileFold
 from .tile_kv import TileKV
@@ -68,6 +72,14 @@ class TilePrefill(wiring.Component):
 
     ``query_ram``: TileQuery's ``ram_style`` (``"ultra"``: the row memory in URAM288).
 
+    ``engine_width`` (with ``arrays``, PER_TOKEN K; default 0: none): the chain also runs
+    :class:`~.attention.AttentionEngine`'s jobs — an :class:`~.array_engine.ArrayEngine`
+    without a chain of its own inside (its ``job``, ``q``, ``o``, ``status`` as ``ejob``,
+    ``eq``, ``eo``, ``estatus``, payload beats ``engine_width`` bits wide; its K and V from
+    ``k``, ``v``), ArrayAttention in today's ``w`` with this chunk's rows in P8 (their ``p8``)
+    — the same bits as either alone. ``sel`` (In(1), stable while a record runs): the chunk's
+    path (1) or the engine's (0) (:func:`~.chain_share.share_chain`).
+
     Rate: the arrays' — one score beat (``keys`` keys: ``2·keys·head_dim`` QKᵀ + P·V MACs) per
     cycle while TileFold, TileKV and the row stages keep up (their docstrings); measured in
     ``tests/test_tile_prefill.py``. Latency: TileQuery's, TileFold's, TileAttention's and
@@ -80,7 +92,7 @@ class TilePrefill(wiring.Component):
                  folds: int = 3, slots: int = 4, merge_lanes: int = 4, norm_lanes: int = 4,
                  rows_fifo: int = 4, dsp: str = "model", query_ram: str = "block",
                  arrays: int = 0, array_rows: int = 16, chain: int = 1,
-                 own_arrays: bool = True):
+                 own_arrays: bool = True, engine_width: int = 0):
         self.keys, self.head_dim, self.rows, self.max_rows = keys, head_dim, rows, max_rows
         self.kv_format, self.rows_fifo = KVFormat(kv_format), rows_fifo
         self.query = TileQuery(head_dim=head_dim, max_block=max_block, rows=rows,
@@ -91,6 +103,14 @@ class TilePrefill(wiring.Component):
         self.kv = TileKV(keys=keys, head_dim=head_dim, lanes=lanes, in_lanes=in_lanes,
                          max_block=max_block, max_rows=rows, rows_fifo=rows_fifo,
                          pv_words=(array_rows, lanes) if arrays else None)
+        self.engine = None
+        if engine_width:
+            if not arrays or self.kv_format != KVFormat.PER_TOKEN:
+                raise ValueError("the engine shares the chain on arrays, PER_TOKEN K")
+            # AttentionEngine's jobs on this chain (chain_share), its words engine_width wide
+            self.engine = ArrayEngine(head_dim, in_lanes, max_heads, max_block,
+                                      data_width=engine_width, keys=keys, arr_lanes=lanes,
+                                      inner=False)
         if arrays:
             # S and P·V on the GEMM's kind of arrays, taking turns (:class:`ArrayAttention`)
             self.att = ArrayAttention(keys=keys, head_dim=head_dim, lanes=lanes,
@@ -98,7 +118,8 @@ class TilePrefill(wiring.Component):
                                       merge_lanes=merge_lanes, arrays=arrays,
                                       array_rows=array_rows, chain=chain,
                                       dsp="fabric" if dsp == "model" and chain == 1 else dsp,
-                                      own_arrays=own_arrays)
+                                      own_arrays=own_arrays,
+                                      p_format=PV_W if engine_width else P8)
         else:
             self.att = TileAttention(keys=keys, head_dim=head_dim, lanes=lanes,
                                      max_block=max_block, rows=rows, slots=slots,
@@ -117,6 +138,10 @@ class TilePrefill(wiring.Component):
         if arrays and not own_arrays:
             for name in ("score_st", "score_res", "pv_st", "pv_res"):
                 members[name] = self.att.signature.members[name]
+        if self.engine is not None:
+            em = self.engine.signature.members
+            members.update({"ejob": em["job"], "eq": em["q"], "eo": em["o"],
+                            "estatus": em["status"], "sel": In(1)})
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -126,9 +151,21 @@ class TilePrefill(wiring.Component):
         m.submodules.att, m.submodules.norm = at, nz
         for name in ("chunk", "q", "desc"):
             wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(qs, name))
-        wiring.connect(m, wiring.flipped(self.k), kv.k)
-        wiring.connect(m, wiring.flipped(self.v), kv.v)
-        wiring.connect(m, qs.o, fd.i)
+        e = self.engine
+        if e is None:
+            wiring.connect(m, wiring.flipped(self.k), kv.k)
+            wiring.connect(m, wiring.flipped(self.v), kv.v)
+            wiring.connect(m, qs.o, fd.i)
+            wiring.connect(m, at.o, nz.i)
+        else:
+            m.submodules.engine = e
+            for mine, its in (("ejob", "job"), ("eq", "q")):
+                wiring.connect(m, wiring.flipped(getattr(self, mine)), getattr(e, its))
+            wiring.connect(m, e.o, wiring.flipped(self.eo))
+            m.d.comb += [self.estatus.eq(e.status), e.err_max.eq(at.softmax.err_fixed)]
+            share_chain(m, self.sel, k=wiring.flipped(self.k), v=wiring.flipped(self.v),
+                        query_rows=qs.o, query_blk=qs.kv, fold_in=fd.i, kv=kv,
+                        att_out=at.o, norm_in=nz.i, engine=e)
         wiring.connect(m, fd.o, at.q)
         wiring.connect(m, kv.kw, at.k)
         wiring.connect(m, kv.vw if self.arrays else kv.vb, at.v)
@@ -137,13 +174,12 @@ class TilePrefill(wiring.Component):
                 wiring.connect(m, getattr(at, name), wiring.flipped(getattr(self, name)))
             for name in ("score_res", "pv_res"):
                 wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(at, name))
-        wiring.connect(m, at.o, nz.i)
 
         # ---- a block's row count to TileKV and (per-channel K) to the header filter ----------
         per_channel = self.kv_format == KVFormat.PER_CHANNEL_K
         rw = len(qs.tile.payload.rows)
-        m.d.comb += kv.blk.payload.eq(qs.kv.payload)
         if per_channel:
+            m.d.comb += kv.blk.payload.eq(qs.kv.payload)
             m.submodules.hq = hq = fifo.SyncFIFOBuffered(width=1, depth=self.rows_fifo)
             m.d.comb += [kv.blk.valid.eq(qs.kv.valid & hq.w_rdy),
                          qs.kv.ready.eq(kv.blk.ready & hq.w_rdy),
@@ -153,7 +189,7 @@ class TilePrefill(wiring.Component):
             m.d.comb += [fd.kh.payload.eq(kh.payload), fd.kh.valid.eq(kh.valid & hq.r_rdy & ~drop),
                          kh.ready.eq(hq.r_rdy & (drop | fd.kh.ready)),
                          hq.r_en.eq(kh.valid & kh.ready & kh.payload.last)]
-        else:
+        elif e is None:
             wiring.connect(m, qs.kv, kv.blk)
 
         # ---- the rows' place in the chunk ----------------------------------------------------

@@ -27,7 +27,6 @@ from mcf.abi.meta import META
 from mcf.abi.node import CMD
 from mcf.abi.node_config import AXI_WIDTH, PACKET_WIDTH, NodeConfig
 
-from ..compute.array_engine import ArrayEngine
 from ..compute.attention import AttentionEngine
 from ..compute.gemm_top import MatrixEngine
 from ..compute.tile_prefill import TilePrefill
@@ -101,10 +100,11 @@ class NodeCompute(wiring.Component):
     and P·V run on the GEMM's arrays (:class:`~mcf.hdl.compute.array_attend.ArrayAttention`,
     clients 1 and 2 of the matrix engine's :class:`~mcf.hdl.compute.gemm_shared.SharedGemm`),
     taking turns with the GEMM's dot products; else on arrays of their own. With
-    ``config.attn_on_arrays`` the AttendUnit's engine is
-    :class:`~mcf.hdl.compute.array_engine.ArrayEngine` instead of the vector
-    :class:`~mcf.hdl.compute.attention.AttentionEngine` (the same words: today's ``w`` on the
-    arrays), its S and P·V clients 3 and 4 of the same share.
+    ``config.attn_on_arrays`` the AttendUnit's engine is an
+    :class:`~mcf.hdl.compute.array_engine.ArrayEngine` on TilePrefill's own chain
+    (``engine_width``; the chain in today's ``w``, the chunks' rows in P8; steered by the
+    record in work, like the KV reader) instead of the vector
+    :class:`~mcf.hdl.compute.attention.AttentionEngine`: the same words.
 
     Latency: each unit's own (their docstrings); the three record streams run concurrently,
     each one record at a time.
@@ -120,22 +120,16 @@ class NodeCompute(wiring.Component):
                                    k_max=c.gemm_k_max, m_max=c.gemm_m_max,
                                    vec_n_max=c.vec_n_max, data_width=AXI_WIDTH,
                                    arrays=c.gemm_arrays, chain=c.gemm_chain, dsp=c.gemm_dsp,
-                                   w_ports=WEIGHT_STRIPES,
-                                   clients=2 * (c.tile_on_gemm + c.attn_on_arrays))
+                                   w_ports=WEIGHT_STRIPES, clients=2 if c.tile_on_gemm else 0)
         self.emitter = EmitUnit(c.attn_head_dim)
         self.attender = AttendUnit(c.attn_head_dim, c.attn_lanes, c.attn_heads, c.attn_block,
                                    max_list=c.attn_max_list, out_width=PACKET_WIDTH,
                                    data_width=AXI_WIDTH)
         self.reader = KvReader(c.attn_head_dim, c.attn_lanes, c.attn_block)
-        if c.attn_on_arrays:
-            self.engine = ArrayEngine(c.attn_head_dim, c.attn_lanes, c.attn_heads, c.attn_block,
-                                      data_width=PACKET_WIDTH, kv_format=c.kv_format,
-                                      keys=c.tile_keys, arr_lanes=c.tile_lanes,
-                                      **self._tile_arrays(c))
-        else:
-            self.engine = AttentionEngine(c.attn_head_dim, c.attn_lanes, c.attn_heads,
-                                          c.attn_block, data_width=PACKET_WIDTH,
-                                          kv_format=c.kv_format)
+        # attn_on_arrays: the engine's jobs on TilePrefill's chain (its ArrayEngine)
+        self.engine = None if c.attn_on_arrays else AttentionEngine(
+            c.attn_head_dim, c.attn_lanes, c.attn_heads, c.attn_block, data_width=PACKET_WIDTH,
+            kv_format=c.kv_format)
         if c.tiled:
             self.split = AttendSplit()
             self.tiler = TileUnit(c.attn_head_dim, c.attn_heads, c.attn_block,
@@ -145,7 +139,9 @@ class NodeCompute(wiring.Component):
                                        lanes=c.tile_lanes, in_lanes=c.attn_lanes,
                                        max_block=c.attn_block, rows=ATTEND_TILE_ROWS,
                                        max_rows=self.tiler.max_rows, max_heads=c.attn_heads,
-                                       kv_format=c.kv_format, **self._tile_arrays(c))
+                                       kv_format=c.kv_format,
+                                       engine_width=PACKET_WIDTH if c.attn_on_arrays else 0,
+                                       **self._tile_arrays(c))
         rec = stream.Signature(CMD)
         axi = AXI4Signature(ADDR_BITS, AXI_WIDTH)
         super().__init__({
@@ -177,10 +173,17 @@ class NodeCompute(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        parts = ("walker", "matrix", "emitter", "attender", "reader", "engine")
+        parts = ("walker", "matrix", "emitter", "attender", "reader")
         for name in parts:
             m.submodules[name] = getattr(self, name)
-        w, x, e, a, r, g = (getattr(self, name) for name in parts)
+        w, x, e, a, r = (getattr(self, name) for name in parts)
+        g = self.engine
+        if g is not None:
+            m.submodules.engine = g
+            eng = {"job": g.job, "q": g.q, "o": g.o, "status": g.status}
+        else:                           # ArrayEngine inside TilePrefill, on its chain
+            p = self.prefill
+            eng = {"job": p.ejob, "q": p.eq, "o": p.eo, "status": p.estatus}
 
         # JOB: walker → matrix engine
         wiring.connect(m, wiring.flipped(self.job), w.rec)
@@ -200,13 +203,13 @@ class NodeCompute(wiring.Component):
         tiled = self.config.tiled
         if not tiled:
             wiring.connect(m, wiring.flipped(self.attend), a.rec)
-        wiring.connect(m, a.job, g.job)
-        wiring.connect(m, a.q, g.q)
+        wiring.connect(m, a.job, eng["job"])
+        wiring.connect(m, a.q, eng["q"])
         if not tiled:
             wiring.connect(m, a.blocks, r.blocks)
             wiring.connect(m, r.k, g.k)
             wiring.connect(m, r.v, g.v)
-        wiring.connect(m, g.o, a.o)
+        wiring.connect(m, eng["o"], a.o)
         wiring.connect(m, a.staged, wiring.flipped(self.staged_attn))
         att_done, att_status = self._tiled(m) if tiled else (a.done, a.status)
         m.d.comb += [self.attend_done.eq(att_done), a.list_base.eq(self.att_list_base)]
@@ -223,7 +226,8 @@ class NodeCompute(wiring.Component):
                      self.att_status.eq(att_status), self.kvr_status.eq(r.status),
                      self.dma0_status.eq(x.dma0_status), self.dma1_status.eq(x.dma1_status),
                      self.gemm_status.eq(x.gemm_status), self.vector_status.eq(x.vec_status),
-                     self.attn_status.eq(g.status), self.stripe_status.eq(x.stripe_status)]
+                     self.attn_status.eq(eng["status"]),
+                     self.stripe_status.eq(x.stripe_status)]
 
         # busy cycles: a record is in progress from its transfer to its done strobe
         st = self.cmp_status
@@ -254,18 +258,22 @@ class NodeCompute(wiring.Component):
         for name in ("chunk", "q", "desc"):
             wiring.connect(m, getattr(t, name), getattr(p, name))
         wiring.connect(m, p.o, t.o)
-        x = self.matrix
-        # S, P·V on the GEMM's share: TilePrefill's clients 1, 2; ArrayEngine's 3, 4
-        users = [p] * 2 * self.config.tile_on_gemm + [g] * 2 * self.config.attn_on_arrays
-        for n, (unit, part) in enumerate(zip(users, ("score", "pv") * 2), start=1):
-            wiring.connect(m, getattr(unit, f"{part}_st"), getattr(x, f"c{n}_st"))
-            wiring.connect(m, getattr(x, f"c{n}_res"), getattr(unit, f"{part}_res"))
+        if self.config.tile_on_gemm:                 # S, P·V: the GEMM's share clients 1, 2
+            x = self.matrix
+            for n, part in ((1, "score"), (2, "pv")):
+                wiring.connect(m, getattr(p, f"{part}_st"), getattr(x, f"c{n}_st"))
+                wiring.connect(m, getattr(x, f"c{n}_res"), getattr(p, f"{part}_res"))
         m.d.comb += [s.attend_done.eq(a.done), s.tile_done.eq(t.done),
                      s.attend_status.eq(a.status), s.tile_status.eq(t.status),
                      t.list_base.eq(self.att_list_base)]
         steer(m, s.tiled, a.blocks, t.blocks, wiring.flipped(r.blocks))
-        steer(m, s.tiled, g.k, p.k, wiring.flipped(r.k))
-        steer(m, s.tiled, g.v, p.v, wiring.flipped(r.v))
+        if g is None:                   # one chain: its inputs steered inside TilePrefill
+            wiring.connect(m, r.k, p.k)
+            wiring.connect(m, r.v, p.v)
+            m.d.comb += p.sel.eq(s.tiled)
+        else:
+            steer(m, s.tiled, g.k, p.k, wiring.flipped(r.k))
+            steer(m, s.tiled, g.v, p.v, wiring.flipped(r.v))
         steer(m, s.tiled, a.rd_bus, t.rd_bus, self.m_axi_att_rd)
         steer(m, s.tiled, a.wr_bus, t.wr_bus, self.m_axi_att_wr)
         return s.done, s.status

@@ -43,7 +43,10 @@ class ArrayScore(wiring.Component):
     mantissas 1, so each array returns its row's exact ``acc`` of ``array_rows`` keys.
 
     Buffers: K in two banks of ``max_block`` keys (the next block loads while rows run against
-    the current one; a bank is freed when its last quad has left); two quad buffers for the
+    the current one; a bank is freed when its last quad has left), stored as the dot products'
+    weight words (``array_rows`` keys × ``lanes`` channels): a K word of ``R`` keys is written
+    in ``R / array_rows`` cycles, one sub-tile each (the memory as wide as a step reads, not
+    ``R / array_rows`` times that: block RAM is bound by width here); two quad buffers for the
     query beats (a quad fills while the other is issued; freed at its last result) and two for
     the scores (a quad's results while the other is emitted). Results are never refused: a
     quad is issued only into a free score buffer.
@@ -121,10 +124,22 @@ class ArrayScore(wiring.Component):
         qf = QuadFlow(m, A, self.max_rows, self.max_block, meta_l, {"ntiles": range(NT + 1)})
 
         # ---- K banks (TileScore's): words in (tile, chunk) order, the keys' scales per beat --
-        k_wr, k_rd, s_wr, s_rd = k_banks(m, K, L, R, NW)
-        addr, en = qf.load(m, self.k, k_wr, NW)
-        m.d.comb += [k_wr.data.eq(self.k.payload.k), s_wr.addr.eq(addr), s_wr.en.eq(en),
+        # the words as H sub-tiles of array_rows keys (a dot product's weight word), written
+        # one per cycle: BRAM36 bound by the read width (a step's word), not twice it
+        k_wr, k_rd, s_wr, s_rd = k_banks(m, K, L, AR, NW * H)
+        kin = stream.Signature(self.k.payload.shape()).create()
+        hw = Signal(range(H))                         # the sub-tile written
+        wend = hw == H - 1
+        m.d.comb += [kin.payload.eq(self.k.payload), kin.valid.eq(self.k.valid & wend),
+                     self.k.ready.eq(kin.ready & wend)]
+        addr, _ = qf.load(m, kin, s_wr, NW)           # the scales once per word
+        sub_en = self.k.valid & kin.ready
+        m.d.comb += [k_wr.addr.eq(addr * H + hw), k_wr.en.eq(sub_en),
+                     k_wr.data.eq(self.k.payload.k.as_value().word_select(
+                         hw, AR * L * KV_ELEM.width) if H > 1 else self.k.payload.k),
                      s_wr.data.sk.eq(self.k.payload.sk), s_wr.data.sv.eq(self.k.payload.sv)]
+        with m.If(sub_en):
+            m.d.sync += hw.eq(Mux(wend, 0, hw + 1))
 
         # ---- quad buffers: the query beats of up to A rows, a beat per key tile -------------
         qmems, tscs = [], []
@@ -173,13 +188,12 @@ class ArrayScore(wiring.Component):
         else:
             m.d.comb += nh_end.eq(1)
         qend = dend & nh_end & (it == qi.ntiles - 1)
-        h_reg = Signal.like(ihh)
         c_reg = Signal.like(ic)
         l_reg = Signal()
         with m.If(adv):
-            m.d.sync += [st.valid.eq(go), h_reg.eq(ihh), c_reg.eq(ic), l_reg.eq(dend)]
+            m.d.sync += [st.valid.eq(go), c_reg.eq(ic), l_reg.eq(dend)]
         tag_w = Signal(tag_l)
-        m.d.comb += [k_rd.en.eq(adv), k_rd.addr.eq(at(qi.bank, NW, it * S + ic)),
+        m.d.comb += [k_rd.en.eq(adv), k_rd.addr.eq(at(qi.bank, NW, it * S + ic) * H + ihh),
                      st.payload.glast.eq(l_reg), st.payload.last.eq(l_reg),
                      tag_w.qh.eq(qf.ih), tag_w.sh.eq(qf.ish), tag_w.t.eq(it), tag_w.h.eq(ihh),
                      tag_w.qlast.eq(qend), tags.w_en.eq(go & dend), tags.w_data.eq(tag_w)]
@@ -191,9 +205,7 @@ class ArrayScore(wiring.Component):
                     m.d.sync += [ihh.eq(0), it.eq(it + 1)]
                     with m.If(qend):
                         qf.issued(m)
-        kbits = k_rd.data.as_value()
-        sub = AR * L * KV_ELEM.width
-        m.d.comb += [st.payload.w.eq(kbits.word_select(h_reg, sub) if H > 1 else kbits),
+        m.d.comb += [st.payload.w.eq(k_rd.data.as_value()),     # the step's sub-tile
                      st.payload.ua.eq(0)]
         for r in range(AR):
             m.d.comb += st.payload.scale[r].eq(1)

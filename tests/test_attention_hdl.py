@@ -12,6 +12,7 @@ from amaranth.sim import Simulator
 from mcf.abi.kv import AttnMode, to_act
 from mcf.abi.kv_channel import KVFormat
 from mcf.golden.attention import KVChannelBlock, attend_fixed, attend_max, random_query
+from mcf.hdl.compute.array_engine import ArrayEngine
 from mcf.hdl.compute.attention import AttentionEngine
 from mcf.sim.benches.attention_common import (
     Job,
@@ -120,60 +121,78 @@ def check(jobs, **kw):
 S, MX, FX = AttnMode.SINGLE, AttnMode.MAX, AttnMode.FIXED
 
 
-@pytest.mark.parametrize("merge_lanes", [1, L])
-def test_decode_states_gqa_unequal_and_empty_shards(merge_lanes):
+def array_engine(d, lanes, g, t, dw):
+    """:class:`~mcf.hdl.compute.array_engine.ArrayEngine` — the same streams and words on the
+    arrays — in the small geometry, on 4 arrays of 8 keys × 4 lanes (16-key tiles)."""
+    return ArrayEngine(head_dim=d, lanes=lanes, max_heads=g, max_block=t, data_width=dw,
+                       keys=4, arr_lanes=4, arrays=4, array_rows=8)
+
+
+ENGINES = pytest.mark.parametrize("make", [None, array_engine], ids=["vector", "arrays"])
+"""The tests both engines pass with the same words (``make`` of :func:`run_engine`)."""
+
+
+@pytest.mark.parametrize("merge_lanes,make", [(1, None), (L, None), (None, array_engine)],
+                         ids=["vector1", f"vector{L}", "arrays"])
+def test_decode_states_gqa_unequal_and_empty_shards(merge_lanes, make):
     jobs = make_jobs(1, D, T, [
         (S, 6, [16, 3, 9], {}),
         (S, 2, [], {}),                       # empty shard
         (S, 2, [1], {}),
         (S, 1, [16, 16], {"peaked": True}),
     ])
-    status = check(jobs, idle=0.2, backpressure=0.3, seed=1, merge_lanes=merge_lanes)
+    status = check(jobs, idle=0.2, backpressure=0.3, seed=1, merge_lanes=merge_lanes,
+                   make=make)
     assert status["jobs"] == 4 and status["blocks"] == 6
-    assert status["err_rows"] == status["err_max"] == status["err_job"] == 0
+    assert status["err_rows"] == status["err_max"] == status["err_job"] == status["busy"] == 0
 
 
-def test_prefill_causal_normalized():
+@ENGINES
+def test_prefill_causal_normalized(make):
     jobs = make_jobs(2, D, T, [
         (S, 6, [8, 8, 5], {"normalize": True, "causal": True, "q_pos": 13}),
         (S, 2, [12, 4], {"normalize": True, "causal": True, "q_pos": 0}),
         (S, 2, [12, 4], {"normalize": True, "causal": True, "q_pos": 15, "pos0": 20}),  # masked
         (S, 2, [10], {"normalize": True}),
     ])
-    check(jobs, backpressure=0.5, seed=2)
+    check(jobs, backpressure=0.5, seed=2, make=make)
 
 
+@ENGINES
 @pytest.mark.parametrize("split", [1, 2, 3])
-def test_two_phase_modes(split):
+def test_two_phase_modes(split, make):
     configs = [
         (MX, 6, [5] * split, {}),
         (MX, 2, [], {}),
         (FX, 6, [15 // split] * split, {}),
         (FX, 2, [7, 1], {"causal": True, "q_pos": 3}),
         (FX, 2, [], {}),
+        (S, 3, [16, 2], {}),                  # SINGLE after the two-phase jobs
     ]
     jobs = make_jobs(3 + split, D, T, configs)
-    status = check(jobs, idle=0.1, seed=split)
+    status = check(jobs, idle=0.1, seed=split, make=make)
     assert status["err_max"] == 0
 
 
-def test_fixed_mode_violation_counted():
-    jobs = make_jobs(9, D, T, [(FX, 2, [6], {"m_delta": 300})])
+@ENGINES
+def test_fixed_mode_violation_counted(make):
+    jobs = make_jobs(9, D, T, [(FX, 2, [6], {"m_delta": 300}), (FX, 6, [16, 9], {})])
     j = jobs[0]
     exp_bad = attend_fixed(j.q, j.sq, j.blocks, j.m_fix)[1]
     assert exp_bad > 0
-    status = check(jobs)
+    status = check(jobs, make=make)
     assert status["err_max"] == exp_bad
 
 
-def test_malformed_v_block_counted_and_recovers():
-    """A V block missing one row is processed as far as it goes and counted; the next job is
-    still exact."""
+@ENGINES
+def test_malformed_v_block_counted_and_recovers(make):
+    """A V block missing one row is processed as far as it goes (the engine on the arrays
+    completes it with a zero row) and counted; the next job is still exact."""
     jobs = make_jobs(10, D, T, [(S, 2, [4], {}), (S, 2, [3], {})])
     bad = v_words(jobs[0].blocks[0], L)
     bad = bad[:-(D // L) - 1] + [bad[-1]]          # drop one V row but keep the `last` beat
     words = bad + v_words(jobs[1].blocks[0], L)
-    (got, ends), status = run_engine(jobs, v_override=words)
+    (got, ends), status = run_engine(jobs, v_override=words, make=make)
     assert status["err_rows"] >= 1 and status["jobs"] == 2
     assert got[ends[1]:] == expected_words(jobs[1])
 

@@ -150,10 +150,10 @@ class BlockShaper(wiring.Component):
                     m.next = "IDLE"
             with m.State("RES"):
                 # a completed partial row (the block's last) is not visible: it has no score
-                m.d.comb += [self.res.valid.eq(~cmd.drop), self.res.payload.rows.eq(r),
+                m.d.comb += [self.res.valid.eq(1), self.res.payload.rows.eq(r),
                              self.res.payload.visible.eq(
                                  Mux(cmd.gen, r, Mux(part & (vis == r), r - 1, vis)))]
-                with m.If(cmd.drop | self.res.ready):
+                with m.If(self.res.ready):
                     m.next = "IDLE"
         return m
 

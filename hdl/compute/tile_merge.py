@@ -122,8 +122,7 @@ class TileMerge(wiring.Component):
         # FIXED's blocks all carry m_fix)
         o_new, l_new = mu.o_out, mu.l_out
         if self.p_format != P8:
-            o_run = Mux(blk.first, 0, o_rd.data)
-            l_run = Mux(blk.first, 0, ml_rd.data.l)
+            o_run, l_run = mu.o_run, mu.l_run         # 0 on a row's first block
             o_fix = Cat(*((o_run[n * LANE_BITS:(n + 1) * LANE_BITS]
                            + acc_sel[n * AW:(n + 1) * AW].as_signed())[:LANE_BITS]
                           for n in range(ML)))

@@ -11,9 +11,12 @@ is served when the engine asks for it (the engine takes a block's K rows ahead o
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal
+import math
+
+from amaranth import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
 
 from mcf.abi.kv import KV_ELEM, KV_POS_BITS, KV_SCALE, kv_beat_layout, kv_token_bytes
 from mcf.abi.kv_reader import KV_BLOCK_REQ, KV_BLOCK_TOKENS_BITS, KV_READER_STATUS
@@ -55,8 +58,9 @@ class KvReader(wiring.Component):
     kr260 (d 128, 64 lanes, 256-token blocks) ``v_blocks = 2``: 1,024 × 257 bits = 8 BRAM36;
     ``v_blocks = 1``: 4 BRAM36, and still no deadlock (the engine's V side drains the earlier
     blocks' V rows, complete in the FIFO, without needing new K rows). Measured
-    (``mcf.sim.synth.resources``, kr260 geometry): 4,547 LUT, 40 LUTRAM, 3,143 FF, 1 DSP
-    (``tokens · record``), 10 BRAM36 with ``v_blocks = 2`` (6 with 1).
+    (``mcf.sim.synth.resources``, classic abc, d 128, 64 lanes): 3,113 LUT, 40 LUTRAM, 3,175
+    FF, 1 DSP (``tokens · record``), 10 BRAM36 with ``v_blocks = 2`` (6 with 1) — 5,637 LUT
+    when the gearbox placed a beat on the byte grid.
 
     Throughput: one record per ``max(head_dim/lanes, ⌈record/16⌉)`` cycles — the K row and
     the V row of a record leave in the same ``head_dim/lanes`` cycles, the gearbox takes one
@@ -101,6 +105,7 @@ class KvReader(wiring.Component):
         NB = D // L
         BB = self.data_width // 8
         BUF = R + BB                      # gearbox bytes: one record plus one bus beat
+        G = math.gcd(R, BB)               # the grid the counts of bytes live on
         ROW = D * KV_ELEM.width            # bits of a K or V row
         BEAT = L * KV_ELEM.width
         st = self.status
@@ -152,8 +157,16 @@ class KvReader(wiring.Component):
         m.d.comb += [push.eq(dma.o.valid & (after <= BUF - BB)), dma.o.ready.eq(push)]
         shifted = Signal(8 * BUF)
         m.d.comb += shifted.eq(Mux(load, buf >> (8 * R), buf))
+        # every count is a multiple of G bytes (records and beats are, and a block's final
+        # beat holds a multiple of G bytes): the beat's G-byte words land at word ``u``, each
+        # word of the buffer one of the beat's BB/G words (4 at 128-bit beats and d 128)
+        u = after[exact_log2(G):]
+        NBW = BB // G
+        words = Array(masked.word_select(k, 8 * G) for k in range(NBW))
+        placed = Cat(*(Mux((u <= p) & (u + NBW > p), words[(p - u)[:exact_log2(NBW)]], 0)
+                       for p in range(BUF // G)))
         with m.If(push):
-            m.d.sync += [buf.eq(shifted | (masked << (after * 8))[:8 * BUF]),
+            m.d.sync += [buf.eq(shifted | placed),
                          cnt.eq(after + nbytes)]
         with m.Else():
             m.d.sync += [buf.eq(shifted), cnt.eq(after)]

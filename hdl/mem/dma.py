@@ -11,7 +11,7 @@ responses are counted and the last one latched in status; data still flows, noth
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -37,6 +37,22 @@ def read_beat_layout(data_width: int) -> data.StructLayout:
     return data.StructLayout({
         "data": unsigned(data_width), "keep": unsigned(data_width // 8),
         "last": unsigned(1), "err": unsigned(1)})
+
+
+def _byte_shift(both, off, width: int):
+    """``both[8·off : 8·off + width]`` as stages of 4:1 multiplexers on ``off``'s bit pairs
+    (highest first): one LUT per output bit and stage, where one 16:1 multiplexer per bit
+    takes four or more."""
+    value = both
+    bits = len(off)
+    for lo in reversed(range(0, bits, 2)):
+        step = 8 << lo
+        sel = off[lo:lo + 2]
+        n = min(4, 1 << (bits - lo))
+        out = width + 8 * ((1 << lo) - 1)
+        cand = [value[k * step:k * step + out] for k in range(n)]
+        value = Array(cand)[sel] if n > 1 else cand[0]
+    return value
 
 
 class _Rows:
@@ -271,12 +287,8 @@ class DmaReader(wiring.Component):
         # per offset (no operand wider than the beat)
         nxt_raw = Signal(DW)
         m.d.comb += nxt_raw.eq(Mux(raw_seen < raw_cnt, raw.r_data[:DW], 0))
-        both = Cat(prev, nxt_raw)
         shifted = Signal(DW)
-        with m.Switch(cur.off):
-            for k in range(bb):
-                with m.Case(k):
-                    m.d.comb += shifted.eq(both[k * 8:k * 8 + DW])
+        m.d.comb += shifted.eq(_byte_shift(Cat(prev, nxt_raw), cur.off, DW))
 
         def emit(nxt_err):
             is_final = out_sent == out_cnt - 1
@@ -420,12 +432,9 @@ class DmaWriter(wiring.Component):
         # wider than the beat
         nxt = Signal(DW)
         m.d.comb += nxt.eq(Mux(j < in_cnt, self.i.payload, 0))
-        both = Cat(prev, nxt)
         wdata = Signal(DW)
-        with m.Switch(cur.off):
-            for k in range(bb):
-                with m.Case(k):
-                    m.d.comb += wdata.eq(both[(bb - k) * 8:(bb - k) * 8 + DW])
+        # bytes (bb − off …) of the pair: ``bb − 1 − off`` is ``off``'s complement
+        m.d.comb += wdata.eq(_byte_shift(Cat(prev, nxt)[8:], (~cur.off)[:lb], DW))
 
         send = Signal()
         last_of_burst = Signal()

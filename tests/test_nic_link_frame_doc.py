@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mcf.abi.framing import FRAME_OVERHEAD_BEATS, MAX_PAYLOAD, keep_mask, max_frame_beats
 from mcf.abi.meta import META, Meta, Op
-from mcf.abi.nic import CRC_BYTES, LINK_HEADER, LINK_MAGIC, crc32
+from mcf.abi.nic import CRC_BYTES, LINK_HEADER, LINK_MAGIC, crc32, link_crc
 from mcf.golden.nic import LinkRxModel, Packet, link_frame
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "nic.md"
@@ -85,15 +85,15 @@ def test_documented_frame_bytes():
     assert hdr[4:] == bytes(bpb - 4) and keep0 == 0xFF
     assert int.from_bytes(beats[1][0], "little") == _packet(13).meta.pack()
     assert beats[-2][1] == keep_mask(13, WIDTH) == 0x1F
-    covered = b"".join(d[:bin(k).count("1")] for d, k in beats[:-1])
+    covered = b"".join(d for d, _ in beats[:-1])   # whole beats (zero past keep, as sent)
     assert beats[-1] == (crc32(covered).to_bytes(CRC_BYTES, "little") + bytes(bpb - CRC_BYTES),
                          (1 << CRC_BYTES) - 1)
     assert len(link_frame(_packet(0), 0, WIDTH)) == FRAME_OVERHEAD_BEATS
 
 
 def _recrc(beats):
-    covered = b"".join(d[:bin(k).count("1")] for d, k in beats[:-1])
-    return beats[:-1] + [(crc32(covered).to_bytes(CRC_BYTES, "little").ljust(WIDTH // 8, b"\0"),
+    crc = link_crc(beats[:-1]).to_bytes(CRC_BYTES, "little")
+    return beats[:-1] + [(crc.ljust(WIDTH // 8, b"\0"),
                           (1 << CRC_BYTES) - 1)]
 
 

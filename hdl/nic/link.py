@@ -31,7 +31,7 @@ from mcf.abi.nic import (
     LINK_TX_STATUS,
 )
 
-from .crc import CrcByKeep
+from .crc import CrcOfBeat
 from .rx_buffer import RxFrameBuffer
 
 __all__ = ["LinkTx", "LinkRx"]
@@ -66,7 +66,7 @@ class LinkTx(wiring.Component):
         full = (1 << (self._dw // 8)) - 1
         seq = Signal(LINK_HEADER["seq"].width)
         crc = Signal(32, init=CRC32_INIT)
-        m.submodules.crc = cu = CrcByKeep(self._dw)
+        m.submodules.crc = cu = CrcOfBeat(self._dw)
         m.d.comb += [cu.crc_in.eq(crc), cu.data.eq(o.payload.data), cu.keep.eq(o.payload.keep)]
         hdr = Signal(LINK_HEADER)
         m.d.comb += [hdr.magic.eq(LINK_MAGIC), hdr.seq.eq(seq)]
@@ -161,7 +161,7 @@ class LinkRx(wiring.Component):
         room = (self._depth - fb.level) >= self._max_frame
         m.d.comb += i.ready.eq(in_frame | room)
         fire = i.valid & i.ready
-        m.submodules.crc = cu = CrcByKeep(self._dw)
+        m.submodules.crc = cu = CrcOfBeat(self._dw)
         m.d.comb += [cu.crc_in.eq(Mux(in_frame, crc, CRC32_INIT)), cu.data.eq(i.payload.data),
                      cu.keep.eq(i.payload.keep)]
         cur_bidx = Mux(in_frame, bidx, 0)

@@ -34,7 +34,7 @@ from cocotbext.axi import (
 )
 
 from mcf.abi.meta import META, Collective, Meta, Op, ReduceOp, Stage
-from mcf.abi.nic import CRC_BYTES, LINK_HEADER, LINK_MAGIC, LINK_RX_STATUS, LINK_TX_STATUS, crc32
+from mcf.abi.nic import CRC_BYTES, LINK_HEADER, LINK_MAGIC, LINK_RX_STATUS, LINK_TX_STATUS, link_crc
 from mcf.golden.nic import LinkRxModel, Packet, link_frame
 from mcf.hdl.nic.link_model import LINK_MODEL_STATUS
 from mcf.sim.tb import set_pauses
@@ -88,8 +88,7 @@ def bit_distance(a, b) -> int | None:
 
 def seal(body: list[tuple[bytes, int]], bpb: int) -> list[tuple[bytes, int]]:
     """``body`` (header, Meta, payload beats) plus a correct CRC-32 beat."""
-    covered = b"".join(d[:bin(k).count("1")] for d, k in body)
-    return body + [(crc32(covered).to_bytes(CRC_BYTES, "little").ljust(bpb, b"\0"),
+    return body + [(link_crc(body).to_bytes(CRC_BYTES, "little").ljust(bpb, b"\0"),
                     (1 << CRC_BYTES) - 1)]
 
 

@@ -50,7 +50,7 @@ from mcf.abi.nic import (
     REDUCE_STATUS,
     REDUCE_TAG,
     ROUTER_STATUS,
-    crc32,
+    link_crc,
     reduce_config,
 )
 from mcf.golden.nic import A2AModel, LinkRxModel, Packet, RouterModel, link_frame
@@ -178,8 +178,7 @@ def bad_magic_frame(packet: Packet, seq: int, dw: int) -> list[tuple[bytes, int]
     bpb = dw // 8
     hdr = LINK_HEADER.const({"magic": LINK_MAGIC ^ 0x0101, "seq": seq}).as_bits()
     beats[0] = (hdr.to_bytes(bpb, "little"), beats[0][1])
-    covered = b"".join(d[:bin(k).count("1")] for d, k in beats[:-1])
-    beats[-1] = (crc32(covered).to_bytes(CRC_BYTES, "little").ljust(bpb, b"\0"), beats[-1][1])
+    beats[-1] = (link_crc(beats[:-1]).to_bytes(CRC_BYTES, "little").ljust(bpb, b"\0"), beats[-1][1])
     return beats
 
 

@@ -10,10 +10,14 @@ Link frame (one per packet, on an AXI-Stream-like ``beat_layout`` stream towards
     beat 0   LINK_HEADER (magic, seq) in the low bits, rest zero
     beat 1   the packet's Meta (the wire header beat of ``mcf.abi.framing``)
     beats …  the payload beats, full except the last (``keep`` low bytes)
-    last     CRC-32 trailer: 4 bytes (``keep = 0xF``) over every valid byte of beats 0..n−1
+    last     CRC-32 trailer: 4 bytes (``keep = 0xF``) over beats 0..n−1 whole, the bytes
+             outside a beat's ``keep`` taken as zero (:func:`link_crc`)
 
 CRC-32 is IEEE 802.3 (reflected polynomial 0xEDB88320, init and final XOR 0xFFFFFFFF, bytes
 LSB first) — identical to ``zlib.crc32``, which the golden model uses as an independent check.
+Whole beats, not the valid bytes alone: the receiver's CRC unit is then one update by a masked
+beat (481 LUT at 64 bits) instead of one by any byte count a partial beat can hold (1,158),
+and a frame's length is still covered (the Meta beat; the MACs' FCS covers every byte).
 
 Final reduction results (:func:`reduce_config_layout`): a route's configuration entry says
 whether this node's engine completes the reduction (``final``). A final result leaves with
@@ -42,7 +46,7 @@ __all__ = [
     "REDUCE_CONFIG", "REDUCE_TAG", "reduce_config", "ReduceDrop", "reduce_config_layout",
     "reduce_tag_layout", "reduce_status_layout",
     "LINK_HEADER", "LINK_MAGIC", "CRC32_POLY_REFLECTED", "CRC32_INIT", "CRC32_XOROUT",
-    "CRC_BYTES", "crc32", "Topology", "straight_input", "LANE_BYTES", "WATCHDOG_BITS",
+    "CRC_BYTES", "crc32", "link_crc", "Topology", "straight_input", "LANE_BYTES", "WATCHDOG_BITS",
 ]
 
 LANE_BYTES = LANE_BITS // 8    # element lanes: little-endian words of mcf.abi.softmax.LANE_BITS
@@ -181,8 +185,15 @@ CRC_BYTES = 4
 
 
 def crc32(payload: bytes) -> int:
-    """CRC-32 of a frame's covered bytes (the IEEE 802.3 / zlib definition)."""
+    """CRC-32 of ``payload`` (the IEEE 802.3 / zlib definition)."""
     return zlib.crc32(payload) & 0xFFFFFFFF
+
+
+def link_crc(beats: list[tuple[bytes, int]]) -> int:
+    """The link trailer's CRC-32 of a frame's beats 0..n−1 (``(bytes, keep)`` each): every beat
+    whole, the bytes outside its ``keep`` as zero."""
+    return crc32(b"".join(bytes(b if k >> n & 1 else 0 for n, b in enumerate(d))
+                          for d, k in beats))
 
 
 LINK_TX_STATUS = counters("frames", "beats")

@@ -29,7 +29,7 @@ from mcf.abi.nic import (
     ROUTER_STATUS,
     A2ADrop,
     ReduceDrop,
-    crc32,
+    link_crc,
     reduce_config_layout,
 )
 from mcf.abi.route import NET_PORTS, ROUTE_ENTRY
@@ -253,8 +253,7 @@ def link_frame(packet: Packet, seq: int, data_width: int) -> list[tuple[bytes, i
     for b in range(payload_beats(len(p), data_width)):
         chunk = p[b * bpb:(b + 1) * bpb]
         beats.append((chunk.ljust(bpb, b"\0"), (1 << len(chunk)) - 1))
-    covered = b"".join(d[:bin(k).count("1")] for d, k in beats)
-    beats.append((crc32(covered).to_bytes(CRC_BYTES, "little").ljust(bpb, b"\0"),
+    beats.append((link_crc(beats).to_bytes(CRC_BYTES, "little").ljust(bpb, b"\0"),
                   (1 << CRC_BYTES) - 1))
     return beats
 
@@ -277,10 +276,9 @@ class LinkRxModel:
         if len(beats) > self.max_frame_beats():
             self.counters["drop_oversize"] += 1
             return "drop_oversize"
-        covered = b"".join(d[:bin(k).count("1")] for d, k in beats[:-1])
         crc_beat, crc_keep = beats[-1]
         got = int.from_bytes(crc_beat[:CRC_BYTES], "little")
-        if crc_keep != (1 << CRC_BYTES) - 1 or crc32(covered) != got:
+        if crc_keep != (1 << CRC_BYTES) - 1 or link_crc(beats[:-1]) != got:
             self.counters["crc_errors"] += 1
             return "crc_errors"
         hdr = LINK_HEADER.from_bits(int.from_bytes(beats[0][0], "little") &

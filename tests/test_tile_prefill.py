@@ -21,7 +21,7 @@ from mcf.abi.attn_tile import (
     chunk_layout,
     fold_header_layout,
     merge_out_layout,
-    norm_row_layout,
+    norm_beat_layout,
     query_row_layout,
 )
 from mcf.abi.kv import pack_kv_block
@@ -52,24 +52,38 @@ def norm_states(rng, n, d):
     return out
 
 
-def normalized_rows(bits, olay, d: int) -> list:
-    """``(row, o)`` of each normalized-row beat in ``bits`` (layout ``olay``, ``d`` lanes)."""
-    return [(int(b.row), np.array([int(b.o[n]) for n in range(d)]))
-            for b in map(olay.from_bits, bits)]
+def normalized_rows(bits, olay, d: int, lanes: int) -> list:
+    """``(row, o)`` of each normalized row in the beats ``bits`` (layout ``olay``, ``lanes``
+    channels a beat): ``d / lanes`` beats a row, in order, its row on each, ``last`` on the
+    final one."""
+    beats = list(map(olay.from_bits, bits))
+    nb = d // lanes
+    assert len(beats) % nb == 0
+    rows = []
+    for r in range(0, len(beats), nb):
+        part = beats[r:r + nb]
+        assert [int(b.last) for b in part] == [0] * (nb - 1) + [1]
+        assert len({int(b.row) for b in part}) == 1
+        rows.append((int(part[0].row),
+                     np.array([int(b.o[n]) for b in part for n in range(lanes)])))
+    return rows
 
 
 def run_norm(dut, states, rows, seed, idle, stall):
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     d = dut.head_dim
-    ilay, olay = merge_out_layout(d, dut.rows), norm_row_layout(d, dut.rows)
+    ilay, olay = merge_out_layout(d, dut.rows), norm_beat_layout(dut.lanes, dut.rows)
     beats = [ilay.const({"state": {"m": 0, "l": l_sum, "o": [int(x) for x in o]},
                          "row": r}).as_bits() for (l_sum, o), r in zip(states, rows)]
-    sink, seen = taking_sink(dut.o, dut.i, len(beats), np.random.default_rng(seed + 1), stall)
+    nb = d // dut.lanes
+    sink, seen = taking_sink(dut.o, dut.i, len(beats) * nb, np.random.default_rng(seed + 1),
+                             stall)
     sim.add_testbench(feeder(dut.i, beats, seed, idle), background=True)
     sim.add_testbench(sink)
     sim.run()
-    return normalized_rows(seen.bits, olay, d), {"in": seen.take, "out": seen.out}
+    return (normalized_rows(seen.bits, olay, d, dut.lanes),
+            {"in": seen.take, "out": seen.out[nb - 1::nb], "first": seen.out[::nb]})
 
 
 @pytest.mark.parametrize("d,lanes", [(16, 4), (8, 8), (12, 1)])
@@ -89,8 +103,8 @@ def test_normalize_bit_exact(d, lanes):
 
 def test_normalize_rate():
     """Always valid, always ready: a row per :meth:`row_cycles` = ``head_dim/lanes + 5``
-    cycles, its output that many cycles after it is taken (the kr260 shape: 128 channels,
-    4 lanes: 37)."""
+    cycles, its last beat that many cycles after it is taken and its first ``LATENCY + 3``
+    (the kr260 shape: 128 channels, 4 lanes: 37 and 6), a beat a cycle between them."""
     rng = np.random.default_rng(510)
     d, lanes = 128, 4
     states = norm_states(rng, 8, d)
@@ -102,6 +116,7 @@ def test_normalize_rate():
     assert dut.row_cycles() == 37
     assert set(np.diff(cyc["in"])) == {dut.row_cycles()}
     assert [b - a for a, b in zip(cyc["in"], cyc["out"])] == [dut.row_cycles()] * len(states)
+    assert [b - a for a, b in zip(cyc["in"], cyc["first"])] == [dut.LATENCY + 3] * len(states)
 
 
 # ---- TilePrefill -----------------------------------------------------------------------------
@@ -158,14 +173,17 @@ def run_prefill(dut, ins, n_rows, seed, idle, stall):
     the score beats passed from TileScore to TileAttend."""
     sim = Simulator(Selected(dut) if dut.engine is not None else dut)
     sim.add_clock(1e-8)
-    olay = norm_row_layout(dut.head_dim, dut.max_rows)
-    sink, seen = taking_sink(dut.o, dut.att.score.o, n_rows, np.random.default_rng(seed + 11),
-                             stall, quiet=8)
+    lanes = dut.norm.lanes
+    olay = norm_beat_layout(lanes, dut.max_rows)
+    nb = dut.head_dim // lanes
+    sink, seen = taking_sink(dut.o, dut.att.score.o, n_rows * nb,
+                             np.random.default_rng(seed + 11), stall, quiet=8)
     for n, (name, beats) in enumerate(ins.items()):
         sim.add_testbench(feeder(getattr(dut, name), beats, seed + 7 * n, idle), background=True)
     sim.add_testbench(sink)
     sim.run()
-    return normalized_rows(seen.bits, olay, dut.head_dim), {"out": seen.out, "beats": seen.take}
+    return (normalized_rows(seen.bits, olay, dut.head_dim, lanes),
+            {"out": seen.out[nb - 1::nb], "beats": seen.take})
 
 
 def check_rows(got, want):

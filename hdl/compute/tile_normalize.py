@@ -11,7 +11,7 @@ from amaranth import Cat, Module, Mux, Signal, signed
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.attn_tile import merge_out_layout, norm_row_layout
+from mcf.abi.attn_tile import merge_out_layout, norm_beat_layout
 from mcf.abi.kv import ATTN_OUT
 from mcf.abi.softmax import RECIP_IN_BITS, STATE_L, STATE_O
 
@@ -28,19 +28,20 @@ class TileNormalize(wiring.Component):
     the reciprocal (:data:`Recip.LATENCY` cycles); then per word of ``lanes`` channels (picked
     from the held row by a tree of 2:1 multiplexers on the word counter) the products ``o·r``
     (registered, one DSP product per lane) and ``sat(round_half_up(o·r, e))`` (0 when
-    ``l = 0``) are shifted into the output register, which holds the row until it is taken.
+    ``l = 0``) go out as a beat — the two stages wait while a beat is not taken.
 
     Members
     -------
     i : In(stream.Signature(merge_out_layout(head_dim, rows)))
         A row's merged ``(m, l, o)`` and its row; ready while no row is in work.
-    o : Out(stream.Signature(norm_row_layout(head_dim, rows)))
-        The row's ``o / l`` and its row.
+    o : Out(stream.Signature(norm_beat_layout(lanes, rows)))
+        The row's ``o / l``, ``head_dim/lanes`` beats of ``lanes`` channels (``lanes · 32``
+        bits: 128 at 4 lanes, a DMA beat).
 
     Rate: one row per ``head_dim/lanes + LATENCY + 2`` cycles (:meth:`row_cycles`: 37 at
-    ``head_dim`` 128 and 4 lanes, within TileMerge's 38), while ``o`` is taken. Latency: a row's
-    ``o.valid`` :meth:`row_cycles` cycles after the cycle it is taken in (both measured in
-    ``tests/test_tile_prefill.py``).
+    ``head_dim`` 128 and 4 lanes, within TileMerge's 38), while ``o`` is taken. Latency: a
+    row's first beat valid ``LATENCY + 3`` cycles after the cycle it is taken in, its last
+    :meth:`row_cycles` cycles after (both measured in ``tests/test_tile_prefill.py``).
     """
 
     LATENCY = Recip.LATENCY
@@ -51,7 +52,7 @@ class TileNormalize(wiring.Component):
         self.head_dim, self.rows, self.lanes = head_dim, rows, lanes
         super().__init__({
             "i": In(stream.Signature(merge_out_layout(head_dim, rows))),
-            "o": Out(stream.Signature(norm_row_layout(head_dim, rows))),
+            "o": Out(stream.Signature(norm_beat_layout(lanes, rows))),
         })
 
     def row_cycles(self) -> int:
@@ -85,14 +86,14 @@ class TileNormalize(wiring.Component):
                          xn.eq(((i.payload.state.l << (RECIP_IN_BITS - 1)) >> lead)
                                [:RECIP_IN_BITS])]
 
-        # ---- per word: o·r (registered), then the rounding shift into the output register ----
+        # ---- per word: o·r (registered), then the rounding shift into the output beat --------
         # recip.r is valid from c = LATENCY (xn is held); word w's products at c = LATENCY + w,
-        # its results at c = LATENCY + w + 1; the words wait while the last row is not taken
+        # its beat at c = LATENCY + w + 1; both stages wait while a beat is not taken
         w = Signal(range(NW + 1))
         m.d.comb += w.eq(c - self.LATENCY)
-        run = busy & ((c < self.LATENCY) | ~o.valid)
+        run = busy & ((c < self.LATENCY) | ~o.valid | o.ready)
         # the row's o is held as taken (no load/shift multiplexer per bit); word w is picked by a
-        # binary tree of 2:1 multiplexers on w's bits; the output shifts in a word per cycle
+        # binary tree of 2:1 multiplexers on w's bits
         words = [lo.word_select(n, L * STATE_O.width) for n in range(NW)]
         for b in range((NW - 1).bit_length()):
             words = [Mux(w[b], words[min(2 * n + 1, len(words) - 1)], words[2 * n])
@@ -100,7 +101,8 @@ class TileNormalize(wiring.Component):
         word = words[0]
         prod = [Signal(signed(STATE_O.width + RECIP_IN_BITS + 2), name=f"prod{j}")
                 for j in range(L)]
-        ov = o.payload.o.as_value()
+        with m.If(o.valid & o.ready):
+            m.d.sync += o.valid.eq(0)
         with m.If(run):
             m.d.sync += c.eq(c + 1)
             with m.If((c >= self.LATENCY) & (w < NW)):
@@ -109,9 +111,8 @@ class TileNormalize(wiring.Component):
             with m.If(c >= self.LATENCY + 1):
                 y = [Mux(zero, 0, sat(round_shift_var(prod[j], e, W - 1), ATTN_OUT.width, True))
                      for j in range(L)]
-                m.d.sync += ov.eq(Cat(ov[L * ATTN_OUT.width:], *y))
+                m.d.sync += [o.payload.o.as_value().eq(Cat(*y)), o.valid.eq(1),
+                             o.payload.row.eq(row), o.payload.last.eq(w == NW)]
                 with m.If(w == NW):
-                    m.d.sync += [o.valid.eq(1), o.payload.row.eq(row), busy.eq(0)]
-        with m.If(o.valid & o.ready):
-            m.d.sync += o.valid.eq(0)
+                    m.d.sync += busy.eq(0)
         return m

@@ -19,7 +19,7 @@ from mcf.abi.attn_tile import (
     block_desc_layout,
     chunk_layout,
     fold_header_layout,
-    norm_row_layout,
+    norm_beat_layout,
     query_row_layout,
 )
 from mcf.abi.kv import kv_beat_layout
@@ -58,9 +58,9 @@ class TilePrefill(wiring.Component):
         ``k``, ``v``), also for a block no row of the tile meets (dropped by the arrays).
     kh : In(stream.Signature(fold_header_layout(fold_lanes))) — ``PER_CHANNEL_K`` only
         Per descriptor the block's group headers (TileFold's ``kh``).
-    o : Out(stream.Signature(norm_row_layout(head_dim, max_rows)))
-        Each row's ``o / l`` (ATTN_OUT codes) and its row in the chunk, in the order the rows
-        finish (per query tile, by their final block).
+    o : Out(stream.Signature(norm_beat_layout(norm_lanes, max_rows)))
+        Each row's ``o / l`` (ATTN_OUT codes, ``head_dim/norm_lanes`` beats) and its row in the
+        chunk, in the order the rows finish (per query tile, by their final block).
     score_st, score_res, pv_st, pv_res : ``arrays`` with ``own_arrays = False`` only
         The S and P·V client ports of :class:`~.array_attend.ArrayAttention` (the GEMM's
         arrays, through its :class:`~.array_share.ArrayShare`).
@@ -131,7 +131,7 @@ class TilePrefill(wiring.Component):
             "desc": In(stream.Signature(block_desc_layout(max_block))),
             "k": In(stream.Signature(kv_beat_layout(in_lanes))),
             "v": In(stream.Signature(kv_beat_layout(in_lanes))),
-            "o": Out(stream.Signature(norm_row_layout(head_dim, max_rows))),
+            "o": Out(stream.Signature(norm_beat_layout(norm_lanes, max_rows))),
         }
         if self.kv_format == KVFormat.PER_CHANNEL_K:
             members["kh"] = In(stream.Signature(fold_header_layout(fold_lanes)))
@@ -201,12 +201,14 @@ class TilePrefill(wiring.Component):
         cnt = Signal(range(self.rows + 1))
         o = self.o
         m.d.comb += [o.payload.o.eq(nz.o.payload.o), o.payload.row.eq(base + nz.o.payload.row),
+                     o.payload.last.eq(nz.o.payload.last),
                      o.valid.eq(nz.o.valid & tq.r_rdy & (t_rows != 0)),
                      nz.o.ready.eq(o.ready & tq.r_rdy & (t_rows != 0))]
         # a tile is done after its rows that see a key (none: at once)
-        end = tq.r_rdy & ((t_rows == 0) | (o.valid & o.ready & (cnt + 1 == t_rows)))
+        row_out = o.valid & o.ready & o.payload.last
+        end = tq.r_rdy & ((t_rows == 0) | (row_out & (cnt + 1 == t_rows)))
         m.d.comb += tq.r_en.eq(end)
-        with m.If(o.valid & o.ready):
+        with m.If(row_out):
             m.d.sync += cnt.eq(cnt + 1)
         with m.If(end):
             m.d.sync += [cnt.eq(0), base.eq(base + self.rows)]

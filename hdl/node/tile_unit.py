@@ -22,7 +22,7 @@ from mcf.abi.attend import (
     SOFTMAX_OF_MODE,
     AttendMode,
 )
-from mcf.abi.attn_tile import block_desc_layout, chunk_layout, norm_row_layout, query_row_layout
+from mcf.abi.attn_tile import block_desc_layout, chunk_layout, norm_beat_layout, query_row_layout
 from mcf.abi.compute import DMA_ADDR_BITS
 from mcf.abi.kv import ATTN_OUT, KV_POS_BITS
 from mcf.abi.kv_reader import KV_BLOCK_REQ
@@ -52,21 +52,24 @@ class TileRowWriter(wiring.Component):
 
     Members
     -------
-    o : In(stream.Signature(norm_row_layout(head_dim, max_rows)))
-        TilePrefill's ``o``; a row is taken while none is in work (its descriptor and beats).
+    o : In(stream.Signature(norm_beat_layout(data_width // 32, max_rows)))
+        TilePrefill's ``o`` (built with ``norm_lanes = data_width / 32``): a row's
+        ``32·head_dim/data_width`` beats, each one bus beat of the row's write.
     out_addr, out_stride, heads : In
         The record's; stable while its rows arrive.
     bus : Out(AXI4Signature(addr_width, data_width)) — a DmaWriter's (AW/W/B only).
     row_done, row_err : Out(1)
         The DmaWriter's ``desc_done`` / ``desc_err``: one strobe per row written (B received).
 
-    One row in work at a time: its descriptor is presented the cycle after it is taken (the
-    DmaWriter's AW two cycles later), its ``⌈32·head_dim/data_width⌉`` beats follow as the
-    DmaWriter takes them, and the next row is taken once both are in the DmaWriter.
+    A row's first beat waits until the row's descriptor (from that beat's ``row``) is
+    presented, the cycle after the beat is valid (the DmaWriter's AW two cycles later); then
+    the beats pass straight into the DmaWriter as it takes them — no row is held here.
     """
 
     def __init__(self, head_dim: int, max_heads: int, max_rows: int, *,
                  addr_width: int = ADDR_BITS, data_width: int = 128):
+        if data_width % ATTN_OUT.width or (head_dim * ATTN_OUT.width) % data_width:
+            raise ValueError("a row must be whole bus beats of whole ATTN_OUT words")
         self.head_dim, self.max_heads, self.max_rows = head_dim, max_heads, max_rows
         self.addr_width, self.data_width = addr_width, data_width
         self.k = 2 * max(max_rows, 2).bit_length()
@@ -75,7 +78,7 @@ class TileRowWriter(wiring.Component):
             if any((x * self.recip[h]) >> self.k != x // h for x in range(max_rows)):
                 raise AssertionError("reciprocal not exact")  # pragma: no cover
         super().__init__({
-            "o": In(stream.Signature(norm_row_layout(head_dim, max_rows))),
+            "o": In(stream.Signature(norm_beat_layout(data_width // ATTN_OUT.width, max_rows))),
             "out_addr": In(DMA_ADDR_BITS), "out_stride": In(ATTEND_STRIDE_BITS),
             "heads": In(range(max_heads + 1)),
             "bus": Out(AXI4Signature(addr_width, data_width)),
@@ -86,7 +89,6 @@ class TileRowWriter(wiring.Component):
         m = Module()
         D, DW = self.head_dim, self.data_width
         RB = D * ATTN_OUT.width
-        NW = -(-RB // DW)
         m.submodules.wr = wr = DmaWriter(DW, self.addr_width)
         wiring.connect(m, wr.bus, wiring.flipped(self.bus))
         m.d.comb += [self.row_done.eq(wr.desc_done), self.row_err.eq(wr.desc_err)]
@@ -95,15 +97,11 @@ class TileRowWriter(wiring.Component):
         recip = Array(self.recip)
         m.d.comb += tok.eq((x * recip[self.heads]) >> self.k)
         addr = Signal(DMA_ADDR_BITS)
-        # the row held as it came (a load enable per flop) and its beats selected by index:
-        # a word multiplexer instead of a shift register's load-or-shift LUT per bit
-        buf = Signal(NW * DW)
-        dpend, beats = Signal(), Signal(range(NW + 1))
-        beat = Signal(range(max(NW, 2)))
-        m.d.comb += self.o.ready.eq(~dpend & (beats == 0))
-        with m.If(self.o.valid & self.o.ready):
-            m.d.sync += [buf.eq(self.o.payload.o.as_value()), dpend.eq(1), beats.eq(NW),
-                         beat.eq(0),
+        # opened: the row of the beats arriving has its descriptor (presented or taken)
+        opened, dpend = Signal(), Signal()
+        o = self.o
+        with m.If(o.valid & ~opened):
+            m.d.sync += [opened.eq(1), dpend.eq(1),
                          addr.eq(self.out_addr + tok * self.out_stride
                                  + (x - tok * self.heads) * (RB // 8))]
         wd = wr.desc.payload
@@ -111,10 +109,11 @@ class TileRowWriter(wiring.Component):
                      wd.stride.eq(0), wd.count.eq(1)]
         with m.If(wr.desc.valid & wr.desc.ready):
             m.d.sync += dpend.eq(0)
-        m.d.comb += [wr.i.valid.eq(beats != 0),
-                     wr.i.payload.eq(buf.word_select(beat, DW) if NW > 1 else buf)]
-        with m.If(wr.i.valid & wr.i.ready):
-            m.d.sync += [beat.eq(beat + 1), beats.eq(beats - 1)]
+        # the DmaWriter takes a row's beats only after its descriptor
+        m.d.comb += [wr.i.valid.eq(o.valid & opened), wr.i.payload.eq(o.payload.o.as_value()),
+                     o.ready.eq(opened & wr.i.ready)]
+        with m.If(o.valid & o.ready & o.payload.last):
+            m.d.sync += opened.eq(0)
         return m
 
 
@@ -192,7 +191,8 @@ class TileUnit(wiring.Component):
             "q": Out(stream.Signature(query_row_layout(head_dim))),
             "desc": Out(stream.Signature(block_desc_layout(max_block))),
             "blocks": Out(stream.Signature(KV_BLOCK_REQ)),
-            "o": In(stream.Signature(norm_row_layout(head_dim, self.max_rows))),
+            "o": In(stream.Signature(norm_beat_layout(data_width // ATTN_OUT.width,
+                                                      self.max_rows))),
             "rd_bus": Out(AXI4Signature(addr_width, data_width)),
             "wr_bus": Out(AXI4Signature(addr_width, data_width)),
             "status": Out(ATTEND_STATUS), "busy": Out(1),

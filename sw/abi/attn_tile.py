@@ -65,7 +65,7 @@ __all__ = [
     "score_row_beat_layout", "pv_out_layout", "qk_tile_keys", "k_word_layout",
     "score_q_layout", "row_mode_fields", "kv_rows_layout", "fold_row_layout", "fold_header_layout",
     "chunk_layout", "query_row_layout", "block_desc_layout", "tile_rows_layout",
-    "norm_row_layout", "pv_word_layout", "PV_LIMB_BITS", "PV_LIMBS", "w_limbs",
+    "norm_beat_layout", "pv_word_layout", "PV_LIMB_BITS", "PV_LIMBS", "w_limbs",
     "pv_w_acc_bits", "pv_sum_bits",
 ]
 
@@ -446,10 +446,12 @@ def tile_rows_layout(rows: int) -> data.StructLayout:
     return data.StructLayout({"rows": unsigned(int(rows).bit_length()), "last": unsigned(1)})
 
 
-def norm_row_layout(head_dim: int, rows: int) -> data.StructLayout:
-    """A normalised output row ``o / l`` (:data:`mcf.abi.kv.ATTN_OUT` codes, the PREFILL
-    output, :func:`mcf.abi.softmax.normalize`) and its row (``0 .. rows−1``)."""
+def norm_beat_layout(lanes: int, rows: int) -> data.StructLayout:
+    """A beat of a normalised output row ``o / l`` (:data:`mcf.abi.kv.ATTN_OUT` codes, the
+    PREFILL output, :func:`mcf.abi.softmax.normalize`): ``lanes`` channels, a row's beats in
+    channel order, its row (``0 .. rows−1``) on each, ``last`` on its final one."""
     return data.StructLayout({
-        "o": data.ArrayLayout(signed(ATTN_OUT.width), head_dim),
+        "o": data.ArrayLayout(signed(ATTN_OUT.width), lanes),
         "row": unsigned(max(1, (rows - 1).bit_length())),
+        "last": unsigned(1),
     })

@@ -18,9 +18,9 @@ from test_array_pv import v_words
 from test_gemm_engine import SHAPES4, golden, job_results, job_streams, random_case
 from test_tile_attend import check, chunk, run, run_at_full_rate, score_inputs, stimulus
 from test_tile_merge import scheduled
-from tile_sim import feeder, merged_rows
+from tile_sim import beats_per_row, feeder, merged_rows
 
-from mcf.abi.attn_tile import P8, PV_W, merge_out_layout, score_row_beat_layout
+from mcf.abi.attn_tile import P8, PV_W, score_row_beat_layout
 from mcf.abi.kv import KV_SCALE, AttnMode
 from mcf.golden.attention import State
 from mcf.golden.attention_tiled import attend_tiled_rows
@@ -272,7 +272,8 @@ def test_gemm_and_attention_share_the_arrays():
             cyc += 1
 
     sim.add_testbench(sink(g.o, g_out, sum(n_out), 1))
-    sim.add_testbench(sink(a.o, a_out, len(finals), 2))
+    olay = a.o.payload.shape()
+    sim.add_testbench(sink(a.o, a_out, len(finals) * beats_per_row(olay, d), 2))
     sim.add_testbench(watch, background=True)
     sim.run()
     bb = g.beat // 8
@@ -280,7 +281,7 @@ def test_gemm_and_attention_share_the_arrays():
                          dtype="<i4").astype(np.int64)
     for case, y in zip(cases, job_results(g, cases, vals, n_out)):
         np.testing.assert_array_equal(y, golden(case))
-    got = merged_rows(a_out, finals, merge_out_layout(d, q_tile), d, q_tile)
+    got = merged_rows(a_out, finals, olay, d, q_tile)
     check(got, attend_tiled_rows(q, sq, blocks, q_pos, "single", p_format=P8, q_tile=q_tile,
                                  array=True), len(q))
     # the clients' steps interleave: attention steps between the GEMM's first and last

@@ -12,12 +12,11 @@ import pytest
 from amaranth.sim import Simulator
 from test_tile_merge import check, scheduled
 from test_tile_merge import chunk as merge_chunk
-from tile_sim import feeder, merged_rows, taking_sink
+from tile_sim import beats_per_row, feeder, merged_rows, taking_sink
 
 from mcf.abi.attn_tile import (
     P8,
     k_word_layout,
-    merge_out_layout,
     qk_pack_shift,
     qk_tile_keys,
     score_q_layout,
@@ -138,7 +137,7 @@ def run(dut, rows, vblocks, idle=0.0, stall=0.0, seed=0, qk=None, probes=()):
     d = dut.head_dim
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    olay = merge_out_layout(d, dut.rows)
+    olay = dut.o.payload.shape()
     finals = []                     # the chunk row of each final tag, in the order sent
     for x, beats in rows:
         tag = score_row_beat_layout(dut.keys, d, dut.rows).from_bits(beats[0])
@@ -152,14 +151,16 @@ def run(dut, rows, vblocks, idle=0.0, stall=0.0, seed=0, qk=None, probes=()):
         feeds = [(dut.v, [b for bl in vblocks for b in bl]),
                  (dut.k, [b for bl in qk[0] for b in bl]), (dut.q, qk[1])]
         s_port = dut.score.o
-    sink, seen = taking_sink(dut.o, s_port, len(finals), np.random.default_rng(seed + 11),
+    nb = beats_per_row(olay, d)
+    sink, seen = taking_sink(dut.o, s_port, len(finals) * nb, np.random.default_rng(seed + 11),
                              stall, probes=probes)
     for n, (port, beats) in enumerate(feeds):
         sim.add_testbench(feeder(port, beats, seed + 7 * n, idle), background=True)
     sim.add_testbench(sink)
     sim.run()
     return merged_rows(seen.bits, finals, olay, d, dut.rows), {
-        "take": seen.take, "wait": seen.wait, "out": seen.out, "probes": seen.probes}
+        "take": seen.take, "wait": seen.wait, "out": seen.out[nb - 1::nb],
+        "probes": seen.probes}
 
 
 def chunk(rng, lens, n_tok, g, d, per_channel):

@@ -16,9 +16,9 @@ from amaranth.sim import Simulator
 from test_tile_attend import check, chunk, score_inputs
 from test_tile_kv import kv_inputs
 from test_tile_merge import scheduled
-from tile_sim import feeder, merged_rows, taking_sink
+from tile_sim import beats_per_row, feeder, merged_rows, taking_sink
 
-from mcf.abi.attn_tile import P8, fold_header_layout, fold_row_layout, merge_out_layout
+from mcf.abi.attn_tile import P8, fold_header_layout, fold_row_layout
 from mcf.abi.kv_channel import KV_GROUP, KVFormat
 from mcf.golden.attention import KVChannelBlock
 from mcf.golden.attention_tiled import attend_tiled_rows, tile_schedule
@@ -139,8 +139,8 @@ def run_chain(dut, feeds, finals, q_tile, d, seed, idle, stall):
     score beats passed from TileScore to TileAttend, and the count of cycles one waited."""
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    olay = merge_out_layout(d, q_tile)
-    sink, seen = taking_sink(dut.att.o, dut.att.score.o, len(finals),
+    olay = dut.att.o.payload.shape()
+    sink, seen = taking_sink(dut.att.o, dut.att.score.o, len(finals) * beats_per_row(olay, d),
                              np.random.default_rng(seed + 11), stall)
     for n, (port, beats) in enumerate(feeds):
         sim.add_testbench(feeder(port, beats, seed + 7 * n, idle), background=True)

@@ -9,13 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
-from tile_sim import taking_sink
+from tile_sim import beat_rows, beats_per_row, taking_sink
 
 from mcf.abi.attn_tile import (
     P8,
     PV_W,
     merge_in_layout,
-    merge_out_layout,
     pv_acc_bits,
     pv_p8_out,
     pv_sum_bits,
@@ -78,7 +77,8 @@ def run(dut, items, idle=0.0, stall=0.0, seed=0, modes=None):
     sim.add_clock(1e-8)
     rng = np.random.default_rng(seed)
     ilay = merge_in_layout(d, dut.rows, dut.max_block, dut.p_format)
-    olay = merge_out_layout(d, dut.rows)
+    olay = dut.o.payload.shape()
+    nb = beats_per_row(olay, d)
     n_final = sum(it[2] for it in items)
     bases = [it[6] for it in items if it[2]]
     modes = modes or {}
@@ -90,16 +90,14 @@ def run(dut, items, idle=0.0, stall=0.0, seed=0, modes=None):
             "mode": modes.get(row, AttnMode.SINGLE)}).as_bits()
             for row, first, final, m, l_sum, (sh, acc), _ in items), rng, idle)
 
-    sink, seen = taking_sink(dut.o, dut.i, n_final, np.random.default_rng(seed + 1), stall)
+    sink, seen = taking_sink(dut.o, dut.i, n_final * nb, np.random.default_rng(seed + 1),
+                             stall)
     sim.add_testbench(feed, background=True)
     sim.add_testbench(sink)
     sim.run()
-    got = []
-    for base, bits in zip(bases, seen.bits):
-        b = olay.from_bits(bits)
-        got.append((base + int(b.row), int(b.state.m), int(b.state.l),
-                    np.array([int(b.state.o[n]) for n in range(d)])))
-    return got, {"take": seen.take, "out": seen.out}
+    got = [(base + r, m_, l_, o)
+           for base, (r, m_, l_, o) in zip(bases, beat_rows(seen.bits, olay, d), strict=True)]
+    return got, {"take": seen.take, "out": seen.out[nb - 1::nb]}
 
 
 def check(got, expect, n_rows):

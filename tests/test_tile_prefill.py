@@ -20,7 +20,7 @@ from mcf.abi.attn_tile import (
     block_desc_layout,
     chunk_layout,
     fold_header_layout,
-    merge_out_layout,
+    merge_beat_layout,
     norm_beat_layout,
     query_row_layout,
 )
@@ -73,17 +73,18 @@ def run_norm(dut, states, rows, seed, idle, stall):
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     d = dut.head_dim
-    ilay, olay = merge_out_layout(d, dut.rows), norm_beat_layout(dut.lanes, dut.rows)
-    beats = [ilay.const({"state": {"m": 0, "l": l_sum, "o": [int(x) for x in o]},
-                         "row": r}).as_bits() for (l_sum, o), r in zip(states, rows)]
-    nb = d // dut.lanes
-    sink, seen = taking_sink(dut.o, dut.i, len(beats) * nb, np.random.default_rng(seed + 1),
-                             stall)
+    L = dut.lanes
+    ilay, olay = merge_beat_layout(L, dut.rows), norm_beat_layout(L, dut.rows)
+    nb = d // L
+    beats = [ilay.const({"state": {"m": 0, "l": l_sum, "o": [int(x) for x in o[j * L:][:L]]},
+                         "row": r, "last": int(j == nb - 1)}).as_bits()
+             for (l_sum, o), r in zip(states, rows) for j in range(nb)]
+    sink, seen = taking_sink(dut.o, dut.i, len(beats), np.random.default_rng(seed + 1), stall)
     sim.add_testbench(feeder(dut.i, beats, seed, idle), background=True)
     sim.add_testbench(sink)
     sim.run()
-    return (normalized_rows(seen.bits, olay, d, dut.lanes),
-            {"in": seen.take, "out": seen.out[nb - 1::nb], "first": seen.out[::nb]})
+    return (normalized_rows(seen.bits, olay, d, L),
+            {"in": seen.take[::nb], "out": seen.out[nb - 1::nb], "first": seen.out[::nb]})
 
 
 @pytest.mark.parametrize("d,lanes", [(16, 4), (8, 8), (12, 1)])
@@ -102,9 +103,9 @@ def test_normalize_bit_exact(d, lanes):
 
 
 def test_normalize_rate():
-    """Always valid, always ready: a row per :meth:`row_cycles` = ``head_dim/lanes + 5``
-    cycles, its last beat that many cycles after it is taken and its first ``LATENCY + 3``
-    (the kr260 shape: 128 channels, 4 lanes: 37 and 6), a beat a cycle between them."""
+    """Always valid, always ready: a row per :meth:`row_cycles` = ``head_dim/lanes + 4``
+    cycles (the kr260 shape, 128 channels and 4 lanes: 36), a beat out 2 cycles after it is
+    taken, a beat a cycle."""
     rng = np.random.default_rng(510)
     d, lanes = 128, 4
     states = norm_states(rng, 8, d)
@@ -113,10 +114,11 @@ def test_normalize_rate():
     for (l_sum, o), (_, y) in zip(states, got):
         np.testing.assert_array_equal(y, normalize(l_sum, o))
     print(f"rows taken at {cyc['in']}, out at {cyc['out']}")
-    assert dut.row_cycles() == 37
+    nb = d // lanes
+    assert dut.row_cycles() == 36
     assert set(np.diff(cyc["in"])) == {dut.row_cycles()}
-    assert [b - a for a, b in zip(cyc["in"], cyc["out"])] == [dut.row_cycles()] * len(states)
-    assert [b - a for a, b in zip(cyc["in"], cyc["first"])] == [dut.LATENCY + 3] * len(states)
+    assert [b - a for a, b in zip(cyc["in"], cyc["first"])] == [2] * len(states)
+    assert [b - a for a, b in zip(cyc["in"], cyc["out"])] == [nb + 1] * len(states)
 
 
 # ---- TilePrefill -----------------------------------------------------------------------------

@@ -62,14 +62,34 @@ def taking_sink(out, tap, n: int, rng, stall: float, *, quiet: int = 0, probes=(
     return sink, seen
 
 
-def merged_rows(bits, finals, olay, d: int, tile_rows: int) -> list:
-    """The merged states ``(chunk row, m, l, o)`` of the merge-output beats ``bits`` (layout
-    ``olay``, ``d`` lanes of ``o``): beat ``n`` is chunk row ``finals[n]``, whose place in its
-    ``tile_rows``-row tile must be the beat's ``row``."""
+def beats_per_row(olay, d: int) -> int:
+    """Beats of a ``d``-channel row in the merge-output beat layout ``olay``
+    (:func:`mcf.abi.attn_tile.merge_beat_layout`)."""
+    return d // olay["state"].shape["o"].shape.length
+
+
+def beat_rows(bits, olay, d: int) -> list:
+    """The merged states ``(row, m, l, o)`` of the merge-output beats ``bits`` (layout
+    ``olay``): a row's :func:`beats_per_row` beats in channel order, ``last`` on the final one,
+    the row, ``m`` and ``l`` the same on each."""
+    nb = beats_per_row(olay, d)
+    beats = [olay.from_bits(raw) for raw in bits]
+    assert len(beats) % nb == 0
     got = []
-    for x, raw in zip(finals, bits, strict=True):
-        b = olay.from_bits(raw)
-        assert x % tile_rows == int(b.row)
-        got.append((x, int(b.state.m), int(b.state.l),
-                    np.array([int(b.state.o[n]) for n in range(d)])))
+    for n in range(0, len(beats), nb):
+        part = beats[n:n + nb]
+        assert [int(b.last) for b in part] == [0] * (nb - 1) + [1]
+        head = (int(part[0].row), int(part[0].state.m), int(part[0].state.l))
+        assert {(int(b.row), int(b.state.m), int(b.state.l)) for b in part} == {head}
+        got.append((*head, np.array([int(v) for b in part for v in b.state.o])))
     return got
+
+
+def merged_rows(bits, finals, olay, d: int, tile_rows: int) -> list:
+    """:func:`beat_rows` as ``(chunk row, m, l, o)``: row ``n`` is chunk row ``finals[n]``,
+    whose place in its ``tile_rows``-row tile must be the beats' ``row``."""
+    got = beat_rows(bits, olay, d)
+    assert len(got) == len(finals)
+    for x, (r, *_) in zip(finals, got):
+        assert x % tile_rows == r
+    return [(x, *rest) for x, (_, *rest) in zip(finals, got)]

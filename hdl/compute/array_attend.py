@@ -15,7 +15,7 @@ from amaranth.lib.wiring import In, Out
 from mcf.abi.attn_tile import (
     P8,
     k_word_layout,
-    merge_out_layout,
+    merge_beat_layout,
     pv_word_layout,
     score_q_layout,
 )
@@ -41,8 +41,9 @@ class ArrayAttention(wiring.Component):
     v : In(stream.Signature(pv_word_layout(array_rows, lanes, max_block, rows)))
         Each block's V as array words with its counts, in the schedule's block order
         (ArrayPV's ``v``).
-    o : Out(stream.Signature(merge_out_layout(head_dim, rows)))
-        A row's merged ``(m, l, o)`` after its final block.
+    o : Out(stream.Signature(merge_beat_layout(merge_lanes, rows)))
+        A row's merged ``(m, l, o)`` after its final block, in beats of ``merge_lanes``
+        channels (TileMerge's ``o``).
     score_st, score_res, pv_st, pv_res : ``own_arrays = False`` only
         ArrayScore's and ArrayPV's client ports (:class:`~.array_share.ArrayShare`'s
         ``c{n}_st`` / ``c{n}_res``) for arrays shared with others — the GEMM's.
@@ -79,7 +80,7 @@ class ArrayAttention(wiring.Component):
             "q": In(stream.Signature(score_q_layout(head_dim, max_block, rows))),
             "k": In(stream.Signature(k_word_layout(keys, head_dim, lanes, max_block, rows))),
             "v": In(stream.Signature(pv_word_layout(array_rows, lanes, max_block, rows))),
-            "o": Out(stream.Signature(merge_out_layout(head_dim, rows))),
+            "o": Out(stream.Signature(merge_beat_layout(merge_lanes, rows))),
         }
         if not own_arrays:
             for part in ("score", "pv"):

@@ -62,13 +62,14 @@ class ArrayEngine(wiring.Component):
 
     Parameters beyond AttentionEngine's: ``keys`` (keys per score beat), ``arr_lanes``,
     ``arrays``, ``array_rows``, ``chain``, ``dsp``, ``own_arrays`` (the arrays', as
-    :class:`~.array_attend.ArrayAttention`), ``out_lanes`` (the output's ``o`` lanes per cycle).
+    :class:`~.array_attend.ArrayAttention`), ``merge_lanes`` (TileMerge's ``o`` lanes per
+    beat, the state store's word).
 
     Rate: the arrays' in today's ``w`` — per quad of heads and block of ``n`` keys
     ``head_dim/arr_lanes · ceil(n / array_rows)`` steps of S and three times
     ``ceil(n / head_dim) · head_dim/arr_lanes · head_dim/array_rows`` of P·V; the K and V feed
     at one beat of ``lanes`` channels per cycle each (``n · head_dim/lanes`` cycles a block);
-    the output ``head_dim/out_lanes`` cycles per head to collect, then a word per cycle.
+    the output ``head_dim/merge_lanes`` beats per head to collect, then a word per cycle.
     Measured in ``tests/test_array_engine.py``. Latency: a job's output starts after its last
     block's merge and its heads collected.
     """
@@ -78,7 +79,7 @@ class ArrayEngine(wiring.Component):
                  merge_lanes: int = 4, kv_format: KVFormat = KVFormat.PER_TOKEN,
                  keys: int = 4, arr_lanes: int = 16, arrays: int = 4, array_rows: int = 16,
                  chain: int = 1, dsp: str = "fabric", own_arrays: bool = True,
-                 slots: int = 4, tags: int = 16, out_lanes: int = 4, inner: bool = True):
+                 slots: int = 4, tags: int = 16, inner: bool = True):
         if KVFormat(kv_format) != KVFormat.PER_TOKEN:
             raise ValueError("the engine on the arrays takes PER_TOKEN K")
         if data_width % LANE_BITS:
@@ -88,7 +89,7 @@ class ArrayEngine(wiring.Component):
         G, T = max_heads, max_block
         self.front = QueryFront(head_dim, lanes, G, T)
         self.feed = KVFeed(head_dim, lanes, G, T)
-        self.out = StateOut(head_dim, out_lanes, G, data_width, out_fifo_depth)
+        self.out = StateOut(head_dim, merge_lanes, G, data_width, out_fifo_depth)
         self.inner = inner
         if inner:
             self.kv = TileKV(keys=keys, head_dim=head_dim, lanes=arr_lanes, in_lanes=lanes,

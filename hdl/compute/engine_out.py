@@ -12,7 +12,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.attn_tile import merge_out_layout
+from mcf.abi.attn_tile import merge_beat_layout
 from mcf.abi.framing import beat_layout
 from mcf.abi.kv import AttnMode
 from mcf.abi.softmax import LANE_BITS, M_EMPTY, STATE_L, STATE_M
@@ -32,9 +32,9 @@ class StateOut(wiring.Component):
     Members
     -------
     ojob : In(stream.Signature(out_job_layout(max_heads))) — taken when the job is out.
-    i : In(stream.Signature(merge_out_layout(head_dim, max_heads)))
-        A head's merged ``(m, l, o)``, taken after its ``o`` is written, ``lanes`` lanes per
-        cycle (``head_dim/lanes`` cycles).
+    i : In(stream.Signature(merge_beat_layout(lanes, max_heads)))
+        A head's merged ``(m, l, o)`` beats (TileMerge's, built with the same ``lanes``), each
+        written into the state store as it comes (``m``, ``l`` from the head's last).
     o : Out(stream.Signature(beat_layout(data_width))) — the payload beats.
     job : Out(1) — a job out (its last word in the packer).
     busy : Out(1)
@@ -49,7 +49,7 @@ class StateOut(wiring.Component):
         self.data_width, self.fifo_depth = data_width, fifo_depth
         super().__init__({
             "ojob": In(stream.Signature(out_job_layout(max_heads))),
-            "i": In(stream.Signature(merge_out_layout(head_dim, max_heads))),
+            "i": In(stream.Signature(merge_beat_layout(lanes, max_heads))),
             "o": Out(stream.Signature(beat_layout(data_width))),
             "job": Out(1), "busy": Out(1),
         })
@@ -77,9 +77,7 @@ class StateOut(wiring.Component):
             out.l_word.eq(Mux(jb.empty, 0, l_reg[out.h])),
             o_rd.addr.eq(out.addr), out.o_lanes.eq(Mux(jb.empty, 0, o_rd.data)),
         ]
-        words = ip.state.o.as_value()
-        m.d.comb += [o_wr.addr.eq(ip.row * NB + w),
-                     o_wr.data.eq(words.word_select(w, W) if NB > 1 else words)]
+        m.d.comb += [o_wr.addr.eq(ip.row * NB + w), o_wr.data.eq(ip.state.o.as_value())]
         with m.FSM() as fsm:
             with m.State("IDLE"), m.If(self.ojob.valid):
                 m.d.sync += [got.eq(0), w.eq(0)]
@@ -90,10 +88,9 @@ class StateOut(wiring.Component):
                 with m.If(got == jb.heads):
                     m.next = "START"
                 with m.Elif(self.i.valid):
-                    m.d.comb += o_wr.en.eq(1)
+                    m.d.comb += [o_wr.en.eq(1), self.i.ready.eq(1)]
                     m.d.sync += w.eq(w + 1)
-                    with m.If(w == NB - 1):
-                        m.d.comb += self.i.ready.eq(1)
+                    with m.If(ip.last):
                         m.d.sync += [w.eq(0), got.eq(got + 1), m_reg[ip.row].eq(ip.state.m),
                                      l_reg[ip.row].eq(ip.state.l)]
             with m.State("START"):

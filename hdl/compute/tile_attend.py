@@ -13,7 +13,7 @@ from amaranth.lib.wiring import In, Out
 
 from mcf.abi.attn_tile import (
     k_word_layout,
-    merge_out_layout,
+    merge_beat_layout,
     score_q_layout,
     score_row_beat_layout,
     v_beat_layout,
@@ -40,8 +40,9 @@ class TileAttend(wiring.Component):
         ``masked``); ``row``, ``first``, ``final`` read on a row's first beat.
     v : In(stream.Signature(v_beat_layout(keys, head_dim, rows)))
         Each block's V with its count of rows, in the same block order (TilePV's ``v``).
-    o : Out(stream.Signature(merge_out_layout(head_dim, rows)))
-        A row's merged ``(m, l, o)`` after its final block (TileMerge's ``o``).
+    o : Out(stream.Signature(merge_beat_layout(merge_lanes, rows)))
+        A row's merged ``(m, l, o)`` after its final block, in beats of ``merge_lanes``
+        channels (TileMerge's ``o``).
 
     Rate: one score beat (``keys`` keys) per cycle and ``keys × head_dim`` P·V MACs per cycle
     while TileSoftmax runs at its full rate (``slots · N ≥ 3N + HOLD`` for rows of ``N``
@@ -63,7 +64,7 @@ class TileAttend(wiring.Component):
         super().__init__({
             "s": In(stream.Signature(score_row_beat_layout(keys, head_dim, rows))),
             "v": In(stream.Signature(v_beat_layout(keys, head_dim, rows))),
-            "o": Out(stream.Signature(merge_out_layout(head_dim, rows))),
+            "o": Out(stream.Signature(merge_beat_layout(merge_lanes, rows))),
         })
 
     def elaborate(self, platform):
@@ -118,8 +119,9 @@ class TileAttention(wiring.Component):
         the schedule's block order (TileScore's ``k``).
     v : In(stream.Signature(v_beat_layout(keys, head_dim, rows)))
         Each block's V with its count of rows, in the same order (TilePV's ``v``).
-    o : Out(stream.Signature(merge_out_layout(head_dim, rows)))
-        A row's merged ``(m, l, o)`` after its final block.
+    o : Out(stream.Signature(merge_beat_layout(merge_lanes, rows)))
+        A row's merged ``(m, l, o)`` after its final block, in beats of ``merge_lanes``
+        channels (TileMerge's ``o``).
 
     Rate: one score beat per cycle — ``keys × head_dim`` QKᵀ and as many P·V MACs per cycle —
     when the block's keys are a whole number of TileScore key tiles and TileAttend runs at its
@@ -139,7 +141,7 @@ class TileAttention(wiring.Component):
             "q": In(stream.Signature(score_q_layout(head_dim, max_block, rows))),
             "k": In(stream.Signature(k_word_layout(keys, head_dim, lanes, max_block, rows))),
             "v": In(stream.Signature(v_beat_layout(keys, head_dim, rows))),
-            "o": Out(stream.Signature(merge_out_layout(head_dim, rows))),
+            "o": Out(stream.Signature(merge_beat_layout(merge_lanes, rows))),
         })
 
     def elaborate(self, platform):

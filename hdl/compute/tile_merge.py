@@ -15,7 +15,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.attn_tile import P8, merge_in_layout, merge_out_layout
+from mcf.abi.attn_tile import P8, merge_beat_layout, merge_in_layout
 from mcf.abi.kv import AttnMode
 from mcf.abi.softmax import LANE_BITS, M_EMPTY, STATE_L, STATE_M, STATE_O
 
@@ -43,9 +43,10 @@ class TileMerge(wiring.Component):
         ``l``, ``o`` 0 — :func:`mcf.golden.attention.attend_max`. A row's blocks come in KV
         order; rows of a block in any order. Ready in the idle state while no output waits (or
         it is taken in this cycle).
-    o : Out(stream.Signature(merge_out_layout(head_dim, rows)))
-        After a ``final`` block: the row's merged ``(m, l, o)`` and the row. The payload holds
-        until taken.
+    o : Out(stream.Signature(merge_beat_layout(lanes, rows)))
+        After a ``final`` block: the row's merged ``(m, l, o)`` and the row, ``head_dim/lanes``
+        beats of ``lanes`` channels as the words are merged (``m``, ``l`` on each); the merge
+        waits while a beat is not taken.
 
     The running states live in two memories (``m, l`` per row; ``o`` in ``head_dim / lanes``
     words of ``lanes`` lanes per row).
@@ -65,7 +66,7 @@ class TileMerge(wiring.Component):
         self.p_format = p_format
         super().__init__({
             "i": In(stream.Signature(merge_in_layout(head_dim, rows, max_block, p_format))),
-            "o": Out(stream.Signature(merge_out_layout(head_dim, rows))),
+            "o": Out(stream.Signature(merge_beat_layout(lanes, rows))),
         })
 
     @property
@@ -102,11 +103,13 @@ class TileMerge(wiring.Component):
         cd = Signal(range(NB))                 # word whose data is on o_rd
         vld, started = Signal(), Signal()
         out = self.o.payload
-        out_words = Array(Signal(W, name=f"out{j}") for j in range(NB))
         idle = Signal()
-        m.d.comb += [out.state.o.eq(Cat(*out_words)),
+        # a final block's word waits while the beat before it is not taken (c, cd, the read
+        # port's data and the merge inputs hold)
+        hold = Signal()
+        m.d.comb += [hold.eq(blk.final & self.o.valid & ~self.o.ready),
                      ml_rd.addr.eq(Mux(idle, self.i.payload.row, blk.row)),
-                     o_rd.addr.eq(blk.row * NB + c)]
+                     o_rd.addr.eq(blk.row * NB + c), o_rd.en.eq(~hold)]
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += self.o.valid.eq(0)
         m.d.comb += [
@@ -133,23 +136,23 @@ class TileMerge(wiring.Component):
         m.d.comb += [o_wr.data.eq(o_new), ml_wr.data.l.eq(l_new)]
         with m.FSM() as fsm:
             with m.State("IDLE"):
-                m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready)
+                m.d.comb += self.i.ready.eq(1)
                 with m.If(self.i.valid & self.i.ready):
                     m.d.sync += [blk.eq(self.i.payload), started.eq(0)]
                     m.next = "HEAD"
             # the row's m, l on ml_rd; m_new, then the scale factors (MergeUnit.LATENCY)
             merge_head_state(m, mu, started, then="RUN", on_done=[c.eq(0), vld.eq(0)])
-            with m.State("RUN"):
+            with m.State("RUN"), m.If(~hold):
                 # read word c; merge and write back word cd (read the cycle before)
                 m.d.sync += [vld.eq(c != NB), cd.eq(c), c.eq(Mux(c == NB, NB, c + 1))]
                 with m.If(vld):
                     m.d.comb += o_wr.en.eq(1)
-                    m.d.sync += out_words[cd].eq(o_new)
+                    with m.If(blk.final):
+                        m.d.sync += [self.o.valid.eq(1), out.state.o.eq(o_new),
+                                     out.row.eq(blk.row), out.state.m.eq(mu.m_new),
+                                     out.state.l.eq(l_new), out.last.eq(cd == NB - 1)]
                     with m.If(cd == NB - 1):
                         m.d.comb += ml_wr.en.eq(1)
-                        with m.If(blk.final):
-                            m.d.sync += [self.o.valid.eq(1), out.row.eq(blk.row),
-                                         out.state.m.eq(mu.m_new), out.state.l.eq(l_new)]
                         m.next = "IDLE"
         m.d.comb += idle.eq(fsm.ongoing("IDLE"))
         return m

@@ -58,8 +58,8 @@ class TilePrefill(wiring.Component):
         ``k``, ``v``), also for a block no row of the tile meets (dropped by the arrays).
     kh : In(stream.Signature(fold_header_layout(fold_lanes))) — ``PER_CHANNEL_K`` only
         Per descriptor the block's group headers (TileFold's ``kh``).
-    o : Out(stream.Signature(norm_beat_layout(norm_lanes, max_rows)))
-        Each row's ``o / l`` (ATTN_OUT codes, ``head_dim/norm_lanes`` beats) and its row in the
+    o : Out(stream.Signature(norm_beat_layout(merge_lanes, max_rows)))
+        Each row's ``o / l`` (ATTN_OUT codes, ``head_dim/merge_lanes`` beats) and its row in the
         chunk, in the order the rows finish (per query tile, by their final block).
     score_st, score_res, pv_st, pv_res : ``arrays`` with ``own_arrays = False`` only
         The S and P·V client ports of :class:`~.array_attend.ArrayAttention` (the GEMM's
@@ -89,7 +89,7 @@ class TilePrefill(wiring.Component):
     def __init__(self, keys: int = 4, head_dim: int = 128, lanes: int = 16, in_lanes: int = 64,
                  max_block: int = 256, rows: int = 64, max_rows: int = 1536, max_heads: int = 8,
                  kv_format: KVFormat = KVFormat.PER_TOKEN, fold_lanes: int = 16,
-                 folds: int = 3, slots: int = 4, merge_lanes: int = 4, norm_lanes: int = 4,
+                 folds: int = 3, slots: int = 4, merge_lanes: int = 4,
                  rows_fifo: int = 4, dsp: str = "model", query_ram: str = "block",
                  arrays: int = 0, array_rows: int = 16, chain: int = 1,
                  own_arrays: bool = True, engine_width: int = 0):
@@ -110,7 +110,7 @@ class TilePrefill(wiring.Component):
             # AttentionEngine's jobs on this chain (chain_share), its words engine_width wide
             self.engine = ArrayEngine(head_dim, in_lanes, max_heads, max_block,
                                       data_width=engine_width, keys=keys, arr_lanes=lanes,
-                                      inner=False)
+                                      merge_lanes=merge_lanes, inner=False)
         if arrays:
             # S and P·V on the GEMM's kind of arrays, taking turns (:class:`ArrayAttention`)
             self.att = ArrayAttention(keys=keys, head_dim=head_dim, lanes=lanes,
@@ -124,14 +124,14 @@ class TilePrefill(wiring.Component):
             self.att = TileAttention(keys=keys, head_dim=head_dim, lanes=lanes,
                                      max_block=max_block, rows=rows, slots=slots,
                                      merge_lanes=merge_lanes, dsp=dsp)
-        self.norm = TileNormalize(head_dim=head_dim, rows=rows, lanes=norm_lanes)
+        self.norm = TileNormalize(head_dim=head_dim, rows=rows, lanes=merge_lanes)
         members = {
             "chunk": In(stream.Signature(chunk_layout(max_rows, max_heads))),
             "q": In(stream.Signature(query_row_layout(head_dim))),
             "desc": In(stream.Signature(block_desc_layout(max_block))),
             "k": In(stream.Signature(kv_beat_layout(in_lanes))),
             "v": In(stream.Signature(kv_beat_layout(in_lanes))),
-            "o": Out(stream.Signature(norm_beat_layout(norm_lanes, max_rows))),
+            "o": Out(stream.Signature(norm_beat_layout(merge_lanes, max_rows))),
         }
         if self.kv_format == KVFormat.PER_CHANNEL_K:
             members["kh"] = In(stream.Signature(fold_header_layout(fold_lanes)))

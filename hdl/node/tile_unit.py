@@ -53,7 +53,7 @@ class TileRowWriter(wiring.Component):
     Members
     -------
     o : In(stream.Signature(norm_beat_layout(data_width // 32, max_rows)))
-        TilePrefill's ``o`` (built with ``norm_lanes = data_width / 32``): a row's
+        TilePrefill's ``o`` (built with ``merge_lanes = data_width / 32``): a row's
         ``32·head_dim/data_width`` beats, each one bus beat of the row's write.
     out_addr, out_stride, heads : In
         The record's; stable while its rows arrive.

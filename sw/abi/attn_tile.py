@@ -61,7 +61,7 @@ __all__ = [
     "P_ONE", "W_MAX", "W_BITS", "PV_W", "P8", "P8_MAX_PRODUCT", "PV_SPLIT_KEYS",
     "qk_acc_bits", "qk_pack_shift", "p8_row_shift", "quantize_p8", "pv_pack_shift",
     "pv_p8_out", "P8_SHIFT_MAX", "score_beat_layout", "p8_beat_layout", "PV_SHIFT",
-    "pv_acc_bits", "v_beat_layout", "tile_state_layout", "merge_in_layout", "merge_out_layout",
+    "pv_acc_bits", "v_beat_layout", "tile_state_layout", "merge_in_layout", "merge_beat_layout",
     "score_row_beat_layout", "pv_out_layout", "qk_tile_keys", "k_word_layout",
     "score_q_layout", "row_mode_fields", "kv_rows_layout", "fold_row_layout", "fold_header_layout",
     "chunk_layout", "query_row_layout", "block_desc_layout", "tile_rows_layout",
@@ -293,11 +293,14 @@ def score_row_beat_layout(keys: int, head_dim: int, rows: int) -> data.StructLay
     })
 
 
-def merge_out_layout(head_dim: int, rows: int) -> data.StructLayout:
-    """A row's merged state after its final block, and the row."""
+def merge_beat_layout(lanes: int, rows: int) -> data.StructLayout:
+    """A beat of a row's merged state after its final block: ``m``, ``l`` and ``lanes``
+    channels of ``o`` (a row's beats in channel order), the row on each, ``last`` on its
+    final one."""
     return data.StructLayout({
-        "state": tile_state_layout(head_dim),
+        "state": tile_state_layout(lanes),
         "row": unsigned(max(1, (rows - 1).bit_length())),
+        "last": unsigned(1),
     })
 
 

@@ -119,7 +119,8 @@ class TileRowWriter(wiring.Component):
 
 class TileUnit(wiring.Component):
     """One PREFILL_TILE record at a time: list → the chunk's query slots (checked, then read
-    again) → TilePrefill's chunk and rows, and beside the rows (TileQuery holds two query
+    again: per token its heads as rows of ``4 + head_dim`` bytes, one head's beats held) →
+    TilePrefill's chunk and rows, and beside the rows (TileQuery holds two query
     tiles: a tile's rows wait for the tile two before) per query tile the blocks' descriptors
     and, in the same order, the KV reader's block requests → the rows written
     (:class:`TileRowWriter`).
@@ -228,19 +229,20 @@ class TileUnit(wiring.Component):
 
         # ---- the query slots: bytes, beats, the row extraction -------------------------------
         P = query_head_bytes(D)
+        HB = -(-P // BB)                           # beats of a head's row
         qlen = Signal(range(query_bytes(G, D) + 1))
         slot = Signal(range(query_bytes(G, D) + BB))
         qbeats = Signal(range(self.q_beats + 1))
         m.d.comb += [qlen.eq(QUERY_HEADER_BYTES + arg.heads * P),
                      slot.eq((qlen + BB - 1) & ~(BB - 1)), qbeats.eq((qlen + BB - 1) // BB)]
-        qbuf = Signal(DW * self.q_beats)
-        bi = Signal(range(self.q_beats + 1))
+        bi = Signal(range(max(self.q_beats, HB) + 1))
         h = Signal(range(G + 1))
-        scales = Array(qbuf[8 * (QUERY_HEADER_BYTES + j * P):][:QUERY_SCALE.size]
-                       for j in range(G))
-        codes = Array(qbuf[8 * (QUERY_HEADER_BYTES + j * P + 4):][:8 * D] for j in range(G))
-        sc = data.View(QUERY_SCALE, scales[h])
-        m.d.comb += [self.q.payload.q.eq(codes[h]), self.q.payload.scale_m.eq(sc.m),
+        # the rows' pass reads a token's heads as rows of P bytes (the DmaReader delivers each
+        # from lane 0): a head's beats fill hbuf, its scale and codes at fixed bits
+        hbuf = Signal(DW * HB)
+        qa = Signal(DMA_ADDR_BITS)                 # the next slot's first head
+        sc = data.View(QUERY_SCALE, hbuf[:QUERY_SCALE.size])
+        m.d.comb += [self.q.payload.q.eq(hbuf[32:32 + 8 * D]), self.q.payload.scale_m.eq(sc.m),
                      self.q.payload.scale_e.eq(sc.e)]
         m.d.comb += [self.chunk.payload.pos.eq(pos0), self.chunk.payload.rows.eq(nrows),
                      self.chunk.payload.heads.eq(arg.heads)]
@@ -286,35 +288,55 @@ class TileUnit(wiring.Component):
             with m.If(idx == 1):
                 m.d.sync += first_key.eq(bent.pos0)
 
-        def slot_pass(name, feed):
-            """States ``name``_REQ and ``name``_RX: one pass over the chunk's query slots, its
-            beats kept for the rows (``feed``) or checked."""
-            with m.State(f"{name}_REQ"):
-                dma_read(m, rd, hdr.q_addr, qlen, f"{name}_RX", count=hdr.tokens, stride=slot)
-            with m.State(f"{name}_RX"):
+        def check_pass():
+            """States QH_REQ and QH_RX: one pass over the chunk's query slots, checked."""
+            with m.State("QH_REQ"):
+                dma_read(m, rd, hdr.q_addr, qlen, "QH_RX", count=hdr.tokens, stride=slot)
+            with m.State("QH_RX"):
                 m.d.comb += rd.o.ready.eq(1)
                 with m.If(rd.o.valid):
                     m.d.sync += bi.eq(Mux(bi == qbeats - 1, 0, bi + 1))
                     with m.If(beat.err):
-                        m.d.sync += [bad.eq(1), qerr.eq(int(feed))]
-                    if feed:
-                        for i in range(self.q_beats):
-                            with m.If(bi == i):
-                                m.d.sync += qbuf[DW * i:DW * (i + 1)].eq(beat.data)
-                    else:
-                        with m.If(bi == 0):
-                            with m.If((qh.heads != arg.heads)
-                                      | ((idx != 0) & (qh.pos != (pos0 + idx)[:KV_POS_BITS]))):
-                                m.d.sync += bad.eq(1)
-                            with m.If(idx == 0):
-                                m.d.sync += pos0.eq(qh.pos)
+                        m.d.sync += bad.eq(1)
+                    with m.If(bi == 0):
+                        with m.If((qh.heads != arg.heads)
+                                  | ((idx != 0) & (qh.pos != (pos0 + idx)[:KV_POS_BITS]))):
+                            m.d.sync += bad.eq(1)
+                        with m.If(idx == 0):
+                            m.d.sync += pos0.eq(qh.pos)
                     with m.If(bi == qbeats - 1):
                         m.d.sync += idx.eq(idx + 1)
-                        with m.If(feed):
-                            m.d.sync += h.eq(0)
-                            m.next = "Q_OUT"
-                        with m.Elif(beat.last):
+                        with m.If(beat.last):
                             m.next = "CHECK"
+
+        def rows_pass():
+            """States Q_REQ, Q_RX, Q_OUT: per token its heads read as ``heads`` rows of ``P``
+            bytes (``P`` apart, after the slot's header), each head's row out on ``q``."""
+            with m.State("Q_REQ"):
+                dma_read(m, rd, qa, P, "Q_RX", count=arg.heads, stride=P)
+                with m.If(rd.desc.ready):
+                    m.d.sync += [qa.eq(qa + slot), h.eq(0)]
+            with m.State("Q_RX"):
+                m.d.comb += rd.o.ready.eq(1)
+                with m.If(rd.o.valid):
+                    m.d.sync += bi.eq(Mux(bi == HB - 1, 0, bi + 1))
+                    with m.If(beat.err):
+                        m.d.sync += [bad.eq(1), qerr.eq(1)]
+                    for i in range(HB):
+                        with m.If(bi == i):
+                            m.d.sync += hbuf[DW * i:DW * (i + 1)].eq(beat.data)
+                    with m.If(bi == HB - 1):
+                        m.next = "Q_OUT"
+            with m.State("Q_OUT"):
+                m.d.comb += self.q.valid.eq(1)
+                with m.If(self.q.ready):
+                    m.d.sync += h.eq(h + 1)
+                    m.next = "Q_RX"
+                    with m.If(h == arg.heads - 1):
+                        m.d.sync += idx.eq(idx + 1)
+                        m.next = "Q_REQ"
+                        with m.If(idx == hdr.tokens - 1):
+                            m.next = "ROWS"
 
         with m.FSM():
             with m.State("IDLE"):
@@ -332,7 +354,7 @@ class TileUnit(wiring.Component):
                     m.next = "BAD"
                 with m.Else():
                     m.next = "QH_REQ"
-            slot_pass("QH", False)
+            check_pass()
             with m.State("CHECK"):
                 m.d.sync += idx.eq(0)
                 with m.If(bad | (pos0 < first_key)):
@@ -346,16 +368,8 @@ class TileUnit(wiring.Component):
             with m.State("CHUNK"):
                 offer(m, self.chunk, "Q_REQ")
                 with m.If(self.chunk.ready):
-                    m.d.sync += pairs.eq(1)
-            slot_pass("Q", True)
-            with m.State("Q_OUT"):
-                m.d.comb += self.q.valid.eq(1)
-                with m.If(self.q.ready):
-                    m.d.sync += h.eq(h + 1)
-                    with m.If(h == arg.heads - 1):
-                        m.next = "Q_RX"
-                        with m.If(idx == hdr.tokens):
-                            m.next = "ROWS"
+                    m.d.sync += [pairs.eq(1), qa.eq(hdr.q_addr + QUERY_HEADER_BYTES)]
+            rows_pass()
             with m.State("ROWS"), m.If(~pairs & (acked == nrows)):
                 m.d.sync += [st.records.eq(st.records + ~qerr),
                              st.bad_list.eq(st.bad_list + qerr),

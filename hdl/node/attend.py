@@ -8,8 +8,11 @@ two-phase softmax (DECODE MAX / FIXED; PREFILL EXACT runs both phases itself). F
 
 from __future__ import annotations
 
-from amaranth import Array, Module, Mux, Signal
+import math
+
+from amaranth import Array, Cat, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.attend import (
@@ -145,8 +148,14 @@ class AttendUnit(wiring.Component):
         prefill = Signal()
         bad = Signal()
         idx = Signal(range(max(self.max_list, self.q_beats) + 2))
-        qbuf = Signal(DW * self.q_beats)
-        qhdr = data.View(QUERY_HEADER, qbuf[:QUERY_HEADER.size])
+        # the query record's beats, in a memory read asynchronously (LUT-RAM): a beat chunk is
+        # a window of consecutive beats and a choice of its start on the record's byte grid
+        BB = DW // 8
+        NR = (8 * L + DW - 1) // DW + 1               # beats a chunk of 8·L bits may touch
+        m.submodules.qmem = qmem = Memory(shape=unsigned(DW), depth=self.q_beats + NR - 1,
+                                          init=[])
+        q_wr = qmem.write_port()
+        qhdr = Signal(QUERY_HEADER)                   # beat 0's header, kept as it lands
         done = Signal()
         m.d.sync += self.done.eq(done)
 
@@ -171,13 +180,22 @@ class AttendUnit(wiring.Component):
         P = query_head_bytes(D)
         h_cnt = Signal(range(G + 1))
         c_cnt = Signal(range(NB))
-        scales = Array(qbuf[8 * (QUERY_HEADER_BYTES + h * P):][:QUERY_SCALE.size]
-                       for h in range(G))
-        codes = Array(qbuf[8 * (QUERY_HEADER_BYTES + h * P + 4 + c * L):][:8 * L]
-                      for h in range(G) for c in range(NB))
-        sc = data.View(QUERY_SCALE, scales[h_cnt])
+        GB = math.gcd(QUERY_HEADER_BYTES, QUERY_SCALE.size // 8, P, L, BB)   # the fields' grid
+
+        def window(start, n_beats, width):
+            """``width`` bits of the record from byte ``start`` (a multiple of GB)."""
+            ports = [qmem.read_port(domain="comb") for _ in range(n_beats)]
+            for r, port in enumerate(ports):
+                m.d.comb += port.addr.eq(start // BB + r)
+            beats = Cat(*(port.data for port in ports))
+            return Array(beats[8 * GB * k:][:width] for k in range(BB // GB))[
+                (start % BB) // GB]
+
+        q_at = Signal(range(QUERY_HEADER_BYTES + G * P + 1))    # head h_cnt's scale
+        m.d.comb += q_at.eq(QUERY_HEADER_BYTES + h_cnt * P)
+        sc = data.View(QUERY_SCALE, window(q_at, 2, QUERY_SCALE.size))
         qp = self.q.payload
-        m.d.comb += [qp.data.eq(codes[h_cnt * NB + c_cnt]), qp.scale_m.eq(sc.m),
+        m.d.comb += [qp.data.eq(window(q_at + 4 + c_cnt * L, NR, 8 * L)), qp.scale_m.eq(sc.m),
                      qp.scale_e.eq(sc.e), qp.m_fix.eq(mx_words[h_cnt])]
 
         jp = self.job.payload
@@ -271,11 +289,12 @@ class AttendUnit(wiring.Component):
                 dma_read(m, rd, hdr.q_addr, QUERY_HEADER_BYTES + arg.heads * P, "Q_RX")
             with m.State("Q_RX"):
                 m.d.comb += rd.o.ready.eq(1)
+                m.d.comb += [q_wr.addr.eq(idx), q_wr.data.eq(beat.data)]
                 with m.If(rd.o.valid):
                     m.d.sync += idx.eq(idx + 1)
-                    for i in range(self.q_beats):
-                        with m.If(idx == i):
-                            m.d.sync += qbuf[DW * i:DW * (i + 1)].eq(beat.data)
+                    m.d.comb += q_wr.en.eq(idx < self.q_beats)
+                    with m.If(idx == 0):
+                        m.d.sync += qhdr.eq(beat.data[:QUERY_HEADER.size])
                     with m.If(beat.err):
                         m.d.sync += bad.eq(1)
                     with m.If(beat.last):

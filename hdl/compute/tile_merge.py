@@ -41,8 +41,7 @@ class TileMerge(wiring.Component):
         32-bit wrap-around (``m`` is the blocks' ``m_fix``) —
         :func:`mcf.golden.attention.attend_fixed`'s sums; MAX keeps ``m = max(m, m_b)`` with
         ``l``, ``o`` 0 — :func:`mcf.golden.attention.attend_max`. A row's blocks come in KV
-        order; rows of a block in any order. Ready in the idle state while no output waits (or
-        it is taken in this cycle).
+        order; rows of a block in any order. Ready in the idle state.
     o : Out(stream.Signature(merge_beat_layout(lanes, rows)))
         After a ``final`` block: the row's merged ``(m, l, o)`` and the row, ``head_dim/lanes``
         beats of ``lanes`` channels as the words are merged (``m``, ``l`` on each); the merge
@@ -55,7 +54,8 @@ class TileMerge(wiring.Component):
     + 3`` cycles (measured in ``tests/test_tile_merge.py``): 38 at ``head_dim`` 128 and the
     default 4 lanes (14 with 16), against the P·V arrays' one row per ``block / keys`` = 64
     cycles on the kr260 shape.
-    Latency: the same, from a ``final`` state taken to its ``o.valid``.
+    Latency: the same, from a ``final`` state taken to its last beat's ``o.valid`` (beats taken
+    at once).
     """
 
     def __init__(self, head_dim: int = 128, rows: int = 64, lanes: int = 4,

@@ -283,8 +283,8 @@ class DmaReader(wiring.Component):
         m.d.comb += final_keep.eq(Mux(rem == 0, (1 << bb) - 1,
                                       (Const(1, bb + 1) << rem) - 1))
 
-        # row bytes from lane 0: the beat pair shifted down by ``off`` lanes, one fixed slice
-        # per offset (no operand wider than the beat)
+        # row bytes from lane 0: the beat pair shifted down by ``off`` lanes (slices of it, two
+        # stages of 4:1 choices: no operand wider than the beat pair)
         nxt_raw = Signal(DW)
         m.d.comb += nxt_raw.eq(Mux(raw_seen < raw_cnt, raw.r_data[:DW], 0))
         shifted = Signal(DW)
@@ -428,8 +428,7 @@ class DmaWriter(wiring.Component):
             m.d.comb += lanes[b].eq((start + b >= cur.off) & (start + b < end))
 
         # the row's bytes moved up by ``off`` lanes (byte b of a beat is row byte b - off,
-        # lanes below ``off`` from ``prev``): one fixed slice per offset, so no operand is
-        # wider than the beat
+        # lanes below ``off`` from ``prev``): slices of the beat pair, as the reader's
         nxt = Signal(DW)
         m.d.comb += nxt.eq(Mux(j < in_cnt, self.i.payload, 0))
         wdata = Signal(DW)

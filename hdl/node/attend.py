@@ -35,6 +35,7 @@ from mcf.abi.query import (
     QUERY_HEADER,
     QUERY_HEADER_BYTES,
     QUERY_SCALE,
+    QUERY_SCALE_BYTES,
     query_bytes,
     query_head_bytes,
 )
@@ -195,7 +196,8 @@ class AttendUnit(wiring.Component):
         m.d.comb += q_at.eq(QUERY_HEADER_BYTES + h_cnt * P)
         sc = data.View(QUERY_SCALE, window(q_at, 2, QUERY_SCALE.size))
         qp = self.q.payload
-        m.d.comb += [qp.data.eq(window(q_at + 4 + c_cnt * L, NR, 8 * L)), qp.scale_m.eq(sc.m),
+        m.d.comb += [qp.data.eq(window(q_at + QUERY_SCALE_BYTES + c_cnt * L, NR, 8 * L)),
+                     qp.scale_m.eq(sc.m),
                      qp.scale_e.eq(sc.e), qp.m_fix.eq(mx_words[h_cnt])]
 
         jp = self.job.payload

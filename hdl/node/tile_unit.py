@@ -31,6 +31,7 @@ from mcf.abi.query import (
     QUERY_HEADER,
     QUERY_HEADER_BYTES,
     QUERY_SCALE,
+    QUERY_SCALE_BYTES,
     query_bytes,
     query_head_bytes,
 )
@@ -242,7 +243,8 @@ class TileUnit(wiring.Component):
         hbuf = Signal(DW * HB)
         qa = Signal(DMA_ADDR_BITS)                 # the next slot's first head
         sc = data.View(QUERY_SCALE, hbuf[:QUERY_SCALE.size])
-        m.d.comb += [self.q.payload.q.eq(hbuf[32:32 + 8 * D]), self.q.payload.scale_m.eq(sc.m),
+        m.d.comb += [self.q.payload.q.eq(hbuf[8 * QUERY_SCALE_BYTES:][:8 * D]),
+                     self.q.payload.scale_m.eq(sc.m),
                      self.q.payload.scale_e.eq(sc.e)]
         m.d.comb += [self.chunk.payload.pos.eq(pos0), self.chunk.payload.rows.eq(nrows),
                      self.chunk.payload.heads.eq(arg.heads)]

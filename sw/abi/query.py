@@ -33,8 +33,8 @@ from .quant import SCALE_EXP_BITS, SCALE_MANT_BITS
 
 __all__ = [
     "QUERY_HEAD_BITS", "QUERY_HEADER", "QUERY_SCALE", "QUERY_WORD_BYTES", "QUERY_HEADER_BYTES",
-    "QueryRecord", "query_head_bytes", "query_bytes", "query_fragments", "pack_query",
-    "unpack_query",
+    "QUERY_SCALE_BYTES", "QueryRecord", "query_head_bytes", "query_bytes", "query_fragments",
+    "pack_query", "unpack_query",
 ]
 
 QUERY_WORD_BYTES = 4
@@ -61,7 +61,8 @@ def _words(bits: int) -> int:
 
 
 QUERY_HEADER_BYTES = _words(QUERY_HEADER.size)
-_SCALE_BYTES = _words(QUERY_SCALE.size)
+QUERY_SCALE_BYTES = _words(QUERY_SCALE.size)
+"""Bytes of a query head's scale word (the head's codes follow it)."""
 
 if Q_ELEM.width != 8:   # pragma: no cover - the byte-per-code layout below assumes INT8
     raise AssertionError("the query record stores one Q_ELEM code per byte")
@@ -75,7 +76,7 @@ def query_head_bytes(head_dim: int) -> int:
     """Bytes of one query head in a payload: its scale word and its padded code row."""
     if head_dim < 1:
         raise ValueError(f"head_dim must be >= 1 (got {head_dim})")
-    return _SCALE_BYTES + _code_bytes(head_dim)
+    return QUERY_SCALE_BYTES + _code_bytes(head_dim)
 
 
 def query_bytes(heads: int, head_dim: int) -> int:
@@ -152,7 +153,7 @@ def pack_query(codes, scales, pos: int, layer: int, head0: int = 0) -> bytes:
     scale_words = m | ((e & ((1 << SCALE_EXP_BITS) - 1)) << QUERY_SCALE["e"].offset)
     row = np.zeros(_code_bytes(head_dim), dtype=np.uint8)
     for h in range(heads):
-        out += int(scale_words[h]).to_bytes(_SCALE_BYTES, "little")
+        out += int(scale_words[h]).to_bytes(QUERY_SCALE_BYTES, "little")
         row[:head_dim] = codes[h] & 0xFF
         out += row.tobytes()
     return bytes(out)
@@ -173,12 +174,12 @@ def unpack_query(payload: bytes, head_dim: int) -> QueryRecord:
                          f"heads of head_dim {head_dim} its header names ({want} B)")
     per = query_head_bytes(head_dim)
     body = np.frombuffer(payload, dtype=np.uint8)[QUERY_HEADER_BYTES:].reshape(heads, per)
-    words = body[:, :_SCALE_BYTES].astype(np.int64)
-    word = sum(words[:, i] << (8 * i) for i in range(_SCALE_BYTES))
+    words = body[:, :QUERY_SCALE_BYTES].astype(np.int64)
+    word = sum(words[:, i] << (8 * i) for i in range(QUERY_SCALE_BYTES))
     m = word & ((1 << SCALE_MANT_BITS) - 1)
     e = (word >> QUERY_SCALE["e"].offset) & ((1 << SCALE_EXP_BITS) - 1)
     e = np.where(e >= 1 << (SCALE_EXP_BITS - 1), e - (1 << SCALE_EXP_BITS), e)
-    codes = body[:, _SCALE_BYTES:_SCALE_BYTES + head_dim].astype(np.int64)
+    codes = body[:, QUERY_SCALE_BYTES:QUERY_SCALE_BYTES + head_dim].astype(np.int64)
     codes = np.where(codes >= 128, codes - 256, codes)
     return QueryRecord(int(hdr.pos), int(hdr.layer), int(hdr.head0), codes,
                        np.stack([m, e], axis=-1))

@@ -32,12 +32,16 @@ def dir_entry(ctx, port) -> DirEntry:
 
 
 async def read_directory(ctx, port, n: int) -> dict[int, DirEntry]:
-    """Entries ``0 .. n-1`` through a Directory read port, one a cycle (``kv_id`` set, the
-    entry read after the next edge)."""
+    """Entries ``0 .. n-1`` through a Directory read port (``kv_id`` set, the entry read after
+    the next edge at which the port is ``fresh``: one a cycle while no event arrives)."""
     entries = {}
     for kv in range(n):
         ctx.set(port.kv_id, kv)
-        await ctx.tick()
+        for _ in range(64):
+            await ctx.tick()
+            if ctx.get(port.fresh):
+                break
+        assert ctx.get(port.fresh), f"directory read of kv_id {kv} never fresh"
         entries[kv] = dir_entry(ctx, port)
     return entries
 

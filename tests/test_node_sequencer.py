@@ -62,12 +62,13 @@ class Env:
     def __init__(self, queue, records, *, seed=0, p_idle=0.0, p_bp=0.0, lat=(1, 1),
                  p_land=0.0, kvs=(0,), p_cnt=0.0, p_disable=0.0, timeout=0,
                  landed0=0, counters0=None, free_delay=SETTLE - 1, script=None,
-                 skip_delay=None):
+                 skip_delay=None, p_stale=0.0):
         self.q, self.records = queue, records
         self.rng = random.Random(seed)
         self.p_idle, self.p_bp, self.lat = p_idle, p_bp, lat
         self.p_land, self.kvs, self.p_cnt, self.p_disable = p_land, list(kvs), p_cnt, p_disable
         self.timeout = timeout
+        self.p_stale = p_stale              # the directory read port not yet fresh
         self.landed: dict[int, int] = {}
         self.landed0 = landed0
         self.skip_delay = skip_delay        # the PS: strobe skip this many cycles after a halt
@@ -95,6 +96,7 @@ class Env:
         inp = SeqInputs(
             rec_valid=self.offering, rec=self.records[self.nxt] if self.offering else 0,
             enable=en, dir_landed=self.next_landed, counters=list(self.counters),
+            dir_fresh=not (self.p_stale and rng.random() < self.p_stale),
             ready={s: rng.random() >= self.p_bp for s in streams},
             done={s: t in self.dones.get(s, ()) for s in done_streams},
             timeout=self.timeout)
@@ -153,6 +155,7 @@ def lockstep(queue, records, env: Env, *, max_cycles=20_000, max_out=4, until=No
             ctx.set(dut.rec.payload.as_value(), inp.rec)
             ctx.set(dut.enable, inp.enable)
             ctx.set(dut.dir_landed, inp.dir_landed)
+            ctx.set(dut.dir_fresh, inp.dir_fresh)
             ctx.set(dut.counters.as_value(),
                     sum(v << (32 * i) for i, v in enumerate(inp.counters)))
             for s in streams:
@@ -263,7 +266,7 @@ def test_random_streams_lockstep(queue, seed):
     records = random_records(rng, queue, n, p_never=0.04)
     env = Env(queue, records, seed=seed, p_idle=0.3, p_bp=0.3, lat=(1, 12), p_land=0.3,
               kvs=(0, 1, 2, 3), p_cnt=0.2, p_disable=0.05, timeout=150,
-              skip_delay=rng.randint(0, 5))
+              skip_delay=rng.randint(0, 5), p_stale=0.25 if seed == 2 else 0.0)
     model, trace = lockstep(queue, records, env, max_cycles=30_000, until=all_done(n))
     st = model.st
     assert st["retired"] == n and st["aborted"] == 0
@@ -279,13 +282,15 @@ def test_random_streams_lockstep(queue, seed):
               and not _unexecuted(model, records, i) and i not in model.skipped_log
               and t + 1 < len(trace)]
     assert pulses == expect
-    # landed waits: a record is first offered only when the directory said landed ≥ wait
+    # landed waits: a record is first offered only when the directory said landed ≥ wait,
+    # on a fresh read
     for t, (inp, out) in enumerate(trace):
         for s, v in out.valid.items():
             if v and s != "dir" and (t == 0 or not trace[t - 1][1].valid[s]):
                 raw = out.payload[s]
                 if RecordClass(field(raw, "cls")) in LANDED_WAIT_CLASSES:
                     assert inp.dir_landed >= field(raw, "wait")
+                    assert inp.dir_fresh or field(raw, "wait") == 0
     print(f"queue {queue.name}: {n} records in {len(trace)} cycles, {st['timeouts']} halts")
 
 
@@ -478,7 +483,7 @@ def test_with_directory(settle):
     top.submodules.dir = dr = Directory(kv_count=16, n_read=1)
     wiring.connect(top, seq.dir, dr.op)
     top.d.comb += [dr.read0.kv_id.eq(seq.dir_kv_id), seq.dir_landed.eq(dr.read0.landed),
-                   seq.enable.eq(dr.ready)]
+                   seq.dir_fresh.eq(dr.read0.fresh), seq.enable.eq(dr.ready)]
     records = [rec(RecordClass.DIR, kv=5, wait=2, arg=DirOp.FREE.value),
                rec(RecordClass.SEND, kv=5, wait=3)]
     log = {}

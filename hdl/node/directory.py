@@ -8,7 +8,7 @@ Semantics (states, semaphore FREE, saturating counts, refusals) are :mod:`mcf.ab
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal
+from amaranth import Array, Module, Mux, Signal
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -31,11 +31,12 @@ KV_ID_BITS = META["kv_id"].width
 
 class DirReadSignature(wiring.Signature):
     """One directory read port, from the reader's side: ``kv_id`` out; ``landed`` and
-    ``state`` in, one cycle later."""
+    ``state`` in, of the ``kv_id`` presented the cycle before when ``fresh`` is high
+    (:class:`Directory` says when)."""
 
     def __init__(self):
         super().__init__({"kv_id": Out(KV_ID_BITS), "landed": In(LANDED_BITS),
-                          "state": In(DirState)})
+                          "state": In(DirState), "fresh": In(1)})
 
 
 class Directory(wiring.Component):
@@ -57,8 +58,14 @@ class Directory(wiring.Component):
     op : In(stream.Signature(:data:`mcf.abi.directory.DIR_OP`))
         FREE ``count`` (the sequencer's DIR record) or DRAIN (from ``LocalSink.dir_op``).
     read{n} : In(:class:`DirReadSignature`)
-        ``kv_id`` in; ``landed`` and ``state`` of that entry on the next cycle, including an
-        update written in the same cycle the address is presented (transparent).
+        ``kv_id`` in; ``landed`` and ``state`` out: when ``fresh`` is high, the entry of the
+        ``kv_id`` presented the cycle before, every update written up to then included (what a
+        transparent read presented a cycle earlier returns; ``fresh`` comes from flip-flops).
+        A port whose ``kv_id`` changed (``fresh`` low) wants the memory's read of the
+        ``kv_id`` presented the cycle before: it gets it in the first cycle that takes no
+        event, or the cycle after one that took an event when no op waits (ports wanting it
+        are served round-robin, one a cycle), and ``fresh`` rises the cycle after, if the
+        ``kv_id`` stayed: 2 cycles after a new ``kv_id`` is presented at the earliest.
     clear : In(1)
         Strobe: walk every entry back to zero (after any event in flight).
     ready : Out(1)
@@ -69,20 +76,26 @@ class Directory(wiring.Component):
     status : Out(:data:`mcf.abi.directory.DIRECTORY_STATUS`)
 
     Pipeline: cycle 0 accepts one event (``land`` and ``op`` share the slot, round-robin when
-    both are valid) and reads its entry; cycle 1 computes and writes the new entry. The entry an
-    event reads misses only the write made in that same cycle (by the event just ahead of it);
-    a forwarding register holding that write stands in for the memory when the ``kv_id``
-    matches, so back-to-back events on one ``kv_id`` are exact. An update is visible on the read
-    ports 2 cycles after its event is accepted (``status`` likewise). Throughput: one event per
-    cycle (measured: ``tests/test_node_directory.py::test_rate``, 1.0 land events per cycle,
-    0.5 each when ``land`` and ``op`` are both always valid). ``land.ready`` / ``op.ready``
-    depend on ``valid`` of the other stream only (arbitration), never on their own ``valid``.
+    both are valid) and reads its entry; cycle 1 computes and writes the new entry. The
+    memory has one read port, transparent for the write, so back-to-back events on one
+    ``kv_id`` are exact. The read ports share it with the events: a port is read only when its
+    ``kv_id`` changed (its entry is then held in registers, and every write to that
+    ``kv_id`` is written into them too, so a held entry never goes stale). A read port takes
+    the memory's read in a cycle that takes no event, or, when the cycle before took one and
+    no op waits, ahead of the events (so land events and changed ports alternate while both
+    wait; ops are never held back by a port, so the op path's bound is the events' own). An
+    update is
+    visible on the read ports 2 cycles after its event is accepted (``status`` likewise).
+    Throughput: one event per cycle while no port's ``kv_id`` changes (measured:
+    ``tests/test_node_directory.py::test_rate``, 1.0 land events per cycle, 0.5 each when
+    ``land`` and ``op`` are both always valid, 0.5 when a port's ``kv_id`` changes every
+    cycle). ``land.ready`` / ``op.ready`` depend on ``valid`` of the other stream and on the
+    read ports' ``kv_id`` (arbitration), never on their own ``valid``.
 
-    Resources: one memory of ``kv_count`` × 12 bits with ``n_read + 1`` read ports, which
-    synthesis replicates per read port. Measured at 65,536 entries (yosys ``synth_xilinx
-    -family xcup -uram``, ``mcf.sim.synth.resources``): ``n_read=0`` 4 URAM, 286 LUT, 368 FF;
-    ``n_read=2`` 12 URAM, 414 LUT, 409 FF; ``n_read=3`` 16 URAM, 516 LUT, 415 FF (4 URAM per
-    copy).
+    Resources: one memory of ``kv_count`` × 12 bits with one read and one write port, and per
+    read port a held entry with its ``kv_id``. Measured at 65,536 entries, ``n_read=3``
+    (yosys ``synth_xilinx -family xcup -uram``, ``mcf.sim.synth.resources``): 4 URAM, 585 LUT,
+    480 FF (a memory copy per read port before: 16 URAM, 516 LUT, 415 FF).
     """
 
     def __init__(self, kv_count: int = 256, n_read: int = 3):
@@ -116,8 +129,8 @@ class Directory(wiring.Component):
 
         m.submodules.mem = mem = memory.Memory(shape=DIR_ENTRY, depth=n, init=[])
         wr = mem.write_port()
-        rd = mem.read_port()                # the RMW read: forwarding register below
-        readers = [mem.read_port(transparent_for=(wr,)) for _ in range(self._n_read)]
+        rd = mem.read_port(transparent_for=(wr,))   # events and read ports, one a cycle
+        buses = [getattr(self, f"read{k}") for k in range(self._n_read)]
 
         def in_range(kv_id):
             return kv_id < n
@@ -127,17 +140,54 @@ class Directory(wiring.Component):
         walk_addr = Signal(abits)
         m.d.comb += self.ready.eq(~walking)
 
+        # --- read ports: held entries; which port (if any) takes the read this cycle ---
+        held = [Signal(DIR_ENTRY, name=f"held{k}") for k in range(self._n_read)]
+        at = [Signal(KV_ID_BITS, name=f"at{k}") for k in range(self._n_read)]
+        have = [Signal(name=f"have{k}") for k in range(self._n_read)]
+        want = Signal(max(1, self._n_read))
+        prev = [Signal(KV_ID_BITS, name=f"prev{k}") for k in range(self._n_read)]
+        for k, bus in enumerate(buses):
+            # from flip-flops only: a port's kv_id reaches nothing but its register (a reader
+            # may compute kv_id from what it reads; no path into the events' arbitration)
+            m.d.sync += prev[k].eq(bus.kv_id)
+            m.d.comb += [bus.fresh.eq(have[k] & (at[k] == prev[k])),
+                         want[k].eq(~bus.fresh)]
+        last_ev = Signal()                          # the cycle before took an event
+        port_turn = Signal()
+        m.d.comb += port_turn.eq(last_ev & want.any() & ~self.op.valid)
+        grant = Signal(range(max(1, self._n_read)))
+        last = Signal(range(max(1, self._n_read)), init=max(0, self._n_read - 1))
+        for rot in range(self._n_read):             # the first wanting port after the last
+            with m.If(last == rot):
+                for step in reversed(range(1, self._n_read + 1)):
+                    k = (rot + step) % self._n_read
+                    with m.If(want[k]):
+                        m.d.comb += grant.eq(k)
+
         # --- cycle 0: accept one event, read its entry ---------------------------------
         prefer_op = Signal()
         sel_op = Signal()
         m.d.comb += sel_op.eq(self.op.valid & (~self.land.valid | prefer_op))
-        accept = ~walking & ~self.clear
+        accept = ~walking & ~self.clear & ~port_turn
         m.d.comb += [self.land.ready.eq(accept & ~sel_op), self.op.ready.eq(accept & sel_op)]
         take = Signal()
         m.d.comb += take.eq((self.land.valid & self.land.ready) | (self.op.valid & self.op.ready))
+        m.d.sync += last_ev.eq(take)
         ev_kv = Signal(KV_ID_BITS)
-        m.d.comb += [ev_kv.eq(Mux(sel_op, self.op.payload.kv_id, self.land.payload.kv_id)),
-                     rd.addr.eq(ev_kv[:abits]), rd.en.eq(1)]
+        m.d.comb += ev_kv.eq(Mux(sel_op, self.op.payload.kv_id, self.land.payload.kv_id))
+        serve = Signal()                            # a read port takes the read
+        m.d.comb += [serve.eq(~take & want.any()), rd.en.eq(1)]
+        if buses:
+            m.d.comb += rd.addr.eq(Mux(serve, Array(prev)[grant], ev_kv))
+        else:
+            m.d.comb += rd.addr.eq(ev_kv)
+        served = Signal(max(1, self._n_read))       # one-hot: the port read last cycle
+        with m.If(serve):
+            m.d.sync += last.eq(grant)
+        for k, bus in enumerate(buses):
+            m.d.sync += served[k].eq(serve & (grant == k))
+            with m.If(serve & (grant == k)):
+                m.d.sync += [at[k].eq(prev[k]), have[k].eq(1)]
         s1_valid = Signal()
         s1_land = Signal()
         s1_owner = Signal()
@@ -152,13 +202,10 @@ class Directory(wiring.Component):
             with m.If(~in_range(ev_kv)):
                 m.d.sync += st.out_of_range.eq(st.out_of_range + 1)
 
-        # --- cycle 1: modify, write; forward the write to the next event ---------------
-        fwd_valid = Signal()
-        fwd_kv = Signal(abits)
-        fwd = Signal(DIR_ENTRY)
+        # --- cycle 1: modify, write -----------------------------------------------------
         old = Signal(DIR_ENTRY)
         new = Signal(DIR_ENTRY)
-        m.d.comb += [old.eq(Mux(fwd_valid & (fwd_kv == s1_kv), fwd, rd.data)), new.eq(old)]
+        m.d.comb += [old.eq(rd.data), new.eq(old)]
         with m.If(s1_valid):
             with m.If(s1_land):
                 m.d.sync += st.landed.eq(st.landed + 1)
@@ -187,7 +234,6 @@ class Directory(wiring.Component):
                     m.d.sync += st.drains.eq(st.drains + 1)
                     m.d.comb += new.state.eq(DirState.DRAINING)
 
-        m.d.sync += [fwd_valid.eq(s1_valid), fwd_kv.eq(s1_kv), fwd.eq(new)]
         with m.If(s1_valid):
             m.d.comb += [wr.en.eq(1), wr.addr.eq(s1_kv), wr.data.eq(new)]
         with m.Elif(walking):
@@ -199,14 +245,17 @@ class Directory(wiring.Component):
         with m.If(self.clear):
             m.d.sync += [walking.eq(1), walk_addr.eq(0)]
 
-        # --- read ports -------------------------------------------------------------------
-        for k, port in enumerate(readers):
-            bus = getattr(self, f"read{k}")
-            ok = Signal(name=f"read{k}_ok")
-            m.d.sync += ok.eq(in_range(bus.kv_id))
-            m.d.comb += [port.addr.eq(bus.kv_id[:abits]), port.en.eq(1),
-                         bus.landed.eq(Mux(ok, port.data.landed, 0)),
-                         bus.state.eq(Mux(ok, port.data.state, DirState.ABSENT))]
+        # --- read ports' entries: the read the cycle after it, then held; writes to a held
+        #     kv_id written into it (an out-of-range kv_id holds ABSENT, 0) ----------------
+        for k, bus in enumerate(buses):
+            ok = in_range(at[k])
+            now = Signal(DIR_ENTRY, name=f"now{k}")
+            m.d.comb += now.eq(Mux(served[k], Mux(ok, rd.data, 0), held[k]))
+            m.d.comb += [bus.landed.eq(now.landed), bus.state.eq(now.state)]
+            with m.If(wr.en & ok & (wr.addr == at[k][:abits])):
+                m.d.sync += held[k].eq(wr.data)
+            with m.Else():
+                m.d.sync += held[k].eq(now)
         return m
 
 

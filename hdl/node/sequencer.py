@@ -41,10 +41,13 @@ class QueueSequencer(wiring.Component):
     enable : In(1)
         ``DIR_READY & SEQ<q>_CTRL.run``: records issue only while high (a raised ``valid``
         completes its transfer regardless); low also ends an abort flush.
-    dir_kv_id : Out(16), dir_landed : In(LANDED_BITS)
-        Directory read port: ``dir_landed`` is the ``landed`` count of the ``dir_kv_id``
-        presented in the previous cycle (a synchronous memory read). The sequencer presents the
-        next record's ``meta.kv_id`` in the cycle it takes it, so the lookup costs no cycle.
+    dir_kv_id : Out(16), dir_landed : In(LANDED_BITS), dir_fresh : In(1, init=1)
+        Directory read port (:class:`~mcf.hdl.node.directory.DirReadSignature`): while
+        ``dir_fresh`` is high, ``dir_landed`` is the ``landed`` count of the ``dir_kv_id``
+        presented in the previous cycle; a landed wait passes only while it is high. The
+        sequencer presents the next record's ``meta.kv_id`` in the cycle it takes it; the
+        node's directory reads a changed ``kv_id`` a cycle later, so a landed wait on a new
+        ``kv_id`` passes 2 cycles after its record is taken at the earliest.
     counters : In(ArrayLayout(32, n_counters))
         The counters WAIT tests, indexed by :class:`mcf.abi.sequencer.SeqCounter`.
     send : Out(stream.Signature(CMD)) — both queues; the whole record.
@@ -104,6 +107,7 @@ class QueueSequencer(wiring.Component):
             "enable": In(1),
             "dir_kv_id": Out(KV_ID_BITS),
             "dir_landed": In(LANDED_BITS),
+            "dir_fresh": In(1, init=1),
             "counters": In(data.ArrayLayout(COUNTER_BITS, n_counters)),
             "timeout": In(COUNTER_BITS),
             "skip": In(1),
@@ -195,7 +199,8 @@ class QueueSequencer(wiring.Component):
         m.d.comb += cnt.eq(self.counters[s.arg[:cidx_bits]] - base[s.arg[:cidx_bits]])
         cond = Signal()
         m.d.comb += cond.eq(Mux(is_wait, cnt >= s.wait,
-                                ~dir_wait | ((settle == 0) & (self.dir_landed >= s.wait))))
+                                ~dir_wait | ((settle == 0) & self.dir_fresh &
+                                             (self.dir_landed >= s.wait))))
         order_ok = Signal()
         m.d.comb += order_ok.eq((pend == 0) | (eng & (s.cls == pend_cls) &
                                                (pend < self._max_out)))

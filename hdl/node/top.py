@@ -77,7 +77,8 @@ DIR_OP_DELAY = 6
 (``tests/test_node_top_dir_path.py`` reaches it; :func:`dir_op_path`): the transfer ends in a
 ready slice (``dir_slice``) when the op arbiter does not take the op at once, and the arbiter
 feeds ``Directory.op`` through a full slice (``dirop_slice``), which the directory serves
-alternately with ``land`` events, so it takes an op at least every second cycle while ops wait.
+alternately with ``land`` events (its read ports never hold an op back), so it takes an op at
+least every second cycle while ops wait.
 Ahead of the op are at most three: the two the full slice holds and one DRAIN the round-robin
 arbiter grants before it; 2 cycles each."""
 
@@ -181,11 +182,13 @@ class NodeTop(wiring.Component):
                      regs.DIR_READY.ready.eq(dirx.ready),
                      peek.kv_id.eq(regs.DIR_PEEK.kv_id),
                      regs.DIR_ENTRY.state.eq(peek.state),
-                     regs.DIR_ENTRY.landed.eq(peek.landed)]
+                     regs.DIR_ENTRY.landed.eq(peek.landed),
+                     regs.DIR_ENTRY.fresh.eq(peek.fresh)]
         status("dir", dirx.status)
         for q, seq in enumerate(seqs):
             port = getattr(dirx, f"read{q}")
             m.d.comb += [port.kv_id.eq(seq.dir_kv_id), seq.dir_landed.eq(port.landed),
+                         seq.dir_fresh.eq(port.fresh),
                          seq.enable.eq(dirx.ready & getattr(regs, f"SEQ{q}_CTRL").run)]
 
         # ---- send path: sequencers → send unit → packetizer → parser 0 -------------------------

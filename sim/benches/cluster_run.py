@@ -113,7 +113,13 @@ async def held_blocks(hosts, p) -> dict[str, dict[int, list[tuple[int, int]]]]:
         entries = []
         for _, _, kv_id in directory_ids(p):
             await h.write("DIR_PEEK", kv_id)
-            entries.append(h.regmap.register("DIR_ENTRY").unpack(await h.read("DIR_ENTRY")))
+            entry = {"fresh": 0}
+            for _ in range(16):                 # until the entry is DIR_PEEK's (fresh)
+                entry = h.regmap.register("DIR_ENTRY").unpack(await h.read("DIR_ENTRY"))
+                if entry["fresh"]:
+                    break
+            assert entry["fresh"], f"DIR_ENTRY of kv_id {kv_id} never fresh"
+            entries.append(entry)
         held = held_from_directory(p, entries)
         out["owned"][h.i], out["replicas"][h.i] = held["owned"], held["replicas"]
     return out

@@ -51,7 +51,8 @@ __all__ = ["COUNTER_BITS", "DropCause", "counters", "PARSER_STATUS", "PACKETIZER
            "NIC_MAP_VERSION", "NODE_LINKS", "PARSER_PORTS", "compute_registers",
            "node_top_registers", "stripe_registers"]
 
-NODE_MAP_VERSION = 0x0402  # minor 1: jobs_bad_gemm; minor 2: the stripe_* counters (appended)
+NODE_MAP_VERSION = 0x0403  # minor 1: jobs_bad_gemm; minor 2: the stripe_* counters (appended);
+#                           minor 3: DIR_ENTRY.fresh (a field appended)
 NIC_MAP_VERSION = 0x0200
 PARSER_PORTS = NODE_LINKS + 1
 """Parsers of a node, each with its own counter set in the node map: parser 0 checks the local

@@ -117,5 +117,8 @@ def directory_registers() -> list[Register]:
             Field("state", DirState.as_shape().width, Access.R,
                   desc="DirState of DIR_PEEK's kv_id (0 ABSENT, 1 VALID, 2 DRAINING, 3 OWNER)"),
             Field("landed", LANDED_BITS, Access.R, desc="its landed-packet count"),
-        ), "directory entry of DIR_PEEK.kv_id (valid 2 cycles after a DIR_PEEK write)"),
+            Field("fresh", 1, Access.R,
+                  desc="state and landed are DIR_PEEK.kv_id's (low for a few cycles after a "
+                       "DIR_PEEK write, until the directory has read the entry)"),
+        ), "directory entry of DIR_PEEK.kv_id (read again while fresh is 0)"),
     ] + status_registers("dir", DIRECTORY_STATUS, "kv_id directory")

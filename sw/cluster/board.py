@@ -235,10 +235,8 @@ class BoardHost:
 
     def held(self) -> dict[str, list]:
         """The prompt's KV this node holds, from its directory (``DIR_PEEK``/``DIR_ENTRY``)."""
-        entries = []
-        for _, _, kv_id in directory_ids(self.setup.plan):
-            self.driver.write_reg("DIR_PEEK", kv_id)
-            entries.append(self.driver.read_fields("DIR_ENTRY"))
+        entries = [self.driver.peek_directory(kv_id)
+                   for _, _, kv_id in directory_ids(self.setup.plan)]
         return held_from_directory(self.setup.plan, entries)
 
     def first_head(self, marks: int) -> dict | None:

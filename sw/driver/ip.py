@@ -148,6 +148,16 @@ class NodeDriver(_Base):
     def read_fields(self, name: str) -> dict[str, int]:
         return self.regmap.register(name).unpack(self.read_reg(name))
 
+    def peek_directory(self, kv_id: int, tries: int = 16) -> dict[str, int]:
+        """The directory entry of ``kv_id`` (``DIR_PEEK`` written, ``DIR_ENTRY`` read until
+        its ``fresh`` bit says the entry is that ``kv_id``'s)."""
+        self.write_reg("DIR_PEEK", kv_id)
+        for _ in range(tries):
+            entry = self.read_fields("DIR_ENTRY")
+            if entry["fresh"]:
+                return entry
+        raise RuntimeError(f"DIR_ENTRY of kv_id {kv_id} not fresh after {tries} reads")
+
     def apply(self, writes: Iterable) -> None:
         """Apply :class:`mcf.node.program.Write` s in order."""
         for w in writes:

@@ -48,6 +48,7 @@ class SeqInputs:
     rec: int = 0                        # the CMD record, raw 128 bits
     enable: bool = True
     dir_landed: int = 0
+    dir_fresh: bool = True              # dir_landed is the entry of last cycle's dir_kv_id
     counters: Sequence[int] = ()
     ready: dict[str, bool] = field(default_factory=dict)
     done: dict[str, bool] = field(default_factory=dict)
@@ -142,7 +143,8 @@ class SequencerModel:
             cond = cnt % (1 << COUNTER_BITS) >= wait
         else:
             dir_wait = cls in {c.value for c in LANDED_WAIT_CLASSES} and wait != 0
-            cond = not dir_wait or (self.settle == 0 and i.dir_landed >= wait % (1 << LANDED_BITS))
+            cond = not dir_wait or (self.settle == 0 and i.dir_fresh
+                                    and i.dir_landed >= wait % (1 << LANDED_BITS))
         order_ok = self.pend == 0 or (eng and cls == self.pend_cls and self.pend < self.max_out)
         active = self.s_valid and i.enable and not self.halted and not self.flushing and order_ok
         offer = stream is not None and self.s_valid and (self.committed or (active and cond))

@@ -62,7 +62,9 @@ class GemmEngine(wiring.Component):
     1,024 bits per step) the engine runs at the ``w_in`` rate, which is why the kr260 widens
     ``w_in`` to 512 bits (a k-step every 2 cycles at ``m = 1``). ``chain``: lanes per
     post-adder chain of the arrays, ``dsp``: how its slices are built (:class:`GemmArray`);
-    resource choices only.
+    ``tile_ram``: the weight tile banks' synthesis attribute, ``"block"`` (block RAM) or
+    ``"ultra"`` (URAM288, with yosys ``synth_xilinx -uram``; the kr260's 1,024-bit × 1,120
+    banks: 15 URAM instead of 43 BRAM36 and ~1,000 LUT); resource choices only.
 
     Members
     -------
@@ -129,10 +131,15 @@ class GemmEngine(wiring.Component):
     the epilogue's element selection (the arrays' result FIFOs, ``acc_in`` lanes).
     """
 
+    TILE_RAMS = ("block", "ultra")
+
     def __init__(self, rows: int = 16, lanes: int = 16, group: int = GROUP_SIZE,
                  k_max: int = 8960, m_max: int = 64, jobs: int = 4, arrays: int = 1,
                  w_width: int | None = None, chain: int = 1, dsp: str = "fabric",
-                 shared: bool = False):
+                 shared: bool = False, tile_ram: str = "block"):
+        if tile_ram not in self.TILE_RAMS:
+            raise ValueError(f"tile_ram must be one of {self.TILE_RAMS}")
+        self.tile_ram = tile_ram
         beat = lanes * XQ.width
         w_width = beat if w_width is None else w_width
         if (rows * SCALE_MANT_BITS) % beat or (rows * ACT.width) % beat or beat % 32:
@@ -204,7 +211,8 @@ class GemmEngine(wiring.Component):
             m.submodules["xmem" if A == 1 else f"xmem{a}"] = xm
         m.submodules.tmem = tmem = memory.Memory(shape=unsigned(B), depth=2 * TD, init=[])
         m.submodules.wmem = wmem = memory.Memory(shape=unsigned(R * L * WEIGHT.width),
-                                                 depth=2 * ks_max, init=[])
+                                                 depth=2 * ks_max, init=[],
+                                                 attrs={"ram_style": self.tile_ram})
         m.submodules.smem = smem = memory.Memory(shape=unsigned(s_word * spw),
                                                  depth=2 * se_max, init=[])
         m.submodules.bmem = bmem = memory.Memory(shape=unsigned(B), depth=2 * BT, init=[])

@@ -120,7 +120,8 @@ class NodeCompute(wiring.Component):
                                    k_max=c.gemm_k_max, m_max=c.gemm_m_max,
                                    vec_n_max=c.vec_n_max, data_width=AXI_WIDTH,
                                    arrays=c.gemm_arrays, chain=c.gemm_chain, dsp=c.gemm_dsp,
-                                   w_ports=WEIGHT_STRIPES, clients=2 if c.tile_on_gemm else 0)
+                                   w_ports=WEIGHT_STRIPES, clients=2 if c.tile_on_gemm else 0,
+                                   tile_ram=c.gemm_tile_ram)
         self.emitter = EmitUnit(c.attn_head_dim)
         self.attender = AttendUnit(c.attn_head_dim, c.attn_lanes, c.attn_heads, c.attn_block,
                                    max_list=c.attn_max_list, out_width=PACKET_WIDTH,

@@ -48,6 +48,7 @@ class NodeConfig:
     gemm_arrays: int = 4
     gemm_chain: int = 16          # lanes per DSP cascade (GemmArray ``chain``; 1 = adder tree)
     gemm_dsp: str = "primitive"   # GemmArray ``dsp``: DSP48E2 instances (docs/node.md §11)
+    gemm_tile_ram: str = "ultra"  # GemmEngine ``tile_ram``: the weight tile banks in URAM288
     group: int = GROUP_SIZE
     gemm_k_max: int = 8960
     gemm_m_max: int = 64
@@ -152,6 +153,7 @@ KR260 = NodeConfig(name="kr260", top="mcf_node")
 """No tiled path: TilePrefill on arrays of its own does not fit beside the node's arrays
 (docs/attention.md, "Resources at the kr260 shape": BRAM36 binds first)."""
 SIM = NodeConfig(name="sim", top="mcf_node_sim", gemm_arrays=1, gemm_chain=1, gemm_dsp="fabric",
+                 gemm_tile_ram="block",
                  gemm_k_max=256, gemm_m_max=16,
                  vec_n_max=256, attn_head_dim=32, attn_lanes=4, attn_heads=2, attn_block=32,
                  tile_keys=4, tile_lanes=8, tile_max_chunk=32,

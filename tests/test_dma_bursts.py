@@ -159,6 +159,8 @@ def expected_read(descs, mem: bytes, bb: int) -> list[tuple[int, int, int, int]]
     (128, 256, 8, 4, 8, 8, 0.2, 0.2),
     (128, 256, 4, 5, 60, 0, 0.0, 0.5),
     (32, 512, 8, 6, 12, 12, 0.2, 0.3),
+    (128, 64, 8, 7, 40, 20, 0.2, 0.3),          # LUTRAM_FIFO_DEPTH
+    (128, 16, 2, 8, 30, 10, 0.1, 0.2),
 ])
 def test_reader_bursts(width, fifo_depth, outstanding, seed, latency, jitter, idle, bp):
     """Every AR (address, beats) in order equals the pure-Python split, no burst crosses 4 KiB

@@ -28,7 +28,12 @@ from .axi import (
     descriptor_layout,
 )
 
-__all__ = ["DmaReader", "DmaWriter", "DmaLoader", "read_beat_layout"]
+__all__ = ["DmaReader", "DmaWriter", "DmaLoader", "read_beat_layout", "LUTRAM_FIFO_DEPTH"]
+
+LUTRAM_FIFO_DEPTH = 64
+"""A :class:`DmaReader` receive FIFO synthesis builds from LUT-RAM (a 129-bit FIFO takes two
+BRAM36 at any depth up to 512, ~150 LUT-RAM at 64), for readers that need not run at the
+port's full rate: bursts of up to 63 beats, 63 beats in flight."""
 
 AXCACHE = 0b0011     # normal non-cacheable bufferable (what Xilinx HP ports expect)
 
@@ -185,8 +190,8 @@ class DmaReader(wiring.Component):
 
     def __init__(self, data_width: int = 128, addr_width: int = ADDR_BITS,
                  outstanding: int = 8, fifo_depth: int = 512):
-        if fifo_depth < MAX_BURST_BEATS:
-            raise ValueError("the receive FIFO must hold a maximum burst")
+        if fifo_depth < 2:
+            raise ValueError("the receive FIFO must hold a beat beside the one in flight")
         self.data_width, self.addr_width = data_width, addr_width
         self.outstanding, self.fifo_depth = outstanding, fifo_depth
         super().__init__({

@@ -42,7 +42,7 @@ from mcf.abi.query import (
 from mcf.abi.softmax import LANE_BITS, state_words
 
 from ..mem.axi import ADDR_BITS, AXI4Signature
-from ..mem.dma import DmaReader, DmaWriter
+from ..mem.dma import LUTRAM_FIFO_DEPTH, DmaReader, DmaWriter
 from .attend_list import arg_check, list_states
 from .fsm import dma_read
 
@@ -133,7 +133,7 @@ class AttendUnit(wiring.Component):
         DW = self.data_width
         st = self.status
 
-        m.submodules.rd = rd = DmaReader(DW, self.addr_width)
+        m.submodules.rd = rd = DmaReader(DW, self.addr_width, fifo_depth=LUTRAM_FIFO_DEPTH)
         m.submodules.wr = wr = DmaWriter(DW, self.addr_width)
         wiring.connect(m, rd.bus, wiring.flipped(self.rd_bus))
         wiring.connect(m, wr.bus, wiring.flipped(self.wr_bus))

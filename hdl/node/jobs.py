@@ -25,7 +25,7 @@ from mcf.abi.node import CMD
 from mcf.abi.quant import ReadDest, VectorOp, WriteSrc
 
 from ..mem.axi import ADDR_BITS, AXI4Signature, descriptor_layout
-from ..mem.dma import DmaReader
+from ..mem.dma import LUTRAM_FIFO_DEPTH, DmaReader
 
 __all__ = ["JobWalker", "connect_engine"]
 
@@ -76,7 +76,8 @@ class JobWalker(wiring.Component):
     def __init__(self, gemm: GemmLimits, vec_n_max=8960, data_width=128,
                  addr_width=ADDR_BITS, queue=8, stripes=False):
         self.queue, self.gemm, self.stripes = queue, gemm, stripes
-        self.reader = DmaReader(data_width, addr_width, outstanding=2, fifo_depth=256)
+        self.reader = DmaReader(data_width, addr_width, outstanding=2,
+                                fifo_depth=LUTRAM_FIFO_DEPTH)
         dma = stream.Signature(descriptor_layout(addr_width))
         super().__init__({
             "rec": In(stream.Signature(CMD)), "done": Out(1),

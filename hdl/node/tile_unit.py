@@ -37,7 +37,7 @@ from mcf.abi.query import (
 )
 
 from ..mem.axi import ADDR_BITS, AXI4Signature
-from ..mem.dma import DmaReader, DmaWriter
+from ..mem.dma import LUTRAM_FIFO_DEPTH, DmaReader, DmaWriter
 from .attend_list import arg_check, list_states
 from .fsm import dma_read, offer
 
@@ -205,7 +205,7 @@ class TileUnit(wiring.Component):
         D, G, DW, QT = self.head_dim, self.max_heads, self.data_width, self.rows
         BB = DW // 8
         st = self.status
-        m.submodules.rd = rd = DmaReader(DW, self.addr_width)
+        m.submodules.rd = rd = DmaReader(DW, self.addr_width, fifo_depth=LUTRAM_FIFO_DEPTH)
         wiring.connect(m, rd.bus, wiring.flipped(self.rd_bus))
         m.submodules.wr = wr = TileRowWriter(D, G, self.max_rows, addr_width=self.addr_width,
                                              data_width=DW)

@@ -24,12 +24,13 @@ ROWS, LANES, GROUP = 4, 4, 8
 
 
 def run_jobs(cases, k_max, m_max, seed=0, stall=False, bad=(), rows=ROWS, lanes=LANES,
-             group=GROUP, arrays=1, w_width=None, chain=1, dsp="fabric", shared=False):
+             group=GROUP, arrays=1, w_width=None, chain=1, dsp="fabric", shared=False,
+             tile_ram="block"):
     """Run ``cases`` (``(xq, x_m, x_e, qw, bias)``) as back-to-back jobs; ``bad`` job
     descriptors are pushed first (they must be rejected). Returns per-case results, status.
     ``shared``: the engine on arrays outside, behind an ArrayShare (:class:`SharedGemm`)."""
     kw = dict(rows=rows, lanes=lanes, group=group, k_max=k_max, m_max=m_max, arrays=arrays,
-              w_width=w_width, chain=chain, dsp=dsp)
+              w_width=w_width, chain=chain, dsp=dsp, tile_ram=tile_ram)
     dut = SharedGemm(**kw) if shared else GemmEngine(**kw)
     jobs, xb, wb, n_out = job_streams(dut, cases, bad)
     budget = sum(c[0].shape[0] * (c[0].shape[1] // lanes + 30) * (c[3].q.shape[0] // rows)
@@ -108,6 +109,19 @@ def test_jobs_back_to_back(stall):
     assert st["tiles_done"] == sum(c[3].q.shape[0] // ROWS for c in cases)
     assert st["steps"] == sum(c[0].shape[0] * c[0].shape[1] // LANES * c[3].q.shape[0] // ROWS
                               for c in cases)
+
+
+@pytest.mark.parametrize("tile_ram", ["block", "ultra"])
+def test_tile_ram(tile_ram):
+    """The tile banks as one memory or as URAM columns and a remainder (``tile_ram``: 4 × 8
+    arrays, 128-bit weight words = 72 + 56 bits): jobs back to back, bit-exact either way."""
+    rng = np.random.default_rng(23)
+    cases = [random_case(rng, *s) for s in [(3, 16, 8), (2, 32, 16), (4, 8, 24)]]
+    ys, st = run_jobs(cases, k_max=32, m_max=4, seed=9, stall=True, lanes=8,
+                      tile_ram=tile_ram)
+    for case, y in zip(cases, ys):
+        np.testing.assert_array_equal(y, golden(case))
+    assert st["jobs_done"] == len(cases) and st["bad_jobs"] == 0
 
 
 def test_epilogue_ties_and_saturation():

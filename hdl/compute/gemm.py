@@ -27,6 +27,7 @@ from mcf.abi.quant import (
 )
 from mcf.abi.tp import ACC_LANES, ACC_LO_BITS
 
+from ..mem.uram import UramColumns
 from .array_bank import bank_result_layout, bank_step_layout
 from .gemm_array import GemmArray
 from .gemm_load import GemmActLoader, GemmTileLoader
@@ -62,9 +63,10 @@ class GemmEngine(wiring.Component):
     1,024 bits per step) the engine runs at the ``w_in`` rate, which is why the kr260 widens
     ``w_in`` to 512 bits (a k-step every 2 cycles at ``m = 1``). ``chain``: lanes per
     post-adder chain of the arrays, ``dsp``: how its slices are built (:class:`GemmArray`);
-    ``tile_ram``: the weight tile banks' synthesis attribute, ``"block"`` (block RAM) or
-    ``"ultra"`` (URAM288, with yosys ``synth_xilinx -uram``; the kr260's 1,024-bit × 1,120
-    banks: 15 URAM instead of 43 BRAM36 and ~1,000 LUT); resource choices only.
+    ``tile_ram``: the weight tile banks' RAM, ``"block"`` (as synthesis picks) or ``"ultra"``
+    (:class:`~mcf.hdl.mem.uram.UramColumns`: URAM288 columns and the remainder in block RAM;
+    the kr260's 1,024-bit × 1,120 banks: 14 URAM and 1 BRAM36 instead of 43 BRAM36 and
+    ~1,000 LUT); resource choices only.
 
     Members
     -------
@@ -210,9 +212,13 @@ class GemmEngine(wiring.Component):
         for a, xm in enumerate(xmems):
             m.submodules["xmem" if A == 1 else f"xmem{a}"] = xm
         m.submodules.tmem = tmem = memory.Memory(shape=unsigned(B), depth=2 * TD, init=[])
-        m.submodules.wmem = wmem = memory.Memory(shape=unsigned(R * L * WEIGHT.width),
-                                                 depth=2 * ks_max, init=[],
-                                                 attrs={"ram_style": self.tile_ram})
+        if self.tile_ram == "ultra":
+            m.submodules.wmem = wmem = UramColumns(R * L * WEIGHT.width, 2 * ks_max)
+            w_wr, wr = wmem.w, wmem.r
+        else:
+            m.submodules.wmem = wmem = memory.Memory(shape=unsigned(R * L * WEIGHT.width),
+                                                     depth=2 * ks_max, init=[])
+            w_wr, wr = wmem.write_port(), wmem.read_port()
         m.submodules.smem = smem = memory.Memory(shape=unsigned(s_word * spw),
                                                  depth=2 * se_max, init=[])
         m.submodules.bmem = bmem = memory.Memory(shape=unsigned(B), depth=2 * BT, init=[])
@@ -253,7 +259,7 @@ class GemmEngine(wiring.Component):
         avail = Signal(2)                           # bank loaded, not yet taken by the issuer
         m.submodules.w_loader = wl = GemmTileLoader(R, L, B, self.w_width, ks_max, se_max, spg)
         wiring.connect(m, wiring.flipped(self.w_in), wl.w_in)
-        wiring.connect(m, wl.w_wr, wmem.write_port())
+        wiring.connect(m, wl.w_wr, w_wr)
         wiring.connect(m, wl.s_wr, smem.write_port())
         wiring.connect(m, wl.b_wr, bmem.write_port())
         m.d.comb += [wl.queued.eq(lp != wp), wl.held.eq(full), wl.k_steps.eq(q.l_job.k_steps),
@@ -278,7 +284,6 @@ class GemmEngine(wiring.Component):
         t_last = Signal.like(mi)                    # the group's last token
         i_m, i_k = q.i_job.m_count, q.i_job.k_steps
         xrs = [xm.read_port() for xm in xmems]
-        wr = wmem.read_port()
         sr = smem.read_port()
         go = Signal()
         if self.shared:

@@ -95,12 +95,51 @@ def compare(got, want, lay, always, on_last):
             assert _val(getattr(g, f)) == _val(getattr(w, f)), f"beat {x}: {f}"
 
 
-def compare_k(got, want, lay):
-    compare(got, want, lay, ("k", "sk", "sv", "last"), ("n", "rows"))
+def _blocks(words, lay):
+    """Each word's index in its block and the block's ``n`` (from its last word)."""
+    out, idx, start = [], 0, 0
+    for x, raw in enumerate(words):
+        w = lay.from_bits(raw)
+        out.append(idx)
+        idx += 1
+        if int(w.last):
+            for y in range(start, x + 1):
+                out[y] = (out[y], int(w.n))
+            idx, start = 0, x + 1
+    return out
+
+
+def compare_k(got, want, lay, keys, words_per_tile):
+    """K words: every field but the keys at or past the block's ``n`` (any value, masked by
+    every consumer: ``k_word_layout``) — their codes and scales."""
+    compare(got, want, lay, ("last",), ("n", "rows"))
+    tile = len(lay.from_bits(want[0]).k)
+    for x, ((wi, n), g, w) in enumerate(zip(_blocks(want, lay), got, want)):
+        g, w = lay.from_bits(g), lay.from_bits(w)
+        t = wi // words_per_tile
+        for i in range(min(tile, n - t * tile)):
+            assert _val(g.k[i]) == _val(w.k[i]), f"word {x}: key {t * tile + i}"
+        for j in range(min(keys, n - wi * keys)):
+            assert (_val(g.sk[j]), _val(g.sv[j])) == (_val(w.sk[j]), _val(w.sv[j])), \
+                f"word {x}: scales of key {wi * keys + j}"
 
 
 def compare_v(got, want, lay):
     compare(got, want, lay, ("v", "last"), ("rows",))
+
+
+def compare_vw(got, want, lay, groups):
+    """The arrays' V words (``groups`` channel groups per key step): keys at or past the
+    block's ``n`` any value (their P is 0)."""
+    compare(got, want, lay, ("last",), ("n", "rows"))
+    for x, ((wi, n), g, w) in enumerate(zip(_blocks(want, lay), got, want)):
+        g, w = lay.from_bits(g), lay.from_bits(w)
+        lanes = len(w.v[0])
+        step = wi // groups
+        live = min(lanes, n - step * lanes)
+        for c in range(len(w.v)):
+            for i in range(live):
+                assert _val(g.v[c][i]) == _val(w.v[c][i]), f"word {x}: channel {c} key {i}"
 
 
 def run_and_compare(cut, keys, d, lanes, in_lanes, max_block, q_tile, **run_kw):
@@ -116,7 +155,8 @@ def run_and_compare(cut, keys, d, lanes, in_lanes, max_block, q_tile, **run_kw):
     dut = TileKV(keys=keys, head_dim=d, lanes=lanes, in_lanes=in_lanes, max_block=max_block,
                  max_rows=q_tile)
     got, tr = run(dut, kb, vb, rb, len(want_k), len(want_v), **run_kw)
-    compare_k(got["kw"], want_k, k_word_layout(keys, d, lanes, max_block, q_tile))
+    compare_k(got["kw"], want_k, k_word_layout(keys, d, lanes, max_block, q_tile), keys,
+              d // lanes)
     compare_v(got["vb"], want_v, v_beat_layout(keys, d, q_tile))
     return dut, tr
 
@@ -163,8 +203,9 @@ def test_rate(d, lanes, in_lanes, nk):
 def test_pv_words(per_channel, in_lanes, pv_words):
     """``pv_words``: the same chunk's V as the GEMM arrays' words (ArrayPV's ``v``: tiles of
     ``keys`` keys, words of ``channels`` channels, ``[channel][key]``; keys past a block's end
-    0; ``n`` and ``rows`` on the last), every word equal to ``test_array_pv.v_words`` of the
-    scheduled block, the K words unchanged, under random valid/ready."""
+    any value; ``n`` and ``rows`` on the last), every word equal to ``test_array_pv.v_words``
+    of the scheduled block (keys below ``n``), the K words unchanged, under random
+    valid/ready."""
     rng = np.random.default_rng(300 + per_channel + in_lanes)
     d, keys, lanes, q_tile, mb = 16, 4, 4, 16, 48
     lens = [32, 32, 32] if per_channel else [32, 34, 30]
@@ -179,6 +220,5 @@ def test_pv_words(per_channel, in_lanes, pv_words):
     dut = TileKV(keys=keys, head_dim=d, lanes=lanes, in_lanes=in_lanes, max_block=mb,
                  max_rows=q_tile, pv_words=pv_words)
     got, _ = run(dut, kb, vb, rb, len(want_k), len(want_v), idle=0.3, stall=0.4, seed=in_lanes)
-    compare_k(got["kw"], want_k, k_word_layout(keys, d, lanes, mb, q_tile))
-    compare(got["vb"], want_v, pv_word_layout(va, vl, mb, q_tile), ("v", "last"),
-            ("n", "rows"))
+    compare_k(got["kw"], want_k, k_word_layout(keys, d, lanes, mb, q_tile), keys, d // lanes)
+    compare_vw(got["vb"], want_v, pv_word_layout(va, vl, mb, q_tile), d // va)

@@ -37,7 +37,8 @@ class TileKV(wiring.Component):
     ``head_dim`` channels, their ``sk``, ``sv``) into one of two banks (per key small memories
     read asynchronously; the scales in registers) while the other is read out as
     ``head_dim/lanes`` K words (word ``c``: the tile's ``R`` keys × channels ``c·lanes ..``,
-    and the ``sk``, ``sv`` of the tile's keys ``c·keys ..``; keys past a block's end 0). The V
+    and the ``sk``, ``sv`` of the tile's keys ``c·keys ..``; keys past a block's end hold
+    stale values, :func:`~mcf.abi.attn_tile.k_word_layout`). The V
     side gathers ``keys`` V rows into a beat and hands it to an output
     register (keys past the block's end 0). A block's key count (``n``) is counted from the
     rows; its ``rows`` come on ``blk``, once per block, into two FIFOs of ``rows_fifo``
@@ -158,7 +159,7 @@ def _tile_words(m: Module, name: str, src, out, word, rq, R: int, L: int, D: int
                 max_block: int, scales=None):
     """Token-major rows on ``src`` (``kv_beat_layout(LI)``, ``D / LI`` beats a row) → per tile of
     ``R`` rows (keys) ``D / L`` words on ``out``, word ``c`` = the tile's ``R`` keys × channels
-    ``c·L ..`` driven onto ``word`` (``[key][channel]``; keys past a block's end 0), ``n`` and
+    ``c·L ..`` driven onto ``word`` (``[key][channel]``; keys past a block's end stale), ``n`` and
     ``rows`` (from the FIFO ``rq``) on the block's last word, ``last``. Two tile banks (per key
     ``J`` small memories of ``U``-channel units, read asynchronously): one fills while the
     other leaves. ``scales = (sk, sv, K)``: each key's ``scale_k``/``scale_v`` (read on its
@@ -177,7 +178,6 @@ def _tile_words(m: Module, name: str, src, out, word, rq, R: int, L: int, D: int
     skb = Array(Signal(R * SW, name=f"{name}skb{b}") for b in range(2))
     svb = Array(Signal(R * SW, name=f"{name}svb{b}") for b in range(2))
     full = Array(Signal(name=f"{name}full{b}") for b in range(2))
-    nfill = Array(Signal(range(R + 1), name=f"{name}fill{b}") for b in range(2))
     blast = Array(Signal(name=f"{name}last{b}") for b in range(2))
     bn = Array(Signal(range(max_block + 1), name=f"{name}n{b}") for b in range(2))
     wb, kr = Signal(name=f"{name}_wb"), Signal(range(R), name=f"{name}_row")
@@ -201,13 +201,12 @@ def _tile_words(m: Module, name: str, src, out, word, rq, R: int, L: int, D: int
         with m.If(kc == NC - 1):
             m.d.sync += kr.eq(kr + 1)
             with m.If((kr == R - 1) | src.payload.last):
-                m.d.sync += [full[wb].eq(1), nfill[wb].eq(kr + 1), blast[wb].eq(
+                m.d.sync += [full[wb].eq(1), blast[wb].eq(
                     src.payload.last), bn[wb].eq(cnt + kr + 1), wb.eq(~wb), kr.eq(0),
                     cnt.eq(Mux(src.payload.last, 0, cnt + R))]
 
     # read a bank out as S words
     rb, c = Signal(name=f"{name}_rb"), Signal(range(S), name=f"{name}_word")
-    fill = nfill[rb]
     wlast = blast[rb] & (c == S - 1)
     for i in range(R):
         if J == 1:
@@ -220,14 +219,15 @@ def _tile_words(m: Module, name: str, src, out, word, rq, R: int, L: int, D: int
             for port in rd:
                 m.d.comb += port.addr.eq(Mux(rb, WD, 0) + c // J)
             w = Array(port.data for port in rd)[c % J]
-        m.d.comb += word[i].as_value().eq(Mux(i < fill, w, 0))
+        # keys past the block's end: whatever the bank held (every consumer masks keys at or
+        # past ``n``: their scores are not used, their P is 0), so no zeroing multiplexer
+        m.d.comb += word[i].as_value().eq(w)
     if scales is not None:
         sk, sv, K = scales
         skr, svr = skb[rb], svb[rb]
         for j in range(K):
-            on = c * K + j < fill
-            m.d.comb += [sk[j].eq(Mux(on, skr.word_select(c * K + j, SW), 0)),
-                         sv[j].eq(Mux(on, svr.word_select(c * K + j, SW), 0))]
+            m.d.comb += [sk[j].eq(skr.word_select(c * K + j, SW)),
+                         sv[j].eq(svr.word_select(c * K + j, SW))]
     op = out.payload
     m.d.comb += [op.n.eq(Mux(wlast, bn[rb], 0)), op.rows.eq(Mux(wlast, rq.r_data, 0)),
                  op.last.eq(wlast), out.valid.eq(full[rb] & (~wlast | rq.r_rdy)),

@@ -317,7 +317,9 @@ def k_word_layout(keys: int, head_dim: int, lanes: int, max_block: int,
                   max_rows: int) -> data.StructLayout:
     """A weight word of a KV block's K for the ``S`` arrays: the :func:`qk_tile_keys` keys of a
     key tile × ``lanes`` consecutive channels (``k[key][lane]``, :data:`mcf.abi.kv.KV_ELEM`
-    codes; padding keys 0), words in the order (key tile, channel chunk); with it the scales
+    codes; keys at or past the block's ``n`` carry any value — every consumer masks them,
+    :class:`mcf.hdl.compute.tile_kv.TileKV` leaves what its bank held), words in the order (key
+    tile, channel chunk); with it the scales
     ``sk``, ``sv`` of ``keys`` keys — word ``n`` of the block carries those of keys
     ``n·keys ..``, the keys of score beat ``n``. On the ``last`` word: ``n`` (the block's keys,
     1 .. ``max_block``) and ``rows`` (the query rows that run against the block, 1 ..
@@ -358,7 +360,8 @@ def pv_word_layout(channels: int, lanes: int, max_block: int,
     """A weight word of a KV block's V for P·V on the GEMM's arrays
     (:class:`mcf.hdl.compute.array_pv.ArrayPV`): ``channels`` V channels (the array's rows) ×
     ``lanes`` consecutive keys (its lanes; ``v[channel][key]``, :data:`mcf.abi.kv.KV_ELEM`
-    codes; keys past the block 0), words in the order (key step, channel group) — a K-style
+    codes; keys past the block any value: their P is 0), words in the order (key step,
+    channel group) — a K-style
     ``[key][channel]`` block of ``lanes`` keys and ``channels`` channels, transposed. On the
     ``last`` word: ``n`` (the block's keys, 1 .. ``max_block``) and ``rows`` (the P rows that
     run against the block, 1 .. ``max_rows``; 0: the block is dropped)."""

@@ -59,8 +59,9 @@ class ArrayPV(wiring.Component):
     ``pv_pack_shift(group) ≤ pack_shift(group)``); chain, dsp : the arrays' lane sums;
     own_arrays : as :class:`~.array_score.ArrayScore`; p_format : :data:`~mcf.abi.attn_tile.P8`
     (``w8`` rows, the default) or :data:`~mcf.abi.attn_tile.PV_W` (today's ``w``: each channel
-    group's dot product once per byte, ``j`` = 0, 1, 2, the bytes' exact sums added as
-    ``Σ 2^(8j)·acc_j`` into :func:`~mcf.abi.attn_tile.pv_w_acc_bits`-bit sums — today's bits,
+    group's dot product once per byte, ``j`` = 2, 1, 0, the bytes' exact sums added as
+    ``Σ 2^(8j)·acc_j`` (Horner: ``(sum << 8) + acc_j``) into
+    :func:`~mcf.abi.attn_tile.pv_w_acc_bits`-bit sums — today's bits,
     :data:`~mcf.abi.attn_tile.PV_LIMBS` times the steps; a quad whose rows carry ``p8`` runs
     byte 0 only: its ``w8``, P8's steps and sums, ``s`` passed on).
 
@@ -182,8 +183,12 @@ class ArrayPV(wiring.Component):
         g_reg, l_reg = Signal(), Signal()
         j_reg = Signal.like(jb)
         live = Signal(KPS)                                  # the step's P beats of the row
+        # PV_W: the bytes most significant first (jb counts them), so the results add up as
+        # Horner's ``(hold << 8) + acc_j`` — a fixed shift, no shifter per sum; a P8 quad's
+        # one pass is byte 0
+        byte = Mux(qi.p8, 0, J - 1 - jb) if J > 1 else jb
         with m.If(adv):
-            m.d.sync += [st.valid.eq(go), l_reg.eq(dend), j_reg.eq(jb),
+            m.d.sync += [st.valid.eq(go), l_reg.eq(dend), j_reg.eq(byte),
                          g_reg.eq((ks % spg == spg - 1) if spg > 1 else 1)]
             m.d.sync += [live[q].eq(ks * KPS + q < nbeats) for q in range(KPS)]
         tag_w = Signal(tag_l)
@@ -230,12 +235,13 @@ class ArrayPV(wiring.Component):
             wo = om.write_port()
             sums = [res.payload[i][r][:PB].as_signed() for r in range(AR)]
             if J > 1:
-                # today's w: Σ_j 2^(8j)·acc_j, the bytes' dot products in order (j = 0 first)
+                # today's w: Σ_j 2^(8j)·acc_j, the bytes' dot products most significant first
+                # (tag.j counts them): tot = (hold << 8) + acc_j, exact in CB bits
                 hold = Signal(data.ArrayLayout(signed(CB), AR), name=f"hold{i}")
                 tot = [Signal(signed(CB), name=f"tot{i}_{r}") for r in range(AR)]
                 for r in range(AR):
-                    sh_ = Array(sums[r] << (PV_LIMB_BITS * j) for j in range(J))[tag.j]
-                    m.d.comb += tot[r].eq(Mux(tag.j == 0, 0, hold[r]) + sh_)
+                    m.d.comb += tot[r].eq(Mux(tag.j == 0, 0, hold[r] << PV_LIMB_BITS) +
+                                          sums[r])
                 with m.If(got):
                     m.d.sync += [hold[r].eq(tot[r]) for r in range(AR)]
                 sums = tot

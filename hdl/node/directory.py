@@ -184,7 +184,7 @@ class Directory(wiring.Component):
         served = Signal(max(1, self._n_read))       # one-hot: the port read last cycle
         with m.If(serve):
             m.d.sync += last.eq(grant)
-        for k, bus in enumerate(buses):
+        for k in range(self._n_read):
             m.d.sync += served[k].eq(serve & (grant == k))
             with m.If(serve & (grant == k)):
                 m.d.sync += [at[k].eq(prev[k]), have[k].eq(1)]

@@ -233,11 +233,11 @@ def unmasked_macs(q_pos, blocks, q_tile, d):
 
 
 def measure(per_channel, g, n_tok, lens, q_tile, d, lanes, in_lanes, fl, seed, arrays=0,
-            array_rows=16, engine=0):
+            array_rows=16, engine=0, query_words=1):
     """The chain at full rate (inputs always valid, output always ready): the rows against
     the golden model, the score beats' span, and the chunk's cycles from the first input to
     the last row out against its unmasked MACs. ``arrays``: S and P·V on that many shared
-    GEMM arrays of ``array_rows × lanes``."""
+    GEMM arrays of ``array_rows × lanes``; ``query_words``: TilePrefill's."""
     rng = np.random.default_rng(seed)
     keys, mb = 4, max(lens)
     q, sq, blocks, q_pos = chunk(rng, lens, n_tok, g, d, per_channel)
@@ -245,7 +245,7 @@ def measure(per_channel, g, n_tok, lens, q_tile, d, lanes, in_lanes, fl, seed, a
     dut = TilePrefill(keys=keys, head_dim=d, lanes=lanes, in_lanes=in_lanes, max_block=mb,
                       rows=q_tile, max_rows=MAX_ROWS, max_heads=6, kv_format=fmt,
                       fold_lanes=fl, arrays=arrays, array_rows=array_rows,
-                      engine_width=engine)
+                      engine_width=engine, query_words=query_words)
     assert len(q) <= dut.max_rows
     ins = prefill_inputs(q, sq, blocks, int(q_pos[0]), g, q_tile, d, in_lanes, mb, fl)
     ins["chunk"] = [chunk_layout(MAX_ROWS, 6).const({"pos": int(q_pos[0]), "rows": len(q),
@@ -275,6 +275,15 @@ def test_chunk_rate(arrays):
     S and P·V on 4 shared arrays of 16 × 4; the chunk's MACs per cycle are printed (not
     asserted)."""
     n_beats, beats = measure(False, 2, 8, [64, 64, 64], 16, 16, 4, 8, 4, 530, arrays)
+    assert len(beats) == n_beats and beats[-1] - beats[0] + 1 == n_beats
+
+
+def test_chunk_rate_query_words():
+    """The same chunk with TileQuery's rows as four words (``query_words``, the kr260's: a row
+    per 4 cycles out of TileQuery, each held by TileFold for its key tiles): bit-exact, and the
+    score beats still one per cycle after the first row — the sequencer stays ahead."""
+    n_beats, beats = measure(False, 2, 8, [64, 64, 64], 16, 16, 4, 8, 4, 530, 4,
+                             query_words=4)
     assert len(beats) == n_beats and beats[-1] - beats[0] + 1 == n_beats
 
 

@@ -102,22 +102,24 @@ def case(rng, g, n_tok, lens, keep, d=8):
     return q, sq, blocks, n - n_tok
 
 
-@pytest.mark.parametrize("g,n_tok,q_tile,lens,keep", [
-    (2, 18, 8, [16, 16, 12, 8], [0, 1, 2, 3]),        # diagonal blocks, tiles skipping blocks
-    (3, 11, 16, [20, 9, 7], [0, 1, 2]),               # a partial tile, GQA 3
-    (1, 24, 4, [8, 8, 8, 8, 8], [0, 2, 3, 4]),        # a block left out, blocks after tiles
-    (2, 6, 16, [30, 10, 6], [1, 2]),                  # the chunk inside the last block
+@pytest.mark.parametrize("g,n_tok,q_tile,lens,keep,row_words", [
+    (2, 18, 8, [16, 16, 12, 8], [0, 1, 2, 3], 1),     # diagonal blocks, tiles skipping blocks
+    (3, 11, 16, [20, 9, 7], [0, 1, 2], 1),            # a partial tile, GQA 3
+    (1, 24, 4, [8, 8, 8, 8, 8], [0, 2, 3, 4], 1),     # a block left out, blocks after tiles
+    (2, 6, 16, [30, 10, 6], [1, 2], 1),               # the chunk inside the last block
+    (2, 18, 8, [16, 16, 12, 8], [0, 1, 2, 3], 4),     # rows as four words
+    (3, 11, 16, [20, 9, 7], [0, 1, 2], 3),            # three words (the last one short)
 ])
-def test_schedule(g, n_tok, q_tile, lens, keep):
+def test_schedule(g, n_tok, q_tile, lens, keep, row_words):
     """Every row beat, ``kv`` beat and ``tile`` beat equals the schedule's, under random
-    valid/ready on all inputs and outputs."""
+    valid/ready on all inputs and outputs; a row kept as one word or as ``row_words``."""
     rng = np.random.default_rng(400 + g + n_tok + q_tile)
     d, mb = 8, 32
     q, sq, blocks, pos = case(rng, g, n_tok, lens, keep, d)
     chunk, rows, desc, kv, tile, q_pos = query_inputs(q, sq, blocks, pos, g, q_tile, mb)
     want_o, _ = fold_inputs(q, sq, blocks, q_pos, q_tile, d, mb, d)
     dut = TileQuery(head_dim=d, max_block=mb, rows=q_tile, max_rows=MAX_ROWS,
-                    max_heads=MAX_HEADS)
+                    max_heads=MAX_HEADS, row_words=row_words)
     outs, _ = run(dut, {"chunk": chunk, "q": rows, "desc": desc},
                   {"o": want_o, "kv": kv, "tile": tile}, idle=0.3, stall=0.4, seed=g)
     assert outs["kv"] == kv and outs["tile"] == tile
@@ -169,27 +171,29 @@ def test_two_chunks():
     assert outs == want
 
 
-def test_rate_and_latency():
-    """Inputs always valid, outputs always ready: a row beat per cycle within a block, one
-    cycle between blocks (the descriptor taken), a block's first row 2 cycles after its
-    descriptor is taken."""
+@pytest.mark.parametrize("row_words", [1, 4])
+def test_rate_and_latency(row_words):
+    """Inputs always valid, outputs always ready: a row beat per ``P = row_words`` cycles
+    within a block, one cycle more between blocks (the descriptor taken), a block's first row
+    ``P + 1`` cycles after its descriptor is taken."""
+    P = row_words
     rng = np.random.default_rng(420)
     d, mb, q_tile, g = 8, 32, 16, 2
     q, sq, blocks, pos = case(rng, g, 24, [32, 40], [0, 1], d)
     chunk, rows, desc, kv, tile, q_pos = query_inputs(q, sq, blocks, pos, g, q_tile, mb)
     want_o, _ = fold_inputs(q, sq, blocks, q_pos, q_tile, d, mb, d)
     dut = TileQuery(head_dim=d, max_block=mb, rows=q_tile, max_rows=MAX_ROWS,
-                    max_heads=MAX_HEADS)
+                    max_heads=MAX_HEADS, row_words=P)
     outs, cyc = run(dut, {"chunk": chunk, "q": rows, "desc": desc},
                     {"o": want_o, "kv": kv, "tile": tile})
     assert outs["o"] == want_o
     sched = list(tile_schedule(q_pos, blocks, q_tile))
     o, dc = np.array(cyc["o"]), np.array(cyc["desc"])
     print(f"{len(o)} row beats from cycle {o[0]} to {o[-1]}; descriptors at {dc.tolist()}")
-    assert len(dc) == len(sched) and o[0] == dc[0] + 2
-    # within a block back to back; between blocks the one cycle of the descriptor
+    assert len(dc) == len(sched) and o[0] == dc[0] + P + 1
+    # within a block P cycles apart; between blocks one more, the descriptor's
     starts = np.cumsum([0] + [len(r) for _, _, r, _ in sched])[:-1]
     gaps = np.diff(o)
-    assert set(gaps[np.setdiff1d(np.arange(len(gaps)), starts - 1)]) == {1}
-    assert set(gaps[starts[1:] - 1]) == {2}
-    assert (o[starts] == dc + 2).all()
+    assert set(gaps[np.setdiff1d(np.arange(len(gaps)), starts - 1)]) == {P}
+    assert set(gaps[starts[1:] - 1]) == {P + 1}
+    assert (o[starts] == dc + P + 1).all()

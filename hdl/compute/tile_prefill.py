@@ -70,7 +70,9 @@ class TilePrefill(wiring.Component):
     (:class:`~.array_attend.ArrayAttention`, TileKV's V as the arrays' words) — the same bits;
     ``own_arrays``: the arrays inside, else reached through the client ports above.
 
-    ``query_ram``: TileQuery's ``ram_style`` (``"ultra"``: the row memory in URAM288).
+    ``query_ram``: TileQuery's ``ram_style`` (``"ultra"``: the row memory in URAM288);
+    ``query_words``: its ``row_words`` (a row in that many words of a deeper memory, one row
+    per ``query_words`` cycles in and out: 4 BRAM36 instead of 15 at the kr260 shape).
 
     ``engine_width`` (with ``arrays``, PER_TOKEN K; default 0: none): the chain also runs
     :class:`~.attention.AttentionEngine`'s jobs — an :class:`~.array_engine.ArrayEngine`
@@ -92,11 +94,12 @@ class TilePrefill(wiring.Component):
                  folds: int = 3, slots: int = 4, merge_lanes: int = 4,
                  rows_fifo: int = 4, dsp: str = "model", query_ram: str = "block",
                  arrays: int = 0, array_rows: int = 16, chain: int = 1,
-                 own_arrays: bool = True, engine_width: int = 0):
+                 own_arrays: bool = True, engine_width: int = 0, query_words: int = 1):
         self.keys, self.head_dim, self.rows, self.max_rows = keys, head_dim, rows, max_rows
         self.kv_format, self.rows_fifo = KVFormat(kv_format), rows_fifo
         self.query = TileQuery(head_dim=head_dim, max_block=max_block, rows=rows,
-                               max_rows=max_rows, max_heads=max_heads, ram_style=query_ram)
+                               max_rows=max_rows, max_heads=max_heads, ram_style=query_ram,
+                               row_words=query_words)
         self.fold = TileFold(keys=keys, head_dim=head_dim, lanes=lanes, max_block=max_block,
                              rows=rows, kv_format=kv_format, fold_lanes=fold_lanes, folds=folds)
         self.arrays = arrays

@@ -7,7 +7,7 @@ place in its query tile (``row``, ``first``, ``final``).
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -74,16 +74,25 @@ class TileQuery(wiring.Component):
     Positions are compared as plain unsigned numbers (no wrap within a chunk's blocks).
     ``ram_style`` is the row memory's synthesis attribute: ``"block"`` (block RAM) or
     ``"ultra"`` (URAM288, with yosys ``synth_xilinx -uram``); it changes no cycle or bit.
+    ``row_words``: a row is kept as that many words of a ``2·rows·row_words``-deep memory
+    (a row's 1,059 bits at head_dim 128 take 15 BRAM36 as one word at 128 deep, 4 as four
+    quarters filling the BRAM's 512 words): a row is written in ``row_words`` cycles (``q``
+    ready on its last) and issued in as many (the words before the last read into registers),
+    so the rate above becomes one row per ``row_words`` cycles on both sides.
     """
 
     RAM_STYLES = ("block", "ultra")
 
     def __init__(self, head_dim: int = 128, max_block: int = 256, rows: int = 64,
-                 max_rows: int = 1536, max_heads: int = 8, ram_style: str = "block"):
+                 max_rows: int = 1536, max_heads: int = 8, ram_style: str = "block",
+                 row_words: int = 1):
         if ram_style not in self.RAM_STYLES:
             raise ValueError(f"ram_style must be one of {self.RAM_STYLES}")
+        if row_words < 1:
+            raise ValueError("row_words must be >= 1")
         self.head_dim, self.max_block, self.rows = head_dim, max_block, rows
         self.max_rows, self.max_heads, self.ram_style = max_rows, max_heads, ram_style
+        self.row_words = row_words
         super().__init__({
             "chunk": In(stream.Signature(chunk_layout(max_rows, max_heads))),
             "q": In(stream.Signature(query_row_layout(head_dim))),
@@ -98,11 +107,14 @@ class TileQuery(wiring.Component):
         MR, QT = self.max_rows, self.rows
         qlay = query_row_layout(self.head_dim)
         elay = data.StructLayout({"row": qlay, "tok": range(MR)})
+        P = self.row_words
+        WW = -(-elay.size // P)                       # bits of a row's word
         # a ring of two query tiles: tile t's rows in half t mod 2, written while tile t − 1
-        # runs, the half free again when tile t − 2 is done
-        m.submodules.mem = mem = Memory(shape=elay, depth=2 * QT, init=[],
+        # runs, the half free again when tile t − 2 is done; row r's word j at r·P + j
+        m.submodules.mem = mem = Memory(shape=WW, depth=2 * QT * P, init=[],
                                         attrs={"ram_style": self.ram_style})
         wr, rd = mem.write_port(), mem.read_port(transparent_for=())
+        wj, rj = Signal(range(P)), Signal(range(P))   # the word written, read of the row
 
         # ---- the chunk and its rows ---------------------------------------------------------
         ck = Signal(self.chunk.payload.shape())
@@ -117,9 +129,17 @@ class TileQuery(wiring.Component):
             m.d.sync += [ck.eq(self.chunk.payload), act.eq(1), wa.eq(0), tok.eq(0), hd.eq(0),
                          wh.eq(0), wo.eq(0), rh.eq(0)]
         q = self.q
-        m.d.comb += [q.ready.eq(act & (wa < ck.rows) & (wa < lo + 2 * QT)),
-                     wr.addr.eq(Mux(wh, QT, 0) + wo),
-                     wr.data.row.eq(q.payload), wr.data.tok.eq(tok), wr.en.eq(q.valid & q.ready)]
+        room = act & (wa < ck.rows) & (wa < lo + 2 * QT)
+        wrow = Signal(elay)
+        m.d.comb += [wrow.row.eq(q.payload), wrow.tok.eq(tok),
+                     q.ready.eq(room & (wj == P - 1)),
+                     wr.addr.eq((Mux(wh, QT, 0) + wo) * P + wj),
+                     wr.data.eq(Cat(wrow.as_value(), Const(0, WW * P - elay.size))
+                                .word_select(wj, WW) if P > 1 else wrow.as_value()),
+                     wr.en.eq(q.valid & room)]
+        if P > 1:
+            with m.If(q.valid & room):
+                m.d.sync += wj.eq(Mux(wj == P - 1, 0, wj + 1))
         with m.If(q.valid & q.ready):
             m.d.sync += [wa.eq(wa + 1), hd.eq(Mux(hd == ck.heads - 1, 0, hd + 1)),
                          wo.eq(wo + 1)]
@@ -167,11 +187,24 @@ class TileQuery(wiring.Component):
         meta = Signal(data.StructLayout({"x": range(QT), "pos0": d.payload.pos0.shape(),
                                          "n": d.payload.n.shape(), "next": d.payload.pos0.shape(),
                                          "tlast": 1, "first": 1, "last": 1}))
-        issue = have & (x < tlen) & adv & (cur.last | d.valid)
+        ready_row = have & (x < tlen) & adv & (cur.last | d.valid)
+        issue = ready_row & (rj == P - 1)             # the row's last word read: o next cycle
         done = have & ((x >= tlen) | (issue & (x == tlen - 1)))
-        m.d.comb += [rd.addr.eq(Mux(rh, QT, 0) + x), rd.en.eq(adv)]
+        m.d.comb += [rd.addr.eq((Mux(rh, QT, 0) + x) * P + rj), rd.en.eq(adv)]
         with m.If(adv):
             m.d.sync += o.valid.eq(issue)
+        words = rd.data                               # the row: its words before the last held
+        if P > 1:
+            held = [Signal(WW, name=f"held{j}") for j in range(P - 1)]
+            cap = Signal(range(P))                    # the word on rd.data to hold (P − 1: none)
+            m.d.sync += cap.eq(Mux(ready_row & (rj != P - 1), rj, P - 1))
+            for j, h in enumerate(held):
+                with m.If(cap == j):
+                    m.d.sync += h.eq(rd.data)
+            with m.If(ready_row):
+                m.d.sync += rj.eq(Mux(rj == P - 1, 0, rj + 1))
+            words = Cat(*held, rd.data)
+        row = data.View(elay, words[:elay.size])
         with m.If(issue):
             m.d.sync += [x.eq(x + 1), meta.x.eq(x), meta.pos0.eq(cur.pos0), meta.n.eq(cur.n),
                          meta.next.eq(d.payload.pos0), meta.tlast.eq(cur.last),
@@ -185,10 +218,10 @@ class TileQuery(wiring.Component):
 
         qpos = Signal(range(2 ** len(ck.pos) + MR))
         vis = Signal(range(2 ** len(ck.pos) + MR + 1))
-        m.d.comb += [qpos.eq(ck.pos + rd.data.tok), vis.eq(qpos + 1 - meta.pos0)]
+        m.d.comb += [qpos.eq(ck.pos + row.tok), vis.eq(qpos + 1 - meta.pos0)]
         p = o.payload
-        m.d.comb += [p.q.eq(rd.data.row.q), p.scale_m.eq(rd.data.row.scale_m),
-                     p.scale_e.eq(rd.data.row.scale_e),
+        m.d.comb += [p.q.eq(row.row.q), p.scale_m.eq(row.row.scale_m),
+                     p.scale_e.eq(row.row.scale_e),
                      p.visible.eq(Mux(qpos < meta.pos0, 0, Mux(vis > meta.n, meta.n, vis))),
                      p.n.eq(meta.n), p.row.eq(meta.x), p.first.eq(meta.first),
                      p.final.eq(meta.tlast | (qpos < meta.next)), p.last.eq(meta.last)]

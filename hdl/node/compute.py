@@ -142,6 +142,7 @@ class NodeCompute(wiring.Component):
                                        max_rows=self.tiler.max_rows, max_heads=c.attn_heads,
                                        kv_format=c.kv_format,
                                        engine_width=PACKET_WIDTH if c.attn_on_arrays else 0,
+                                       query_words=c.tile_query_words,
                                        **self._tile_arrays(c))
         rec = stream.Signature(CMD)
         axi = AXI4Signature(ADDR_BITS, AXI_WIDTH)

@@ -65,6 +65,7 @@ class NodeConfig:
     tile_keys: int = 0             # TilePrefill ``keys``: keys per score beat
     tile_lanes: int = 16           # TilePrefill ``lanes``: channels per cycle of its S arrays
     tile_max_chunk: int = 0        # TileUnit ``max_chunk``: query tokens per record (a power of 2)
+    tile_query_words: int = 1      # TilePrefill ``query_words``: a query row as that many words
     # S and P·V on the GEMM's arrays (clients of its ArrayShare) instead of arrays of their own
     tile_on_gemm: bool = False
     # every other ATTEND (DECODE, PREFILL, MAX, FIXED) on the GEMM's arrays too (ArrayEngine,

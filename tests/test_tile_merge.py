@@ -76,19 +76,22 @@ def run(dut, items, idle=0.0, stall=0.0, seed=0, modes=None):
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     rng = np.random.default_rng(seed)
-    ilay = merge_in_layout(d, dut.rows, dut.max_block, dut.p_format)
+    C = dut.in_channels
+    ilay = merge_in_layout(C, dut.rows, dut.max_block, dut.p_format)
     olay = dut.o.payload.shape()
     nb = beats_per_row(olay, d)
     n_final = sum(it[2] for it in items)
     bases = [it[6] for it in items if it[2]]
     modes = modes or {}
 
-    async def feed(ctx):
+    async def feed(ctx):                      # a row's block state as d / C beats
         await send(ctx, dut.i, (ilay.const({
-            "state": {"m": m, "l": l_sum, "s": sh, "acc": [int(x) for x in acc]},
+            "state": {"m": m, "l": l_sum, "s": sh, "last": int(j == d // C - 1),
+                      "acc": [int(x) for x in acc[j * C:(j + 1) * C]]},
             "row": row, "first": first, "final": final,
             "mode": modes.get(row, AttnMode.SINGLE)}).as_bits()
-            for row, first, final, m, l_sum, (sh, acc), _ in items), rng, idle)
+            for row, first, final, m, l_sum, (sh, acc), _ in items
+            for j in range(d // C)), rng, idle)
 
     sink, seen = taking_sink(dut.o, dut.i, n_final * nb, np.random.default_rng(seed + 1),
                              stall)
@@ -125,11 +128,13 @@ def chunk(rng, lens, n_tok, g, d, per_channel=False, outliers=0):
     return q, sq, blocks, np.repeat(np.arange(n - n_tok, n), g)
 
 
-@pytest.mark.parametrize("per_channel,lanes", [(False, 4), (True, 8)])
-def test_chunk_against_blocks(per_channel, lanes):
+@pytest.mark.parametrize("per_channel,lanes,in_channels", [(False, 4, 16), (True, 8, 16),
+                                                            (False, 4, 8), (True, 8, 8)])
+def test_chunk_against_blocks(per_channel, lanes, in_channels):
     """A 12-token chunk, GQA 2:1 (24 rows), query tiles of 8 rows, against four KV blocks of 16
     keys (the chunk spans the last blocks: diagonal tiles, rows skipped for blocks after
-    them), under random valid/ready; the merged states equal ``attend_tiled_rows``."""
+    them), under random valid/ready; the merged states equal ``attend_tiled_rows``; block
+    states as one beat per row or as beats of ``in_channels`` (ArrayPV's channel groups)."""
     rng = np.random.default_rng(60 + per_channel)
     d, q_tile = 16, 8
     q, sq, blocks, q_pos = chunk(rng, [16, 16, 16, 16], 12, 2, d, per_channel)
@@ -138,8 +143,8 @@ def test_chunk_against_blocks(per_channel, lanes):
     assert len({(it[6], it[0]) for it in items}) == len(q)
     expect = attend_tiled_rows(q, sq, blocks, q_pos, "single", p_format=P8, q_tile=q_tile,
                                array=True)
-    got, _ = run(TileMerge(head_dim=d, rows=q_tile, lanes=lanes), items, idle=0.3, stall=0.4,
-                 seed=per_channel)
+    got, _ = run(TileMerge(head_dim=d, rows=q_tile, lanes=lanes, in_channels=in_channels),
+                 items, idle=0.3, stall=0.4, seed=per_channel)
     check(got, expect, len(q))
 
 
@@ -213,8 +218,8 @@ def test_two_phase_states():
     assert expect[0][1] != min(sum(f[1] for f in fix), (1 << 32) - 1)   # l wrapped
     items = sorted(items, key=lambda it: (sum(1 for x in items[:items.index(it)]
                                               if x[0] == it[0]), it[0]))
-    got, _ = run(TileMerge(head_dim=d, rows=4, lanes=4, max_block=256, p_format=PV_W), items,
-                 stall=0.3, seed=4, modes=modes)
+    got, _ = run(TileMerge(head_dim=d, rows=4, lanes=4, max_block=256, p_format=PV_W,
+                           in_channels=4), items, stall=0.3, seed=4, modes=modes)
     assert sorted(g[0] for g in got) == [0, 1, 2, 3]
     for row, m, l_sum, o in got:
         em, el, eo = expect[row]
@@ -222,19 +227,21 @@ def test_two_phase_states():
         np.testing.assert_array_equal(o, eo, err_msg=f"row {row}")
 
 
-@pytest.mark.parametrize("d,lanes", [(16, 4), (128, 4), (128, 16)])
-def test_cycles_per_row(d, lanes):
+@pytest.mark.parametrize("d,lanes,in_channels", [(16, 4, 16), (128, 4, 128), (128, 16, 128),
+                                                  (128, 4, 16)])
+def test_cycles_per_row(d, lanes, in_channels):
     """Back to back with ``o.ready`` high: one block state every ``cycles_per_row`` cycles
     (38 at head_dim 128, 4 lanes; 14 with 16) and each final state out that many cycles after
-    it."""
+    it — also from beats of 16 channels (the kr260's ArrayPV), each taken as its words come."""
     rng = np.random.default_rng(70)
     q, sq, blocks, q_pos = chunk(rng, [8, 8], 4, 2, d)
     items = schedule(q, sq, blocks, q_pos, 8)
-    dut = TileMerge(head_dim=d, rows=8, lanes=lanes)
+    dut = TileMerge(head_dim=d, rows=8, lanes=lanes, in_channels=in_channels)
     got, tr = run(dut, items)
     check(got, attend_tiled_rows(q, sq, blocks, q_pos, "single", p_format=P8, q_tile=8,
                                  array=True), len(q))
-    assert np.all(np.diff(tr["take"]) == dut.cycles_per_row)
-    finals = [t for t, it in zip(tr["take"], items) if it[2]]
+    take = tr["take"][::d // in_channels]               # each row's first beat
+    assert np.all(np.diff(take) == dut.cycles_per_row)
+    finals = [t for t, it in zip(take, items) if it[2]]
     assert [o - t for o, t in zip(tr["out"], finals)] == [dut.cycles_per_row] * len(finals)
     assert (TileMerge.row_cycles(128, 4), TileMerge.row_cycles(128, 16)) == (38, 14)

@@ -15,7 +15,6 @@ from mcf.abi.attn_tile import (
     P8_SHIFT_MAX,
     p8_beat_layout,
     pv_acc_bits,
-    pv_out_layout,
     pv_p8_out,
     v_beat_layout,
 )
@@ -64,7 +63,8 @@ def run(dut, blocks, idle=0.0, stall=0.0, seed=0, v_first=False, v_stream=None):
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     rng = np.random.default_rng(seed)
-    olay = pv_out_layout(d, dut.max_block)
+    olay = dut.o.payload.shape()                  # pv_out_layout of the stage's channels
+    nb = d // olay["acc"].shape.length            # beats of a row
     n_rows = sum(len(r) for _, r in blocks)
 
     v_stream = v_stream or (lambda v, rows: v_beats(v, keys, d, rows, dut.max_rows))
@@ -79,14 +79,22 @@ def run(dut, blocks, idle=0.0, stall=0.0, seed=0, v_first=False, v_stream=None):
         await send(ctx, dut.p, (bits for _, rows in blocks for row in rows
                                 for bits in p_beats(*row, keys)), rng, idle)
 
-    sink, seen = taking_sink(dut.o, dut.p, n_rows, np.random.default_rng(seed + 100), stall)
+    sink, seen = taking_sink(dut.o, dut.p, n_rows * nb, np.random.default_rng(seed + 100),
+                             stall)
     sim.add_testbench(v_feed, background=True)
     sim.add_testbench(p_feed, background=True)
     sim.add_testbench(sink)
     sim.run()
-    got = [(int(b.m), int(b.l), int(b.s), np.array([int(b.acc[n]) for n in range(d)]))
-           for b in map(olay.from_bits, seen.bits)]
-    return got, {"take": seen.take, "out": seen.out, "p_wait": seen.wait}
+    beats = [olay.from_bits(raw) for raw in seen.bits]
+    got = []
+    for n in range(0, len(beats), nb):              # a row's beats: in order, last on the final
+        part = beats[n:n + nb]
+        assert [int(b.last) for b in part] == [0] * (nb - 1) + [1], f"row {n // nb}: last"
+        head = (int(part[0].m), int(part[0].l), int(part[0].s))
+        assert {(int(b.m), int(b.l), int(b.s)) for b in part} == {head}
+        got.append((*head, np.array([int(b.acc[x]) for b in part
+                                     for x in range(len(b.acc))])))
+    return got, {"take": seen.take, "out": seen.out[nb - 1::nb], "p_wait": seen.wait}
 
 
 def check(blocks, got, expect_o):

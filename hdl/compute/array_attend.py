@@ -72,7 +72,7 @@ class ArrayAttention(wiring.Component):
                           group=head_dim, chain=chain, dsp=dsp, own_arrays=False,
                           p_format=p_format)
         self.merge = TileMerge(head_dim=head_dim, rows=rows, lanes=merge_lanes,
-                               max_block=max_block, p_format=p_format)
+                               max_block=max_block, p_format=p_format, in_channels=array_rows)
         self.share = ArrayShare(2, arrays, array_rows, lanes, head_dim, chain, dsp) \
             if own_arrays else None
         self.tags = tags

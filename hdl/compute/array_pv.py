@@ -73,18 +73,18 @@ class ArrayPV(wiring.Component):
     p : In(stream.Signature(p8_beat_layout(keys)))
         P8 rows (TileSoftmax's ``o``), ``ceil(n / keys)`` beats each, against the oldest
         loaded block whose rows are not all taken.
-    o : Out(stream.Signature(pv_out_layout(head_dim, max_block)))
-        One beat per row: ``(m_b, l_b, s, acc)``. Rows in order; the payload holds until
-        taken.
+    o : Out(stream.Signature(pv_out_layout(array_rows, max_block)))
+        Per row ``head_dim / array_rows`` beats, one per channel group in channel order:
+        ``(m_b, l_b, s)`` on each, the group's ``acc``, ``last`` on the row's final one. Rows in
+        order; the payload holds until taken.
     st, res : ``own_arrays = False`` only, as :class:`~.array_score.ArrayScore`.
 
     Rate: a quad takes ``head_dim / array_rows · ceil(n / group) · group / lanes`` array
-    cycles (``arrays · array_rows · lanes`` MACs each) and leaves at one beat per ``head_dim /
-    array_rows`` cycles (the read of a row's words; 8 at the kr260 shape, against the merge's
-    32 cycles a row at 4 lanes); P rows
-    are taken at one beat per cycle.
-    Latency: a quad's first row leaves after its last P beat, its steps, the arrays'
-    latency and ``head_dim / array_rows + 1`` cycles (its words read).
+    cycles (``arrays · array_rows · lanes`` MACs each) and leaves at one beat per cycle (a
+    row's ``head_dim / array_rows`` words read asynchronously; 8 at the kr260 shape, against
+    the merge's 32 cycles a row at 4 lanes); P rows are taken at one beat per cycle.
+    Latency: a quad's first beat leaves the cycle after its last result is in (its steps and
+    the arrays' latency after its last P beat).
     """
 
     def __init__(self, keys: int = 4, head_dim: int = 128, max_block: int = 256,
@@ -108,7 +108,7 @@ class ArrayPV(wiring.Component):
         sig = {
             "v": In(stream.Signature(pv_word_layout(array_rows, lanes, max_block, max_rows))),
             "p": In(stream.Signature(p8_beat_layout(keys, p_format))),
-            "o": Out(stream.Signature(pv_out_layout(head_dim, max_block, p_format))),
+            "o": Out(stream.Signature(pv_out_layout(array_rows, max_block, p_format))),
         }
         if not own_arrays:
             sig.update(client_members(arrays, array_rows, lanes))
@@ -254,28 +254,23 @@ class ArrayPV(wiring.Component):
             with m.If(qi_r.blast):                    # V is read at issue only
                 m.d.sync += qf.full.bit_select(qi_r.bank, 1).eq(0)
 
-        # ---- emit: a row's CG words read one a cycle into the beat, then one beat per row -----
-        rc = Signal(range(CG + 1))                    # words read of the row
-        rv, rw = Signal(), Signal(range(CG))          # a word read last cycle, its index
-        rd = Signal(AR * CB)
+        # ---- emit: a row's CG words, one beat each (read asynchronously) ---------------------
+        rc = Signal(range(CG))                        # the row's word (channel group) next out
         rdo = []
         for om in omems:
-            ro = om.read_port()
-            m.d.comb += [ro.addr.eq(at(qf.eh, CG, rc)), ro.en.eq(1)]
+            ro = om.read_port(domain="comb")
+            m.d.comb += ro.addr.eq(at(qf.eh, CG, rc))
             rdo.append(ro.data)
-        m.d.comb += rd.eq(Array(rdo)[qf.ei])
-        rgo = qf.sready.bit_select(qf.eh, 1) & (rc < CG) & (~o.valid | o.ready)
-        m.d.sync += [rv.eq(rgo), rw.eq(rc)]
-        with m.If(rgo):
-            m.d.sync += rc.eq(rc + 1)
+        rgo = qf.sready.bit_select(qf.eh, 1) & (~o.valid | o.ready)
         with m.If(o.valid & o.ready):
             m.d.sync += o.valid.eq(0)
         meta = Signal(meta_l)
         m.d.comb += meta.eq(qf.emit_meta)
-        with m.If(rv):
-            m.d.sync += o.payload.acc.as_value().word_select(rw, AR * CB).eq(rd)
-            with m.If(rw == CG - 1):
-                m.d.sync += [rc.eq(0), o.valid.eq(1), o.payload.m.eq(meta.m),
-                             o.payload.l.eq(meta.l), o.payload.s.eq(meta.s)]
+        with m.If(rgo):
+            m.d.sync += [o.valid.eq(1), o.payload.acc.as_value().eq(Array(rdo)[qf.ei]),
+                         o.payload.m.eq(meta.m), o.payload.l.eq(meta.l), o.payload.s.eq(meta.s),
+                         o.payload.last.eq(rc == CG - 1), rc.eq(rc + 1)]
+            with m.If(rc == CG - 1):
+                m.d.sync += rc.eq(0)
                 qf.emitted(m)
         return m

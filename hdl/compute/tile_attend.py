@@ -79,10 +79,10 @@ class TileAttend(wiring.Component):
 
 def attend_chain(m: Module, s, softmax, pv, merge, tags: int):
     """Score rows on ``s`` (the parent's In member) through ``softmax`` → ``pv`` (its ``p``;
-    any P·V stage emitting one :func:`~mcf.abi.attn_tile.pv_out_layout` beat per row, rows in
-    order) → ``merge``'s ``i``, each row's ``row``, ``first``, ``final``, ``mode`` carried
-    beside them in a FIFO of ``tags`` entries (a row's first beat enters only with room for its
-    tag)."""
+    any P·V stage emitting a row as :func:`~mcf.abi.attn_tile.pv_out_layout` beats, ``last`` on
+    its final one, rows in order) → ``merge``'s ``i``, each row's ``row``, ``first``, ``final``,
+    ``mode`` carried beside them in a FIFO of ``tags`` entries (a row's first beat enters only
+    with room for its tag; the tag goes with each of the row's beats, out with the last)."""
     tag_w = len(s.payload.row) + 2 + len(s.payload.beat.mode.as_value())
     m.submodules.tag = tag = fifo.SyncFIFOBuffered(width=tag_w, depth=tags)
     sm, mg = softmax, merge
@@ -100,7 +100,7 @@ def attend_chain(m: Module, s, softmax, pv, merge, tags: int):
     tag_v = Cat(mg.i.payload.row, mg.i.payload.first, mg.i.payload.final, mg.i.payload.mode)
     m.d.comb += [mg.i.payload.state.eq(pv.o.payload), tag_v.eq(tag.r_data),
                  mg.i.valid.eq(pv.o.valid & tag.r_rdy), pv.o.ready.eq(mg.i.ready & tag.r_rdy),
-                 tag.r_en.eq(pv.o.valid & mg.i.ready)]
+                 tag.r_en.eq(pv.o.valid & mg.i.ready & pv.o.payload.last)]
 
 
 class TileAttention(wiring.Component):

@@ -31,9 +31,10 @@ class TileMerge(wiring.Component):
 
     Members
     -------
-    i : In(stream.Signature(merge_in_layout(head_dim, rows, max_block, p_format)))
-        A row's block state as TilePV emits it (``m_b``, ``l_b``, ``s``, the exact sums
-        ``acc``: ``o_b = sat(acc << s)`` is formed here, ``lanes`` channels per cycle; with
+    i : In(stream.Signature(merge_in_layout(in_channels, rows, max_block, p_format)))
+        A row's block state as the P·V stage emits it, ``head_dim / in_channels`` beats in
+        channel order (``m_b``, ``l_b``, ``s``, the row's tag the same on each; the beat's exact
+        sums ``acc``: ``o_b = sat(acc << s)`` is formed here, ``lanes`` channels per cycle; with
         ``p_format = PV_W`` as ArrayPV emits today's ``Σ w·v``, ``s`` 0), the row
         (``0 .. rows−1``), ``first`` (merge into the empty state: the running state is not
         read), ``final`` (emit the merged state) and, with ``p_format = PV_W``, the row's
@@ -41,7 +42,8 @@ class TileMerge(wiring.Component):
         32-bit wrap-around (``m`` is the blocks' ``m_fix``) —
         :func:`mcf.golden.attention.attend_fixed`'s sums; MAX keeps ``m = max(m, m_b)`` with
         ``l``, ``o`` 0 — :func:`mcf.golden.attention.attend_max`. A row's blocks come in KV
-        order; rows of a block in any order. Ready in the idle state.
+        order; rows of a block in any order. A row's first beat is taken in the idle state,
+        each further one as the merge reaches its channels (the merge waits for it).
     o : Out(stream.Signature(merge_beat_layout(lanes, rows)))
         After a ``final`` block: the row's merged ``(m, l, o)`` and the row, ``head_dim/lanes``
         beats of ``lanes`` channels as the words are merged (``m``, ``l`` on each); the merge
@@ -59,13 +61,14 @@ class TileMerge(wiring.Component):
     """
 
     def __init__(self, head_dim: int = 128, rows: int = 64, lanes: int = 4,
-                 max_block: int = 256, p_format=P8):
-        if head_dim % lanes:
-            raise ValueError("lanes must divide head_dim")
+                 max_block: int = 256, p_format=P8, in_channels: int | None = None):
+        in_channels = head_dim if in_channels is None else in_channels
+        if head_dim % in_channels or in_channels % lanes:
+            raise ValueError("lanes must divide in_channels, in_channels head_dim")
         self.head_dim, self.rows, self.lanes, self.max_block = head_dim, rows, lanes, max_block
-        self.p_format = p_format
+        self.p_format, self.in_channels = p_format, in_channels
         super().__init__({
-            "i": In(stream.Signature(merge_in_layout(head_dim, rows, max_block, p_format))),
+            "i": In(stream.Signature(merge_in_layout(in_channels, rows, max_block, p_format))),
             "o": Out(stream.Signature(merge_beat_layout(lanes, rows))),
         })
 
@@ -90,12 +93,13 @@ class TileMerge(wiring.Component):
         ml_wr, ml_rd = mlmem.write_port(), mlmem.read_port(transparent_for=())
         o_wr, o_rd = omem.write_port(), omem.read_port(transparent_for=())
 
-        blk = Signal(self.i.payload.shape())
-        # o_b of word cd's lanes: the word's sums selected, then sat(acc << s) on ``lanes``
-        # shifters (mcf.abi.attn_tile.pv_p8_out, STATE_O)
+        blk = Signal(self.i.payload.shape())          # the row's beat being merged
+        WPB = self.in_channels // ML                  # words of a beat
+        # o_b of word cd's lanes: the word's sums selected from the beat, then sat(acc << s)
+        # on ``lanes`` shifters (mcf.abi.attn_tile.pv_p8_out, STATE_O)
         AW = len(blk.state.acc[0])
         acc_words = Array(blk.state.acc.as_value()[j * ML * AW:(j + 1) * ML * AW]
-                          for j in range(NB))
+                          for j in range(WPB))
         acc_sel = Signal(ML * AW)
         bword = Cat(*(sat(acc_sel[n * AW:(n + 1) * AW].as_signed() << blk.state.s,
                           STATE_O.width, True) for n in range(ML)))
@@ -104,10 +108,16 @@ class TileMerge(wiring.Component):
         vld, started = Signal(), Signal()
         out = self.o.payload
         idle = Signal()
-        # a final block's word waits while the beat before it is not taken (c, cd, the read
+        # a final block's word waits while the beat before it is not taken, and the word
+        # after a beat's last one while the row's next beat has not come (c, cd, the read
         # port's data and the merge inputs hold)
         hold = Signal()
-        m.d.comb += [hold.eq(blk.final & self.o.valid & ~self.o.ready),
+        in_run = Signal()
+        nxt = Signal()                         # word cd ends a beat, another one follows
+        m.d.comb += nxt.eq(in_run & vld & ((cd % WPB == WPB - 1) if WPB > 1 else 1)
+                           & (cd != NB - 1) if WPB < NB else 0)
+        m.d.comb += [hold.eq((blk.final & self.o.valid & ~self.o.ready) |
+                             (nxt & ~self.i.valid)),
                      ml_rd.addr.eq(Mux(idle, self.i.payload.row, blk.row)),
                      o_rd.addr.eq(blk.row * NB + c), o_rd.en.eq(~hold)]
         with m.If(self.o.valid & self.o.ready):
@@ -116,7 +126,7 @@ class TileMerge(wiring.Component):
             mu.m_run.eq(Mux(blk.first, M_EMPTY, ml_rd.data.m)), mu.m_blk.eq(blk.state.m),
             mu.l_run.eq(Mux(blk.first, 0, ml_rd.data.l)), mu.l_blk.eq(blk.state.l),
             mu.o_run.eq(Mux(blk.first, 0, o_rd.data)), mu.o_blk.eq(bword),
-            acc_sel.eq(acc_words[cd]),
+            acc_sel.eq(acc_words[cd % WPB] if WPB > 1 else blk.state.acc.as_value()),
             o_wr.addr.eq(blk.row * NB + cd),
             ml_wr.addr.eq(blk.row), ml_wr.data.m.eq(mu.m_new),
         ]
@@ -143,8 +153,12 @@ class TileMerge(wiring.Component):
             # the row's m, l on ml_rd; m_new, then the scale factors (MergeUnit.LATENCY)
             merge_head_state(m, mu, started, then="RUN", on_done=[c.eq(0), vld.eq(0)])
             with m.State("RUN"), m.If(~hold):
-                # read word c; merge and write back word cd (read the cycle before)
+                # read word c; merge and write back word cd (read the cycle before); the row's
+                # next beat taken with its first word's turn
                 m.d.sync += [vld.eq(c != NB), cd.eq(c), c.eq(Mux(c == NB, NB, c + 1))]
+                with m.If(nxt):
+                    m.d.comb += self.i.ready.eq(1)
+                    m.d.sync += blk.state.acc.eq(self.i.payload.state.acc)
                 with m.If(vld):
                     m.d.comb += o_wr.en.eq(1)
                     with m.If(blk.final):
@@ -154,5 +168,5 @@ class TileMerge(wiring.Component):
                     with m.If(cd == NB - 1):
                         m.d.comb += ml_wr.en.eq(1)
                         m.next = "IDLE"
-        m.d.comb += idle.eq(fsm.ongoing("IDLE"))
+        m.d.comb += [idle.eq(fsm.ongoing("IDLE")), in_run.eq(fsm.ongoing("RUN"))]
         return m

@@ -59,8 +59,8 @@ class TilePV(wiring.Component):
         V; after the block's ``rows`` rows its bank is free. Ready while a block is loaded and
         ``o`` is not stalled.
     o : Out(stream.Signature(attn_tile.pv_out_layout(head_dim, max_block)))
-        One beat per row: ``(m_b, l_b, s, acc)``. Rows in order; the payload holds until
-        taken.
+        One beat per row (``last`` always set): ``(m_b, l_b, s, acc)``. Rows in order; the
+        payload holds until taken.
 
     Rate: one beat per cycle (``keys × head_dim`` MACs per cycle) while ``o`` is taken; the
     pipeline stalls as a whole only while a row waits on ``o.ready``.
@@ -176,6 +176,7 @@ class TilePV(wiring.Component):
                     with m.If(fx.rlast):
                         m.d.sync += self.o.payload.acc[n].eq(new)
             with m.If(fx.rlast):
-                m.d.sync += [self.o.valid.eq(1), self.o.payload.m.eq(fx.m),
+                m.d.sync += [self.o.valid.eq(1), self.o.payload.last.eq(1),
+                             self.o.payload.m.eq(fx.m),
                              self.o.payload.l.eq(fx.l), self.o.payload.s.eq(fx.s)]
         return m

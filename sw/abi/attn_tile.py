@@ -252,28 +252,32 @@ def tile_state_layout(head_dim: int) -> data.StructLayout:
     })
 
 
-def pv_out_layout(head_dim: int, max_block: int, p_format: FixedFormat = P8) -> data.StructLayout:
-    """A row's block state out of the P·V arrays: ``m_b``, ``l_b``, the row shift ``s`` and per
-    channel the exact ``acc = Σ w8·v`` (:func:`pv_acc_bits` of ``max_block``), so that
+def pv_out_layout(channels: int, max_block: int, p_format: FixedFormat = P8) -> data.StructLayout:
+    """A beat of a row's block state out of the P·V arrays: ``m_b``, ``l_b``, the row shift
+    ``s`` (the same on each of the row's beats) and per channel of ``channels`` consecutive
+    ones the exact ``acc = Σ w8·v`` (:func:`pv_acc_bits` of ``max_block``), so that
     ``o_b = sat(pv_p8_out(acc, s))`` (``STATE_O``) — the shift and saturation are left to the
-    merge, which takes a few channels per cycle. ``p_format = PV_W``: ``acc = Σ w·v`` in
+    merge, which takes a few channels per cycle; ``last`` on the row's final beat (a row is
+    ``head_dim / channels`` beats in channel order: one with ``channels = head_dim``, TilePV's;
+    one per channel group with ArrayPV's). ``p_format = PV_W``: ``acc = Σ w·v`` in
     :func:`pv_w_acc_bits`, ``s`` 0."""
     return data.StructLayout({
         "m": signed(STATE_M.width),
         "l": unsigned(STATE_L.width),
         "s": unsigned(P8_SHIFT_MAX.bit_length()),
-        "acc": data.ArrayLayout(signed(pv_sum_bits(max_block, p_format)), head_dim),
+        "acc": data.ArrayLayout(signed(pv_sum_bits(max_block, p_format)), channels),
+        "last": unsigned(1),
     })
 
 
-def merge_in_layout(head_dim: int, rows: int, max_block: int,
+def merge_in_layout(channels: int, rows: int, max_block: int,
                     p_format: FixedFormat = P8) -> data.StructLayout:
-    """A block state on its way into the merge (:func:`pv_out_layout`), the row (``0 ..
-    rows−1`` of the query tile), ``first`` (the row's first block: merged into the empty
-    state), ``final`` (its last block: the merged state is emitted) and the row's ``mode``
-    (:func:`row_mode_fields`)."""
+    """A block state's beat on its way into the merge (:func:`pv_out_layout` of ``channels``),
+    the row (``0 .. rows−1`` of the query tile), ``first`` (the row's first block: merged into
+    the empty state), ``final`` (its last block: the merged state is emitted) and the row's
+    ``mode`` (:func:`row_mode_fields`), the same on each of the row's beats."""
     return data.StructLayout({
-        "state": pv_out_layout(head_dim, max_block, p_format),
+        "state": pv_out_layout(channels, max_block, p_format),
         "row": unsigned(max(1, (rows - 1).bit_length())),
         "first": unsigned(1),
         "final": unsigned(1),

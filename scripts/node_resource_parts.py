@@ -8,7 +8,11 @@ down to ``--depth`` levels below the node, largest LUT + LUT-RAM first.
 ``kr260-tiled`` is the kr260 configuration with the tiled prefill on the GEMM's arrays
 (``tile_keys`` 4, ``tile_lanes`` 16, ``tile_max_chunk`` 256, ``tile_on_gemm``) — what does not
 fit yet, measured to see why; ``kr260-arrays`` adds ``attn_on_arrays`` (every other ATTEND
-on the same arrays: ArrayEngine instead of AttentionEngine). The per-part flow keeps the
+on the same arrays: ArrayEngine instead of AttentionEngine) with the KV reader's beats at 16
+lanes (``attn_lanes``: no vector engine needs 32 any more, and the reader stays bound by its
+port, a 132-byte record being 9 bus beats against 8 beats of a 16-lane row; the transposer
+then needs no way multiplexer and its V FIFO is one URAM) and TileQuery's rows as four
+words (``tile_query_words``: 4 BRAM36 instead of 15). The per-part flow keeps the
 hierarchy (no ``-flatten``), so its LUTs are a few per cent above the flat figure of
 ``mcf bench node``.
 """
@@ -26,7 +30,8 @@ CONFIGS: dict[str, NodeConfig] = {
     "kr260-tiled": replace(KR260, name="kr260_tiled", tile_keys=4, tile_lanes=16,
                            tile_max_chunk=256, tile_on_gemm=True),
     "kr260-arrays": replace(KR260, name="kr260_arrays", tile_keys=4, tile_lanes=16,
-                            tile_max_chunk=256, tile_on_gemm=True, attn_on_arrays=True),
+                            tile_max_chunk=256, tile_on_gemm=True, attn_on_arrays=True,
+                            attn_lanes=16, tile_query_words=4),
     "sim": SIM,
 }
 

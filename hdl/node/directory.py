@@ -90,7 +90,8 @@ class Directory(wiring.Component):
     ``tests/test_node_directory.py::test_rate``, 1.0 land events per cycle, 0.5 each when
     ``land`` and ``op`` are both always valid, 0.5 when a port's ``kv_id`` changes every
     cycle). ``land.ready`` / ``op.ready`` depend on ``valid`` of the other stream and on the
-    read ports' ``kv_id`` (arbitration), never on their own ``valid``.
+    read ports' registers (arbitration); ``op.ready`` also on ``op.valid`` (a waiting op goes
+    ahead of a port's read), ``land.ready`` never on ``land.valid``.
 
     Resources: one memory of ``kv_count`` × 12 bits with one read and one write port, and per
     read port a held entry with its ``kv_id``. Measured at 65,536 entries, ``n_read=3``

@@ -67,6 +67,7 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from tqdm import tqdm
 
 from mcf.abi.csrmap import node_regmap
+from mcf.abi.directory import DIR_PEEK_READS
 from mcf.abi.node import Queue
 from mcf.abi.node_config import NODE_CONFIGS
 from mcf.cluster import RunSpec
@@ -114,7 +115,7 @@ async def held_blocks(hosts, p) -> dict[str, dict[int, list[tuple[int, int]]]]:
         for _, _, kv_id in directory_ids(p):
             await h.write("DIR_PEEK", kv_id)
             entry = {"fresh": 0}
-            for _ in range(16):                 # until the entry is DIR_PEEK's (fresh)
+            for _ in range(DIR_PEEK_READS):     # until the entry is DIR_PEEK's (fresh)
                 entry = h.regmap.register("DIR_ENTRY").unpack(await h.read("DIR_ENTRY"))
                 if entry["fresh"]:
                     break

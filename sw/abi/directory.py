@@ -41,8 +41,12 @@ from .regs import Access, Field, Register, counters, status_registers
 
 __all__ = [
     "DirState", "DirOp", "DIR_ENTRY", "LAND_EVENT", "DIR_OP", "DIRECTORY_STATUS", "LANDED_MAX",
-    "DirEntry", "directory_registers",
+    "DirEntry", "directory_registers", "DIR_PEEK_READS",
 ]
+
+DIR_PEEK_READS = 16
+"""Reads of ``DIR_ENTRY`` after a ``DIR_PEEK`` write before the PS gives up on ``fresh`` (the
+directory reads a changed peek ``kv_id`` within a few cycles; one AXI-Lite read takes more)."""
 
 KV_ID_BITS = META["kv_id"].width
 LANDED_MAX = (1 << LANDED_BITS) - 1

@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from ..abi.csrmap import node_regmap
+from ..abi.directory import DIR_PEEK_READS
 from ..abi.meta import META
 from ..abi.nic import reduce_config
 from ..abi.node import CMD_BYTES, Cmd, Queue
@@ -148,7 +149,7 @@ class NodeDriver(_Base):
     def read_fields(self, name: str) -> dict[str, int]:
         return self.regmap.register(name).unpack(self.read_reg(name))
 
-    def peek_directory(self, kv_id: int, tries: int = 16) -> dict[str, int]:
+    def peek_directory(self, kv_id: int, tries: int = DIR_PEEK_READS) -> dict[str, int]:
         """The directory entry of ``kv_id`` (``DIR_PEEK`` written, ``DIR_ENTRY`` read until
         its ``fresh`` bit says the entry is that ``kv_id``'s)."""
         self.write_reg("DIR_PEEK", kv_id)

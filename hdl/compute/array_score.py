@@ -47,9 +47,13 @@ class ArrayScore(wiring.Component):
     weight words (``array_rows`` keys × ``lanes`` channels): a K word of ``R`` keys is written
     in ``R / array_rows`` cycles, one sub-tile each (the memory as wide as a step reads, not
     ``R / array_rows`` times that: block RAM is bound by width here); two quad buffers for the
-    query beats (a quad fills while the other is issued; freed at its last result) and two for
-    the scores (a quad's results while the other is emitted). Results are never refused: a
-    quad is issued only into a free score buffer.
+    query beats (a quad fills while the other is issued; freed at its last result; a beat kept
+    as ``QW`` words — the largest power of two up to 4 and ``S / 2`` dividing ``S``, 4 at the
+    kr260 shape — written in ``QW`` cycles, a query beat taken every ``QW``-th cycle at most,
+    against ``S`` cycles of score beats per beat; read a word per step: the LUT-RAM's depth
+    used, a ``QW``-th of the chunk select; at the kr260 shape 7.2k → 5.3k LUT with LUT-RAM)
+    and two for the scores (a quad's results while the other is emitted). Results are never
+    refused: a quad is issued only into a free score buffer.
 
     Parameters
     ----------
@@ -142,9 +146,18 @@ class ArrayScore(wiring.Component):
             m.d.sync += hw.eq(Mux(wend, 0, hw + 1))
 
         # ---- quad buffers: the query beats of up to A rows, a beat per key tile -------------
+        # a beat as QW words of S/QW chunks (LUT-RAM is 32 or 64 deep: 2·NT entries of a whole
+        # beat would leave most of it empty, and each word needs a QW-th of the chunk select),
+        # written in QW cycles — the beat is taken in the last, its payload held by the
+        # stream until then — and read a word per step. QW ≤ S/2: a quad's beats of a key
+        # tile fill in at most half the cycles its score beats take to leave (A·S)
+        QW = 1
+        while QW < 4 and 2 * QW <= S // 2 and S % (2 * QW) == 0:
+            QW *= 2
+        CW = S // QW                                  # chunks per word
         qmems, tscs = [], []
         for i in range(A):
-            qm = Memory(shape=unsigned(D * Q_ELEM.width), depth=2 * NT, init=[])
+            qm = Memory(shape=unsigned(D * Q_ELEM.width // QW), depth=2 * NT * QW, init=[])
             ts = Memory(shape=scale_l, depth=2 * NT, init=[])
             m.submodules[f"qmem{i}"], m.submodules[f"tsc{i}"] = qm, ts
             qmems.append(qm)
@@ -152,14 +165,20 @@ class ArrayScore(wiring.Component):
         ft = Signal(range(NT))                        # key tile of the row
         f_tiles = Signal(range(NT + 1))
         nk = qf.nkeys[qf.fb]
-        m.d.comb += [f_tiles.eq((nk + R - 1) // R), q.ready.eq(qf.fill_ready)]
+        qw = Signal(range(QW))                        # the word of the beat written
+        qw_last = qw == QW - 1
+        m.d.comb += [f_tiles.eq((nk + R - 1) // R), q.ready.eq(qf.fill_ready & qw_last)]
         take = q.valid & q.ready
+        put = q.valid & qf.fill_ready                 # a word of the beat written
+        with m.If(put):
+            m.d.sync += qw.eq(Mux(qw_last, 0, qw + 1))
         for i, (qm, ts) in enumerate(zip(qmems, tscs)):
             wq, wt = qm.write_port(), ts.write_port()
-            m.d.comb += [wq.addr.eq(at(qf.fh, NT, ft)), wq.data.eq(q.payload.q),
-                         wq.en.eq(take & (qf.fi == i)), wt.addr.eq(wq.addr),
+            m.d.comb += [wq.addr.eq(at(qf.fh, NT, ft) * QW + qw),
+                         wq.data.eq(q.payload.q.as_value().word_select(qw, len(wq.data))),
+                         wq.en.eq(put & (qf.fi == i)), wt.addr.eq(at(qf.fh, NT, ft)),
                          wt.data.m.eq(q.payload.scale_m), wt.data.e.eq(q.payload.scale_e),
-                         wt.en.eq(wq.en)]
+                         wt.en.eq(take & (qf.fi == i))]
         vis = q.payload.visible
         qf.set_meta(m, take & (ft == 0), row=q.payload.row, first=q.payload.first,
                     final=q.payload.final, lim=Mux(vis < nk, vis, nk), mode=q.payload.mode,
@@ -211,8 +230,10 @@ class ArrayScore(wiring.Component):
             m.d.comb += st.payload.scale[r].eq(1)
         for i, qm in enumerate(qmems):
             rp = qm.read_port()
-            m.d.comb += [rp.en.eq(adv), rp.addr.eq(at(qf.ih, NT, it)),
-                         st.payload.a[i].eq(rp.data.word_select(c_reg, L * Q_ELEM.width))]
+            m.d.comb += [rp.en.eq(adv),
+                         rp.addr.eq(at(qf.ih, NT, it) * QW + (ic // CW if QW > 1 else 0)),
+                         st.payload.a[i].eq(rp.data.word_select(c_reg % CW if CW > 1 else 0,
+                                                                L * Q_ELEM.width))]
 
         # ---- results into the score buffers (with each tile's query scale) -------------------
         sres, sscale = [], []

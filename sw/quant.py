@@ -140,6 +140,9 @@ def gemm_stripe_image(qw: QuantWeight, rows: int, lanes: int, bias=None, *, base
     at offset ``p · pitch`` (the stripe length rounded up to ``align``; zeros between). Returns
     the image (to place at ``base``) and its job descriptor."""
     n, k = qw.q.shape
+    if base % beat_bytes or align % beat_bytes:
+        raise ValueError(f"stripe image at {base:#x}, pitch unit {align}: stripes start on "
+                         f"{beat_bytes}-byte beats")
     ws = gemm_w_stream(gemm_tile_blob(qw, rows, lanes, bias), k // lanes, n // rows, rows, lanes,
                        ports * beat_bytes, qw.group)
     stripes = gemm_w_stripes(ws, ports, beat_bytes)

@@ -25,12 +25,17 @@ from mcf.sim.perf.decode import DdrPort, packer
 MEM = 1 << 16
 
 
-def bursts(d: DmaDesc, bb: int, max_beats: int) -> list[tuple[int, int]]:
+def accepted(d: DmaDesc, align: int = 1) -> bool:
+    """A descriptor the engine takes: something to move, its rows on ``align`` bytes."""
+    return bool(d.length and d.count and d.addr % align == 0 and d.stride % align == 0)
+
+
+def bursts(d: DmaDesc, bb: int, max_beats: int, align: int = 1) -> list[tuple[int, int]]:
     """The ``(address, beats)`` bursts of descriptor ``d`` on a bus of ``bb``-byte beats: each
     row's beats from its beat-aligned start, cut at every 4 KiB boundary and after
     ``max_beats``; none for a rejected descriptor."""
     out = []
-    if d.length == 0 or d.count == 0:
+    if not accepted(d, align):
         return out
     for r in range(d.count):
         a = d.addr + r * d.stride
@@ -57,12 +62,15 @@ def row_beats(rows: list[bytes], bb: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def random_descs(rng: random.Random, n: int, bb: int, size: int = MEM) -> list[DmaDesc]:
+def random_descs(rng: random.Random, n: int, bb: int, size: int = MEM,
+                 align: int = 1) -> list[DmaDesc]:
     """Rows starting on a 4 KiB boundary, a beat or a byte either side of one, a maximum burst
     before one, or anywhere; lengths of a byte, a beat, up to the boundary exactly, across
     one to three pages, or anywhere; strides to the next boundary, of a beat or of any bytes;
     every seventh descriptor rejected (zero length or count); one page-aligned row of two
-    pages and a bit (maximum bursts), in random order."""
+    pages and a bit (maximum bursts), in random order. With ``align`` > 1 half the
+    descriptors have their start and stride moved onto ``align`` bytes, a quarter only their
+    start, a quarter only their stride (an engine of that ``align`` rejects those)."""
     descs = [DmaDesc(BOUNDARY_BYTES, 2 * BOUNDARY_BYTES + bb + 3)]   # maximum bursts
     for i in range(1, n):
         off = rng.choice((0, bb, 1, BOUNDARY_BYTES - bb, BOUNDARY_BYTES - 1,
@@ -76,6 +84,10 @@ def random_descs(rng: random.Random, n: int, bb: int, size: int = MEM) -> list[D
                              rng.randrange(1, room)))
         stride = length + rng.choice((0, bb, BOUNDARY_BYTES - (off + length) % BOUNDARY_BYTES,
                                       rng.randrange(0, 600)))
+        if align > 1 and i % 4 != 3:
+            off -= off % align
+        if align > 1 and i % 4 != 2:
+            stride += -stride % align
         span = off + stride * (count - 1) + length
         addr = BOUNDARY_BYTES * rng.randrange(0, (size - span) // BOUNDARY_BYTES) + off
         if i % 7 == 6:
@@ -101,7 +113,7 @@ def run_reader(dut: DmaReader, descs, mem: bytes, *, seed: int, latency: int = 1
     port = DdrPort(dut.bus, mem, random.Random(seed + 1), latency=latency, jitter=jitter,
                    ar_idle=ar_idle, r_idle=r_idle)
     want = sum(len(row_beats([b"x" * d.length] * d.count, bb))
-               for d in descs if d.length and d.count)
+               for d in descs if accepted(d, dut.align))
     out = {"beats": [], "cycles": 0}
     queue = collections.deque(d.pack(dut.desc.payload.shape()) for d in descs)
 
@@ -142,43 +154,51 @@ def run_reader(dut: DmaReader, descs, mem: bytes, *, seed: int, latency: int = 1
     return out
 
 
-def expected_read(descs, mem: bytes, bb: int) -> list[tuple[int, int, int, int]]:
+def expected_read(descs, mem: bytes, bb: int, align: int = 1) -> list[tuple[int, int, int, int]]:
     beats = []
     for d in descs:
-        if d.length and d.count:
+        if accepted(d, align):
             rows = [mem[d.addr + r * d.stride:d.addr + r * d.stride + d.length]
                     for r in range(d.count)]
             beats += [(data, keep, last, 0) for data, keep, last in row_beats(rows, bb)]
     return beats
 
 
-@pytest.mark.parametrize("width,fifo_depth,outstanding,seed,latency,jitter,idle,bp", [
-    (128, 512, 8, 1, 4, 0, 0.0, 0.0),
-    (128, 512, 8, 2, 40, 40, 0.3, 0.3),
-    (128, 512, 2, 3, 100, 10, 0.1, 0.7),
-    (128, 256, 8, 4, 8, 8, 0.2, 0.2),
-    (128, 256, 4, 5, 60, 0, 0.0, 0.5),
-    (32, 512, 8, 6, 12, 12, 0.2, 0.3),
-    (128, 64, 8, 7, 40, 20, 0.2, 0.3),          # LUTRAM_FIFO_DEPTH
-    (128, 16, 2, 8, 30, 10, 0.1, 0.2),
+@pytest.mark.parametrize("width,fifo_depth,outstanding,seed,latency,jitter,idle,bp,align", [
+    (128, 512, 8, 1, 4, 0, 0.0, 0.0, 1),
+    (128, 512, 8, 2, 40, 40, 0.3, 0.3, 1),
+    (128, 512, 2, 3, 100, 10, 0.1, 0.7, 1),
+    (128, 256, 8, 4, 8, 8, 0.2, 0.2, 1),
+    (128, 256, 4, 5, 60, 0, 0.0, 0.5, 1),
+    (32, 512, 8, 6, 12, 12, 0.2, 0.3, 1),
+    (128, 64, 8, 7, 40, 20, 0.2, 0.3, 1),       # LUTRAM_FIFO_DEPTH
+    (128, 16, 2, 8, 30, 10, 0.1, 0.2, 1),
+    (128, 512, 8, 9, 20, 10, 0.2, 0.3, 16),     # beat-aligned rows: no realigner
+    (128, 64, 8, 13, 30, 10, 0.2, 0.3, 4),      # 4-byte rows: one 4:1 stage
+    (32, 512, 8, 11, 12, 12, 0.2, 0.3, 2),
 ])
-def test_reader_bursts(width, fifo_depth, outstanding, seed, latency, jitter, idle, bp):
+def test_reader_bursts(width, fifo_depth, outstanding, seed, latency, jitter, idle, bp, align):
     """Every AR (address, beats) in order equals the pure-Python split, no burst crosses 4 KiB
     (the port model asserts it) or exceeds ``min(256, fifo_depth − 1)`` beats, ``rready``
-    never drops, every beat's bytes, keep and last are the memory's, descriptors counted."""
+    never drops, every beat's bytes, keep and last are the memory's, descriptors counted;
+    with ``align`` the descriptors off ``align`` bytes are rejected, nothing read for them."""
     rng = random.Random(seed)
     mem = bytes(rng.getrandbits(8) for _ in range(MEM))
     bb = width // 8
-    descs = random_descs(rng, 14, bb)
-    dut = DmaReader(width, outstanding=outstanding, fifo_depth=fifo_depth)
+    descs = random_descs(rng, 14, bb, align=align)
+    dut = DmaReader(width, outstanding=outstanding, fifo_depth=fifo_depth, align=align)
     res = run_reader(dut, descs, mem, seed=seed, latency=latency, jitter=jitter,
                      ar_idle=idle, r_idle=idle, bp=bp, desc_idle=idle)
     max_beats = min(MAX_BURST_BEATS, fifo_depth - 1)
-    want = [b for d in descs for b in bursts(d, bb, max_beats)]
+    want = [b for d in descs for b in bursts(d, bb, max_beats, align)]
     assert res["ar"] == want
     assert max(n for _, n in res["ar"]) == max_beats       # the limit was reached
-    assert res["beats"] == expected_read(descs, mem, bb)
-    good = sum(1 for d in descs if d.length and d.count)
+    assert res["beats"] == expected_read(descs, mem, bb, align)
+    good = sum(1 for d in descs if accepted(d, align))
+    if align > 1:                       # every kind was there
+        assert any(d.addr % align and d.stride % align == 0 for d in descs if d.count)
+        assert any(d.addr % align == 0 and d.stride % align for d in descs if d.count)
+        assert any(d.addr % bb for d in descs if accepted(d, align)) == (align < bb)
     assert res["status"]["descs"] == good
     assert res["status"]["rejects"] == len(descs) - good
     assert res["status"]["beats"] == sum(n for _, n in want)
@@ -273,22 +293,24 @@ class WriteSlave:
         assert k == len(self.w)
 
 
-@pytest.mark.parametrize("width,seed,latency,idle", [
-    (128, 11, 4, 0.0), (128, 12, 30, 0.4), (32, 13, 10, 0.3)])
-def test_writer_bursts(width, seed, latency, idle):
+@pytest.mark.parametrize("width,seed,latency,idle,align", [
+    (128, 11, 4, 0.0, 1), (128, 12, 30, 0.4, 1), (32, 13, 10, 0.3, 1),
+    (128, 14, 20, 0.3, 16), (128, 15, 20, 0.3, 4)])
+def test_writer_bursts(width, seed, latency, idle, align):
     """Every AW (address, beats) in order equals the pure-Python split; the written memory
     equals the rows placed by byte (strobes), nothing else touched; one ``desc_done`` per
-    good descriptor; rejects counted."""
+    good descriptor; rejects counted (with ``align``: the descriptors off ``align`` bytes
+    too, nothing written for them)."""
     rng = random.Random(seed)
     bb = width // 8
-    descs = random_descs(rng, 12, bb)
-    dut = DmaWriter(width)
+    descs = random_descs(rng, 12, bb, align=align)
+    dut = DmaWriter(width, align=align)
     slave = WriteSlave(dut.bus, random.Random(seed + 1), latency=latency, idle=idle)
     before = bytes(rng.getrandbits(8) for _ in range(MEM))
     want_mem = bytearray(before)
     words = []
     for d in descs:
-        if d.length and d.count:
+        if accepted(d, align):
             for r in range(d.count):
                 row = bytes(rng.getrandbits(8) for _ in range(d.length))
                 a = d.addr + r * d.stride
@@ -296,7 +318,7 @@ def test_writer_bursts(width, seed, latency, idle):
                 words += [int.from_bytes(row[k:k + bb], "little")
                           for k in range(0, d.length, bb)]
     queue = collections.deque(d.pack(dut.desc.payload.shape()) for d in descs)
-    good = sum(1 for d in descs if d.length and d.count)
+    good = sum(1 for d in descs if accepted(d, align))
     res = {"done": 0}
 
     async def bench(ctx):
@@ -331,8 +353,11 @@ def test_writer_bursts(width, seed, latency, idle):
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
-    want = [b for d in descs for b in bursts(d, bb, MAX_BURST_BEATS)]
+    want = [b for d in descs for b in bursts(d, bb, MAX_BURST_BEATS, align)]
     assert slave.aw == want
+    if align > 1:                       # every kind was there
+        assert any(d.addr % align and d.stride % align == 0 for d in descs if d.count)
+        assert any(d.addr % align == 0 and d.stride % align for d in descs if d.count)
     mem = bytearray(before)
     slave.apply(mem)
     assert mem == want_mem

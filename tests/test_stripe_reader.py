@@ -2,8 +2,8 @@
 read-slave model per HP port (:class:`mcf.sim.perf.decode.DdrPort`: random latency, R idle
 cycles, AR stalls, protocol checks, and an assertion that ``rready`` is never low under
 ``rvalid``) with random output backpressure: the word stream bit for bit against the stripes in
-DDR for back-to-back jobs (unaligned, 2-D, rejected); prefetch across jobs; the ports shared
-with other DMA readers through ``AxiPortMux``; the host layout (:func:`mcf.quant.
+DDR for back-to-back jobs (2-D, empty or off a beat: rejected); prefetch across jobs; the ports
+shared with other DMA readers through ``AxiPortMux``; the host layout (:func:`mcf.quant.
 gemm_stripe_image`) driving the kr260 GEMM's 512-bit ``w_in`` bit-exact against
 :func:`mcf.golden.gemm.gemm`; the decode bench's figure and its refusals.
 
@@ -46,17 +46,28 @@ def expected(mem: bytes, job: StripeJob, ports: int = P, bb: int = BB) -> bytes:
     return b"".join(b"".join(beats[p][i] for p in range(ports)) for i in range(len(beats[0])))
 
 
+def good_job(j: StripeJob) -> bool:
+    """A job the readers take: something to read, every row on a beat."""
+    return bool(j.length and j.count and not (j.addr | j.pitch | j.stride) % BB)
+
+
 def random_jobs(rng: random.Random, n: int, size: int = MEM) -> list[StripeJob]:
-    """Jobs at any byte address and pitch, rows of whole beats, some 2-D, some crossing 4 KiB
-    and longer than a burst; every fifth one rejected (zero length or count)."""
+    """Jobs at any beat address and pitch, rows of whole beats, some 2-D, some crossing 4 KiB
+    and longer than a burst; every fifth one rejected (zero length or count), and the
+    ``addr``, ``pitch`` or ``stride`` of every fifth one off a beat (rejected too)."""
     jobs = []
     for i in range(n):
         count = rng.choice((1, 1, 2, 3))
         length = BB * rng.randint(1, 320 if count == 1 else 40)
-        stride = length + rng.randrange(0, 300) if count > 1 else 0
+        stride = length + BB * rng.randrange(0, 20) if count > 1 else 0
         span = stride * (count - 1) + length
-        pitch = span + rng.randrange(0, 5000)
-        addr = rng.randrange(0, size - P * pitch)
+        pitch = span + BB * rng.randrange(0, 300)
+        addr = BB * rng.randrange(0, (size - P * pitch) // BB)
+        if i % 5 == 2:                          # off a beat: one of the three
+            which = i // 5 % 3
+            addr += (which == 0) * rng.randrange(1, BB)
+            pitch += (which == 1) * rng.randrange(1, BB)
+            stride += (which == 2) * rng.randrange(1, BB)
         if i % 5 == 4:
             jobs.append(StripeJob(addr, 0, pitch) if i % 2 else StripeJob(addr, length, pitch,
                                                                              stride, 0))
@@ -76,12 +87,13 @@ def test_words_random(seed, latency, jitter, r_idle, ar_idle, bp):
     rng = random.Random(seed)
     mem = bytes(rng.getrandbits(8) for _ in range(MEM))
     jobs = random_jobs(rng, 12)
-    stream = b"".join(expected(mem, j) for j in jobs)
+    stream = b"".join(expected(mem, j) for j in jobs if good_job(j))
     dut = StripeReader()
     ports = [DdrPort(getattr(dut, f"bus{p}"), mem, rng, latency=latency, jitter=jitter,
                      r_idle=r_idle, ar_idle=ar_idle) for p in range(P)]
     r = simulate(dut, ports, [j.pack() for j in jobs], stream, bp=bp, job_idle=0.3, seed=seed)
-    good = [j for j in jobs if j.length and j.count]
+    good = [j for j in jobs if good_job(j)]
+    assert len(good) < len(jobs) - 2 and any(j.addr % BB for j in jobs)
     assert r["words"] == len(stream) // WB == sum(j.words(BB) for j in good)
     assert r["mismatches"] == 0
     st = r["status"]
@@ -134,7 +146,7 @@ def test_ports_shared_through_mux():
     both streams arrive whole and in order, and no R beat is refused."""
     rng = random.Random(11)
     mem = bytes(rng.getrandbits(8) for _ in range(MEM))
-    jobs = [StripeJob(0x800 + 3, 150 * BB, 0x3000), StripeJob(0x20000, 40 * BB, 0x1000, 0x300,
+    jobs = [StripeJob(0x800 + BB, 150 * BB, 0x3000), StripeJob(0x20000, 40 * BB, 0x1000, 0x300,
                                                               3)]
     stream = b"".join(expected(mem, j) for j in jobs)
     m = Module()

@@ -11,6 +11,8 @@ responses are counted and the last one latched in status; data still flows, noth
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from amaranth import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -28,7 +30,8 @@ from .axi import (
     descriptor_layout,
 )
 
-__all__ = ["DmaReader", "DmaWriter", "DmaLoader", "read_beat_layout", "LUTRAM_FIFO_DEPTH"]
+__all__ = ["DmaReader", "DmaWriter", "DmaLoader", "read_beat_layout", "LUTRAM_FIFO_DEPTH",
+           "dma_client_members", "DmaViews", "dma_views"]
 
 LUTRAM_FIFO_DEPTH = 64
 """A :class:`DmaReader` receive FIFO synthesis builds from LUT-RAM (a 129-bit FIFO takes two
@@ -44,20 +47,66 @@ def read_beat_layout(data_width: int) -> data.StructLayout:
         "last": unsigned(1), "err": unsigned(1)})
 
 
-def _byte_shift(both, off, width: int):
-    """``both[8·off : 8·off + width]`` as stages of 4:1 multiplexers on ``off``'s bit pairs
-    (highest first): one LUT per output bit and stage, where one 16:1 multiplexer per bit
-    takes four or more."""
+def dma_client_members(addr_width: int, data_width: int) -> dict:
+    """The members of a unit whose :class:`DmaReader` and :class:`DmaWriter` are outside it
+    (two units that never work at once sharing one pair by a select,
+    :func:`mcf.hdl.node.attend_split.steer`): ``rd_desc`` → the reader's ``desc``, ``rd_data``
+    ← its ``o``, ``wr_desc`` → the writer's ``desc``, ``wr_data`` → its ``i``, ``wr_done`` /
+    ``wr_err`` ← its ``desc_done`` / ``desc_err``."""
+    desc = stream.Signature(descriptor_layout(addr_width))
+    return {"rd_desc": Out(desc), "rd_data": In(stream.Signature(read_beat_layout(data_width))),
+            "wr_desc": Out(desc), "wr_data": Out(stream.Signature(unsigned(data_width))),
+            "wr_done": In(1), "wr_err": In(1)}
+
+
+@dataclass(frozen=True)
+class DmaViews:
+    """What a unit drives and reads of its DMA pair, whether built inside it or outside
+    (:func:`dma_views`): ``rd_desc``, ``rd_data``, ``wr_desc``, ``wr_data``, ``wr_done``,
+    ``wr_err`` as in :func:`dma_client_members`."""
+    rd_desc: object
+    rd_data: object
+    wr_desc: object
+    wr_data: object
+    wr_done: object
+    wr_err: object
+
+
+def dma_views(m: Module, unit, own: bool, *, fifo_depth: int = 512, reader: bool = True,
+              writer: bool = True) -> DmaViews:
+    """``unit``'s DMA pair: with ``own`` a :class:`DmaReader` (``fifo_depth``) as submodule
+    ``rd`` on ``unit.rd_bus`` and a :class:`DmaWriter` as ``wr`` on ``unit.wr_bus`` (either
+    left out by ``reader`` / ``writer``); else the :func:`dma_client_members` of ``unit``."""
+    if not own:
+        return DmaViews(*(getattr(unit, n, None) for n in (
+            "rd_desc", "rd_data", "wr_desc", "wr_data", "wr_done", "wr_err")))
+    rd = wr = None
+    if reader:
+        m.submodules.rd = rd = DmaReader(unit.data_width, unit.addr_width,
+                                         fifo_depth=fifo_depth)
+        wiring.connect(m, rd.bus, wiring.flipped(unit.rd_bus))
+    if writer:
+        m.submodules.wr = wr = DmaWriter(unit.data_width, unit.addr_width)
+        wiring.connect(m, wr.bus, wiring.flipped(unit.wr_bus))
+    return DmaViews(rd and rd.desc, rd and rd.o, wr and wr.desc, wr and wr.i,
+                    wr and wr.desc_done, wr and wr.desc_err)
+
+
+def _byte_shift(both, off, width: int, unit: int = 1):
+    """``both[8·unit·off : 8·unit·off + width]`` as stages of 4:1 multiplexers on ``off``'s
+    bit pairs (highest first): one LUT per output bit and stage, where one 16:1 multiplexer per
+    bit takes four or more. ``off`` counts ``unit`` bytes (a DMA engine's ``align``: fewer
+    stages); an ``off`` of no bits is no shift."""
     value = both
     bits = len(off)
     for lo in reversed(range(0, bits, 2)):
-        step = 8 << lo
+        step = (8 * unit) << lo
         sel = off[lo:lo + 2]
         n = min(4, 1 << (bits - lo))
         out = width + 8 * ((1 << lo) - 1)
         cand = [value[k * step:k * step + out] for k in range(n)]
         value = Array(cand)[sel] if n > 1 else cand[0]
-    return value
+    return value[:width]
 
 
 class _Rows:
@@ -76,9 +125,10 @@ class _Rows:
     """
 
     def __init__(self, m: Module, desc: stream.Interface, bb: int, addr_bits: int, rejects,
-                 max_beats: int = MAX_BURST_BEATS):
+                 max_beats: int = MAX_BURST_BEATS, align: int = 1):
         lb = (bb - 1).bit_length()
-        self.lb = lb
+        la = (align - 1).bit_length()
+        self.lb, self.la = lb, la
         self.busy = Signal(name="rows_busy")
         self.addr = Signal(addr_bits, name="row_addr")
         self.length = Signal(LENGTH_BITS, name="row_len")
@@ -91,6 +141,7 @@ class _Rows:
         self.row_start = Signal(name="row_start")  # pulse-able: row info must be pushed
         off = self.addr[:lb]
         self.off = off
+        self.off_units = self.addr[la:lb]      # off in ``align``-byte units (low bits 0)
         total = Signal(LENGTH_BITS + 1, name="row_beats")
         m.d.comb += total.eq((off + self.length + (bb - 1)) >> lb)
         self.total = total
@@ -109,9 +160,13 @@ class _Rows:
                      n.eq(Mux(self.last, self.beats_left, self.lim))]
         self.n = n
         m.d.comb += desc.ready.eq(~self.busy)
+        p = desc.payload
+        # a descriptor that moves nothing, or whose rows do not start on ``align`` bytes
+        self.bad = bad = Signal(name="desc_bad")
+        m.d.comb += bad.eq((p.length == 0) | (p.count == 0) |
+                           (p.addr[:la] != 0 if la else 0) | (p.stride[:la] != 0 if la else 0))
         with m.If(desc.valid & ~self.busy):
-            p = desc.payload
-            with m.If((p.length == 0) | (p.count == 0)):
+            with m.If(bad):
                 m.d.sync += rejects.eq(rejects + 1)
             with m.Else():
                 m.d.sync += [self.busy.eq(1), self.addr.eq(p.addr), self.length.eq(p.length),
@@ -149,13 +204,20 @@ class _Rows:
                 m.d.sync += self.busy.eq(0)
 
 
+def _check_align(data_width: int, align: int) -> None:
+    if align < 1 or align & (align - 1) or align > data_width // 8:
+        raise ValueError(f"align {align}: a power of two up to the beat ({data_width // 8} B)")
+
+
 def _start(engine, m: Module, max_beats: int = MAX_BURST_BEATS) -> tuple[int, int, int, _Rows]:
     """What :class:`DmaReader` and :class:`DmaWriter` elaborate first: the data width, bytes
     per beat, their log2 and the descriptor rows of ``engine.desc`` (rejects counted in
-    ``engine.status.rejects``; bursts of at most ``max_beats``)."""
+    ``engine.status.rejects``; bursts of at most ``max_beats``; rows on ``engine.align``
+    bytes)."""
     DW = engine.data_width
     bb = DW // 8
-    rows = _Rows(m, engine.desc, bb, engine.addr_width, engine.status.rejects, max_beats)
+    rows = _Rows(m, engine.desc, bb, engine.addr_width, engine.status.rejects, max_beats,
+                 engine.align)
     return DW, bb, (bb - 1).bit_length(), rows
 
 
@@ -189,10 +251,11 @@ class DmaReader(wiring.Component):
     """
 
     def __init__(self, data_width: int = 128, addr_width: int = ADDR_BITS,
-                 outstanding: int = 8, fifo_depth: int = 512):
+                 outstanding: int = 8, fifo_depth: int = 512, align: int = 1):
         if fifo_depth < 2:
             raise ValueError("the receive FIFO must hold a beat beside the one in flight")
-        self.data_width, self.addr_width = data_width, addr_width
+        _check_align(data_width, align)
+        self.data_width, self.addr_width, self.align = data_width, addr_width, align
         self.outstanding, self.fifo_depth = outstanding, fifo_depth
         super().__init__({
             "desc": In(stream.Signature(descriptor_layout(addr_width))),
@@ -207,7 +270,9 @@ class DmaReader(wiring.Component):
         bus, st = self.bus, self.status
 
         m.submodules.raw = raw = fifo.SyncFIFOBuffered(width=DW + 1, depth=self.fifo_depth)
-        info_l = data.StructLayout({"off": unsigned(lb), "length": unsigned(LENGTH_BITS),
+        la = rows.la
+        # the row's offset in ``align``-byte units
+        info_l = data.StructLayout({"off": unsigned(lb - la), "length": unsigned(LENGTH_BITS),
                                     "last": unsigned(1)})
         m.submodules.info = info = fifo.SyncFIFOBuffered(width=info_l.size, depth=4)
 
@@ -229,7 +294,7 @@ class DmaReader(wiring.Component):
         # beats in flight + raw.level + n + 1 <= fifo_depth, i.e. min(beats_left, lim) <= free
         m.d.comb += room.eq((rows.beats_left <= free) | (rows.lim <= free))
         with m.If(rows.busy & ~rows.in_row):
-            m.d.comb += [info.w_en.eq(1), info.w_data.eq(Cat(rows.off, rows.length,
+            m.d.comb += [info.w_en.eq(1), info.w_data.eq(Cat(rows.off_units, rows.length,
                                                              rows.last_row))]
             with m.If(info.w_rdy):
                 rows.start_row(m)
@@ -281,7 +346,8 @@ class DmaReader(wiring.Component):
         with m.If(~active & info.r_rdy):
             m.d.sync += [cur.eq(info.r_data), active.eq(1), have_prev.eq(0), raw_seen.eq(0),
                          out_sent.eq(0),
-                         raw_cnt.eq((nxt_info.off + nxt_info.length + (bb - 1)) >> lb),
+                         raw_cnt.eq(((nxt_info.off << la) + nxt_info.length + (bb - 1))
+                                    >> lb),
                          out_cnt.eq((nxt_info.length + (bb - 1)) >> lb)]
         rem = cur.length[:lb]
         final_keep = Signal(bb)
@@ -293,7 +359,7 @@ class DmaReader(wiring.Component):
         nxt_raw = Signal(DW)
         m.d.comb += nxt_raw.eq(Mux(raw_seen < raw_cnt, raw.r_data[:DW], 0))
         shifted = Signal(DW)
-        m.d.comb += shifted.eq(_byte_shift(Cat(prev, nxt_raw), cur.off, DW))
+        m.d.comb += shifted.eq(_byte_shift(Cat(prev, nxt_raw), cur.off, DW, self.align))
 
         def emit(nxt_err):
             is_final = out_sent == out_cnt - 1
@@ -348,8 +414,10 @@ class DmaWriter(wiring.Component):
     """
 
     def __init__(self, data_width: int = 128, addr_width: int = ADDR_BITS,
-                 outstanding: int = 8):
+                 outstanding: int = 8, align: int = 1):
+        _check_align(data_width, align)
         self.data_width, self.addr_width, self.outstanding = data_width, addr_width, outstanding
+        self.align = align
         super().__init__({
             "desc": In(stream.Signature(descriptor_layout(addr_width))),
             "i": In(stream.Signature(unsigned(data_width))),
@@ -362,10 +430,11 @@ class DmaWriter(wiring.Component):
         m = Module()
         DW, bb, lb, rows = _start(self, m)
         bus, st = self.bus, self.status
-        with m.If(self.desc.valid & self.desc.ready & (self.desc.payload.length != 0) &
-                  (self.desc.payload.count != 0)):
+        with m.If(self.desc.valid & self.desc.ready & ~rows.bad):
             m.d.sync += st.descs.eq(st.descs + 1)
-        info_l = data.StructLayout({"off": unsigned(lb), "length": unsigned(LENGTH_BITS)})
+        la = rows.la
+        # the row's offset in ``align``-byte units
+        info_l = data.StructLayout({"off": unsigned(lb - la), "length": unsigned(LENGTH_BITS)})
         m.submodules.info = info = fifo.SyncFIFOBuffered(width=info_l.size, depth=4)
         m.submodules.wlen = wlen = fifo.SyncFIFOBuffered(width=9, depth=self.outstanding)
         # one tag per burst in flight: 1 = the final burst of its descriptor
@@ -378,7 +447,7 @@ class DmaWriter(wiring.Component):
         with m.If(bus.awvalid & bus.awready):
             m.d.sync += bus.awvalid.eq(0)
         with m.If(rows.busy & ~rows.in_row):
-            m.d.comb += [info.w_en.eq(1), info.w_data.eq(Cat(rows.off, rows.length))]
+            m.d.comb += [info.w_en.eq(1), info.w_data.eq(Cat(rows.off_units, rows.length))]
             with m.If(info.w_rdy):
                 rows.start_row(m)
         with m.Elif(rows.busy & rows.in_row & (~bus.awvalid | bus.awready) & wlen.w_rdy &
@@ -415,8 +484,9 @@ class DmaWriter(wiring.Component):
         j = Signal(LENGTH_BITS + 1)
         in_cnt = Signal(LENGTH_BITS + 1)
         out_cnt = Signal(LENGTH_BITS + 1)
-        m.d.comb += [in_cnt.eq((cur.length + (bb - 1)) >> lb),
-                     out_cnt.eq((cur.off + cur.length + (bb - 1)) >> lb)]
+        off = Signal(lb)                                  # in bytes
+        m.d.comb += [off.eq(cur.off << la), in_cnt.eq((cur.length + (bb - 1)) >> lb),
+                     out_cnt.eq((off + cur.length + (bb - 1)) >> lb)]
         m.d.comb += info.r_en.eq(~active)
         with m.If(~active & info.r_rdy):
             m.d.sync += [cur.eq(info.r_data), active.eq(1), j.eq(0), prev.eq(0)]
@@ -428,17 +498,19 @@ class DmaWriter(wiring.Component):
         lanes = Signal(bb)
         start = Signal(LENGTH_BITS + lb + 2)
         end = Signal(LENGTH_BITS + lb + 2)
-        m.d.comb += [start.eq(j << lb), end.eq(cur.off + cur.length)]
+        m.d.comb += [start.eq(j << lb), end.eq(off + cur.length)]
         for b in range(bb):
-            m.d.comb += lanes[b].eq((start + b >= cur.off) & (start + b < end))
+            m.d.comb += lanes[b].eq((start + b >= off) & (start + b < end))
 
         # the row's bytes moved up by ``off`` lanes (byte b of a beat is row byte b - off,
         # lanes below ``off`` from ``prev``): slices of the beat pair, as the reader's
         nxt = Signal(DW)
         m.d.comb += nxt.eq(Mux(j < in_cnt, self.i.payload, 0))
         wdata = Signal(DW)
-        # bytes (bb − off …) of the pair: ``bb − 1 − off`` is ``off``'s complement
-        m.d.comb += wdata.eq(_byte_shift(Cat(prev, nxt)[8:], (~cur.off)[:lb], DW))
+        # bytes (bb − off …) of the pair: in ``align``-byte units, ``bb/align − 1 − off`` is
+        # ``off``'s complement
+        u = self.align
+        m.d.comb += wdata.eq(_byte_shift(Cat(prev, nxt)[8 * u:], (~cur.off)[:lb - la], DW, u))
 
         send = Signal()
         last_of_burst = Signal()

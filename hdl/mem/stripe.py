@@ -42,6 +42,10 @@ class StripeReader(wiring.Component):
         in flight, receive FIFO depth in beats).
     jobs : int
         Depth of the job queue.
+    align : int
+        Bytes every stripe row starts on (default: a beat, ``data_width / 8``): the readers
+        need no realigner (:class:`~mcf.hdl.mem.dma.DmaReader` ``align``, ≈ 440 LUT each at
+        128 bits); a job whose ``addr``, ``pitch`` or ``stride`` is not a multiple is rejected.
 
     Members
     -------
@@ -50,8 +54,9 @@ class StripeReader(wiring.Component):
         port takes its stripe's descriptor (``addr + p·pitch``, ``length``, ``stride``,
         ``count``) as soon as it has issued the last burst of the previous job, so the next
         job's weights are requested while the current one is consumed (prefetch: up to
-        ``fifo_depth`` beats per port). A job with ``length = 0`` or ``count = 0`` is taken,
-        counted in ``status.rejects`` and reads nothing.
+        ``fifo_depth`` beats per port). A job with ``length = 0`` or ``count = 0``, or with
+        ``addr``, ``pitch`` or ``stride`` off ``align`` bytes, is taken, counted in
+        ``status.rejects`` and reads nothing.
     o : Out(stream.Signature(unsigned(ports · data_width)))
         The words, job after job: word ``i`` of a job = beat ``i`` of each stripe's rows (each
         row from lane 0; a row's final beat partial when ``length`` is not a whole number of
@@ -79,11 +84,12 @@ class StripeReader(wiring.Component):
 
     def __init__(self, ports: int = WEIGHT_STRIPES, data_width: int = 128,
                  addr_width: int = ADDR_BITS, jobs: int = 4, outstanding: int = 8,
-                 fifo_depth: int = 512):
+                 fifo_depth: int = 512, align: int | None = None):
         if ports < 1:
             raise ValueError("at least one port")
         self._ports, self._data_width, self._jobs = ports, data_width, jobs
-        self.readers = [DmaReader(data_width, addr_width, outstanding, fifo_depth)
+        self.align = data_width // 8 if align is None else align
+        self.readers = [DmaReader(data_width, addr_width, outstanding, fifo_depth, self.align)
                         for _ in range(ports)]
         self._job_layout = stripe_job_layout(addr_width)
         super().__init__({
@@ -118,7 +124,10 @@ class StripeReader(wiring.Component):
         # flip-flop, not compares of its fields in front of every port's descriptor valid)
         m.submodules.queue = q = fifo.SyncFIFOBuffered(width=lay.size + 1, depth=self._jobs)
         job = self.job.payload
-        m.d.comb += [q.w_data.eq(Cat(job.as_value(), (job.length != 0) & (job.count != 0))),
+        la = (self.align - 1).bit_length()
+        on_align = ((job.addr[:la] | job.pitch[:la] | job.stride[:la]) == 0) if la else 1
+        m.d.comb += [q.w_data.eq(Cat(job.as_value(),
+                                     (job.length != 0) & (job.count != 0) & on_align)),
                      q.w_en.eq(self.job.valid), self.job.ready.eq(q.w_rdy)]
         head = data.View(lay, q.r_data[:lay.size])
         good = Signal()

@@ -42,7 +42,7 @@ from mcf.abi.query import (
 from mcf.abi.softmax import LANE_BITS, state_words
 
 from ..mem.axi import ADDR_BITS, AXI4Signature
-from ..mem.dma import LUTRAM_FIFO_DEPTH, DmaReader, DmaWriter
+from ..mem.dma import LUTRAM_FIFO_DEPTH, dma_client_members, dma_views
 from .attend_list import arg_check, list_states
 from .fsm import dma_read
 
@@ -87,6 +87,9 @@ class AttendUnit(wiring.Component):
         ``max_heads`` states.
     rd_bus : Out(AXI4Signature(addr_width, 128)) — the :class:`DmaReader` (list, query, maxima).
     wr_bus : Out(AXI4Signature(addr_width, 128)) — the :class:`DmaWriter` (PREFILL ``o/l``).
+    rd_desc, rd_data, wr_desc, wr_data, wr_done, wr_err — instead of ``rd_bus`` / ``wr_bus``
+        with ``own_dma = False``: the two DMA engines are outside, shared with TileUnit
+        (:func:`~mcf.hdl.mem.dma.dma_client_members`; reader of ``LUTRAM_FIFO_DEPTH`` beats).
     status : Out(:data:`mcf.abi.attend.ATTEND_STATUS`) — ``blocks`` counts block requests
         (EXACT requests each block twice).
     busy : Out(1) — a record is in progress.
@@ -102,12 +105,13 @@ class AttendUnit(wiring.Component):
 
     def __init__(self, head_dim: int = 128, lanes: int = 16, max_heads: int = 6,
                  max_block: int = 256, *, max_list: int = 64, addr_width: int = ADDR_BITS,
-                 data_width: int = 128, out_width: int = 64):
+                 data_width: int = 128, out_width: int = 64, own_dma: bool = True):
         if data_width != 2 * out_width:
             raise ValueError("the o/l packer pairs two output beats per bus beat")
         self.head_dim, self.lanes, self.max_heads = head_dim, lanes, max_heads
         self.max_block, self.max_list = max_block, max_list
         self.addr_width, self.data_width, self.out_width = addr_width, data_width, out_width
+        self.own_dma = own_dma
         bb = data_width // 8
         self.q_beats = -(-query_bytes(max_heads, head_dim) // bb)
         self.stage_depth = max_heads * -(-4 * state_words(head_dim) // (out_width // 8))
@@ -120,8 +124,9 @@ class AttendUnit(wiring.Component):
             "blocks": Out(stream.Signature(KV_BLOCK_REQ)),
             "o": In(stream.Signature(beat_layout(out_width))),
             "staged": Out(stream.Signature(beat_layout(out_width))),
-            "rd_bus": Out(AXI4Signature(addr_width, data_width)),
-            "wr_bus": Out(AXI4Signature(addr_width, data_width)),
+            **({"rd_bus": Out(AXI4Signature(addr_width, data_width)),
+                "wr_bus": Out(AXI4Signature(addr_width, data_width))} if own_dma else
+               dma_client_members(addr_width, data_width)),
             "status": Out(ATTEND_STATUS),
             "busy": Out(1),
         })
@@ -133,10 +138,7 @@ class AttendUnit(wiring.Component):
         DW = self.data_width
         st = self.status
 
-        m.submodules.rd = rd = DmaReader(DW, self.addr_width, fifo_depth=LUTRAM_FIFO_DEPTH)
-        m.submodules.wr = wr = DmaWriter(DW, self.addr_width)
-        wiring.connect(m, rd.bus, wiring.flipped(self.rd_bus))
-        wiring.connect(m, wr.bus, wiring.flipped(self.wr_bus))
+        dv = dma_views(m, self, self.own_dma, fifo_depth=LUTRAM_FIFO_DEPTH)
         # one spare entry: EXACT's MAX pass pushes each entry back as it pops it
         m.submodules.bfifo = bfifo = fifo.SyncFIFOBuffered(width=ATTEND_BLOCK.size,
                                                            depth=self.max_list + 1)
@@ -229,8 +231,8 @@ class AttendUnit(wiring.Component):
         half = Signal()
         OW = self.out_width // LANE_BITS
         cap = Signal(range(-(-G // OW) + 1))
-        m.d.comb += [wr.i.payload.eq(wbuf), wr.i.valid.eq(wval)]
-        with m.If(wr.i.ready):
+        m.d.comb += [dv.wr_data.payload.eq(wbuf), dv.wr_data.valid.eq(wval)]
+        with m.If(dv.wr_data.ready):
             m.d.sync += wval.eq(0)
         with m.If(capture):
             m.d.comb += self.o.ready.eq(1)
@@ -262,10 +264,10 @@ class AttendUnit(wiring.Component):
             for s in settings:
                 with m.If((rin.mode == mode) & (rin.softmax == s)):
                     m.d.comb += sm_ok.eq(1)
-        wr_d = wr.desc.payload
+        wr_d = dv.wr_desc.payload
         m.d.comb += [wr_d.stride.eq(0), wr_d.count.eq(1),
                      wr_d.addr.eq(hdr.out_addr), wr_d.length.eq(arg.heads * (4 * D))]
-        beat = rd.o.payload
+        beat = dv.rd_data.payload
 
         def entry(bent):
             m.d.comb += [bfifo.w_en.eq(1), bfifo.w_data.eq(beat.data)]
@@ -285,14 +287,14 @@ class AttendUnit(wiring.Component):
                             m.d.sync += emode.eq(ENGINE_MODE[AttendSoftmax.MAX])
                     arg_check(m, rin, rin.mode > AttendMode.PREFILL.value, sm_ok, G, self.max_list,
                               status=st, done=done)
-            list_states(m, rd, list_base=self.list_base, arg=arg, hdr=hdr, idx=idx, bad=bad,
-                        max_block=self.max_block, entry=entry, nxt="Q_REQ")
+            list_states(m, dv.rd_desc, dv.rd_data, list_base=self.list_base, arg=arg, hdr=hdr,
+                        idx=idx, bad=bad, max_block=self.max_block, entry=entry, nxt="Q_REQ")
             with m.State("Q_REQ"):
-                dma_read(m, rd, hdr.q_addr, QUERY_HEADER_BYTES + arg.heads * P, "Q_RX")
+                dma_read(m, dv.rd_desc, hdr.q_addr, QUERY_HEADER_BYTES + arg.heads * P, "Q_RX")
             with m.State("Q_RX"):
-                m.d.comb += rd.o.ready.eq(1)
+                m.d.comb += dv.rd_data.ready.eq(1)
                 m.d.comb += [q_wr.addr.eq(idx), q_wr.data.eq(beat.data)]
-                with m.If(rd.o.valid):
+                with m.If(dv.rd_data.valid):
                     m.d.sync += idx.eq(idx + 1)
                     m.d.comb += q_wr.en.eq(idx < self.q_beats)
                     with m.If(idx == 0):
@@ -311,10 +313,10 @@ class AttendUnit(wiring.Component):
                     m.next = "JOB"
             with m.State("M_REQ"):
                 # DECODE FIXED: the heads' maxima at out_addr
-                dma_read(m, rd, hdr.out_addr, max_payload_bytes(arg.heads), "M_RX")
+                dma_read(m, dv.rd_desc, hdr.out_addr, max_payload_bytes(arg.heads), "M_RX")
             with m.State("M_RX"):
-                m.d.comb += rd.o.ready.eq(1)
-                with m.If(rd.o.valid):
+                m.d.comb += dv.rd_data.ready.eq(1)
+                with m.If(dv.rd_data.valid):
                     m.d.sync += idx.eq(idx + 1)
                     for j in range(-(-G * LANE_BITS // DW)):
                         with m.If(idx == j):
@@ -336,8 +338,8 @@ class AttendUnit(wiring.Component):
                     m.d.sync += [h_cnt.eq(0), c_cnt.eq(0)]
                     m.next = "W_DESC"
             with m.State("W_DESC"):
-                m.d.comb += wr.desc.valid.eq(writes)
-                with m.If(~writes | wr.desc.ready):
+                m.d.comb += dv.wr_desc.valid.eq(writes)
+                with m.If(~writes | dv.wr_desc.ready):
                     m.next = "Q_OUT"
             with m.State("Q_OUT"):
                 m.d.comb += self.q.valid.eq(1)
@@ -359,9 +361,9 @@ class AttendUnit(wiring.Component):
                 with m.If(capture), m.If(mx_ok):
                     m.d.sync += [emode.eq(ENGINE_MODE[AttendSoftmax.FIXED]), idx.eq(0)]
                     m.next = "JOB"
-                with m.Elif(prefill), m.If(wr.desc_done):
+                with m.Elif(prefill), m.If(dv.wr_done):
                     m.d.sync += [st.records.eq(st.records + 1),
-                                 st.write_errors.eq(st.write_errors + wr.desc_err)]
+                                 st.write_errors.eq(st.write_errors + dv.wr_err)]
                     m.d.comb += done.eq(1)
                     m.next = "IDLE"
                 with m.Elif(rec_pkts == Mux(is_max, 1, arg.heads)):

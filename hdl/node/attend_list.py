@@ -33,24 +33,25 @@ def arg_check(m: Module, rin: data.View, mode_bad, sm_ok, max_heads: int, max_li
         m.next = "LIST_REQ"
 
 
-def list_states(m: Module, rd, *, list_base, arg, hdr, idx, bad, max_block: int,
+def list_states(m: Module, desc, rx, *, list_base, arg, hdr, idx, bad, max_block: int,
                 entry: Callable[[data.View], None], nxt: str) -> None:
     """FSM states ``LIST_REQ`` and ``LIST_RX``: the record ``arg``'s list (its header and
     ``arg.blocks`` entries, ``ATT_ENTRY_BYTES`` each from ``list_base + arg.list ·
-    ATT_ENTRY_BYTES``) read through ``rd``, one entry per beat. The header goes to ``hdr``;
+    ATT_ENTRY_BYTES``) read through a DmaReader's ``desc`` and ``rx`` (its ``o``), one entry
+    per beat. The header goes to ``hdr``;
     each block entry (a ``ATTEND_BLOCK`` view of the beat) to ``entry``, called in the
     beat's cycle with ``idx`` = its index + 1. ``bad`` is set on a read error or an entry's
     ``tokens`` outside 1..``max_block``. ``idx`` counts the beats and is 0 again, the state
     ``nxt``, after the last. One cycle for the descriptor (more while the reader is busy), then
     one per beat as the reader delivers them."""
-    beat = rd.o.payload
+    beat = rx.payload
     with m.State("LIST_REQ"):
-        dma_read(m, rd, list_base + arg.list * ATT_ENTRY_BYTES,
+        dma_read(m, desc, list_base + arg.list * ATT_ENTRY_BYTES,
                  (arg.blocks + 1) * ATT_ENTRY_BYTES, "LIST_RX")
     with m.State("LIST_RX"):
-        m.d.comb += rd.o.ready.eq(1)
+        m.d.comb += rx.ready.eq(1)
         bent = data.View(ATTEND_BLOCK, beat.data)
-        with m.If(rd.o.valid):
+        with m.If(rx.valid):
             m.d.sync += idx.eq(idx + 1)
             with m.If(beat.err):
                 m.d.sync += bad.eq(1)

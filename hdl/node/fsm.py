@@ -17,13 +17,15 @@ def offer(m: Module, s: stream.Interface, nxt: str) -> None:
         m.next = nxt
 
 
-def dma_read(m: Module, rd, addr, length, nxt: str, *, count=1, stride=0) -> None:
-    """In the current FSM state: present one :class:`~mcf.hdl.mem.dma.DmaReader` ``rd``
-    descriptor (``count`` rows of ``length`` bytes from ``addr``, ``stride`` apart), then go to
-    state ``nxt`` the cycle it is taken. (The constant fields are set here, in the state that
-    presents it: a constant-only ``always @*`` never runs in Verilator.)"""
-    d = rd.desc.payload
-    m.d.comb += [rd.desc.valid.eq(1), d.count.eq(count), d.stride.eq(stride),
+def dma_read(m: Module, desc: stream.Interface, addr, length, nxt: str, *, count=1,
+             stride=0) -> None:
+    """In the current FSM state: present one descriptor on ``desc`` (a
+    :class:`~mcf.hdl.mem.dma.DmaReader`'s: ``count`` rows of ``length`` bytes from ``addr``,
+    ``stride`` apart), then go to state ``nxt`` the cycle it is taken. (The constant fields are
+    set here, in the state that presents it: a constant-only ``always @*`` never runs in
+    Verilator.)"""
+    d = desc.payload
+    m.d.comb += [desc.valid.eq(1), d.count.eq(count), d.stride.eq(stride),
                  d.addr.eq(addr), d.length.eq(length)]
-    with m.If(rd.desc.ready):
+    with m.If(desc.ready):
         m.next = nxt

@@ -37,7 +37,7 @@ from mcf.abi.query import (
 )
 
 from ..mem.axi import ADDR_BITS, AXI4Signature
-from ..mem.dma import LUTRAM_FIFO_DEPTH, DmaReader, DmaWriter
+from ..mem.dma import LUTRAM_FIFO_DEPTH, dma_client_members, dma_views
 from .attend_list import arg_check, list_states
 from .fsm import dma_read, offer
 
@@ -58,7 +58,9 @@ class TileRowWriter(wiring.Component):
         ``32·head_dim/data_width`` beats, each one bus beat of the row's write.
     out_addr, out_stride, heads : In
         The record's; stable while its rows arrive.
-    bus : Out(AXI4Signature(addr_width, data_width)) — a DmaWriter's (AW/W/B only).
+    wr_bus : Out(AXI4Signature(addr_width, data_width)) — a DmaWriter's (AW/W/B only).
+    wr_desc, wr_data, wr_done, wr_err — instead of ``wr_bus`` with ``own_dma = False``: the
+        DmaWriter is outside (:func:`~mcf.hdl.mem.dma.dma_client_members`).
     row_done, row_err : Out(1)
         The DmaWriter's ``desc_done`` / ``desc_err``: one strobe per row written (B received).
 
@@ -68,11 +70,11 @@ class TileRowWriter(wiring.Component):
     """
 
     def __init__(self, head_dim: int, max_heads: int, max_rows: int, *,
-                 addr_width: int = ADDR_BITS, data_width: int = 128):
+                 addr_width: int = ADDR_BITS, data_width: int = 128, own_dma: bool = True):
         if data_width % ATTN_OUT.width or (head_dim * ATTN_OUT.width) % data_width:
             raise ValueError("a row must be whole bus beats of whole ATTN_OUT words")
         self.head_dim, self.max_heads, self.max_rows = head_dim, max_heads, max_rows
-        self.addr_width, self.data_width = addr_width, data_width
+        self.addr_width, self.data_width, self.own_dma = addr_width, data_width, own_dma
         self.k = 2 * max(max_rows, 2).bit_length()
         self.recip = [0] + [-(-(1 << self.k) // h) for h in range(1, max_heads + 1)]
         for h in range(1, max_heads + 1):
@@ -82,17 +84,18 @@ class TileRowWriter(wiring.Component):
             "o": In(stream.Signature(norm_beat_layout(data_width // ATTN_OUT.width, max_rows))),
             "out_addr": In(DMA_ADDR_BITS), "out_stride": In(ATTEND_STRIDE_BITS),
             "heads": In(range(max_heads + 1)),
-            "bus": Out(AXI4Signature(addr_width, data_width)),
+            **({"wr_bus": Out(AXI4Signature(addr_width, data_width))} if own_dma else
+               {n: v for n, v in dma_client_members(addr_width, data_width).items()
+                if n.startswith("wr_")}),
             "row_done": Out(1), "row_err": Out(1),
         })
 
     def elaborate(self, platform):
         m = Module()
-        D, DW = self.head_dim, self.data_width
+        D = self.head_dim
         RB = D * ATTN_OUT.width
-        m.submodules.wr = wr = DmaWriter(DW, self.addr_width)
-        wiring.connect(m, wr.bus, wiring.flipped(self.bus))
-        m.d.comb += [self.row_done.eq(wr.desc_done), self.row_err.eq(wr.desc_err)]
+        dv = dma_views(m, self, self.own_dma, reader=False)
+        m.d.comb += [self.row_done.eq(dv.wr_done), self.row_err.eq(dv.wr_err)]
         x = self.o.payload.row
         tok = Signal(range(self.max_rows))
         recip = Array(self.recip)
@@ -105,14 +108,15 @@ class TileRowWriter(wiring.Component):
             m.d.sync += [opened.eq(1), dpend.eq(1),
                          addr.eq(self.out_addr + tok * self.out_stride
                                  + (x - tok * self.heads) * (RB // 8))]
-        wd = wr.desc.payload
-        m.d.comb += [wr.desc.valid.eq(dpend), wd.addr.eq(addr), wd.length.eq(RB // 8),
+        wd = dv.wr_desc.payload
+        m.d.comb += [dv.wr_desc.valid.eq(dpend), wd.addr.eq(addr), wd.length.eq(RB // 8),
                      wd.stride.eq(0), wd.count.eq(1)]
-        with m.If(wr.desc.valid & wr.desc.ready):
+        with m.If(dv.wr_desc.valid & dv.wr_desc.ready):
             m.d.sync += dpend.eq(0)
         # the DmaWriter takes a row's beats only after its descriptor
-        m.d.comb += [wr.i.valid.eq(o.valid & opened), wr.i.payload.eq(o.payload.o.as_value()),
-                     o.ready.eq(opened & wr.i.ready)]
+        m.d.comb += [dv.wr_data.valid.eq(o.valid & opened),
+                     dv.wr_data.payload.eq(o.payload.o.as_value()),
+                     o.ready.eq(opened & dv.wr_data.ready)]
         with m.If(o.valid & o.ready & o.payload.last):
             m.d.sync += opened.eq(0)
         return m
@@ -148,6 +152,10 @@ class TileUnit(wiring.Component):
         record's final one; counted in ``att_blocks``.
     o : In — TilePrefill's ``o`` (:class:`TileRowWriter`'s).
     rd_bus, wr_bus : Out(AXI4Signature(addr_width, data_width)) — list and slots; rows.
+    rd_desc, rd_data, wr_desc, wr_data, wr_done, wr_err — instead of ``rd_bus`` / ``wr_bus``
+        with ``own_dma = False``: the DmaReader (of ``LUTRAM_FIFO_DEPTH`` beats) and the
+        DmaWriter are outside, shared with AttendUnit
+        (:func:`~mcf.hdl.mem.dma.dma_client_members`).
     status : Out(ATTEND_STATUS); busy : Out(1).
 
     Checks as the golden model (bad record; bad list: a list read error, a block's ``tokens``
@@ -168,8 +176,9 @@ class TileUnit(wiring.Component):
     (:class:`~mcf.hdl.node.attend_split.AttendSplit`: PREFILL_TILE here, the others to
     AttendUnit, one record at a time; together they are ``attend_model(...,
     max_chunk=max_chunk)``), the two ``done`` strobes OR'd and their ``ATTEND_STATUS``
-    counters summed into ``att_*``; ``rd_bus`` / ``wr_bus`` are ``att_rd`` / ``att_wr`` while a
-    PREFILL_TILE record is in work, and the node's one
+    counters summed into ``att_*``; built with ``own_dma = False``, its DMA streams are served by
+    the node's one DmaReader and DmaWriter of ``att_rd`` / ``att_wr`` while a PREFILL_TILE
+    record is in work, and the node's one
     :class:`~mcf.hdl.node.kv_reader.KvReader` (``lanes`` = ``attn_lanes`` = TilePrefill's
     ``in_lanes``, PER_TOKEN records only) takes this unit's block requests and feeds
     TilePrefill's ``k``/``v`` (:func:`~mcf.hdl.node.attend_split.steer`).
@@ -180,11 +189,11 @@ class TileUnit(wiring.Component):
 
     def __init__(self, head_dim: int = 128, max_heads: int = 6, max_block: int = 256, *,
                  max_list: int = 64, max_chunk: int = 256, rows: int = ATTEND_TILE_ROWS,
-                 addr_width: int = ADDR_BITS, data_width: int = 128):
+                 addr_width: int = ADDR_BITS, data_width: int = 128, own_dma: bool = True):
         self.head_dim, self.max_heads, self.max_block = head_dim, max_heads, max_block
         self.max_list, self.max_chunk, self.rows = max_list, max_chunk, rows
         self.max_rows = max_chunk * max_heads
-        self.addr_width, self.data_width = addr_width, data_width
+        self.addr_width, self.data_width, self.own_dma = addr_width, data_width, own_dma
         self.q_beats = -(-query_bytes(max_heads, head_dim) // (data_width // 8))
         super().__init__({
             "rec": In(stream.Signature(CMD)), "done": Out(1),
@@ -195,8 +204,9 @@ class TileUnit(wiring.Component):
             "blocks": Out(stream.Signature(KV_BLOCK_REQ)),
             "o": In(stream.Signature(norm_beat_layout(data_width // ATTN_OUT.width,
                                                       self.max_rows))),
-            "rd_bus": Out(AXI4Signature(addr_width, data_width)),
-            "wr_bus": Out(AXI4Signature(addr_width, data_width)),
+            **({"rd_bus": Out(AXI4Signature(addr_width, data_width)),
+                "wr_bus": Out(AXI4Signature(addr_width, data_width))} if own_dma else
+               dma_client_members(addr_width, data_width)),
             "status": Out(ATTEND_STATUS), "busy": Out(1),
         })
 
@@ -205,11 +215,15 @@ class TileUnit(wiring.Component):
         D, G, DW, QT = self.head_dim, self.max_heads, self.data_width, self.rows
         BB = DW // 8
         st = self.status
-        m.submodules.rd = rd = DmaReader(DW, self.addr_width, fifo_depth=LUTRAM_FIFO_DEPTH)
-        wiring.connect(m, rd.bus, wiring.flipped(self.rd_bus))
+        dv = dma_views(m, self, self.own_dma, fifo_depth=LUTRAM_FIFO_DEPTH, writer=False)
         m.submodules.wr = wr = TileRowWriter(D, G, self.max_rows, addr_width=self.addr_width,
-                                             data_width=DW)
-        wiring.connect(m, wr.bus, wiring.flipped(self.wr_bus))
+                                             data_width=DW, own_dma=self.own_dma)
+        if self.own_dma:
+            wiring.connect(m, wr.wr_bus, wiring.flipped(self.wr_bus))
+        else:                                   # the row writer's client ports, passed out
+            wiring.connect(m, wr.wr_desc, wiring.flipped(self.wr_desc))
+            wiring.connect(m, wr.wr_data, wiring.flipped(self.wr_data))
+            m.d.comb += [wr.wr_done.eq(self.wr_done), wr.wr_err.eq(self.wr_err)]
         wiring.connect(m, wiring.flipped(self.o), wr.o)
 
         arg, hdr = Signal(ATTEND_ARG), Signal(ATTEND_HEADER)
@@ -281,7 +295,7 @@ class TileUnit(wiring.Component):
         for s in SOFTMAX_OF_MODE[AttendMode.PREFILL_TILE]:
             with m.If(rin.softmax == s):
                 m.d.comb += sm_ok.eq(1)
-        beat = rd.o.payload
+        beat = dv.rd_data.payload
         qh = data.View(QUERY_HEADER, beat.data[:QUERY_HEADER.size])
 
         def entry(bent):
@@ -293,10 +307,10 @@ class TileUnit(wiring.Component):
         def check_pass():
             """States QH_REQ and QH_RX: one pass over the chunk's query slots, checked."""
             with m.State("QH_REQ"):
-                dma_read(m, rd, hdr.q_addr, qlen, "QH_RX", count=hdr.tokens, stride=slot)
+                dma_read(m, dv.rd_desc, hdr.q_addr, qlen, "QH_RX", count=hdr.tokens, stride=slot)
             with m.State("QH_RX"):
-                m.d.comb += rd.o.ready.eq(1)
-                with m.If(rd.o.valid):
+                m.d.comb += dv.rd_data.ready.eq(1)
+                with m.If(dv.rd_data.valid):
                     m.d.sync += bi.eq(Mux(bi == qbeats - 1, 0, bi + 1))
                     with m.If(beat.err):
                         m.d.sync += bad.eq(1)
@@ -315,12 +329,12 @@ class TileUnit(wiring.Component):
             """States Q_REQ, Q_RX, Q_OUT: per token its heads read as ``heads`` rows of ``P``
             bytes (``P`` apart, after the slot's header), each head's row out on ``q``."""
             with m.State("Q_REQ"):
-                dma_read(m, rd, qa, P, "Q_RX", count=arg.heads, stride=P)
-                with m.If(rd.desc.ready):
+                dma_read(m, dv.rd_desc, qa, P, "Q_RX", count=arg.heads, stride=P)
+                with m.If(dv.rd_desc.ready):
                     m.d.sync += [qa.eq(qa + slot), h.eq(0)]
             with m.State("Q_RX"):
-                m.d.comb += rd.o.ready.eq(1)
-                with m.If(rd.o.valid):
+                m.d.comb += dv.rd_data.ready.eq(1)
+                with m.If(dv.rd_data.valid):
                     m.d.sync += bi.eq(Mux(bi == HB - 1, 0, bi + 1))
                     with m.If(beat.err):
                         m.d.sync += [bad.eq(1), qerr.eq(1)]
@@ -348,8 +362,8 @@ class TileUnit(wiring.Component):
                                  bi.eq(0), lo.eq(0), b.eq(0), acked.eq(0), pairs.eq(0)]
                     arg_check(m, rin, rin.mode != AttendMode.PREFILL_TILE, sm_ok, G, self.max_list,
                               status=st, done=done)
-            list_states(m, rd, list_base=self.list_base, arg=arg, hdr=hdr, idx=idx, bad=bad,
-                        max_block=self.max_block, entry=entry, nxt="HDR")
+            list_states(m, dv.rd_desc, dv.rd_data, list_base=self.list_base, arg=arg, hdr=hdr,
+                        idx=idx, bad=bad, max_block=self.max_block, entry=entry, nxt="HDR")
             with m.State("HDR"):
                 with m.If(bad | (hdr.tokens == 0) | (hdr.tokens > self.max_chunk)
                           | (hdr.out_stride < arg.heads * (D * ATTN_OUT.width // 8))):

@@ -245,7 +245,9 @@ def stripe_job_layout(addr_bits: int = DMA_ADDR_BITS) -> data.StructLayout:
     """One weight matrix for the stripe readers (:class:`mcf.hdl.mem.stripe.StripeReader`):
     stripe ``p`` is the 2-D transfer ``count`` rows of ``length`` bytes, row ``i`` at
     ``addr + p·pitch + i·stride`` (every stripe the same shape: they are read in lockstep).
-    ``length = 0`` or ``count = 0`` is rejected (counted, no bus access)."""
+    ``addr``, ``pitch`` and ``stride`` are multiples of a bus beat (16 B: the readers have no
+    realigner); a job off a beat, or with ``length = 0`` or ``count = 0``, is rejected
+    (counted, no bus access)."""
     return data.StructLayout({
         "addr": unsigned(addr_bits),
         "pitch": unsigned(DMA_STRIDE_BITS),

@@ -48,9 +48,9 @@ LIMITS = GemmLimits(m_max=16, k_max=256)   # the walker's engine: k_steps 8 or 1
 def random_entry(rng: random.Random, fence_p=0.2, bad_gemm_p=0.0) -> Entry:
     kind = rng.choice(list(EntryKind))
     fence = rng.random() < fence_p
-    if kind in (EntryKind.RD0, EntryKind.RD1, EntryKind.WR):
-        body = DmaDesc(rng.randrange(1 << 40), rng.randrange(1, 1 << 24),
-                       rng.randrange(1 << 32), rng.randrange(1, 1 << 16))
+    if kind in (EntryKind.RD0, EntryKind.RD1, EntryKind.WR):       # on JOB_ALIGN
+        body = DmaDesc(BB * rng.randrange(1 << 36), rng.randrange(1, 1 << 24),
+                       BB * rng.randrange(1 << 28), rng.randrange(1, 1 << 16))
     elif kind == EntryKind.GEMM and rng.random() < bad_gemm_p:
         body = GemmJob(rng.randrange(1 << 16), rng.randrange(1 << 16), rng.randrange(1 << 16),
                        rng.randrange(-8, 8))        # almost always one the engine rejects
@@ -69,19 +69,25 @@ def random_entry(rng: random.Random, fence_p=0.2, bad_gemm_p=0.0) -> Entry:
 
 
 def simulate(templates, args, *, seed=1, err_addrs=(), lat=(1, 30), ready_p=0.7,
-             r_pause=0.2, queue=4):
+             r_pause=0.2, queue=4, table=TABLE, refs_off=()):
     """Run JOB records with ``args`` (CMD.arg values) through a walker against the DDR image of
-    ``templates``; returns the accepted actions per stream (cycle, value), the setting changes
-    (cycle, name, value), completion cycles, ``done`` cycles, status and the cycle count."""
+    ``templates`` at ``table`` (the rows of the templates in ``refs_off`` pointing 4 bytes past
+    their entries: off a beat); returns the accepted actions per stream (cycle, value), the
+    setting changes (cycle, name, value), completion cycles, ``done`` cycles, status and the
+    cycle count."""
     rng = random.Random(seed)
     dut = JobWalker(LIMITS, vec_n_max=256, queue=queue)
-    image, n = template_image(templates, TABLE)
-    mem = {TABLE + i: b for i, b in enumerate(image)}
+    image, n = template_image(templates, table)
+    mem = {table + i: b for i, b in enumerate(image)}
+    for t in refs_off:                        # the row's addr (its low 40 bits) + 4
+        row = table + BB * t
+        ref = int.from_bytes(bytes(mem[row + i] for i in range(BB)), "little") + 4
+        mem.update({row + i: b for i, b in enumerate(ref.to_bytes(BB, "little"))})
     bus = dut.m_axi
     log = {"acc": collections.defaultdict(list), "set": [], "done": [], "complete": []}
 
     async def host(ctx):
-        ctx.set(dut.table_base, TABLE)
+        ctx.set(dut.table_base, table)
         ctx.set(dut.table_len, n)
         for a in args:
             await send(ctx, dut.rec, [CMD.const({"arg": a}).as_bits()])
@@ -148,7 +154,7 @@ def simulate(templates, args, *, seed=1, err_addrs=(), lat=(1, 30), ready_p=0.7,
 
     def read(a, k):
         return bytes(mem.get(a + i, 0xEE) for i in range(k))
-    golden = [walk(read, TABLE, n, a, LIMITS) for a in args]
+    golden = [walk(read, table, n, a, LIMITS) for a in args]
     return log, golden, err_addrs
 
 
@@ -275,12 +281,33 @@ def test_bad_entry_kind_retires():
     assert log["status"]["jobs"] == 3
 
 
+def test_off_a_beat_retires():
+    """JOB_ALIGN: an RD0 transfer 4 bytes off a beat, a WR whose stride is 2 bytes off an ACT
+    word (JOB_WR_ALIGN), a template whose row points off a beat — each a bad entry where it is
+    met (the JOB aborts there, the entries before it issued, none after); a table off a beat —
+    every JOB a bad index. As the golden model counts them."""
+    rng = random.Random(8)
+    good = [random_entry(rng, fence_p=0.0) for _ in range(6)]
+    rd_off = Entry(EntryKind.RD0, DmaDesc(0x2004, 64, 0, 1))
+    wr_off = Entry(EntryKind.WR, DmaDesc(0x3000, 64, 0x42, 2))
+    templates = [good, good[:2] + [rd_off] + good[2:], good[:4] + [wr_off] + good[4:], good]
+    log, golden, _ = simulate(templates, [0, 1, 2, 3, 0], seed=8, refs_off={3})
+    check(log, golden, aborted={1, 2, 3})
+    st = log["status"]
+    assert st["bad_entries"] == 3 and st["jobs"] == 5
+    assert st["entries"] == 6 + 2 + 4 + 0 + 6 == summed(golden)["entries"]
+    log, golden, _ = simulate([good], [0, 0], seed=8, table=TABLE + 8)
+    assert log["status"]["bad_index"] == 2 and log["status"]["entries"] == 0
+    assert [c["bad_index"] for _, c in golden] == [1, 1]
+    assert not any(log["acc"][s] for s in STREAMS)
+
+
 def test_refused_gemm_job_retires():
     """A GEMM job the engine would reject (m_count = m_max + 1, then k_steps not a whole group,
     then n_tiles = 0) stops the JOB at its entry: counted, never pushed, and neither are the
     job's descriptors behind it; the good job before it and the next JOB run."""
     rng = random.Random(6)
-    x, w, y = (Entry(k, DmaDesc(rng.randrange(1 << 40), 64, 0, 1))
+    x, w, y = (Entry(k, DmaDesc(BB * rng.randrange(1 << 36), 64, 0, 1))
                for k in (EntryKind.RD0, EntryKind.RD1, EntryKind.WR))
     route = Entry(EntryKind.ROUTE, {"rd_dest0": ReadDest.GEMM_X, "rd_dest1": ReadDest.GEMM_W,
                                     "wr_src": WriteSrc.GEMM}, True)

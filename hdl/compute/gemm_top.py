@@ -27,7 +27,11 @@ class MatrixEngine(wiring.Component):
     ``arrays`` is the GEMM's number of token-parallel 16 × 16 arrays (:class:`GemmEngine`; 1
     today, 4 on the kr260 node, docs/node.md §11); ports and stream formats do not depend on
     it. ``chain``, ``dsp``: the arrays' post-adder chain length and how its slices are built
-    (:class:`GemmArray`); ``tile_ram``: the weight tile banks' RAM (:class:`GemmEngine`).
+    (:class:`GemmArray`); ``tile_ram``: the weight tile banks' RAM (:class:`GemmEngine`);
+    ``rd_align``, ``wr_align``: the DMA loaders' readers' and writer's ``align``
+    (:class:`~mcf.hdl.mem.dma.DmaReader`; the node's walker issues only reads on
+    :data:`mcf.abi.jobs.JOB_ALIGN` and writes on :data:`~mcf.abi.jobs.JOB_WR_ALIGN`: no byte
+    realigner on the reads, one stage on the writes).
 
     Weights: with ``w_ports = 0`` they come from port 1 (``rd_dest1 = GEMM_W``; ``w_in`` =
     ``data_width``): with 4 arrays the GEMM runs at full rate from 32-token jobs up and at the
@@ -74,13 +78,16 @@ class MatrixEngine(wiring.Component):
 
     def __init__(self, rows=16, lanes=16, group=GROUP_SIZE, k_max=8960, m_max=64,
                  vec_n_max=8960, data_width=128, outstanding=8, arrays=1, chain=1,
-                 dsp="fabric", w_ports=0, clients=0, tile_ram="block"):
+                 dsp="fabric", w_ports=0, clients=0, tile_ram="block", rd_align=1,
+                 wr_align=1):
         vec_lanes = data_width // 32
         if lanes * INT8.width != data_width:
             raise ValueError("the GEMM beat (lanes·8) must equal the port width")
         self.w_ports = w_ports
-        self.dma0 = DmaLoader(data_width, outstanding=outstanding)
-        self.dma1 = DmaLoader(data_width, outstanding=outstanding)
+        self.dma0 = DmaLoader(data_width, outstanding=outstanding, align=rd_align,
+                              wr_align=wr_align)
+        self.dma1 = DmaLoader(data_width, outstanding=outstanding, align=rd_align,
+                              wr_align=wr_align)
         gemm_kw = dict(rows=rows, lanes=lanes, group=group, k_max=k_max, m_max=m_max,
                        arrays=arrays, w_width=data_width * (w_ports or 1), chain=chain, dsp=dsp,
                        tile_ram=tile_ram)

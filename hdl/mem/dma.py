@@ -5,7 +5,8 @@ Bursts are INCR, full beat size, at most :data:`MAX_BURST_BEATS` beats and never
 boundary. Reads keep up to ``outstanding`` bursts in flight and only issue a burst when its beats
 fit in the receive FIFO (so ``rready`` never drops and the bus is never blocked by a slow
 consumer). Misaligned addresses and odd lengths are realigned on-chip: the read stream delivers
-each row's bytes from lane 0, the write path shifts them into place with ``wstrb``. Non-OKAY
+each row's bytes from lane 0, the write path shifts them into place with ``wstrb`` (an engine
+built with ``align`` takes rows on ``align`` bytes only, and shifts by those units). Non-OKAY
 responses are counted and the last one latched in status; data still flows, nothing hangs.
 """
 
@@ -224,6 +225,14 @@ def _start(engine, m: Module, max_beats: int = MAX_BURST_BEATS) -> tuple[int, in
 class DmaReader(wiring.Component):
     """AXI4 read path.
 
+    Parameters
+    ----------
+    data_width, addr_width, outstanding, fifo_depth : the beat, the address, bursts in flight,
+        the receive FIFO's beats.
+    align : bytes every row starts on (a power of two up to the beat; 1: any byte). A
+        descriptor whose ``addr`` or ``stride`` is off ``align`` is rejected like an empty one;
+        the realigner shifts by ``align``-byte units only (at the beat: no shifter).
+
     Members
     -------
     desc : In(stream.Signature(descriptor_layout))
@@ -389,6 +398,11 @@ class DmaReader(wiring.Component):
 class DmaWriter(wiring.Component):
     """AXI4 write path.
 
+    Parameters
+    ----------
+    data_width, addr_width, outstanding : as :class:`DmaReader`'s.
+    align : as :class:`DmaReader`'s (a descriptor off ``align`` is rejected: no ``desc_done``).
+
     Members
     -------
     desc : In(stream.Signature(descriptor_layout))
@@ -538,13 +552,16 @@ class DmaLoader(wiring.Component):
     Members: ``rd_desc``, ``rd`` (read beats), ``wr_desc``, ``wr`` (write data), ``m_axi``,
     ``status`` (:data:`mcf.abi.compute.DMA_STATUS`: the reader's fields prefixed ``rd_``, the
     writer's ``wr_``), ``wr_busy`` and ``wr_done``/``wr_err`` (the writer's
-    ``desc_done``/``desc_err``). Latencies as :class:`DmaReader` and :class:`DmaWriter`.
+    ``desc_done``/``desc_err``). ``align`` is the reader's, ``wr_align`` the writer's (default:
+    ``align``). Latencies as :class:`DmaReader` and :class:`DmaWriter`.
     """
 
     def __init__(self, data_width: int = 128, addr_width: int = ADDR_BITS,
-                 outstanding: int = 8, fifo_depth: int = 512):
-        self.reader = DmaReader(data_width, addr_width, outstanding, fifo_depth)
-        self.writer = DmaWriter(data_width, addr_width, outstanding)
+                 outstanding: int = 8, fifo_depth: int = 512, align: int = 1,
+                 wr_align: int | None = None):
+        self.reader = DmaReader(data_width, addr_width, outstanding, fifo_depth, align)
+        self.writer = DmaWriter(data_width, addr_width, outstanding,
+                                align if wr_align is None else wr_align)
         r, w = self.reader.signature.members, self.writer.signature.members
         super().__init__({
             "rd_desc": r["desc"], "rd": r["o"], "wr_desc": w["desc"], "wr": w["i"],

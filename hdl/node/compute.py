@@ -20,7 +20,7 @@ from mcf.abi.compute import (
 )
 from mcf.abi.emit import EMIT_CONFIG, EMIT_STATUS
 from mcf.abi.framing import beat_layout, parsed_layout
-from mcf.abi.jobs import JOB_INDEX_BITS, JOBS_STATUS
+from mcf.abi.jobs import JOB_ALIGN, JOB_INDEX_BITS, JOB_WR_ALIGN, JOBS_STATUS
 from mcf.abi.kv import attn_status_layout
 from mcf.abi.kv_reader import KV_READER_STATUS
 from mcf.abi.meta import META
@@ -123,7 +123,8 @@ class NodeCompute(wiring.Component):
                                    vec_n_max=c.vec_n_max, data_width=AXI_WIDTH,
                                    arrays=c.gemm_arrays, chain=c.gemm_chain, dsp=c.gemm_dsp,
                                    w_ports=WEIGHT_STRIPES, clients=2 if c.tile_on_gemm else 0,
-                                   tile_ram=c.gemm_tile_ram)
+                                   tile_ram=c.gemm_tile_ram, rd_align=JOB_ALIGN,
+                                   wr_align=JOB_WR_ALIGN)
         self.emitter = EmitUnit(c.attn_head_dim)
         # with the tiled path the two ATTEND executors share one DMA reader and writer
         self.attender = AttendUnit(c.attn_head_dim, c.attn_lanes, c.attn_heads, c.attn_block,

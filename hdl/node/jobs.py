@@ -11,8 +11,10 @@ from amaranth.lib.wiring import In, Out
 from mcf.abi.compute import DMA_DESC, GEMM_JOB, STRIPE_ALIGN, GemmLimits, stripe_job_layout
 from mcf.abi.jobs import (
     ENTRY_BYTES,
+    JOB_ALIGN,
     JOB_ARG,
     JOB_INDEX_BITS,
+    JOB_WR_ALIGN,
     JOBS_STATUS,
     ROUTE,
     STRIPE_KIND,
@@ -29,6 +31,11 @@ from ..mem.dma import LUTRAM_FIFO_DEPTH, DmaReader
 
 __all__ = ["JobWalker", "connect_engine"]
 
+
+def _off(addr, align: int = JOB_ALIGN):
+    """``addr`` is not on ``align`` bytes."""
+    return addr[:(align - 1).bit_length()] != 0
+
 SETTLE = 2   # cycles the engine must look idle before a fence passes (its busy flags lag by 1)
 
 
@@ -42,9 +49,12 @@ class JobWalker(wiring.Component):
         One is taken when the walker is idle.
     done : Out(1)
         One pulse per JOB: after its last entry completed (final fence), or at once for a bad
-        index, an unknown entry kind, a GEMM job ``gemm`` refuses (the engine would; the job's
-        descriptors follow it and are skipped with the rest) or a read error (counted; the rest
-        is skipped).
+        index (or a table off :data:`~mcf.abi.jobs.JOB_ALIGN`), an unknown entry kind (or a
+        template off ``JOB_ALIGN``, or a transfer off its alignment), a GEMM job ``gemm``
+        refuses (the engine would; the job's descriptors follow it and are skipped with the
+        rest) or a read error (counted; the rest is skipped). The walker's reader and the
+        engine's DMA readers are built with ``align = JOB_ALIGN`` (no byte realigner), its
+        writer with :data:`~mcf.abi.jobs.JOB_WR_ALIGN`.
     table_base, table_len : In
         ``JOBS_TABLE`` byte address and ``JOBS_TABLE_LEN`` (:func:`mcf.abi.jobs.jobs_registers`).
     m_axi : Out(AXI4Signature)
@@ -77,7 +87,7 @@ class JobWalker(wiring.Component):
                  addr_width=ADDR_BITS, queue=8, stripes=False):
         self.queue, self.gemm, self.stripes = queue, gemm, stripes
         self.reader = DmaReader(data_width, addr_width, outstanding=2,
-                                fifo_depth=LUTRAM_FIFO_DEPTH)
+                                fifo_depth=LUTRAM_FIFO_DEPTH, align=JOB_ALIGN)
         dma = stream.Signature(descriptor_layout(addr_width))
         super().__init__({
             "rec": In(stream.Signature(CMD)), "done": Out(1),
@@ -149,7 +159,7 @@ class JobWalker(wiring.Component):
                 with m.If(self.rec.valid):
                     tmpl = data.View(JOB_ARG, self.rec.payload.arg).template
                     m.d.sync += index.eq(tmpl)
-                    with m.If(tmpl >= self.table_len):
+                    with m.If((tmpl >= self.table_len) | _off(self.table_base)):
                         m.d.sync += st.bad_index.eq(st.bad_index + 1)
                         retire()
                     with m.Else():
@@ -171,6 +181,10 @@ class JobWalker(wiring.Component):
                         m.next = "IDLE"
                     with m.Elif(ref.count == 0):
                         m.next = "FINAL"
+                    with m.Elif(_off(ref.addr)):        # a template off a beat
+                        m.d.sync += st.bad_entries.eq(st.bad_entries + 1)
+                        retire()
+                        m.next = "IDLE"
                     with m.Else():
                         m.next = "ENTRIES_REQ"
             with m.State("ENTRIES_REQ"):
@@ -184,6 +198,14 @@ class JobWalker(wiring.Component):
                 take = Signal()
                 refused = Signal()              # a GEMM entry the engine would reject
                 job = data.View(GEMM_JOB, ent.body[:GEMM_JOB.size])
+                xfer = data.View(DMA_DESC, ent.body[:DMA_DESC.size])
+                off = Signal()                  # a transfer off its alignment: a bad entry
+                kinds = [EntryKind.RD0.value, EntryKind.RD1.value] + (
+                    [STRIPE_KIND] if self.stripes else [])
+                m.d.comb += off.eq((Cat(ent.kind == k for k in kinds).any() &
+                                    _off(xfer.addr | xfer.stride)) |
+                                   ((ent.kind == EntryKind.WR.value) &
+                                    _off(xfer.addr | xfer.stride, JOB_WR_ALIGN)))
                 m.d.comb += [
                     fences.eq(ent.fence | (ent.kind == EntryKind.ROUTE.value) |
                               (ent.kind == EntryKind.VEC.value)),
@@ -200,6 +222,10 @@ class JobWalker(wiring.Component):
                     with m.Elif(refused):
                         m.d.comb += take.eq(1)
                         m.d.sync += st.bad_gemm.eq(st.bad_gemm + 1)
+                        abort()
+                    with m.Elif(off):
+                        m.d.comb += take.eq(1)
+                        m.d.sync += st.bad_entries.eq(st.bad_entries + 1)
                         abort()
                     with m.Else():
                         with m.Switch(ent.kind):

@@ -34,7 +34,15 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from cocotbext.axi import AxiBus, AxiRam
 
 from mcf.abi.compute import DMA_STATUS, GEMM_STATUS, GemmLimits, status_values
-from mcf.abi.jobs import JOB_ARG, JOBS_STATUS, TemplateBuilder, template_image, walk
+from mcf.abi.jobs import (
+    JOB_ALIGN,
+    JOB_ARG,
+    JOB_WR_ALIGN,
+    JOBS_STATUS,
+    TemplateBuilder,
+    template_image,
+    walk,
+)
 from mcf.abi.node import CMD, RecordClass
 from mcf.abi.quant import VectorOp, norm_eps_code, rope_pair_order, rope_words
 from mcf.golden.qwen_layer import TINY, attention, layer_fixed, quantize_layer, random_layer
@@ -49,11 +57,14 @@ LIMITS = GemmLimits(M_MAX, K_MAX, LANES)
 
 
 class JobsBench(wiring.Component):
-    """Walker + matrix engine (the tiny layer's geometry): ports ``m_axi0/1`` (engine),
-    ``m_axi2`` (walker), ``rec``, ``done``, ``table_base``, ``table_len`` and the statuses."""
+    """Walker + matrix engine (the tiny layer's geometry; the engine's DMA engines aligned as the
+    node's: :data:`~mcf.abi.jobs.JOB_ALIGN` reads, :data:`~mcf.abi.jobs.JOB_WR_ALIGN`
+    writes): ports ``m_axi0/1`` (engine), ``m_axi2`` (walker), ``rec``, ``done``,
+    ``table_base``, ``table_len`` and the statuses."""
 
     def __init__(self, k_max=K_MAX, m_max=M_MAX, vec_n_max=256):
-        self.engine = MatrixEngine(k_max=k_max, m_max=m_max, vec_n_max=vec_n_max)
+        self.engine = MatrixEngine(k_max=k_max, m_max=m_max, vec_n_max=vec_n_max,
+                                   rd_align=JOB_ALIGN, wr_align=JOB_WR_ALIGN)
         self.walker = JobWalker(self.engine.gemm.limits, vec_n_max=vec_n_max)
         e, w = self.engine.signature.members, self.walker.signature.members
         super().__init__({

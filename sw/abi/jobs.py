@@ -10,6 +10,14 @@ driver writes one template per model step and token count it runs). A JOB's ``me
 ``JOBS_TABLE_LEN`` rows of :data:`TEMPLATE_REF` (16 bytes each): the address of the template's
 first entry and its entry count. Index ``i`` ≥ ``JOBS_TABLE_LEN`` is a bad index.
 
+**Alignment.** The table, every template and the transfers of its RD0, RD1 and STRIPE entries
+(``addr`` and ``stride``) start on a bus beat (:data:`JOB_ALIGN`, 16 B), those of its WR
+entries on :data:`JOB_WR_ALIGN` (4 B: a requantised chunk's per-token scale words are written
+one by one): the walker's and the matrix engine's read engines have no byte realigner, its
+write engine one stage. A JOB against a table off a beat counts as a bad index; a template off
+a beat, or an entry whose transfer is off its alignment, as a bad entry (the JOB aborts
+there).
+
 **Entries** are :data:`TEMPLATE_ENTRY` (16 bytes, one 128-bit beat, contiguous): ``kind``
 (:class:`EntryKind`) selects what ``body`` is and where it goes —
 
@@ -75,7 +83,7 @@ __all__ = [
     "JOB_INDEX_BITS", "JOB_ARG", "TEMPLATE_REF", "TEMPLATE_ENTRY", "ENTRY_BYTES", "EntryKind",
     "ROUTE", "VEC_CFG", "VEC_N_BEATS_BITS", "JOBS_STATUS", "Entry", "TemplateBuilder",
     "STRIPE_KIND", "STRIPE_PITCH_BITS", "stripe_entry_job",
-    "template_image", "walk", "jobs_registers",
+    "template_image", "walk", "jobs_registers", "JOB_ALIGN", "JOB_WR_ALIGN",
 ]
 
 JOB_INDEX_BITS = 16
@@ -132,6 +140,14 @@ STRIPE_PITCH_BITS = TEMPLATE_ENTRY["ext"].shape.width
 
 ENTRY_BYTES = TEMPLATE_ENTRY.size // 8
 
+JOB_ALIGN = ENTRY_BYTES
+"""Bytes the template table, each template and every transfer of a template's RD0, RD1 and
+STRIPE entries start on (one 128-bit beat): their DMA readers are built with this ``align``."""
+
+JOB_WR_ALIGN = 4
+"""Bytes every transfer of a template's WR entries starts on (one ACT word): the matrix
+engine's DMA writer is built with this ``align``."""
+
 if TEMPLATE_ENTRY.size != 128 or TEMPLATE_REF.size != 128:
     raise AssertionError("template rows and entries are one 128-bit beat")  # pragma: no cover
 
@@ -139,7 +155,9 @@ JOBS_STATUS = counters("jobs", "entries", "fences", "fence_cycles", "bad_index",
                        "bad_entries", "read_errors", "bad_gemm")
 """Template walker: JOBs retired (``done`` strobes, bad ones included), entries executed,
 fences taken (explicit, ROUTE/VEC and the final one), cycles spent waiting in fences, JOBs with
-an index ≥ ``JOBS_TABLE_LEN``, entries with an unknown kind, JOBs aborted by a non-OKAY read of
+an index ≥ ``JOBS_TABLE_LEN`` (or a table off :data:`JOB_ALIGN`), entries with an unknown kind
+(or a template off :data:`JOB_ALIGN`, or a transfer off its alignment), JOBs aborted by a
+non-OKAY read of
 the table or entries, GEMM entries the engine would reject (:meth:`GemmLimits.accepts`; the JOB
 is aborted there, so the job's descriptors behind it never reach the engine). Registers
 ``jobs_<field>``."""
@@ -311,11 +329,14 @@ def walk(read, table: int, table_len: int, arg: int, gemm: GemmLimits,
     c = {name: 0 for name, _ in JOBS_STATUS}
     c["jobs"] = 1
     idx = JOB_ARG.from_bits(arg).template
-    if idx >= table_len:
+    if idx >= table_len or table % JOB_ALIGN:
         c["bad_index"] = 1
         return [], c
     ref = TEMPLATE_REF.from_bits(int.from_bytes(read(table + ENTRY_BYTES * idx, ENTRY_BYTES),
                                                 "little"))
+    if int(ref.count) and int(ref.addr) % JOB_ALIGN:
+        c["bad_entries"] = 1
+        return [], c
     targets = {EntryKind.RD0: ("rd_desc0", DMA_DESC), EntryKind.RD1: ("rd_desc1", DMA_DESC),
                EntryKind.WR: ("wr_desc", DMA_DESC), EntryKind.GEMM: ("gemm_job", GEMM_JOB),
                EntryKind.ROUTE: ("route", ROUTE), EntryKind.VEC: ("vec", VEC_CFG)}
@@ -327,6 +348,11 @@ def walk(read, table: int, table_len: int, arg: int, gemm: GemmLimits,
             kind = EntryKind(int(e.kind))
         except ValueError:
             kind = STRIPE_KIND if stripes and int(e.kind) == STRIPE_KIND else None
+        if kind in (EntryKind.RD0, EntryKind.RD1, EntryKind.WR, STRIPE_KIND):
+            d = DMA_DESC.from_bits(int(e.body) & ((1 << DMA_DESC.size) - 1))
+            if (int(d.addr) | int(d.stride)) % (JOB_WR_ALIGN if kind == EntryKind.WR
+                                                 else JOB_ALIGN):
+                kind = None                     # a transfer off its alignment: a bad entry
         if kind is None:
             c["bad_entries"] += 1
             return actions, c

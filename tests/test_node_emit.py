@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import types
 
 import numpy as np
 import pytest
@@ -223,6 +224,23 @@ def test_tee_bit_exact(l_bp, s_bp, r_pause):
     assert got_l == model.local
     assert got_s == model.staged
     assert info["done"] == len(plan) and info["early"] == 0
+    assert info["status"] == model.status
+
+
+def test_config_off_a_beat():
+    """EMIT_ALIGN: the driver's EmitConfig refuses a base or stride off 16 bytes; registers
+    written so anyway are read with their low 4 bits as 0 — the fragments of the aligned
+    buffer, nothing hangs."""
+    rng = random.Random(12)
+    mem, cfg = act_memory(np.random.default_rng(12), 12)
+    for base, stride in ((cfg.kv_base + 4, cfg.row_stride), (cfg.kv_base, cfg.row_stride + 8)):
+        with pytest.raises(ValueError, match="multiples of 16"):
+            EmitConfig(base, stride)
+    plan = fragment_plan(rng, 4, 12)
+    model = run_model(mem, cfg, plan)
+    off = types.SimpleNamespace(kv_base=cfg.kv_base + 12, row_stride=cfg.row_stride + 4)
+    got_l, got_s, info = simulate(EmitUnit(D), mem, off, [cmd(*p) for p in plan], seed=12)
+    assert got_l == model.local and got_s == model.staged
     assert info["status"] == model.status
 
 

@@ -6,13 +6,20 @@ The record format, ACT row layout and golden model are :mod:`mcf.abi.emit`.
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.emit import EMIT_ARG, EMIT_CONFIG, EMIT_STATUS, kv_pair_bytes, max_fragment_tokens
+from mcf.abi.emit import (
+    EMIT_ALIGN,
+    EMIT_ARG,
+    EMIT_CONFIG,
+    EMIT_STATUS,
+    kv_pair_bytes,
+    max_fragment_tokens,
+)
 from mcf.abi.framing import beat_layout, parsed_layout
 from mcf.abi.kv import kv_token_bytes
 from mcf.abi.meta import META, Op
@@ -51,7 +58,8 @@ class EmitUnit(wiring.Component):
     local_id : In(META.src)
         This node's id.
     cfg : In(:data:`mcf.abi.emit.EMIT_CONFIG`)
-        ACT K/V buffer base and row stride.
+        ACT K/V buffer base and row stride, their low 4 bits taken as 0
+        (:data:`~mcf.abi.emit.EMIT_ALIGN`: the DMA reader has no byte realigner).
     bus : Out(AXI4Signature(addr_width, 128))
         AXI4 read master (a :class:`~mcf.hdl.mem.dma.DmaReader`): one 2-D descriptor per
         record, ``tokens`` rows of ``kv_pair_bytes(head_dim)`` bytes.
@@ -76,6 +84,8 @@ class EmitUnit(wiring.Component):
 
     def __init__(self, head_dim: int = 128, *, addr_width: int = ADDR_BITS,
                  dma_fifo_depth: int = 256, outstanding: int = 4):
+        if kv_pair_bytes(head_dim) % EMIT_ALIGN:
+            raise ValueError("a K/V pair must be whole 16-byte beats (head_dim even)")
         self.head_dim, self.addr_width = head_dim, addr_width
         self.dma_fifo_depth, self.outstanding = dma_fifo_depth, outstanding
         self.record = kv_token_bytes(head_dim)
@@ -98,7 +108,7 @@ class EmitUnit(wiring.Component):
         beat = beat_layout(PKT_WIDTH)
 
         m.submodules.dma = dma = DmaReader(128, self.addr_width, outstanding=self.outstanding,
-                                           fifo_depth=self.dma_fifo_depth)
+                                           fifo_depth=self.dma_fifo_depth, align=EMIT_ALIGN)
         wiring.connect(m, dma.bus, wiring.flipped(self.bus))
         m.submodules.kvq = kvq = KVQuantizer(self.head_dim, data_width=PKT_WIDTH)
         m.d.comb += st.scale_sat.eq(kvq.scale_sat)
@@ -123,10 +133,15 @@ class EmitUnit(wiring.Component):
         with m.If(dma.o.valid & dma.o.ready & dma.o.payload.err):
             m.d.sync += err.eq(1)
         d = dma.desc.payload
-        m.d.comb += [d.addr.eq(self.cfg.kv_base + arg.row * self.cfg.row_stride
+        # the base and stride on EMIT_ALIGN bytes (their low bits taken as 0: the reader's rows
+        # are always on its ``align``, a misconfigured buffer reads from below, never hangs)
+        la = (EMIT_ALIGN - 1).bit_length()
+        base = Cat(Const(0, la), self.cfg.kv_base[la:])
+        stride = Cat(Const(0, la), self.cfg.row_stride[la:])
+        m.d.comb += [d.addr.eq(base + arg.row * stride
                                + arg.head * kv_pair_bytes(self.head_dim)),
                      d.length.eq(kv_pair_bytes(self.head_dim)),
-                     d.stride.eq(self.cfg.row_stride), d.count.eq(arg.tokens),
+                     d.stride.eq(stride), d.count.eq(arg.tokens),
                      kvq.i_meta.payload.eq(meta)]
 
         # fragment buffer: quantizer output → two read ports

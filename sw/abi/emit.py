@@ -21,7 +21,8 @@ tee, no second computation)"). The bit-exact golden model is :mod:`mcf.golden.em
 projection's output columns are permuted to this order by the weight layout, at no cost.) A
 fragment is then one 2-D read — ``tokens`` rows of ``kv_pair_bytes`` with stride
 ``EMIT_ROW_STRIDE`` — whose 128-bit beats are exactly the quantizer's input beats
-(:func:`mcf.abi.kv.kvq_in_layout`: 4 ACT codes per beat, K row then V row per token).
+(:func:`mcf.abi.kv.kvq_in_layout`: 4 ACT codes per beat, K row then V row per token). The base
+and the stride are multiples of :data:`EMIT_ALIGN` (16 B; the emitter ignores their low bits).
 
 **Bad records** (counted in :data:`EMIT_STATUS`, retired with ``done``, nothing sent):
 ``meta.op ≠ KV_REPLICA``, ``tokens`` 0 or above :func:`max_fragment_tokens`, or
@@ -47,8 +48,13 @@ from .regs import Access, Register, counters, status_registers
 
 __all__ = [
     "EMIT_ARG", "EMIT_CONFIG", "EMIT_STATUS", "EmitArg", "EmitConfig", "kv_pair_bytes",
-    "max_fragment_tokens", "emit_registers", "emit_check",
+    "max_fragment_tokens", "emit_registers", "emit_check", "EMIT_ALIGN",
 ]
+
+EMIT_ALIGN = 16
+"""``EMIT_KV_BASE`` and ``EMIT_ROW_STRIDE`` are multiples of this (one 128-bit beat; a pair is
+too, :func:`kv_pair_bytes`): the emitter takes their low 4 bits as 0, and its DMA reader has no
+byte realigner. :class:`EmitConfig` refuses others."""
 
 EMIT_ARG = data.StructLayout({
     "row": unsigned(16),      # first token row of the fragment in the ACT K/V buffer
@@ -104,6 +110,11 @@ class EmitConfig:
     kv_base: int
     row_stride: int
 
+    def __post_init__(self):
+        if self.kv_base % EMIT_ALIGN or self.row_stride % EMIT_ALIGN:
+            raise ValueError(f"EMIT_KV_BASE {self.kv_base:#x} and EMIT_ROW_STRIDE "
+                             f"{self.row_stride}: multiples of {EMIT_ALIGN} bytes")
+
     def pack(self) -> int:
         return EMIT_CONFIG.const({"kv_base": self.kv_base,
                                   "row_stride": self.row_stride}).as_bits()
@@ -119,11 +130,13 @@ def emit_registers() -> list[Register]:
     hi = DMA_ADDR_BITS - 32
     return [
         Register.single("EMIT_KV_BASE_LO", 32, Access.RW,
-                        desc="ACT K/V buffer (token row 0) address, bits 31..0"),
+                        desc="ACT K/V buffer (token row 0) address, bits 31..0 (bits 3..0 "
+                             "taken as 0)"),
         Register.single("EMIT_KV_BASE_HI", hi, Access.RW,
                         desc=f"ACT K/V buffer address, bits {DMA_ADDR_BITS - 1}..32"),
         Register.single("EMIT_ROW_STRIDE", DMA_STRIDE_BITS, Access.RW,
-                        desc="bytes between consecutive token rows of the ACT K/V buffer"),
+                        desc="bytes between consecutive token rows of the ACT K/V buffer "
+                             "(bits 3..0 taken as 0)"),
     ] + status_registers("emit", EMIT_STATUS, "KV emitter")
 
 

@@ -17,14 +17,13 @@ from mcf.abi.attn_tile import (
     PV_LIMBS,
     PV_SPLIT_KEYS,
     p8_beat_layout,
-    pv_acc_bits,
     pv_out_layout,
     pv_pack_shift,
     pv_sum_bits,
     pv_word_layout,
 )
 from mcf.abi.kv import KV_ELEM
-from mcf.abi.quant import pack_shift
+from mcf.abi.quant import SCALE_MANT_BITS, pack_shift
 
 from .array_bank import ArrayBank
 from .array_quads import QuadFlow, at, client_members, client_ports
@@ -59,9 +58,10 @@ class ArrayPV(wiring.Component):
     ``pv_pack_shift(group) ≤ pack_shift(group)``); chain, dsp : the arrays' lane sums;
     own_arrays : as :class:`~.array_score.ArrayScore`; p_format : :data:`~mcf.abi.attn_tile.P8`
     (``w8`` rows, the default) or :data:`~mcf.abi.attn_tile.PV_W` (today's ``w``: each channel
-    group's dot product once per byte, ``j`` = 2, 1, 0, the bytes' exact sums added as
-    ``Σ 2^(8j)·acc_j`` (Horner: ``(sum << 8) + acc_j``) into
-    :func:`~mcf.abi.attn_tile.pv_w_acc_bits`-bit sums — today's bits,
+    group's dot product over one pass per byte ``j`` = 0, 1, 2, the byte's groups with the
+    arrays' group scale ``2^(8j)`` — the top byte (4 bits) entered shifted up to 8 bits, its
+    scale ``2^12`` — so the arrays' accumulator returns ``Σ 2^(8j)·acc_j``, the exact
+    :func:`~mcf.abi.attn_tile.pv_w_acc_bits`-bit sum — today's bits,
     :data:`~mcf.abi.attn_tile.PV_LIMBS` times the steps; a quad whose rows carry ``p8`` runs
     byte 0 only: its ``w8``, P8's steps and sums, ``s`` passed on).
 
@@ -123,9 +123,15 @@ class ArrayPV(wiring.Component):
         NWB = KS * CG                                 # V words of a bank
         spg = G // L                                  # steps per packed group
         KPS = L // K                                  # P beats per step
-        PB = pv_acc_bits(self.max_block)              # a byte's (P8's) exact sum
         CB = pv_sum_bits(self.max_block, self.p_format)   # the row's sum
-        J, FW = self.limbs, self.p_format.width       # dot products per channel group; P bits
+        J, FW = self.limbs, self.p_format.width       # passes per channel group; P bits
+        # PV_W: byte j of w enters the arrays with group scale 2^(8j), the top byte (its
+        # FW − top bits) shifted up to 8 bits and its scale down as much
+        top = PV_LIMB_BITS * (J - 1)
+        limb_scales = [1 << (PV_LIMB_BITS * j) for j in range(J - 1)] + [
+            1 << (top - (PV_LIMB_BITS - (FW - top)))]
+        if J > 1 and (FW - top > PV_LIMB_BITS or max(limb_scales) >> SCALE_MANT_BITS):
+            raise ValueError("PV_W's bytes do not fit the arrays' 16-bit group scales")
         st, res = client_ports(m, self)
         p, o = self.p, self.o
         meta_l = data.StructLayout({"m": p.payload.m.shape(), "l": p.payload.l.shape(),
@@ -165,8 +171,7 @@ class ArrayPV(wiring.Component):
         cg = Signal(range(CG))
         jb = Signal(range(max(J, 2)))                       # the byte of w (PV_W), else 0
         ks = Signal(range(KS))
-        tag_l = data.StructLayout({"qh": 1, "sh": 1, "cg": range(max(CG, 2)),
-                                   "j": range(max(J, 2)), "jlast": 1, "qlast": 1})
+        tag_l = data.StructLayout({"qh": 1, "sh": 1, "cg": range(max(CG, 2)), "qlast": 1})
         m.submodules.tags = tags = fifo.SyncFIFOBuffered(width=tag_l.size, depth=8)
         qi = qf.qinfo[qf.ih]
         nbeats = Signal(range(self.max_block // K + 1))     # P beats of a row
@@ -183,32 +188,36 @@ class ArrayPV(wiring.Component):
         g_reg, l_reg = Signal(), Signal()
         j_reg = Signal.like(jb)
         live = Signal(KPS)                                  # the step's P beats of the row
-        # PV_W: the bytes most significant first (jb counts them), so the results add up as
-        # Horner's ``(hold << 8) + acc_j`` — a fixed shift, no shifter per sum; a P8 quad's
-        # one pass is byte 0
-        byte = Mux(qi.p8, 0, J - 1 - jb) if J > 1 else jb
+        # PV_W: a channel group's bytes are one dot product of the arrays, each byte's groups
+        # scaled by its weight 2^(8j) (the arrays' group scales: their accumulator adds the
+        # bytes, no adder here); the top byte (W_BITS − 16 bits) goes in shifted up to fill 8
+        # bits, its scale down as much, so every scale is a 16-bit mantissa. A P8 quad's one
+        # pass is byte 0 (scale 1).
+        byte = Mux(qi.p8, 0, jb) if J > 1 else jb
         with m.If(adv):
-            m.d.sync += [st.valid.eq(go), l_reg.eq(dend), j_reg.eq(byte),
+            m.d.sync += [st.valid.eq(go), l_reg.eq(jend), j_reg.eq(byte),
                          g_reg.eq((ks % spg == spg - 1) if spg > 1 else 1)]
             m.d.sync += [live[q].eq(ks * KPS + q < nbeats) for q in range(KPS)]
         tag_w = Signal(tag_l)
         m.d.comb += [v_rd.en.eq(adv), v_rd.addr.eq(at(qi.bank, NWB, ks * CG + cg)),
                      st.payload.w.eq(v_rd.data), st.payload.glast.eq(g_reg),
                      st.payload.last.eq(l_reg), st.payload.ua.eq(1),
-                     tag_w.qh.eq(qf.ih), tag_w.sh.eq(qf.ish), tag_w.cg.eq(cg), tag_w.j.eq(jb),
-                     tag_w.jlast.eq(jlast),
-                     tag_w.qlast.eq(qend), tags.w_en.eq(go & dend), tags.w_data.eq(tag_w)]
+                     tag_w.qh.eq(qf.ih), tag_w.sh.eq(qf.ish), tag_w.cg.eq(cg),
+                     tag_w.qlast.eq(qend), tags.w_en.eq(go & jend), tags.w_data.eq(tag_w)]
+        scale = Signal(SCALE_MANT_BITS)
+        m.d.comb += scale.eq(Array(Const(s_, SCALE_MANT_BITS) for s_ in limb_scales)[j_reg]
+                             if J > 1 else 1)
         for r in range(AR):
-            m.d.comb += st.payload.scale[r].eq(1)
+            m.d.comb += st.payload.scale[r].eq(scale)
         for i, pm in enumerate(pmems):
             rp = pm.read_port()
             m.d.comb += [rp.en.eq(adv), rp.addr.eq(at(qf.ih, KS, ks))]
             lanes_ = []
             for ln in range(L):                       # lane ln's byte j_reg of w (P8: w8)
                 wl = rp.data.word_select(ln, FW)
-                if J > 1:
-                    wl = Cat(wl, Const(0, J * PV_LIMB_BITS - FW)).word_select(j_reg,
-                                                                              PV_LIMB_BITS)
+                if J > 1:                             # the top byte shifted up to 8 bits
+                    wl = Cat(wl[:top], Const(0, PV_LIMB_BITS - (FW - top)), wl[top:]) \
+                        .word_select(j_reg, PV_LIMB_BITS)
                 lanes_.append(Mux(live[ln // K], wl, 0))
             m.d.comb += st.payload.a[i].eq(Cat(*lanes_))
         with m.If(go):
@@ -233,21 +242,10 @@ class ArrayPV(wiring.Component):
             m.submodules[f"omem{i}"] = om
             omems.append(om)
             wo = om.write_port()
-            sums = [res.payload[i][r][:PB].as_signed() for r in range(AR)]
-            if J > 1:
-                # today's w: Σ_j 2^(8j)·acc_j, the bytes' dot products most significant first
-                # (tag.j counts them): tot = (hold << 8) + acc_j, exact in CB bits
-                hold = Signal(data.ArrayLayout(signed(CB), AR), name=f"hold{i}")
-                tot = [Signal(signed(CB), name=f"tot{i}_{r}") for r in range(AR)]
-                for r in range(AR):
-                    m.d.comb += tot[r].eq(Mux(tag.j == 0, 0, hold[r] << PV_LIMB_BITS) +
-                                          sums[r])
-                with m.If(got):
-                    m.d.sync += [hold[r].eq(tot[r]) for r in range(AR)]
-                sums = tot
+            # the group's exact sum (PV_W: Σ_j 2^(8j)·acc_j, added in the arrays), CB bits
             m.d.comb += [wo.addr.eq(at(tag.sh, CG, tag.cg)),
-                         wo.data.eq(Cat(*[x.as_unsigned()[:CB] for x in sums])),
-                         wo.en.eq(got & tag.jlast)]
+                         wo.data.eq(Cat(*[res.payload[i][r][:CB] for r in range(AR)])),
+                         wo.en.eq(got)]
         with m.If(got & tag.qlast):
             qf.resulted(m, tag.qh, tag.sh)
             qi_r = qf.qinfo[tag.qh]

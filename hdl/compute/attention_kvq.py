@@ -76,11 +76,13 @@ class KVQuantizer(wiring.Component):
         :func:`mcf.abi.kv.kvq_status_layout` (same names, zero-extended).
 
     Throughput, PER_TOKEN: ``head_dim/2`` cycles to take a token's two rows, ~12 cycles for the
-    two scales, then one 16-bit unit per cycle (``2 + head_dim/2`` units per token); the next
-    token is taken after the current one is emitted. PER_CHANNEL_K: the group's rows are
-    buffered (``head_dim/2`` cycles per token, channel absmax updated per K beat), then
-    ``head_dim + 4`` cycles for the channel scales (one channel per cycle through the shared
-    :class:`~mcf.hdl.compute.recip.Recip`), ``head_dim`` header units, and per token ~5 cycles
+    two scales, then its ``2 + head_dim/2`` 16-bit units: a scale unit per cycle, a code unit
+    per 4 cycles (one code per cycle through one multiplier and one rounding shift: ``2 +
+    2·head_dim`` cycles a token); the next token is taken after the current one is emitted.
+    PER_CHANNEL_K: the group's rows are buffered (``head_dim/2`` cycles per token, channel
+    absmax updated per K beat), then ``head_dim + 4`` cycles for the channel scales (one
+    channel per cycle through the shared :class:`~mcf.hdl.compute.recip.Recip`), ``head_dim``
+    header units, and per token ~5 cycles
     for its V scale plus ``2 + head_dim/2`` units; the next group is taken after the current
     one is emitted. An open group adds ``head_dim/4`` header beats, ``head_dim + 4`` cycles for
     the header's reciprocals, ``head_dim/4`` cycles per token for the in-place prescale and ~5
@@ -164,46 +166,59 @@ class KVQuantizer(wiring.Component):
         m.d.comb += recip.x.eq(Mux(a == 0, 1 << (RECIP_IN_BITS - 1), norm))
         s_full = (a * kvq_scale_mult() + (1 << (KVQ_SCALE_SHIFT - 1))) >> KVQ_SCALE_SHIFT
 
-        # emission pipeline: issue → e1 (buffer word) → e2 (products) → e3 (halfword) → FIFO
+        # emission pipeline: issue → e1 (buffer word) → e2 (a lane's product) → e3 (halfword)
+        # → FIFO. A code unit (a buffer word: NL codes) is issued NL times, one lane each: one
+        # product and one rounding shift, its codes gathered in ``asm`` (the NL shifters of a
+        # unit per cycle were ~3.8k LUT; the emitter's rate is far above what it serves)
         m.submodules.packer = pk = WordPacker(self.data_width, self.out_fifo_depth, HALF)
         unit = Signal(range(2 + 2 * RB + 1))
+        ln = Signal(range(NL))                        # the lane of a code unit issued
         e_issue = Signal()
         e1 = Signal()
         e1_kind = Signal(2)
         e1_row = Signal()
         e1_last = Signal()
+        e1_ln = Signal.like(ln)
+        e1_done = Signal()                            # the issue completes its unit
         e2 = Signal()
         e2_kind = Signal(2)
         e2_last = Signal()
-        e2_p = [Signal(signed(AW + RECIP_IN_BITS + 5), name=f"e2_p{k}") for k in range(NL)]
+        e2_ln = Signal.like(ln)
+        e2_done = Signal()
+        e2_p = Signal(signed(AW + RECIP_IN_BITS + 5))
         e2_sh = Signal(range(64))
         e2_zero = Signal()
         e2_sc = Signal(HALF)
         e3 = Signal()
         e3_val = Signal(HALF)
         e3_last = Signal()
+        asm = Signal(HALF)                            # the unit's codes of lanes 0 .. NL−2
         space = pk.level <= self.out_fifo_depth - 4
         last_unit = unit == 2 + 2 * RB - 1
+        unit_done = Signal()
+        m.d.comb += unit_done.eq((unit < 2) | (ln == NL - 1))
         # unit 0: sk, 1: sv, 2..: K row words then V row words (one buffer word = 4 codes)
         m.d.comb += rd.addr.eq(unit - 2)
         m.d.sync += [
             e1.eq(e_issue), e1_kind.eq(Mux(unit < 2, unit, 2)),
-            e1_row.eq(unit >= 2 + RB), e1_last.eq(last_unit & blk_last),
+            e1_row.eq(unit >= 2 + RB), e1_last.eq(last_unit & blk_last & unit_done),
+            e1_ln.eq(ln), e1_done.eq(unit_done),
         ]
         e1_rm = rmul[e1_row]
         m.d.sync += [e2.eq(e1), e2_kind.eq(e1_kind), e2_last.eq(e1_last),
+                     e2_ln.eq(e1_ln), e2_done.eq(e1_done),
                      e2_sh.eq(rsh[e1_row]), e2_zero.eq(absmax[e1_row] == 0),
-                     e2_sc.eq(Mux(e1_kind == 0, scale[0], scale[1]))]
-        for k in range(NL):
-            x = rd.data[k * AW:(k + 1) * AW].as_signed()
-            m.d.sync += e2_p[k].eq(x * e1_rm)
-        codes = []
-        for k in range(NL):
-            q = (e2_p[k] + ((Const(1, 64) << e2_sh) >> 1)) >> e2_sh
-            lo, hi = KV_ELEM.min_int, KV_ELEM.max_int
-            codes.append(Mux(e2_zero, 0, Mux(q > hi, hi, Mux(q < lo, lo, q)))[:KV_ELEM.width])
-        m.d.sync += [e3.eq(e2), e3_last.eq(e2_last),
-                     e3_val.eq(Mux(e2_kind == 2, Cat(*codes), e2_sc))]
+                     e2_sc.eq(Mux(e1_kind == 0, scale[0], scale[1])),
+                     e2_p.eq(rd.data.word_select(e1_ln, AW).as_signed() * e1_rm)]
+        q = (e2_p + ((Const(1, 64) << e2_sh) >> 1)) >> e2_sh
+        lo, hi = KV_ELEM.min_int, KV_ELEM.max_int
+        code = Signal(KV_ELEM.width)
+        m.d.comb += code.eq(Mux(e2_zero, 0, Mux(q > hi, hi, Mux(q < lo, lo, q))))
+        with m.If(e2 & (e2_kind == 2)):
+            m.d.sync += asm.word_select(e2_ln, KV_ELEM.width).eq(code)
+        m.d.sync += [e3.eq(e2 & e2_done), e3_last.eq(e2_last),
+                     e3_val.eq(Mux(e2_kind == 2,
+                                   Cat(asm[:HALF - KV_ELEM.width], code), e2_sc))]
         m.d.comb += [pk.i.payload.eq(Cat(e3_val, e3_last)), pk.i.valid.eq(e3)]
         busy = e1 | e2 | e3
 
@@ -239,9 +254,11 @@ class KVQuantizer(wiring.Component):
                         m.next = "EMIT"
             with m.State("EMIT"), m.If(space):
                 m.d.comb += e_issue.eq(1)
-                m.d.sync += unit.eq(unit + 1)
-                with m.If(last_unit):
-                    m.next = "DRAIN"
+                m.d.sync += ln.eq(ln + 1)
+                with m.If(unit_done):
+                    m.d.sync += [unit.eq(unit + 1), ln.eq(0)]
+                    with m.If(last_unit):
+                        m.next = "DRAIN"
             with m.State("DRAIN"), m.If(~busy):
                 nbytes = blk_bytes + kv_token_bytes(D)
                 m.d.sync += [absmax[0].eq(0), absmax[1].eq(0), blk_bytes.eq(nbytes),

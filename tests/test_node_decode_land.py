@@ -134,7 +134,10 @@ def test_abi_rules():
             "dec_results_landed", "dec_maxes_landed", "dec_drop_slot",
             "dec_write_errors"} <= set(names)
     assert len(names) == len(set(names))
-    assert DecodeLandConfig(**{n: 1 for n, _ in DECODE_LAND_CONFIG}).pack() != 0
+    assert DecodeLandConfig(**{n: 4 for n, _ in DECODE_LAND_CONFIG}).pack() != 0
+    for name in ("qbuf_base", "obuf_base", "mbuf_base", "sum_base", "q_slot"):   # DEC_ALIGN
+        with pytest.raises(ValueError, match="multiple of 4"):
+            DecodeLandConfig(**{n: 4 + 2 * (n == name) for n, _ in DECODE_LAND_CONFIG})
 
 
 def test_abi_maxima_rules():
@@ -308,6 +311,22 @@ def test_random_mix():
     skip = {a for meta, pl in t.packets if t.write_error(meta, pl) for a in t.span(meta, pl)}
     assert {a: b for a, b in mem.items() if a not in skip} == \
         {a: b for a, b in model.mem.items() if a not in skip}
+
+
+def test_bases_off_a_word():
+    """DEC_ALIGN: base registers written 1..3 bytes off a word (what DecodeLandConfig refuses)
+    land every packet where the aligned bases put it — their low 2 bits are taken as 0 — and
+    nothing hangs."""
+    t = make_traffic(seed=5, n=40)
+    model = _model(t.cfg, t.packets)              # no injected write errors here
+    off = {"qbuf_base": 1, "obuf_base": 2, "mbuf_base": 3, "sum_base": 1}
+
+    class Raw:
+        def pack(self):
+            return DECODE_LAND_CONFIG.const({n: getattr(t.cfg, n) + off.get(n, 0)
+                                             for n, _ in DECODE_LAND_CONFIG}).as_bits()
+    mem, status, _, _, _ = simulate(t.packets, Raw(), seed=5)
+    assert status == model.status and mem == model.mem
 
 
 def test_normaliser_kr260_head_dim():

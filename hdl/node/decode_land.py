@@ -14,12 +14,13 @@ cycle with one reciprocal per packet in flight.
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.decode_land import (
     DEC_ADDR_BITS,
+    DEC_ALIGN,
     DECODE_LAND_CONFIG,
     DECODE_LAND_STATUS,
     M_SLOT_BYTES,
@@ -80,7 +81,9 @@ class DecodeLander(wiring.Component):
         one of length 0: one beat); ``keep`` is not used. Any other packet is dropped and
         counted.
     cfg : In(:data:`mcf.abi.decode_land.DECODE_LAND_CONFIG`)
-        ``qbuf_base``, ``obuf_base``, ``mbuf_base`` (40-bit byte addresses), ``q_slot`` (QBUF
+        ``qbuf_base``, ``obuf_base``, ``mbuf_base`` (40-bit byte addresses; these, ``sum_base``
+        and ``q_slot`` taken with their low 2 bits as 0: :data:`~mcf.abi.decode_land.DEC_ALIGN`,
+        the DMA writer shifts by words only), ``q_slot`` (QBUF
         slot stride), ``q_heads`` (H_q), ``tag_base`` (the token's
         :func:`~mcf.abi.decode_land.decode_tag` ``(k, 0)``), ``sum_base`` and ``sum_slots``
         (the SUM window; 0 slots closes it); sampled in the two cycles after a
@@ -153,7 +156,8 @@ class DecodeLander(wiring.Component):
             "state": unsigned(1), "maxes": unsigned(1), "sums": unsigned(1),
             "wlen": unsigned(META["length"].width), "addr": unsigned(addr_width)})
         self.writer = PacketWriter(self.PEND, axi_width=axi_width, addr_width=addr_width,
-                                   outstanding=outstanding, fifo_depth=fifo_depth)
+                                   outstanding=outstanding, fifo_depth=fifo_depth,
+                                   align=DEC_ALIGN)
         super().__init__({
             "i": In(stream.Signature(parsed_layout(PACKET_WIDTH))),
             "cfg": In(DECODE_LAND_CONFIG),
@@ -165,6 +169,11 @@ class DecodeLander(wiring.Component):
         m = Module()
         aw = self.addr_width
         st, cfg = self.status, self.cfg
+
+        def on_words(x):
+            """``x`` with its low bits as 0 (:data:`~mcf.abi.decode_land.DEC_ALIGN`)."""
+            la = (DEC_ALIGN - 1).bit_length()
+            return Cat(Const(0, la), x[la:])
         len_bits = META["length"].width
         row_bytes = obuf_row_bytes(self.head_dim)
         s_bytes = state_bytes(self.head_dim)
@@ -201,7 +210,7 @@ class DecodeLander(wiring.Component):
                 s1.data.eq(self.i.payload.data), s1.last.eq(self.i.payload.last),
                 s1.first.eq(in_first), s1.op.eq(meta.op), s1.reduce_op.eq(meta.reduce_op),
                 s1.length.eq(meta.length), s1.head.eq(head),
-                s1.q_off.eq(q_idx * cfg.q_slot), s1.o_off.eq(o_idx * row_bytes),
+                s1.q_off.eq(q_idx * on_words(cfg.q_slot)), s1.o_off.eq(o_idx * row_bytes),
                 s1.m_off.eq(o_idx * M_SLOT_BYTES),
                 s1.sum_hit.eq((head >= cfg.q_heads) & (sum_idx[:-1] < cfg.sum_slots)),
                 s1.s_off.eq(sum_idx[:-1] * SUM_SLOT_BYTES),
@@ -244,10 +253,10 @@ class DecodeLander(wiring.Component):
                      stage.i.payload.keep.eq(keep_q | keep_s | keep_m),
                      info.state.eq(is_s), info.maxes.eq(is_m & ~s1.sum_hit),
                      info.sums.eq(is_sum),
-                     info.addr.eq(Mux(is_q, cfg.qbuf_base + s1.q_off,
-                                      Mux(is_s, cfg.obuf_base + s1.o_off,
-                                          Mux(s1.sum_hit, cfg.sum_base + s1.s_off,
-                                              cfg.mbuf_base + s1.m_off)))),
+                     info.addr.eq(Mux(is_q, on_words(cfg.qbuf_base) + s1.q_off,
+                                      Mux(is_s, on_words(cfg.obuf_base) + s1.o_off,
+                                          Mux(s1.sum_hit, on_words(cfg.sum_base) + s1.s_off,
+                                              on_words(cfg.mbuf_base) + s1.m_off)))),
                      info.wlen.eq(Mux(is_s, row_bytes, s1.length))]
         with m.If(s1_move & s1.first):
             with m.If(~is_q & ~is_s & ~is_m):

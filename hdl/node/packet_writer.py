@@ -290,7 +290,7 @@ class PacketWriter(wiring.Component):
     DESC_DEPTH = 4          # descriptors queued for the DmaWriter
 
     def __init__(self, tag, *, axi_width: int = 128, addr_width: int = axi.ADDR_BITS,
-                 outstanding: int = 8, fifo_depth: int = 64):
+                 outstanding: int = 8, fifo_depth: int = 64, align: int = 1):
         if axi_width % PACKET_WIDTH:
             raise ValueError(f"axi_width must be a multiple of {PACKET_WIDTH}")
         bb = axi_width // 8
@@ -300,7 +300,7 @@ class PacketWriter(wiring.Component):
             raise ValueError("a MAX_PAYLOAD packet would need more than two bursts")
         self.tag, self.axi_width, self.addr_width = tag, axi_width, addr_width
         self.outstanding, self.fifo_depth = outstanding, fifo_depth
-        self.writer = DmaWriter(axi_width, addr_width, outstanding)
+        self.writer = DmaWriter(axi_width, addr_width, outstanding, align)
         super().__init__({
             "head": In(stream.Signature(write_head_layout(addr_width, tag))),
             "i": In(stream.Signature(unsigned(axi_width))),

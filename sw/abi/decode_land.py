@@ -101,6 +101,7 @@ __all__ = [
     "decode_head", "qbuf_address", "obuf_address", "decode_land_decision", "normalized_row",
     "decode_land_registers", "SUM_SLOT_BYTES", "SUM_SLOTS_BITS", "SUM_LEN_ALIGN", "sum_tag",
     "sum_address",
+    "DEC_ALIGN",
 ]
 
 DEC_ADDR_BITS = DMA_ADDR_BITS
@@ -109,6 +110,11 @@ Q_SLOT_BITS = 16
 Q_HEADS_BITS = QUERY_HEAD_BITS + 1
 """``Q_HEADS`` can be 2^QUERY_HEAD_BITS (every head a header can name)."""
 TAG_BITS = META["kv_id"].width
+DEC_ALIGN = 4
+"""``QBUF_BASE``, ``OBUF_BASE``, ``MBUF_BASE``, ``SUM_BASE`` and the QBUF slot stride
+``q_slot`` are multiples of this (one ACT word): the lander takes their low 2 bits as 0 and
+its DMA writer shifts by words only; :class:`DecodeLandConfig` refuses others."""
+
 M_SLOT_BYTES = 32
 """An MBUF slot: up to 8 maxima (a KV head's query heads), two 128-bit beats."""
 SUM_SLOT_BYTES = MAX_PAYLOAD
@@ -180,6 +186,10 @@ class DecodeLandConfig:
             value = getattr(self, name)
             if not 0 <= value < (1 << fld.shape.width):
                 raise ValueError(f"DecodeLandConfig.{name}={value} does not fit in {fld.shape}")
+        for name in ("qbuf_base", "obuf_base", "mbuf_base", "sum_base", "q_slot"):
+            if getattr(self, name) % DEC_ALIGN:
+                raise ValueError(f"DecodeLandConfig.{name}={getattr(self, name)}: a multiple "
+                                 f"of {DEC_ALIGN} bytes")
 
     def pack(self) -> int:
         return DECODE_LAND_CONFIG.const({name: getattr(self, name)

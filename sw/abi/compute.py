@@ -37,7 +37,10 @@ DMA_COUNT_BITS = 16
 
 def dma_desc_layout(addr_bits: int = DMA_ADDR_BITS) -> data.StructLayout:
     """A 2-D transfer: ``count`` rows of ``length`` bytes, row ``i`` at ``addr + i·stride``.
-    Any byte alignment; ``length = 0`` or ``count = 0`` is rejected (counted, no bus access)."""
+    Any byte alignment, or (an engine built with ``align``, :class:`mcf.hdl.mem.dma.DmaReader`)
+    ``addr`` and ``stride`` on ``align`` bytes — the node's JOB, stripe, EMIT and decode-landing
+    engines (:data:`mcf.abi.jobs.JOB_ALIGN`, ...); ``length = 0`` or ``count = 0``, or a row off
+    the engine's ``align``, is rejected (counted, no bus access)."""
     return data.StructLayout({
         "addr": unsigned(addr_bits),
         "length": unsigned(DMA_LENGTH_BITS),

@@ -32,7 +32,7 @@ from .axi import (
 )
 
 __all__ = ["DmaReader", "DmaWriter", "DmaLoader", "read_beat_layout", "LUTRAM_FIFO_DEPTH",
-           "dma_client_members", "DmaViews", "dma_views"]
+           "dma_client_members", "DmaViews", "dma_views", "off_align", "align_down"]
 
 LUTRAM_FIFO_DEPTH = 64
 """A :class:`DmaReader` receive FIFO synthesis builds from LUT-RAM (a 129-bit FIFO takes two
@@ -46,6 +46,20 @@ def read_beat_layout(data_width: int) -> data.StructLayout:
     return data.StructLayout({
         "data": unsigned(data_width), "keep": unsigned(data_width // 8),
         "last": unsigned(1), "err": unsigned(1)})
+
+
+def off_align(value, align: int):
+    """``value`` (an address or a stride) is not a multiple of ``align`` bytes (a power of
+    two): what an engine built with ``align`` rejects."""
+    la = (align - 1).bit_length()
+    return value[:la] != 0 if la else Const(0, 1)
+
+
+def align_down(value, align: int):
+    """``value`` with its low bits as 0 (a multiple of ``align``, a power of two): a register
+    whose low bits an engine built with ``align`` ignores."""
+    la = (align - 1).bit_length()
+    return Cat(Const(0, la), value[la:]) if la else value
 
 
 def dma_client_members(addr_width: int, data_width: int) -> dict:
@@ -164,8 +178,7 @@ class _Rows:
         p = desc.payload
         # a descriptor that moves nothing, or whose rows do not start on ``align`` bytes
         self.bad = bad = Signal(name="desc_bad")
-        m.d.comb += bad.eq((p.length == 0) | (p.count == 0) |
-                           (p.addr[:la] != 0 if la else 0) | (p.stride[:la] != 0 if la else 0))
+        m.d.comb += bad.eq((p.length == 0) | (p.count == 0) | off_align(p.addr | p.stride, align))
         with m.If(desc.valid & ~self.busy):
             with m.If(bad):
                 m.d.sync += rejects.eq(rejects + 1)

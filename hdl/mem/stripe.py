@@ -19,7 +19,7 @@ from amaranth.lib.wiring import In, Out
 from mcf.abi.compute import STRIPE_STATUS, WEIGHT_STRIPES, stripe_job_layout
 
 from .axi import ADDR_BITS, AXI4Signature
-from .dma import DmaReader
+from .dma import DmaReader, off_align
 
 __all__ = ["StripeReader"]
 
@@ -124,8 +124,7 @@ class StripeReader(wiring.Component):
         # flip-flop, not compares of its fields in front of every port's descriptor valid)
         m.submodules.queue = q = fifo.SyncFIFOBuffered(width=lay.size + 1, depth=self._jobs)
         job = self.job.payload
-        la = (self.align - 1).bit_length()
-        on_align = ((job.addr[:la] | job.pitch[:la] | job.stride[:la]) == 0) if la else 1
+        on_align = ~off_align(job.addr | job.pitch | job.stride, self.align)
         m.d.comb += [q.w_data.eq(Cat(job.as_value(),
                                      (job.length != 0) & (job.count != 0) & on_align)),
                      q.w_en.eq(self.job.valid), self.job.ready.eq(q.w_rdy)]

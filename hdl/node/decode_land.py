@@ -14,7 +14,7 @@ cycle with one reciprocal per packet in flight.
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -37,6 +37,7 @@ from mcf.abi.softmax import LANE_BITS, RECIP_IN_BITS
 from ..compute.fixed_ops import round_shift_var, sat
 from ..compute.recip import Recip
 from ..mem.axi import AXI4Signature
+from ..mem.dma import align_down
 from .packet_writer import (
     PACKET_WIDTH,
     LandingStage,
@@ -172,8 +173,7 @@ class DecodeLander(wiring.Component):
 
         def on_words(x):
             """``x`` with its low bits as 0 (:data:`~mcf.abi.decode_land.DEC_ALIGN`)."""
-            la = (DEC_ALIGN - 1).bit_length()
-            return Cat(Const(0, la), x[la:])
+            return align_down(x, DEC_ALIGN)
         len_bits = META["length"].width
         row_bytes = obuf_row_bytes(self.head_dim)
         s_bytes = state_bytes(self.head_dim)

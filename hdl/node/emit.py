@@ -6,7 +6,7 @@ The record format, ACT row layout and golden model are :mod:`mcf.abi.emit`.
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
@@ -27,7 +27,7 @@ from mcf.abi.node import CMD
 
 from ..compute.attention_kvq import KVQuantizer
 from ..mem.axi import ADDR_BITS, AXI4Signature
-from ..mem.dma import DmaReader
+from ..mem.dma import DmaReader, align_down
 from .fsm import offer
 
 __all__ = ["EmitUnit"]
@@ -135,9 +135,8 @@ class EmitUnit(wiring.Component):
         d = dma.desc.payload
         # the base and stride on EMIT_ALIGN bytes (their low bits taken as 0: the reader's rows
         # are always on its ``align``, a misconfigured buffer reads from below, never hangs)
-        la = (EMIT_ALIGN - 1).bit_length()
-        base = Cat(Const(0, la), self.cfg.kv_base[la:])
-        stride = Cat(Const(0, la), self.cfg.row_stride[la:])
+        base = align_down(self.cfg.kv_base, EMIT_ALIGN)
+        stride = align_down(self.cfg.row_stride, EMIT_ALIGN)
         m.d.comb += [d.addr.eq(base + arg.row * stride
                                + arg.head * kv_pair_bytes(self.head_dim)),
                      d.length.eq(kv_pair_bytes(self.head_dim)),

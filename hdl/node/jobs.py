@@ -27,14 +27,9 @@ from mcf.abi.node import CMD
 from mcf.abi.quant import ReadDest, VectorOp, WriteSrc
 
 from ..mem.axi import ADDR_BITS, AXI4Signature, descriptor_layout
-from ..mem.dma import LUTRAM_FIFO_DEPTH, DmaReader
+from ..mem.dma import LUTRAM_FIFO_DEPTH, DmaReader, off_align
 
 __all__ = ["JobWalker", "connect_engine"]
-
-
-def _off(addr, align: int = JOB_ALIGN):
-    """``addr`` is not on ``align`` bytes."""
-    return addr[:(align - 1).bit_length()] != 0
 
 SETTLE = 2   # cycles the engine must look idle before a fence passes (its busy flags lag by 1)
 
@@ -159,7 +154,7 @@ class JobWalker(wiring.Component):
                 with m.If(self.rec.valid):
                     tmpl = data.View(JOB_ARG, self.rec.payload.arg).template
                     m.d.sync += index.eq(tmpl)
-                    with m.If((tmpl >= self.table_len) | _off(self.table_base)):
+                    with m.If((tmpl >= self.table_len) | off_align(self.table_base, JOB_ALIGN)):
                         m.d.sync += st.bad_index.eq(st.bad_index + 1)
                         retire()
                     with m.Else():
@@ -181,7 +176,7 @@ class JobWalker(wiring.Component):
                         m.next = "IDLE"
                     with m.Elif(ref.count == 0):
                         m.next = "FINAL"
-                    with m.Elif(_off(ref.addr)):        # a template off a beat
+                    with m.Elif(off_align(ref.addr, JOB_ALIGN)):        # a template off a beat
                         m.d.sync += st.bad_entries.eq(st.bad_entries + 1)
                         retire()
                         m.next = "IDLE"
@@ -203,9 +198,9 @@ class JobWalker(wiring.Component):
                 kinds = [EntryKind.RD0.value, EntryKind.RD1.value] + (
                     [STRIPE_KIND] if self.stripes else [])
                 m.d.comb += off.eq((Cat(ent.kind == k for k in kinds).any() &
-                                    _off(xfer.addr | xfer.stride)) |
+                                    off_align(xfer.addr | xfer.stride, JOB_ALIGN)) |
                                    ((ent.kind == EntryKind.WR.value) &
-                                    _off(xfer.addr | xfer.stride, JOB_WR_ALIGN)))
+                                    off_align(xfer.addr | xfer.stride, JOB_WR_ALIGN)))
                 m.d.comb += [
                     fences.eq(ent.fence | (ent.kind == EntryKind.ROUTE.value) |
                               (ent.kind == EntryKind.VEC.value)),

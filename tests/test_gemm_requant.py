@@ -6,12 +6,14 @@ backpressure, and the latency its docstring states."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from amaranth import Module, Signal, signed
 from amaranth.hdl import Value
 from amaranth.sim import Simulator
 
 from mcf.abi.fixed import round_shift, saturate
 from mcf.abi.quant import ACT, SHIFT_MAX
-from mcf.hdl.compute.gemm_requant import GEMM_ELEMENT, GemmRequant
+from mcf.hdl.compute.gemm_requant import GEMM_ELEMENT, GemmRequant, gemm_round_shift
 
 
 def expected(e) -> int:
@@ -76,6 +78,33 @@ def run(elems, beat, seed, p_valid, p_ready):
     assert len(got) == want
     words = [(w >> (32 * i)) & 0xFFFFFFFF for w in got for i in range(per)]
     return [w - (1 << 32) if w >> 31 else w for w in words], first[0]
+
+
+@pytest.mark.parametrize("width", [53, 62])
+def test_round_shift_every_shift(width):
+    """``gemm_round_shift`` against ``round_shift(·, ·, "half_even")`` for every 6-bit shift
+    (past the value's width too) on extremes, ties and random values of the widths the
+    vector unit uses."""
+    m = Module()
+    v, sh = Signal(signed(width)), Signal(6)
+    out = gemm_round_shift(m, v, sh, width)
+    lo, hi = -(1 << (width - 1)), (1 << (width - 1)) - 1
+    rng = np.random.default_rng(width)
+    values = [lo, hi, 0, 1, -1, 3, -3, 5 << 20, -(5 << 20), (1 << 40) + (1 << 39),
+              -(1 << 40) - (1 << 39)] + [int(x) for x in rng.integers(lo, hi, 24)]
+    cases = [(x, s) for x in values for s in range(64)]
+    got = []
+
+    async def bench(ctx):
+        for x, s in cases:
+            ctx.set(v, x)
+            ctx.set(sh, s)
+            got.append(ctx.get(out))
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+    assert got == [int(round_shift(x, s, "half_even")) for x, s in cases]
 
 
 def test_requant_values_under_backpressure():

@@ -25,20 +25,23 @@ GEMM_ELEMENT = data.StructLayout({
 
 
 def gemm_round_shift(m: Module, value, shift, width: int):
-    """Comb ``round_half_even(value, shift)`` for a signed ``value`` and a variable ``shift``."""
-    q = Signal(signed(width), name="rs_q")
-    rem = Signal(width, name="rs_rem")
-    half = Signal(width + 1, name="rs_half")
-    up = Signal(name="rs_up")
-    out = Signal(signed(width + 1), name="rs_out")
+    """Comb ``round_half_even(value, shift)`` for a signed ``value`` of ``width`` bits and a
+    variable ``shift`` (exact for every shift, ``0`` past the value's width).
+
+    One barrel shift of ``value`` with a zero below it: the shifted word's low bit is the
+    rounding bit, the rest the truncated quotient; the bits shifted out below the rounding
+    bit are ORed through a thermometer mask (``~(ones << shift)``, no subtractor)."""
+    v2 = Signal(signed(width + 1), name="rs_v2")
+    sh = Signal(signed(width + 1), name="rs_sh")
     mask = Signal(width + 1, name="rs_mask")
+    sticky = Signal(name="rs_sticky")
+    out = Signal(signed(width + 1), name="rs_out")
     m.d.comb += [
-        q.eq(value >> shift),
-        mask.eq((Const(1, width + 1) << shift) - 1),
-        rem.eq(value.as_unsigned() & mask),
-        half.eq((Const(1, width + 1) << shift) >> 1),
-        up.eq((shift != 0) & ((rem > half) | ((rem == half) & q[0]))),
-        out.eq(q + up),
+        v2.eq(Cat(Const(0, 1), value).as_signed()),
+        sh.eq(v2 >> shift),
+        mask.eq(~(Const((1 << (width + 1)) - 1, width + 1) << shift)),
+        sticky.eq((v2.as_unsigned() & mask).any()),
+        out.eq(sh[1:].as_signed() + (sh[0] & (sticky | sh[1]))),
     ]
     return out
 
@@ -119,3 +122,4 @@ class GemmRequant(wiring.Component):
                 m.d.sync += [pidx.eq(0), self.o.valid.eq(1),
                              self.o.payload.eq(Cat(pack[32:], y3))]
         return m
+

@@ -196,7 +196,13 @@ class AttendUnit(wiring.Component):
 
         q_at = Signal(range(QUERY_HEADER_BYTES + G * P + 1))    # head h_cnt's scale
         m.d.comb += q_at.eq(QUERY_HEADER_BYTES + h_cnt * P)
-        sc = data.View(QUERY_SCALE, window(q_at, 2, QUERY_SCALE.size))
+        # the heads' scale words, kept in registers as their beats land (a word never straddles
+        # a beat): no LUT-RAM read port of their own
+        scales = Array(Signal(QUERY_SCALE.size, name=f"qscale{h}") for h in range(G))
+        scale_at = [divmod(QUERY_HEADER_BYTES + h * P, BB) for h in range(G)]
+        if any(off + QUERY_SCALE_BYTES > BB for _, off in scale_at):
+            raise ValueError(f"a query head's scale word straddles a {BB}-byte beat")
+        sc = data.View(QUERY_SCALE, scales[h_cnt])
         qp = self.q.payload
         m.d.comb += [qp.data.eq(window(q_at + QUERY_SCALE_BYTES + c_cnt * L, NR, 8 * L)),
                      qp.scale_m.eq(sc.m),
@@ -299,6 +305,9 @@ class AttendUnit(wiring.Component):
                     m.d.comb += q_wr.en.eq(idx < self.q_beats)
                     with m.If(idx == 0):
                         m.d.sync += qhdr.eq(beat.data[:QUERY_HEADER.size])
+                    for h, (at, off) in enumerate(scale_at):
+                        with m.If(idx == at):
+                            m.d.sync += scales[h].eq(beat.data[8 * off:][:QUERY_SCALE.size])
                     with m.If(beat.err):
                         m.d.sync += bad.eq(1)
                     with m.If(beat.last):

@@ -6,7 +6,7 @@ rows of one query tile on the arrays.
 
 from __future__ import annotations
 
-from amaranth import Array, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -54,12 +54,16 @@ class QueryFront(wiring.Component):
     err_job, busy : Out(1)
 
     Latency: a job's records go out the cycle after its last query beat (one per cycle); a
-    block's first row the cycle its counts are valid, a row per cycle.
+    block's first row the cycle after its counts are valid, a row per two cycles (a head's
+    query is kept as two words).
     """
 
     def __init__(self, head_dim: int, lanes: int, max_heads: int, max_block: int):
         self.head_dim, self.lanes, self.max_heads, self.max_block = (
             head_dim, lanes, max_heads, max_block)
+        if (head_dim // lanes) % 2:
+            raise ValueError("a head's query beats (head_dim/lanes) must be even: it is kept "
+                             "as two words")
         G = max_heads
         fj = stream.Signature(feed_job_layout(G))
         super().__init__({
@@ -79,7 +83,10 @@ class QueryFront(wiring.Component):
         QW = Q_ELEM.width
         slay = data.StructLayout({"scale_m": unsigned(SCALE_MANT_BITS),
                                   "scale_e": signed(SCALE_EXP_BITS), "m_fix": signed(SCORE.width)})
-        m.submodules.qmem = qmem = Memory(shape=unsigned(D * QW), depth=2 * G, init=[])
+        # a head's query as two words (half the LUT-RAM of a row-wide memory; a row leaves in
+        # two cycles, which TileFold's one beat per 32-key tile never notices)
+        HB = NB // 2
+        m.submodules.qmem = qmem = Memory(shape=unsigned(D * QW // 2), depth=4 * G, init=[])
         m.submodules.smem = smem = Memory(shape=slay, depth=2 * G, init=[])
         q_wr = qmem.write_port(granularity=L * QW)
         s_wr = smem.write_port()
@@ -131,12 +138,12 @@ class QueryFront(wiring.Component):
                     with m.If(self.q.valid):
                         m.d.sync += cnt.eq(cnt + 1)
             with m.State("LOAD_Q"):
-                m.d.comb += [self.q.ready.eq(1), q_wr.addr.eq(slot * G + h),
-                             q_wr.data.eq(qp.data.replicate(NB)), s_wr.addr.eq(slot * G + h),
+                m.d.comb += [self.q.ready.eq(1), q_wr.addr.eq(Cat(c >= HB, slot * G + h)),
+                             q_wr.data.eq(qp.data.replicate(HB)), s_wr.addr.eq(slot * G + h),
                              s_wr.data.scale_m.eq(qp.scale_m), s_wr.data.scale_e.eq(qp.scale_e),
                              s_wr.data.m_fix.eq(qp.m_fix)]
                 with m.If(self.q.valid):
-                    m.d.comb += [q_wr.en.eq(1 << c), s_wr.en.eq(c == 0)]
+                    m.d.comb += [q_wr.en.eq(1 << (c % HB)), s_wr.en.eq(c == 0)]
                     with m.If(c == 0):
                         m.d.sync += mfix[h].eq(qp.m_fix)
                     m.d.sync += c.eq(Mux(c == NB - 1, 0, c + 1))
@@ -164,15 +171,20 @@ class QueryFront(wiring.Component):
         q_rd, s_rd = qmem.read_port(domain="comb"), smem.read_port(domain="comb")
         bc = self.blocks.payload
         r = self.rows.payload
-        m.d.comb += [q_rd.addr.eq(ij.slot * G + hi), s_rd.addr.eq(ij.slot * G + hi),
-                     r.q.as_value().eq(q_rd.data), r.scale_m.eq(s_rd.data.scale_m),
+        ph = Signal()                                 # the row's first word is held in lo
+        lo = Signal(D * QW // 2)
+        pending = iq.r_rdy & self.blocks.valid
+        with m.If(pending & ~ph):
+            m.d.sync += [lo.eq(q_rd.data), ph.eq(1)]
+        m.d.comb += [q_rd.addr.eq(Cat(ph, ij.slot * G + hi)), s_rd.addr.eq(ij.slot * G + hi),
+                     r.q.as_value().eq(Cat(lo, q_rd.data)), r.scale_m.eq(s_rd.data.scale_m),
                      r.scale_e.eq(s_rd.data.scale_e), r.m_fix.eq(s_rd.data.m_fix),
                      r.mode.eq(ij.mode), r.visible.eq(bc.visible), r.n.eq(bc.rows),
                      r.row.eq(hi), r.first.eq(b == 0), r.final.eq(b == ij.n_blocks - 1),
                      r.last.eq(hi == ij.heads - 1),
-                     self.rows.valid.eq(iq.r_rdy & self.blocks.valid)]
+                     self.rows.valid.eq(pending & ph)]
         with m.If(self.rows.valid & self.rows.ready):
-            m.d.sync += hi.eq(hi + 1)
+            m.d.sync += [hi.eq(hi + 1), ph.eq(0)]
             with m.If(r.last):
                 m.d.comb += self.blocks.ready.eq(1)
                 m.d.sync += [hi.eq(0), b.eq(b + 1)]

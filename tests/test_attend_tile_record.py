@@ -217,6 +217,13 @@ def test_bad_records(case):
     for tokens in (0, case.max_block + 1):                                   # a bad block entry
         ents = case.ents[:1] + [AttendBlock(case.ents[1].addr, tokens, case.ents[1].pos0)]
         assert bad(with_list(hdr, ents)) == "bad_list"
+    for h, ents in ((AttendHeader(Q_BASE + 2, OUT_BASE, case.tokens, STRIDE), case.ents),
+                    (AttendHeader(Q_BASE, OUT_BASE + 1, case.tokens, STRIDE), case.ents),
+                    (AttendHeader(Q_BASE, OUT_BASE, case.tokens, STRIDE + 2), case.ents),
+                    (hdr, case.ents[:1] + [AttendBlock(case.ents[1].addr + 2,
+                                                       case.ents[1].tokens,
+                                                       case.ents[1].pos0)])):   # ATT_ALIGN
+        assert bad(with_list(h, ents)) == "bad_list"
     late = [e for e in case.ents if e.pos0 > case.pos[0]]    # the first token precedes them
     assert late and bad(with_list(hdr, late)) == "bad_list"
     rng = np.random.default_rng(5)

@@ -94,6 +94,16 @@ def test_attend_model_matches_golden(prefill):
         assert bad.bad == "bad_record"
     assert attend_model(AttendArg(0, 2, 0, 1).pack(), 0x5000, mem, d, 2, 32, 16).bad \
         == "bad_list"       # the query holds 2 heads
+    # ATT_ALIGN: the list base's low bits are taken as 0; a block's addr, the query's and a
+    # used out_addr off a word are a bad list, an unused out_addr (DECODE SINGLE) is not
+    assert attend_model(arg, 0x5003, mem, d, 2, 32, 16) == res
+    for hdr, ents_ in ((AttendHeader(0x3000, 0x4000), [ents[0], AttendBlock(0x2002, 9, 105)]),
+                       (AttendHeader(0x3001, 0x4000), ents),
+                       (AttendHeader(0x3000, 0x4002), ents)):
+        odd = _mem({0x1000: kv[0], 0x2000: kv[1], 0x3000: pack_query(q, sq, 109, 0),
+                    0x5000: attend_list_bytes(hdr, ents_)})
+        got = attend_model(arg, 0x5000, odd, d, 2, 32, 16).bad
+        assert got == ("bad_list" if prefill or hdr.out_addr == 0x4000 else None)
 
 
 def _two_phase_mem(d: int, m_fix: np.ndarray | None = None):

@@ -21,6 +21,7 @@ from amaranth.sim import Simulator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mcf.abi.attend import ATT_ALIGN
 from mcf.abi.framing import beat_layout
 from mcf.abi.kv import (
     attn_job_layout,
@@ -104,10 +105,9 @@ def simulate(dut: KvReader, mem: dict, reqs, *, k_bp=0.0, v_bp=0.0, r_pause=0.0,
     rng = random.Random(seed)
     bus = dut.bus
     got_k, got_v = [], []
-    n_k = sum(r.tokens * (dut.head_dim // dut.lanes) for r in reqs
-              if 0 < r.tokens <= dut.max_block)
-    n_v = sum(r.tokens * (dut.head_dim // dut.lanes) for r in reqs
-              if 0 < r.tokens <= dut.max_block and not r.k_only)
+    kept = [r for r in reqs if 0 < r.tokens <= dut.max_block and r.addr % ATT_ALIGN == 0]
+    n_k = sum(r.tokens * (dut.head_dim // dut.lanes) for r in kept)
+    n_v = sum(r.tokens * (dut.head_dim // dut.lanes) for r in kept if not r.k_only)
     info = {}
 
     async def host(ctx):
@@ -180,7 +180,8 @@ def simulate(dut: KvReader, mem: dict, reqs, *, k_bp=0.0, v_bp=0.0, r_pause=0.0,
 
 
 def _landed(rng, d, lens, base=0x1_0000_0404, gap=36):
-    """Blocks of random codes placed one after another at unaligned addresses."""
+    """Blocks of random codes placed one after another on 32-bit words off the bus beat
+    (:data:`~mcf.abi.attend.ATT_ALIGN`)."""
     mem, blocks, addr = {}, [], base
     for n in lens:
         (blk,) = random_blocks(rng, [n], d, pos0=int(rng.integers(0, 1 << 20)))
@@ -199,8 +200,9 @@ def _landed(rng, d, lens, base=0x1_0000_0404, gap=36):
     (128, 64, 0.3, 0.3, 0.2, 9),
 ])
 def test_reader_blocks(d, lanes, k_bp, v_bp, r_pause, v_lag):
-    """Blocks of 1..max_block tokens at unaligned addresses (4 KiB crossings), K-only blocks,
-    rejected requests between them; K and V beats bit-exact, counters exact."""
+    """Blocks of 1..max_block tokens at addresses off the bus beat (4 KiB crossings), K-only
+    blocks, rejected requests (0 and max_block + 1 tokens, an address off a 32-bit word)
+    between them; K and V beats bit-exact, counters exact."""
     T = 32
     rng = np.random.default_rng(d * 7 + lanes)
     lens = [1, T, 5, 17, T, 2, 31, 9]
@@ -220,6 +222,9 @@ def test_reader_blocks(d, lanes, k_bp, v_bp, r_pause, v_lag):
         st["jobs"] += last
         if i in (1, 5):          # rejected requests: no beats, counted
             reqs.append(KvBlockReq(addr, 0 if i == 1 else T + 1, 0, True))
+            st["rejects"] += 1
+        if i == 6:               # off ATT_ALIGN: rejected the same way
+            reqs.append(KvBlockReq(addr + 2, len(blk), pos0, True))
             st["rejects"] += 1
     got_k, got_v, info = simulate(KvReader(d, lanes, T, v_blocks=1), mem, reqs, k_bp=k_bp,
                                   v_bp=v_bp, r_pause=r_pause, v_lag=v_lag, seed=d + lanes)
@@ -245,12 +250,14 @@ def test_bus_error_counted_framing_kept():
 @settings(max_examples=12)
 @given(geom=st.sampled_from([(16, 4), (16, 16), (32, 8), (64, 16)]),
        lens=st.lists(st.integers(1, 12), min_size=1, max_size=5),
-       offset=st.integers(0, 4095), seed=st.integers(0, 1 << 16))
+       offset=st.integers(0, 1023).map(lambda w: 4 * w), seed=st.integers(0, 1 << 16))
 def test_reader_any_alignment(geom, lens, offset, seed):
-    """Any start address (byte alignment, 4 KiB position) and block lengths: beats bit-exact."""
+    """Any start address on a 32-bit word (:data:`~mcf.abi.attend.ATT_ALIGN`; any word of the
+    beat, any 4 KiB position) and block lengths: beats bit-exact."""
     d, lanes = geom
     rng = np.random.default_rng(seed)
-    mem, blocks = _landed(rng, d, lens, base=0x4000_0000 + offset, gap=int(rng.integers(0, 70)))
+    mem, blocks = _landed(rng, d, lens, base=0x4000_0000 + offset,
+                          gap=4 * int(rng.integers(0, 18)))
     reqs = [KvBlockReq(a, len(b), int(b.pos[0])) for a, b, _ in blocks]
     got_k, got_v, _ = simulate(KvReader(d, lanes, 12, v_blocks=1), mem, reqs, k_bp=0.3,
                                v_bp=0.3, r_pause=0.3, seed=seed)

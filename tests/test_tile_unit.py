@@ -59,9 +59,12 @@ class Case:
         self.q_addr = {}                                   # list entry → its chunk's q_addr
         self.stride = 2 * prefill_out_bytes(g, d) + 16     # rows interleaved with another head's
 
-    def chunk(self, tokens, *, bad_pos=None, nb=None, first=0, heads=None, big=False):
+    def chunk(self, tokens, *, bad_pos=None, nb=None, first=0, heads=None, big=False,
+              skew=None):
         """A chunk of ``tokens`` query tokens ending at the last key (its diagonal block
-        partial): its slots and list; returns the list's entry index (``ATTEND_ARG.list``)."""
+        partial): its slots and list; returns the list's entry index (``ATTEND_ARG.list``).
+        ``skew``: one address of the list off ``ATT_ALIGN`` (``"q"``, ``"out"``, ``"stride"``,
+        ``"block"``), a bad list."""
         g = heads or self.g
         q, sq = random_query(self.rng, tokens * g, self.d, sigma=1.5)
         p0 = self.keys - tokens
@@ -74,8 +77,11 @@ class Case:
         ents = self.ents[first:first + (nb or len(self.ents))]
         if big:                               # a block longer than max_block (16)
             ents = ents[:-1] + [AttendBlock(ents[-1].addr, 17, ents[-1].pos0)]
+        if skew == "block":
+            ents = [AttendBlock(ents[0].addr + 2, ents[0].tokens, ents[0].pos0)] + ents[1:]
         place_list(self.mem, LIST_BASE + 16 * (1 + MAX_LIST) * self.lists,
-                   AttendHeader(q_addr, out, tokens, self.stride), ents)
+                   AttendHeader(q_addr + 2 * (skew == "q"), out + (skew == "out"), tokens,
+                                self.stride + 2 * (skew == "stride")), ents)
         self.lists += 1
         self.q_addr[(1 + MAX_LIST) * (self.lists - 1)] = q_addr
         return (1 + MAX_LIST) * (self.lists - 1)
@@ -154,21 +160,23 @@ def test_chunks_and_bad_records():
     """GQA 2:1, head_dim 16, blocks of 16, 16, 4 keys, query tiles of 8 rows: an 8-token chunk
     ending at the last key (its first tile lies wholly before the last block, the second
     tile's partial diagonal), rows at an unaligned ``out_addr``; then a record with softmax
-    MAX, a chunk whose slot 3 has the wrong ``pos``, a chunk above ``max_chunk``, and a 5-token
-    chunk over the first two blocks only — every good row bit-exact, nothing else written."""
+    MAX, a chunk whose slot 3 has the wrong ``pos``, a chunk above ``max_chunk``, chunks with
+    the query, output, stride or a block off ATT_ALIGN, and a 5-token chunk over the first two
+    blocks only — every good row bit-exact, nothing else written."""
     mb, max_chunk, qt = 16, 16, 8
     case = Case(60, 16, 2, [16, 16, 4], out_off=4)
     good = case.chunk(8)
     bad_pos = case.chunk(6, bad_pos=3)
     too_long = case.chunk(17)
     short = case.chunk(5, nb=2)
+    skewed = [arg(case, case.chunk(4, skew=k)) for k in ("q", "out", "stride", "block")]
     recs = [arg(case, good), arg(case, good, softmax=AttendSoftmax.MAX), arg(case, bad_pos),
-            arg(case, too_long), arg(case, short, nb=2)]
+            arg(case, too_long), *skewed, arg(case, short, nb=2)]
     q_pos = np.repeat(np.arange(case.keys - 8, case.keys), 2)
     assert len(list(tile_schedule(q_pos, case.blocks, qt))) == 3 * 2 - 1    # a tile skips one
     wmem, out = run(case, recs, mb=mb, max_chunk=max_chunk, qt=qt, seed=1)
     want = check(case, recs, wmem, out, mb=mb, max_chunk=max_chunk, qt=qt)
-    assert want == {"records": 2, "blocks": want["blocks"], "bad_record": 1, "bad_list": 2,
+    assert want == {"records": 2, "blocks": want["blocks"], "bad_record": 1, "bad_list": 6,
                     "write_errors": 0}
     print(f"\ncycles per record: {out['cycles']}")
 

@@ -88,20 +88,21 @@ class DmaViews:
 
 
 def dma_views(m: Module, unit, own: bool, *, fifo_depth: int = 512, reader: bool = True,
-              writer: bool = True) -> DmaViews:
+              writer: bool = True, align: int = 1) -> DmaViews:
     """``unit``'s DMA pair: with ``own`` a :class:`DmaReader` (``fifo_depth``) as submodule
     ``rd`` on ``unit.rd_bus`` and a :class:`DmaWriter` as ``wr`` on ``unit.wr_bus`` (either
-    left out by ``reader`` / ``writer``); else the :func:`dma_client_members` of ``unit``."""
+    left out by ``reader`` / ``writer``; both built with ``align``); else the
+    :func:`dma_client_members` of ``unit``."""
     if not own:
         return DmaViews(*(getattr(unit, n, None) for n in (
             "rd_desc", "rd_data", "wr_desc", "wr_data", "wr_done", "wr_err")))
     rd = wr = None
     if reader:
         m.submodules.rd = rd = DmaReader(unit.data_width, unit.addr_width,
-                                         fifo_depth=fifo_depth)
+                                         fifo_depth=fifo_depth, align=align)
         wiring.connect(m, rd.bus, wiring.flipped(unit.rd_bus))
     if writer:
-        m.submodules.wr = wr = DmaWriter(unit.data_width, unit.addr_width)
+        m.submodules.wr = wr = DmaWriter(unit.data_width, unit.addr_width, align=align)
         wiring.connect(m, wr.bus, wiring.flipped(unit.wr_bus))
     return DmaViews(rd and rd.desc, rd and rd.o, wr and wr.desc, wr and wr.i,
                     wr and wr.desc_done, wr and wr.desc_err)

@@ -16,6 +16,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.attend import (
+    ATT_ALIGN,
     ATTEND_ARG,
     ATTEND_BLOCK,
     ATTEND_HEADER,
@@ -42,7 +43,7 @@ from mcf.abi.query import (
 from mcf.abi.softmax import LANE_BITS, state_words
 
 from ..mem.axi import ADDR_BITS, AXI4Signature
-from ..mem.dma import LUTRAM_FIFO_DEPTH, dma_client_members, dma_views
+from ..mem.dma import LUTRAM_FIFO_DEPTH, dma_client_members, dma_views, off_align
 from .attend_list import arg_check, list_states
 from .fsm import dma_read
 
@@ -138,7 +139,7 @@ class AttendUnit(wiring.Component):
         DW = self.data_width
         st = self.status
 
-        dv = dma_views(m, self, self.own_dma, fifo_depth=LUTRAM_FIFO_DEPTH)
+        dv = dma_views(m, self, self.own_dma, fifo_depth=LUTRAM_FIFO_DEPTH, align=ATT_ALIGN)
         # one spare entry: EXACT's MAX pass pushes each entry back as it pops it
         m.submodules.bfifo = bfifo = fifo.SyncFIFOBuffered(width=ATTEND_BLOCK.size,
                                                            depth=self.max_list + 1)
@@ -296,7 +297,15 @@ class AttendUnit(wiring.Component):
             list_states(m, dv.rd_desc, dv.rd_data, list_base=self.list_base, arg=arg, hdr=hdr,
                         idx=idx, bad=bad, max_block=self.max_block, entry=entry, nxt="Q_REQ")
             with m.State("Q_REQ"):
-                dma_read(m, dv.rd_desc, hdr.q_addr, QUERY_HEADER_BYTES + arg.heads * P, "Q_RX")
+                # an address off ATT_ALIGN: a bad list, found before any transfer at it
+                uses_out = prefill | (arg.softmax == AttendSoftmax.FIXED)
+                with m.If(off_align(hdr.q_addr, ATT_ALIGN)
+                          | (uses_out & off_align(hdr.out_addr, ATT_ALIGN))):
+                    m.d.sync += bad.eq(1)
+                    m.next = "CHECK"
+                with m.Else():
+                    dma_read(m, dv.rd_desc, hdr.q_addr, QUERY_HEADER_BYTES + arg.heads * P,
+                             "Q_RX")
             with m.State("Q_RX"):
                 m.d.comb += dv.rd_data.ready.eq(1)
                 m.d.comb += [q_wr.addr.eq(idx), q_wr.data.eq(beat.data)]

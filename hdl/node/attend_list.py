@@ -11,8 +11,9 @@ from collections.abc import Callable
 from amaranth import Module
 from amaranth.lib import data
 
-from mcf.abi.attend import ATT_ENTRY_BYTES, ATTEND_BLOCK
+from mcf.abi.attend import ATT_ALIGN, ATT_ENTRY_BYTES, ATTEND_BLOCK
 
+from ..mem.dma import align_down, off_align
 from .fsm import dma_read
 
 __all__ = ["arg_check", "list_states"]
@@ -40,13 +41,14 @@ def list_states(m: Module, desc, rx, *, list_base, arg, hdr, idx, bad, max_block
     ATT_ENTRY_BYTES``) read through a DmaReader's ``desc`` and ``rx`` (its ``o``), one entry
     per beat. The header goes to ``hdr``;
     each block entry (a ``ATTEND_BLOCK`` view of the beat) to ``entry``, called in the
-    beat's cycle with ``idx`` = its index + 1. ``bad`` is set on a read error or an entry's
-    ``tokens`` outside 1..``max_block``. ``idx`` counts the beats and is 0 again, the state
+    beat's cycle with ``idx`` = its index + 1. ``bad`` is set on a read error, an entry's
+    ``tokens`` outside 1..``max_block`` or its ``addr`` off ``ATT_ALIGN`` (``list_base``'s low
+    bits are taken as 0). ``idx`` counts the beats and is 0 again, the state
     ``nxt``, after the last. One cycle for the descriptor (more while the reader is busy), then
     one per beat as the reader delivers them."""
     beat = rx.payload
     with m.State("LIST_REQ"):
-        dma_read(m, desc, list_base + arg.list * ATT_ENTRY_BYTES,
+        dma_read(m, desc, align_down(list_base, ATT_ALIGN) + arg.list * ATT_ENTRY_BYTES,
                  (arg.blocks + 1) * ATT_ENTRY_BYTES, "LIST_RX")
     with m.State("LIST_RX"):
         m.d.comb += rx.ready.eq(1)
@@ -59,7 +61,8 @@ def list_states(m: Module, desc, rx, *, list_base, arg, hdr, idx, bad, max_block
                 m.d.sync += hdr.eq(beat.data)
             with m.Else():
                 entry(bent)
-                with m.If((bent.tokens == 0) | (bent.tokens > max_block)):
+                with m.If((bent.tokens == 0) | (bent.tokens > max_block)
+                          | off_align(bent.addr, ATT_ALIGN)):
                     m.d.sync += bad.eq(1)
             with m.If(beat.last):
                 m.d.sync += idx.eq(0)

@@ -8,7 +8,7 @@ from amaranth import Cat, Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.attend import ATTEND_STATUS, ATTEND_TILE_ROWS
+from mcf.abi.attend import ATT_ALIGN, ATTEND_STATUS, ATTEND_TILE_ROWS
 from mcf.abi.compute import (
     COMPUTE_BUSY_STATUS,
     DMA_ADDR_BITS,
@@ -281,8 +281,9 @@ class NodeCompute(wiring.Component):
             steer(m, s.tiled, g.k, p.k, wiring.flipped(r.k))
             steer(m, s.tiled, g.v, p.v, wiring.flipped(r.v))
         # one DmaReader and one DmaWriter for both executors, steered by the record in work
-        m.submodules.att_rd = rd = DmaReader(AXI_WIDTH, ADDR_BITS, fifo_depth=LUTRAM_FIFO_DEPTH)
-        m.submodules.att_wr = wr = DmaWriter(AXI_WIDTH, ADDR_BITS)
+        m.submodules.att_rd = rd = DmaReader(AXI_WIDTH, ADDR_BITS, fifo_depth=LUTRAM_FIFO_DEPTH,
+                                             align=ATT_ALIGN)
+        m.submodules.att_wr = wr = DmaWriter(AXI_WIDTH, ADDR_BITS, align=ATT_ALIGN)
         wiring.connect(m, rd.bus, wiring.flipped(self.m_axi_att_rd))
         wiring.connect(m, wr.bus, wiring.flipped(self.m_axi_att_wr))
         steer(m, s.tiled, a.rd_desc, t.rd_desc, wiring.flipped(rd.desc))

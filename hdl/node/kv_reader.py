@@ -18,11 +18,12 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
+from mcf.abi.attend import ATT_ALIGN
 from mcf.abi.kv import KV_ELEM, KV_POS_BITS, KV_SCALE, kv_beat_layout, kv_token_bytes
 from mcf.abi.kv_reader import KV_BLOCK_REQ, KV_BLOCK_TOKENS_BITS, KV_READER_STATUS
 
 from ..mem.axi import ADDR_BITS, AXI4Signature
-from ..mem.dma import DmaReader
+from ..mem.dma import DmaReader, off_align
 
 __all__ = ["KvReader"]
 
@@ -35,11 +36,13 @@ class KvReader(wiring.Component):
     Members
     -------
     blocks : In(stream.Signature(:data:`mcf.abi.kv_reader.KV_BLOCK_REQ`))
-        One request per attention block: ``addr`` of its first token record, ``tokens``
-        (1..``max_block``), ``pos0``, ``last`` (the job's final block), ``k_only`` (no V rows:
-        a MAX-mode job). A request with ``tokens`` 0 or above ``max_block`` is dropped and
-        counted in ``rejects``. Requests are queued (4 deep) and their reads issued at once:
-        block ``b+1`` is read while the engine consumes block ``b``.
+        One request per attention block: ``addr`` of its first token record (a multiple of
+        :data:`~mcf.abi.attend.ATT_ALIGN`, 4 bytes: the DMA reader realigns by words only),
+        ``tokens`` (1..``max_block``), ``pos0``, ``last`` (the job's final block), ``k_only``
+        (no V rows: a MAX-mode job). A request with ``tokens`` 0 or above ``max_block`` or an
+        ``addr`` off 4 bytes is dropped and counted in ``rejects``. Requests are queued (4
+        deep) and their reads issued at once: block ``b+1`` is read while the engine consumes
+        block ``b``.
     k : Out(stream.Signature(kv_beat_layout(lanes)))
         Per request the block's K rows, ``head_dim/lanes`` beats each, with the token's
         ``scale_k``, ``scale_v`` and ``pos = pos0 + i`` on every beat, ``last`` on the block's
@@ -83,6 +86,8 @@ class KvReader(wiring.Component):
             raise ValueError("lanes must be even (whole bytes of INT4 codes per beat)")
         if not 1 <= max_block < 1 << KV_BLOCK_TOKENS_BITS:
             raise ValueError("max_block out of range")
+        if kv_token_bytes(head_dim) % ATT_ALIGN:
+            raise ValueError(f"a token record must be whole {ATT_ALIGN}-byte words")
         if v_blocks < 1:
             raise ValueError("the V FIFO must hold at least one block")
         self.head_dim, self.lanes, self.max_block = head_dim, lanes, max_block
@@ -112,7 +117,7 @@ class KvReader(wiring.Component):
 
         m.submodules.dma = dma = DmaReader(self.data_width, self.addr_width,
                                            outstanding=self.outstanding,
-                                           fifo_depth=self.dma_fifo_depth)
+                                           fifo_depth=self.dma_fifo_depth, align=ATT_ALIGN)
         wiring.connect(m, dma.bus, wiring.flipped(self.bus))
         m.d.comb += st.bus_errors.eq(dma.status.errors)
 
@@ -123,7 +128,8 @@ class KvReader(wiring.Component):
         m.submodules.info = info = fifo.SyncFIFOBuffered(width=info_l.size, depth=4)
         req = self.blocks.payload
         bad = Signal()
-        m.d.comb += bad.eq((req.tokens == 0) | (req.tokens > self.max_block))
+        m.d.comb += bad.eq((req.tokens == 0) | (req.tokens > self.max_block)
+                           | off_align(req.addr, ATT_ALIGN))
         d = dma.desc.payload
         m.d.comb += [d.addr.eq(req.addr), d.length.eq(req.tokens * R), d.stride.eq(0),
                      d.count.eq(1),

@@ -14,6 +14,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from mcf.abi.attend import (
+    ATT_ALIGN,
     ATTEND_ARG,
     ATTEND_HEADER,
     ATTEND_STATUS,
@@ -37,7 +38,7 @@ from mcf.abi.query import (
 )
 
 from ..mem.axi import ADDR_BITS, AXI4Signature
-from ..mem.dma import LUTRAM_FIFO_DEPTH, dma_client_members, dma_views
+from ..mem.dma import LUTRAM_FIFO_DEPTH, dma_client_members, dma_views, off_align
 from .attend_list import arg_check, list_states
 from .fsm import dma_read, offer
 
@@ -94,7 +95,7 @@ class TileRowWriter(wiring.Component):
         m = Module()
         D = self.head_dim
         RB = D * ATTN_OUT.width
-        dv = dma_views(m, self, self.own_dma, reader=False)
+        dv = dma_views(m, self, self.own_dma, reader=False, align=ATT_ALIGN)
         m.d.comb += [self.row_done.eq(dv.wr_done), self.row_err.eq(dv.wr_err)]
         x = self.o.payload.row
         tok = Signal(range(self.max_rows))
@@ -215,7 +216,8 @@ class TileUnit(wiring.Component):
         D, G, DW, QT = self.head_dim, self.max_heads, self.data_width, self.rows
         BB = DW // 8
         st = self.status
-        dv = dma_views(m, self, self.own_dma, fifo_depth=LUTRAM_FIFO_DEPTH, writer=False)
+        dv = dma_views(m, self, self.own_dma, fifo_depth=LUTRAM_FIFO_DEPTH, writer=False,
+                       align=ATT_ALIGN)
         m.submodules.wr = wr = TileRowWriter(D, G, self.max_rows, addr_width=self.addr_width,
                                              data_width=DW, own_dma=self.own_dma)
         if self.own_dma:
@@ -366,7 +368,9 @@ class TileUnit(wiring.Component):
                         idx=idx, bad=bad, max_block=self.max_block, entry=entry, nxt="HDR")
             with m.State("HDR"):
                 with m.If(bad | (hdr.tokens == 0) | (hdr.tokens > self.max_chunk)
-                          | (hdr.out_stride < arg.heads * (D * ATTN_OUT.width // 8))):
+                          | (hdr.out_stride < arg.heads * (D * ATTN_OUT.width // 8))
+                          | off_align(hdr.q_addr, ATT_ALIGN) | off_align(hdr.out_addr, ATT_ALIGN)
+                          | off_align(hdr.out_stride, ATT_ALIGN)):
                     m.next = "BAD"
                 with m.Else():
                     m.next = "QH_REQ"

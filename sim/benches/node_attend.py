@@ -359,8 +359,9 @@ async def prefill(dut):
 @cocotb.test()
 async def bad(dut):
     """Bad records (undefined mode, heads 0 / above max, no blocks, too many blocks, a block of
-    0 tokens or above max_block, a query of the wrong head count) are counted and retire with
-    ``done``; good records around them still run bit-exact."""
+    0 tokens or above max_block, a query of the wrong head count, a block, query or used
+    output address off ATT_ALIGN) are counted and retire with ``done``; good records around
+    them still run bit-exact."""
     skip_unless_selected("bad", P)
     tb = await _setup(dut, 2)
     good = tb.block(0, 0, 0, SLICE)
@@ -378,11 +379,19 @@ async def bad(dut):
                           q + 0xC00, 0))
     args.append(tb.record(AttendMode.DECODE.value, 2, [good], q + 0x1000, 0, q_heads=1))
     args += decode_records(tb, 2)
+    # addresses off ATT_ALIGN: a block's, the query's, a PREFILL's out_addr (bad lists); an
+    # out_addr DECODE SINGLE does not use (a good record)
+    args.append(tb.record(AttendMode.DECODE.value, 1, [AttendBlock(good.addr + 2, SLICE)],
+                          q + 0x1400, 0))
+    args.append(tb.record(AttendMode.DECODE.value, 1, [good], q + 0x1802, 0))
+    args.append(tb.record(AttendMode.PREFILL.value, 1, [good], q + 0x1C00, SLICE,
+                          out_addr=OUT + 0x9001))
+    args.append(tb.record(AttendMode.DECODE.value, 1, [good], q + 0x2000, 0, out_addr=0x3))
     want = await tb.run(args)
     assert [w.bad for w in want].count("bad_record") == n_bad_rec
-    assert [w.bad for w in want].count("bad_list") == 3
+    assert [w.bad for w in want].count("bad_list") == 6
     st = tb.status()
-    assert st["bad_record"] == n_bad_rec and st["bad_list"] == 3 and st["records"] == 3
+    assert st["bad_record"] == n_bad_rec and st["bad_list"] == 6 and st["records"] == 4
 
 
 @cocotb.test()

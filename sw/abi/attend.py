@@ -23,9 +23,13 @@ slot, :func:`mcf.abi.decode_land.mbuf_address`, 16-byte aligned —; ignored oth
 ``tokens`` and ``out_stride``: PREFILL_TILE's chunk, reserved otherwise), then ``blocks``
 entries :data:`ATTEND_BLOCK` (``addr`` of the block's first token record — the landing rule,
 :func:`mcf.abi.kv_reader.block_address`; a per-channel-K block's first group header —,
-``tokens`` 1..``max_block``, ``pos0``). Reserved bits must be 0 (not checked).
+``tokens`` 1..``max_block``, ``pos0``). Reserved bits must be 0 (not checked). Every address
+a record names — ``q_addr``, a block's ``addr``, ``out_addr`` where the record uses it, and
+PREFILL_TILE's ``out_stride`` — is a multiple of :data:`ATT_ALIGN` (4 bytes: the unit's DMA
+engines shift by 32-bit words only; a KV record, a query record and an output row are whole
+words); ``ATT_LIST_BASE`` is taken with its low 2 bits as 0.
 
-**The query** at ``q_addr`` (any alignment) is one :func:`mcf.abi.query.pack_query` record of
+**The query** at ``q_addr`` is one :func:`mcf.abi.query.pack_query` record of
 exactly ``heads`` heads: its header ``pos`` is the query position (causal mask in PREFILL).
 DECODE: the QBUF slot the decode lander wrote (:func:`mcf.abi.decode_land.qbuf_address`).
 PREFILL: the token's row in the driver's query region of ACT, :func:`prefill_query_address`,
@@ -66,7 +70,7 @@ a head with no key), for a ``ReduceOp.MAX`` reduction. DECODE FIXED (``AttnMode.
 against the maxima at ``out_addr``): per head the state ``(M, l, o)`` with exact wrapped sums,
 staged like SINGLE's; states of one query merged with ``SOFTMAX_MERGE`` (equal ``m``: an
 integer sum) give the same bits for any split of its keys. PREFILL SINGLE (normalised,
-causal): ``heads · d`` ATTN_OUT words ``o/l`` written at ``out_addr`` (any alignment); done
+causal): ``heads · d`` ATTN_OUT words ``o/l`` written at ``out_addr``; done
 after the write's B responses. PREFILL EXACT: the unit runs a causal MAX job over the list,
 keeps the maxima, then a causal FIXED job over the same list, normalised, written like SINGLE's
 — ``o/l`` that does not depend on the blocks' partition.
@@ -77,7 +81,9 @@ PREFILL_TILE writes ``tokens`` rows, the record is done after the last write's B
 PREFILL_TILE on an executor without the tiled path, ``max_chunk`` = 0), a ``softmax`` the mode
 does not run (:data:`SOFTMAX_OF_MODE`),
 ``heads`` outside 1..``max_heads``, ``blocks`` 0 or above ``max_list`` (``bad_record``); a read
-error on the list or the query, a block entry with ``tokens`` outside 1..``max_block``, a query
+error on the list or the query, a block entry with ``tokens`` outside 1..``max_block``, an
+address off :data:`ATT_ALIGN` (``q_addr``, a block's ``addr``, a used ``out_addr``, PREFILL_TILE's
+``out_stride``), a query
 whose header ``heads`` differs from ``arg.heads``, a read error on FIXED's maxima; PREFILL_TILE:
 a header ``tokens`` outside 1..``max_chunk``, an ``out_stride`` below one output row, a query
 slot whose ``pos`` is not ``pos₀ + i`` (``bad_list``). A write error on ``o/l`` is
@@ -103,11 +109,16 @@ __all__ = [
     "attend_list_bytes", "prefill_query_address", "attend_registers",
     "ENGINE_MODE", "AttendSoftmax", "SOFTMAX_OF_MODE", "max_payload_bytes",
     "RUN_SOFTMAX", "PREFILL_SOFTMAX", "ATTEND_CHUNK_BITS", "ATTEND_STRIDE_BITS",
-    "ATTEND_TILE_ROWS", "prefill_out_bytes", "prefill_tile_out_address",
+    "ATTEND_TILE_ROWS", "prefill_out_bytes", "prefill_tile_out_address", "ATT_ALIGN",
 ]
 
 ATT_ENTRY_BYTES = 16
 """A list entry: one 128-bit beat."""
+
+ATT_ALIGN = 4
+"""``q_addr``, block ``addr``, a used ``out_addr`` and ``out_stride`` are multiples of this (one
+32-bit word; others are a bad list), ``ATT_LIST_BASE``'s low bits are taken as 0: the unit's DMA
+engines and the KV reader's shift by words only."""
 
 
 class AttendMode(enum.Enum, shape=2):
@@ -293,7 +304,7 @@ def attend_registers() -> list[Register]:
     hi = DMA_ADDR_BITS - 32
     return [
         Register.single("ATT_LIST_BASE_LO", 32, Access.RW,
-                        desc="ATTEND list table base, bits 31..0"),
+                        desc="ATTEND list table base, bits 31..0 (bits 1..0 taken as 0)"),
         Register.single("ATT_LIST_BASE_HI", hi, Access.RW,
                         desc=f"ATTEND list table base, bits {DMA_ADDR_BITS - 1}..32"),
     ] + status_registers("att", ATTEND_STATUS, "ATTEND executor")

@@ -10,8 +10,9 @@ the ``KVFormat.PER_TOKEN`` records of :func:`mcf.abi.kv.pack_kv_block` (``sk``, 
 V row). The reader emits, per request, the block's K rows on ``k`` and its V rows on ``v``
 (:func:`mcf.abi.kv.kv_beat_layout`): :func:`block_beats` is the bit-exact golden model.
 
-A request with ``tokens = 0`` or ``tokens > max_block`` is dropped and counted
-(``rejects``); nothing is read and no beat is emitted for it.
+A request with ``tokens = 0``, ``tokens > max_block`` or an ``addr`` off
+:data:`mcf.abi.attend.ATT_ALIGN` (4 bytes; the reader's DMA realigns by words) is dropped and
+counted (``rejects``); nothing is read and no beat is emitted for it.
 """
 
 from __future__ import annotations

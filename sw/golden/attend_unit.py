@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..abi.attend import (
+    ATT_ALIGN,
     ATT_ENTRY_BYTES,
     ATTEND_ARG,
     ATTEND_TILE_ROWS,
@@ -122,10 +123,15 @@ def attend_model(arg: int, list_base: int, read: Callable[[int, int], bytes], he
             or not 1 <= heads <= max_heads or not 1 <= nb <= max_list \
             or softmax not in SOFTMAX_OF_MODE[AttendMode(mode)]:
         return AttendResult([], bad="bad_record")
-    lst = read(list_base + int(a.list) * ATT_ENTRY_BYTES, (1 + nb) * ATT_ENTRY_BYTES)
+    lst = read(list_base // ATT_ALIGN * ATT_ALIGN + int(a.list) * ATT_ENTRY_BYTES,
+               (1 + nb) * ATT_ENTRY_BYTES)
     hdr = AttendHeader.unpack(lst)
     ents = [AttendBlock.unpack(lst[i * ATT_ENTRY_BYTES:]) for i in range(1, nb + 1)]
-    if any(not 1 <= e.tokens <= max_block for e in ents):
+    if any(not 1 <= e.tokens <= max_block or e.addr % ATT_ALIGN for e in ents):
+        return AttendResult([], bad="bad_list")
+    uses_out = mode != AttendMode.DECODE.value or softmax == AttendSoftmax.FIXED
+    if hdr.q_addr % ATT_ALIGN or (uses_out and hdr.out_addr % ATT_ALIGN) \
+            or (mode == AttendMode.PREFILL_TILE.value and hdr.out_stride % ATT_ALIGN):
         return AttendResult([], bad="bad_list")
     if mode == AttendMode.PREFILL_TILE.value:
         return _prefill_tile(hdr, ents, read, heads, head_dim, max_chunk, kv_format,

@@ -13,6 +13,7 @@ from mcf.abi.landing import (
     LAND_OFF_ENTRY,
     LANDING_CONFIG,
     LANDING_STATUS,
+    KvLayout,
     LandingConfig,
     LandResult,
     kv_address,
@@ -33,14 +34,20 @@ def test_layouts_follow_meta():
     assert LAND_OFF_ENTRY.size == 25
     assert LANDING_CONFIG["kv_base"].shape.width == KV_BASE_BITS == 40
     assert 1 << META["kv_id"].width < 1 << LANDING_CONFIG["kv_count"].shape.width
-    raw = land_off_entry(0x123456)
+    raw = land_off_entry(0x123454)
     view = LAND_OFF_ENTRY.from_bits(raw)
-    assert (int(view.offset), int(view.valid)) == (0x123456, 1)
+    assert (int(view.offset), int(view.valid)) == (0x123454, 1)
     assert land_off_entry(None) == 0
     with pytest.raises(ValueError):
         land_off_entry(1 << 24)
     with pytest.raises(ValueError):
-        LandingConfig(1 << 40, 1, 1)
+        LandingConfig(1 << 40, 4, 1)
+    # KV_ALIGN: bases, slots, offsets and layouts off a 32-bit word are refused
+    for bad in (lambda: land_off_entry(0x123456), lambda: LandingConfig(0x1002, 4, 1),
+                lambda: LandingConfig(0x1000, 6, 1), lambda: KvLayout(6, 12, (0,)),
+                lambda: KvLayout(8, 16, (0, 3))):
+        with pytest.raises(ValueError, match="multiples? of 4"):
+            bad()
     cfg = LandingConfig(0xAB_1234_5678, 0x10000, 65536)
     view = LANDING_CONFIG.from_bits(cfg.pack())
     assert (int(view.kv_base), int(view.kv_slot), int(view.kv_count)) == \

@@ -12,6 +12,7 @@ from amaranth.sim import Simulator
 from landing_sim import write_land_off
 
 from mcf.abi.landing import (
+    KV_ALIGN,
     KV_BASE_BITS,
     KV_SLOT_BITS,
     LAND_OFF_BITS,
@@ -74,10 +75,11 @@ def run(cfg: LandingConfig, land_off, lookups, *, seed: int, gap: float):
 
 
 def _table(rng: random.Random, slot: int) -> list[int | None]:
-    """A random ``LAND_OFF`` table: a quarter of the entries invalid, offsets in and beyond
-    the slot."""
+    """A random ``LAND_OFF`` table: a quarter of the entries invalid, offsets (on
+    ``KV_ALIGN``) in and beyond the slot."""
     return [None if rng.random() < 0.25 else
-            rng.randrange(min(2 * slot, 1 << LAND_OFF_BITS)) for _ in range(LAND_OFF_ENTRIES)]
+            rng.randrange(0, min(2 * slot, 1 << LAND_OFF_BITS), KV_ALIGN)
+            for _ in range(LAND_OFF_ENTRIES)]
 
 
 @pytest.mark.parametrize("seed,gap", [(1, 0.0), (2, 0.5)])
@@ -86,7 +88,7 @@ def test_lookups_follow_the_golden_rule(seed, gap):
     address, entry and fits check from the cycle after ``take`` until the next ``take``; the
     base near the top of 40 bits makes some sums wrap."""
     rng = random.Random(seed)
-    cfg = LandingConfig(kv_base=(1 << KV_BASE_BITS) - 0x12_3457, kv_slot=0x1_0A07,
+    cfg = LandingConfig(kv_base=(1 << KV_BASE_BITS) - 0x12_3458, kv_slot=0x1_0A08,
                         kv_count=1 << META["kv_id"].width)
     land_off = _table(rng, cfg.kv_slot)
     land_off[7] = cfg.kv_slot - 100
@@ -149,5 +151,6 @@ def test_table_rewrite_and_config_follow():
     # the product was registered with the old slot: the address does not move
     assert out["slot"] == (0x9_0000_5010, 1)
     assert out["small"] == 0
-    assert out["rewritten"] == (0x20, 1, 0x9_0000_0000 + 5 * 0xFFF + 0x20)
+    # a slot register off KV_ALIGN is taken with its low bits as 0
+    assert out["rewritten"] == (0x20, 1, 0x9_0000_0000 + 5 * 0xFFC + 0x20)
     assert out["invalid"] == (0, 0)

@@ -87,10 +87,11 @@ def _table(entries: dict[int, int]) -> list[int | None]:
 
 
 def test_address_rule_40_bits():
-    """The AW addresses and bytes follow kv_address, with a base above 4 GiB and unaligned
-    offsets, a slot at the top of the KV_COUNT range and packets crossing 4 KiB pages."""
-    cfg = LandingConfig(kv_base=0x8_0000_0000 + 0x1234, kv_slot=0x3_0A07, kv_count=256)
-    land_off = _table({0: 0, 1: 0x1_0003, 7: 0x3_0900 - 5, 255: 0x100})
+    """The AW addresses and bytes follow kv_address, with a base above 4 GiB and offsets off
+    the bus beat (on KV_ALIGN), a slot at the top of the KV_COUNT range and packets crossing
+    4 KiB pages."""
+    cfg = LandingConfig(kv_base=0x8_0000_0000 + 0x1234, kv_slot=0x3_0A08, kv_count=256)
+    land_off = _table({0: 0, 1: 0x1_0004, 7: 0x3_0900 - 4, 255: 0x10C})
     rng = random.Random(3)
     cross = next(k for k in range(2, 200) if (cfg.kv_base + k * cfg.kv_slot) % 4096 > 3000)
     packets = []

@@ -11,10 +11,11 @@ from amaranth import Module, Signal
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 
-from mcf.abi.landing import LAND_OFF_ENTRIES, LAND_OFF_ENTRY, LANDING_CONFIG
+from mcf.abi.landing import KV_ALIGN, LAND_OFF_ENTRIES, LAND_OFF_ENTRY, LANDING_CONFIG
 from mcf.abi.meta import META
 
 from ..mem.axi import ADDR_BITS
+from ..mem.dma import align_down
 
 __all__ = ["KvAddress", "kv_table_members"]
 
@@ -42,7 +43,9 @@ class KvAddress(wiring.Component):
         ``LAND_OFF`` write port: one entry (:data:`mcf.abi.landing.LAND_OFF_ENTRY`) per cycle
         with ``land_off_we``. Write it while no packet is being looked up.
     cfg : In(:data:`mcf.abi.landing.LANDING_CONFIG`)
-        ``kv_base`` and ``kv_slot`` (``kv_count`` is the users' check).
+        ``kv_base`` and ``kv_slot`` (``kv_count`` is the users' check); these and the table's
+        offsets are taken with their low 2 bits as 0 (:data:`~mcf.abi.landing.KV_ALIGN`: every
+        address is a whole word).
     take : In(1)
         Look up ``kv_id``, ``seq``: the table is read and ``kv_id · kv_slot`` registered at
         this cycle's edge.
@@ -54,7 +57,8 @@ class KvAddress(wiring.Component):
     entry : Out(:data:`mcf.abi.landing.LAND_OFF_ENTRY`)
         ``LAND_OFF[seq]``.
     addr : Out(addr_width)
-        ``kv_base + kv_id · kv_slot + entry.offset`` (``kv_base`` as it is now).
+        ``kv_base + kv_id · kv_slot + entry.offset`` (``kv_base`` as it is now), a multiple of
+        ``KV_ALIGN``.
     fits : Out(1)
         ``entry.valid`` and ``entry.offset + length <= kv_slot``: the packet lies inside its
         slot.
@@ -92,13 +96,15 @@ class KvAddress(wiring.Component):
                      lo_wr.data.eq(self.land_off_data)]
         lo_rd = lo_mem.read_port()
         prod = Signal(META["kv_id"].width + LANDING_CONFIG["kv_slot"].shape.width)
+        slot = align_down(self.cfg.kv_slot, KV_ALIGN)
         m.d.comb += [lo_rd.en.eq(self.take), lo_rd.addr.eq(self.seq)]
         with m.If(self.take):
-            m.d.sync += prod.eq(self.kv_id * self.cfg.kv_slot)
+            m.d.sync += prod.eq(self.kv_id * slot)
         entry = lo_rd.data
+        off = align_down(entry.offset, KV_ALIGN)
         m.d.comb += [
             self.entry.eq(entry),
-            self.addr.eq(self.cfg.kv_base + prod + entry.offset),
-            self.fits.eq(entry.valid & (entry.offset + self.length <= self.cfg.kv_slot)),
+            self.addr.eq(align_down(self.cfg.kv_base, KV_ALIGN) + prod + off),
+            self.fits.eq(entry.valid & (off + self.length <= slot)),
         ]
         return m

@@ -15,7 +15,7 @@ from amaranth.lib.wiring import In, Out
 
 from mcf.abi.directory import LAND_EVENT
 from mcf.abi.framing import MAX_PAYLOAD, parsed_layout
-from mcf.abi.landing import LANDING_STATUS
+from mcf.abi.landing import KV_ALIGN, LANDING_STATUS
 from mcf.abi.meta import META, Op
 
 from ..mem.axi import ADDR_BITS, AXI4Signature
@@ -77,7 +77,8 @@ class LandingEngine(wiring.Component):
     (:class:`~mcf.hdl.node.packet_writer.PacketUpsizer`: packs a packet's beats from lane 0,
     flushes at its final beat) → :class:`~mcf.hdl.node.packet_writer.PacketWriter` (payload
     FIFO, :class:`mcf.hdl.mem.dma.DmaWriter`, one descriptor per packet pushed with its first
-    beat; the writer aligns with ``wstrb``). A beat goes on only while the payload FIFO has
+    beat; the writer aligns by 32-bit words with ``wstrb``, every address a multiple of
+    :data:`~mcf.abi.landing.KV_ALIGN`). A beat goes on only while the payload FIFO has
     room, so the FIFO and the writer run at ``axi_width``. The first AW is valid ~7 cycles after the
     header beat is taken (AXI slave ready). A packet's ``status`` counts change, and its event
     enters the event FIFO, on its last B handshake (its bursts' responses are matched in order:
@@ -110,7 +111,8 @@ class LandingEngine(wiring.Component):
                                               "kv_id": unsigned(META["kv_id"].width),
                                               "owner": unsigned(1)})
         self.writer = PacketWriter(self.PEND, axi_width=axi_width, addr_width=addr_width,
-                                   outstanding=outstanding, fifo_depth=fifo_depth)
+                                   outstanding=outstanding, fifo_depth=fifo_depth,
+                                   align=KV_ALIGN)
         super().__init__({
             "i": In(stream.Signature(parsed_layout(PACKET_WIDTH))),
             **kv_table_members(),

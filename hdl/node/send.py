@@ -11,13 +11,15 @@ from amaranth import Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from mcf.abi.decode_land import DEC_ALIGN
 from mcf.abi.framing import MAX_PAYLOAD, beat_layout, payload_beats
+from mcf.abi.landing import KV_ALIGN
 from mcf.abi.meta import META, Op
 from mcf.abi.node import CMD, N_QUEUES, PayloadSource, RecordClass
 from mcf.abi.send import SEND_STATUS
 
 from ..mem.axi import ADDR_BITS, AXI4Signature
-from ..mem.dma import DmaReader, read_beat_layout
+from ..mem.dma import DmaReader, align_down, off_align, read_beat_layout
 from .kv_address import KvAddress, kv_table_members
 
 __all__ = ["SendUnit", "ReadDownsizer"]
@@ -100,7 +102,9 @@ class SendUnit(wiring.Component):
         a :class:`~mcf.hdl.node.kv_address.KvAddress` like the engine's, written by the same
         strobe). Write it while no KV record is being taken.
     qbuf_base : In(addr_width)
-        ``QBUF`` base: a ``QBUF`` send reads ``meta.length`` bytes at ``qbuf_base + arg``.
+        ``QBUF`` base: a ``QBUF`` send reads ``meta.length`` bytes at ``qbuf_base + arg``
+        (``qbuf_base``'s low 2 bits taken as 0; an ``arg`` off a word is a bad record:
+        :data:`~mcf.abi.decode_land.DEC_ALIGN`).
     staged_attn, staged_emit : In(stream.Signature(beat_layout(64)))
         The attention engine's and the KV emitter's staging FIFOs: one complete packet
         (``last`` on its final beat) per ``ATTN``/``EMIT`` record, in record order. ``keep``
@@ -133,7 +137,10 @@ class SendUnit(wiring.Component):
         if axi_width % PACKET_WIDTH:
             raise ValueError(f"axi_width must be a multiple of {PACKET_WIDTH}")
         self.addr_width, self.axi_width, self.job_depth = addr_width, axi_width, job_depth
-        self.reader = DmaReader(axi_width, addr_width, outstanding, fifo_depth)
+        # every address it reads is a QBUF one (DEC_ALIGN) or a KV one (KV_ALIGN): realign by
+        # the smaller (both powers of two)
+        self.reader = DmaReader(axi_width, addr_width, outstanding, fifo_depth,
+                                align=min(DEC_ALIGN, KV_ALIGN))
         beat = beat_layout(PACKET_WIDTH)
         members = {f"req{q}": In(stream.Signature(CMD)) for q in range(N_QUEUES)}
         members |= {
@@ -225,7 +232,8 @@ class SendUnit(wiring.Component):
         m.d.comb += bad_record.eq(
             (cur.cls != RecordClass.SEND) | (src.as_value() > max(s.value for s in PayloadSource))
             | (meta.op.as_value() > max(o.value for o in Op)) | (meta.length > MAX_PAYLOAD)
-            | ((src == PayloadSource.HDR) != (meta.length == 0)))
+            | ((src == PayloadSource.HDR) != (meta.length == 0))
+            | ((src == PayloadSource.QBUF) & off_align(cur.arg, DEC_ALIGN)))
         unmapped = Signal()
         bad_seq = Signal()
         m.d.comb += [
@@ -233,7 +241,8 @@ class SendUnit(wiring.Component):
             bad_seq.eq(~kva.fits),
         ]
         addr = Signal(aw)
-        m.d.comb += addr.eq(Mux(src == PayloadSource.KV, kva.addr, self.qbuf_base + cur.arg))
+        m.d.comb += addr.eq(Mux(src == PayloadSource.KV, kva.addr,
+                                align_down(self.qbuf_base, DEC_ALIGN) + cur.arg))
 
         # issue: registered valids, each cleared by its handshake
         meta_pend = Signal()

@@ -2,12 +2,13 @@
 ``Packetizer(data_width=64)`` (flat top: :func:`harness`), its DDR reads served by
 cocotbext-axi ``AxiRam`` (docs/node.md §3, §5, §6 rule 3).
 
-Traffic (:func:`make_scenario`, shared with the amaranth.sim tests): SEND records on both
-queues — KV sends through a ``LAND_OFF`` table with unaligned offsets, QBUF sends at
-``qbuf_base + arg``, header-only packets, and on the COMPUTE queue ATTN/EMIT sends whose
-payloads wait in the two staging streams (some staged packets of the wrong length) — mixed
-with malformed records of every kind (unmapped ``kv_id``, ``seq`` without an entry, past the
-slot, zero/oversize length, HDR with a length, unassigned ``src``/``op``, not a SEND).
+Traffic (:func:`make_scenario`, shared with the amaranth.sim tests): SEND records on both queues
+— KV sends through a ``LAND_OFF`` table with offsets off the bus beat, QBUF sends at
+``qbuf_base + arg`` (a register off a word: its low bits taken as 0), header-only packets, and on
+the COMPUTE queue ATTN/EMIT sends whose payloads wait in the two staging streams (some staged
+packets of the wrong length) — mixed with malformed records of every kind (unmapped ``kv_id``,
+``seq`` without an entry, past the slot, zero/oversize length, HDR with a length, unassigned
+``src``/``op``, not a SEND, a QBUF ``arg`` off a word).
 
 Scoreboard: the packets on ``m_axis_pkt`` (decoded with :mod:`mcf.abi.framing`'s format:
 header beat = ``Meta``, then the payload) against :class:`mcf.golden.send.SendModel` run per queue
@@ -71,11 +72,11 @@ def make_scenario(seed: int, n: int, bad_fraction: float = 0.2, staged: bool = T
     takes which staged packet follows the order records are taken."""
     rng = random.Random(seed)
     memory = rng.randbytes(MEM)
-    cfg = LandingConfig(kv_base=0x1_0008 + 16 * rng.randrange(8) + rng.randrange(16),
-                        kv_slot=6000 + rng.randrange(64), kv_count=24)
+    cfg = LandingConfig(kv_base=0x1_0008 + 16 * rng.randrange(8) + 4 * rng.randrange(4),
+                        kv_slot=6000 + 4 * rng.randrange(16), kv_count=24)
     land_off: list = [None] * LAND_OFF_ENTRIES
     for k in range(10):
-        land_off[k] = k * 500 + rng.randrange(16)
+        land_off[k] = k * 500 + 4 * rng.randrange(4)
     sc = Scenario(cfg, land_off, 0x9_0003, memory,
                   staged={s: [] for s in STAGED_SOURCES})
     ops = [o for o in Op]
@@ -104,7 +105,7 @@ def make_scenario(seed: int, n: int, bad_fraction: float = 0.2, staged: bool = T
                                meta=meta(kv_id=rng.randrange(cfg.kv_count), seq=seq,
                                          length=length))
             elif kind == "qbuf":
-                fields |= dict(src=PayloadSource.QBUF.value, arg=rng.randrange(1 << 16),
+                fields |= dict(src=PayloadSource.QBUF.value, arg=rng.randrange(0, 1 << 16, 4),
                                meta=meta(length=rng.randint(1, MAX_PAYLOAD)))
             elif kind == "hdr":
                 fields |= dict(src=PayloadSource.HDR.value, meta=meta(length=0))
@@ -136,6 +137,8 @@ def make_scenario(seed: int, n: int, bad_fraction: float = 0.2, staged: bool = T
                                                 12])
                 elif stage is not None:                 # staged packet of the wrong length
                     stage = (stage[0], rng.randint(1, stage[1] + 40))
+                elif kind == "qbuf":                    # arg off a word (DEC_ALIGN)
+                    fields["arg"] += rng.randint(1, 3)
             if stage is not None:
                 sc.staged[stage[0]].append(rng.randbytes(stage[1]))
             sc.records[q].append(cmd_raw(**fields))

@@ -7,8 +7,12 @@ Every arriving ``Op.KV_REPLICA`` fragment lands at
     addr(kv_id, seq) = KV_BASE + kv_id · KV_SLOT + LAND_OFF[seq].offset      (kv_id < KV_COUNT)
 
 ``LAND_OFF`` has one entry per ``Meta.seq`` value (:data:`LAND_OFF_ENTRIES`): a 24-bit byte
-offset and a valid bit (:data:`LAND_OFF_ENTRY`). The table, not arithmetic on ``seq``, places
-fragments, so neither ``H_kv`` nor the record format is wired into the engine;
+offset and a valid bit (:data:`LAND_OFF_ENTRY`). ``KV_BASE``, ``KV_SLOT`` and every offset are
+multiples of :data:`KV_ALIGN` (4 bytes: a KV record is whole 32-bit words), so every landing
+address is: the hardware takes their low 2 bits as 0 and the landing writer realigns by words;
+:class:`LandingConfig`, :func:`land_off_entry` and :class:`KvLayout` refuse others. The table,
+not arithmetic on ``seq``, places fragments, so neither ``H_kv`` nor the record format is wired
+into the engine;
 :func:`per_token_land_off` builds it the way MARS numbers fragments
 (``MetaEncoder.fragment_tokens``). :func:`kv_address` and :func:`land_decision` define what
 the engine (``mcf.hdl.node.landing.LandingEngine``) does with a packet; the golden model
@@ -40,11 +44,16 @@ __all__ = [
     "LAND_OFF_BITS", "LAND_OFF_ENTRY", "LAND_OFF_ENTRIES", "KV_BASE_BITS", "KV_SLOT_BITS",
     "KV_COUNT_BITS", "LANDED_BITS", "LANDING_CONFIG", "LANDING_STATUS", "LandingConfig",
     "LandResult", "land_off_entry", "kv_address", "land_decision", "KvLayout",
-    "per_token_land_off", "landing_registers",
+    "per_token_land_off", "landing_registers", "KV_ALIGN",
 ]
 
 LAND_OFF_BITS = 24
 """Byte offset of a fragment inside its ``kv_id``'s slot (a slot is at most 16 MiB)."""
+
+KV_ALIGN = 4
+"""``KV_BASE``, ``KV_SLOT`` and ``LAND_OFF`` offsets are multiples of this (one 32-bit word): the
+landing engine and the send unit take their low 2 bits as 0, the landing writer shifts by words
+only."""
 
 LAND_OFF_ENTRY = data.StructLayout({"offset": unsigned(LAND_OFF_BITS), "valid": unsigned(1)})
 LAND_OFF_ENTRIES = 1 << META["seq"].width
@@ -87,6 +96,10 @@ class LandingConfig:
             value = getattr(self, name)
             if not 0 <= value < (1 << fld.shape.width):
                 raise ValueError(f"LandingConfig.{name}={value} does not fit in {fld.shape}")
+        for name in ("kv_base", "kv_slot"):
+            if getattr(self, name) % KV_ALIGN:
+                raise ValueError(f"LandingConfig.{name}={getattr(self, name)}: a multiple of "
+                                 f"{KV_ALIGN} bytes")
 
     def pack(self) -> int:
         return LANDING_CONFIG.const({"kv_base": self.kv_base, "kv_slot": self.kv_slot,
@@ -99,6 +112,8 @@ def land_off_entry(offset: int | None) -> int:
         return 0
     if not 0 <= offset < (1 << LAND_OFF_BITS):
         raise ValueError(f"LAND_OFF offset {offset} does not fit in {LAND_OFF_BITS} bits")
+    if offset % KV_ALIGN:
+        raise ValueError(f"LAND_OFF offset {offset}: a multiple of {KV_ALIGN} bytes")
     return LAND_OFF_ENTRY.const({"offset": offset, "valid": 1}).as_bits()
 
 
@@ -145,6 +160,12 @@ class KvLayout:
     head_stride: int
     kv_slot: int
     land_off: tuple[int | None, ...]
+
+    def __post_init__(self):
+        offs = [self.head_stride, self.kv_slot, *(o for o in self.land_off if o is not None)]
+        if any(v % KV_ALIGN for v in offs):
+            raise ValueError(f"KvLayout: head stride, slot and offsets are multiples of "
+                             f"{KV_ALIGN} bytes")
 
 
 def per_token_land_off(encoder, slice_tokens: int, align: int = 64) -> KvLayout:

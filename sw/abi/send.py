@@ -8,17 +8,21 @@ its ``meta.length`` payload bytes come from (``src``, :class:`~mcf.abi.node.Payl
 * ``HDR``: none (``length`` must be 0);
 * ``KV``: DDR at :func:`mcf.abi.landing.kv_address` ``(kv_id, seq)`` — the very slot the
   landing engine writes, through the same ``LAND_OFF`` table and configuration;
-* ``QBUF``: DDR at ``qbuf_base + arg`` (40-bit wrap);
+* ``QBUF``: DDR at ``qbuf_base + arg`` (40-bit wrap; ``qbuf_base`` taken with its low 2 bits as
+  0 and ``arg`` a multiple of :data:`~mcf.abi.decode_land.DEC_ALIGN`, 4 bytes: the unit's DMA
+  reader realigns by words, as every ``KV`` address is on
+  :data:`~mcf.abi.landing.KV_ALIGN`);
 * ``ATTN``, ``EMIT``: the next packet of that producer's staging FIFO. Exactly ``length`` bytes
   are sent: a staged packet with fewer beats than ``payload_beats(length)`` is zero-padded, one
   with more is cut (both counted in ``framing_errors``).
 
 A record is **not sent** (counted, consumed, never a stall) when it is not a SEND, its ``src``
 or ``meta.op`` is unassigned, ``length > MAX_PAYLOAD``, ``HDR`` has ``length != 0`` or another
-source ``length == 0`` (``drop_bad_record``; a staged source's packet is then discarded so the
-FIFO stays aligned with its records); a ``KV`` record whose ``kv_id >= KV_COUNT``
-(``drop_unmapped``) or whose ``LAND_OFF[seq]`` is invalid or ``offset + length > KV_SLOT``
-(``drop_bad_seq``) — the landing engine's drop rules (:func:`mcf.abi.landing.land_decision`).
+source ``length == 0``, a ``QBUF`` ``arg`` off a word (``drop_bad_record``; a staged source's
+packet is then discarded so the FIFO stays aligned with its records); a ``KV`` record whose
+``kv_id >= KV_COUNT`` (``drop_unmapped``) or whose ``LAND_OFF[seq]`` is invalid or ``offset
++ length > KV_SLOT`` (``drop_bad_seq``) — the landing engine's drop rules
+(:func:`mcf.abi.landing.land_decision`).
 
 :func:`send_decision` is the rule; :class:`mcf.golden.send.SendModel` /
 :func:`mcf.golden.send.send_packets` are the golden model of ``mcf.hdl.node.send.SendUnit``.
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .decode_land import DEC_ALIGN
 from .framing import MAX_PAYLOAD
 from .landing import KV_BASE_BITS, LandingConfig
 from .meta import META, Op
@@ -72,7 +77,8 @@ def send_decision(raw: int, cfg: LandingConfig, land_off: Sequence[int | None],
     op, length = _field(meta, "op", META), _field(meta, "length", META)
     if cls != RecordClass.SEND.value or src not in {s.value for s in PayloadSource} or \
             op not in {o.value for o in Op} or length > MAX_PAYLOAD or \
-            (src == PayloadSource.HDR.value) != (length == 0):
+            (src == PayloadSource.HDR.value) != (length == 0) or \
+            (src == PayloadSource.QBUF.value and _field(raw, "arg") % DEC_ALIGN):
         return "drop_bad_record", None
     if src == PayloadSource.KV.value:
         kv_id, seq = _field(meta, "kv_id", META), _field(meta, "seq", META)
@@ -83,5 +89,6 @@ def send_decision(raw: int, cfg: LandingConfig, land_off: Sequence[int | None],
             return "drop_bad_seq", None
         return "send", (cfg.kv_base + kv_id * cfg.kv_slot + off) % (1 << KV_BASE_BITS)
     if src == PayloadSource.QBUF.value:
-        return "send", (qbuf_base + _field(raw, "arg")) % (1 << KV_BASE_BITS)
+        return "send", (qbuf_base // DEC_ALIGN * DEC_ALIGN + _field(raw, "arg")) \
+            % (1 << KV_BASE_BITS)
     return "send", None

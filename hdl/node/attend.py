@@ -195,7 +195,7 @@ class AttendUnit(wiring.Component):
             return Array(beats[8 * GB * k:][:width] for k in range(BB // GB))[
                 (start % BB) // GB]
 
-        q_at = Signal(range(QUERY_HEADER_BYTES + G * P + 1))    # head h_cnt's scale
+        q_at = Signal(range(QUERY_HEADER_BYTES + G * P + 1))    # head h_cnt's bytes
         m.d.comb += q_at.eq(QUERY_HEADER_BYTES + h_cnt * P)
         # the heads' scale words, kept in registers as their beats land (a word never straddles
         # a beat): no LUT-RAM read port of their own

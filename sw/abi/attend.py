@@ -98,9 +98,10 @@ from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
 from .compute import DMA_ADDR_BITS
-from .decode_land import query_slot_bytes
+from .decode_land import DEC_ALIGN, query_slot_bytes
 from .kv import ATTN_OUT, KV_POS_BITS, AttnMode
 from .kv_reader import KV_BLOCK_TOKENS_BITS
+from .landing import KV_ALIGN
 from .regs import Access, Register, counters, status_registers
 
 __all__ = [
@@ -115,10 +116,12 @@ __all__ = [
 ATT_ENTRY_BYTES = 16
 """A list entry: one 128-bit beat."""
 
-ATT_ALIGN = 4
+ATT_ALIGN = min(KV_ALIGN, DEC_ALIGN)
 """``q_addr``, block ``addr``, a used ``out_addr`` and ``out_stride`` are multiples of this (one
-32-bit word; others are a bad list), ``ATT_LIST_BASE``'s low bits are taken as 0: the unit's DMA
-engines and the KV reader's shift by words only."""
+32-bit word: a block address is a landing address, :data:`~mcf.abi.landing.KV_ALIGN`; a query or
+maxima address a decode slot, :data:`~mcf.abi.decode_land.DEC_ALIGN`, or an ACT row; others are
+a bad list), ``ATT_LIST_BASE``'s low bits are taken as 0: the unit's DMA engines and the KV
+reader's shift by words only."""
 
 
 class AttendMode(enum.Enum, shape=2):

@@ -9,7 +9,7 @@ no address.
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, exact_log2
@@ -181,12 +181,20 @@ class CsrBank(wiring.Component):
         with m.If(bvalid & axi.bready):
             m.d.sync += bvalid.eq(0)
 
+        # which words hold a register, as one constant indexed by the word address; a write
+        # select only for registers with a writable field
+        mapped = 0
+        for addr, _ in self._regmap:
+            mapped |= 1 << (addr // WORD_BYTES)
+        mapped_words = Const(mapped, 2 ** word_width)
         w_sel = {}
-        for addr, reg in self._regmap:
+        for addr, reg in self._user:
+            if all(f.access is Access.R for f in reg.fields):
+                continue
             w_sel[reg.name] = sel = Signal(name=f"wsel_{reg.name}")
             m.d.comb += sel.eq(commit & (aw_word == addr // WORD_BYTES))
         w_mapped = Signal()
-        m.d.comb += w_mapped.eq(Cat(*w_sel.values()).any())
+        m.d.comb += w_mapped.eq(mapped_words.bit_select(aw_word, 1))
         w_error = Signal()
         m.d.comb += w_error.eq(commit & ~w_mapped)
         with m.If(commit):
@@ -199,10 +207,10 @@ class CsrBank(wiring.Component):
         m.d.comb += bit_en.eq(Cat(*(w_strb[i].replicate(8) for i in range(WORD_BYTES))))
         for _, reg in self._user:
             ports = getattr(self.regs, reg.name)
-            sel = w_sel[reg.name]
             for fld, off in reg.offsets():
                 if fld.access is Access.R:
                     continue
+                sel = w_sel[reg.name]
                 store = storage[(reg.name, fld.name)]
                 en = bit_en[off:off + fld.width]
                 new = w_data[off:off + fld.width]
@@ -234,13 +242,16 @@ class CsrBank(wiring.Component):
             m.d.sync += rvalid.eq(0)
         with m.If(ar_take):
             m.d.sync += [rvalid.eq(1), rresp.eq(AxiResp.OKAY)]
-            with m.Switch(axi.araddr[LANE_BITS:]):
-                for addr, reg in self._regmap:
-                    with m.Case(addr // WORD_BYTES):
-                        m.d.sync += rdata.eq(word_of(reg))
-                with m.Default():
-                    m.d.comb += r_error.eq(1)
-                    m.d.sync += [rdata.eq(0), rresp.eq(AxiResp.SLVERR)]
+            # one multiplexer tree indexed by the word address (a gap or a word past the map
+            # is a constant 0), not a comparator per register
+            r_word = axi.araddr[LANE_BITS:]
+            words = [Const(0, DATA_BITS)] * 2 ** word_width
+            for addr, reg in self._regmap:
+                words[addr // WORD_BYTES] = word_of(reg)
+            m.d.sync += rdata.eq(Array(words)[r_word])
+            with m.If(~mapped_words.bit_select(r_word, 1)):
+                m.d.comb += r_error.eq(1)
+                m.d.sync += rresp.eq(AxiResp.SLVERR)
 
         m.d.sync += errors.eq(errors + r_error + w_error)
         return m

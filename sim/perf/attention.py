@@ -54,7 +54,20 @@ parameters are measured on four records (``fit``): the slope of 4 more 8-key blo
 rows (row-bound) gives ``row_block_cycles``, of 3 more 32-key blocks under 2 rows (KV-bound)
 ``key_cycles``, and the single-block records of 64 and 2 rows ``row_cycles`` and
 ``record_cycles``; the other records (``check``) are predicted by the formula and
-``max_abs_error`` is the largest relative difference.
+``max_abs_error`` is the largest relative difference. ``tiled(cfg=...)`` measures the same
+records scaled to another configuration's shape (:func:`tiled_plan`) on its whole
+:class:`~mcf.hdl.node.compute.NodeCompute` in Verilator (:func:`tiled_records_rtl`), so that a
+node's tiled rate is measured at its own shape (the system model refuses another).
+
+**Prefill attention on the arrays** (:func:`prefill_attention`, issue #33; not part of
+``collect``: the first run builds the configuration's NodeCompute in Verilator, tens of minutes;
+``scripts/measure_prefill_attention.py``): one causal PREFILL_TILE step of a node configuration
+(:func:`prefill_shape`: ``tile_max_chunk`` tokens against 4 blocks, the last the diagonal one)
+on its NodeCompute in Verilator — with ``tile_on_gemm`` S and P·V on the GEMM's own arrays —,
+the DDR three cocotbext-axi RAMs at full rate (:mod:`mcf.sim.tile_records`, the bench
+``mcf.sim.benches.tile_prefill_perf``); ``prefill_attention_macs_per_cycle`` = the causally
+visible QKᵀ + P·V multiply-accumulates over the record's cycles, against the GEMM's peak
+``macs_per_cycle``; every row byte for byte against the golden model.
 
 Resources: :func:`mcf.sim.synth.resources` of the engine (per-token and per-channel K) and of the
 K/V quantiser in both formats (estimates; no fmax is claimed).
@@ -65,11 +78,16 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import BenchRefused, refuse_unplanned, resource_table
 
+if TYPE_CHECKING:
+    from mcf.abi.node_config import NodeConfig
+
 __all__ = ["collect", "render", "cases", "PARAMS", "tiled", "tiled_records", "tiled_cycles",
-           "TILED_FIT", "TILED_CHECK"]
+           "TILED_FIT", "TILED_CHECK", "tiled_plan", "tiled_records_rtl", "prefill_attention",
+           "prefill_shape"]
 
 PARAMS = {"head_dim": 128, "lanes": 16, "max_heads": 6, "max_block": 256, "data_width": 64}
 Q_OFFSETS = [PARAMS["max_block"] // 4, PARAMS["max_block"] // 2, PARAMS["max_block"] - 1]
@@ -187,75 +205,22 @@ def tiled_records(records, seed: int = 0) -> list[int]:
     from :func:`mcf.golden.attend_unit.attend_model`'s rows or a counter from its results."""
     import random
 
-    import numpy as np
     from amaranth.sim import Simulator
 
-    from mcf.abi.attend import (
-        ATT_ENTRY_BYTES,
-        ATTEND_STATUS,
-        ATTEND_TILE_ROWS,
-        AttendArg,
-        AttendBlock,
-        AttendHeader,
-        AttendMode,
-        AttendSoftmax,
-        attend_list_bytes,
-        prefill_out_bytes,
-        prefill_query_address,
-    )
-    from mcf.abi.kv import pack_kv_block
+    from mcf.abi.attend import ATTEND_STATUS, ATTEND_TILE_ROWS
     from mcf.abi.node_config import AXI_WIDTH, SIM
-    from mcf.abi.query import pack_query
-    from mcf.golden.attend_unit import attend_model
-    from mcf.golden.attention import random_blocks, random_query
     from mcf.sim.amsim import run_records
     from mcf.sim.axi_slave import read_slave, write_slave
+    from mcf.sim.tile_records import place_records
     from mcf.sim.tile_top import tile_top
 
     cfg = SIM
     d, g, mb, bb = cfg.attn_head_dim, cfg.attn_heads, cfg.attn_block, AXI_WIDTH // 8
-    rng = np.random.default_rng(seed)
-    mem = bytearray(1 << 20)
-    top = [0x1000]
-
-    def alloc(n):
-        a = -(-top[0] // 64) * 64
-        top[0] = a + n
-        return a
-
-    lists, args = [], []
-    for lens, n in records:
-        ents = []
-        for blk in random_blocks(rng, lens, d):
-            raw = pack_kv_block(blk.k, blk.sk, blk.v, blk.sv)
-            a = alloc(len(raw))
-            mem[a:a + len(raw)] = raw
-            ents.append(AttendBlock(a, len(blk), int(blk.pos[0])))
-        q, sq = random_query(rng, n * g, d, sigma=1.5)
-        q_addr = alloc(prefill_query_address(0, n, g, d))
-        for i in range(n):
-            raw = pack_query(q[i * g:(i + 1) * g], sq[i * g:(i + 1) * g], sum(lens) - n + i, 0)
-            a = prefill_query_address(q_addr, i, g, d)
-            mem[a:a + len(raw)] = raw
-        stride = prefill_out_bytes(g, d)
-        lists.append((attend_list_bytes(AttendHeader(q_addr, alloc(n * stride), n, stride),
-                                        ents), len(ents)))
-    list_base = alloc(sum(len(raw) for raw, _ in lists))
-    at = 0
-    for raw, nb in lists:
-        mem[list_base + at:list_base + at + len(raw)] = raw
-        args.append(AttendArg(at // ATT_ENTRY_BYTES, nb, AttendMode.PREFILL_TILE.value, g,
-                              AttendSoftmax.SINGLE).pack())
-        at += len(raw)
-    assert top[0] <= len(mem)
-    golden = {}
-    for a in args:
-        res = attend_model(a, list_base, lambda x, k: bytes(mem[x:x + k]), d, g, mb,
-                           cfg.attn_max_list, max_chunk=cfg.tile_max_chunk)
-        if res.bad:
-            raise BenchRefused(f"attention tiled: the golden model refuses a record ({res.bad})")
-        for addr, raw in res.writes:
-            golden.update({addr + i: v for i, v in enumerate(raw)})
+    try:
+        recs = place_records(cfg, records, seed)
+    except ValueError as exc:
+        raise BenchRefused(f"attention tiled: {exc}") from None
+    mem, list_base, args, golden = recs.mem, recs.list_base, recs.args, recs.golden
 
     ex = tile_top(head_dim=d, max_heads=g, max_block=mb, max_list=cfg.attn_max_list,
                   max_chunk=cfg.tile_max_chunk, rows=ATTEND_TILE_ROWS, keys=cfg.tile_keys,
@@ -308,38 +273,210 @@ def _tile_pairs(lens, rows):
             for k in lens]
 
 
-def tiled(small: bool = False) -> dict:
+def tiled_plan(cfg: NodeConfig, small: bool = False) -> list[tuple[str, list[int], int, str]]:
+    """The tiled rate's records at ``cfg``'s shape, ``(name, block sizes, tokens, role)``:
+    :data:`TILED_FIT` and :data:`TILED_CHECK` (``small``: its first two), written for the
+    ``sim`` node, with their keys scaled by ``cfg.attn_block`` over the sim's and their tokens
+    by ``cfg``'s tokens per query tile over the sim's (a tile's tokens: ``ATTEND_TILE_ROWS //
+    attn_heads``, at most ``tile_max_chunk``; at least 1 token and 1 key) — at the sim's shape
+    the records themselves, under their names."""
+    from fractions import Fraction
+
+    from mcf.abi.node_config import SIM
+
+    ks = Fraction(cfg.attn_block, SIM.attn_block)
+    ts = Fraction(_tile_tokens(cfg), _tile_tokens(SIM))
+    same = ks == ts == 1
+    out = []
+    for recs, role in ((TILED_FIT, "fit"), (TILED_CHECK[:2] if small else TILED_CHECK, "check")):
+        for name, lens, n in recs:
+            lens2 = [max(1, int(k * ks)) for k in lens]
+            n2 = max(1, round(n * ts))
+            if not same:
+                name = (f"rows{n2 * cfg.attn_heads}_blocks{len(lens2)}" if role == "fit" else
+                        f"t{n2}_b{_runs(lens2)}")
+            out.append((name, lens2, n2, role))
+    return out
+
+
+def _tile_tokens(cfg: NodeConfig) -> int:
+    """Tokens whose rows fill a query tile (at most a record's)."""
+    from mcf.abi.attend import ATTEND_TILE_ROWS
+
+    return min(ATTEND_TILE_ROWS // cfg.attn_heads, cfg.tile_max_chunk)
+
+
+def _runs(lens) -> str:
+    """Block sizes as runs: ``[256, 256, 64]`` → ``256x2_64``."""
+    from itertools import groupby
+
+    return "_".join(f"{k}x{n}" if n > 1 else str(k)
+                    for k, n in ((k, len(list(grp))) for k, grp in groupby(lens)))
+
+
+def tiled(small: bool = False, cfg: NodeConfig | None = None) -> dict:
     """The tiled prefill's measured rate (module docstring): the four parameters, every
-    record's cycles and the formula's prediction of the ``check`` records."""
+    record's cycles and the formula's prediction of the ``check`` records. ``cfg`` ``None``:
+    the ``sim`` node's executor in amaranth.sim (:func:`tiled_records`); a configuration with
+    the tiled path: its whole NodeCompute in Verilator (:func:`tiled_records_rtl`), the records
+    of :func:`tiled_plan` at its shape."""
     from mcf.abi.attend import ATTEND_TILE_ROWS
     from mcf.abi.node_config import SIM
 
-    g = SIM.attn_heads
-    check = TILED_CHECK[:2] if small else TILED_CHECK
-    measured = tiled_records([(lens, n) for _, lens, n in TILED_FIT + check])
-    c = dict(zip([name for name, _, _ in TILED_FIT + check], measured))
-    (_, l0, n0), (_, l1, _), (_, l2, n2), (_, l3, _) = TILED_FIT
+    shape = SIM if cfg is None else cfg
+    g = shape.attn_heads
+    plan = tiled_plan(shape, small)
+    todo = [(lens, n) for _, lens, n, _ in plan]
+    c = tiled_records(todo) if cfg is None else tiled_records_rtl(cfg, todo)
+    (l0, n0), (l1, _), (l2, n2), (l3, _) = todo[:4]
     r0, r2 = n0 * g, n2 * g
-    rb = (c["rows64_blocks5"] - c["rows64_blocks1"]) / (r0 * (len(l1) - len(l0)))
-    kc = (c["rows2_blocks4"] - c["rows2_blocks1"]) / (sum(l3) - sum(l2))
+    rb = (c[1] - c[0]) / (r0 * (len(l1) - len(l0)))
+    kc = (c[3] - c[2]) / (sum(l3) - sum(l2))
     p0, p2 = max(r0 * rb, sum(l0) * kc), max(r2 * rb, sum(l2) * kc)
-    row = ((c["rows64_blocks1"] - p0) - (c["rows2_blocks1"] - p2)) / (r0 - r2)
-    params = {"record_cycles": round(c["rows64_blocks1"] - p0 - r0 * row, 3),
+    row = ((c[0] - p0) - (c[2] - p2)) / (r0 - r2)
+    params = {"record_cycles": round(c[0] - p0 - r0 * row, 3),
               "row_cycles": round(row, 3), "row_block_cycles": round(rb, 3),
               "key_cycles": round(kc, 3)}
-    recs, fit = {}, {name for name, _, _ in TILED_FIT}
-    for name, lens, n in TILED_FIT + check:
+    recs = {}
+    for (name, lens, n, role), cyc in zip(plan, c):
         pred = tiled_cycles(params, n * g, _tile_pairs(lens, n * g))
-        recs[name] = {"blocks": list(lens), "tokens": n, "rows": n * g, "cycles": c[name],
-                      "predicted": round(pred), "error": round((pred - c[name]) / c[name], 4),
-                      "role": "fit" if name in fit else "check"}
-    return {**params,
-            "max_abs_error": max(abs(r["error"]) for r in recs.values()),
-            "records": recs,
-            "shape": {"config": SIM.name, "head_dim": SIM.attn_head_dim, "heads": g,
-                      "tile_keys": SIM.tile_keys, "tile_lanes": SIM.tile_lanes,
-                      "kv_lanes": SIM.attn_lanes, "max_block": SIM.attn_block,
-                      "tile_rows": ATTEND_TILE_ROWS, "max_chunk": SIM.tile_max_chunk}}
+        recs[name] = {"blocks": list(lens), "tokens": n, "rows": n * g, "cycles": cyc,
+                      "predicted": round(pred), "error": round((pred - cyc) / cyc, 4),
+                      "role": role}
+    out = {**params,
+           "max_abs_error": max(abs(r["error"]) for r in recs.values()),
+           "records": recs,
+           "shape": {"config": shape.name, "head_dim": shape.attn_head_dim, "heads": g,
+                     "tile_keys": shape.tile_keys, "tile_lanes": shape.tile_lanes,
+                     "kv_lanes": shape.attn_lanes, "max_block": shape.attn_block,
+                     "tile_rows": ATTEND_TILE_ROWS, "max_chunk": shape.tile_max_chunk}}
+    if cfg is not None:
+        out["simulator"] = "verilator: NodeCompute"
+    return out
+
+
+def _rtl_records(cfg: NodeConfig, recs, what: str) -> list[dict]:
+    """``recs`` (:class:`mcf.sim.tile_records.TileRecords`) on ``cfg``'s NodeCompute in
+    Verilator; each record's ``{"cycles", "busy", "timed_out"}``, refused
+    (:class:`BenchRefused`) unless every record finished, the bytes written are the golden rows
+    exactly, the bench's cycle count agrees with the node's ``cmp_attend_cycles`` counter
+    (within a cycle) and the counters show no reject, bad record or error."""
+    from mcf.sim.tile_records import rtl_run
+
+    try:
+        out = rtl_run(cfg, recs)
+    except AssertionError as exc:
+        raise BenchRefused(f"{what}: the simulation failed: {str(exc).splitlines()[0]}") from None
+    done = out["records"]
+    if len(done) != len(recs.args) or any(r["timed_out"] for r in done):
+        raise BenchRefused(f"{what}: a record never finished ({len(done)} of "
+                           f"{len(recs.args)} run)")
+    if out["mismatch"]:
+        raise BenchRefused(f"{what}: rows differ from the golden model: {out['mismatch']}")
+    for r in done:
+        if abs(r["busy"] - r["cycles"]) > 1:
+            raise BenchRefused(f"{what}: {r['cycles']} cycles counted, the node's attend_cycles "
+                               f"counter says {r['busy']}")
+    refuse_unplanned(f"{what} att_status", out["att_status"],
+                     {"records": len(recs.args), "blocks": recs.blocks})
+    kvr = out["kvr_status"]
+    refuse_unplanned(f"{what} kvr_status", {k: kvr[k] for k in ("blocks", "rejects",
+                                                                "bus_errors")},
+                     {"blocks": recs.blocks})
+    return done
+
+
+def tiled_records_rtl(cfg: NodeConfig, records, seed: int = 0) -> list[int]:
+    """:func:`tiled_records` on ``cfg``'s whole compute half (NodeCompute, Verilator; the DDR
+    a cocotbext-axi RAM at full rate): each record's cycles from taken to ``done``, every row
+    checked byte for byte (:func:`_rtl_records`)."""
+    from mcf.sim.tile_records import place_records
+
+    try:
+        recs = place_records(cfg, records, seed)
+    except ValueError as exc:
+        raise BenchRefused(f"attention tiled ({cfg.name}): {exc}") from None
+    return [r["cycles"] for r in _rtl_records(cfg, recs, f"attention tiled ({cfg.name})")]
+
+
+def prefill_shape(cfg: NodeConfig, small: bool = False) -> tuple[list[int], int]:
+    """The causal prefill step :func:`prefill_attention` measures, ``(block sizes, tokens)``: a
+    chunk of ``tile_max_chunk`` tokens (one PREFILL_TILE record's most) against 4 whole blocks
+    (at the kr260 shape 256 tokens against 1,024 keys); ``small``: 16 tokens (at most
+    ``tile_max_chunk``) against 2 blocks. The chunk ends at the last key: the last block is the
+    diagonal one."""
+    if small:
+        return [cfg.attn_block] * 2, min(16, cfg.tile_max_chunk)
+    return [cfg.attn_block] * 4, cfg.tile_max_chunk
+
+
+def prefill_attention(cfg: NodeConfig, small: bool = False, *, seed: int = 0) -> dict:
+    """Prefill attention on ``cfg``'s tiled path, measured in RTL: one ATTEND PREFILL_TILE
+    record of :func:`prefill_shape` (``attn_heads`` query heads of one KV head, the chunk's
+    rows against every block, softmax, merges, block switches and the rows' writes) on the
+    Verilator build of ``cfg``'s whole NodeCompute — with ``tile_on_gemm`` its S and P·V on
+    the GEMM's own arrays through their share.
+
+    ``prefill_attention_macs_per_cycle`` = ``macs`` / ``cycles``: ``macs`` the QKᵀ + P·V
+    multiply-accumulates of the causally visible (row, key) pairs (``2 · head_dim`` each; the
+    masked ones of the diagonal block not counted), counted from the causal mask
+    (:func:`mcf.sim.tile_records.causal_macs`) and checked against the golden tiled schedule's
+    count; ``cycles`` from the edge the record is taken to ``attend_done`` (the node's own
+    ``cmp_attend_cycles`` agrees). ``macs_per_cycle_peak`` = ``cfg.macs_per_cycle`` (the
+    GEMM's arrays), ``utilization`` their ratio; ``scheduled_macs`` counts every pair of the
+    (query tile, block) pairs run, masked ones included. Every row is checked byte for byte
+    against :func:`mcf.golden.attend_unit.attend_model` (a difference, a record not done or an
+    unplanned counter refuses: :class:`BenchRefused`). ``build_seconds`` / ``run_seconds``: the
+    host's wall time (the build's cache check or build, the run), not figures."""
+    import time
+
+    from mcf.abi.attend import ATTEND_TILE_ROWS
+    from mcf.sim.tile_records import causal_macs, place_records, rtl_build, schedule_macs
+
+    what = f"prefill attention ({cfg.name})"
+    lens, tokens = prefill_shape(cfg, small)
+    g, d = cfg.attn_heads, cfg.attn_head_dim
+    try:
+        recs = place_records(cfg, [(lens, tokens)], seed)
+    except ValueError as exc:
+        raise BenchRefused(f"{what}: {exc}") from None
+    macs = causal_macs(lens, tokens, g, d)
+    if macs != schedule_macs(lens, tokens, g, d, ATTEND_TILE_ROWS):
+        raise BenchRefused(f"{what}: the causal MAC count differs from the tiled schedule's")
+    t0 = time.monotonic()
+    rtl_build(cfg)                              # cached; timed apart from the run
+    t1 = time.monotonic()
+    rec = _rtl_records(cfg, recs, what)[0]
+    cycles = rec["cycles"]
+    peak = cfg.macs_per_cycle
+    return {"prefill_attention_macs_per_cycle": round(macs / cycles, 3),
+            "macs_per_cycle_peak": peak, "utilization": round(macs / cycles / peak, 4),
+            "cycles": cycles, "macs": macs,
+            "scheduled_macs": _scheduled_pairs(lens, tokens, g) * 2 * d,
+            "rows": tokens * g, "tokens": tokens, "keys": sum(lens),
+            "blocks_requested": recs.blocks, "build_seconds": round(t1 - t0, 1),
+            "run_seconds": round(time.monotonic() - t1, 1),
+            "shape": {"config": cfg.name, "head_dim": d, "heads": g, "blocks": lens,
+                      "tile_keys": cfg.tile_keys, "tile_lanes": cfg.tile_lanes,
+                      "kv_lanes": cfg.attn_lanes, "max_block": cfg.attn_block,
+                      "tile_rows": ATTEND_TILE_ROWS, "max_chunk": cfg.tile_max_chunk,
+                      "query_words": cfg.tile_query_words, "tile_on_gemm": cfg.tile_on_gemm,
+                      "attn_on_arrays": cfg.attn_on_arrays, "gemm_arrays": cfg.gemm_arrays,
+                      "gemm_rows": cfg.gemm_rows, "gemm_lanes": cfg.gemm_lanes}}
+
+
+def _scheduled_pairs(lens, tokens: int, heads: int) -> int:
+    """(row, key) pairs of the (query tile, block) pairs the tiled schedule runs, masked ones
+    included."""
+    import numpy as np
+
+    from mcf.abi.attend import ATTEND_TILE_ROWS
+    from mcf.golden.attention_tiled import tile_schedule
+    from mcf.sim.tile_records import block_positions
+
+    keys = sum(lens)
+    q_pos = np.repeat(np.arange(keys - tokens, keys), heads)
+    return sum(v.size for *_, v in tile_schedule(q_pos, block_positions(lens), ATTEND_TILE_ROWS))
 
 
 def kv_accuracy(seeds=ACCURACY_SEEDS) -> dict:

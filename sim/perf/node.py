@@ -5,8 +5,10 @@ the ``tiny`` model twice: with the KV placed by the PS (the communication alone,
 checked at every planned receiver) and as the **layer program** (every node computes its slices
 on its own engines: JOB, EMIT tee, ATTEND, bit-exact against
 :func:`mcf.golden.node_prefill.golden_prefill`); the metadata ingress rate through the whole node;
-the kr260 GEMM's MACs/cycle (:func:`mcf.sim.perf.compute.kr260_gemm`, bit-exact); yosys resources of
-both node tops.
+the kr260 GEMM's MACs/cycle (:func:`mcf.sim.perf.compute.kr260_gemm`, bit-exact); the kr260
+node's prefill attention MACs/cycle (``prefill_attention_macs_per_cycle``: one causal
+PREFILL_TILE step at Qwen head shapes on its NodeCompute in Verilator, full size only,
+:func:`prefill_attention_figures`); yosys resources of both node tops.
 
 What is not measured yet, and why, is in the result's ``not_measured``. A cocotb assertion (a
 byte that did not land or differs from the golden model, any drop or bad-record counter) makes
@@ -91,8 +93,31 @@ def synth_figures() -> dict:
     }}
 
 
+def prefill_attention_figures(small: bool) -> tuple[dict, dict[str, str]]:
+    """The kr260 node's prefill attention in RTL (:func:`mcf.sim.perf.attention.
+    prefill_attention`: one causal PREFILL_TILE step at Qwen head shapes on its NodeCompute in
+    Verilator) and what was not measured, with the reason: at CI size (``small``) nothing —
+    the configuration's Verilator build alone takes ~12 minutes
+    (``scripts/measure_prefill_attention.py --small`` runs the reduced step) — and nothing on
+    a configuration without the tiled path."""
+    from mcf.abi.node_config import NODE_CONFIGS
+    from mcf.sim.perf.attention import prefill_attention
+    cfg = NODE_CONFIGS["kr260"]
+    key = "prefill_attention_macs_per_cycle"
+    if not cfg.tiled:
+        return {}, {key: "the kr260 configuration has no tiled prefill path"}
+    if small:
+        return {}, {key: "full size only: the kr260 NodeCompute's Verilator build takes ~12 "
+                         "minutes (scripts/measure_prefill_attention.py --small: the reduced "
+                         "step)"}
+    r = prefill_attention(cfg)
+    return {key: r[key], "macs_per_cycle_peak": r["macs_per_cycle_peak"],
+            "prefill_attention": r}, {}
+
+
 def collect(small: bool = False, synth: bool = True) -> dict:
     from mcf.sim.perf.compute import kr260_gemm
+    att, not_measured = prefill_attention_figures(small)
     pre = prefill(small)
     lay = layer(small)
     dec = decode(small)
@@ -106,7 +131,8 @@ def collect(small: bool = False, synth: bool = True) -> dict:
         "meta_records_per_cycle": round(rate["records_per_cycle"], 4),
         "macs_per_cycle": gemm["macs_per_cycle"],
         "steady_macs_per_cycle": gemm["steady_macs_per_cycle"],
-        "not_measured": NOT_MEASURED,
+        **att,
+        "not_measured": NOT_MEASURED | not_measured,
         "prefill": pre,
         "layer": lay,
         "decode": dec,
@@ -141,6 +167,15 @@ def render(result: dict) -> str:
         f"kr260 GEMM (4 arrays): {result['macs_per_cycle']} MACs/cycle over the prefill "
         f"sequence, {result['steady_macs_per_cycle']} steady",
     ]
+    if "prefill_attention" in result:
+        a = result["prefill_attention"]
+        lines.append(
+            f"kr260 prefill attention (one causal PREFILL_TILE step, {a['tokens']} tokens x "
+            f"{a['shape']['heads']} heads, head_dim {a['shape']['head_dim']}, against "
+            f"{a['keys']} keys; NodeCompute in Verilator, bit-exact): {a['macs']:,} visible "
+            f"QK + PV MACs in {a['cycles']:,} cycles = "
+            f"{result['prefill_attention_macs_per_cycle']} MACs/cycle, "
+            f"{a['utilization']:.1%} of the {result['macs_per_cycle_peak']}-MAC peak")
     if result["not_measured"]:
         lines.append("not measured yet: " + "; ".join(
             f"{k} ({v})" for k, v in result["not_measured"].items()))

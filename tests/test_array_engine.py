@@ -13,7 +13,7 @@ import pytest
 from test_attention_hdl import FX, MX, D, L, S, T, array_engine, run_engine
 
 from mcf.hdl.compute.array_engine import ArrayEngine
-from mcf.sim.benches.attention_common import (
+from mcf.sim.attention_jobs import (
     expected_words,
     job_k_words,
     k_words,

@@ -7,26 +7,22 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from amaranth.sim import Simulator
 
 from mcf.abi.kv import AttnMode, to_act
 from mcf.abi.kv_channel import KVFormat
 from mcf.golden.attention import KVChannelBlock, attend_fixed, attend_max, random_query
 from mcf.hdl.compute.array_engine import ArrayEngine
 from mcf.hdl.compute.attention import AttentionEngine
-from mcf.sim.benches.attention_common import (
+from mcf.sim.attention_drive import drive_engine
+from mcf.sim.attention_jobs import (
     Job,
     expected_ends,
     expected_words,
     job_k_words,
-    job_v_words,
-    job_word,
     k_words,
     kh_words,
     make_jobs,
-    q_words,
     v_words,
-    words_from_beats,
 )
 
 D, L, G, T, DW = 16, 4, 6, 16, 64
@@ -35,74 +31,23 @@ D, L, G, T, DW = 16, 4, 6, 16, 64
 def run_engine(jobs, *, idle=0.0, backpressure=0.0, seed=0, k_override=None, v_override=None,
                max_cycles=200000, n_outputs=None, merge_lanes=None, score_slots=3, cycles=None,
                kh_words=None, geometry=None, make=None, **engine_kw):
-    """``make``: builds another engine with AttentionEngine's streams from ``(head_dim, lanes,
-    max_heads, max_block, data_width)`` (default: AttentionEngine with the other arguments)."""
+    """``jobs`` through an engine in :func:`mcf.sim.attention_drive.drive_engine`: ``make``
+    builds another engine with AttentionEngine's streams from ``(head_dim, lanes, max_heads,
+    max_block, data_width)`` (default: AttentionEngine with the other arguments). Returns
+    ``(words, ends), status``; ``cycles`` gets the cycle of the last payload's end."""
     d, lanes, g, t = geometry or (D, L, G, T)
     if make is None:
         dut = AttentionEngine(head_dim=d, lanes=lanes, max_heads=g, max_block=t, data_width=DW,
                               merge_lanes=merge_lanes, score_slots=score_slots, **engine_kw)
     else:
         dut = make(d, lanes, g, t, DW)
-    rng = np.random.default_rng(seed)
-    beats = []
-    n_expected = (sum(len(expected_ends(j)) for j in jobs) if n_outputs is None
-                  else n_outputs)
-    status = {}
-
-    async def send(ctx, s, words):
-        for w in words:
-            while idle and rng.random() < idle:
-                await ctx.tick()
-            ctx.set(s.valid, 1)
-            ctx.set(s.payload.as_value(), w)
-            await ctx.tick().until(s.ready)
-            ctx.set(s.valid, 0)
-
-    async def tb_job(ctx):
-        await send(ctx, dut.job, [job_word(j, g) for j in jobs])
-
-    async def tb_q(ctx):
-        await send(ctx, dut.q, [w for j in jobs for w in q_words(j, lanes)])
-
-    async def tb_k(ctx):
-        words = k_override if k_override is not None else [
-            w for j in jobs for w in job_k_words(j, lanes)]
-        await send(ctx, dut.k, words)
-
-    async def tb_v(ctx):
-        words = v_override if v_override is not None else [
-            w for j in jobs for w in job_v_words(j, lanes)]
-        await send(ctx, dut.v, words)
-
-    async def tb_out(ctx):
-        ends = 0
-        for n in range(max_cycles):
-            ready = not (backpressure and rng.random() < backpressure)
-            ctx.set(dut.o.ready, int(ready))
-            data, keep, last, valid = (await ctx.tick().sample(
-                dut.o.payload.data, dut.o.payload.keep, dut.o.payload.last, dut.o.valid))[2:]
-            if valid and ready:
-                beats.append((data, keep, last))
-                ends += last
-                if ends == n_expected:
-                    if cycles is not None:
-                        cycles.append(n + 1)
-                    break
-        for _ in range(4):
-            await ctx.tick()
-        for name in ("jobs", "blocks", "err_rows", "err_max", "err_job", "busy"):
-            status[name] = ctx.get(getattr(dut.status, name))
-
-    async def tb_kh(ctx):
-        await send(ctx, dut.kh, kh_words)
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    for tb in (tb_job, tb_q, tb_k, tb_v) + ((tb_kh,) if kh_words is not None else ()):
-        sim.add_testbench(tb, background=True)
-    sim.add_testbench(tb_out)
-    sim.run()
-    return words_from_beats(beats, DW), status
+    run = drive_engine(dut, jobs, max_heads=g, lanes=lanes, data_width=DW, idle=idle,
+                       backpressure=backpressure, seed=seed, k_override=k_override,
+                       v_override=v_override, kh_words=kh_words, max_cycles=max_cycles,
+                       n_outputs=n_outputs)
+    if cycles is not None and not run.timed_out:
+        cycles.append(run.end_cycles[-1])
+    return (run.words, run.ends), run.status
 
 
 def check(jobs, **kw):

@@ -15,7 +15,7 @@ from mcf.hdl.compute.attn_merge import MergeUnit
 from mcf.hdl.compute.attn_out import Normalizer, WordPacker
 from mcf.hdl.compute.attn_pv import PVPipe, acc_width
 from mcf.hdl.compute.attn_score import ScorePipe
-from mcf.sim.benches.attention_common import words_from_beats
+from mcf.sim.attention_jobs import words_from_beats
 
 D, L, G, T = 16, 4, 3, 16
 NB = D // L

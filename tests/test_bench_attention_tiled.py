@@ -21,7 +21,8 @@ def test_small_run_reproduces_the_committed_figures():
     assert len(got["records"]) == len(bench.TILED_FIT) + 2
     for name, rec in got["records"].items():
         assert rec["cycles"] == committed["records"][name]["cycles"], name
-    for key in ("record_cycles", "row_cycles", "row_block_cycles", "key_cycles", "shape"):
+    for key in ("record_cycles", "row_cycles", "row_block_cycles", "key_cycles",
+                "row_key_cycles", "shape"):
         assert got[key] == committed[key]
     assert all(rec["error"] == 0 for rec in got["records"].values() if rec["role"] == "fit")
 

@@ -45,8 +45,8 @@ from mcf.golden.attention import random_blocks
 from mcf.hdl.compute.attention import AttentionEngine
 from mcf.hdl.mem.axi import ADDR_BITS, AXI4Signature
 from mcf.hdl.node.kv_reader import KvReader
+from mcf.sim.attention_jobs import k_words, v_words
 from mcf.sim.axi_slave import read_slave
-from mcf.sim.benches.attention_common import k_words, v_words
 
 BB = 16
 

@@ -62,17 +62,20 @@ def test_full_step_mac_count():
 
 
 def test_tiled_plan():
-    """At the sim shape the plan is the committed records themselves; at kr260-arrays the same
-    records scaled to its blocks (256 keys) and query tile (10 tokens of 6 heads)."""
+    """At the sim shape the plan is the committed records themselves and the prefill step; at
+    kr260-arrays (small) the same records scaled to its blocks (256 keys) and query tile (10
+    tokens of 6 heads)."""
     sim = bench.tiled_plan(SIM)
     assert [(n, lens, t) for n, lens, t, _ in sim] == [
-        (n, list(lens), t) for n, lens, t in bench.TILED_FIT + bench.TILED_CHECK]
+        (n, list(lens), t) for n, lens, t in bench.TILED_FIT + bench.TILED_CHECK] + [
+        ("step_t32_b32x4", [32] * 4, 32)]
     arr = bench.tiled_plan(ARRAYS, small=True)
     assert [(n, lens, t) for n, lens, t, _ in arr] == [
         ("rows60_blocks1", [256], 10), ("rows60_blocks5", [64] * 4 + [256], 10),
         ("rows6_blocks1", [256], 1), ("rows6_blocks4", [256] * 4, 1),
+        ("rows60_blocks4", [256] * 4, 10),
         ("t2_b64", [64], 2), ("t2_b64x4", [64] * 4, 2)]
-    assert [r for *_, r in arr] == ["fit"] * 4 + ["check"] * 2
+    assert [r for *_, r in arr] == ["fit"] * 5 + ["check"] * 2
 
 
 @pytest.mark.slow

@@ -89,19 +89,22 @@ def test_node_work_counts_one_tile_record_per_slice_and_kv_head(tiny):
 
 
 def test_tiled_rate_by_hand(fig, tiny):
-    """The sim node's rates carry attention.json's tiled figures; a record is priced
-    record + rows + Σ max(rows x per (row, block), keys x per key), a block longer than
-    attn_block as blocks of it (the ``plan`` layout)."""
-    t = fig.attention_tiled
+    """The sim node's rates carry attention.json's tiled figures measured at its shape; a
+    record is priced record + rows + Σ max(rows x per (row, block), keys x per key, rows x
+    keys x per (row, key)), a block longer than attn_block as blocks of it (the ``plan``
+    layout)."""
+    (t,) = [e for e in fig.attention_tiled if e["entry"] == "tiled"]
+    assert t["shape"]["config"] == "sim"
     r = NodeRates.calibrated(fig, "sim", tiny)
     assert r.tile_chunk == SIM.tile_max_chunk and r.tile_block == SIM.attn_block
     assert (r.tile_record_cycles, r.tile_row_cycles, r.tile_row_block_cycles,
-            r.tile_key_cycles) == (t["record_cycles"], t["row_cycles"], t["row_block_cycles"],
-                                   t["key_cycles"])
+            r.tile_key_cycles, r.tile_row_key_cycles) == (
+        t["record_cycles"], t["row_cycles"], t["row_block_cycles"], t["key_cycles"],
+        t["row_key_cycles"])
     w = NodeWork(8, 0, 0, 0, 0, 2, 0, 0, 0, tile_records=2, tile_rows=32,
                  tile_pairs=((16, 8), (16, 32), (16, 40)))
-    rb, kc = t["row_block_cycles"], t["key_cycles"]
-    pair = [max(16 * rb, k * kc) for k in (8, 32, 32, 8)]
+    rb, kc, rk = t["row_block_cycles"], t["key_cycles"], t["row_key_cycles"]
+    pair = [max(16 * rb, k * kc, 16 * k * rk) for k in (8, 32, 32, 8)]
     want = 2 * t["record_cycles"] + 32 * t["row_cycles"] + sum(pair)
     assert r.attend(w) == pytest.approx(want)
     # the bench's own formula, on a record it measured, is the same pricing
@@ -140,9 +143,11 @@ def test_a_missing_or_mismatched_tiled_rate_is_refused(tmp_path, tiny):
     shutil.copytree(DOCS, d)
     att = json.loads((d / "attention.json").read_text())
     t = att.pop("tiled")
+    for key in [k for k in att if k.startswith("tiled_")]:
+        del att[key]
     (d / "attention.json").write_text(json.dumps(att))
     fig = load_figures([d])
-    assert fig.attention_tiled is None
+    assert fig.attention_tiled == ()
     with pytest.raises(CalibrationError, match="no tiled prefill rate"):
         NodeRates.calibrated(fig, "sim", tiny)
     assert NodeRates.calibrated(fig, "sim", tiny, tile_chunk=0).tile_chunk == 0

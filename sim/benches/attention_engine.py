@@ -28,7 +28,7 @@ from mcf.golden.attention import (
     random_query,
 )
 from mcf.sim import bench_params
-from mcf.sim.benches.attention_common import (
+from mcf.sim.attention_jobs import (
     Job,
     expected_ends,
     expected_words,

@@ -28,7 +28,7 @@ from cocotb.triggers import RisingEdge, with_timeout
 from mcf.abi.kv import AttnMode
 from mcf.golden.attention import attend_max, random_blocks, random_query
 from mcf.sim import bench_params
-from mcf.sim.benches.attention_common import Job, expected_words
+from mcf.sim.attention_jobs import Job, expected_words
 from mcf.sim.benches.attention_engine import TB, D, T
 
 P = bench_params()

@@ -40,7 +40,7 @@ from mcf.abi.kv import AttnMode, attn_status_layout, pack_kv_block
 from mcf.abi.kv_reader import KV_READER_STATUS, KvBlockReq, block_address
 from mcf.abi.landing import LandingConfig, kv_address, per_token_land_off
 from mcf.golden.attention import KVBlock, attend_max, random_blocks, random_query
-from mcf.sim.benches.attention_common import (
+from mcf.sim.attention_jobs import (
     Job,
     expected_ends,
     expected_words,

@@ -46,18 +46,24 @@ latency (:func:`tiled_records`), PREFILL_TILE records back to back, each a chunk
 query tokens ending at its last key, every row written checked against
 :func:`mcf.golden.attend_unit.attend_model` byte for byte (a mismatch refuses). Cycles per record
 (record taken to ``done``) follow ``record_cycles + row_cycles × rows + Σ over (query tile,
-block) pairs max(rows × row_block_cycles, keys × key_cycles)`` (rows: ``tokens × heads`` query
-rows; a pair: the tile's rows against one block): the per-(row, block) stages (score rows,
-softmax, merge, one row at a time per block) or the KV reader's beats of the block
-(``attn_head_dim / attn_lanes`` per key, re-read per query tile), whichever is longer. The four
-parameters are measured on four records (``fit``): the slope of 4 more 8-key blocks under 64
-rows (row-bound) gives ``row_block_cycles``, of 3 more 32-key blocks under 2 rows (KV-bound)
-``key_cycles``, and the single-block records of 64 and 2 rows ``row_cycles`` and
+block) pairs max(rows × row_block_cycles, keys × key_cycles, rows × keys × row_key_cycles)``
+(rows: ``tokens × heads`` query rows; a pair: the tile's rows against one block): the
+per-(row, block) stages (score rows, softmax, merge, one row at a time per block), the KV
+reader's beats of the block (``attn_head_dim / attn_lanes`` per key, re-read per query tile)
+or the S and P·V products of the tile against the whole block (on the GEMM's arrays:
+``2 · head_dim`` MACs per pair, masked pairs of the diagonal block included), whichever is
+longest. The five parameters are measured on five records (``fit``): the slope of 4 more
+8-key blocks under 64 rows (row-bound) gives ``row_block_cycles``, of 3 more 32-key blocks
+under 2 rows (KV-bound) ``key_cycles``, of 3 more 32-key blocks under 64 rows (bound by the
+products where they bind, else by the rows: the term then binds only where the row term
+does) ``row_key_cycles``, and the single-block records of 64 and 2 rows ``row_cycles`` and
 ``record_cycles``; the other records (``check``) are predicted by the formula and
 ``max_abs_error`` is the largest relative difference. ``tiled(cfg=...)`` measures the same
 records scaled to another configuration's shape (:func:`tiled_plan`) on its whole
 :class:`~mcf.hdl.node.compute.NodeCompute` in Verilator (:func:`tiled_records_rtl`), so that a
-node's tiled rate is measured at its own shape (the system model refuses another).
+node's tiled rate is measured at its own shape (the system model refuses another):
+``collect`` adds ``tiled_kr260`` so when the kr260 configuration has the tiled path (full size
+only).
 
 **Prefill attention on the arrays** (:func:`prefill_attention`, issue #33; not part of
 ``collect``: the first run builds the configuration's NodeCompute in Verilator, tens of minutes;
@@ -165,6 +171,10 @@ def collect(small: bool = False, synth: bool = True) -> dict:
         "params": PARAMS,
     }
     result["tiled"] = tiled(small)
+    from mcf.abi.node_config import NODE_CONFIGS
+    kr260 = NODE_CONFIGS["kr260"]
+    if kr260.tiled and not small:       # its NodeCompute's Verilator build: ~12 min, not at CI size
+        result[f"tiled_{kr260.name}"] = tiled(cfg=kr260)
     result.update(kv_accuracy(seeds=(0,) if small else ACCURACY_SEEDS))
     if synth:
         from mcf.abi.kv_channel import KVFormat
@@ -187,7 +197,8 @@ def collect(small: bool = False, synth: bool = True) -> dict:
 ACCURACY_SEEDS = (0, 1, 2)
 
 TILED_FIT = (("rows64_blocks1", [32], 32), ("rows64_blocks5", [8, 8, 8, 8, 32], 32),
-             ("rows2_blocks1", [32], 1), ("rows2_blocks4", [32, 32, 32, 32], 1))
+             ("rows2_blocks1", [32], 1), ("rows2_blocks4", [32, 32, 32, 32], 1),
+             ("rows64_blocks4", [32, 32, 32, 32], 32))
 """The records the tiled rate is measured on: (name, block sizes in keys, chunk tokens)."""
 TILED_CHECK = (("t8_b8", [8], 8), ("t8_b8x4", [8] * 4, 8), ("t16_b32_16", [32, 16], 16),
                ("t8_b32x3_8", [32, 32, 32, 8], 8), ("t16_b16x4", [16] * 4, 16),
@@ -263,7 +274,8 @@ def tiled_cycles(params: dict, rows: int, pairs) -> float:
     """A PREFILL_TILE record's cycles by the measured formula: ``rows`` query rows, ``pairs`` its
     (query tile, block) pairs as ``(rows of the tile, keys of the block)``."""
     return (params["record_cycles"] + params["row_cycles"] * rows
-            + sum(max(r * params["row_block_cycles"], k * params["key_cycles"])
+            + sum(max(r * params["row_block_cycles"], k * params["key_cycles"],
+                      r * k * params["row_key_cycles"])
                   for r, k in pairs))
 
 
@@ -279,7 +291,9 @@ def tiled_plan(cfg: NodeConfig, small: bool = False) -> list[tuple[str, list[int
     ``sim`` node, with their keys scaled by ``cfg.attn_block`` over the sim's and their tokens
     by ``cfg``'s tokens per query tile over the sim's (a tile's tokens: ``ATTEND_TILE_ROWS //
     attn_heads``, at most ``tile_max_chunk``; at least 1 token and 1 key) — at the sim's shape
-    the records themselves, under their names."""
+    the records themselves, under their names; not ``small``: one more ``check`` record, the
+    causal prefill step of :func:`prefill_shape` (a whole chunk of ``tile_max_chunk`` tokens,
+    many query tiles against 4 blocks: the formula's error where the system model uses it)."""
     from fractions import Fraction
 
     from mcf.abi.node_config import SIM
@@ -296,6 +310,9 @@ def tiled_plan(cfg: NodeConfig, small: bool = False) -> list[tuple[str, list[int
                 name = (f"rows{n2 * cfg.attn_heads}_blocks{len(lens2)}" if role == "fit" else
                         f"t{n2}_b{_runs(lens2)}")
             out.append((name, lens2, n2, role))
+    if not small:
+        lens, n = prefill_shape(cfg)
+        out.append((f"step_t{n}_b{_runs(lens)}", lens, n, "check"))
     return out
 
 
@@ -328,15 +345,17 @@ def tiled(small: bool = False, cfg: NodeConfig | None = None) -> dict:
     plan = tiled_plan(shape, small)
     todo = [(lens, n) for _, lens, n, _ in plan]
     c = tiled_records(todo) if cfg is None else tiled_records_rtl(cfg, todo)
-    (l0, n0), (l1, _), (l2, n2), (l3, _) = todo[:4]
+    (l0, n0), (l1, _), (l2, n2), (l3, _), (l4, _) = todo[:5]
     r0, r2 = n0 * g, n2 * g
     rb = (c[1] - c[0]) / (r0 * (len(l1) - len(l0)))
     kc = (c[3] - c[2]) / (sum(l3) - sum(l2))
-    p0, p2 = max(r0 * rb, sum(l0) * kc), max(r2 * rb, sum(l2) * kc)
+    rk = (c[4] - c[0]) / (r0 * (sum(l4) - sum(l0)))
+    p0 = max(r0 * rb, sum(l0) * kc, r0 * sum(l0) * rk)
+    p2 = max(r2 * rb, sum(l2) * kc, r2 * sum(l2) * rk)
     row = ((c[0] - p0) - (c[2] - p2)) / (r0 - r2)
     params = {"record_cycles": round(c[0] - p0 - r0 * row, 3),
               "row_cycles": round(row, 3), "row_block_cycles": round(rb, 3),
-              "key_cycles": round(kc, 3)}
+              "key_cycles": round(kc, 3), "row_key_cycles": round(rk, 5)}
     recs = {}
     for (name, lens, n, role), cyc in zip(plan, c):
         pred = tiled_cycles(params, n * g, _tile_pairs(lens, n * g))
@@ -521,7 +540,7 @@ def render(result: dict) -> str:
                      "TilePrefill, amaranth.sim, rows bit-exact): cycles per PREFILL_TILE "
                      f"record = {t['record_cycles']:.0f} + {t['row_cycles']:.2f} x rows + sum "
                      f"over (tile, block) max({t['row_block_cycles']:.2f} x rows, "
-                     f"{t['key_cycles']:.2f} x keys)")
+                     f"{t['key_cycles']:.2f} x keys, {t['row_key_cycles']:.4f} x rows x keys)")
         lines.append(f"  fitted on {len(recs) - len(check)} records; {len(check)} more "
                      f"({min(r['cycles'] for r in check)}..{max(r['cycles'] for r in check)} "
                      f"cycles) predicted within {t['max_abs_error']:.1%}")

@@ -23,9 +23,10 @@ from pathlib import Path
 __all__ = ["run_benches", "register"]
 
 
-ON_REQUEST = ("qwen",)
-"""Benches ``all`` leaves out: ``qwen`` (issue #35) builds the kr260 node and simulates
-Qwen2.5-1.5B layers for hours; it runs when named."""
+ON_REQUEST = ("qwen", "attention_arrays")
+"""Benches ``all`` leaves out, run when named: ``qwen`` (issue #35) builds the kr260 node and
+simulates Qwen2.5-1.5B layers for hours; ``attention_arrays`` (issue #33) runs the attention
+engine on the GEMM's arrays at the kr260 shape in amaranth.sim (~45 min on two processes)."""
 
 
 def _benches() -> tuple[str, ...]:
@@ -141,7 +142,8 @@ def register(subs) -> None:
                         description=description(__doc__))
     p.add_argument("names", nargs="*", metavar="NAME",
                    help="packet, nic, compute, attention, csr, plan, node, cluster, eth, task, "
-                        "decode, depth, qwen (hours; not in all), or all (default all)")
+                        "decode, depth, qwen (hours), attention_arrays (~45 min; these two not "
+                        "in all), or all (default all)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="one JSON object instead of the tables: printed, or written to PATH")
     p.add_argument("--small", action="store_true", help="reduced sizes (what CI runs)")

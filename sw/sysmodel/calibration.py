@@ -16,6 +16,10 @@ What is read (bench → figure):
   the engine geometry they were measured at; ``tiled`` (optional: only a node with the tiled
   prefill needs it) — the PREFILL_TILE executor's measured rate and the shape it was measured
   at (:func:`mcf.sim.perf.attention.tiled`);
+* ``attention_arrays`` (optional: only a node with ``attn_on_arrays`` needs it) — cycles per
+  visible (query, key, head) of the attention engine on the GEMM's arrays
+  (:class:`mcf.hdl.compute.array_engine.ArrayEngine`, :mod:`mcf.sim.perf.attention_arrays`), its
+  prefill cases per GQA group and the shape it was measured at (:class:`ArrayAttentionRate`);
 * ``nic`` — the router's hop latency and output beats per cycle, the link framer's wire beats
   per cycle;
 * ``packet`` — the packet path's latency of a header-only packet and its per-packet header
@@ -45,8 +49,8 @@ from ..abi.framing import MAX_PAYLOAD, payload_beats
 from ..abi.node_config import PACKET_WIDTH
 from ..abi.platform import ACLK_HZ
 
-__all__ = ["CalibrationError", "LayerRun", "CommRun", "BenchFigures", "load_figures",
-           "results_dirs", "at_clock", "REPO"]
+__all__ = ["CalibrationError", "LayerRun", "CommRun", "ArrayAttentionRate", "BenchFigures",
+           "load_figures", "results_dirs", "at_clock", "REPO", "PAIR_CASE_KIND"]
 
 REPO = Path(__file__).resolve().parents[2]
 """The checkout the package is installed from (``sw/`` is ``mcf``)."""
@@ -73,6 +77,14 @@ def _load(name: str, dirs) -> tuple[dict, str]:
                 raise CalibrationError(f"{path}: not JSON ({exc})") from None
     raise CalibrationError(f"no {name}.json in {', '.join(str(d) for d in dirs)} "
                            f"(run `mcf bench {name}`)")
+
+
+def _load_optional(name: str, dirs) -> tuple[dict, str] | None:
+    """:func:`_load`, or ``None`` when no folder has ``<name>.json`` (a file that is there but
+    not JSON still refuses)."""
+    if not any((Path(d) / f"{name}.json").is_file() for d in dirs):
+        return None
+    return _load(name, dirs)
 
 
 def _get(doc: dict, path: str, where: str):
@@ -128,6 +140,64 @@ class LayerRun(CommRun):
         return run
 
 
+PAIR_CASE_KIND = "prefill"
+"""The bench cases a node's cycles per ATTEND pair are read from (``attention.json``'s and
+``attention_arrays.json``'s): the causal prefill jobs, per causally visible pair."""
+
+
+def _pair_cases(doc: dict, where: str) -> tuple[dict[int, float], dict[int, str]]:
+    """``(GQA group -> cycles per visible pair, GQA group -> case name)`` of the
+    :data:`PAIR_CASE_KIND` cases of a bench's ``cases``."""
+    pairs, names = {}, {}
+    cases = _get(doc, "cases", where)
+    if not isinstance(cases, dict):
+        raise CalibrationError(f"{where}: cases is not an object")
+    for case, row in cases.items():
+        if isinstance(row, dict) and row.get("kind") == PAIR_CASE_KIND:
+            try:
+                pairs[int(row["heads"])] = float(row["cycles_per_qk"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CalibrationError(f"{where}: incomplete case {case} ({exc})") from None
+            names[int(row["heads"])] = case
+    if not pairs:
+        raise CalibrationError(f"{where}: no {PAIR_CASE_KIND} case")
+    return pairs, names
+
+
+def _nearest_group(pairs: dict[int, float], group: int) -> int:
+    """The GQA group measured nearest ``group`` (the smaller one on a tie)."""
+    return min(sorted(pairs), key=lambda x: (abs(x - group), x))
+
+
+@dataclass(frozen=True)
+class ArrayAttentionRate:
+    """``attention_arrays.json``: the attention engine on the GEMM's arrays
+    (:class:`mcf.hdl.compute.array_engine.ArrayEngine`) at one node configuration's shape —
+    cycles per causally visible (query, key, head) of its prefill cases, steady state."""
+    cycles_per_pair: dict          # GQA group G -> cycles per visible (query, key, head)
+    cases: dict                    # GQA group G -> the bench case measuring it
+    shape: dict                    # the engine's parameters (mcf.sim.perf.attention_arrays)
+    decode_cycles_per_pair: float  # the bench's decode_g6 (reported, not priced)
+
+    def pair_cycles(self, group: int) -> tuple[float, str]:
+        """Cycles per visible pair measured at GQA group ``group`` (the nearest group measured
+        when that one was not) and the case's name."""
+        g = _nearest_group(self.cycles_per_pair, group)
+        return self.cycles_per_pair[g], self.cases[g]
+
+    @classmethod
+    def from_doc(cls, doc: dict, where: str) -> ArrayAttentionRate:
+        pairs, names = _pair_cases(doc, where)
+        shape = _get(doc, "shape", where)
+        if not isinstance(shape, dict):
+            raise CalibrationError(f"{where}: shape is not an object")
+        try:
+            dec = float(_get(doc, "decode_cycles_per_qk", where))
+        except (TypeError, ValueError) as exc:
+            raise CalibrationError(f"{where}: decode_cycles_per_qk ({exc})") from None
+        return cls(pairs, names, dict(shape), dec)
+
+
 @dataclass(frozen=True)
 class BenchFigures:
     """Every measured figure the model uses, with its source (``sources[field]``)."""
@@ -152,13 +222,14 @@ class BenchFigures:
     stripe_weight_bytes_per_cycle: float | None = None  # decode.json weights_ddr90 (no file: None)
     stripe_ddr_efficiency: float | None = None          # the DDR efficiency it was measured at
     stripe_ideal_weight_bytes_per_cycle: float | None = None    # decode.json weights
-    attention_tiled: dict | None = None     # attention.json tiled (no entry: None)
+    # attention.json's tiled entries (``tiled``, ``tiled_<config>``), each measured at one shape
+    attention_tiled: tuple = ()
+    attention_arrays: ArrayAttentionRate | None = None  # attention_arrays.json (no file: None)
 
     def attention_pair_cycles(self, group: int) -> tuple[float, str]:
         """Cycles per visible pair measured at GQA group ``group`` (the nearest group measured
         when that one was not) and the case's name."""
-        have = sorted(self.attention_cycles_per_pair)
-        g = min(have, key=lambda x: (abs(x - group), x))
+        g = _nearest_group(self.attention_cycles_per_pair, group)
         return self.attention_cycles_per_pair[g], self.attention_cases[g]
 
 
@@ -178,14 +249,17 @@ def load_figures(dirs=None) -> BenchFigures:
         src[name] = f"{at}: {path}"
         return v
 
-    pairs, cases = {}, {}
-    for case, row in _get(att, "cases", att_at).items():
-        if row.get("kind") == "prefill":
-            pairs[int(row["heads"])] = float(row["cycles_per_qk"])
-            cases[int(row["heads"])] = case
-    if not pairs:
-        raise CalibrationError(f"{att_at}: no prefill case")
-    src["attention_cycles_per_pair"] = f"{att_at}: cases.prefill_g*.cycles_per_qk"
+    pairs, cases = _pair_cases(att, att_at)
+    src["attention_cycles_per_pair"] = f"{att_at}: cases.{PAIR_CASE_KIND}_g*.cycles_per_qk"
+    arrays = None
+    found = _load_optional("attention_arrays", dirs)
+    if found is None:
+        src["attention_arrays"] = ("no attention_arrays.json (run `mcf bench "
+                                   "attention_arrays`)")
+    else:
+        arr, arr_at = found
+        arrays = ArrayAttentionRate.from_doc(arr, arr_at)
+        src["attention_arrays"] = f"{arr_at}: cases.{PAIR_CASE_KIND}_g*.cycles_per_qk"
     width = str(PACKET_WIDTH)
     cpp = take(pkt, pkt_at, f"widths.{width}.cycles_per_packet", "packet_header_cycles")
     size = str(payload_beats(MAX_PAYLOAD, PACKET_WIDTH))
@@ -206,14 +280,17 @@ def load_figures(dirs=None) -> BenchFigures:
             stripe_ideal_weight_bytes_per_cycle=float(take(
                 dec, dec_at, "weights.weight_bytes_per_cycle",
                 "stripe_ideal_weight_bytes_per_cycle")))
-    tiled = None
-    if "tiled" in att:
-        tiled = take(att, att_at, "tiled", "attention_tiled")
-        keys = ("record_cycles", "row_cycles", "row_block_cycles", "key_cycles", "shape")
-        if not isinstance(tiled, dict) or any(k not in tiled for k in keys):
-            raise CalibrationError(f"{att_at}: tiled needs {', '.join(keys)}")
-    else:
-        src["attention_tiled"] = f"{att_at}: no tiled entry (run `mcf bench attention`)"
+    tiled = []
+    names = sorted(k for k in att if k == "tiled" or k.startswith("tiled_"))
+    for name in names:
+        entry = att[name]
+        keys = ("record_cycles", "row_cycles", "row_block_cycles", "key_cycles",
+                "row_key_cycles", "shape")
+        if not isinstance(entry, dict) or any(k not in entry for k in keys):
+            raise CalibrationError(f"{att_at}: {name} needs {', '.join(keys)}")
+        tiled.append(entry | {"entry": name})
+    src["attention_tiled"] = (f"{att_at}: " + ", ".join(names) if names else
+                              f"{att_at}: no tiled entry (run `mcf bench attention`)")
     layer_entry = take(node, node_at, "layer", "layer")
     comm_entry = take(node, node_at, "prefill", "comm")
     return BenchFigures(
@@ -240,7 +317,8 @@ def load_figures(dirs=None) -> BenchFigures:
         layer=LayerRun.from_entry(layer_entry, f"{node_at}: layer"),
         comm=CommRun.from_entry(comm_entry, f"{node_at}: prefill"),
         sources=src,
-        attention_tiled=tiled,
+        attention_tiled=tuple(tiled),
+        attention_arrays=arrays,
         node_macs_per_cycle_peak=(float(take(node, node_at, "macs_per_cycle_peak",
                                              "node_macs_per_cycle_peak"))
                                   if "macs_per_cycle_peak" in node else None),

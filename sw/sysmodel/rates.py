@@ -32,10 +32,19 @@ attend_record_cycles + max(pairs x attend_pair_cycles, KV bytes / kv_read_bytes_
 On a node with the tiled prefill (``NodeConfig.tiled``) in a single-softmax run
 (:func:`mcf.node.layer.prefill_tile_chunk`), the prefill ATTEND is PREFILL_TILE records
 (:class:`~.work.NodeWork` ``tile_*``) priced at the tiled executor's measured rate
-(``attention.json`` ``tiled``, measured at the ``sim`` node's tile shape, which the
-configuration must have): per record ``tile_record_cycles + tile_row_cycles x rows + Σ over its
-(query tile, block) pairs max(rows x tile_row_block_cycles, keys x tile_key_cycles)``. Decode
+(``attention.json`` ``tiled`` — the ``sim`` node's tile shape — and ``tiled_<config>``, each
+measured at one shape: the configuration's must be among them): per record
+``tile_record_cycles + tile_row_cycles x rows + Σ over its (query tile, block) pairs max(rows x
+tile_row_block_cycles, keys x tile_key_cycles, rows x keys x tile_row_key_cycles)``. Decode
 ATTEND (and prefill on a node without the tiled path) keeps the per-token engine's rate.
+
+On a node with every non-tiled ATTEND (DECODE, PREFILL, MAX, FIXED) on the GEMM's arrays
+(``NodeConfig.attn_on_arrays``: :class:`mcf.hdl.compute.array_engine.ArrayEngine` instead of the
+vector engine), ``attend_pair_cycles`` is that engine's measured rate
+(``attention_arrays.json``, the prefill case of the model's GQA group,
+:class:`~.calibration.ArrayAttentionRate`) as measured, not scaled: the bench must have measured
+the configuration's own shape (:data:`ARRAY_SHAPE`), or the calibration refuses
+(:func:`attend_pair_rate`).
 
 ``overheads=False`` gives the engine rates alone (vector passes at one beat per cycle, EMIT at
 the DMA rate, no per-record cost): what the unit benches predict without the node program.
@@ -54,7 +63,8 @@ from .calibration import BenchFigures, CalibrationError, LayerRun
 from .work import NodeWork, node_work, vector_elements
 
 __all__ = ["ProgramOverheads", "NodeRates", "run_work", "check_fits", "peak_macs_per_cycle",
-           "vector_passes", "VECTOR_BEATS_PER_CYCLE", "TWO_PASS_OPS"]
+           "vector_passes", "attend_pair_rate", "VECTOR_BEATS_PER_CYCLE", "TWO_PASS_OPS",
+           "ARRAY_SHAPE"]
 
 
 ENGINE_COUNTERS = ("gemm_steps", "gemm_active_cycles", "att_records", "emit_tokens",
@@ -137,8 +147,7 @@ class ProgramOverheads:
         if cfg is None:
             raise CalibrationError("layer run: no node configuration's GEMM steps match the "
                                    f"program's MACs ({macs})")
-        cpq, _ = fig.attention_pair_cycles(model.q_heads // model.kv_heads)
-        cpq *= _lane_scale(fig, cfg, model.head_dim)
+        cpq, _ = attend_pair_rate(fig, cfg, model)
         kv_rate = AXI_WIDTH // 8 * fig.dma_efficiency
         record = kv_token_bytes(model.head_dim)
         gemm, vec, rec, emit = [], [], [], []
@@ -198,6 +207,40 @@ def _lane_scale(fig: BenchFigures, cfg: NodeConfig, head_dim: int) -> float:
     return (head_dim / cfg.attn_lanes) / (fig.attention_head_dim / fig.attention_lanes)
 
 
+ARRAY_SHAPE = {"head_dim": "attn_head_dim", "lanes": "attn_lanes", "max_heads": "attn_heads",
+               "max_block": "attn_block", "keys": "tile_keys", "arr_lanes": "tile_lanes",
+               "arrays": "gemm_arrays", "array_rows": "gemm_rows", "chain": "gemm_chain"}
+"""The shape keys of ``attention_arrays.json`` (ArrayEngine's parameters) and the NodeConfig
+fields they must equal."""
+
+
+def attend_pair_rate(fig: BenchFigures, cfg: NodeConfig, model) -> tuple[float, str]:
+    """Cycles per visible (query, key, head) of ``cfg``'s non-tiled ATTEND for ``model`` and
+    where the figure comes from: with ``attn_on_arrays`` the engine on the arrays' measured
+    rate (``fig.attention_arrays``, which must have been measured at ``cfg``'s shape; else
+    :class:`CalibrationError`), otherwise the vector engine's carried to ``cfg``'s lanes
+    (:func:`_lane_scale`)."""
+    group = model.q_heads // model.kv_heads
+    if not cfg.attn_on_arrays:
+        cpq, case = fig.attention_pair_cycles(group)
+        return cpq * _lane_scale(fig, cfg, model.head_dim), (
+            f"{fig.sources['attention_cycles_per_pair']} ({case}), x ({model.head_dim}/"
+            f"{cfg.attn_lanes}) / ({fig.attention_head_dim}/{fig.attention_lanes})")
+    a = fig.attention_arrays
+    where = fig.sources.get("attention_arrays", "attention_arrays.json")
+    if a is None:
+        raise CalibrationError(f"{where}; the {cfg.name} node runs every non-tiled ATTEND on "
+                               "the GEMM's arrays (attn_on_arrays) and needs its measured rate")
+    want = {k: getattr(cfg, f) for k, f in ARRAY_SHAPE.items()}
+    if any(a.shape.get(k) != v for k, v in want.items()):
+        got = {k: a.shape.get(k) for k in want}
+        raise CalibrationError(f"{where}: the engine on the arrays was measured at {got}, the "
+                               f"{cfg.name} node's is {want}")
+    cpq, case = a.pair_cycles(group)
+    return cpq, (f"{where} ({case}; ArrayEngine at the {a.shape.get('config', '?')} shape, "
+                 "as measured)")
+
+
 TILE_SHAPE = {"head_dim": "attn_head_dim", "tile_keys": "tile_keys", "tile_lanes": "tile_lanes",
               "kv_lanes": "attn_lanes", "max_block": "attn_block"}
 """The tiled bench's shape keys and the NodeConfig fields they must equal."""
@@ -212,24 +255,28 @@ def _tiled_rate(fig: BenchFigures, cfg: NodeConfig, tile_chunk: int) -> dict:
     if not cfg.tiled or not 1 <= tile_chunk <= cfg.tile_max_chunk:
         raise ValueError(f"{cfg.name}: no PREFILL_TILE records of {tile_chunk} tokens (tiled "
                          f"path {'up to ' + str(cfg.tile_max_chunk) if cfg.tiled else 'absent'})")
-    t = fig.attention_tiled
     where = fig.sources.get("attention_tiled", "attention.json")
-    if t is None:
+    if not fig.attention_tiled:
         raise CalibrationError(f"{where}: no tiled prefill rate (run `mcf bench attention`); "
                                f"the {cfg.name} node runs PREFILL_TILE records")
-    shape = t["shape"]
     want = {k: getattr(cfg, f) for k, f in TILE_SHAPE.items()} | {"tile_rows": ATTEND_TILE_ROWS}
-    if any(shape.get(k) != v for k, v in want.items()):
-        raise CalibrationError(f"{where}: the tiled rate was measured at {shape}, the "
+    match = [t for t in fig.attention_tiled
+             if all(t["shape"].get(k) == v for k, v in want.items())]
+    if not match:
+        shapes = "; ".join(str(t["shape"]) for t in fig.attention_tiled)
+        raise CalibrationError(f"{where}: the tiled rate was measured at {shapes}, the "
                                f"{cfg.name} node's tiled path is {want}")
-    src = f"{where}: tiled (TileUnit + KvReader + TilePrefill at the {shape['config']} shape)"
+    t = match[0]
+    src = (f"{where.split(':')[0]}: {t['entry']} (TileUnit + KvReader + TilePrefill at the "
+           f"{t['shape']['config']} shape)")
     return {"tile_chunk": tile_chunk, "tile_block": cfg.attn_block,
             "tile_record_cycles": float(t["record_cycles"]),
             "tile_row_cycles": float(t["row_cycles"]),
             "tile_row_block_cycles": float(t["row_block_cycles"]),
             "tile_key_cycles": float(t["key_cycles"]),
+            "tile_row_key_cycles": float(t["row_key_cycles"]),
             "sources": {"tile_rate": f"{src}: record_cycles, row_cycles, row_block_cycles, "
-                                     "key_cycles"}}
+                                     "key_cycles, row_key_cycles"}}
 
 
 @dataclass(frozen=True)
@@ -251,6 +298,7 @@ class NodeRates:
     tile_row_cycles: float = 0.0
     tile_row_block_cycles: float = 0.0
     tile_key_cycles: float = 0.0
+    tile_row_key_cycles: float = 0.0
 
     @classmethod
     def calibrated(cls, fig: BenchFigures, config: str | NodeConfig, model,
@@ -266,12 +314,9 @@ class NodeRates:
         if tile_chunk is None:
             tile_chunk = prefill_tile_chunk(cfg, "single")
         tiled = _tiled_rate(fig, cfg, tile_chunk)
-        group = model.q_heads // model.kv_heads
-        cpq, case = fig.attention_pair_cycles(group)
+        pair, pair_src = attend_pair_rate(fig, cfg, model)
         kv_rate = AXI_WIDTH // 8 * fig.dma_efficiency
-        src = {"attend_pair_cycles": f"{fig.sources['attention_cycles_per_pair']} ({case}), "
-                                     f"x ({model.head_dim}/{cfg.attn_lanes}) / "
-                                     f"({fig.attention_head_dim}/{fig.attention_lanes})",
+        src = {"attend_pair_cycles": pair_src,
                "kv_read_bytes_per_cycle": f"{AXI_WIDTH // 8} B/cycle (one HP port) x "
                                           f"{fig.sources['dma_efficiency']}"}
         if overheads:
@@ -307,8 +352,7 @@ class NodeRates:
             src["attend_record_cycles"] = "0 (engine rates alone)"
             src["emit_cycles_per_byte"] = "the KV reader's DMA rate"
         src |= tiled.pop("sources")
-        return cls(cfg.name, gemm, vec, rec, cpq * _lane_scale(fig, cfg, model.head_dim),
-                   kv_rate, emit, overheads, src, **tiled)
+        return cls(cfg.name, gemm, vec, rec, pair, kv_rate, emit, overheads, src, **tiled)
 
     @classmethod
     def idle(cls, config: str) -> NodeRates:
@@ -340,11 +384,14 @@ class NodeRates:
         if not self.tile_chunk:
             raise ValueError("PREFILL_TILE work on rates without the tiled path")
         rb, kc, blk = self.tile_row_block_cycles, self.tile_key_cycles, self.tile_block
+        rk = self.tile_row_key_cycles
+
+        def pair(rows, keys):
+            return max(rows * rb, keys * kc, rows * keys * rk)
         pairs = 0.0
         for rows, keys in w.tile_pairs:
             whole, rest = divmod(keys, blk)
-            pairs += whole * max(rows * rb, blk * kc) + (max(rows * rb, rest * kc) if rest
-                                                          else 0.0)
+            pairs += whole * pair(rows, blk) + (pair(rows, rest) if rest else 0.0)
         return w.tile_records * self.tile_record_cycles + w.tile_rows * self.tile_row_cycles \
             + pairs
 
@@ -356,5 +403,6 @@ class NodeRates:
             "config", "gemm_macs_per_cycle", "vector_cycles_per_element",
             "attend_record_cycles", "attend_pair_cycles", "kv_read_bytes_per_cycle",
             "emit_cycles_per_byte", "overheads", "tile_chunk", "tile_record_cycles",
-            "tile_row_cycles", "tile_row_block_cycles", "tile_key_cycles")} | {
+            "tile_row_cycles", "tile_row_block_cycles", "tile_key_cycles",
+            "tile_row_key_cycles")} | {
             "sources": dict(self.sources)}

@@ -1,6 +1,8 @@
-"""Stimulus encoding and expected payloads for the attention engine, shared by the amaranth.sim
-tests and the cocotb benches (no cocotb import here). Everything is packed with the ABI layouts
-(``mcf.abi.kv``) and predicted with the golden model (``mcf.golden.attention``), never by the DUT.
+"""Stimulus encoding and expected payloads for the attention engine's streams (paper §5), shared
+by the amaranth.sim tests, the engine driver (:mod:`mcf.sim.attention_drive`), the benchmarks
+(:mod:`mcf.sim.perf`) and the cocotb benches (no cocotb import here). Everything is packed with
+the ABI layouts (``mcf.abi.kv``) and predicted with the golden model (``mcf.golden.attention``),
+never by the DUT.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from mcf.golden.attention import (
     random_blocks,
     random_query,
 )
+
+__all__ = ["Job", "pack", "job_word", "q_words", "k_words", "v_words", "kh_words", "job_k_words",
+           "job_v_words", "expected_words", "expected_ends", "words_from_beats", "make_jobs",
+           "MASK32"]
 
 MASK32 = (1 << LANE_BITS) - 1
 

@@ -1,13 +1,15 @@
 """``mcf bench attention``'s tiled entry (mcf.sim.perf.attention.tiled): the sim node's
 PREFILL_TILE executor in amaranth.sim. Slow (about a minute each here): the small measurement
 reproduces the committed records' cycles and parameters (the run is deterministic), and a row
-that differs from the golden model refuses the figure."""
+that differs from the golden model refuses the figure (there and on the kr260-arrays NodeCompute
+in Verilator)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from test_prefill_attention_bench import ARRAYS
 
 from mcf.sim.perf import BenchRefused
 from mcf.sim.perf import attention as bench
@@ -28,7 +30,10 @@ def test_small_run_reproduces_the_committed_figures():
 
 
 @pytest.mark.slow
-def test_a_row_off_the_golden_model_refuses(monkeypatch):
+@pytest.mark.parametrize("run", ["amaranth.sim", "verilator"])
+def test_a_row_off_the_golden_model_refuses(monkeypatch, run):
+    """One golden byte flipped: the rows written (the sim node's executor in amaranth.sim, or
+    the kr260-arrays NodeCompute in Verilator) no longer match and the figure is refused."""
     import mcf.golden.attend_unit as golden
     real = golden.attend_model
 
@@ -40,4 +45,7 @@ def test_a_row_off_the_golden_model_refuses(monkeypatch):
 
     monkeypatch.setattr(golden, "attend_model", off_by_one)
     with pytest.raises(BenchRefused, match="differ from the golden model"):
-        bench.tiled_records([([8], 8)])
+        if run == "verilator":
+            bench.tiled_records_rtl(ARRAYS, [([64], 2)])
+        else:
+            bench.tiled_records([([8], 8)])

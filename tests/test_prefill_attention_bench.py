@@ -11,20 +11,15 @@ causal mask, a figure reported (the refusal of a row off the golden model on the
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from mcf.abi.attend import ATTEND_TILE_ROWS
-from mcf.abi.node_config import KR260, SIM, NodeConfig
+from mcf.abi.node_config import KR260_ARRAYS, SIM, NodeConfig
 from mcf.sim.perf import attention as bench
 from mcf.sim.tile_records import causal_macs, schedule_macs
 
-ARRAYS: NodeConfig = replace(KR260, name="kr260_arrays", tile_keys=4, tile_lanes=16,
-                             tile_max_chunk=256, tile_on_gemm=True, attn_on_arrays=True,
-                             attn_lanes=16, tile_query_words=4)
-"""``CONFIGS["kr260-arrays"]`` of scripts/node_resource_parts.py: the kr260 with the tiled
-prefill's S and P·V and every other ATTEND on the GEMM's arrays."""
+ARRAYS: NodeConfig = KR260_ARRAYS
+"""The kr260 node with every ATTEND on the GEMM's arrays."""
 
 
 def _brute_force_macs(lens, tokens, heads, d):

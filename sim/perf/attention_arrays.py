@@ -259,18 +259,12 @@ def collect(cfg: NodeConfig | None = None, small: bool = False, synth: bool = Tr
 
 
 def kr260_arrays() -> NodeConfig:
-    """The kr260 configuration with every ATTEND on the GEMM's arrays (issue #33): the tiled
-    prefill on the GEMM (4 keys × 16 channels, chunks of 256), ArrayEngine, 16-lane KV beats,
-    the query rows as four words. ``NODE_CONFIGS["kr260"]`` itself once it has
-    ``attn_on_arrays``."""
-    from dataclasses import replace
+    """The configuration measured by default: the kr260 node with every ATTEND on the GEMM's
+    arrays (:data:`mcf.abi.node_config.KR260_ARRAYS`; ``KR260`` itself once it has
+    ``attn_on_arrays``)."""
+    from mcf.abi.node_config import KR260, KR260_ARRAYS
 
-    from mcf.abi.node_config import KR260
-
-    if KR260.attn_on_arrays:
-        return KR260
-    return replace(KR260, name="kr260_arrays", tile_keys=4, tile_lanes=16, tile_max_chunk=256,
-                   tile_on_gemm=True, attn_on_arrays=True, attn_lanes=16, tile_query_words=4)
+    return KR260 if KR260.attn_on_arrays else KR260_ARRAYS
 
 
 def render(result: dict) -> str:

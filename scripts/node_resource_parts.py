@@ -22,14 +22,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from mcf.abi.node_config import KR260, KR260_ARRAYS, SIM, NodeConfig
+from mcf.abi.node_config import KR260, KR260_ON_ARRAYS, SIM, NodeConfig
 from mcf.abi.platform import K26
 
 CONFIGS: dict[str, NodeConfig] = {
     "kr260": KR260,
     "kr260-tiled": replace(KR260, name="kr260_tiled", tile_keys=4, tile_lanes=16,
                            tile_max_chunk=256, tile_on_gemm=True),
-    "kr260-arrays": KR260_ARRAYS,
+    "kr260-arrays": KR260_ON_ARRAYS,
     "sim": SIM,
 }
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 
 from mcf.abi.attend import ATTEND_TILE_ROWS
-from mcf.abi.node_config import KR260_ARRAYS, SIM, NodeConfig
+from mcf.abi.node_config import KR260_ON_ARRAYS, SIM, NodeConfig
 from mcf.sim.perf import attention as bench
 from mcf.sim.tile_records import causal_macs, schedule_macs
 
-ARRAYS: NodeConfig = KR260_ARRAYS
+ARRAYS: NodeConfig = KR260_ON_ARRAYS
 """The kr260 node with every ATTEND on the GEMM's arrays."""
 
 

@@ -260,11 +260,11 @@ def collect(cfg: NodeConfig | None = None, small: bool = False, synth: bool = Tr
 
 def kr260_arrays() -> NodeConfig:
     """The configuration measured by default: the kr260 node with every ATTEND on the GEMM's
-    arrays (:data:`mcf.abi.node_config.KR260_ARRAYS`; ``KR260`` itself once it has
+    arrays (:data:`mcf.abi.node_config.KR260_ON_ARRAYS`; ``KR260`` itself once it has
     ``attn_on_arrays``)."""
-    from mcf.abi.node_config import KR260, KR260_ARRAYS
+    from mcf.abi.node_config import KR260, KR260_ON_ARRAYS
 
-    return KR260 if KR260.attn_on_arrays else KR260_ARRAYS
+    return KR260 if KR260.attn_on_arrays else KR260_ON_ARRAYS
 
 
 def render(result: dict) -> str:

@@ -19,7 +19,7 @@ from .platform import HP_PORTS, NODE_LINKS
 from .quant import GROUP_SIZE
 from .regs import Access, Field, Register
 
-__all__ = ["NodeConfig", "KR260", "KR260_ARRAYS", "SIM", "NODE_CONFIGS", "caps_register",
+__all__ = ["NodeConfig", "KR260", "KR260_ON_ARRAYS", "SIM", "NODE_CONFIGS", "caps_register",
            "PACKET_WIDTH", "AXI_WIDTH", "TOP_ADDR_BITS", "TOP_ID_BITS"]
 
 PACKET_WIDTH = 64
@@ -153,7 +153,7 @@ class NodeConfig:
 KR260 = NodeConfig(name="kr260", top="mcf_node")
 """No tiled path: TilePrefill on arrays of its own does not fit beside the node's arrays
 (docs/attention.md, "Resources at the kr260 shape": BRAM36 binds first)."""
-KR260_ARRAYS = replace(KR260, name="kr260_arrays", attn_lanes=16, tile_keys=4, tile_lanes=16,
+KR260_ON_ARRAYS = replace(KR260, name="kr260_arrays", attn_lanes=16, tile_keys=4, tile_lanes=16,
                        tile_max_chunk=256, tile_query_words=4, tile_on_gemm=True,
                        attn_on_arrays=True)
 """The kr260 node with every ATTEND on the GEMM's four arrays (issue #33): PREFILL_TILE records

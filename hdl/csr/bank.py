@@ -181,12 +181,19 @@ class CsrBank(wiring.Component):
         with m.If(bvalid & axi.bready):
             m.d.sync += bvalid.eq(0)
 
-        # which words hold a register, as one constant indexed by the word address; a write
-        # select only for registers with a writable field
-        mapped = 0
-        for addr, _ in self._regmap:
-            mapped |= 1 << (addr // WORD_BYTES)
-        mapped_words = Const(mapped, 2 ** word_width)
+        # which words hold a register: the map's runs of consecutive words, a comparison pair
+        # per run (one for a map without gaps); a write select only for registers with a
+        # writable field
+        runs: list[list[int]] = []
+        for w in sorted(addr // WORD_BYTES for addr, _ in self._regmap):
+            if runs and runs[-1][1] == w:
+                runs[-1][1] = w + 1
+            else:
+                runs.append([w, w + 1])
+
+        def is_mapped(word):
+            return Cat(*((word >= lo) & (word < hi) for lo, hi in runs)).any()
+
         w_sel = {}
         for addr, reg in self._user:
             if all(f.access is Access.R for f in reg.fields):
@@ -194,7 +201,7 @@ class CsrBank(wiring.Component):
             w_sel[reg.name] = sel = Signal(name=f"wsel_{reg.name}")
             m.d.comb += sel.eq(commit & (aw_word == addr // WORD_BYTES))
         w_mapped = Signal()
-        m.d.comb += w_mapped.eq(mapped_words.bit_select(aw_word, 1))
+        m.d.comb += w_mapped.eq(is_mapped(aw_word))
         w_error = Signal()
         m.d.comb += w_error.eq(commit & ~w_mapped)
         with m.If(commit):
@@ -249,7 +256,7 @@ class CsrBank(wiring.Component):
             for addr, reg in self._regmap:
                 words[addr // WORD_BYTES] = word_of(reg)
             m.d.sync += rdata.eq(Array(words)[r_word])
-            with m.If(~mapped_words.bit_select(r_word, 1)):
+            with m.If(~is_mapped(r_word)):
                 m.d.comb += r_error.eq(1)
                 m.d.sync += rresp.eq(AxiResp.SLVERR)
 

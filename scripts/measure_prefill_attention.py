@@ -1,7 +1,7 @@
 """Prefill attention on the GEMM's arrays, measured in RTL (issue #33): QKᵀ + P·V
 multiply-accumulates per cycle of one causal PREFILL_TILE step on a node configuration's whole
 NodeCompute in Verilator (:func:`mcf.sim.perf.attention.prefill_attention`; the configurations
-of ``scripts/node_resource_parts.py``, ``kr260-arrays`` by default), and with ``--tiled`` the
+of ``scripts/node_resource_parts.py``, ``kr260`` by default), and with ``--tiled`` the
 four parameters of the tiled rate at that configuration's shape
 (:func:`mcf.sim.perf.attention.tiled` with the configuration).
 
@@ -26,7 +26,7 @@ from node_resource_parts import CONFIGS
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", choices=sorted(c for c, v in CONFIGS.items() if v.tiled),
-                    default="kr260-arrays")
+                    default="kr260")
     ap.add_argument("--small", action="store_true", help="the reduced step (16 tokens, 2 blocks)")
     ap.add_argument("--tiled", action="store_true",
                     help="also the tiled rate's four parameters at the configuration's shape")

@@ -5,16 +5,15 @@ down to ``--depth`` levels below the node, largest LUT + LUT-RAM first.
     python scripts/node_resource_parts.py                       # kr260, ~5 min
     python scripts/node_resource_parts.py --config kr260-tiled --under compute.prefill
 
-``kr260-tiled`` is the kr260 configuration with the tiled prefill on the GEMM's arrays
-(``tile_keys`` 4, ``tile_lanes`` 16, ``tile_max_chunk`` 256, ``tile_on_gemm``) — what does not
-fit yet, measured to see why; ``kr260-arrays`` adds ``attn_on_arrays`` (every other ATTEND
-on the same arrays: ArrayEngine instead of AttentionEngine) with the KV reader's beats at 16
-lanes (``attn_lanes``: no vector engine needs 32 any more, and the reader stays bound by its
-port, a 132-byte record being 9 bus beats against 8 beats of a 16-lane row; the transposer
-then needs no way multiplexer and its V FIFO is one URAM) and TileQuery's rows as four
-words (``tile_query_words``: 4 BRAM36 instead of 15). The per-part flow keeps the
-hierarchy (no ``-flatten``), so its LUTs are a few per cent above the flat figure of
-``mcf bench node``.
+``kr260`` is the bitstream's node: every ATTEND on the GEMM's arrays (``attn_on_arrays``,
+ArrayEngine and the tiled prefill), the KV reader's beats at 16 lanes (a 132-byte record is 9
+bus beats against 8 beats of a 16-lane row; the transposer needs no way multiplexer and its V
+FIFO is one URAM), TileQuery's rows as four words (4 BRAM36 instead of 15). The two nodes it
+replaced are kept to measure what they cost: ``kr260-engine``, the vector AttentionEngine
+(32 lanes) with no tiled path, and ``kr260-tiled``, that engine beside the tiled prefill on the
+GEMM's arrays (``tile_keys`` 4, ``tile_lanes`` 16, ``tile_max_chunk`` 256, ``tile_on_gemm``),
+which does not fit. The per-part flow keeps the hierarchy (no ``-flatten``), so its LUTs are
+a few per cent above the flat figure of ``mcf bench node``.
 """
 
 from __future__ import annotations
@@ -22,14 +21,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from mcf.abi.node_config import KR260, KR260_ON_ARRAYS, SIM, NodeConfig
+from mcf.abi.node_config import KR260, SIM, NodeConfig
 from mcf.abi.platform import K26
 
+_ENGINE = NodeConfig(name="kr260_engine", top="mcf_node")
 CONFIGS: dict[str, NodeConfig] = {
     "kr260": KR260,
-    "kr260-tiled": replace(KR260, name="kr260_tiled", tile_keys=4, tile_lanes=16,
+    "kr260-engine": _ENGINE,
+    "kr260-tiled": replace(_ENGINE, name="kr260_tiled", tile_keys=4, tile_lanes=16,
                            tile_max_chunk=256, tile_on_gemm=True),
-    "kr260-arrays": KR260_ON_ARRAYS,
     "sim": SIM,
 }
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from mcf.abi.node_config import SIM
+from mcf.abi.node_config import KR260, SIM
 from mcf.mars import get_model
 from mcf.sim.perf import BenchRefused
 from mcf.sim.perf import attention_arrays as bench
@@ -28,9 +28,6 @@ SMALL = replace(SIM, name="arrays_small", attn_head_dim=128, attn_lanes=8, attn_
 """The sim node at head_dim 128 (the GEMM's group) with every ATTEND on its one 16 × 16 GEMM
 array (tests/test_node_compute_tile.py's ``ARRAYS``): ArrayEngine small enough for the default
 suite."""
-
-KR260_ARRAYS = bench.kr260_arrays()
-
 
 def _check_result(r: dict, cfg) -> None:
     assert r["shape"] == bench.shape(cfg)
@@ -63,9 +60,9 @@ def test_a_word_off_the_golden_model_refuses():
 
 def test_only_a_node_with_the_engine_on_the_arrays_is_measured():
     with pytest.raises(ValueError, match="attn_on_arrays"):
-        bench.shape(replace(KR260_ARRAYS, attn_on_arrays=False))
-    assert KR260_ARRAYS.attn_on_arrays and KR260_ARRAYS.attn_lanes == 16
-    assert bench.shape(KR260_ARRAYS)["dsp"] == "model"       # the DSP48E2s as their model
+        bench.shape(replace(KR260, attn_on_arrays=False))
+    assert KR260.attn_on_arrays and KR260.attn_lanes == 16
+    assert bench.shape(KR260)["dsp"] == "model"       # the DSP48E2s as their model
 
 
 @pytest.mark.slow
@@ -75,9 +72,9 @@ def test_small_path_bit_exact_at_the_kr260_shape():
 
         pytest -m slow tests/test_attention_arrays_bench.py -k kr260
     """
-    r = bench.collect(KR260_ARRAYS, small=True)
+    r = bench.collect(KR260, small=True)
     assert sorted(r["cases"]) == ["decode_g6", "prefill_g6"]
-    _check_result(r, KR260_ARRAYS)
+    _check_result(r, KR260)
 
 
 # --- the system model -------------------------------------------------------------------------
@@ -111,17 +108,17 @@ def test_a_node_on_the_arrays_takes_the_arrays_pair_cycles(tmp_path, qwen):
     scaling); the source names the file and the case. A node without it keeps the vector
     engine's figure carried to its lanes. (``tile_chunk=0``: per-token PREFILL records — the
     tiled rate in attention.json is the sim node's tile shape, which kr260's is not.)"""
-    d = _results(tmp_path, _arrays_doc(KR260_ARRAYS, {6: 1.25, 2: 2.5}))
+    d = _results(tmp_path, _arrays_doc(KR260, {6: 1.25, 2: 2.5}))
     fig = load_figures([d])
     assert fig.attention_arrays is not None
     assert fig.attention_arrays.pair_cycles(6) == (1.25, "prefill_g6")
     ov = ProgramOverheads.measure(fig)
-    r = NodeRates.calibrated(fig, KR260_ARRAYS, qwen, measured=ov, tile_chunk=0)
+    r = NodeRates.calibrated(fig, KR260, qwen, measured=ov, tile_chunk=0)
     assert r.attend_pair_cycles == 1.25
     src = r.sources["attend_pair_cycles"]
     assert "attention_arrays.json" in src and "prefill_g6" in src
-    assert attend_pair_rate(fig, KR260_ARRAYS, get_model("tiny"))[0] == 2.5    # GQA 2:1
-    vec = replace(KR260_ARRAYS, name="vector", attn_on_arrays=False)
+    assert attend_pair_rate(fig, KR260, get_model("tiny"))[0] == 2.5    # GQA 2:1
+    vec = replace(KR260, name="vector", attn_on_arrays=False)
     cpq, case = fig.attention_pair_cycles(6)
     want = cpq * (qwen.head_dim / vec.attn_lanes) / (fig.attention_head_dim
                                                       / fig.attention_lanes)
@@ -137,26 +134,26 @@ def test_a_missing_or_mismatched_arrays_rate_is_refused(tmp_path, qwen):
     assert fig.attention_arrays is None
     assert "no attention_arrays.json" in fig.sources["attention_arrays"]
     with pytest.raises(CalibrationError, match="attn_on_arrays"):
-        NodeRates.calibrated(fig, KR260_ARRAYS, qwen, tile_chunk=0)
+        NodeRates.calibrated(fig, KR260, qwen, tile_chunk=0)
     NodeRates.calibrated(fig, SIM, get_model("tiny"))          # a node without needs none
     for key, value in (("lanes", 32), ("keys", 8), ("arrays", 1), ("chain", 1)):
-        doc = _arrays_doc(KR260_ARRAYS, {6: 1.25})
+        doc = _arrays_doc(KR260, {6: 1.25})
         doc["shape"][key] = value
         fig = load_figures([_results(tmp_path / key, doc)])
         with pytest.raises(CalibrationError, match="measured at"):
-            NodeRates.calibrated(fig, KR260_ARRAYS, qwen, tile_chunk=0)
-    doc = _arrays_doc(KR260_ARRAYS, {6: 1.25})
+            NodeRates.calibrated(fig, KR260, qwen, tile_chunk=0)
+    doc = _arrays_doc(KR260, {6: 1.25})
     del doc["cases"]["prefill_g6"]
     with pytest.raises(CalibrationError, match="no prefill case"):
         load_figures([_results(tmp_path / "nocase", doc)])
 
 
-def test_the_committed_measurement_is_the_kr260_arrays_shape():
-    """docs/results/attention_arrays.json: the full run (not the small path) at the shape of
-    kr260 with the engine on the arrays, every case's figure > 0."""
+def test_the_committed_measurement_is_the_kr260_shape():
+    """docs/results/attention_arrays.json: the full run (not the small path) at the kr260
+    node's shape, every case's figure > 0."""
     doc = json.loads((DOCS / "attention_arrays.json").read_text())
     assert not doc["small"]
     assert {k: doc["shape"][k] for k in ARRAY_SHAPE} == {
-        k: getattr(KR260_ARRAYS, f) for k, f in ARRAY_SHAPE.items()}
+        k: getattr(KR260, f) for k, f in ARRAY_SHAPE.items()}
     assert sorted(doc["cases"]) == ["decode_g2", "decode_g6", "prefill_g2", "prefill_g6"]
     assert all(row["cycles_per_qk"] > 0 for row in doc["cases"].values())

@@ -1,7 +1,7 @@
 """``mcf bench attention``'s tiled entry (mcf.sim.perf.attention.tiled): the sim node's
 PREFILL_TILE executor in amaranth.sim. Slow (about a minute each here): the small measurement
 reproduces the committed records' cycles and parameters (the run is deterministic), and a row
-that differs from the golden model refuses the figure (there and on the kr260-arrays NodeCompute
+that differs from the golden model refuses the figure (there and on the kr260 NodeCompute
 in Verilator)."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def test_small_run_reproduces_the_committed_figures():
 @pytest.mark.parametrize("run", ["amaranth.sim", "verilator"])
 def test_a_row_off_the_golden_model_refuses(monkeypatch, run):
     """One golden byte flipped: the rows written (the sim node's executor in amaranth.sim, or
-    the kr260-arrays NodeCompute in Verilator) no longer match and the figure is refused."""
+    the kr260 NodeCompute in Verilator) no longer match and the figure is refused."""
     import mcf.golden.attend_unit as golden
     real = golden.attend_model
 

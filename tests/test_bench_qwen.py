@@ -140,27 +140,28 @@ def test_small_run_end_to_end():
 
 
 def test_prediction_prices_the_runs_softmax():
-    """The prefill ATTEND is priced as the run's node program issues it: on the sim node a
-    single-softmax run's PREFILL_TILE records, a two_phase run's per-token PREFILL records
-    (mcf.node.layer.prefill_tile_chunk); kr260 has no tiled path, so its softmax changes
-    nothing. Decode is the same either way."""
+    """The prefill ATTEND is priced as the run's node program issues it: a single-softmax run's
+    PREFILL_TILE records (up to the node's ``tile_max_chunk`` tokens), a two_phase run's
+    per-token PREFILL records (mcf.node.layer.prefill_tile_chunk) — on the sim node and on
+    kr260, both with the tiled path. Decode is the same either way."""
     from dataclasses import replace
 
-    from mcf.abi.node_config import SIM
+    from mcf.abi.node_config import NODE_CONFIGS
     from mcf.cluster import make_plan
     from mcf.sim.cluster import BENCH_LATENCY_CYCLES
     from mcf.sysmodel.system import simulate_plan
     from mcf.sysmodel.validate import rtl_system_spec
 
-    fig, spec = load_figures(), SMALL.spec(2)
-    single, two = predict(spec, fig), predict(replace(spec, softmax="two_phase"), fig)
-    plan = make_plan(spec, model_config(SMALL))
-    for pred, chunk in ((single, SIM.tile_max_chunk), (two, 0)):
-        want = simulate_plan(plan, fig, rtl_system_spec(BENCH_LATENCY_CYCLES, tile_chunk=chunk))
-        assert pred["prefill_step_cycles"] == [float(c) for c in want.step_cycles]
-    assert single["ttft_cycles"] < two["ttft_cycles"]
-    assert single["decode_cycles_per_token"] == two["decode_cycles_per_token"]
-    q = QWEN.spec(2, resolve=False)
-    cfg = model_config(QWEN)
-    assert predict(q, fig, cfg)["ttft_cycles"] == \
-        predict(replace(q, softmax="two_phase"), fig, cfg)["ttft_cycles"]
+    fig = load_figures()
+    for run in (SMALL, QWEN):
+        spec, cfg = run.spec(2, resolve=False), model_config(run)
+        single = predict(spec, fig, cfg)
+        two = predict(replace(spec, softmax="two_phase"), fig, cfg)
+        plan = make_plan(spec, cfg)
+        for pred, chunk in ((single, NODE_CONFIGS[run.config].tile_max_chunk), (two, 0)):
+            assert chunk or pred is two
+            want = simulate_plan(plan, fig, rtl_system_spec(BENCH_LATENCY_CYCLES,
+                                                            tile_chunk=chunk))
+            assert pred["prefill_step_cycles"] == [float(c) for c in want.step_cycles]
+        assert single["ttft_cycles"] != two["ttft_cycles"]
+        assert single["decode_cycles_per_token"] == two["decode_cycles_per_token"]

@@ -1,7 +1,7 @@
 """Prefill attention on the arrays, measured in RTL (issue #33; :func:`mcf.sim.perf.attention.
 prefill_attention`, the bench ``mcf.sim.benches.tile_prefill_perf``): the MAC count's two
 independent derivations, the tiled rate's records at a configuration's shape, and (slow: the
-Verilator build of the kr260-arrays NodeCompute takes tens of minutes the first time, a run a
+Verilator build of the kr260 NodeCompute takes tens of minutes the first time, a run a
 few minutes) the reduced step on the real path — every row bit-exact, the MACs counted from the
 causal mask, a figure reported (the refusal of a row off the golden model on the same build is
 ``tests/test_bench_attention_tiled.py``'s).
@@ -14,12 +14,12 @@ from __future__ import annotations
 import pytest
 
 from mcf.abi.attend import ATTEND_TILE_ROWS
-from mcf.abi.node_config import KR260_ON_ARRAYS, SIM, NodeConfig
+from mcf.abi.node_config import KR260, SIM, NodeConfig
 from mcf.sim.perf import attention as bench
 from mcf.sim.tile_records import causal_macs, schedule_macs
 
-ARRAYS: NodeConfig = KR260_ON_ARRAYS
-"""The kr260 node with every ATTEND on the GEMM's arrays."""
+ARRAYS: NodeConfig = KR260
+"""The kr260 node: every ATTEND on the GEMM's arrays."""
 
 
 def _brute_force_macs(lens, tokens, heads, d):
@@ -46,7 +46,7 @@ def test_causal_mac_count(lens, tokens):
 
 
 def test_full_step_mac_count():
-    """The full step at the kr260-arrays shape: 256 tokens (positions 768..1023) × 6 heads
+    """The full step at the kr260 shape: 256 tokens (positions 768..1023) × 6 heads
     against 1,024 keys: Σ (769 + i) visible keys, 256 MACs each."""
     lens, tokens = bench.prefill_shape(ARRAYS)
     assert (lens, tokens) == ([256] * 4, 256)
@@ -57,7 +57,7 @@ def test_full_step_mac_count():
 
 def test_tiled_plan():
     """At the sim shape the plan is the committed records themselves and the prefill step; at
-    kr260-arrays (small) the same records scaled to its blocks (256 keys) and query tile (10
+    kr260 (small) the same records scaled to its blocks (256 keys) and query tile (10
     tokens of 6 heads)."""
     sim = bench.tiled_plan(SIM)
     assert [(n, lens, t) for n, lens, t, _ in sim] == [
@@ -75,7 +75,7 @@ def test_tiled_plan():
 @pytest.mark.slow
 def test_prefill_attention_small():
     """The reduced step (16 tokens × 6 heads against 2 blocks of 256 keys, the second the
-    diagonal one) on the kr260-arrays NodeCompute in Verilator: every row bit-exact (else
+    diagonal one) on the kr260 NodeCompute in Verilator: every row bit-exact (else
     BenchRefused), the MACs the causal mask's, a figure above 0 and below the peak."""
     got = bench.prefill_attention(ARRAYS, small=True)
     print(f"\n{got}")

@@ -15,7 +15,7 @@ import pytest
 from mcf.abi.compute import DmaDesc
 from mcf.abi.eth import FCS_BYTES, HEADER_BYTES, IFG_BYTES, LINK_OVERHEAD, PREAMBLE
 from mcf.abi.jobs import JOB_ARG, VEC_CFG, walk
-from mcf.abi.node_config import KR260, SIM
+from mcf.abi.node_config import KR260, SIM, NodeConfig
 from mcf.abi.platform import ACLK_HZ, SFP_RATE_BPS
 from mcf.abi.quant import VectorOp
 from mcf.cli import main
@@ -37,6 +37,8 @@ from mcf.sysmodel.validate import validate, validate_comm
 from mcf.sysmodel.work import keys_read_blocks, node_work, vector_elements
 
 DOCS = results_dirs()[1]
+ENGINE = NodeConfig(name="kr260_engine", top="mcf_node")
+"""The kr260 node as it was before issue #33: the vector AttentionEngine, no tiled path."""
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +65,10 @@ def test_figures_come_from_the_bench_json(tmp_path):
     node = json.loads((d / "node.json").read_text())
     node["macs_per_cycle"] = 512.0
     (d / "node.json").write_text(json.dumps(node))
-    att = json.loads((d / "attention.json").read_text())
-    att["cases"]["prefill_g6"]["cycles_per_qk"] *= 2
-    (d / "attention.json").write_text(json.dumps(att))
+    for name in ("attention.json", "attention_arrays.json"):
+        att = json.loads((d / name).read_text())
+        att["cases"]["prefill_g6"]["cycles_per_qk"] *= 2
+        (d / name).write_text(json.dumps(att))
     comp = json.loads((d / "compute.json").read_text())
     comp["dma_efficiency"] = 0.5
     (d / "compute.json").write_text(json.dumps(comp))
@@ -73,7 +76,9 @@ def test_figures_come_from_the_bench_json(tmp_path):
     q = get_model("qwen2.5-1.5b")
     r0, r1 = (NodeRates.calibrated(f, "kr260", q) for f in (base, got))
     assert r1.gemm_macs_per_cycle == 512.0 != r0.gemm_macs_per_cycle
-    assert r1.attend_pair_cycles == pytest.approx(2 * r0.attend_pair_cycles)
+    assert r1.attend_pair_cycles == pytest.approx(2 * r0.attend_pair_cycles)   # on the arrays
+    e0, e1 = (NodeRates.calibrated(f, ENGINE, q) for f in (base, got))
+    assert e1.attend_pair_cycles == pytest.approx(2 * e0.attend_pair_cycles)   # vector engine
     assert r1.kv_read_bytes_per_cycle == pytest.approx(8.0)
     assert str(d / "node.json") in got.sources["kr260_macs_per_cycle"]
     assert load_figures([DOCS]).sources["dma_efficiency"] == \
@@ -147,12 +152,15 @@ def test_overheads_refuse_a_run_of_another_shape(tmp_path):
 
 
 def test_attention_rate_follows_the_configuration(fig, qwen):
-    r = NodeRates.calibrated(fig, "kr260", qwen)
+    r = NodeRates.calibrated(fig, ENGINE, qwen)
     cpq, case = fig.attention_pair_cycles(6)
     assert case == "prefill_g6"
     assert r.attend_pair_cycles == pytest.approx(
-        cpq * (qwen.head_dim / KR260.attn_lanes)
+        cpq * (qwen.head_dim / ENGINE.attn_lanes)
         / (fig.attention_head_dim / fig.attention_lanes))
+    a_cpq, a_case = fig.attention_arrays.pair_cycles(6)          # kr260: ArrayEngine's, as is
+    assert a_case == "prefill_g6"
+    assert NodeRates.calibrated(fig, KR260, qwen).attend_pair_cycles == a_cpq
     with pytest.raises(ValueError, match="does not fit"):
         NodeRates.calibrated(fig, "kr260", get_model("tiny"))
 

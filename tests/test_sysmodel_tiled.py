@@ -15,7 +15,7 @@ import pytest
 
 from mcf.abi.attend import ATTEND_TILE_ROWS
 from mcf.abi.kv import kv_token_bytes
-from mcf.abi.node_config import KR260, SIM
+from mcf.abi.node_config import KR260, SIM, NodeConfig
 from mcf.golden.attention_tiled import tile_schedule
 from mcf.mars import get_model
 from mcf.mars.plan import tiny_plan
@@ -115,11 +115,11 @@ def test_tiled_rate_by_hand(fig, tiny):
     assert abs(r.attend(one) - rec["cycles"]) / rec["cycles"] <= t["max_abs_error"] < 0.15
 
 
-def test_sim_prefill_tiled_decode_and_kr260_not(fig, tiny):
+def test_prefill_tiled_decode_not(fig, tiny):
     """The sim node's prefill steps are priced tiled (JOBs and EMIT unchanged, ATTEND lower
     than per-token records); ``tile_chunk=0`` gives the per-token pricing back; a decode
-    token's ATTEND (no tile work) is the per-token engine's either way; kr260 has no tiled
-    path."""
+    token's ATTEND (no tile work) is the per-token engine's either way; kr260's records are
+    up to its ``tile_max_chunk``, the vector-engine node it replaced has none."""
     p = tiny_plan(4, 64, 32)
     spec = SystemSpec(layout="node-program", ethernet=False)
     tiled = simulate_plan(p, fig, spec)
@@ -133,9 +133,13 @@ def test_sim_prefill_tiled_decode_and_kr260_not(fig, tiny):
     assert tiled.rates.attend(dec) == flat.rates.attend(dec) > 0
     qwen = get_model("qwen2.5-1.5b")
     k = NodeRates.calibrated(fig, "kr260", qwen)
-    assert not KR260.tiled and k.tile_chunk == 0
+    assert KR260.tiled and k.tile_chunk == KR260.tile_max_chunk
     with pytest.raises(ValueError, match="no PREFILL_TILE"):
-        NodeRates.calibrated(fig, "kr260", qwen, tile_chunk=32)
+        NodeRates.calibrated(fig, "kr260", qwen, tile_chunk=2 * KR260.tile_max_chunk)
+    engine = NodeConfig(name="kr260_engine", top="mcf_node")
+    assert NodeRates.calibrated(fig, engine, qwen).tile_chunk == 0
+    with pytest.raises(ValueError, match="no PREFILL_TILE"):
+        NodeRates.calibrated(fig, engine, qwen, tile_chunk=32)
 
 
 def test_a_missing_or_mismatched_tiled_rate_is_refused(tmp_path, tiny):
@@ -151,7 +155,10 @@ def test_a_missing_or_mismatched_tiled_rate_is_refused(tmp_path, tiny):
     with pytest.raises(CalibrationError, match="no tiled prefill rate"):
         NodeRates.calibrated(fig, "sim", tiny)
     assert NodeRates.calibrated(fig, "sim", tiny, tile_chunk=0).tile_chunk == 0
-    NodeRates.calibrated(fig, "kr260", get_model("qwen2.5-1.5b"))     # kr260 needs none
+    qwen = get_model("qwen2.5-1.5b")
+    with pytest.raises(CalibrationError, match="no tiled prefill rate"):
+        NodeRates.calibrated(fig, "kr260", qwen)
+    assert NodeRates.calibrated(fig, "kr260", qwen, tile_chunk=0).tile_chunk == 0
     att["tiled"] = t | {"shape": t["shape"] | {"tile_lanes": 16}}
     (d / "attention.json").write_text(json.dumps(att))
     with pytest.raises(CalibrationError, match="measured at"):

@@ -44,7 +44,7 @@ Every output word is checked against the golden model
 elsewhere, a run that does not finish, a job not completed or a non-zero error counter
 (``err_rows``, ``err_max``, ``err_job``) raises :class:`~mcf.sim.perf.BenchRefused`.
 
-    python -m mcf.sim.perf.attention_arrays [--small] [--config kr260-arrays] [--out FILE]
+    python -m mcf.sim.perf.attention_arrays [--small] [--config kr260] [--out FILE]
 """
 
 from __future__ import annotations
@@ -229,12 +229,13 @@ def measure_case(cfg: NodeConfig, case: dict, seed: int) -> dict:
 
 def collect(cfg: NodeConfig | None = None, small: bool = False, synth: bool = True,
             workers: int = 2) -> dict:
-    """Measure ArrayEngine at ``cfg``'s shape (default: :func:`kr260_arrays`); returns the JSON
+    """Measure ArrayEngine at ``cfg``'s shape (default: the kr260 node); returns the JSON
     object described in the module docstring. ``workers`` > 1 runs the cases in that many
     processes (the same runs, seeds and figures). ``synth`` is the bench contract's
     (:mod:`mcf.sim.perf`); no resources are reported here (the engine's are the node's,
     ``mcf bench node``)."""
-    cfg = cfg or kr260_arrays()
+    if cfg is None:
+        from mcf.abi.node_config import KR260 as cfg
     s = shape(cfg)
     todo = [(c, SEED + i) for i, c in enumerate(cases(small, s["max_block"], s["max_heads"]))]
     if workers > 1:
@@ -256,15 +257,6 @@ def collect(cfg: NodeConfig | None = None, small: bool = False, synth: bool = Tr
         "engine": "ArrayEngine (mcf.hdl.compute.array_engine), amaranth.sim",
         "small": small,
     }
-
-
-def kr260_arrays() -> NodeConfig:
-    """The configuration measured by default: the kr260 node with every ATTEND on the GEMM's
-    arrays (:data:`mcf.abi.node_config.KR260_ON_ARRAYS`; ``KR260`` itself once it has
-    ``attn_on_arrays``)."""
-    from mcf.abi.node_config import KR260, KR260_ON_ARRAYS
-
-    return KR260 if KR260.attn_on_arrays else KR260_ON_ARRAYS
 
 
 def render(result: dict) -> str:
@@ -290,19 +282,16 @@ def render(result: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--small", action="store_true", help="the reduced CI sizes")
-    ap.add_argument("--config", default="kr260-arrays",
-                    help="a NODE_CONFIGS name with attn_on_arrays, or kr260-arrays")
+    ap.add_argument("--config", default="kr260",
+                    help="a NODE_CONFIGS name with attn_on_arrays")
     ap.add_argument("--out", type=Path, help="write the JSON here")
     ap.add_argument("--workers", type=int, default=1, help="cases run in parallel processes")
     args = ap.parse_args(argv)
     from mcf.abi.node_config import NODE_CONFIGS
 
-    if args.config == "kr260-arrays":
-        cfg = kr260_arrays()
-    elif args.config in NODE_CONFIGS:
-        cfg = NODE_CONFIGS[args.config]
-    else:
+    if args.config not in NODE_CONFIGS:
         ap.error(f"unknown configuration {args.config!r}")
+    cfg = NODE_CONFIGS[args.config]
     try:
         result = collect(cfg, args.small, workers=args.workers)
     except (BenchRefused, ValueError) as exc:

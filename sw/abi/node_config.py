@@ -8,7 +8,7 @@ one block design and one cocotb bench fit both; what differs is visible to softw
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .compute import GemmLimits
 from .framing import MAX_PAYLOAD
@@ -19,7 +19,7 @@ from .platform import HP_PORTS, NODE_LINKS
 from .quant import GROUP_SIZE
 from .regs import Access, Field, Register
 
-__all__ = ["NodeConfig", "KR260", "KR260_ON_ARRAYS", "SIM", "NODE_CONFIGS", "caps_register",
+__all__ = ["NodeConfig", "KR260", "SIM", "NODE_CONFIGS", "caps_register",
            "PACKET_WIDTH", "AXI_WIDTH", "TOP_ADDR_BITS", "TOP_ID_BITS"]
 
 PACKET_WIDTH = 64
@@ -150,17 +150,13 @@ class NodeConfig:
         return caps_value(self)
 
 
-KR260 = NodeConfig(name="kr260", top="mcf_node")
-"""No tiled path: TilePrefill on arrays of its own does not fit beside the node's arrays
-(docs/attention.md, "Resources at the kr260 shape": BRAM36 binds first)."""
-KR260_ON_ARRAYS = replace(KR260, name="kr260_arrays", attn_lanes=16, tile_keys=4, tile_lanes=16,
-                       tile_max_chunk=256, tile_query_words=4, tile_on_gemm=True,
-                       attn_on_arrays=True)
-"""The kr260 node with every ATTEND on the GEMM's four arrays (issue #33): PREFILL_TILE records
-on the tiled path (S and P·V through the GEMM's share, 4 keys × 16 channels per score beat,
-chunks of up to 256 tokens, a query row as 4 words), the others on ArrayEngine, the KV reader at
-16 lanes, no vector attention engine. Measured, not yet the bitstream's (not in
-:data:`NODE_CONFIGS`); docs/node.md §11."""
+KR260 = NodeConfig(name="kr260", top="mcf_node", attn_lanes=16, tile_keys=4, tile_lanes=16,
+                   tile_max_chunk=256, tile_query_words=4, tile_on_gemm=True,
+                   attn_on_arrays=True)
+"""Every ATTEND on the GEMM's four arrays (issue #33): PREFILL_TILE records on the tiled path
+(S and P·V through the GEMM's share, 4 keys × 16 channels per score beat, chunks of up to 256
+tokens, a query row as 4 words), the others on ArrayEngine, the KV reader at 16 lanes, no vector
+attention engine (docs/node.md §11: what it costs and what was cut to fit)."""
 SIM = NodeConfig(name="sim", top="mcf_node_sim", gemm_arrays=1, gemm_chain=1, gemm_dsp="fabric",
                  gemm_tile_ram="block",
                  gemm_k_max=256, gemm_m_max=16,

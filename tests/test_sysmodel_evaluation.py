@@ -100,6 +100,10 @@ def test_scaled_rates(fig):
     assert fast.attend_pair_cycles == pytest.approx(rates.attend_pair_cycles / 4)
     assert fast.gemm_macs_per_cycle == pytest.approx(rates.gemm_macs_per_cycle * 4)
     assert fast.kv_read_bytes_per_cycle == pytest.approx(rates.kv_read_bytes_per_cycle * 4)
+    assert rates.tile_chunk == fast.tile_chunk > 0                  # kr260's tiled prefill
+    for f in ("record", "row", "row_block", "key", "row_key"):
+        assert getattr(fast, f"tile_{f}_cycles") == pytest.approx(
+            getattr(rates, f"tile_{f}_cycles") / 4)
 
 
 def test_operating_point_follows_the_paper_and_our_rate(ev):
@@ -108,7 +112,7 @@ def test_operating_point_follows_the_paper_and_our_rate(ev):
         assert o.ops == scope_ops(qwen, 16384, o.scope)
         assert o.paper_rate_ops_s == pytest.approx(o.ops / (2 * 1.68))
         assert o.compute_scale == pytest.approx(o.paper_rate_ops_s / o.our_rate_ops_s)
-        assert o.compute_scale > 50         # the paper's node is far faster than ours
+        assert o.compute_scale > 10         # the paper's node is far faster than ours
 
 
 def test_memory_converges_to_owner_only(ev, spec):

@@ -364,7 +364,8 @@ class Evaluation:
 
 def scaled_rates(rates: NodeRates, k: float) -> NodeRates:
     """A node ``k`` times faster in everything it computes and reads from its DDR (GEMM,
-    vector passes, ATTEND records and pairs, the KV reader, EMIT); the NIC is unchanged."""
+    vector passes, ATTEND records and pairs, the tiled prefill's records, the KV reader, EMIT);
+    the NIC is unchanged."""
     if k == 1:
         return rates
     return replace(rates, gemm_macs_per_cycle=rates.gemm_macs_per_cycle * k,
@@ -373,6 +374,11 @@ def scaled_rates(rates: NodeRates, k: float) -> NodeRates:
                    attend_pair_cycles=rates.attend_pair_cycles / k,
                    kv_read_bytes_per_cycle=rates.kv_read_bytes_per_cycle * k,
                    emit_cycles_per_byte=rates.emit_cycles_per_byte / k,
+                   tile_record_cycles=rates.tile_record_cycles / k,
+                   tile_row_cycles=rates.tile_row_cycles / k,
+                   tile_row_block_cycles=rates.tile_row_block_cycles / k,
+                   tile_key_cycles=rates.tile_key_cycles / k,
+                   tile_row_key_cycles=rates.tile_row_key_cycles / k,
                    sources=rates.sources | {"scaled": f"every node cycle cost / {k:g}"})
 
 

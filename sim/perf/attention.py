@@ -532,12 +532,13 @@ def render(result: dict) -> str:
                  f"{result['prefill_cycles_per_qk']:.2f} cycles per (query, key, head); bank "
                  f"utilisation QK {result['qk_bank_utilization']:.1%}, PV "
                  f"{result['pv_bank_utilization']:.1%}")
-    t = result.get("tiled")
-    if t:
+    for key in [k for k in result if k == "tiled" or k.startswith("tiled_")]:
+        t = result[key]
         recs = t["records"].values()
         check = [r for r in recs if r["role"] == "check"]
-        lines.append(f"tiled prefill ({t['shape']['config']} node: TileUnit + KvReader + "
-                     "TilePrefill, amaranth.sim, rows bit-exact): cycles per PREFILL_TILE "
+        where = t.get("simulator", "TileUnit + KvReader + TilePrefill, amaranth.sim")
+        lines.append(f"tiled prefill ({t['shape']['config']} node: {where}, rows bit-exact): "
+                     f"cycles per PREFILL_TILE "
                      f"record = {t['record_cycles']:.0f} + {t['row_cycles']:.2f} x rows + sum "
                      f"over (tile, block) max({t['row_block_cycles']:.2f} x rows, "
                      f"{t['key_cycles']:.2f} x keys, {t['row_key_cycles']:.4f} x rows x keys)")

@@ -49,12 +49,15 @@ def _rec(mode: int, heads: int = 2, softmax: AttendSoftmax = AttendSoftmax.SINGL
 # --- configuration ----------------------------------------------------------------------------
 
 def test_tile_sizes_and_caps():
-    """sim has the tiled path (CAPS names its chunk), kr260 not (CAPS as before: field 0); the
-    sizes its parts refuse are refused when the configuration is made."""
+    """sim and kr260 have the tiled path (CAPS names its chunk: 32 and 256 tokens), a node
+    without it has field 0; the sizes its parts refuse are refused when the configuration is
+    made."""
     def field(cfg):
         return caps_register().unpack(cfg.caps())["tile_chunk_log2"]
     assert SIM.tiled and 1 << field(SIM) == SIM.tile_max_chunk == 32
-    assert not KR260.tiled and field(KR260) == 0
+    assert KR260.tiled and 1 << field(KR260) == KR260.tile_max_chunk == 256
+    engine = NodeConfig(name="kr260_engine", top="mcf_node")
+    assert not engine.tiled and field(engine) == 0
     for bad in ({"tile_max_chunk": 24}, {"tile_max_chunk": 0}, {"tile_lanes": 6},
                 {"tile_keys": 3}, {"kv_format": KVFormat.PER_CHANNEL_K}):
         with pytest.raises(ValueError):

@@ -164,4 +164,6 @@ def test_prediction_prices_the_runs_softmax():
                                                             tile_chunk=chunk))
             assert pred["prefill_step_cycles"] == [float(c) for c in want.step_cycles]
         assert single["ttft_cycles"] != two["ttft_cycles"]
+        if run is SMALL:        # 32-token records on the sim node beat its per-token engine
+            assert single["ttft_cycles"] < two["ttft_cycles"]
         assert single["decode_cycles_per_token"] == two["decode_cycles_per_token"]

@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from mcf.abi.node_config import KR260, SIM, NodeConfig
+from mcf.abi.node_config import KR260, KR260_ENGINE, SIM, NodeConfig
 from mcf.abi.platform import K26
 
-_ENGINE = NodeConfig(name="kr260_engine", top="mcf_node")
 CONFIGS: dict[str, NodeConfig] = {
     "kr260": KR260,
-    "kr260-engine": _ENGINE,
-    "kr260-tiled": replace(_ENGINE, name="kr260_tiled", tile_keys=4, tile_lanes=16,
+    "kr260-engine": KR260_ENGINE,
+    "kr260-tiled": replace(KR260_ENGINE, name="kr260_tiled", tile_keys=4, tile_lanes=16,
                            tile_max_chunk=256, tile_on_gemm=True),
     "sim": SIM,
 }

@@ -29,7 +29,7 @@ from mcf.abi.attend import (
 )
 from mcf.abi.kv_channel import KVFormat
 from mcf.abi.node import CMD
-from mcf.abi.node_config import KR260, SIM, NodeConfig, caps_register
+from mcf.abi.node_config import KR260, KR260_ENGINE, SIM, NodeConfig, caps_register
 from mcf.golden.attend_unit import attend_model
 from mcf.golden.attention import random_blocks, random_query
 from mcf.hdl.compute.array_engine import ArrayEngine
@@ -56,8 +56,7 @@ def test_tile_sizes_and_caps():
         return caps_register().unpack(cfg.caps())["tile_chunk_log2"]
     assert SIM.tiled and 1 << field(SIM) == SIM.tile_max_chunk == 32
     assert KR260.tiled and 1 << field(KR260) == KR260.tile_max_chunk == 256
-    engine = NodeConfig(name="kr260_engine", top="mcf_node")
-    assert not engine.tiled and field(engine) == 0
+    assert not KR260_ENGINE.tiled and field(KR260_ENGINE) == 0
     for bad in ({"tile_max_chunk": 24}, {"tile_max_chunk": 0}, {"tile_lanes": 6},
                 {"tile_keys": 3}, {"kv_format": KVFormat.PER_CHANNEL_K}):
         with pytest.raises(ValueError):

@@ -15,7 +15,8 @@ import pytest
 from mcf.abi.compute import DmaDesc
 from mcf.abi.eth import FCS_BYTES, HEADER_BYTES, IFG_BYTES, LINK_OVERHEAD, PREAMBLE
 from mcf.abi.jobs import JOB_ARG, VEC_CFG, walk
-from mcf.abi.node_config import KR260, SIM, NodeConfig
+from mcf.abi.node_config import KR260, SIM
+from mcf.abi.node_config import KR260_ENGINE as ENGINE
 from mcf.abi.platform import ACLK_HZ, SFP_RATE_BPS
 from mcf.abi.quant import VectorOp
 from mcf.cli import main
@@ -37,8 +38,6 @@ from mcf.sysmodel.validate import validate, validate_comm
 from mcf.sysmodel.work import keys_read_blocks, node_work, vector_elements
 
 DOCS = results_dirs()[1]
-ENGINE = NodeConfig(name="kr260_engine", top="mcf_node")
-"""The kr260 node as it was before issue #33: the vector AttentionEngine, no tiled path."""
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 
 from mcf.abi.attend import ATTEND_TILE_ROWS
 from mcf.abi.kv import kv_token_bytes
-from mcf.abi.node_config import KR260, SIM, NodeConfig
+from mcf.abi.node_config import KR260, KR260_ENGINE, SIM
 from mcf.golden.attention_tiled import tile_schedule
 from mcf.mars import get_model
 from mcf.mars.plan import tiny_plan
@@ -136,7 +136,7 @@ def test_prefill_tiled_decode_not(fig, tiny):
     assert KR260.tiled and k.tile_chunk == KR260.tile_max_chunk
     with pytest.raises(ValueError, match="no PREFILL_TILE"):
         NodeRates.calibrated(fig, "kr260", qwen, tile_chunk=2 * KR260.tile_max_chunk)
-    engine = NodeConfig(name="kr260_engine", top="mcf_node")
+    engine = KR260_ENGINE
     assert NodeRates.calibrated(fig, engine, qwen).tile_chunk == 0
     with pytest.raises(ValueError, match="no PREFILL_TILE"):
         NodeRates.calibrated(fig, engine, qwen, tile_chunk=32)

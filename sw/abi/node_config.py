@@ -19,7 +19,7 @@ from .platform import HP_PORTS, NODE_LINKS
 from .quant import GROUP_SIZE
 from .regs import Access, Field, Register
 
-__all__ = ["NodeConfig", "KR260", "SIM", "NODE_CONFIGS", "caps_register",
+__all__ = ["NodeConfig", "KR260", "KR260_ENGINE", "SIM", "NODE_CONFIGS", "caps_register",
            "PACKET_WIDTH", "AXI_WIDTH", "TOP_ADDR_BITS", "TOP_ID_BITS"]
 
 PACKET_WIDTH = 64
@@ -157,6 +157,10 @@ KR260 = NodeConfig(name="kr260", top="mcf_node", attn_lanes=16, tile_keys=4, til
 (S and P·V through the GEMM's share, 4 keys × 16 channels per score beat, chunks of up to 256
 tokens, a query row as 4 words), the others on ArrayEngine, the KV reader at 16 lanes, no vector
 attention engine (docs/node.md §11: what it costs and what was cut to fit)."""
+KR260_ENGINE = NodeConfig(name="kr260_engine", top="mcf_node")
+"""The kr260 node before issue #33: the vector ``AttentionEngine`` (32 lanes), no tiled path.
+Not a bitstream's (not in :data:`NODE_CONFIGS`): kept so the resource script and the system
+model can still measure and price what the arrays replaced."""
 SIM = NodeConfig(name="sim", top="mcf_node_sim", gemm_arrays=1, gemm_chain=1, gemm_dsp="fabric",
                  gemm_tile_ram="block",
                  gemm_k_max=256, gemm_m_max=16,

@@ -24,7 +24,7 @@ from mcf.abi.attend import (
 from mcf.abi.kv import KV_SCALE, dequantize, dequantize_q, kv_token_bytes
 from mcf.abi.kv_reader import block_address
 from mcf.abi.node import RecordClass
-from mcf.abi.node_config import KR260, SIM, NodeConfig
+from mcf.abi.node_config import KR260, KR260_ENGINE, SIM, NodeConfig
 from mcf.abi.quant import requantize, rope_pair_order
 from mcf.abi.query import QUERY_HEADER_BYTES, pack_query
 from mcf.abi.softmax import NORM_OUT
@@ -176,14 +176,17 @@ def test_per_token_records_keep_the_per_token_golden(step):
 
 
 def test_who_issues_prefill_tile():
-    """A single run on a tiled node (the ``sim`` configuration) issues PREFILL_TILE in chunks
-    of its ``tile_max_chunk``; a two_phase run (N-invariance) or a node without the tiled path
-    (kr260) keeps PREFILL records; the driver reads the chunk limit from CAPS."""
+    """A single run on a tiled node (``sim``, ``kr260``) issues PREFILL_TILE in chunks of its
+    ``tile_max_chunk``; a two_phase run (N-invariance) or a node without the tiled path
+    (``KR260_ENGINE``) keeps PREFILL records; the driver reads the chunk limit from CAPS."""
     assert prefill_tile_chunk(SIM, "single") == SIM.tile_max_chunk == 32
     assert prefill_tile_chunk(SIM, "two_phase") == 0
-    assert prefill_tile_chunk(KR260, "single") == 0
+    assert prefill_tile_chunk(KR260, "single") == KR260.tile_max_chunk == 256
+    assert prefill_tile_chunk(KR260, "two_phase") == 0
+    assert prefill_tile_chunk(KR260_ENGINE, "single") == 0
     assert node_limits(SIM.caps(), SIM).tile_max_chunk == 32
-    assert node_limits(KR260.caps(), KR260).tile_max_chunk == 0
+    assert node_limits(KR260.caps(), KR260).tile_max_chunk == 256
+    assert node_limits(KR260_ENGINE.caps(), KR260_ENGINE).tile_max_chunk == 0
     small = NodeConfig(**{**SIM.__dict__, "name": "small", "tile_max_chunk": 16})
     assert node_limits(SIM.caps(), small).tile_max_chunk == 16
     qls = [quantize_layer(random_layer(TINY, 0), TINY)]

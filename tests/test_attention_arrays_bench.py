@@ -106,8 +106,8 @@ def qwen():
 def test_a_node_on_the_arrays_takes_the_arrays_pair_cycles(tmp_path, qwen):
     """attn_on_arrays: the prefill case of the model's GQA group (6:1), as measured (no lane
     scaling); the source names the file and the case. A node without it keeps the vector
-    engine's figure carried to its lanes. (``tile_chunk=0``: per-token PREFILL records — the
-    tiled rate in attention.json is the sim node's tile shape, which kr260's is not.)"""
+    engine's figure carried to its lanes. (``tile_chunk=0``: per-token PREFILL records, so the
+    pair rate prices every ATTEND; the copied results hold no tiled rate to need.)"""
     d = _results(tmp_path, _arrays_doc(KR260, {6: 1.25, 2: 2.5}))
     fig = load_figures([d])
     assert fig.attention_arrays is not None

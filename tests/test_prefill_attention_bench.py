@@ -14,12 +14,9 @@ from __future__ import annotations
 import pytest
 
 from mcf.abi.attend import ATTEND_TILE_ROWS
-from mcf.abi.node_config import KR260, SIM, NodeConfig
+from mcf.abi.node_config import KR260, SIM
 from mcf.sim.perf import attention as bench
 from mcf.sim.tile_records import causal_macs, schedule_macs
-
-ARRAYS: NodeConfig = KR260
-"""The kr260 node: every ATTEND on the GEMM's arrays."""
 
 
 def _brute_force_macs(lens, tokens, heads, d):
@@ -48,11 +45,11 @@ def test_causal_mac_count(lens, tokens):
 def test_full_step_mac_count():
     """The full step at the kr260 shape: 256 tokens (positions 768..1023) × 6 heads
     against 1,024 keys: Σ (769 + i) visible keys, 256 MACs each."""
-    lens, tokens = bench.prefill_shape(ARRAYS)
+    lens, tokens = bench.prefill_shape(KR260)
     assert (lens, tokens) == ([256] * 4, 256)
     want = sum(769 + i for i in range(256)) * 6 * 256
     assert causal_macs(lens, tokens, 6, 128) == want == 352_518_144
-    assert bench.prefill_shape(ARRAYS, small=True) == ([256, 256], 16)
+    assert bench.prefill_shape(KR260, small=True) == ([256, 256], 16)
 
 
 def test_tiled_plan():
@@ -63,7 +60,7 @@ def test_tiled_plan():
     assert [(n, lens, t) for n, lens, t, _ in sim] == [
         (n, list(lens), t) for n, lens, t in bench.TILED_FIT + bench.TILED_CHECK] + [
         ("step_t32_b32x4", [32] * 4, 32)]
-    arr = bench.tiled_plan(ARRAYS, small=True)
+    arr = bench.tiled_plan(KR260, small=True)
     assert [(n, lens, t) for n, lens, t, _ in arr] == [
         ("rows60_blocks1", [256], 10), ("rows60_blocks5", [64] * 4 + [256], 10),
         ("rows6_blocks1", [256], 1), ("rows6_blocks4", [256] * 4, 1),
@@ -77,12 +74,12 @@ def test_prefill_attention_small():
     """The reduced step (16 tokens × 6 heads against 2 blocks of 256 keys, the second the
     diagonal one) on the kr260 NodeCompute in Verilator: every row bit-exact (else
     BenchRefused), the MACs the causal mask's, a figure above 0 and below the peak."""
-    got = bench.prefill_attention(ARRAYS, small=True)
+    got = bench.prefill_attention(KR260, small=True)
     print(f"\n{got}")
     assert got["rows"] == 96 and got["keys"] == 512 and got["tokens"] == 16
     assert got["macs"] == _brute_force_macs([256, 256], 16, 6, 128)
     assert got["macs"] <= got["scheduled_macs"] == 96 * 512 * 2 * 128
-    assert got["macs_per_cycle_peak"] == ARRAYS.macs_per_cycle == 1024
+    assert got["macs_per_cycle_peak"] == KR260.macs_per_cycle == 1024
     assert got["cycles"] > 0
     assert 0 < got["prefill_attention_macs_per_cycle"] == round(got["macs"] / got["cycles"], 3)
     assert got["prefill_attention_macs_per_cycle"] <= got["macs_per_cycle_peak"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_prefill_attention_bench import ARRAYS
 
+from mcf.abi.node_config import KR260
 from mcf.sim.perf import BenchRefused
 from mcf.sim.perf import attention as bench
 from mcf.sysmodel.calibration import results_dirs
@@ -46,6 +46,6 @@ def test_a_row_off_the_golden_model_refuses(monkeypatch, run):
     monkeypatch.setattr(golden, "attend_model", off_by_one)
     with pytest.raises(BenchRefused, match="differ from the golden model"):
         if run == "verilator":
-            bench.tiled_records_rtl(ARRAYS, [([64], 2)])
+            bench.tiled_records_rtl(KR260, [([64], 2)])
         else:
             bench.tiled_records([([8], 8)])

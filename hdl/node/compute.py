@@ -32,6 +32,7 @@ from ..compute.gemm_top import MatrixEngine
 from ..compute.tile_prefill import TilePrefill
 from ..mem.axi import ADDR_BITS, AXI4Signature
 from ..mem.dma import LUTRAM_FIFO_DEPTH, DmaReader, DmaWriter
+from ..stream.register_slice import RegisterSlice
 from .attend import AttendUnit
 from .attend_split import AttendSplit, steer
 from .emit import EmitUnit
@@ -263,7 +264,11 @@ class NodeCompute(wiring.Component):
         wiring.connect(m, s.tile, t.rec)
         for name in ("chunk", "q", "desc"):
             wiring.connect(m, getattr(t, name), getattr(p, name))
-        wiring.connect(m, p.o, t.o)
+        # the normalised rows through a ready slice: the row writer's and the HP port's ready
+        # no longer reach back through TileNormalize and TileMerge into P·V (docs/depth.md)
+        m.submodules.rows_slice = rs = RegisterSlice(p.o.payload.shape(), forward=False)
+        wiring.connect(m, p.o, rs.i)
+        wiring.connect(m, rs.o, t.o)
         if self.config.tile_on_gemm:                 # S, P·V: the GEMM's share clients 1, 2
             x = self.matrix
             for n, part in ((1, "score"), (2, "pv")):

@@ -26,6 +26,7 @@ from mcf.sysmodel.calibration import CalibrationError, load_figures, results_dir
 from mcf.sysmodel.events import COMPUTE, NET, Hop, Route, StepInput, simulate_step
 from mcf.sysmodel.network import Network, cluster_for
 from mcf.sysmodel.rates import (
+    RIDING_OPS,
     TWO_PASS_OPS,
     VECTOR_BEATS_PER_CYCLE,
     NodeRates,
@@ -181,7 +182,7 @@ def test_vector_elements_match_the_node_templates():
     def read(addr, n):
         return raw[addr - img.table: addr - img.table + n]
 
-    counted, rows, passes = [], 0, 0
+    counted, rows, passes, single = [], 0, 0, 0
     for t in range(2):
         actions, _ = walk(read, img.table, img.table_len, JOB_ARG.const({"template": t})
                           .as_bits(), SIM.gemm_limits)
@@ -193,11 +194,17 @@ def test_vector_elements_match_the_node_templates():
                 n, count = int(vec.n_beats) * SIM.vec_lanes, DmaDesc.unpack(value).count
                 total += n * count
                 rows += count
-                passes += n * count * (2 if VectorOp(vec.op) in TWO_PASS_OPS else 1)
+                two = VectorOp(vec.op) in TWO_PASS_OPS
+                # an entry's tokens back to back: a RIDING_OPS token's first pass rides along
+                # the one before's second (the entry's first token pays both)
+                ride = two and VectorOp(vec.op) in RIDING_OPS
+                passes += n * count * (1 if ride or not two else 2)
+                single += n * count * (2 if two else 1)
                 vec = None
         counted.append(total)
     assert tuple(counted) == tuple(m * v for v in vector_elements(spec))
     assert (rows, passes) == tuple(m * v for v in vector_passes(spec))
+    assert (rows, single) == tuple(m * v for v in vector_passes(spec, overlap=False))
 
 
 def _vector_token_cycles(jobs, lanes: int, n_max: int) -> list[int]:
@@ -590,3 +597,47 @@ def test_readme_headline_is_the_committed_model_run(capsys):
     finally:
         os.chdir(cwd)
     assert not missing and new == readme
+
+
+def _requant_stream_cycles(tokens: int, n: int, lanes: int) -> int:
+    """amaranth.sim of the vector unit: cycles from the first ``a`` beat to the last result
+    beat of ``tokens`` REQUANT tokens of ``n`` elements whose beats arrive back to back (one
+    VEC entry), the result always taken."""
+    from amaranth.sim import Simulator
+
+    from mcf.hdl.compute.vector import VectorUnit
+    dut = VectorUnit(lanes=lanes, n_max=n)
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    got = []
+
+    async def tb(ctx):
+        ctx.set(dut.o.ready, 1)
+        ctx.set(dut.op, VectorOp.REQUANT)
+        ctx.set(dut.n_beats, n // lanes)
+        total, ai, done, cyc, start = tokens * n // lanes, 0, 0, 0, None
+        while done < tokens:
+            ctx.set(dut.a.valid, ai < total)
+            ctx.set(dut.a.payload, (ai * 7919 + 1) & 0xFFFF)
+            _, _, ar, av, ov, p = await ctx.tick().sample(dut.a.ready, dut.a.valid,
+                                                          dut.o.valid, dut.o.payload)
+            if ar and av:
+                start = cyc if start is None else start
+                ai += 1
+            cyc += 1
+            done += int(ov and p.last)
+        got.append(cyc - start)
+
+    sim.add_testbench(tb)
+    sim.run()
+    return got[0]
+
+
+def test_requant_entries_take_one_pass_per_element():
+    """The prefill rate of :func:`vector_passes` (``overlap``): over an entry of tokens back to
+    back a :data:`RIDING_OPS` op takes one beat per cycle per element pass — ``tokens + 1``
+    passes over ``n`` more elements (the entry's first token pays both), not ``2 · tokens``."""
+    lanes, n0, n1, k = SIM.vec_lanes, 64, 128, 3
+    grow = _requant_stream_cycles(k, n1, lanes) - _requant_stream_cycles(k, n0, lanes)
+    assert VectorOp.REQUANT in RIDING_OPS
+    assert grow == (k + 1) * (n1 - n0) / lanes / VECTOR_BEATS_PER_CYCLE

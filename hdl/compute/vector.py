@@ -52,6 +52,9 @@ class VectorUnit(wiring.Component):
     between tokens. RMSNORM and REQUANT buffer the token (``n_max`` elements), then run a
     sequential calculation — RMSNorm: ⌊Σ/N⌋ (73 cycles), integer square root (37), ⌊2^48/rms⌋
     (73); REQUANT, REQUANT_EXT: ⌊2^31/m⌋ (73) — then a second pass at one beat per cycle.
+    REQUANT tokens whose ``a`` beats follow each other (one VEC entry's rows): the next token's
+    first pass rides along this one's second pass, beat for beat, so a token of ``n_beats``
+    costs ``n_beats`` + its calculation + a few cycles, the entry's first token ``2·n_beats``.
     ABSMAX: one pass at one beat per cycle, its beat 11 cycles after the last ``a`` beat.
 
     Structure: :class:`~.vector_ctrl.VectorControl` (operands, token buffer, per-token

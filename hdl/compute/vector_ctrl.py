@@ -106,9 +106,12 @@ class VectorControl(wiring.Component):
     Latency: a streaming beat is in ``s0`` 1 cycle after its handshake. RMSNORM / REQUANT:
     pass 1 takes a beat per cycle into the buffer, then (after pass 1 has left S1) ⌊Σ/N⌋
     (73 cycles), integer square root (37), ⌊2^48/rms⌋ (73), or ⌊2^31/m⌋ (73), then pass 2
-    issues a beat per cycle (REQUANT adds its scale beat). REQUANT_EXT: as REQUANT, with one
-    more cycle once pass 1 has left S1 and the ``b`` beat is there. ABSMAX: pass 1 (no second
-    pass), then its one beat is in ``s0`` 2 cycles after pass 1 has left S1.
+    issues a beat per cycle (REQUANT adds its scale beat). During REQUANT's pass 2 the next
+    token's ``a`` beats ride along, one with each pass-2 beat, into the buffer behind the
+    reads and into the lane maxima; after the scale beat that token's pass 1 goes on where it
+    stands. REQUANT_EXT: as REQUANT (no riding), with one more cycle once pass 1 has left S1
+    and the ``b`` beat is there. ABSMAX: pass 1 (no second pass), then its one beat is in
+    ``s0`` 2 cycles after pass 1 has left S1.
     """
 
     def __init__(self, lanes: int, n_max: int):
@@ -131,6 +134,7 @@ class VectorControl(wiring.Component):
         nb = Signal.like(self.n_beats)
         eps = Signal(32)
         cnt = Signal(range(self.beats_max + 1))      # beats issued in this pass
+        p1cnt = Signal(range(self.beats_max + 1))    # REQUANT: the next token's beats in P2
         p1_seen = Signal(range(self.beats_max + 1))  # pass-1 beats through the pipeline
         ss = Signal(SS_BITS)
         amax = Signal(32)
@@ -147,10 +151,13 @@ class VectorControl(wiring.Component):
 
         m.submodules.div = div = VectorDivider(SS_BITS, 40)
         m.submodules.sqrt = sq = VectorSqrt(SS_BITS)
-        m.d.comb += [bw.addr.eq(cnt), bw.data.eq(self.a.payload), br.addr.eq(cnt), br.en.eq(en)]
+        waddr = Signal.like(cnt)
+        m.d.comb += [waddr.eq(cnt), bw.addr.eq(waddr), bw.data.eq(self.a.payload),
+                     br.addr.eq(cnt), br.en.eq(en)]
 
-        def issue(kind, last, from_buf=0, x=None, b=None):
-            m.d.sync += [s0.valid.eq(1), s0.kind.eq(kind), s0.last.eq(last),
+        def issue(kind, last, from_buf=0, x=None, b=None, ride=0):
+            m.d.sync += [s0.valid.eq(1), s0.kind.eq(kind), s0.last.eq(last), s0.ride.eq(ride),
+                         s0.rx.eq(self.a.payload),
                          from_buf0.eq(from_buf), s0.k.eq(tok_k), s0.sh.eq(tok_sh)]
             if x is not None:
                 m.d.sync += s0.x.eq(x)
@@ -253,6 +260,10 @@ class VectorControl(wiring.Component):
                 m.d.sync += tok_sh.eq(NORM_RECIP_BITS - ACT_FRAC - tr)
                 m.next = "P2"
             with m.State("REQ_NORMALISE"):
+                # the token's maxima are in amax: the accumulators now take the next token's
+                # pass-1 beats, which ride along pass 2 (P2)
+                m.d.sync += [p1cnt.eq(0), p1_seen.eq(0),
+                             smax.eq(-(1 << 31)), nmax.eq(-(1 << 31))]
                 t = t_len - SCALE_MANT_BITS
                 e = t - QMAX_SHIFT - ACT_FRAC
                 m.d.sync += [tok_sh.eq(RECIP_BITS - QMAX_SHIFT + t),
@@ -269,12 +280,21 @@ class VectorControl(wiring.Component):
                 m.next = "P2"
             with m.State("P2"):
                 go = Signal()
+                # REQUANT: the next token's pass-1 beats ride along in rx — written behind the
+                # reads (p1cnt <= cnt; a write in the cycle of its address' read reads first)
+                ride_ok, ride = Signal(), Signal()
                 m.d.comb += [go.eq(en & (~norm | self.b.valid)),
-                             self.b.ready.eq(en & norm)]
+                             self.b.ready.eq(en & norm),
+                             ride_ok.eq((op == VectorOp.REQUANT) & (p1cnt != nb)),
+                             ride.eq(go & ride_ok & self.a.valid),
+                             self.a.ready.eq(go & ride_ok),
+                             waddr.eq(p1cnt), bw.en.eq(ride)]
                 with m.If(go):
                     issue(Mux(norm, VectorKind.NORM, VectorKind.REQ), final, from_buf=1,
-                          b=self.b.payload)
+                          b=self.b.payload, ride=ride)
                     m.d.sync += cnt.eq(cnt + 1)
+                    with m.If(ride):
+                        m.d.sync += p1cnt.eq(p1cnt + 1)
                     with m.If(final):
                         with m.If(norm):
                             m.next = "IDLE"
@@ -282,7 +302,15 @@ class VectorControl(wiring.Component):
                             m.next = "SCALE"
             with m.State("SCALE"), m.If(en):
                 issue(VectorKind.SCALE, 1, x=scale_word)
-                m.next = "IDLE"
+                # a next token begun in P2 goes on where it stands (op, n_beats unchanged: the
+                # walker changes them only with the unit idle)
+                m.d.sync += cnt.eq(p1cnt)
+                with m.If(p1cnt == 0):
+                    m.next = "IDLE"
+                with m.Elif(p1cnt == nb):
+                    m.next = "DRAIN"
+                with m.Else():
+                    m.next = "P1"
 
         # pass-1 reductions straight into the token accumulators
         with m.If(en & acc.valid):

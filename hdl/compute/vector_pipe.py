@@ -53,10 +53,13 @@ def vector_out_layout(lanes: int) -> data.StructLayout:
 
 def vector_issue_layout(lanes: int) -> data.StructLayout:
     """S0, the issued beat: its kind, ``last`` of the token, operands ``x`` (ACT lanes) and
-    ``b`` (second operand word), and the token's pass-2 multiplier ``k`` and shift ``sh``."""
+    ``b`` (second operand word), and the token's pass-2 multiplier ``k`` and shift ``sh``.
+    ``rx``: the ``a`` beat taken with it (a pass-1 beat's lane maxima come from here);
+    ``ride``: a REQ beat whose ``rx`` is a pass-1 beat of the next token (its lane maxima
+    reach ``acc`` as a MAX beat's would)."""
     return data.StructLayout({
-        "valid": 1, "kind": VectorKind, "last": 1,
-        "x": unsigned(lanes * 32), "b": unsigned(lanes * 32),
+        "valid": 1, "kind": VectorKind, "last": 1, "ride": 1,
+        "x": unsigned(lanes * 32), "b": unsigned(lanes * 32), "rx": unsigned(lanes * 32),
         "k": unsigned(RSQRT_MANT_BITS + 1), "sh": unsigned(6)})
 
 
@@ -96,7 +99,7 @@ class VectorFront(wiring.Component):
         The issued beat.
     acc : Out(vector_acc_layout())
         Combinational from the S1 registers: the beat's pass-1 sum of squares and lane maxima
-        (for the token accumulators, taken with ``en``).
+        (for the token accumulators, taken with ``en``; the maxima of ``rx``).
     s2 : Out(vector_mid_layout(lanes))
         The S2 registers.
 
@@ -119,14 +122,15 @@ class VectorFront(wiring.Component):
         sig = sigmoid_lut()
         half = 1 << (SIG_INDEX_BITS - 1)
         s1 = Signal(data.StructLayout({
-            "valid": 1, "kind": VectorKind, "last": 1, "sh": 6,
+            "valid": 1, "kind": VectorKind, "last": 1, "sh": 6, "ride": 1,
             "p1": data.ArrayLayout(signed(62), L), "p2": data.ArrayLayout(signed(49), L),
             "x": data.ArrayLayout(signed(32), L), "b": data.ArrayLayout(32, L),
+            "rx": data.ArrayLayout(signed(32), L),
             "f": data.ArrayLayout(SIG_STEP_SHIFT, L)}))
         sig_a, sig_b = [], []
         with m.If(en):
             m.d.sync += [s1.valid.eq(s0.valid), s1.kind.eq(s0.kind), s1.last.eq(s0.last),
-                         s1.sh.eq(s0.sh)]
+                         s1.sh.eq(s0.sh), s1.ride.eq(s0.ride), s1.rx.eq(s0.rx)]
         for i in range(L):
             xi = xs[i]
             c = bs[i][:16].as_signed()
@@ -195,10 +199,13 @@ class VectorFront(wiring.Component):
                 best = Mux(t_ > best, t_, best)
             return best
 
-        m.d.comb += [self.acc.valid.eq(s1.valid), self.acc.kind.eq(s1.kind),
+        # the maxima of the a beat taken (a MAX beat's x; a ride beat's next-token beat)
+        mx = [s1.rx[i] for i in range(L)]
+        m.d.comb += [self.acc.valid.eq(s1.valid),
+                     self.acc.kind.eq(Mux(s1.ride, VectorKind.MAX, s1.kind)),
                      self.acc.sq.eq(sum(sq_terms)),
-                     self.acc.smax.eq(tree_max([s1.x[i] for i in range(L)])),
-                     self.acc.nmax.eq(tree_max([~s1.x[i] for i in range(L)]))]
+                     self.acc.smax.eq(tree_max(mx)),
+                     self.acc.nmax.eq(tree_max([~v for v in mx]))]
         return m
 
 

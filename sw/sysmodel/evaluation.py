@@ -370,6 +370,7 @@ def scaled_rates(rates: NodeRates, k: float) -> NodeRates:
         return rates
     return replace(rates, gemm_macs_per_cycle=rates.gemm_macs_per_cycle * k,
                    vector_cycles_per_element=rates.vector_cycles_per_element / k,
+                   decode_vector_cycles_per_element=rates.decode_vector_cost / k,
                    attend_record_cycles=rates.attend_record_cycles / k,
                    attend_pair_cycles=rates.attend_pair_cycles / k,
                    kv_read_bytes_per_cycle=rates.kv_read_bytes_per_cycle * k,
@@ -676,8 +677,7 @@ def decode(fig: BenchFigures, rates: NodeRates, model, nodes: int, context: int,
     rows = []
     for mode in modes:
         share = 1 if mode == "replicated" else nodes
-        vector = (L * decode_vector_elements(model, share) * rates.vector_cycles_per_element
-                  / c)
+        vector = L * decode_vector_elements(model, share) * rates.decode_vector_cost / c
         wb, layers_b, head_b, ddr_b = decode_bytes(model, share)
         gemm = _decode_macs(model, share) / rates.gemm_macs_per_cycle / c
         net = decode_network(fig, model, nodes, link, mode, rates.config, buffer_mib)

@@ -64,7 +64,7 @@ from .work import NodeWork, node_work, vector_elements
 
 __all__ = ["ProgramOverheads", "NodeRates", "run_work", "check_fits", "peak_macs_per_cycle",
            "vector_passes", "attend_pair_rate", "VECTOR_BEATS_PER_CYCLE", "TWO_PASS_OPS",
-           "ARRAY_SHAPE"]
+           "RIDING_OPS", "ARRAY_SHAPE"]
 
 
 ENGINE_COUNTERS = ("gemm_steps", "gemm_active_cycles", "att_records", "emit_tokens",
@@ -80,24 +80,33 @@ TWO_PASS_OPS = (VectorOp.RMSNORM, VectorOp.REQUANT)
 """Vector ops that buffer the row and pass over it twice (the unit's second pass at one beat per
 cycle, after the row's per-token calculation)."""
 
+RIDING_OPS = (VectorOp.REQUANT,)
+"""Two-pass ops whose next token's first pass rides along this token's second pass when the
+tokens of one VEC entry arrive back to back (:class:`mcf.hdl.compute.vector_ctrl.VectorControl`):
+over an entry of many tokens one pass per element (the entry's first token pays both)."""
 
-def vector_passes(model) -> tuple[int, int]:
+
+def vector_passes(model, overlap: bool = True) -> tuple[int, int]:
     """``(row passes, element passes)`` of the vector unit per token and layer of the node
     program (:mod:`mcf.node.layer`'s two JOB templates): one row pass per VEC entry (``JOB 2l``:
     RMSNorm, requantise, RoPE of Q, RoPE of K and the V copy per KV head, the query requantise
     per query head; ``JOB 2l+1``: the seven passes of :func:`.work.vector_elements`); element
-    passes count every element once per pass over it (twice for :data:`TWO_PASS_OPS`)."""
+    passes count every element once per pass over it (twice for :data:`TWO_PASS_OPS`; with
+    ``overlap``, entries of many tokens as in prefill, once for :data:`RIDING_OPS`; without,
+    one token per entry as in decode, twice)."""
     h, nq, nkv = model.hidden, model.q_heads * model.head_dim, model.kv_heads * model.head_dim
+    rq = 1 if overlap else 2          # a requantise's passes per element
     rows = (3 + 2 * model.kv_heads + model.q_heads) + 7
-    elems = (2 * h + 2 * h + nq + 2 * nkv + 2 * nq) + (2 * nq + h + 2 * h + 2 * h
-                                                       + model.intermediate
-                                                       + 2 * model.intermediate + h)
+    elems = (2 * h + rq * h + nq + 2 * nkv + rq * nq) + (rq * nq + h + 2 * h + rq * h
+                                                         + model.intermediate
+                                                         + rq * model.intermediate + h)
     return rows, elems
 
 
-def _model_vector_cost(model, lanes: int, per_row_pass: float) -> float:
-    """Cycles per vector element of ``model`` (one figure for both JOBs: their sum per token)."""
-    rows, elems = vector_passes(model)
+def _model_vector_cost(model, lanes: int, per_row_pass: float, overlap: bool = True) -> float:
+    """Cycles per vector element of ``model`` (one figure for both JOBs: their sum per token);
+    ``overlap``: :func:`vector_passes`'."""
+    rows, elems = vector_passes(model, overlap)
     return (rows * per_row_pass + elems / (lanes * VECTOR_BEATS_PER_CYCLE)) / sum(
         vector_elements(model))
 
@@ -284,7 +293,7 @@ class NodeRates:
     """Cycle costs of one node configuration for one model."""
     config: str
     gemm_macs_per_cycle: float
-    vector_cycles_per_element: float
+    vector_cycles_per_element: float    # prefill: entries of many tokens (RIDING_OPS overlap)
     attend_record_cycles: float
     attend_pair_cycles: float
     kv_read_bytes_per_cycle: float
@@ -299,6 +308,15 @@ class NodeRates:
     tile_row_block_cycles: float = 0.0
     tile_key_cycles: float = 0.0
     tile_row_key_cycles: float = 0.0
+    # decode: one token per VEC entry (no overlap); None: vector_cycles_per_element
+    decode_vector_cycles_per_element: float | None = None
+
+    @property
+    def decode_vector_cost(self) -> float:
+        """Cycles per vector element of one decode token (:func:`vector_passes` without the
+        overlap of :data:`RIDING_OPS`)."""
+        d = self.decode_vector_cycles_per_element
+        return self.vector_cycles_per_element if d is None else d
 
     @classmethod
     def calibrated(cls, fig: BenchFigures, config: str | NodeConfig, model,
@@ -332,6 +350,8 @@ class NodeRates:
                 gemm = fig.gemm_sequence_utilization * cfg.macs_per_cycle
                 src["gemm_macs_per_cycle"] = fig.sources["gemm_sequence_utilization"]
             vec = _model_vector_cost(model, cfg.vec_lanes, ov.vector_cycles_per_row_pass)
+            dvec = _model_vector_cost(model, cfg.vec_lanes, ov.vector_cycles_per_row_pass,
+                                      overlap=False)
             rec, emit = ov.attend_record_cycles, ov.emit_cycles_per_byte
             rows, elems = vector_passes(model)
             src["vector_cycles_per_element"] = (
@@ -339,6 +359,9 @@ class NodeRates:
                 f"element passes / {cfg.vec_lanes} lanes) / {sum(vector_elements(model))} "
                 f"elements per token and layer; cycles per row pass: {run}: (cmp_job - "
                 "gemm_active - element passes / vec_lanes) / row passes")
+            src["decode_vector_cycles_per_element"] = (
+                f"as vector_cycles_per_element with {vector_passes(model, False)[1]} element "
+                "passes (one token per VEC entry: no requantise overlap)")
             src["attend_record_cycles"] = f"{run}: (cmp_attend - pair/KV bound) / att_records"
             src["emit_cycles_per_byte"] = f"{run}: cmp_emit_cycles / ACT K/V bytes"
         else:
@@ -347,12 +370,14 @@ class NodeRates:
             src["gemm_macs_per_cycle"] = fig.sources["kr260_macs_per_cycle" if cfg.name ==
                                                      "kr260" else "gemm_sequence_utilization"]
             vec, rec, emit = 1 / cfg.vec_lanes, 0.0, 1 / kv_rate
+            dvec = vec
             src["vector_cycles_per_element"] = f"1 / vec_lanes ({cfg.vec_lanes}): one beat " \
                                                "per cycle"
             src["attend_record_cycles"] = "0 (engine rates alone)"
             src["emit_cycles_per_byte"] = "the KV reader's DMA rate"
         src |= tiled.pop("sources")
-        return cls(cfg.name, gemm, vec, rec, pair, kv_rate, emit, overheads, src, **tiled)
+        return cls(cfg.name, gemm, vec, rec, pair, kv_rate, emit, overheads, src, **tiled,
+                   decode_vector_cycles_per_element=dvec)
 
     @classmethod
     def idle(cls, config: str) -> NodeRates:
@@ -404,5 +429,5 @@ class NodeRates:
             "attend_record_cycles", "attend_pair_cycles", "kv_read_bytes_per_cycle",
             "emit_cycles_per_byte", "overheads", "tile_chunk", "tile_record_cycles",
             "tile_row_cycles", "tile_row_block_cycles", "tile_key_cycles",
-            "tile_row_key_cycles")} | {
+            "tile_row_key_cycles", "decode_vector_cycles_per_element")} | {
             "sources": dict(self.sources)}

@@ -73,10 +73,14 @@ def test_from_record_recomputes_the_prediction_of_the_recorded_run(tmp_path):
     assert json.loads((tmp_path / "qwen.json").read_text()) == json.loads(out.read_text())
     r = json.loads(out.read_text())
     cfg = model_config(QWEN)
+    # the RTL the record was measured on: before 2026-12-07 no requantise overlap
+    overlap = rec["prediction"].get("requant_overlap", False)
+    assert r["prediction"]["requant_overlap"] == overlap
     for name, e in r["runs"].items():
         old = rec["runs"][name]
         assert {k: e[k] for k in MEASURED} == {k: old[k] for k in MEASURED}
-        pred = predict(QWEN.spec(int(name[1:]), resolve=False), cfg=cfg)
+        pred = predict(QWEN.spec(int(name[1:]), resolve=False), cfg=cfg,
+                       requant_overlap=overlap)
         assert e["predicted_ttft_cycles"] == round(pred["ttft_cycles"], 1)
         assert e["ttft_error"] == round((pred["ttft_cycles"] - old["ttft_cycles"])
                                         / old["ttft_cycles"], 4)

@@ -117,7 +117,8 @@ def model_config(run: QwenRun):
                    QWEN25_1P5B_MODEL.num_hidden_layers)
 
 
-def predict(spec, fig=None, cfg=None, memory: str = SIM_MEMORY) -> dict:
+def predict(spec, fig=None, cfg=None, memory: str = SIM_MEMORY,
+            requant_overlap: bool = True) -> dict:
     """The system model's cycles for the run ``spec`` (a :class:`mcf.cluster.RunSpec`):
     ``prefill_step_cycles`` and ``ttft_cycles`` (the run's plan through
     :func:`~mcf.sysmodel.system.simulate_plan` on the RTL cluster's configuration, the prefill
@@ -127,7 +128,9 @@ def predict(spec, fig=None, cfg=None, memory: str = SIM_MEMORY) -> dict:
     at the context it decodes at: the prompt plus the tokens before it). ``fig``: the bench
     figures (default :func:`mcf.sysmodel.calibration.load_figures`); ``cfg``: the model's
     configuration (default: read from ``spec.model``); ``memory``: the weight stream's memory
-    for decode (:data:`DECODE_MEMORY`)."""
+    for decode (:data:`DECODE_MEMORY`); ``requant_overlap``: the RTL's vector unit overlaps a
+    requantise entry's tokens (:data:`mcf.sysmodel.rates.RIDING_OPS`; ``False`` for a run
+    recorded before it existed)."""
     from dataclasses import replace
 
     from mcf.abi.node_config import NODE_CONFIGS
@@ -146,11 +149,12 @@ def predict(spec, fig=None, cfg=None, memory: str = SIM_MEMORY) -> dict:
     plan = make_plan(spec, cfg or _model(spec))
     # the prefill ATTEND records the run's node program issues for its softmax
     tile_chunk = prefill_tile_chunk(NODE_CONFIGS[spec.config], spec.softmax)
-    sys_spec = rtl_system_spec(BENCH_LATENCY_CYCLES, tile_chunk=tile_chunk)
+    sys_spec = replace(rtl_system_spec(BENCH_LATENCY_CYCLES, tile_chunk=tile_chunk),
+                       requant_overlap=requant_overlap)
     res = simulate_plan(plan, fig, sys_spec)
     steps = [float(c) for c in res.step_cycles][:len(plan.steps)]
     rates = NodeRates.calibrated(fig, spec.config, plan.model, overheads=sys_spec.overheads,
-                                 tile_chunk=tile_chunk)
+                                 tile_chunk=tile_chunk, requant_overlap=requant_overlap)
     attr = DECODE_MEMORY[memory][0]
     dfig = replace(fig, stripe_weight_bytes_per_cycle=getattr(fig, attr))
     dec = []
@@ -197,11 +201,12 @@ def compare(spec, got: dict, pred: dict) -> dict:
     return entry
 
 
-def _summary(run: QwenRun, runs: dict, memory: str) -> dict:
+def _summary(run: QwenRun, runs: dict, memory: str, requant_overlap: bool = True) -> dict:
     """The bench's result from its runs' entries (:func:`compare`)."""
     result = {"run": asdict(run), "runs": runs,
               "prediction": {"decode_memory": memory,
-                             "decode_weights": DECODE_MEMORY[memory][1]}}
+                             "decode_weights": DECODE_MEMORY[memory][1],
+                             "requant_overlap": requant_overlap}}
     first = next(iter(runs.values()))
     for name, r in runs.items():
         result[f"{name}.bit_exact"] = r["bit_exact"]
@@ -230,20 +235,23 @@ def collect(small: bool = False, synth: bool = True, nodes: tuple[int, ...] = (2
 def from_record(record: dict, fig=None, memory: str = SIM_MEMORY) -> dict:
     """``record`` (a result of :func:`collect`) with its prediction and errors recomputed by
     today's model (``fig``: default :func:`mcf.sysmodel.calibration.load_figures`); its
-    measured part (:data:`MEASURED` of every run) and its other keys (notes) kept."""
+    measured part (:data:`MEASURED` of every run) and its other keys (notes) kept. A record
+    without ``prediction.requant_overlap`` was measured on the vector unit before the
+    requantise overlap (2026-12-07) and is predicted without it."""
     run = QwenRun(**record["run"])
+    overlap = record.get("prediction", {}).get("requant_overlap", False)
     cfg = model_config(run)
     runs = {}
     for name, r in record["runs"].items():
         spec = run.spec(int(name.removeprefix("n")), resolve=False)
         got = {k: r[k] for k in MEASURED}
-        runs[name] = compare(spec, got, predict(spec, fig, cfg, memory))
+        runs[name] = compare(spec, got, predict(spec, fig, cfg, memory, overlap))
     keys = ("run", "runs", "prediction", "prefill_cycles_per_layer",
             "decode_cycles_per_token_per_layer", "sim_cycles_per_second")
     kept = {k: v for k, v in record.items()
             if k not in keys and not k.startswith("model_vs_rtl_cycle_error")
             and not k.endswith(".bit_exact")}
-    return _summary(run, runs, memory) | kept
+    return _summary(run, runs, memory, overlap) | kept
 
 
 def render(result: dict) -> str:

@@ -321,11 +321,13 @@ class NodeRates:
     @classmethod
     def calibrated(cls, fig: BenchFigures, config: str | NodeConfig, model,
                    overheads: bool = True, measured: ProgramOverheads | None = None,
-                   tile_chunk: int | None = None) -> NodeRates:
+                   tile_chunk: int | None = None, requant_overlap: bool = True) -> NodeRates:
         """``tile_chunk``: query tokens per PREFILL_TILE record; ``None``: what the node
         program runs in a single-softmax run (:func:`mcf.node.layer.prefill_tile_chunk`: the
         configuration's ``tile_max_chunk`` on a node with the tiled path, else 0); 0: per-token
-        PREFILL records."""
+        PREFILL records. ``requant_overlap``: prefill's requantise entries priced with
+        :data:`RIDING_OPS`' overlap (``False``: the vector unit before it, for a run recorded
+        on that RTL)."""
         from ..node.layer import prefill_tile_chunk
         cfg = NODE_CONFIGS[config] if isinstance(config, str) else config
         check_fits(model, cfg)
@@ -349,11 +351,12 @@ class NodeRates:
             else:
                 gemm = fig.gemm_sequence_utilization * cfg.macs_per_cycle
                 src["gemm_macs_per_cycle"] = fig.sources["gemm_sequence_utilization"]
-            vec = _model_vector_cost(model, cfg.vec_lanes, ov.vector_cycles_per_row_pass)
+            vec = _model_vector_cost(model, cfg.vec_lanes, ov.vector_cycles_per_row_pass,
+                                     overlap=requant_overlap)
             dvec = _model_vector_cost(model, cfg.vec_lanes, ov.vector_cycles_per_row_pass,
                                       overlap=False)
             rec, emit = ov.attend_record_cycles, ov.emit_cycles_per_byte
-            rows, elems = vector_passes(model)
+            rows, elems = vector_passes(model, requant_overlap)
             src["vector_cycles_per_element"] = (
                 f"({rows} row passes x {ov.vector_cycles_per_row_pass:.2f} cycles + {elems} "
                 f"element passes / {cfg.vec_lanes} lanes) / {sum(vector_elements(model))} "

@@ -31,13 +31,16 @@ class SystemSpec:
     record (``None``: what the node program runs in a single-softmax run on the plan's node
     configuration, :func:`mcf.node.layer.prefill_tile_chunk`; 0: per-token PREFILL records, as
     a node without the tiled path or a ``two_phase`` run) — used when the rates are calibrated
-    here; the work follows the rates' ``tile_chunk``."""
+    here; the work follows the rates' ``tile_chunk``. ``requant_overlap``: the vector unit's
+    requantise overlap priced (:meth:`~.rates.NodeRates.calibrated`; ``False`` for a run
+    recorded on the RTL before it)."""
     layout: str = "plan"
     scope: str = "model"
     overheads: bool = True
     ethernet: bool = True
     latency_cycles: float | None = None
     tile_chunk: int | None = None
+    requant_overlap: bool = True
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -175,7 +178,8 @@ def simulate_plan(plan, fig: BenchFigures, spec: SystemSpec = SystemSpec(),
     model, cl = plan.model, plan.cluster
     if rates is None:
         rates = NodeRates.calibrated(fig, cl.node_config, model, overheads=spec.overheads,
-                                     tile_chunk=spec.tile_chunk)
+                                     tile_chunk=spec.tile_chunk,
+                                     requant_overlap=spec.requant_overlap)
     net = Network(cl.topology, fig, spec.ethernet, spec.latency_cycles)
     steps = []
     total = len(plan.steps) + (plan.handoff is not None)

@@ -207,48 +207,56 @@ def test_vector_elements_match_the_node_templates():
     assert (rows, single) == tuple(m * v for v in vector_passes(spec, overlap=False))
 
 
-def _vector_token_cycles(jobs, lanes: int, n_max: int) -> list[int]:
-    """amaranth.sim of the vector unit: cycles of each ``(op, n)`` token from its first ``a``
-    beat to its last result beat, operands always valid and the result always taken."""
+def _vector_sim(lanes: int, n_max: int, bench) -> list[int]:
+    """amaranth.sim of a vector unit with ``bench(dut, got)`` as its testbench; returns
+    ``got``."""
     from amaranth.sim import Simulator
 
-    from mcf.abi.quant import norm_eps_code
     from mcf.hdl.compute.vector import VectorUnit
     dut = VectorUnit(lanes=lanes, n_max=n_max)
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     got = []
-
-    async def tb(ctx):
-        ctx.set(dut.o.ready, 1)
-        ctx.set(dut.eps, norm_eps_code(1e-6))
-        for op, n in jobs:
-            nb, ai, bi, cyc, start = n // lanes, 0, 0, 0, None
-            ctx.set(dut.op, op)
-            ctx.set(dut.n_beats, nb)
-            while True:
-                ctx.set(dut.a.valid, ai < nb)
-                ctx.set(dut.a.payload, (ai * 7919 + 1) & 0xFFFF)
-                ctx.set(dut.b.valid, op != VectorOp.REQUANT and bi < nb)
-                ctx.set(dut.b.payload, 0x4000)
-                _, _, ar, av, br, bv, ov, p = await ctx.tick().sample(
-                    dut.a.ready, dut.a.valid, dut.b.ready, dut.b.valid, dut.o.valid,
-                    dut.o.payload)
-                if ar and av:
-                    start = cyc if start is None else start
-                    ai += 1
-                bi += int(br and bv)
-                cyc += 1
-                if ov and p.last:
-                    got.append(cyc - start)
-                    break
-            ctx.set(dut.a.valid, 0)
-            ctx.set(dut.b.valid, 0)
-            await ctx.tick().repeat(4)
-
-    sim.add_testbench(tb)
+    sim.add_testbench(bench(dut, got))
     sim.run()
     return got
+
+
+def _vector_token_cycles(jobs, lanes: int, n_max: int) -> list[int]:
+    """amaranth.sim of the vector unit: cycles of each ``(op, n)`` token from its first ``a``
+    beat to its last result beat, operands always valid and the result always taken."""
+    from mcf.abi.quant import norm_eps_code
+
+    def bench(dut, got):
+        async def tb(ctx):
+            ctx.set(dut.o.ready, 1)
+            ctx.set(dut.eps, norm_eps_code(1e-6))
+            for op, n in jobs:
+                nb, ai, bi, cyc, start = n // lanes, 0, 0, 0, None
+                ctx.set(dut.op, op)
+                ctx.set(dut.n_beats, nb)
+                while True:
+                    ctx.set(dut.a.valid, ai < nb)
+                    ctx.set(dut.a.payload, (ai * 7919 + 1) & 0xFFFF)
+                    ctx.set(dut.b.valid, op != VectorOp.REQUANT and bi < nb)
+                    ctx.set(dut.b.payload, 0x4000)
+                    _, _, ar, av, br, bv, ov, p = await ctx.tick().sample(
+                        dut.a.ready, dut.a.valid, dut.b.ready, dut.b.valid, dut.o.valid,
+                        dut.o.payload)
+                    if ar and av:
+                        start = cyc if start is None else start
+                        ai += 1
+                    bi += int(br and bv)
+                    cyc += 1
+                    if ov and p.last:
+                        got.append(cyc - start)
+                        break
+                ctx.set(dut.a.valid, 0)
+                ctx.set(dut.b.valid, 0)
+                await ctx.tick().repeat(4)
+
+        return tb
+    return _vector_sim(lanes, n_max, bench)
 
 
 def test_vector_unit_runs_at_the_models_element_rate():
@@ -603,34 +611,26 @@ def _requant_stream_cycles(tokens: int, n: int, lanes: int) -> int:
     """amaranth.sim of the vector unit: cycles from the first ``a`` beat to the last result
     beat of ``tokens`` REQUANT tokens of ``n`` elements whose beats arrive back to back (one
     VEC entry), the result always taken."""
-    from amaranth.sim import Simulator
+    def bench(dut, got):
+        async def tb(ctx):
+            ctx.set(dut.o.ready, 1)
+            ctx.set(dut.op, VectorOp.REQUANT)
+            ctx.set(dut.n_beats, n // lanes)
+            total, ai, done, cyc, start = tokens * n // lanes, 0, 0, 0, None
+            while done < tokens:
+                ctx.set(dut.a.valid, ai < total)
+                ctx.set(dut.a.payload, (ai * 7919 + 1) & 0xFFFF)
+                _, _, ar, av, ov, p = await ctx.tick().sample(dut.a.ready, dut.a.valid,
+                                                              dut.o.valid, dut.o.payload)
+                if ar and av:
+                    start = cyc if start is None else start
+                    ai += 1
+                cyc += 1
+                done += int(ov and p.last)
+            got.append(cyc - start)
 
-    from mcf.hdl.compute.vector import VectorUnit
-    dut = VectorUnit(lanes=lanes, n_max=n)
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    got = []
-
-    async def tb(ctx):
-        ctx.set(dut.o.ready, 1)
-        ctx.set(dut.op, VectorOp.REQUANT)
-        ctx.set(dut.n_beats, n // lanes)
-        total, ai, done, cyc, start = tokens * n // lanes, 0, 0, 0, None
-        while done < tokens:
-            ctx.set(dut.a.valid, ai < total)
-            ctx.set(dut.a.payload, (ai * 7919 + 1) & 0xFFFF)
-            _, _, ar, av, ov, p = await ctx.tick().sample(dut.a.ready, dut.a.valid,
-                                                          dut.o.valid, dut.o.payload)
-            if ar and av:
-                start = cyc if start is None else start
-                ai += 1
-            cyc += 1
-            done += int(ov and p.last)
-        got.append(cyc - start)
-
-    sim.add_testbench(tb)
-    sim.run()
-    return got[0]
+        return tb
+    return _vector_sim(lanes, n, bench)[0]
 
 
 def test_requant_entries_take_one_pass_per_element():

@@ -154,7 +154,7 @@ def run_requant_stream(tokens, *, stall, idle, seed, lanes=LANES):
     per = -(-(n // lanes) // 4) + 1
     expect = per * len(tokens)
     aw = _words(tokens, lanes)
-    taken, out, seen = [0], [], []
+    taken, out = [0], []
 
     async def feed(ctx):
         ctx.set(dut.op, VectorOp.REQUANT)
@@ -168,23 +168,16 @@ def run_requant_stream(tokens, *, stall, idle, seed, lanes=LANES):
             if idle and rng.random() < 0.3:
                 await ctx.tick()
 
-    async def take(ctx):
-        while len(out) < expect:
-            ctx.set(dut.o.ready, 1 if not stall else int(rng.random() < 0.6))
-            _, _, v, r, p = await ctx.tick().sample(dut.o.valid, dut.o.ready, dut.o.payload)
-            if v and r:
-                out.append(data_last(p))
-                seen.append(taken[0])
-        await ctx.tick().repeat(2)
-        st = ctx.get(dut.status)
-        assert (int(st.tokens), int(st.beats_in), int(st.beats_out)) == (
-            len(tokens), len(aw), expect)
-
+    # each output beat with the a beats taken by the cycle it left
+    status = {}
     sim.add_testbench(feed)
-    sim.add_testbench(take)
+    sim.add_testbench(sink(dut, out, expect, rng, stall, status, VECTOR_STATUS, tail=2,
+                           beat=lambda p: (data_last(p), taken[0])))
     sim.run_until(1e-8 * (expect * 20 + len(aw) * 8 + len(tokens) * 200))
     assert len(out) == expect
-    return [out[k:k + per] for k in range(0, expect, per)], seen, per
+    assert status == {"tokens": len(tokens), "beats_in": len(aw), "beats_out": expect}
+    beats, seen = [b for b, _ in out], [t for _, t in out]
+    return [beats[k:k + per] for k in range(0, expect, per)], seen, per
 
 
 @pytest.mark.parametrize("stall,idle", [(False, False), (True, True)])

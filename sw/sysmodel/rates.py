@@ -95,7 +95,7 @@ def vector_passes(model, overlap: bool = True) -> tuple[int, int]:
     ``overlap``, entries of many tokens as in prefill, once for :data:`RIDING_OPS`; without,
     one token per entry as in decode, twice)."""
     h, nq, nkv = model.hidden, model.q_heads * model.head_dim, model.kv_heads * model.head_dim
-    rq = 1 if overlap else 2          # a requantise's passes per element
+    rq = 1 if overlap and VectorOp.REQUANT in RIDING_OPS else 2   # a requantise's passes
     rows = (3 + 2 * model.kv_heads + model.q_heads) + 7
     elems = (2 * h + rq * h + nq + 2 * nkv + rq * nq) + (rq * nq + h + 2 * h + rq * h
                                                          + model.intermediate

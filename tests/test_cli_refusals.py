@@ -98,6 +98,7 @@ CASES = {
     "verilog-only-no-names": (["verilog", "--out", "{t}/v", "--only"],
                               "--only needs at least one top name"),
     "verilog-out-is-a-file": (["verilog", "--out", "{t}/file"], "exists and is not a directory"),
+    "verilog-jobs-0": (["verilog", "--out", "{t}/v", "--jobs", "0"], "--jobs"),
     "verilog-out-under-a-file": (["verilog", "--out", "{t}/file/v"], "is not a directory"),
     "build-out-is-a-file": (["build", "--board", "kr260", "--out", "{t}/file"],
                             "exists and is not a directory"),

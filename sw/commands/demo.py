@@ -10,8 +10,9 @@
    of the three schedules on that same prompt.
 3. **The same answer on any N.** The MARS run again with the two-phase softmax
    (``--softmax two_phase``, 16-token chunks: one ``sim`` node's GEMM takes 16 rows) on 1, 2
-   and 4 nodes: ``n_invariant`` holds when each is bit-exact against its golden model and all
-   three give the same tokens and the same logits, bit for bit, at every step.
+   and 4 nodes (``--invariance-nodes``): ``n_invariant`` holds when each is bit-exact against
+   its golden model and all give the same tokens and the same logits, bit for bit, at every
+   step.
 4. **The system model.** The calibrated event model (:mod:`mcf.sysmodel`) predicts the same
    runs (its error against the RTL is reported) and evaluates Qwen2.5-1.5B at 16K on N = 2..16
    at the paper's setting: PNGs, ``summary.md``, ``summary.json`` and ``evaluation.json`` in
@@ -37,15 +38,16 @@ CHECKS = ("bit_exact", "logits_bit_exact", "owner_only", "memory_within_budget",
 """The checks ``summary.json`` reports (issue #15 §5), each over every RTL run."""
 
 INVARIANCE_NODES = (1, 2, 4)
-"""The ring sizes of ``n_invariant``'s two-phase runs."""
+"""The ring sizes of ``n_invariant``'s two-phase runs (``--invariance-nodes``' default)."""
 
 
 @dataclass(frozen=True)
 class DemoSpec:
     """What the demo runs: ``nodes`` simulated boards, a passkey prompt of ``prompt_tokens``
     (chunk ``chunk``, prompt seed ``seed``) under each of ``policies`` with ``decode_tokens``
-    after the first, ``parallel`` simulations at once; the system model's grid (``quick``: the
-    small one); the report in ``out``."""
+    after the first, ``parallel`` simulations at once; ``n_invariant``'s two-phase runs on
+    each ring size of ``invariance_nodes``; the system model's grid (``quick``: the small
+    one); the report in ``out``."""
     nodes: int = 4
     prompt_tokens: int = 64
     chunk: int = 32
@@ -54,6 +56,7 @@ class DemoSpec:
     policies: tuple[str, ...] = ("mars", "ring", "zigzag")
     parallel: int = 2
     quick: bool = False
+    invariance_nodes: tuple[int, ...] = INVARIANCE_NODES
     out: Path = Path("build/report")
 
     def runs(self):
@@ -64,14 +67,14 @@ class DemoSpec:
                 for p in self.policies]
 
     def invariance_runs(self):
-        """The first run with the two-phase softmax on each of :data:`INVARIANCE_NODES`, at
+        """The first run with the two-phase softmax on each of ``invariance_nodes``, at
         the largest chunk one node's GEMM takes (two-phase bits do not depend on the chunk)."""
         from ..abi.node_config import NODE_CONFIGS
 
         first = self.runs()[0]
         chunk = min(first.chunk, NODE_CONFIGS[first.config].gemm_m_max)
         return [replace(first, nodes=n, chunk=chunk, softmax="two_phase")
-                for n in INVARIANCE_NODES]
+                for n in self.invariance_nodes]
 
 
 def n_invariant(results: dict[int, dict]) -> tuple[bool, str]:
@@ -300,11 +303,13 @@ def run(args) -> int:
                          f"{', '.join(RUN_POLICIES)}")
     if args.parallel < 1:
         raise UsageError(f"--parallel must be at least 1 (got {args.parallel})")
+    inv_nodes = _node_list("--invariance-nodes", args.invariance_nodes)
     from ._checks import writable_dir
     out = writable_dir("--out", args.out)
     spec = DemoSpec(nodes=args.nodes, prompt_tokens=args.prompt_tokens, chunk=args.chunk,
                     decode_tokens=args.decode_tokens, seed=args.seed, policies=policies,
-                    parallel=args.parallel, quick=args.quick, out=out)
+                    parallel=args.parallel, quick=args.quick, invariance_nodes=inv_nodes,
+                    out=out)
     try:
         runs = spec.runs() + spec.invariance_runs()
     except RunError as exc:
@@ -320,6 +325,17 @@ def run(args) -> int:
     summary, status = demo(spec, progress=not args.quiet)
     _print(summary, spec)
     return status
+
+
+def _node_list(flag: str, text: str) -> tuple[int, ...]:
+    """``text`` as at least two distinct ring sizes (``"1,2,4"``), or :class:`UsageError`."""
+    try:
+        nodes = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: comma-separated node counts, e.g. 1,2,4") from None
+    if len(nodes) < 2 or len(set(nodes)) != len(nodes) or min(nodes) < 1:
+        raise UsageError(f"{flag} {text!r}: at least two distinct node counts of 1 or more")
+    return nodes
 
 
 def _print(s: dict, spec: DemoSpec) -> None:
@@ -368,6 +384,9 @@ def register(subs) -> None:
                    help="prefill schedules to run and compare (default mars,ring,zigzag)")
     p.add_argument("--parallel", type=int, default=2,
                    help="simulations at once (default 2, one per core)")
+    p.add_argument("--invariance-nodes", default=",".join(map(str, INVARIANCE_NODES)),
+                   help="ring sizes of the two-phase n_invariant runs (default "
+                        f"{','.join(map(str, INVARIANCE_NODES))})")
     p.add_argument("--quick", action="store_true",
                    help="the system model's small grid (4K prompt, N = 2 and 4)")
     p.add_argument("--out", default="build/report", help="report folder (default build/report)")

@@ -57,11 +57,13 @@ def prefill(small: bool) -> dict:
 
 
 def layer(small: bool) -> dict:
-    seq_len = 64 if small else 128
+    """The tiny model's layer program, MARS prefill on two node tops (``small``: one of its
+    two layers)."""
+    seq_len, layers = (64, 1) if small else (128, 2)
     got = _run(_cluster(2), "layer", {"nodes": 2, "seq_len": seq_len, "chunk": 32, "seed": 1,
-                                      "pause": 0.0})
+                                      "pause": 0.0, "layers": layers})
     busy = [e["cmp_busy_cycles"] / sum(got["step_cycles"]) for e in got["engines"].values()]
-    return {"nodes": 2, "model": "tiny", "seq_len": seq_len, "chunk": 32,
+    return {"nodes": 2, "model": "tiny", "layers": layers, "seq_len": seq_len, "chunk": 32,
             "link_latency_cycles": BENCH_LATENCY_CYCLES,
             "compute_busy_fraction": round(min(busy), 4),
             **got}

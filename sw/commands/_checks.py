@@ -101,6 +101,18 @@ def hostfile_hosts(flag: str, path) -> list[str]:
     return hosts
 
 
+def node_counts(flag: str, text: str) -> tuple[int, ...]:
+    """``text`` (``"1,2,4"``) as node counts, each at least 1, or :class:`UsageError`."""
+    try:
+        out = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"{flag} must be a comma-separated list of integers, got {text!r}") \
+            from None
+    if any(n < 1 for n in out):
+        raise UsageError(f"{flag} must all be >= 1, got {text!r}")
+    return out
+
+
 def description(doc: str) -> str:
     """A parser's description from a module docstring: its first paragraph as one line of
     whole sentences, the reST markup taken out."""

@@ -303,8 +303,11 @@ def run(args) -> int:
                          f"{', '.join(RUN_POLICIES)}")
     if args.parallel < 1:
         raise UsageError(f"--parallel must be at least 1 (got {args.parallel})")
-    inv_nodes = _node_list("--invariance-nodes", args.invariance_nodes)
-    from ._checks import writable_dir
+    from ._checks import node_counts, writable_dir
+    inv_nodes = node_counts("--invariance-nodes", args.invariance_nodes)
+    if len(inv_nodes) < 2 or len(set(inv_nodes)) != len(inv_nodes):
+        raise UsageError(f"--invariance-nodes {args.invariance_nodes!r}: at least two distinct "
+                         "node counts")
     out = writable_dir("--out", args.out)
     spec = DemoSpec(nodes=args.nodes, prompt_tokens=args.prompt_tokens, chunk=args.chunk,
                     decode_tokens=args.decode_tokens, seed=args.seed, policies=policies,
@@ -325,17 +328,6 @@ def run(args) -> int:
     summary, status = demo(spec, progress=not args.quiet)
     _print(summary, spec)
     return status
-
-
-def _node_list(flag: str, text: str) -> tuple[int, ...]:
-    """``text`` as at least two distinct ring sizes (``"1,2,4"``), or :class:`UsageError`."""
-    try:
-        nodes = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise UsageError(f"{flag} {text!r}: comma-separated node counts, e.g. 1,2,4") from None
-    if len(nodes) < 2 or len(set(nodes)) != len(nodes) or min(nodes) < 1:
-        raise UsageError(f"{flag} {text!r}: at least two distinct node counts of 1 or more")
-    return nodes
 
 
 def _print(s: dict, spec: DemoSpec) -> None:

@@ -12,20 +12,17 @@ import sys
 from pathlib import Path
 
 from ..cli import UsageError
-from ._checks import Progress, add_alias, description, spelling, writable_dir, writable_file
+from ._checks import (
+    Progress,
+    add_alias,
+    description,
+    node_counts,
+    spelling,
+    writable_dir,
+    writable_file,
+)
 
 __all__ = ["register", "run"]
-
-
-def _nodes(text: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise UsageError(f"--nodes must be a comma-separated list of integers, got {text!r}") \
-            from None
-    if not out or any(n < 1 for n in out):
-        raise UsageError(f"--nodes must all be >= 1, got {text!r}")
-    return out
 
 
 def _validation(args, fig) -> dict:
@@ -61,7 +58,7 @@ def run(args) -> int:
     from ..sysmodel.system import SystemSpec
     from ..sysmodel.work import LAYOUTS, SCOPES
 
-    nodes = _nodes(args.nodes)
+    nodes = node_counts("--nodes", args.nodes)
     schemes = tuple(s.strip() for s in args.schemes.split(","))
     checks = (("--link", args.link, LINKS), ("--model", args.model, MODELS),
               ("--setting", args.setting, SETTINGS), ("--node-config", args.node_config,

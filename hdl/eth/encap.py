@@ -195,7 +195,9 @@ class EthDecap(FrameDecap):
         full = fb.level == self._depth
         p = k - HEADER_BYTES            # link byte index (when k >= 14)
         mac = Array(_mac_bytes(self.local_id))
-        crc_next = crc32_update(Mux(first, CRC32_INIT, crc), byte, 1)
+        crc_from = Signal(32)         # a signal: crc32_update takes its bits one by one
+        m.d.comb += crc_from.eq(Mux(first, CRC32_INIT, crc))
+        crc_next = crc32_update(crc_from, byte, 1)
         dst_now = Mux(first, 1, dst_ok) & ((k >= 6) | (byte == mac[k[:3]]))
 
         in_link = (k >= HEADER_BYTES) & (p < MAX_LINK_FRAME)

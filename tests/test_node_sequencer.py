@@ -424,10 +424,11 @@ def test_wait_on_every_counter(counter):
     env.after = after
     model, trace = lockstep(Queue.NET, records, env, max_cycles=120)
     ret = dict((i, t) for t, i in model.retired_log)
-    # counter c reaches +3 after the bump at cycle 40 (visible at 41); the MARK clears at 42;
-    # +2 more after the bump at 90 (visible at 91)
-    assert ret == {0: 1, 1: 41, 2: 42, 3: 91, 4: 92}
-    assert [t for t, (_, o) in enumerate(trace) if o.irq_mark] == [92]
+    # counter c reaches +3 after the bump at cycle 40 (visible at 41, seen by the WAIT, which
+    # tests the previous cycle's counters, at 42); the MARK clears at 43; +2 more after the
+    # bump at 90 (visible at 91, seen at 92)
+    assert ret == {0: 1, 1: 42, 2: 43, 3: 92, 4: 93}
+    assert [t for t, (_, o) in enumerate(trace) if o.irq_mark] == [93]
     assert model.base[c] == counters0[c] + 3
 
 

@@ -137,3 +137,20 @@ def test_formal_check_proves_and_refutes():
     check(Wrap(5, 5), "wrap_ok", mode="prove", depth=4)
     with pytest.raises(AssertionError, match="FAIL"):
         check(Wrap(5, 4), "wrap_bad", mode="bmc", depth=8)
+
+
+def test_zero_memory_inits_are_dropped_and_the_rest_kept():
+    """Amaranth's Verilog spells out every word of a memory's initial contents; the toolchain
+    drops the zero words (Verilator, ``--x-initial 0``, starts them at zero) and keeps the
+    rest, and nothing outside an ``initial`` block."""
+    from mcf.sim.toolchain import VERILATOR_ARGS, zero_inits_dropped
+
+    text = "\n".join([
+        "  reg [7:0] mem [3:0];", "  initial begin", "    mem[0] = 8'h00;", "    mem[1] = 8'h5a;",
+        "    mem[2] = 8'h0;", "    \\a.b$3 [3] = 8'h00;", "    mem[3] = 8'h10;", "  end",
+        "  always @* begin", "    r[0] = 8'h00;", "  end", ""])
+    assert zero_inits_dropped(text).split("\n") == [
+        "  reg [7:0] mem [3:0];", "  initial begin", "    mem[1] = 8'h5a;",
+        "    mem[3] = 8'h10;", "  end", "  always @* begin", "    r[0] = 8'h00;", "  end", ""]
+    assert "--x-initial" in VERILATOR_ARGS
+    assert VERILATOR_ARGS[VERILATOR_ARGS.index("--x-initial") + 1] == "0"

@@ -98,6 +98,7 @@ class SequencerModel:
         self.pend_cls = 0
         self.irq_q = 0
         self.base = [0] * n_counters
+        self.prev_counters = [0] * n_counters
         self.settle = 0
         self.taken = 0
         self.irq_mark = False
@@ -139,7 +140,8 @@ class SequencerModel:
         is_wait = cls == RecordClass.WAIT.value
         if is_wait:
             c = arg % (1 << max(1, (self.n - 1).bit_length()))
-            cnt = i.counters[c] - self.base[c] if c < self.n else 0   # c ≥ n: a bad record
+            # the counters of the previous cycle (the hardware registers the condition)
+            cnt = self.prev_counters[c] - self.base[c] if c < self.n else 0   # c ≥ n: bad
             cond = cnt % (1 << COUNTER_BITS) >= wait
         else:
             dir_wait = cls in {c.value for c in LANDED_WAIT_CLASSES} and wait != 0
@@ -240,6 +242,7 @@ class SequencerModel:
             self.committed = offer and not xfer
             self.wd = (self.wd + int(waiting)) % (1 << COUNTER_BITS)
         self.irq_mark = irq_next
+        self.prev_counters = [int(x) for x in i.counters] or [0] * self.n
         self.cycle += 1
         return out
 

@@ -42,13 +42,16 @@ def _rtl(nodes: int, tokens: int, seeds: int) -> list[dict]:
 
     from mcf.cluster import RunSpec
     from mcf.model.task import PASSKEY
-    from mcf.sim.cluster import build_cluster
-
-    build_cluster(nodes)                  # elaborate and build once, before the runs overlap
-    specs = [RunSpec(model="retrieval", task="passkey", nodes=nodes, prompt_tokens=tokens,
-                     decode_tokens=PASSKEY.value_len - 1, seed=s) for s in range(seeds)]
+    from mcf.sim.cluster import build_cluster, build_rank
 
     mpi = seeds < PARALLEL                # a run alone: one node per MPI rank, same cycles
+    # elaborate and build once, before the runs overlap (only the build the runs use)
+    if mpi:
+        build_rank()
+    else:
+        build_cluster(nodes)
+    specs = [RunSpec(model="retrieval", task="passkey", nodes=nodes, prompt_tokens=tokens,
+                     decode_tokens=PASSKEY.value_len - 1, seed=s) for s in range(seeds)]
 
     def one(spec):
         return checked_run(spec, f"N={nodes} seed {spec.seed}", mpi=mpi)

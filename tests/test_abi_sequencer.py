@@ -88,22 +88,25 @@ def test_dir_payload_is_dir_op():
     out = m.step(SeqInputs(rec_valid=True, rec=rec(RecordClass.DIR, kv=0x1234, wait=7,
                                                    arg=DirOp.FREE.value)))
     out = m.step(SeqInputs(dir_landed=7, ready={"dir": False}))
+    assert not out.valid["dir"]          # the landed condition is a register: a cycle later
+    out = m.step(SeqInputs(dir_landed=7, ready={"dir": False}))
     assert out.valid["dir"]
     assert out.payload["dir"] == DIR_OP.const(
         {"op": DirOp.FREE, "kv_id": 0x1234, "count": 7}).as_bits()
 
 
 def test_wait_and_mark_rebase():
-    """WAIT compares counter − base; MARK's mask loads the base when it retires."""
+    """WAIT compares counter − base, on the counters of the previous cycle; MARK's mask loads
+    the base when it retires."""
     def counters(t):
         return [t // 10, 0, 0, 1000, 7, 9]
-    recs = [rec(RecordClass.WAIT, arg=0, wait=3),      # counter 0 reaches 3 at cycle 30
+    recs = [rec(RecordClass.WAIT, arg=0, wait=3),      # counter 0 reaches 3 at cycle 30: seen 31
             rec(RecordClass.MARK, arg=0b111001),       # base0 = 3, base3 = 1000, base4 = 7, 5 = 9
-            rec(RecordClass.WAIT, arg=0, wait=2),      # 3 + 2 = 5: cycle 50
+            rec(RecordClass.WAIT, arg=0, wait=2),      # 3 + 2 = 5: cycle 50, seen 51
             rec(RecordClass.WAIT, arg=3, wait=0)]
     m = SequencerModel(Queue.NET)
     m.run([r & ~(1 << CMD["queue"].offset) for r in recs], counters=counters)
-    assert [t for t, _ in m.retired_log] == [30, 31, 50, 51]
+    assert [t for t, _ in m.retired_log] == [31, 32, 51, 52]
     assert m.base == [3, 0, 0, 1000, 7, 9] and m.st["marks"] == 1
 
 

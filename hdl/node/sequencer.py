@@ -45,9 +45,12 @@ class QueueSequencer(wiring.Component):
         Directory read port (:class:`~mcf.hdl.node.directory.DirReadSignature`): while
         ``dir_fresh`` is high, ``dir_landed`` is the ``landed`` count of the ``dir_kv_id``
         presented in the previous cycle; a landed wait passes only while it is high. The
-        sequencer presents the next record's ``meta.kv_id`` in the cycle it takes it; the
-        node's directory reads a changed ``kv_id`` a cycle later, so a landed wait on a new
-        ``kv_id`` passes 2 cycles after its record is taken at the earliest.
+        sequencer presents the ``meta.kv_id`` of the record in its slot while that record is a
+        landed wait, else that of the record at its input (decided from flip-flops, not from
+        the slot's handshake); the node's directory reads a changed ``kv_id`` a cycle later
+        and the landed condition is a register, so a landed wait on a new ``kv_id`` passes 3
+        cycles after its record is taken at the earliest, 4 when it follows another landed
+        wait on a different ``kv_id``.
     counters : In(ArrayLayout(32, n_counters))
         The counters WAIT tests, indexed by :class:`mcf.abi.sequencer.SeqCounter`.
     send : Out(stream.Signature(CMD)) — both queues; the whole record.
@@ -70,13 +73,17 @@ class QueueSequencer(wiring.Component):
     stays high with a stable payload until the transfer.
 
     Latency: a record at the input in cycle ``t`` is offered (or retires, for NOP/MARK/WAIT)
-    in cycle ``t + 1`` if its wait holds; ``irq_mark``, ``retired`` and ``status`` follow one
-    cycle after the retire. Throughput: one record per cycle while no wait blocks and the
-    issue streams are ready (measured, ``tests/test_node_sequencer.py::
-    test_header_only_send_rate``: 1.00 records/cycle for header-only SENDs with ``wait = 0``
-    and with satisfied landed waits, ``N`` records in ``N + 1`` cycles, equal to the golden
-    model's count). Engine records of one class may be ``max_outstanding`` deep in their
-    engine.
+    in cycle ``t + 1`` if its wait holds — a WAIT's on the counters of cycle ``t`` (it sees
+    ``counters`` one cycle late: a WAIT a counter releases leaves the cycle after the counter
+    reached its threshold, not in it); a landed wait passes on the directory's answer of the
+    previous cycle for the record then in the slot (so in ``t + 2`` at the earliest);
+    ``irq_mark``, ``retired`` and ``status`` follow one cycle after the retire. Both
+    conditions are registers (issue #35, docs/depth.md). Throughput: one record per cycle
+    while no wait blocks and the issue streams are ready (measured, ``tests/
+    test_node_sequencer.py::test_header_only_send_rate``: 1.00 records/cycle for header-only
+    SENDs with ``wait = 0``, ``N`` records in ``N + 1`` cycles; 0.50 with satisfied landed
+    waits on changing ``kv_id`` s; equal to the golden model's count). Engine records of one
+    class may be ``max_outstanding`` deep in their engine.
 
     ``dir_settle``: after a DIR transfer, landed waits use only directory reads presented
     ``dir_settle`` or more cycles later, so a wait behind a FREE never passes on the count the
@@ -193,14 +200,20 @@ class QueueSequencer(wiring.Component):
         self._decode(m, self.rec.payload, nxt, classes, engines)
         bad, eng, is_wait, dir_wait = dec.bad, dec.eng, dec.is_wait, dec.dir_wait
 
-        # conditions
+        # conditions: a WAIT tests the counters as they were in the previous cycle — ``wcond``
+        # is registered, computed for the record the slot holds next (issue #35: the two
+        # 32-bit carry chains, the subtraction and the compare, end at a flip-flop instead of
+        # running on into the handshakes; a WAIT a counter releases leaves a cycle later)
         cidx_bits = max(1, (self._n - 1).bit_length())
-        cnt = Signal(COUNTER_BITS)
-        m.d.comb += cnt.eq(self.counters[s.arg[:cidx_bits]] - base[s.arg[:cidx_bits]])
+        wcond = Signal()
+        # a landed wait likewise passes on the directory's answer of the previous cycle, for
+        # the record in the slot then (``lcond``, registered: the directory's read and the
+        # compare end at a flip-flop, not in the DIR/SEND handshakes; +1 cycle per landed wait)
+        lcond = Signal()
+        landed_ok = Signal()
+        m.d.comb += landed_ok.eq((settle == 0) & self.dir_fresh & (self.dir_landed >= s.wait))
         cond = Signal()
-        m.d.comb += cond.eq(Mux(is_wait, cnt >= s.wait,
-                                ~dir_wait | ((settle == 0) & self.dir_fresh &
-                                             (self.dir_landed >= s.wait))))
+        m.d.comb += cond.eq(Mux(is_wait, wcond, ~dir_wait | lcond))
         order_ok = Signal()
         m.d.comb += order_ok.eq((pend == 0) | (eng & (s.cls == pend_cls) &
                                                (pend < self._max_out)))
@@ -257,7 +270,9 @@ class QueueSequencer(wiring.Component):
             st.bad_runtime.eq(st.bad_runtime + (go_ns & bad) + stray),
         ]
         m.d.comb += [self.retired.eq(st.retired), self.halted.eq(halted)]
-        with m.If(go_ns & ~bad & dec.is_mark):
+        mark_now = Signal()
+        m.d.comb += mark_now.eq(go_ns & ~bad & dec.is_mark)
+        with m.If(mark_now):
             m.d.sync += st.marks.eq(st.marks + 1)
             for i in range(self._n):
                 with m.If(s.arg[i]):
@@ -282,19 +297,31 @@ class QueueSequencer(wiring.Component):
         # input and the directory lookup of the record being taken
         m.d.comb += [
             self.rec.ready.eq(Mux(flushing, ~(s_valid & committed), ~s_valid | leave)),
-            self.dir_kv_id.eq(Mux(s_valid & ~leave, kv,
+            # the slot's kv_id while its record waits on the directory, else the input's: from
+            # flip-flops (issue #35: not behind the slot's handshake, ``leave``)
+            self.dir_kv_id.eq(Mux(s_valid & dir_wait, kv,
                                   data.View(META, self.rec.payload.meta[:META.size]).kv_id)),
         ]
         take = self.rec.valid & self.rec.ready
         with m.If(take):
             m.d.sync += taken.eq(taken + 1)
+        # the WAIT condition of the next cycle's slot: the record staying (``s``) or the one
+        # taken (its counter's base zeroed by a MARK retiring now), selected at the end
+        nrec = self.rec.payload
+        c_s, c_n = s.arg[:cidx_bits], nrec.arg[:cidx_bits]
+        cnt_s, cnt_n = Signal(COUNTER_BITS), Signal(COUNTER_BITS)
+        m.d.comb += [cnt_s.eq(self.counters[c_s] - base[c_s]),
+                     cnt_n.eq(Mux(mark_now & s.arg.bit_select(c_n, 1), 0,
+                                  self.counters[c_n] - base[c_n]))]
+        m.d.sync += wcond.eq(Mux(take, cnt_n >= nrec.wait, cnt_s >= s.wait))
         with m.If(take & ~flushing):
             m.d.sync += [s.eq(self.rec.payload), dec.eq(nxt), s_valid.eq(1), committed.eq(0),
-                         wd.eq(0)]
+                         wd.eq(0), lcond.eq(0)]
         with m.Elif(leave | drop_s):
-            m.d.sync += [s_valid.eq(0), committed.eq(0)]
+            m.d.sync += [s_valid.eq(0), committed.eq(0), lcond.eq(0)]
         with m.Else():
-            m.d.sync += [committed.eq(offer & ~xfer), wd.eq(wd + waiting)]
+            m.d.sync += [committed.eq(offer & ~xfer), wd.eq(wd + waiting),
+                         lcond.eq(s_valid & landed_ok)]
 
         # watchdog, skip, abort
         with m.If(waiting & (self.timeout != 0) & (wd >= self.timeout - 1)):

@@ -99,6 +99,7 @@ class SequencerModel:
         self.irq_q = 0
         self.base = [0] * n_counters
         self.prev_counters = [0] * n_counters
+        self.lcond = False              # the slot's landed wait held in the previous cycle
         self.settle = 0
         self.taken = 0
         self.irq_mark = False
@@ -145,8 +146,11 @@ class SequencerModel:
             cond = cnt % (1 << COUNTER_BITS) >= wait
         else:
             dir_wait = cls in {c.value for c in LANDED_WAIT_CLASSES} and wait != 0
-            cond = not dir_wait or (self.settle == 0 and i.dir_fresh
-                                    and i.dir_landed >= wait % (1 << LANDED_BITS))
+            # a landed wait passes on the directory's answer of the previous cycle, for the
+            # record in the slot then (the hardware registers the condition)
+            cond = not dir_wait or self.lcond
+        landed_ok = (self.settle == 0 and i.dir_fresh
+                     and i.dir_landed >= wait % (1 << LANDED_BITS))
         order_ok = self.pend == 0 or (eng and cls == self.pend_cls and self.pend < self.max_out)
         active = self.s_valid and i.enable and not self.halted and not self.flushing and order_ok
         offer = stream is not None and self.s_valid and (self.committed or (active and cond))
@@ -168,7 +172,8 @@ class SequencerModel:
             rec_ready = not (self.s_valid and self.committed)
         else:
             rec_ready = not self.s_valid or leave
-        dir_kv = kv if (self.s_valid and not leave) else \
+        slot_dir_wait = cls in {c.value for c in LANDED_WAIT_CLASSES} and wait != 0
+        dir_kv = kv if (self.s_valid and slot_dir_wait) else \
             _fld(_fld(i.rec, CMD, "meta"), META, "kv_id")
         valid = {n: offer and n == stream for n in self.streams}
         payload = {}
@@ -236,11 +241,13 @@ class SequencerModel:
         if load:
             self.s, self.s_valid, self.committed, self.wd = i.rec, True, False, 0
             self._s_idx = self.taken - 1
+            self.lcond = False
         elif leave or drop_s:
-            self.s_valid, self.committed = False, False
+            self.s_valid, self.committed, self.lcond = False, False, False
         else:
             self.committed = offer and not xfer
             self.wd = (self.wd + int(waiting)) % (1 << COUNTER_BITS)
+            self.lcond = self.s_valid and landed_ok
         self.irq_mark = irq_next
         self.prev_counters = [int(x) for x in i.counters] or [0] * self.n
         self.cycle += 1

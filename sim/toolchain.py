@@ -6,7 +6,8 @@
 * :func:`build` generates Verilog from an Amaranth elaboratable and builds it with
   ``cocotb_tools.runner`` into ``build/sim/<name>-<hash>``, the hash covering the Verilog, the
   parameters and the tool versions, so an unchanged design is never rebuilt. Concurrent builds
-  of the same design (pytest-xdist) serialise on a lock file.
+  of the same design (pytest-xdist) serialise on a lock file. Verilator gets the Verilog
+  without the zero words of the memories' initial contents (:func:`zero_inits_dropped`).
 * Only the top module's ports are visible to cocotb (a ``public_flat_rw`` rule for the top
   instead of cocotb's ``--public-flat-rw`` on every signal): Verilator then optimises the whole
   design, which builds ~3× and simulates ~5× faster (two node tops: 3 min instead of 10,

@@ -18,7 +18,7 @@ from amaranth.sim import Simulator
 
 from mcf.abi.directory import DIR_OP, DirOp
 from mcf.abi.landing import LANDED_BITS
-from mcf.abi.meta import Meta
+from mcf.abi.meta import META, Meta
 from mcf.abi.node import CLASS_QUEUES, CMD, Cmd, Queue, RecordClass
 from mcf.abi.sequencer import (
     ENGINE_CLASSES,
@@ -283,15 +283,18 @@ def test_random_streams_lockstep(queue, seed):
               and t + 1 < len(trace)]
     assert pulses == expect
     # landed waits: a record is first offered only when the directory said landed ≥ wait,
-    # on a fresh read, in the cycle before (the condition is a register)
+    # on a fresh read, in the cycle before (the condition is a register), for the record's
+    # own kv_id (the lookup presented the cycle before that)
     for t, (_, out) in enumerate(trace):
         for s, v in out.valid.items():
             if v and s != "dir" and (t == 0 or not trace[t - 1][1].valid[s]):
                 raw = out.payload[s]
                 if RecordClass(field(raw, "cls")) in LANDED_WAIT_CLASSES and field(raw, "wait"):
                     before = trace[t - 1][0]
-                    assert t > 0 and before.dir_landed >= field(raw, "wait")
+                    assert t > 1 and before.dir_landed >= field(raw, "wait")
                     assert before.dir_fresh
+                    kv = (field(raw, "meta") >> META["kv_id"].offset) & 0xFFFF
+                    assert trace[t - 2][1].dir_kv_id == kv, f"cycle {t}: another kv_id's count"
     print(f"queue {queue.name}: {n} records in {len(trace)} cycles, {st['timeouts']} halts")
 
 
@@ -334,9 +337,10 @@ def _unexecuted(model, records, i):
 def test_header_only_send_rate(wait):
     """N header-only SENDs, a producer that never idles, always-ready streams: one record
     retires per cycle with ``wait = 0``; with landed waits already satisfied (each on another
-    ``kv_id`` than the one before) one per 2 cycles — a landed wait passes on the directory's
-    answer of the previous cycle, for its own ``kv_id`` (registered, issue #35); the model's
-    cycle count is deterministic and matches."""
+    ``kv_id`` than the one before) one per 3 cycles — the next record's lookup is presented
+    once the landed wait before it has left the slot, and a landed wait passes on the
+    directory's answer of the previous cycle, for its own ``kv_id`` (registered, issue #35);
+    the model's cycle count is deterministic and matches."""
     n = 300
     records = [rec(RecordClass.SEND, Queue.NET, kv=i % 7, wait=wait) for i in range(n)]
     ref = SequencerModel(Queue.NET, dir_settle=SETTLE)
@@ -345,9 +349,9 @@ def test_header_only_send_rate(wait):
     model, trace = lockstep(Queue.NET, records, env, until=all_done(n))
     sends = [t for t, (inp, out) in enumerate(trace) if out.valid["send"] and inp.ready["send"]]
     assert len(sends) == n
-    step = 1 + wait                                    # back to back from cycle 1 (wait = 0)
-    assert sends == list(range(step, step * n + 1, step))
-    assert len(trace) == cycles == step * n + 1
+    step, first = (3, 2) if wait else (1, 1)          # back to back from cycle 1 (wait = 0)
+    assert sends == list(range(first, first + step * n, step))
+    assert len(trace) == cycles == sends[-1] + 1
     rate = n / (sends[-1] - sends[0] + step)
     assert rate == 1 / step
     print(f"header-only SEND, wait={wait}: {n} records in {cycles} cycles, "
@@ -475,9 +479,12 @@ def test_engine_records_outstanding_and_irq():
 def test_with_directory(settle):
     """The sequencer against the real ``Directory``: the DIR stream feeds ``Directory.op``, the
     read port answers the landed waits. A FREE that brings kv 5 from 4 to 2 packets must hold
-    a following SEND that waits for 3 until a third packet lands again: true with
-    ``dir_settle = 1`` (the directory's update reaches its read ports 2 cycles after the op is
-    accepted); with ``dir_settle = 0`` the SEND would go on the stale count."""
+    a following SEND that waits for 3 until a third packet lands again, with ``dir_settle = 1``
+    (the directory's update reaches its read ports 2 cycles after the op is accepted) and, here,
+    with ``dir_settle = 0`` too: the SEND's lookup is presented once the DIR (a landed wait
+    itself) has left the slot and its landed condition is a register, 3 cycles in all — more
+    than the directory's 2 (in the node top the ops reach the directory through slices,
+    ``DIR_OP_DELAY`` = 6, so ``dir_settle`` = 7 stays what holds a SEND there)."""
     from amaranth import Module
     from amaranth.lib import wiring
 
@@ -526,7 +533,4 @@ def test_with_directory(settle):
     sim.add_testbench(bench)
     sim.run()
     assert log["status"] == 1
-    if settle:
-        assert not log["early"] and "late" in log
-    else:
-        assert log["early"]          # the hazard dir_settle exists for
+    assert not log["early"] and "late" in log

@@ -81,7 +81,7 @@ class QueueSequencer(wiring.Component):
     conditions are registers (issue #35, docs/depth.md). Throughput: one record per cycle
     while no wait blocks and the issue streams are ready (measured, ``tests/
     test_node_sequencer.py::test_header_only_send_rate``: 1.00 records/cycle for header-only
-    SENDs with ``wait = 0``, ``N`` records in ``N + 1`` cycles; 0.50 with satisfied landed
+    SENDs with ``wait = 0``, ``N`` records in ``N + 1`` cycles; 0.33 with satisfied landed
     waits on changing ``kv_id`` s; equal to the golden model's count). Engine records of one
     class may be ``max_outstanding`` deep in their engine.
 
@@ -210,8 +210,12 @@ class QueueSequencer(wiring.Component):
         # the record in the slot then (``lcond``, registered: the directory's read and the
         # compare end at a flip-flop, not in the DIR/SEND handshakes; +1 cycle per landed wait)
         lcond = Signal()
+        # ``asked``: the directory's answer this cycle is for the slot's kv_id (the lookup
+        # presented in the previous cycle was the slot's record's, see ``dir_kv_id``)
+        asked = Signal()
         landed_ok = Signal()
-        m.d.comb += landed_ok.eq((settle == 0) & self.dir_fresh & (self.dir_landed >= s.wait))
+        m.d.comb += landed_ok.eq(asked & (settle == 0) & self.dir_fresh &
+                                 (self.dir_landed >= s.wait))
         cond = Signal()
         m.d.comb += cond.eq(Mux(is_wait, wcond, ~dir_wait | lcond))
         order_ok = Signal()
@@ -315,13 +319,14 @@ class QueueSequencer(wiring.Component):
                                   self.counters[c_n] - base[c_n]))]
         m.d.sync += wcond.eq(Mux(take, cnt_n >= nrec.wait, cnt_s >= s.wait))
         with m.If(take & ~flushing):
+            # the record taken was looked up now unless the slot presented its own kv_id
             m.d.sync += [s.eq(self.rec.payload), dec.eq(nxt), s_valid.eq(1), committed.eq(0),
-                         wd.eq(0), lcond.eq(0)]
+                         wd.eq(0), lcond.eq(0), asked.eq(~(s_valid & dir_wait))]
         with m.Elif(leave | drop_s):
-            m.d.sync += [s_valid.eq(0), committed.eq(0), lcond.eq(0)]
+            m.d.sync += [s_valid.eq(0), committed.eq(0), lcond.eq(0), asked.eq(0)]
         with m.Else():
             m.d.sync += [committed.eq(offer & ~xfer), wd.eq(wd + waiting),
-                         lcond.eq(s_valid & landed_ok)]
+                         lcond.eq(s_valid & landed_ok), asked.eq(s_valid & dir_wait)]
 
         # watchdog, skip, abort
         with m.If(waiting & (self.timeout != 0) & (wd >= self.timeout - 1)):

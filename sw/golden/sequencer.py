@@ -100,6 +100,7 @@ class SequencerModel:
         self.base = [0] * n_counters
         self.prev_counters = [0] * n_counters
         self.lcond = False              # the slot's landed wait held in the previous cycle
+        self.asked = False              # this cycle's directory answer is for the slot's kv_id
         self.settle = 0
         self.taken = 0
         self.irq_mark = False
@@ -149,7 +150,7 @@ class SequencerModel:
             # a landed wait passes on the directory's answer of the previous cycle, for the
             # record in the slot then (the hardware registers the condition)
             cond = not dir_wait or self.lcond
-        landed_ok = (self.settle == 0 and i.dir_fresh
+        landed_ok = (self.asked and self.settle == 0 and i.dir_fresh
                      and i.dir_landed >= wait % (1 << LANDED_BITS))
         order_ok = self.pend == 0 or (eng and cls == self.pend_cls and self.pend < self.max_out)
         active = self.s_valid and i.enable and not self.halted and not self.flushing and order_ok
@@ -239,15 +240,18 @@ class SequencerModel:
         if take:
             self.taken = (self.taken + 1) % (1 << COUNTER_BITS)
         if load:
+            # the record taken was looked up now unless the slot presented its own kv_id
+            self.asked = not (self.s_valid and slot_dir_wait)
             self.s, self.s_valid, self.committed, self.wd = i.rec, True, False, 0
             self._s_idx = self.taken - 1
             self.lcond = False
         elif leave or drop_s:
-            self.s_valid, self.committed, self.lcond = False, False, False
+            self.s_valid, self.committed, self.lcond, self.asked = False, False, False, False
         else:
             self.committed = offer and not xfer
             self.wd = (self.wd + int(waiting)) % (1 << COUNTER_BITS)
             self.lcond = self.s_valid and landed_ok
+            self.asked = self.s_valid and slot_dir_wait
         self.irq_mark = irq_next
         self.prev_counters = [int(x) for x in i.counters] or [0] * self.n
         self.cycle += 1

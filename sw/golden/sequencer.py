@@ -140,13 +140,13 @@ class SequencerModel:
         eng = rc in ENGINE_CLASSES
         stream = STREAM_OF.get(rc)
         is_wait = cls == RecordClass.WAIT.value
+        dir_wait = cls in {c.value for c in LANDED_WAIT_CLASSES} and wait != 0
         if is_wait:
             c = arg % (1 << max(1, (self.n - 1).bit_length()))
             # the counters of the previous cycle (the hardware registers the condition)
             cnt = self.prev_counters[c] - self.base[c] if c < self.n else 0   # c ≥ n: bad
             cond = cnt % (1 << COUNTER_BITS) >= wait
         else:
-            dir_wait = cls in {c.value for c in LANDED_WAIT_CLASSES} and wait != 0
             # a landed wait passes on the directory's answer of the previous cycle, for the
             # record in the slot then (the hardware registers the condition)
             cond = not dir_wait or self.lcond
@@ -173,8 +173,7 @@ class SequencerModel:
             rec_ready = not (self.s_valid and self.committed)
         else:
             rec_ready = not self.s_valid or leave
-        slot_dir_wait = cls in {c.value for c in LANDED_WAIT_CLASSES} and wait != 0
-        dir_kv = kv if (self.s_valid and slot_dir_wait) else \
+        dir_kv = kv if (self.s_valid and dir_wait) else \
             _fld(_fld(i.rec, CMD, "meta"), META, "kv_id")
         valid = {n: offer and n == stream for n in self.streams}
         payload = {}
@@ -241,7 +240,7 @@ class SequencerModel:
             self.taken = (self.taken + 1) % (1 << COUNTER_BITS)
         if load:
             # the record taken was looked up now unless the slot presented its own kv_id
-            self.asked = not (self.s_valid and slot_dir_wait)
+            self.asked = not (self.s_valid and dir_wait)
             self.s, self.s_valid, self.committed, self.wd = i.rec, True, False, 0
             self._s_idx = self.taken - 1
             self.lcond = False
@@ -251,7 +250,7 @@ class SequencerModel:
             self.committed = offer and not xfer
             self.wd = (self.wd + int(waiting)) % (1 << COUNTER_BITS)
             self.lcond = self.s_valid and landed_ok
-            self.asked = self.s_valid and slot_dir_wait
+            self.asked = self.s_valid and dir_wait
         self.irq_mark = irq_next
         self.prev_counters = [int(x) for x in i.counters] or [0] * self.n
         self.cycle += 1

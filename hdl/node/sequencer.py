@@ -298,7 +298,7 @@ class QueueSequencer(wiring.Component):
         with m.Elif(settle != 0):
             m.d.sync += settle.eq(settle - 1)
 
-        # input and the directory lookup of the record being taken
+        # input, and the directory lookup: the slot's landed wait, else the record at the input
         m.d.comb += [
             self.rec.ready.eq(Mux(flushing, ~(s_valid & committed), ~s_valid | leave)),
             # the slot's kv_id while its record waits on the directory, else the input's: from

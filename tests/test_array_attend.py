@@ -153,8 +153,9 @@ def test_qkv_chunk_two_phase(per_channel, g):
         assert tr["probes"] == [n_bad]
 
 
-@pytest.mark.parametrize("d,lanes,nk,n_blocks,n_tok,array_rows", [(16, 4, 64, 3, 8, 8),
-                                                                  (128, 16, 256, 2, 4, 16)])
+@pytest.mark.parametrize("d,lanes,nk,n_blocks,n_tok,array_rows", [
+    (16, 4, 64, 3, 8, 8),
+    pytest.param(128, 16, 256, 2, 4, 16, marks=pytest.mark.slow)])   # kr260: ~1 min
 def test_qkv_rate(d, lanes, nk, n_blocks, n_tok, array_rows):
     """Inputs always valid, output always ready, whole blocks: the score beats pass from
     ArrayScore to the softmax one per cycle after the first quad — ``keys`` (row, key) pairs,

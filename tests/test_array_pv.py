@@ -77,7 +77,9 @@ def test_real_block_states(block):
     check(blocks, got, exp)
 
 
-@pytest.mark.parametrize("keys,d,block,lanes,group", [(4, 8, 32, 4, 8), (4, 128, 256, 16, 128)])
+@pytest.mark.parametrize("keys,d,block,lanes,group", [
+    (4, 8, 32, 4, 8),
+    pytest.param(4, 128, 256, 16, 128, marks=pytest.mark.slow)])    # kr260: ~45 s
 def test_rate(keys, d, block, lanes, group):
     """Output always ready, whole blocks, 8 rows (two quads) per block, three blocks: the P
     rows are taken one beat per cycle — the arrays (``head_dim / 16 · block / lanes`` cycles a

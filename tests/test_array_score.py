@@ -43,8 +43,9 @@ def test_shapes(keys, d, lanes, array_rows):
     compare(got, rows, keys, d, q_tile)
 
 
-@pytest.mark.parametrize("keys,d,lanes,nk,array_rows", [(4, 16, 4, 64, 8),
-                                                        (4, 128, 16, 64, 16)])
+@pytest.mark.parametrize("keys,d,lanes,nk,array_rows", [
+    (4, 16, 4, 64, 8),
+    pytest.param(4, 128, 16, 64, 16, marks=pytest.mark.slow)])      # kr260: ~30 s
 def test_rate(keys, d, lanes, nk, array_rows):
     """Inputs always valid, output always ready, whole key tiles: after the first quad the
     score beats leave one per cycle across quads and blocks — the arrays (twice TileScore's

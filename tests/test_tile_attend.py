@@ -241,7 +241,9 @@ def test_qkv_chunk_bit_exact(per_channel, g):
     check(got, expect, len(q))
 
 
-@pytest.mark.parametrize("d,lanes,nk,n_blocks,n_tok", [(16, 4, 64, 3, 8), (128, 16, 256, 2, 4)])
+@pytest.mark.parametrize("d,lanes,nk,n_blocks,n_tok", [
+    (16, 4, 64, 3, 8),
+    pytest.param(128, 16, 256, 2, 4, marks=pytest.mark.slow)])      # kr260: ~1 min
 def test_qkv_rate(d, lanes, nk, n_blocks, n_tok):
     """TileAttention at full rate (whole key tiles, rows of N = nk/4 beats, 4 softmax slots:
     4·N ≥ 3N + 9, the merge's cycles per row ≤ N), inputs always valid, output always ready:

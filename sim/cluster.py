@@ -39,7 +39,7 @@ from mcf.sim.wire import (
 
 __all__ = ["ClusterTop", "RankTop", "build_rank", "tx_params", "check_tx_params", "Cable",
            "ring_cables", "directed_links", "link_index",
-           "build_cluster", "CLOCK_HZ", "BENCH_LATENCY_CYCLES", "NODE_PORTS",
+           "build_cluster", "node_module", "CLOCK_HZ", "BENCH_LATENCY_CYCLES", "NODE_PORTS",
            "expose_node_ports", "HOST_KEYS", "simulated"]
 
 CLOCK_HZ = ACLK_HZ
@@ -275,42 +275,65 @@ class RankTop(wiring.Component):
         return m
 
 
-ONE_MODULE_FROM = 4
-"""Ring sizes from which :func:`build_cluster` writes the node top once, as its own module that
-Verilator keeps (``no_inline``), and instantiates it ``n`` times: Verilator then compiles one
-node whatever ``n`` is (measured when every signal was public: Verilator's C++ for N = 4 was
-139 MB instead of 210 MB inlined; below it inlining cost no more, N = 2: 105 MB inlined against
-90 MB for the kept node module alone). With only the top's ports public
-(:mod:`mcf.sim.toolchain`): N = 2 inlined 38 MB, N = 4 with the kept module 62 MB."""
+def node_module(config: NodeConfig = SIM) -> tuple[str, str, wiring.Signature]:
+    """The node top of ``config`` as its own Verilog module, which the cluster and rank builds
+    instantiate and Verilator keeps (``no_inline``): ``(module name, Verilog, its ports)``.
+    Verilator then compiles one node whatever the ring size, and the node's conversion is
+    shared: for the ``sim`` configuration the module is ``mcf verilog``'s own ``mcf_node_sim``
+    (the same design, :data:`mcf.hdl.tops.TOPS`; its cache entry, which the install step
+    writes); for another, ``cluster_node_<name>``.
+
+    Against the two nodes inlined in the cluster's own module (measured 2026-12-08, builds
+    alone): the two-node and rank builds convert no node of their own (the two-node one was
+    100 s of conversion, the rank's 45 s), Verilator's pass on the pair takes 49 s instead of
+    85 s; the C++ is a little larger (44 MB instead of 40: the compile, ~175 s, is the same),
+    the simulation as fast (the node bench's small layer run 43 s, was 46 s)."""
+    from mcf.hdl.convert import verilog_text
+
+    if config == SIM:
+        from mcf.commands.verilog import top_description
+        from mcf.hdl.tops import TOPS
+
+        name = "mcf_node_sim"
+        return name, verilog_text(name, TOPS[name], top_description(name)), _ports(config)
+    name = f"cluster_node_{config.name}"
+    return name, verilog_text(name, lambda: FlatTop(NodeTop(config), clock="aclk",
+                                                    resetn="aresetn"),
+                              f"NodeTop({config!r})"), _ports(config)
+
+
+@functools.cache
+def _ports(config: NodeConfig) -> wiring.Signature:
+    """:class:`NodeTop`'s signature (a node built for its ports only, never elaborated: its
+    unused-elaboratable warnings are silenced)."""
+    node = NodeTop(config)
+    for obj in (node, node.bank):
+        obj._MustUse__silence = True
+    return node.signature
+
+
+def _kept(module: str, text: str) -> dict[str, str]:
+    """The extra sources of a build that instantiates the node module ``module``."""
+    keep = f'`verilator_config\nno_inline -module "{module}"\n'   # else Verilator inlines it
+    return {f"{module}.v": text, f"{module}.vlt": keep}
 
 
 @functools.cache
 def build_cluster(n: int, latency_cycles: int = BENCH_LATENCY_CYCLES, config: NodeConfig = SIM):
     """The Verilator build of ``n`` node tops in a ring (cached in ``build/sim``: one per ring
     size, latency and configuration, shared by the tests, the benches and ``mcf run``; and per
-    process; the Verilog itself comes from :func:`mcf.hdl.convert.verilog_text`'s cache while
-    no source changed, since writing it takes most of a minute). From :data:`ONE_MODULE_FROM`
-    nodes on, the node top is one module instantiated ``n`` times."""
+    process): :func:`node_module` instantiated ``n`` times."""
     from mcf.sim.toolchain import build
 
     suffix = "" if (latency_cycles, config) == (BENCH_LATENCY_CYCLES, SIM) else \
         f"_{config.name}_l{latency_cycles}"
     name = f"node_cluster{n}{suffix}"
-    what = f"ClusterTop({n}, {config!r}, latency_cycles={latency_cycles})"
-    if n < ONE_MODULE_FROM:
-        top = FlatTop(ClusterTop(n, config, latency_cycles=latency_cycles), clock="aclk",
-                      resetn="aresetn")
-        return build(top, name, describe=what)
-    from mcf.hdl.convert import verilog_text
-
-    module = f"cluster_node_{config.name}"
-    node = FlatTop(NodeTop(config), clock="aclk", resetn="aresetn")
-    node_v = verilog_text(module, lambda: node, f"NodeTop({config!r})")
+    module, text, signature = node_module(config)
     top = FlatTop(ClusterTop(n, config, latency_cycles=latency_cycles, node_module=module,
-                             node_signature=node.inner.signature), clock="aclk", resetn="aresetn")
-    keep = f'`verilator_config\nno_inline -module "{module}"\n'   # else Verilator inlines it
-    return build(top, name, sources={f"{module}.v": node_v, f"{module}.vlt": keep},
-                 describe=f"{what}, node module {module}")
+                             node_signature=signature), clock="aclk", resetn="aresetn")
+    return build(top, name, sources=_kept(module, text),
+                 describe=f"ClusterTop({n}, {config!r}, latency_cycles={latency_cycles}), "
+                          f"node module {module}")
 
 
 @functools.cache
@@ -323,13 +346,15 @@ def simulated_config(name: str) -> NodeConfig:
 
 
 def build_rank(latency_cycles: int = BENCH_LATENCY_CYCLES, config: NodeConfig = SIM):
-    """The Verilator build of :class:`RankTop` (cached in ``build/sim`` as ``node_rank``): every
-    MPI rank of every ring size runs it."""
+    """The Verilator build of :class:`RankTop` (cached in ``build/sim`` as ``node_rank``, the
+    node as :func:`node_module`): every MPI rank of every ring size runs it."""
     from mcf.sim.toolchain import build
 
     suffix = "" if (latency_cycles, config) == (BENCH_LATENCY_CYCLES, SIM) else \
         f"_{config.name}_l{latency_cycles}"
-    top = FlatTop(RankTop(config, latency_cycles=latency_cycles), clock="aclk",
-                  resetn="aresetn")
-    return build(top, f"node_rank{suffix}",
-                 describe=f"RankTop({config!r}, latency_cycles={latency_cycles})")
+    module, text, signature = node_module(config)
+    top = FlatTop(RankTop(config, latency_cycles=latency_cycles, node_module=module,
+                          node_signature=signature), clock="aclk", resetn="aresetn")
+    return build(top, f"node_rank{suffix}", sources=_kept(module, text),
+                 describe=f"RankTop({config!r}, latency_cycles={latency_cycles}), "
+                          f"node module {module}")

@@ -312,6 +312,12 @@ def _ports(config: NodeConfig) -> wiring.Signature:
     return node.signature
 
 
+def _suffix(latency_cycles: int, config: NodeConfig) -> str:
+    """A build name's suffix: none for the benches' latency and ``sim`` configuration."""
+    return "" if (latency_cycles, config) == (BENCH_LATENCY_CYCLES, SIM) else \
+        f"_{config.name}_l{latency_cycles}"
+
+
 def _kept(module: str, text: str) -> dict[str, str]:
     """The extra sources of a build that instantiates the node module ``module``."""
     keep = f'`verilator_config\nno_inline -module "{module}"\n'   # else Verilator inlines it
@@ -325,8 +331,7 @@ def build_cluster(n: int, latency_cycles: int = BENCH_LATENCY_CYCLES, config: No
     process): :func:`node_module` instantiated ``n`` times."""
     from mcf.sim.toolchain import build
 
-    suffix = "" if (latency_cycles, config) == (BENCH_LATENCY_CYCLES, SIM) else \
-        f"_{config.name}_l{latency_cycles}"
+    suffix = _suffix(latency_cycles, config)
     name = f"node_cluster{n}{suffix}"
     module, text, signature = node_module(config)
     top = FlatTop(ClusterTop(n, config, latency_cycles=latency_cycles, node_module=module,
@@ -350,8 +355,7 @@ def build_rank(latency_cycles: int = BENCH_LATENCY_CYCLES, config: NodeConfig = 
     node as :func:`node_module`): every MPI rank of every ring size runs it."""
     from mcf.sim.toolchain import build
 
-    suffix = "" if (latency_cycles, config) == (BENCH_LATENCY_CYCLES, SIM) else \
-        f"_{config.name}_l{latency_cycles}"
+    suffix = _suffix(latency_cycles, config)
     module, text, signature = node_module(config)
     top = FlatTop(RankTop(config, latency_cycles=latency_cycles, node_module=module,
                           node_signature=signature), clock="aclk", resetn="aresetn")

@@ -29,6 +29,9 @@ from mcf.abi.sequencer import (
     SeqCounter,
 )
 
+_LANDED_WAIT_CODES = frozenset(c.value for c in LANDED_WAIT_CLASSES)
+"""The codes of :data:`LANDED_WAIT_CLASSES` (looked up every modelled cycle)."""
+
 __all__ = ["SeqInputs", "SeqOutputs", "SequencerModel"]
 
 
@@ -140,7 +143,7 @@ class SequencerModel:
         eng = rc in ENGINE_CLASSES
         stream = STREAM_OF.get(rc)
         is_wait = cls == RecordClass.WAIT.value
-        dir_wait = cls in {c.value for c in LANDED_WAIT_CLASSES} and wait != 0
+        dir_wait = cls in _LANDED_WAIT_CODES and wait != 0
         if is_wait:
             c = arg % (1 << max(1, (self.n - 1).bit_length()))
             # the counters of the previous cycle (the hardware registers the condition)
